@@ -1,0 +1,113 @@
+"""Advantage estimators: group-relative outcome advantages (GRPO, Dr. GRPO, RLOO, REINFORCE++-baseline) and GAE.
+
+Outcome estimators take one scalar score per response, scores [B], and the group (prompt) id of each
+response, group_ids [B] (int), and return one advantage per response [B]; the trainer broadcasts it over the
+response's tokens. GAE takes token rewards and values [B, T] and returns per-token advantages and returns.
+
+GRPO (paper, Section 2): A_i = (R_i - mean_G R) / (std_G R + epsilon).
+
+Departures, numbered (all follow verl 0.9.1 core_algos, checked in tests/fixtures/verl_advantages.json):
+1. std is the unbiased (n - 1) group std, as torch.std; the paper writes std without saying which.
+2. A group of one response uses mean 0 and std 1, so its advantage is its raw score (verl); the trainer warns
+   when a configuration makes every group a singleton. A group whose rewards are all equal gets advantage 0.
+3. RLOO keeps the raw score of a singleton group; REINFORCE++-baseline and GAE whiten over the whole batch
+   with the unbiased variance and rsqrt(var + 1e-8).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from .registry import Registry
+
+__all__ = ["ADVANTAGES", "grpo", "rloo", "reinforce_pp_baseline", "gae", "masked_whiten", "group_stats"]
+
+ADVANTAGES: Registry = Registry("advantage estimator")
+
+
+def group_stats(scores: Tensor, group_ids: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Per-response group size, group mean and unbiased group std (0 for singletons), each [B]."""
+    if scores.shape != group_ids.shape or scores.dim() != 1:
+        raise ValueError(f"scores {tuple(scores.shape)} and group_ids {tuple(group_ids.shape)} must both be [B]")
+    _, inverse = torch.unique(group_ids, return_inverse=True)
+    n_groups = int(inverse.max()) + 1 if inverse.numel() else 0
+    x = scores.float()
+    count = torch.zeros(n_groups, dtype=torch.float32, device=x.device).index_add_(0, inverse, torch.ones_like(x))
+    total = torch.zeros_like(count).index_add_(0, inverse, x)
+    mean = (total / count)[inverse]
+    sq = torch.zeros_like(count).index_add_(0, inverse, (x - mean) ** 2)
+    var = sq / (count - 1).clamp_min(1.0)
+    return count[inverse], mean, var.sqrt()[inverse]
+
+
+@ADVANTAGES.register("grpo")
+def grpo(scores: Tensor, group_ids: Tensor, *, norm_by_std: bool = True, epsilon: float = 1e-6) -> Tensor:
+    """GRPO, Section 2: (R - mean_G) / (std_G + epsilon); norm_by_std=False gives Dr. GRPO's R - mean_G."""
+    count, mean, std = group_stats(scores, group_ids)
+    single = count < 2
+    mean = torch.where(single, torch.zeros_like(mean), mean)
+    centred = scores.float() - mean
+    if not norm_by_std:
+        return centred
+    std = torch.where(single, torch.ones_like(std), std)
+    return centred / (std + epsilon)
+
+
+@ADVANTAGES.register("dr_grpo")
+def dr_grpo(scores: Tensor, group_ids: Tensor) -> Tensor:
+    """Dr. GRPO (Liu et al. 2025): the group-centred score without std normalisation."""
+    return grpo(scores, group_ids, norm_by_std=False)
+
+
+@ADVANTAGES.register("rloo")
+def rloo(scores: Tensor, group_ids: Tensor) -> Tensor:
+    """RLOO: R - mean of the other responses of the group = (R - mean_G) n / (n - 1); a singleton keeps R."""
+    count, mean, _ = group_stats(scores, group_ids)
+    x = scores.float()
+    scale = count / (count - 1).clamp_min(1.0)
+    return torch.where(count > 1, x * scale - mean * scale, x)
+
+
+def masked_whiten(values: Tensor, mask: Tensor, *, shift_mean: bool = True) -> Tensor:
+    """(x - mean) * rsqrt(var + 1e-8) with mean and unbiased variance over mask (verl's masked_whiten)."""
+    m = mask.to(torch.float32)
+    n = m.sum()
+    mean = (values * m).sum() / (n + 1e-8)
+    var = ((values - mean) ** 2 * m).sum() / (n + 1e-8)
+    var = var * n / (n - 1).clamp_min(1e-8)
+    out = (values - mean) * torch.rsqrt(var + 1e-8)
+    return out if shift_mean else out + mean
+
+
+def reinforce_pp_baseline(scores: Tensor, group_ids: Tensor, mask: Tensor) -> Tensor:
+    """REINFORCE++-baseline: R - group mean, broadcast over tokens [B, T], whitened over the batch."""
+    count, mean, _ = group_stats(scores, group_ids)
+    mean = torch.where(count < 2, torch.zeros_like(mean), mean)
+    m = mask.to(torch.float32)
+    token_adv = (scores.float() - mean).unsqueeze(-1) * m
+    return masked_whiten(token_adv, m) * m
+
+
+def gae(
+    token_rewards: Tensor, values: Tensor, mask: Tensor, *, gamma: float = 1.0, lam: float = 1.0, whiten: bool = True
+) -> tuple[Tensor, Tensor]:
+    """Generalised advantage estimation (paper, Appendix E.4): delta_t = r_t + gamma V_{t+1} - V_t,
+    A_t = delta_t + gamma lam A_{t+1}; positions with mask 0 carry V and A through unchanged.
+
+    Returns (advantages, returns) [B, T], returns = raw A + V; advantages whitened over the batch if asked.
+    """
+    if not (token_rewards.shape == values.shape == mask.shape):
+        raise ValueError("token_rewards, values and mask must all be [B, T]")
+    m = mask.to(torch.float32)
+    next_value = torch.zeros_like(values[:, 0], dtype=torch.float32)
+    last_adv = torch.zeros_like(next_value)
+    raw = torch.zeros_like(values, dtype=torch.float32)
+    for t in reversed(range(values.shape[1])):
+        delta = token_rewards[:, t] + gamma * next_value - values[:, t]
+        adv_t = delta + gamma * lam * last_adv
+        next_value = values[:, t] * m[:, t] + (1 - m[:, t]) * next_value
+        last_adv = adv_t * m[:, t] + (1 - m[:, t]) * last_adv
+        raw[:, t] = last_adv
+    returns = raw + values
+    return (masked_whiten(raw, m) if whiten else raw), returns

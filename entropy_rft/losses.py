@@ -1,0 +1,133 @@
+"""Policy losses, regularisers and loss aggregation.
+
+- ppo_clip_loss: the clipped surrogate of GRPO/PPO (paper eq. 1) with asymmetric clipping (eps_low,
+  eps_high; DAPO's clip-higher is eps_high = 0.28) and dual clip for negative advantages (constant c).
+  In strict on-policy training the ratio is 1 and no clipping is active (Section 2).
+- kl_penalty: the k3 ("low-variance") estimator of KL(pi || pi_ref).
+- aggregate: the loss aggregation modes token-mean, seq-mean-token-mean, seq-mean-token-sum and
+  seq-mean-token-sum-norm.
+
+All functions take tensors [B, T] and a bool/0-1 loss mask [B, T]; they return (loss, metrics) where metrics
+are 0-dim tensors (no host sync inside loss math). Tokens removed by a method's filter are simply absent from
+the mask, so they leave both the numerator and the token-mean denominator (the authors' Clip_B/Clip_V code
+edits the response mask the same way).
+
+Denominators are explicit: for gradient accumulation over micro-batches, pass num_tokens / num_seqs of the
+whole mini-batch and the sum of the micro-batch losses equals the full-batch loss (tested).
+
+Departures, numbered, from verl 0.9.1 (compute_policy_loss_vanilla and agg_loss, checked against
+tests/fixtures/verl_policy_losses.json):
+1. The token-mean denominator is num_tokens exactly (verl adds no epsilon either when the count is global);
+   the per-sequence mean of seq-mean-token-mean divides by (count + 1e-8), as verl does.
+2. Metrics also report the high and low clip fractions separately (clipfrac_high for A > 0 and ratio above
+   1 + eps_high, clipfrac_low for A < 0 and ratio below 1 - eps_low).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+__all__ = ["AGG_MODES", "aggregate", "masked_mean", "ppo_clip_loss", "kl_penalty"]
+
+AggMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
+AGG_MODES: tuple[str, ...] = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
+
+
+def masked_mean(x: Tensor, mask: Tensor) -> Tensor:
+    """Mean of x over mask with denominator sum(mask) + 1e-8 (verl's masked_mean)."""
+    m = mask.to(x.dtype)
+    return (x * m).sum() / (m.sum() + 1e-8)
+
+
+def aggregate(
+    loss_mat: Tensor,
+    mask: Tensor,
+    mode: AggMode = "token-mean",
+    *,
+    num_tokens: Tensor | float | None = None,
+    num_seqs: Tensor | float | None = None,
+    norm: float | None = None,
+) -> Tensor:
+    """Reduce a per-token loss [B, T] to a scalar.
+
+    token-mean: sum over valid tokens / num_tokens (default: valid tokens here).
+    seq-mean-token-mean: mean over sequences of each sequence's token mean.
+    seq-mean-token-sum: mean over sequences of each sequence's token sum.
+    seq-mean-token-sum-norm: as seq-mean-token-sum with each sum divided by norm (default: T), Dr. GRPO.
+    Sequence means divide by num_seqs (default: sequences with at least one valid token here).
+    """
+    m = mask.to(loss_mat.dtype)
+    if mode == "token-mean":
+        denom = m.sum() if num_tokens is None else num_tokens
+        return (loss_mat * m).sum() / denom
+    if mode == "seq-mean-token-mean":
+        per_seq = (loss_mat * m).sum(-1) / (m.sum(-1) + 1e-8)
+    elif mode == "seq-mean-token-sum":
+        per_seq = (loss_mat * m).sum(-1)
+    elif mode == "seq-mean-token-sum-norm":
+        per_seq = (loss_mat * m).sum(-1) / (loss_mat.shape[-1] if norm is None else norm)
+    else:
+        raise ValueError(f"unknown loss aggregation {mode!r}; choose one of {', '.join(AGG_MODES)}")
+    has_tokens = (m.sum(-1) > 0).to(loss_mat.dtype)
+    denom = has_tokens.sum() if num_seqs is None else num_seqs
+    return (per_seq * has_tokens).sum() / denom
+
+
+def ppo_clip_loss(
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    eps_low: float = 0.2,
+    eps_high: float = 0.2,
+    dual_clip_c: float | None = 3.0,
+    agg: AggMode = "token-mean",
+    num_tokens: Tensor | float | None = None,
+    num_seqs: Tensor | float | None = None,
+    norm: float | None = None,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """Clipped surrogate, eq. 1: -min(r A, clip(r, 1 - eps_low, 1 + eps_high) A), with dual clip: for A < 0
+    the per-token loss is at most -c A. advantages [B] or [B, T]; logp, old_logp, mask [B, T].
+
+    Metrics: clipfrac (tokens where the clipped term is the active one), clipfrac_high, clipfrac_low,
+    clipfrac_dual (tokens capped by the dual clip), ppo_kl (mean of old_logp - logp), ratio_mean.
+    """
+    if dual_clip_c is not None and dual_clip_c <= 1.0:
+        raise ValueError(f"dual_clip_c must be > 1 (or None to disable), got {dual_clip_c}")
+    adv = advantages.unsqueeze(-1).expand_as(logp) if advantages.dim() == 1 else advantages
+    log_ratio = (logp - old_logp).clamp(-20.0, 20.0)
+    ratio = log_ratio.exp()
+    unclipped = -adv * ratio
+    clipped = -adv * ratio.clamp(1.0 - eps_low, 1.0 + eps_high)
+    loss_mat = torch.maximum(unclipped, clipped)
+    dual = torch.zeros_like(loss_mat, dtype=torch.bool)
+    if dual_clip_c is not None:
+        cap = -adv * dual_clip_c
+        dual = (adv < 0) & (loss_mat > cap)
+        loss_mat = torch.where(adv < 0, torch.minimum(loss_mat, cap), loss_mat)
+    loss = aggregate(loss_mat, mask, agg, num_tokens=num_tokens, num_seqs=num_seqs, norm=norm)
+    with torch.no_grad():
+        metrics = {
+            "clipfrac": masked_mean((clipped > unclipped).float(), mask),
+            "clipfrac_high": masked_mean(((adv > 0) & (ratio > 1.0 + eps_high)).float(), mask),
+            "clipfrac_low": masked_mean(((adv < 0) & (ratio < 1.0 - eps_low)).float(), mask),
+            "clipfrac_dual": masked_mean(dual.float(), mask),
+            "ppo_kl": masked_mean(-log_ratio, mask),
+            "ratio_mean": masked_mean(ratio, mask),
+        }
+    return loss, metrics
+
+
+def kl_penalty(logp: Tensor, ref_logp: Tensor, *, kind: Literal["k1", "k3"] = "k3") -> Tensor:
+    """Per-token KL(pi || pi_ref) estimate from sampled-token log-probs. k3 (Schulman's low-variance estimator,
+    verl's low_var_kl): exp(ref - logp) - (ref - logp) - 1, clamped to [-10, 10]; k1: logp - ref."""
+    if kind == "k1":
+        return logp - ref_logp
+    if kind == "k3":
+        d = (ref_logp - logp).clamp(-20.0, 20.0)
+        return (d.exp() - d - 1.0).clamp(-10.0, 10.0)
+    raise ValueError(f"unknown KL estimator {kind!r}; choose k1 or k3")

@@ -1,0 +1,29 @@
+"""Shared test helpers: fixture loading and small batch builders."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def load_fixture(name: str) -> dict:
+    return json.loads((FIXTURES / name).read_text())
+
+
+def f32(x) -> torch.Tensor:
+    return torch.tensor(x, dtype=torch.float32)
+
+
+def group_ids(uids: list) -> torch.Tensor:
+    """Map string uids to integer group ids in order of first appearance."""
+    seen: dict = {}
+    return torch.tensor([seen.setdefault(u, len(seen)) for u in uids], dtype=torch.long)
+
+
+@pytest.fixture(autouse=True)
+def _deterministic():
+    torch.manual_seed(0)
+    yield

@@ -1,0 +1,152 @@
+"""Properties of the token filters and of the update they feed: batch-level statistics, exact counts,
+micro-batch invariance, masked positions."""
+
+import pytest
+import torch
+
+from entropy_rft.losses import aggregate, ppo_clip_loss
+from entropy_rft.masks import clip_b, clip_v, clipped_fractions, s_sign
+
+
+def batch(seed=0, b=16, t=12):
+    g = torch.Generator().manual_seed(seed)
+    s = torch.randn(b, t, generator=g) * 0.1
+    s[0, 0], s[3, 2], s[9, 5] = -2.0, -1.5, 1.8  # outliers
+    adv = torch.randn(b, generator=g)
+    lengths = torch.randint(3, t + 1, (b,), generator=g)
+    mask = torch.arange(t).unsqueeze(0) < lengths.unsqueeze(1)
+    return s, adv, mask
+
+
+def loop_clip_b(s, adv, mask, mu, mu_plus=None, side="negative"):
+    """Reference Clip_B: a Python loop over tokens with float64 batch statistics."""
+    vals = [float(s[i, j]) for i in range(s.shape[0]) for j in range(s.shape[1]) if mask[i, j]]
+    mean = sum(vals) / len(vals)
+    std = (sum((v - mean) ** 2 for v in vals) / len(vals)) ** 0.5
+    keep = torch.zeros_like(mask)
+    for i in range(s.shape[0]):
+        for j in range(s.shape[1]):
+            if not mask[i, j]:
+                continue
+            a = float(adv[i])
+            on_side = {"negative": a < 0, "positive": a > 0, "all": True}[side]
+            d = float(s[i, j]) - mean
+            out = d < -mu * std or (mu_plus is not None and d > mu_plus * std)
+            keep[i, j] = not (on_side and out)
+    return keep
+
+
+@pytest.mark.parametrize("mu,mu_plus,side", [(2.5, None, "negative"), (1.0, 1.0, "all"), (0.5, 2.0, "positive")])
+def test_clip_b_equals_loop_reference(mu, mu_plus, side):
+    """clip_b (one- and two-sided, each side) equals a token loop with float64 batch statistics."""
+    s, adv, mask = batch()
+    keep, _ = clip_b(s, adv, mask, mu=mu, mu_plus=mu_plus, side=side)
+    assert torch.equal(keep, loop_clip_b(s, adv, mask, mu, mu_plus, side))
+
+
+def test_padded_positions_never_change_the_mask():
+    """Values at padded positions (mask False) change neither keep nor metrics."""
+    s, adv, mask = batch()
+    s2 = s.clone()
+    s2[~mask] = 1e3
+    for fn, kw in ((clip_b, {}), (clip_v, {"mu": 1.0, "max_frac": 0.05})):
+        k1, m1 = fn(s, adv, mask, **kw)
+        k2, m2 = fn(s2, adv, mask, **kw)
+        assert torch.equal(k1, k2) and m1 == m2
+        assert not (k1 & ~mask).any()
+
+
+def test_clip_v_cap_counts_are_exact():
+    """With many violators the cap clips exactly max(int(max_frac n), 1) non-zero-advantage tokens, the ones
+    with the largest |S_c|."""
+    s, adv, mask = batch()
+    s = -s.abs()  # every token is on the low side
+    n = int(mask.sum())
+    keep, _ = clip_v(s, adv.abs() * -1, mask, mu=0.1, max_frac=0.05)
+    clipped = mask & ~keep
+    k = max(int(0.05 * n), 1)
+    assert int(clipped.sum()) == k
+    assert float(s[clipped].abs().min()) >= float(s[mask & keep].abs().max())
+
+
+def test_clip_v_zero_advantage_option():
+    """Zero-advantage tokens are clipped by default (authors' code) and kept with clip_zero_advantage=False."""
+    s, _, mask = batch()
+    adv = torch.zeros(s.shape[0])
+    keep, _ = clip_v(s, adv, mask, mu=1.0, max_frac=None)
+    assert not keep[0, 0]
+    keep, _ = clip_v(s, adv, mask, mu=1.0, max_frac=None, clip_zero_advantage=False)
+    assert torch.equal(keep, mask)
+
+
+def test_bad_mu_raises():
+    s, adv, mask = batch()
+    with pytest.raises(ValueError, match="mu must be > 0"):
+        clip_b(s, adv, mask, mu=0.0)
+    with pytest.raises(ValueError, match="mu_plus must be > 0"):
+        clip_v(s, adv, mask, mu_plus=-1.0)
+    with pytest.raises(ValueError, match="max_frac"):
+        clip_v(s, adv, mask, max_frac=0.0)
+
+
+@pytest.mark.parametrize("action", ["retain", "mask"])
+@pytest.mark.parametrize("sign", ["positive", "negative"])
+@pytest.mark.parametrize("samples", ["positive", "negative"])
+def test_s_sign_selection(action, sign, samples):
+    """Figure 1 filters select exactly the tokens with the given S* sign in the given samples."""
+    s, adv, mask = batch()
+    keep, metrics = s_sign(s, adv, mask, action=action, sign=sign, samples=samples)
+    a = adv.unsqueeze(-1).expand_as(s)
+    sel = mask & ((a > 0) if samples == "positive" else (a < 0)) & ((s > 0) if sign == "positive" else (s < 0))
+    assert torch.equal(keep, sel if action == "retain" else mask & ~sel)
+    assert 0.0 <= metrics["frac_clipped"] <= 1.0
+
+
+def test_clipped_fractions_empty_side():
+    """clipped_fractions reports 0 for a side without tokens (the authors' metric would read 1.0)."""
+    mask = torch.ones(2, 3, dtype=torch.bool)
+    keep = mask.clone()
+    keep[0, 0] = False
+    f = clipped_fractions(mask, keep, torch.tensor([1.0, 2.0]))
+    assert f == {"frac_clipped": pytest.approx(1 / 6), "frac_clipped_pos": pytest.approx(1 / 6), "frac_clipped_neg": 0.0}
+
+
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"])
+@pytest.mark.parametrize("method", ["clip_b", "clip_v"])
+def test_micro_batches_change_no_mask_and_no_gradient(agg, method):
+    """Masks computed on the whole batch, then the loss summed over micro-batches with global denominators,
+    give the same gradient as one full-batch loss; the mask never depends on the micro-batch split."""
+    s, adv, mask = batch(b=12)
+    fn = clip_b if method == "clip_b" else clip_v
+    kw = {"mu": 1.0} if method == "clip_b" else {"mu": 1.0, "max_frac": 0.05}
+    keep, _ = fn(s, adv, mask, **kw)
+    g = torch.Generator().manual_seed(3)
+    old = torch.randn(12, 12, generator=g) * 0.3 - 1
+    new = (old + torch.randn(12, 12, generator=g) * 0.2).requires_grad_()
+    loss_mask = mask & keep
+    n_tok, n_seq = loss_mask.sum(), (loss_mask.sum(-1) > 0).sum()
+    full, _ = ppo_clip_loss(new, old, adv, loss_mask, agg=agg, num_tokens=n_tok, num_seqs=n_seq)
+    (g_full,) = torch.autograd.grad(full, new)
+    total = 0.0
+    for rows in (slice(0, 5), slice(5, 7), slice(7, 12)):
+        k_micro, _ = fn(s, adv, mask, **kw)  # recomputed per micro-batch from the whole batch: identical
+        assert torch.equal(k_micro, keep)
+        part, _ = ppo_clip_loss(new[rows], old[rows], adv[rows], loss_mask[rows], agg=agg, num_tokens=n_tok, num_seqs=n_seq)
+        total = total + part
+    (g_micro,) = torch.autograd.grad(total, new)
+    torch.testing.assert_close(g_micro, g_full, atol=1e-7, rtol=1e-5)
+    torch.testing.assert_close(total, full)
+
+
+def test_aggregate_loop_reference():
+    """Each aggregation mode equals its definition written as a loop over sequences."""
+    x = torch.randn(4, 6)
+    m = torch.tensor([[1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 1, 1], [0] * 6, [1, 0, 0, 0, 0, 0]], dtype=torch.bool)
+    rows = [[float(x[i, j]) for j in range(6) if m[i, j]] for i in range(4)]
+    rows = [r for r in rows if r]
+    assert float(aggregate(x, m, "token-mean")) == pytest.approx(sum(map(sum, rows)) / sum(map(len, rows)), rel=1e-5)
+    assert float(aggregate(x, m, "seq-mean-token-mean")) == pytest.approx(sum(sum(r) / len(r) for r in rows) / 3, rel=1e-5)
+    assert float(aggregate(x, m, "seq-mean-token-sum")) == pytest.approx(sum(map(sum, rows)) / 3, rel=1e-5)
+    assert float(aggregate(x, m, "seq-mean-token-sum-norm")) == pytest.approx(sum(map(sum, rows)) / 3 / 6, rel=1e-5)
+    with pytest.raises(ValueError, match="unknown loss aggregation"):
+        aggregate(x, m, "token-sum")
