@@ -1,0 +1,132 @@
+"""Command line: entropy-rft demo | train | eval | pretrain-toy."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+def _parse_set(items: list[str]) -> dict:
+    import yaml
+
+    out = {}
+    for item in items:
+        if "=" not in item:
+            raise SystemExit(f"--set takes key=value, got {item!r}")
+        key, value = item.split("=", 1)
+        out[key.strip()] = yaml.safe_load(value)
+    return out
+
+
+def cmd_demo(args) -> None:
+    from .demo import run_demo
+
+    summary = run_demo(args.out, config=args.config, steps=args.steps,
+                       methods=args.methods.split(",") if args.methods else None, progress=not args.quiet)
+    print((Path(args.out) / "report.md").read_text())
+    print(f"wrote {args.out}/summary.json, report.md and plots in {summary['wall_seconds']:.0f} s")
+
+
+def cmd_train(args) -> None:
+    from .config import describe, load_config
+    from .trainer import train
+
+    if args.help_config:
+        print(describe())
+        return
+    overrides = _parse_set(args.set or [])
+    overrides.update({k: v for k, v in {"method": args.method, "out": args.out, "steps": args.steps,
+                                         "model": args.model}.items() if v is not None})
+    cfg = load_config(args.config, **overrides)
+    summary = train(cfg, resume=args.resume)
+    print(json.dumps({"checkpoint": summary["checkpoint"], "evals": {k: {m: v[m] for m in ("avg_at_k", "pass_at_k")}
+                                                                      for k, v in summary["evals"].items()}}, indent=1))
+
+
+def cmd_eval(args) -> None:
+    import torch
+
+    from .evaluate import evaluate_policy
+    from .rollout import HFEngine
+    from .tasks import TASKS
+    from .trainer import BUILTIN_MODELS, load_policy, load_problems, pick_device
+
+    task = TASKS.get(args.task)
+    data = Path(args.data) if args.data else BUILTIN_MODELS["countdown-tiny"] / "data" / "eval.jsonl"
+    model, tokenizer = load_policy(args.model, pick_device(args.device))
+    torch.manual_seed(args.seed)
+    res = evaluate_policy(HFEngine(model, tokenizer), task, load_problems(data, task), k=args.k, n=args.n,
+                          temperature=args.temperature, max_new_tokens=args.max_new_tokens, seed=args.seed)
+    text = json.dumps(res.to_json())
+    if args.out:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        (Path(args.out) / "eval.json").write_text(text + "\n")
+    print(json.dumps({"avg_at_k": res.avg_at_k, "pass_at_k": res.pass_at_k, "k": res.k}))
+
+
+def cmd_pretrain_toy(args) -> None:
+    from .toy import ToyConfig, pretrain
+
+    cfg = ToyConfig(seed=args.seed, **({"sft_steps": args.sft_steps} if args.sft_steps else {}))
+    print(json.dumps(pretrain(cfg, Path(args.out)), indent=1))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="entropy-rft", description="Reinforcement fine-tuning with entropy control "
+                                "(entropy-discriminator clipping, arXiv 2602.03392)")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    d = sub.add_parser("demo", help="train GRPO, Clip_B and Clip_V on countdown on the CPU and report")
+    d.add_argument("--out", default="runs/demo")
+    d.add_argument("--config", default=None, help="demo YAML (default: the shipped configs/demo.yaml)")
+    d.add_argument("--steps", type=int, default=None, help="override the number of RL steps")
+    d.add_argument("--methods", default=None, help="comma-separated subset of the demo's methods")
+    d.add_argument("--quiet", action="store_true", help="no progress bars")
+    d.set_defaults(fn=cmd_demo)
+
+    t = sub.add_parser("train", help="RL fine-tuning from a YAML recipe")
+    t.add_argument("--config", default=None, help="YAML of TrainConfig overrides")
+    t.add_argument("--method", default=None)
+    t.add_argument("--model", default=None)
+    t.add_argument("--steps", type=int, default=None)
+    t.add_argument("--out", default=None)
+    t.add_argument("--set", nargs="*", metavar="KEY=VALUE", help="override any TrainConfig field")
+    t.add_argument("--resume", action="store_true", help="continue from the run directory's last checkpoint")
+    t.add_argument("--help-config", action="store_true", help="list every config field with default and help")
+    t.set_defaults(fn=cmd_train)
+
+    e = sub.add_parser("eval", help="Avg@K and Pass@K of a policy")
+    e.add_argument("--model", default="countdown-tiny")
+    e.add_argument("--task", default="countdown")
+    e.add_argument("--data", default=None, help="JSONL of problems (default: the shipped countdown eval split)")
+    e.add_argument("--k", type=int, default=8)
+    e.add_argument("--n", type=int, default=None, help="samples per problem (>= k; default k)")
+    e.add_argument("--temperature", type=float, default=0.7)
+    e.add_argument("--max-new-tokens", type=int, default=16)
+    e.add_argument("--seed", type=int, default=0)
+    e.add_argument("--device", default="auto")
+    e.add_argument("--out", default=None)
+    e.set_defaults(fn=cmd_eval)
+
+    pt = sub.add_parser("pretrain-toy", help="rebuild the shipped tiny countdown policy and its data splits")
+    pt.add_argument("--out", default="runs/countdown-tiny")
+    pt.add_argument("--seed", type=int, default=0)
+    pt.add_argument("--sft-steps", type=int, default=None)
+    pt.set_defaults(fn=cmd_pretrain_toy)
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    try:
+        args.fn(args)
+    except (FileNotFoundError, KeyError, ValueError, OSError) as err:
+        msg = err.args[0] if isinstance(err, KeyError) and err.args else err
+        print(f"entropy-rft {args.command}: error: {msg}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,142 @@
+"""Training configuration: one dataclass, the single source of defaults and of their documentation.
+
+Defaults are the paper's (Appendix B: Adam (0.9, 0.999), lr 4e-7, 64 prompts per batch, 16 rollouts, rollout
+temperature 1.0, evaluation at 0.7) except where a field says otherwise; YAML recipes (configs/) only override.
+Each field's metadata holds its help text: unit, typical range, source, and when not to use it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+import yaml
+
+
+def _f(default, help: str):
+    if isinstance(default, (list, dict, tuple)):
+        return field(default_factory=lambda: type(default)(default), metadata={"help": help})
+    return field(default=default, metadata={"help": help})
+
+
+@dataclass
+class TrainConfig:
+    # what to train
+    model: str = _f("countdown-tiny", "policy: 'countdown-tiny' (shipped), a local directory in save_pretrained "
+                                      "format, or a hub id (needs network)")
+    task: str = _f("countdown", "task name (registry TASKS): prompts and reward")
+    train_data: str | None = _f(None, "JSONL of training problems; default: the shipped filtered split of the model")
+    eval_data: str | None = _f(None, "JSONL of held-out problems; default: the shipped eval split")
+    method: str = _f("grpo", "token filter (registry METHODS): grpo, clip_b, clip_v, s_sign:...")
+    mu: float | None = _f(None, "Clip_B/Clip_V threshold in batch stds; None = method default (2.5 / 8.5, the "
+                                "authors' code). Larger clips fewer tokens (paper Fig. 2a-b)")
+    mu_plus: float | None = _f(None, "upper threshold for the two-sided form of eq. 15/16; None = one-sided")
+    max_frac: float | None = _f(None, "Clip_V cap on the clipped fraction; None = method default 1e-4. The "
+                                      "paper's batches hold ~1e6 tokens: scale it up for small batches")
+    side: str | None = _f(None, "which advantage sign the filter applies to: negative (default), positive, all")
+    advantage: str = _f("grpo", "advantage estimator (registry ADVANTAGES): grpo, dr_grpo, rloo")
+
+    # batch and optimisation
+    steps: int = _f(100, "RL steps (one rollout batch each)")
+    prompts_per_step: int = _f(64, "prompts per batch (paper: 64)")
+    group_size: int = _f(16, "rollouts per prompt G (paper: 16 for Qwen2.5-7B, 8 for Qwen3-4B); 1 disables GRPO's "
+                             "group baseline")
+    lr: float = _f(4e-7, "Adam learning rate (paper: 4e-7 for 4B-7B models; tiny models need ~1e-4)")
+    betas: tuple[float, float] = _f((0.9, 0.999), "Adam betas (paper: (0.9, 0.999))")
+    weight_decay: float = _f(0.0, "Adam(W) weight decay")
+    grad_clip: float = _f(1.0, "max global gradient norm; 0 disables")
+    ppo_epochs: int = _f(1, "passes over each batch; 1 with mini_batches 1 is strict on-policy (ratio = 1)")
+    mini_batches: int = _f(1, "optimizer steps per epoch; >1 makes later steps off-policy (true ratios)")
+    micro_batch_size: int = _f(0, "rows per forward/backward for gradient accumulation; 0 = whole mini-batch")
+    eps_low: float = _f(0.2, "PPO clip 1 - eps_low for A < 0")
+    eps_high: float = _f(0.2, "PPO clip 1 + eps_high for A > 0 (DAPO clip-higher: 0.28)")
+    dual_clip_c: float | None = _f(3.0, "dual-clip constant for A < 0 (verl default 3); None disables")
+    loss_agg: str = _f("token-mean", "token-mean (paper eq. 1), seq-mean-token-mean, seq-mean-token-sum, "
+                                     "seq-mean-token-sum-norm")
+    kl_coef: float = _f(0.0, "weight of the k3 KL penalty to the initial policy (paper: 0, omitted)")
+    entropy_coef: float = _f(0.0, "entropy bonus weight (0: none, the paper's assumption (ii))")
+
+    # sampling
+    temperature: float = _f(1.0, "rollout temperature (paper: 1.0); log-probs use the same temperature")
+    top_p: float = _f(1.0, "rollout nucleus sampling")
+    max_new_tokens: int = _f(16, "response length limit; longer responses are truncated and count as overlong")
+
+    # evaluation, logging, checkpoints
+    eval_every: int = _f(0, "evaluate every N steps (0: only before and after training)")
+    eval_k: int = _f(8, "K of Avg@K / Pass@K (paper: 32 on AIME, 8 on DAPO500)")
+    eval_temperature: float = _f(0.7, "evaluation temperature (paper: 0.7)")
+    eval_problems: int = _f(0, "number of eval problems to use (0: all)")
+    save_every: int = _f(0, "checkpoint every N steps (0: only at the end and on interruption)")
+    out: str = _f("runs/train", "run directory: metrics.jsonl, config.yaml, eval.json, checkpoints")
+    sinks: tuple[str, ...] = _f((), "extra metric sinks besides JSONL: tensorboard, wandb")
+    measure_entropy_change: bool = _f(True, "recompute entropy on the batch after each update (one extra "
+                                            "forward) to log the realised change beside Corollary 4's prediction")
+    seed: int = _f(0, "seed of data order, sampling and updates")
+    device: str = _f("auto", "auto, cpu or cuda")
+    progress: bool = _f(True, "show a progress bar")
+
+    def __post_init__(self) -> None:
+        from .advantages import ADVANTAGES
+        from .losses import AGG_MODES
+        from .methods import METHODS
+        from .tasks import TASKS
+
+        METHODS.get(self.method)
+        ADVANTAGES.get(self.advantage)
+        TASKS.get(self.task)
+        if self.loss_agg not in AGG_MODES:
+            raise ValueError(f"loss_agg {self.loss_agg!r} unknown; choose one of {', '.join(AGG_MODES)}")
+        for name in ("mu", "mu_plus", "max_frac"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ValueError(f"{name} must be > 0, got {value} (mu is a multiple of the batch std; the paper "
+                                 "uses 2.5 for Clip_B and 8.5 for Clip_V)")
+        if self.side not in (None, "negative", "positive", "all"):
+            raise ValueError(f"side must be negative, positive or all, got {self.side!r}")
+        for name in ("steps", "prompts_per_step", "group_size", "ppo_epochs", "mini_batches", "eval_k", "max_new_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.prompts_per_step % self.mini_batches:
+            raise ValueError("prompts_per_step must be divisible by mini_batches")
+        if self.group_size == 1 and self.advantage in ("grpo", "dr_grpo", "rloo"):
+            warnings.warn(f"group_size=1: every {self.advantage} group is a singleton, so the advantage is the raw "
+                          "reward with no group baseline; use group_size >= 2 (paper: 8 or 16)", stacklevel=2)
+        self.betas = tuple(self.betas)
+        self.sinks = tuple(self.sinks)
+
+    def method_overrides(self) -> dict:
+        return {"mu": self.mu, "mu_plus": self.mu_plus, "max_frac": self.max_frac, "side": self.side}
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["betas"], d["sinks"] = list(self.betas), list(self.sinks)
+        return d
+
+
+def load_config(path: str | Path | None = None, **overrides) -> TrainConfig:
+    """TrainConfig from an optional YAML file, then keyword overrides (None values are ignored)."""
+    data: dict = {}
+    if path is not None:
+        path = Path(path)
+        if not path.exists():
+            raise FileNotFoundError(f"config file {path} does not exist")
+        data = yaml.safe_load(path.read_text()) or {}
+        if not isinstance(data, dict):
+            raise ValueError(f"{path} must hold a mapping of TrainConfig fields")
+    data.update({k: v for k, v in overrides.items() if v is not None})
+    known = {f.name for f in fields(TrainConfig)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ValueError(f"unknown config keys {unknown}; known keys: {', '.join(sorted(known))}")
+    return TrainConfig(**data)
+
+
+def describe() -> str:
+    """Every field with its default and help, for `entropy-rft train --help-config`."""
+    lines = []
+    for f in fields(TrainConfig):
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        lines.append(f"{f.name} = {default!r}\n    {f.metadata.get('help', '')}")
+    return "\n".join(lines)

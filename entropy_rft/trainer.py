@@ -1,0 +1,359 @@
+"""The RL loop, top to bottom: sample -> score -> advantages -> token statistics -> mask -> update -> log.
+
+One process, one device: the reference implementation and the embedded default. Each step:
+1. rollout: prompts_per_step prompts, group_size samples each (HF generate, rollout temperature);
+2. score: the task's reward of each response;
+3. advantages: the chosen estimator (GRPO by default) over each prompt's group;
+4. token statistics: log p (the behaviour policy's, used as old log p), H, S*, E_p[S] of every response token,
+   from one no-grad forward pass over the whole batch;
+5. mask: the method's token filter over the whole batch (never per micro-batch);
+6. update: ppo_epochs x mini_batches Adam steps of the clipped surrogate, gradient accumulation over
+   micro-batches with the mini-batch's global token and sequence counts (so splitting changes nothing);
+7. log: one metrics.jsonl line per step (and optional TensorBoard / W&B), evaluation and checkpoints.
+
+Departures, numbered:
+1. Old log-probs are recomputed by the trainer's forward pass (as verl does), not taken from generation.
+2. On interruption (Ctrl-C) the current policy is saved as a checkpoint before the run stops; `resume=True`
+   (`entropy-rft train --resume`) continues from the last checkpoint of the run directory.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import yaml
+from tqdm import tqdm
+
+from .advantages import ADVANTAGES
+from .config import TrainConfig
+from .dynamics import TokenStats, batch_covariance, corollary4_entropy_change, token_stats
+from .evaluate import EvalResult, evaluate_policy
+from .logging import MetricLogger
+from .losses import aggregate, kl_penalty, ppo_clip_loss
+from .masks import clipped_fractions
+from .methods import METHODS
+from .rollout import HFEngine, Rollout
+from .rollout.hf import sequence_logits
+from .tasks import TASKS
+
+BUILTIN_MODELS = {"countdown-tiny": Path(__file__).parent / "assets" / "countdown-tiny"}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Setup helpers
+
+
+def resolve_model_path(name: str) -> str:
+    """A shipped model name, an existing local directory, or a hub id (returned as given)."""
+    if name in BUILTIN_MODELS:
+        path = BUILTIN_MODELS[name]
+        if not (path / "config.json").exists():
+            raise FileNotFoundError(f"the shipped model {name!r} is missing at {path}; rebuild it with "
+                                    "`entropy-rft pretrain-toy --out entropy_rft/assets/countdown-tiny`")
+        return str(path)
+    path = Path(name)
+    if path.exists():
+        if not (path / "config.json").exists():
+            raise FileNotFoundError(f"model directory {path} has no config.json; pass a directory written by "
+                                    "save_pretrained, or a hub id")
+        return str(path)
+    looks_like_hub_id = name.count("/") == 1 and not name.startswith((".", "/", "~"))
+    if not looks_like_hub_id:
+        raise FileNotFoundError(f"model path {name!r} does not exist; pass a local model directory, a hub id like "
+                                f"'Qwen/Qwen2.5-7B-Instruct', or one of the shipped models: {', '.join(BUILTIN_MODELS)}")
+    return name
+
+
+def load_policy(name: str, device: torch.device):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = resolve_model_path(name)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    except OSError as err:
+        raise OSError(f"could not load model {name!r}: not a local directory, and the hub could not be reached or "
+                      f"has no such model ({err})") from err
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return model.to(device), tokenizer
+
+
+def default_data(cfg: TrainConfig, split: str) -> Path:
+    given = cfg.train_data if split == "train" else cfg.eval_data
+    if given:
+        return Path(given)
+    if cfg.task == "countdown":  # the shipped splits, filtered with the shipped policy
+        return BUILTIN_MODELS["countdown-tiny"] / "data" / f"{split}.jsonl"
+    raise ValueError(f"no {split}_data given: task {cfg.task!r} has no shipped data; set train_data and eval_data")
+
+
+def load_problems(path: Path, task) -> list:
+    if not path.exists():
+        raise FileNotFoundError(f"no problem file at {path}")
+    problems = []
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        if line.strip():
+            try:
+                problems.append(task.parse_row(json.loads(line)))
+            except ValueError as err:
+                raise ValueError(f"{path}:{n}: {err}") from None
+    if not problems:
+        raise ValueError(f"{path} holds no problems")
+    return problems
+
+
+def pick_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Step helpers (thin: the math lives in dynamics, masks, advantages, losses)
+
+
+def policy_stats(model, rollout: Rollout, temperature: float) -> TokenStats:
+    """TokenStats of the response tokens under the model, (B, R) each."""
+    logits = sequence_logits(model, rollout)
+    return token_stats(logits, rollout.response_ids.to(logits.device), temperature=temperature)
+
+
+@torch.no_grad()
+def batch_stats(model, rollout: Rollout, temperature: float, rows_per_pass: int) -> TokenStats:
+    parts = [policy_stats(model, rollout.select(slice(i, i + rows_per_pass)), temperature)
+             for i in range(0, len(rollout.texts), rows_per_pass)]
+    return TokenStats(*(torch.cat([getattr(p, k) for p in parts]).cpu() for k in ("logp", "entropy", "s_star", "s_expect")))
+
+
+def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> float:
+    m = mask.float()
+    return float((x.float() * m).sum() / m.sum().clamp_min(1.0))
+
+
+@dataclass
+class Batch:
+    problems: list
+    rollout: Rollout
+    rewards: torch.Tensor  # (B,)
+    correct: torch.Tensor  # (B,) bool
+    group_ids: torch.Tensor  # (B,)
+
+
+class ProblemSampler:
+    """Epochs over the training problems in a seeded random order."""
+
+    def __init__(self, problems: list, seed: int):
+        self.problems = problems
+        self.gen = torch.Generator().manual_seed(seed)
+        self.order: list[int] = []
+
+    def next(self, n: int) -> list:
+        out = []
+        while len(out) < n:
+            if not self.order:
+                self.order = torch.randperm(len(self.problems), generator=self.gen).tolist()
+            out.append(self.problems[self.order.pop()])
+        return out
+
+    def state(self) -> dict:
+        return {"gen": self.gen.get_state(), "order": list(self.order)}
+
+    def load(self, state: dict) -> None:
+        self.gen.set_state(state["gen"])
+        self.order = list(state["order"])
+
+
+def save_checkpoint(run_dir: Path, step: int, model, tokenizer, optimizer, sampler: ProblemSampler) -> Path:
+    ckpt = run_dir / f"checkpoint-{step}"
+    model.save_pretrained(ckpt, safe_serialization=True)
+    tokenizer.save_pretrained(ckpt)
+    torch.save({"step": step, "optimizer": optimizer.state_dict(), "sampler": sampler.state()}, ckpt / "trainer_state.pt")
+    (run_dir / "latest_checkpoint").write_text(ckpt.name)
+    return ckpt
+
+
+def run_eval(engine, task, problems, cfg: TrainConfig, seed: int) -> EvalResult:
+    return evaluate_policy(engine, task, problems, k=cfg.eval_k, temperature=cfg.eval_temperature, top_p=cfg.top_p,
+                           max_new_tokens=cfg.max_new_tokens, seed=seed)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The loop
+
+
+def train(cfg: TrainConfig, *, resume: bool = False) -> dict:
+    """Run RL fine-tuning as configured; returns a summary with the per-step metrics and evaluations."""
+    # --- setup
+    run_dir = Path(cfg.out)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(cfg.seed)
+    device = pick_device(cfg.device)
+    resolve_model_path(cfg.model)  # fail on a bad model path before any work
+    task = TASKS.get(cfg.task)
+    method = METHODS.get(cfg.method)
+    estimator = ADVANTAGES.get(cfg.advantage)
+    train_problems = load_problems(default_data(cfg, "train"), task)
+    eval_problems = load_problems(default_data(cfg, "eval"), task)
+    if cfg.eval_problems:
+        eval_problems = eval_problems[: cfg.eval_problems]
+    start_step = 0
+    model_source = cfg.model
+    latest = run_dir / "latest_checkpoint"
+    if resume and latest.exists():
+        model_source = str(run_dir / latest.read_text().strip())
+    model, tokenizer = load_policy(model_source, device)
+    ref_model = load_policy(cfg.model, device)[0].eval() if cfg.kl_coef > 0 else None
+    engine = HFEngine(model, tokenizer)
+    optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
+    sampler = ProblemSampler(train_problems, cfg.seed)
+    if model_source != cfg.model:
+        state = torch.load(Path(model_source) / "trainer_state.pt", weights_only=False)
+        optimizer.load_state_dict(state["optimizer"])
+        sampler.load(state["sampler"])
+        start_step = state["step"]
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+    logger = MetricLogger(run_dir, cfg.to_dict(), cfg.sinks)
+    update_gen = torch.Generator().manual_seed(cfg.seed + 1)
+    rows_per_pass = cfg.micro_batch_size or cfg.prompts_per_step * cfg.group_size
+    evals: dict[int, dict] = {}
+    history: list[dict] = []
+    if start_step == 0:
+        evals[0] = run_eval(engine, task, eval_problems, cfg, seed=cfg.seed + 10**6).to_json()
+
+    step = start_step
+    bar = tqdm(range(start_step, cfg.steps), desc=f"{cfg.method}", disable=not cfg.progress, initial=start_step,
+               total=cfg.steps)
+    try:
+        for step in bar:
+            t0 = time.time()
+            # --- rollout
+            problems = sampler.next(cfg.prompts_per_step)
+            rollout = engine.generate([task.prompt(p) for p in problems], n=cfg.group_size,
+                                      temperature=cfg.temperature, top_p=cfg.top_p,
+                                      max_new_tokens=cfg.max_new_tokens, seed=cfg.seed * 100003 + step)
+            # --- score
+            group_ids = torch.arange(len(problems)).repeat_interleave(cfg.group_size)
+            scored = [task.score(text, bool(done), problems[int(g)])
+                      for text, done, g in zip(rollout.texts, rollout.finished, group_ids)]
+            rewards = torch.tensor([r for r, _ in scored], dtype=torch.float32)
+            correct = torch.tensor([c for _, c in scored])
+            # --- advantages, (B,)
+            adv = estimator(rewards, group_ids)
+            # --- token statistics under the behaviour policy, (B, R) each
+            mask = rollout.response_mask
+            stats = batch_stats(model, rollout, cfg.temperature, rows_per_pass)
+            old_logp = stats.logp
+            ref_logp = batch_stats(ref_model, rollout, cfg.temperature, rows_per_pass).logp if ref_model else None
+            # --- mask: the method's filter over the whole batch
+            keep, filter_metrics = method.apply(stats, adv, mask, **cfg.method_overrides())
+            loss_mask = mask & keep
+            # --- update
+            update_metrics = update_policy(model, optimizer, rollout, adv, old_logp, ref_logp, loss_mask, cfg,
+                                           update_gen)
+            # --- diagnostics
+            metrics = step_metrics(step, rewards, correct, adv, stats, mask, keep, rollout, cfg, optimizer)
+            metrics.update(update_metrics)
+            metrics.update({f"filter/{k}": v for k, v in filter_metrics.items()})
+            if cfg.measure_entropy_change:
+                after = batch_stats(model, rollout, cfg.temperature, rows_per_pass)
+                metrics["entropy_change/realised"] = masked_mean(after.entropy, loss_mask) - masked_mean(stats.entropy, loss_mask)
+            metrics["seconds"] = time.time() - t0
+            # --- log, evaluate, checkpoint
+            if cfg.eval_every and (step + 1) % cfg.eval_every == 0 and step + 1 < cfg.steps:
+                evals[step + 1] = run_eval(engine, task, eval_problems, cfg, seed=cfg.seed + 10**6).to_json()
+                metrics.update({"eval/avg_at_k": evals[step + 1]["avg_at_k"], "eval/pass_at_k": evals[step + 1]["pass_at_k"]})
+            logger.log(metrics)
+            history.append(metrics)
+            bar.set_postfix(reward=f"{metrics['reward_mean']:.2f}", H=f"{metrics['entropy']:.3f}",
+                            clip=f"{metrics['clip_frac']:.3f}")
+            if cfg.save_every and (step + 1) % cfg.save_every == 0:
+                save_checkpoint(run_dir, step + 1, model, tokenizer, optimizer, sampler)
+    except KeyboardInterrupt:
+        ckpt = save_checkpoint(run_dir, step, model, tokenizer, optimizer, sampler)
+        logger.close()
+        raise SystemExit(f"interrupted at step {step}; saved {ckpt}. Continue with --resume.") from None
+
+    final = save_checkpoint(run_dir, cfg.steps, model, tokenizer, optimizer, sampler)
+    evals[cfg.steps] = run_eval(engine, task, eval_problems, cfg, seed=cfg.seed + 10**6).to_json()
+    logger.close()
+    summary = {"config": cfg.to_dict(), "evals": evals, "checkpoint": str(final), "history": history}
+    (run_dir / "eval.json").write_text(json.dumps(evals, indent=1) + "\n")
+    return summary
+
+
+def update_policy(model, optimizer, rollout: Rollout, adv, old_logp, ref_logp, loss_mask, cfg: TrainConfig,
+                  gen: torch.Generator) -> dict:
+    """ppo_epochs x mini_batches optimizer steps; gradient accumulation over micro-batches with the
+    mini-batch's global denominators. Returns the mean loss metrics and the last grad norm."""
+    device = next(model.parameters()).device
+    n_rows = loss_mask.shape[0]
+    model.train()
+    sums: dict[str, float] = {}
+    grad_norms = []
+    for _epoch in range(cfg.ppo_epochs):
+        order = torch.randperm(n_rows, generator=gen) if cfg.mini_batches > 1 else torch.arange(n_rows)
+        for rows in order.chunk(cfg.mini_batches):
+            mb_mask = loss_mask[rows]
+            n_tokens = mb_mask.sum().clamp_min(1).to(device)
+            n_seqs = (mb_mask.sum(-1) > 0).sum().clamp_min(1).to(device)
+            optimizer.zero_grad(set_to_none=True)
+            micro = cfg.micro_batch_size or len(rows)
+            for part in rows.split(micro):
+                sub = rollout.select(part)
+                m = loss_mask[part].to(device)
+                stats = policy_stats(model, sub, cfg.temperature)
+                loss, pm = ppo_clip_loss(stats.logp, old_logp[part].to(device), adv[part].to(device), m,
+                                         eps_low=cfg.eps_low, eps_high=cfg.eps_high, dual_clip_c=cfg.dual_clip_c,
+                                         agg=cfg.loss_agg, num_tokens=n_tokens, num_seqs=n_seqs)
+                if ref_logp is not None:
+                    kl = aggregate(kl_penalty(stats.logp, ref_logp[part].to(device)), m, cfg.loss_agg,
+                                   num_tokens=n_tokens, num_seqs=n_seqs)
+                    loss = loss + cfg.kl_coef * kl
+                    pm["kl"] = kl.detach()
+                if cfg.entropy_coef:
+                    bonus = aggregate(stats.entropy, m, cfg.loss_agg, num_tokens=n_tokens, num_seqs=n_seqs)
+                    loss = loss - cfg.entropy_coef * bonus
+                loss.backward()
+                weight = float(m.sum()) / float(loss_mask.sum().clamp_min(1)) / cfg.ppo_epochs
+                for k, v in pm.items():
+                    sums[f"loss/{k}"] = sums.get(f"loss/{k}", 0.0) + float(v) * weight
+                sums["loss/policy"] = sums.get("loss/policy", 0.0) + float(loss.detach()) * weight
+            params = [p for p in model.parameters() if p.grad is not None]
+            norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip if cfg.grad_clip > 0 else math.inf)
+            grad_norms.append(float(norm))
+            optimizer.step()
+    sums["grad_norm"] = grad_norms[-1] if grad_norms else 0.0
+    return sums
+
+
+def step_metrics(step, rewards, correct, adv, stats: TokenStats, mask, keep, rollout: Rollout, cfg: TrainConfig,
+                 optimizer) -> dict:
+    """The per-step diagnostics of the paper's figures, all over the batch's response tokens."""
+    loss_mask = mask & keep
+    token_adv = adv.unsqueeze(-1).expand_as(mask)
+    fractions = clipped_fractions(mask, keep, adv)
+    cov = batch_covariance(token_adv, stats.s_centered, loss_mask)
+    return {
+        "step": step + 1,
+        "reward_mean": float(rewards.mean()),
+        "accuracy": float(correct.float().mean()),
+        "entropy": masked_mean(stats.entropy, loss_mask),  # token-mean over the loss tokens
+        "entropy_all_tokens": masked_mean(stats.entropy, mask),
+        "clip_frac": fractions["frac_clipped"],
+        "clip_frac_pos": fractions["frac_clipped_pos"],
+        "clip_frac_neg": fractions["frac_clipped_neg"],
+        "s_star_mean": masked_mean(stats.s_star, mask),  # Figure 3
+        "s_centered_mean": masked_mean(stats.s_centered, mask),  # Corollary 2: about 0 on-policy
+        "cov_a_sc": float(cov),  # Figure 5 plots -Cov_B(A, S_c)
+        "entropy_change/predicted": float(corollary4_entropy_change(adv, stats.s_centered, loss_mask, lr=cfg.lr)),
+        "response_length": float(mask.sum(-1).float().mean()),
+        "truncation_rate": float((~rollout.finished).float().mean()),
+        "frac_zero_adv_groups": float((adv == 0).float().mean()),
+        "lr": optimizer.param_groups[0]["lr"],
+    }

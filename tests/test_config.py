@@ -1,0 +1,50 @@
+"""Configuration validation and the registry: bad input fails early with the fix in the message."""
+
+import pytest
+
+from entropy_rft.config import load_config
+from entropy_rft.registry import Registry
+from entropy_rft.trainer import resolve_model_path
+
+
+def test_registry_duplicate_and_unknown():
+    reg = Registry("thing")
+    reg.register("a", 1)
+    with pytest.raises(ValueError, match="already registered"):
+        reg.register("a", 2)
+    with pytest.raises(KeyError, match="known things: a"):
+        reg.get("b")
+
+
+def test_unknown_method_lists_known_ones():
+    with pytest.raises(KeyError, match="clip_b.*clip_v"):
+        load_config(None, method="clip_x")
+
+
+def test_bad_mu_and_unknown_key():
+    with pytest.raises(ValueError, match="mu must be > 0"):
+        load_config(None, method="clip_b", mu=0)
+    with pytest.raises(ValueError, match="unknown config keys \\['learning_rate'\\]"):
+        load_config(None, learning_rate=1e-3)
+
+
+def test_group_of_one_warns():
+    with pytest.warns(UserWarning, match="group_size=1"):
+        load_config(None, group_size=1)
+
+
+def test_yaml_overrides(tmp_path):
+    path = tmp_path / "r.yaml"
+    path.write_text("method: clip_v\nmu: 4.0\nbetas: [0.9, 0.99]\n")
+    cfg = load_config(path, steps=3)
+    assert (cfg.method, cfg.mu, cfg.betas, cfg.steps) == ("clip_v", 4.0, (0.9, 0.99), 3)
+    with pytest.raises(FileNotFoundError):
+        load_config(tmp_path / "missing.yaml")
+
+
+def test_model_path_errors(tmp_path):
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        resolve_model_path(str(tmp_path / "no-such-model"))
+    with pytest.raises(FileNotFoundError, match="no config.json"):
+        resolve_model_path(str(tmp_path))
+    assert resolve_model_path("Qwen/Qwen2.5-7B-Instruct") == "Qwen/Qwen2.5-7B-Instruct"

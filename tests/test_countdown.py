@@ -1,0 +1,79 @@
+"""The countdown task: parser, reward shape, problem generation, and the shipped tokenizer."""
+
+import random
+
+import pytest
+from transformers import AutoTokenizer
+
+from entropy_rft.tasks.countdown import (
+    Problem,
+    evaluate_expression,
+    make_problems,
+    random_problem,
+    reward,
+)
+from entropy_rft.trainer import BUILTIN_MODELS
+
+P = Problem((3, 5, 7), 22)
+
+
+@pytest.mark.parametrize("expr,value", [("3*5+7", 22), ("(3+5)*7", 56), ("7-5-3", -1), ("7-(5-3)", 5), ("2*(3*(4+1))", 30)])
+def test_parser_values(expr, value):
+    """The recursive-descent parser gives Python's integer arithmetic for + - * and parentheses."""
+    assert evaluate_expression(expr)[0] == value == eval(expr)  # noqa: S307 - literal test inputs only
+
+
+@pytest.mark.parametrize("expr", ["", "3+", "(3+5", "3//5", "import os", "3**5", "3 5"])
+def test_parser_rejects(expr):
+    assert evaluate_expression(expr) is None
+
+
+@pytest.mark.parametrize(
+    "completion,finished,expected",
+    [
+        ("3*5+7=22", True, (1.0, True)),  # correct and well formed
+        ("5*3+7=22", True, (1.0, True)),  # any order
+        ("3*5+7", True, (0.0, True)),  # correct answer, '=target' missing
+        ("3*5+7=21", True, (0.0, True)),  # correct expression, wrong stated value
+        ("3*5+7=22", False, (0.0, True)),  # correct but truncated (no EOS)
+        ("3*5+7=22=", True, (0.0, True)),  # trailing junk
+        ("3*5+7+7=29", True, (-0.1, False)),  # 7 used twice
+        ("3*5*7=105", True, (-0.1, False)),  # wrong target, finished
+        ("3*5*7=105", False, (-1.0, False)),  # wrong and overlong
+        ("9+13=22", True, (-0.1, False)),  # numbers not given
+    ],
+)
+def test_reward_shape(completion, finished, expected):
+    """Paper's Appendix B shape: 1 correct+formed, 0 correct badly formed, -0.1 wrong, -1 wrong and overlong."""
+    assert reward(completion, finished, P) == expected
+
+
+def test_generated_solutions_are_correct():
+    """Every synthetic problem's solution is well formed, uses given numbers and reaches the target."""
+    rng = random.Random(0)
+    for _ in range(500):
+        p = random_problem(rng)
+        assert reward(p.solution, True, p) == (1.0, True), p
+
+
+def test_make_problems_distinct_and_exclusive():
+    a = make_problems(200, seed=1)
+    b = make_problems(200, seed=2, exclude={p.key for p in a})
+    assert len({p.key for p in a}) == 200
+    assert not {p.key for p in a} & {p.key for p in b}
+
+
+def test_row_without_answer_names_the_fix():
+    with pytest.raises(ValueError, match="needs 'numbers'.*'target'"):
+        Problem.from_json({"numbers": [1, 2]})
+
+
+def test_shipped_tokenizer_round_trips_through_autotokenizer():
+    """The shipped tokenizer, reloaded through AutoTokenizer (which picks a class from the model type), encodes
+    one token per character and decodes prompts and solutions exactly."""
+    tok = AutoTokenizer.from_pretrained(BUILTIN_MODELS["countdown-tiny"])
+    for p in make_problems(50, seed=5):
+        for text in (f"{p.key}:", p.solution):
+            ids = tok.encode(text, add_special_tokens=False)
+            assert len(ids) == len(text)
+            assert tok.decode(ids) == text

@@ -1,0 +1,104 @@
+"""End-to-end: the trainer's outputs, determinism, resume, micro-batch invariance, and the demo's files."""
+
+import json
+
+import pytest
+import torch
+
+from entropy_rft.config import load_config
+from entropy_rft.logging import read_metrics
+from entropy_rft.trainer import train
+
+REQUIRED = {"step", "reward_mean", "accuracy", "entropy", "clip_frac", "clip_frac_pos", "clip_frac_neg",
+            "response_length", "lr", "grad_norm", "seconds", "s_star_mean", "s_centered_mean", "cov_a_sc",
+            "entropy_change/predicted", "entropy_change/realised", "truncation_rate"}
+
+
+def tiny(tmp_path, name="run", **kw):
+    base = dict(steps=3, prompts_per_step=4, group_size=4, lr=1e-4, eval_problems=8, eval_k=2, progress=False,
+                out=str(tmp_path / name))
+    return load_config(None, **{**base, **kw})
+
+
+def test_train_writes_metrics_checkpoint_and_evals(tmp_path):
+    """Every step writes one metrics line with the required keys; the final checkpoint loads and evals exist."""
+    cfg = tiny(tmp_path, method="clip_b", mu=1.0)
+    summary = train(cfg)
+    rows = read_metrics(cfg.out)
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    for row in rows:
+        assert REQUIRED <= set(row)
+        assert 0.0 <= row["clip_frac"] <= 1.0 and row["entropy"] > 0
+    assert set(summary["evals"]) == {0, 3}
+    from transformers import AutoModelForCausalLM
+
+    AutoModelForCausalLM.from_pretrained(summary["checkpoint"])
+    assert json.loads((tmp_path / "run" / "eval.json").read_text())["3"]["k"] == 2
+
+
+def test_seeded_runs_are_identical(tmp_path):
+    """Same config and seed on CPU give identical metrics (timings aside)."""
+    strip = lambda rows: [{k: v for k, v in r.items() if k != "seconds"} for r in rows]  # noqa: E731
+    train(tiny(tmp_path, "a"))
+    train(tiny(tmp_path, "b"))
+    assert strip(read_metrics(tmp_path / "a")) == strip(read_metrics(tmp_path / "b"))
+
+
+def test_resume_continues_exactly(tmp_path):
+    """A run stopped after 2 steps and resumed to 3 ends with the same weights as an uninterrupted run."""
+    train(tiny(tmp_path, "full"))
+    train(tiny(tmp_path, "part", steps=2))
+    cfg = tiny(tmp_path, "part")
+    train(cfg, resume=True)
+    from safetensors.torch import load_file
+
+    a = load_file(tmp_path / "full" / "checkpoint-3" / "model.safetensors")
+    b = load_file(tmp_path / "part" / "checkpoint-3" / "model.safetensors")
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], atol=1e-6, rtol=0)
+
+
+def test_micro_batches_give_the_same_update(tmp_path):
+    """Gradient accumulation over micro-batches of 3 rows gives the same step-1 update as one full batch."""
+    train(tiny(tmp_path, "one", steps=1, measure_entropy_change=False))
+    train(tiny(tmp_path, "micro", steps=1, micro_batch_size=3, measure_entropy_change=False))
+    from safetensors.torch import load_file
+
+    a = load_file(tmp_path / "one" / "checkpoint-1" / "model.safetensors")
+    b = load_file(tmp_path / "micro" / "checkpoint-1" / "model.safetensors")
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], atol=2e-6, rtol=1e-4)
+
+
+def test_off_policy_epochs_use_true_ratios(tmp_path):
+    """With two epochs and two mini-batches, later updates see ratios != 1 (ppo_kl != 0)."""
+    cfg = tiny(tmp_path, steps=1, ppo_epochs=2, mini_batches=2, lr=1e-3)
+    train(cfg)
+    row = read_metrics(cfg.out)[0]
+    assert abs(row["loss/ppo_kl"]) > 0
+
+
+@pytest.mark.slow
+def test_demo_writes_summary_report_and_plots(tmp_path):
+    """`entropy-rft demo` writes summary.json in the documented schema, report.md and PNG plots."""
+    from entropy_rft.cli import main
+
+    main(["demo", "--out", str(tmp_path), "--steps", "2", "--quiet"])
+    s = json.loads((tmp_path / "summary.json").read_text())
+    assert set(s) >= {"k", "wall_seconds", "methods"} and set(s["methods"]) == {"grpo", "clip_b", "clip_v"}
+    for m in s["methods"].values():
+        assert len(m["entropy"]) == len(m["clip_fraction"]) == 2
+        for key in ("avg_at_k_before", "avg_at_k_after", "pass_at_k_before", "pass_at_k_after"):
+            assert 0.0 <= m[key] <= 1.0
+    assert "Avg@" in (tmp_path / "report.md").read_text()
+    for png in ("entropy.png", "clip_fraction.png"):
+        assert (tmp_path / png).read_bytes()[:4] == b"\x89PNG"
+
+
+def test_cli_reports_bad_model_path(tmp_path, capsys):
+    from entropy_rft.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["train", "--model", str(tmp_path / "missing"), "--out", str(tmp_path / "o"), "--steps", "1"])
+    assert exc.value.code == 2
+    assert "does not exist" in capsys.readouterr().err
