@@ -38,7 +38,7 @@ def _reset_peak() -> None:
         pass
 
 
-def worker(method: str, dtype_name: str, n: int, d: int, v: int, repeats: int, vocab_chunk: int) -> dict:
+def worker(method: str, dtype_name: str, n: int, d: int, v: int, repeats: int, vocab_chunk: int, row_chunk: int) -> dict:
     import torch
 
     from entropy_rft.dynamics import token_stats_from_hidden
@@ -51,7 +51,7 @@ def worker(method: str, dtype_name: str, n: int, d: int, v: int, repeats: int, v
 
     def fused():
         with torch.no_grad():
-            s = token_stats_from_hidden(h, w, t, vocab_chunk=vocab_chunk, row_chunk=n)
+            s = token_stats_from_hidden(h, w, t, vocab_chunk=vocab_chunk, row_chunk=row_chunk)
         return s.logp
 
     def naive():
@@ -90,22 +90,24 @@ def main() -> None:
     ap.add_argument("--hidden", type=int, default=896)
     ap.add_argument("--vocab", type=int, default=151936)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--vocab-chunk", type=int, default=8192)
+    ap.add_argument("--vocab-chunk", type=int, default=2048)
+    ap.add_argument("--row-chunk", type=int, default=512)
     ap.add_argument("--dtypes", default="fp32,bf16")
     ap.add_argument("--methods", default="logp,fused,naive")
-    ap.add_argument("--worker", nargs=7, help=argparse.SUPPRESS)
+    ap.add_argument("--worker", nargs=8, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
-        m, dt, n, d, v, r, c = args.worker
-        print(json.dumps(worker(m, dt, int(n), int(d), int(v), int(r), int(c))))
+        m, dt, n, d, v, r, c, rc = args.worker
+        print(json.dumps(worker(m, dt, int(n), int(d), int(v), int(r), int(c), int(rc))))
         return
-    print(f"N={args.tokens} D={args.hidden} V={args.vocab} repeats={args.repeats} vocab_chunk={args.vocab_chunk}")
+    print(f"N={args.tokens} D={args.hidden} V={args.vocab} repeats={args.repeats} "
+          f"tile={args.row_chunk} rows x {args.vocab_chunk} vocabulary entries")
     print(f"{'dtype':6} {'method':6} {'median s':>9} {'peak MiB':>9}")
     for dt in args.dtypes.split(","):
         res = {}
         for m in args.methods.split(","):
             cmd = [sys.executable, __file__, "--worker", m, dt, str(args.tokens), str(args.hidden), str(args.vocab),
-                   str(args.repeats), str(args.vocab_chunk)]
+                   str(args.repeats), str(args.vocab_chunk), str(args.row_chunk)]
             out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1]
             res[m] = json.loads(out)
             print(f"{dt:6} {m:6} {res[m]['median_s']:9.3f} {res[m]['peak_mib']:9.1f}", flush=True)

@@ -150,3 +150,27 @@ def test_aggregate_loop_reference():
     assert float(aggregate(x, m, "seq-mean-token-sum-norm")) == pytest.approx(sum(map(sum, rows)) / 3 / 6, rel=1e-5)
     with pytest.raises(ValueError, match="unknown loss aggregation"):
         aggregate(x, m, "token-sum")
+
+
+def test_k3_kl_penalty_definition():
+    """k3 = exp(ref - logp) - (ref - logp) - 1 >= 0, zero when the policies agree; k1 = logp - ref."""
+    from entropy_rft.losses import kl_penalty
+
+    logp, ref = torch.randn(3, 5) - 2, torch.randn(3, 5) - 2
+    d = (ref - logp).double()
+    torch.testing.assert_close(kl_penalty(logp, ref).double(), d.exp() - d - 1, atol=1e-6, rtol=1e-5)
+    assert (kl_penalty(logp, ref) >= 0).all() and kl_penalty(logp, logp).abs().max() == 0
+    torch.testing.assert_close(kl_penalty(logp, ref, kind="k1"), logp - ref)
+
+
+def test_on_policy_loss_gradient_is_minus_advantage_over_tokens():
+    """Strict on-policy (logp == old_logp): ratio 1, no clipping, d loss / d logp = -A / n_tokens on kept tokens
+    and 0 on masked ones (masked tokens leave numerator and denominator)."""
+    logp = torch.randn(3, 4).requires_grad_()
+    adv = torch.tensor([1.0, -2.0, 0.5])
+    mask = torch.tensor([[1, 1, 0, 0], [1, 1, 1, 1], [1, 0, 0, 0]], dtype=torch.bool)
+    loss, m = ppo_clip_loss(logp, logp.detach(), adv, mask)
+    loss.backward()
+    want = -adv.unsqueeze(-1).expand(3, 4) * mask / mask.sum()
+    torch.testing.assert_close(logp.grad, want)
+    assert float(m["clipfrac"]) == 0.0 and float(m["ratio_mean"]) == pytest.approx(1.0)

@@ -102,3 +102,22 @@ def test_cli_reports_bad_model_path(tmp_path, capsys):
         main(["train", "--model", str(tmp_path / "missing"), "--out", str(tmp_path / "o"), "--steps", "1"])
     assert exc.value.code == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_kl_and_entropy_bonus_terms_run(tmp_path):
+    """With a KL coefficient and an entropy bonus the loop logs the KL term (0 at the first step: the policy
+    equals the reference)."""
+    cfg = tiny(tmp_path, steps=2, kl_coef=0.1, entropy_coef=0.01)
+    train(cfg)
+    rows = read_metrics(cfg.out)
+    assert rows[0]["loss/kl"] == pytest.approx(0.0, abs=1e-7)
+    assert rows[1]["loss/kl"] > 0
+
+
+def test_eval_cli(tmp_path, capsys):
+    from entropy_rft.cli import main
+
+    main(["eval", "--k", "2", "--n", "4", "--out", str(tmp_path)])
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert 0 <= out["avg_at_k"] <= out["pass_at_k"] <= 1
+    assert json.loads((tmp_path / "eval.json").read_text())["k"] == 2
