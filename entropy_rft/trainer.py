@@ -71,7 +71,9 @@ def resolve_model_path(name: str) -> str:
 
 def load_policy(name: str, device: torch.device):
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.disable_progress_bar()  # the trainer's own bar is the one to watch
     path = resolve_model_path(name)
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
