@@ -1,4 +1,4 @@
-"""Command line: entropy-rft demo | train | eval | pretrain-toy."""
+"""Command line: entropy-rft demo | train | eval | report | theory | sweep | pretrain-toy."""
 
 from __future__ import annotations
 
@@ -66,6 +66,63 @@ def cmd_eval(args) -> None:
     print(json.dumps({"avg_at_k": res.avg_at_k, "pass_at_k": res.pass_at_k, "k": res.k}))
 
 
+def cmd_report(args) -> None:
+    from .report import build_report
+
+    page = build_report(args.runs, args.out)
+    print(page.read_text().split("\n## ")[0])
+    print(f"wrote {page} and its figures")
+
+
+def cmd_theory(args) -> None:
+    import torch
+
+    from .tasks import TASKS
+    from .theory import format_table, model_checks, tabular_checks
+    from .trainer import BUILTIN_MODELS, load_policy, load_problems, pick_device
+
+    rows = tabular_checks(seed=args.seed)
+    print("Tabular softmax policy (float64; first order exact as the step shrinks):\n")
+    print(format_table(rows))
+    if not args.no_model:
+        task = TASKS.get(args.task)
+        data = Path(args.data) if args.data else BUILTIN_MODELS["countdown-tiny"] / "data" / "train.jsonl"
+        model, tokenizer = load_policy(args.model, pick_device(args.device))
+        torch.manual_seed(args.seed)
+        model_rows = model_checks(model, tokenizer, task, load_problems(data, task), n_batches=args.batches,
+                                  lr=args.lr, seed=args.seed)
+        print(f"Model {args.model} (parameter-space SGD steps; the theory predicts the sign):\n")
+        print(format_table(model_rows))
+        rows += model_rows
+    if args.out:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        (Path(args.out) / "theory.json").write_text(json.dumps(rows, indent=1) + "\n")
+
+
+def cmd_sweep(args) -> None:
+    from .config import load_config
+    from .demo import load_demo_config
+    from .report import build_report
+    from .trainer import train
+
+    base = load_demo_config(args.config).get("common", {})
+    runs = []
+    for mu in [float(x) for x in args.mu.split(",")]:
+        run_dir = Path(args.out) / "runs" / f"{args.method}_mu{mu:g}"
+        runs.append(run_dir)
+        if (run_dir / "eval.json").exists():
+            print(f"{run_dir.name}: done, skipped")
+            continue
+        overrides = {**base, "method": args.method, "mu": mu, "out": str(run_dir), "progress": not args.quiet}
+        if args.method == "clip_v":
+            overrides["max_frac"] = args.max_frac
+        if args.steps:
+            overrides["steps"] = args.steps
+        train(load_config(None, **overrides))
+    page = build_report(runs, args.out)
+    print(page.read_text().split("\n## ")[0])
+
+
 def cmd_pretrain_toy(args) -> None:
     from .toy import ToyConfig, pretrain
 
@@ -109,6 +166,33 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--device", default="auto")
     e.add_argument("--out", default=None)
     e.set_defaults(fn=cmd_eval)
+
+    r = sub.add_parser("report", help="the paper's figures from one or more run directories")
+    r.add_argument("runs", nargs="+", help="run directories written by `entropy-rft train`")
+    r.add_argument("--out", default="runs/report")
+    r.set_defaults(fn=cmd_report)
+
+    th = sub.add_parser("theory", help="check Theorems 1-2 and Corollaries 1-4 numerically")
+    th.add_argument("--model", default="countdown-tiny", help="model whose logits to check (default: shipped policy)")
+    th.add_argument("--task", default="countdown")
+    th.add_argument("--data", default=None)
+    th.add_argument("--no-model", action="store_true", help="only the tabular checks")
+    th.add_argument("--batches", type=int, default=16, help="GRPO steps for the model's full-step check")
+    th.add_argument("--lr", type=float, default=1e-3, help="SGD step of the model checks")
+    th.add_argument("--seed", type=int, default=0)
+    th.add_argument("--device", default="auto")
+    th.add_argument("--out", default=None)
+    th.set_defaults(fn=cmd_theory)
+
+    sw = sub.add_parser("sweep", help="clipped fraction and entropy against mu (paper Figure 2) on countdown")
+    sw.add_argument("--method", choices=["clip_b", "clip_v"], default="clip_b")
+    sw.add_argument("--mu", default="0.5,1,1.5,2,2.5", help="comma-separated mu values")
+    sw.add_argument("--max-frac", type=float, default=0.05, help="Clip_V cap for the sweep")
+    sw.add_argument("--config", default=None, help="demo-style YAML whose 'common' settings are used")
+    sw.add_argument("--steps", type=int, default=None)
+    sw.add_argument("--out", default="runs/sweep")
+    sw.add_argument("--quiet", action="store_true")
+    sw.set_defaults(fn=cmd_sweep)
 
     pt = sub.add_parser("pretrain-toy", help="rebuild the shipped tiny countdown policy and its data splits")
     pt.add_argument("--out", default="runs/countdown-tiny")

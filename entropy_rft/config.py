@@ -58,6 +58,13 @@ class TrainConfig:
     kl_coef: float = _f(0.0, "weight of the k3 KL penalty to the initial policy (paper: 0, omitted)")
     entropy_coef: float = _f(0.0, "entropy bonus weight (0: none, the paper's assumption (ii))")
 
+    # entropy target (beyond the paper; entropy_rft/control.py)
+    entropy_target: float | None = _f(None, "hold token entropy near this value (nats); None disables")
+    entropy_control: str = _f("mu", "how to hold the target: 'mu' sets Clip_B/Clip_V's mu each step from "
+                                    "Corollary 4's prediction; 'bonus' adapts an entropy-bonus coefficient")
+    bonus_delta: float = _f(0.002, "adaptive bonus: coefficient change per step (Skywork-OR1 style)")
+    bonus_max: float = _f(0.05, "adaptive bonus: largest coefficient")
+
     # sampling
     temperature: float = _f(1.0, "rollout temperature (paper: 1.0); log-probs use the same temperature")
     top_p: float = _f(1.0, "rollout nucleus sampling")
@@ -103,6 +110,14 @@ class TrainConfig:
         if self.group_size == 1 and self.advantage in ("grpo", "dr_grpo", "rloo"):
             warnings.warn(f"group_size=1: every {self.advantage} group is a singleton, so the advantage is the raw "
                           "reward with no group baseline; use group_size >= 2 (paper: 8 or 16)", stacklevel=2)
+        if self.entropy_target is not None:
+            if self.entropy_control not in ("mu", "bonus"):
+                raise ValueError(f"entropy_control must be 'mu' or 'bonus', got {self.entropy_control!r}")
+            if self.entropy_control == "mu" and self.method not in ("clip_b", "clip_v"):
+                raise ValueError(f"entropy_control='mu' sets Clip_B/Clip_V's mu; use method clip_b or clip_v "
+                                 f"(got {self.method!r}) or entropy_control='bonus'")
+            if not self.measure_entropy_change:
+                raise ValueError("an entropy target needs measure_entropy_change=True (the controller learns from it)")
         self.betas = tuple(self.betas)
         self.sinks = tuple(self.sinks)
 

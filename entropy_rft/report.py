@@ -51,3 +51,178 @@ def table1(rows: list[tuple[str, float, float]], *, k: int, baseline: str = "grp
             cell_p += f" ({100 * (p - base[1]):+.2f})"
         out.append(f"| {label(name)} | {cell_a} | {cell_p} |")
     return "\n".join(out) + "\n"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# `entropy-rft report`: the paper's figures from run directories.
+
+import json  # noqa: E402
+import math  # noqa: E402
+
+import yaml  # noqa: E402
+
+from .logging import read_metrics  # noqa: E402
+
+
+def load_run(run_dir: Path | str) -> dict:
+    """A run directory's config, per-step metrics and evaluations."""
+    run_dir = Path(run_dir)
+    if not (run_dir / "metrics.jsonl").exists():
+        raise FileNotFoundError(f"{run_dir} has no metrics.jsonl: pass directories written by `entropy-rft train`")
+    config = yaml.safe_load((run_dir / "config.yaml").read_text()) if (run_dir / "config.yaml").exists() else {}
+    evals = json.loads((run_dir / "eval.json").read_text()) if (run_dir / "eval.json").exists() else {}
+    return {"name": run_dir.name, "dir": str(run_dir), "config": config, "metrics": read_metrics(run_dir),
+            "evals": {int(k): v for k, v in evals.items()}}
+
+
+def series(run: dict, key: str) -> list[float]:
+    return [m.get(key) if m.get(key) is not None else math.nan for m in run["metrics"]]
+
+
+def correlation(xs: list[float], ys: list[float]) -> tuple[float, float, int]:
+    """(Pearson r, sign agreement, n) over pairs where both values are finite and non-zero."""
+    pairs = [(x, y) for x, y in zip(xs, ys) if x is not None and y is not None and math.isfinite(x) and math.isfinite(y)]
+    n = len(pairs)
+    if n < 3:
+        return math.nan, math.nan, n
+    mx, my = sum(p[0] for p in pairs) / n, sum(p[1] for p in pairs) / n
+    sxy = sum((x - mx) * (y - my) for x, y in pairs)
+    sxx = sum((x - mx) ** 2 for x, _ in pairs)
+    syy = sum((y - my) ** 2 for _, y in pairs)
+    r = sxy / math.sqrt(sxx * syy) if sxx > 0 and syy > 0 else math.nan
+    signed = [(x, y) for x, y in pairs if x != 0 and y != 0]
+    agree = sum((x > 0) == (y > 0) for x, y in signed) / len(signed) if signed else math.nan
+    return r, agree, n
+
+
+def _panel_plot(runs: list[dict], keys: list[tuple[str, str]], path: Path, title: str) -> Path:
+    fig, axes = plt.subplots(1, len(keys), figsize=(5.2 * len(keys), 3.5), dpi=120, squeeze=False)
+    for ax, (key, ylabel) in zip(axes[0], keys):
+        for run in runs:
+            ax.plot([m["step"] for m in run["metrics"]], series(run, key), label=run["name"], linewidth=1.3)
+        ax.set_xlabel("step")
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=8)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def _mu_plot(runs: list[dict], path: Path) -> Path | None:
+    """Figure 2: mean clipped fraction and final entropy against mu, one line per method."""
+    by_method: dict[str, list[tuple[float, float, float]]] = {}
+    for run in runs:
+        cfg = run["config"]
+        if cfg.get("method") in ("clip_b", "clip_v") and cfg.get("mu") is not None and cfg.get("entropy_target") is None:
+            clip = [v for v in series(run, "clip_frac") if math.isfinite(v)]
+            ent = [v for v in series(run, "entropy_all_tokens") if math.isfinite(v)]
+            tail = ent[-max(1, len(ent) // 10):]
+            by_method.setdefault(cfg["method"], []).append((cfg["mu"], sum(clip) / len(clip), sum(tail) / len(tail)))
+    if not any(len(v) > 1 for v in by_method.values()):
+        return None
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 3.5), dpi=120)
+    for method, points in by_method.items():
+        points.sort()
+        a1.plot([p[0] for p in points], [p[1] for p in points], "o-", label=label(method))
+        a2.plot([p[0] for p in points], [p[2] for p in points], "o-", label=label(method))
+    a1.set(xlabel="mu", ylabel="mean clipped fraction", yscale="log")
+    a2.set(xlabel="mu", ylabel="final entropy (last 10% of steps)")
+    for ax in (a1, a2):
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.suptitle("Clipped fraction and entropy against mu (paper Figure 2)")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def _pass_rate_plot(runs: list[dict], path: Path) -> Path | None:
+    """Figure 4: distribution of per-problem pass rates at the first and last evaluation."""
+    with_evals = [r for r in runs if r["evals"]]
+    if not with_evals:
+        return None
+    fig, ax = plt.subplots(figsize=(6.5, 3.6), dpi=120)
+    bins = [-0.05, 0.05, 0.25, 0.5, 0.75, 0.95, 1.05]
+    first = with_evals[0]["evals"][min(with_evals[0]["evals"])]
+    curves = [("initial", first["pass_rates"])] + [(r["name"], r["evals"][max(r["evals"])]["pass_rates"]) for r in with_evals]
+    width = 0.8 / len(curves)
+    names = ["0", "(0,.25)", "[.25,.5)", "[.5,.75)", "[.75,1)", "1"]
+    for i, (name, rates) in enumerate(curves):
+        counts = [sum(1 for x in rates if bins[j] < x <= bins[j + 1]) / max(len(rates), 1) for j in range(len(names))]
+        ax.bar([j + i * width for j in range(len(names))], counts, width=width, label=name)
+    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(names))], names)
+    ax.set(xlabel="pass rate of a problem", ylabel="fraction of problems", title="Pass-rate distribution (paper Figure 4)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def _scatter_plot(runs: list[dict], path: Path) -> tuple[Path, dict]:
+    fig, ax = plt.subplots(figsize=(5.5, 4), dpi=120)
+    stats = {}
+    for run in runs:
+        x, y = series(run, "entropy_change/predicted"), series(run, "entropy_change/realised")
+        stats[run["name"]] = correlation(x, y)
+        ax.scatter(x, y, s=8, alpha=0.6, label=f"{run['name']} (r={stats[run['name']][0]:.2f})")
+    ax.axhline(0, color="k", linewidth=0.5)
+    ax.axvline(0, color="k", linewidth=0.5)
+    ax.set(xlabel="predicted: -lr Cov_B(A, S_c) (Corollary 4)", ylabel="realised batch entropy change",
+           title="Predicted against realised entropy change")
+    ax.ticklabel_format(style="sci", scilimits=(-2, 2))
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path, stats
+
+
+def build_report(run_dirs: list[Path | str], out: Path | str) -> Path:
+    """PNG figures and report.md for one or more runs."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    runs = [load_run(d) for d in run_dirs]
+    figures = [
+        ("Entropy (Figures 1, 2c-d)", _panel_plot(runs, [("entropy_all_tokens", "token entropy"), ("clip_frac", "clipped fraction")],
+                                                   out / "entropy.png", "Entropy and clipped fraction")),
+        ("S* and S_c batch means (Figure 3)", _panel_plot(runs, [("s_star_mean", "batch mean S*"), ("s_centered_mean", "batch mean S_c")],
+                                                           out / "s_means.png", "Corollary 2: S_c averages to about 0")),
+        ("Cov_B(A, S_c) (Figure 5)", _panel_plot(runs, [("cov_a_sc", "Cov_B(A, S_c)")], out / "cov.png", "Corollary 4's covariance")),
+        ("Gradient norm (Figure 8)", _panel_plot(runs, [("grad_norm", "grad norm"), ("reward_mean", "mean reward")],
+                                                  out / "grad_norm.png", "Gradient norm and reward")),
+    ]
+    mu_fig = _mu_plot(runs, out / "clip_vs_mu.png")
+    if mu_fig:
+        figures.append(("Clipped fraction and entropy against mu (Figure 2a-b)", mu_fig))
+    pass_fig = _pass_rate_plot(runs, out / "pass_rates.png")
+    if pass_fig:
+        figures.append(("Pass-rate distribution (Figure 4)", pass_fig))
+    scatter, corr = _scatter_plot(runs, out / "predicted_vs_realised.png")
+    figures.append(("Predicted against realised entropy change", scatter))
+
+    lines = ["# entropy-rft report\n", "| run | method | mu | steps | entropy first -> last | mean clip frac | "
+             "Avg@K before -> after | Pass@K before -> after | corr(pred, realised) | sign agreement |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for run in runs:
+        cfg, ent = run["config"], [v for v in series(run, "entropy_all_tokens") if math.isfinite(v)]
+        clip = [v for v in series(run, "clip_frac") if math.isfinite(v)]
+        ev = run["evals"]
+        a = f"{ev[min(ev)]['avg_at_k']:.3f} -> {ev[max(ev)]['avg_at_k']:.3f}" if ev else "-"
+        p = f"{ev[min(ev)]['pass_at_k']:.3f} -> {ev[max(ev)]['pass_at_k']:.3f}" if ev else "-"
+        r, agree, _ = corr[run["name"]]
+        lines.append(f"| {run['name']} | {cfg.get('method', '?')} | {cfg.get('mu') if cfg.get('mu') is not None else '-'} | {len(run['metrics'])} | "
+                     f"{ent[0]:.4f} -> {ent[-1]:.4f} | {sum(clip) / max(len(clip), 1):.4f} | {a} | {p} | {r:.3f} | {agree:.2f} |")
+    lines.append("")
+    for title, path in figures:
+        lines += [f"## {title}\n", f"![{title}]({Path(path).name})\n"]
+    page = out / "report.md"
+    page.write_text("\n".join(lines))
+    (out / "report.json").write_text(json.dumps({run["name"]: {"corr_predicted_realised": corr[run["name"]][0],
+                                                               "sign_agreement": corr[run["name"]][1]} for run in runs},
+                                                indent=1) + "\n")
+    return page

@@ -31,6 +31,7 @@ from tqdm import tqdm
 
 from .advantages import ADVANTAGES
 from .config import TrainConfig
+from .control import AdaptiveEntropyBonus, MuController
 from .dynamics import TokenStats, batch_covariance, corollary4_entropy_change, token_stats
 from .evaluate import EvalResult, evaluate_policy
 from .logging import MetricLogger
@@ -222,6 +223,10 @@ def train(cfg: TrainConfig, *, resume: bool = False) -> dict:
     (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
     logger = MetricLogger(run_dir, cfg.to_dict(), cfg.sinks)
     update_gen = torch.Generator().manual_seed(cfg.seed + 1)
+    targeting = cfg.entropy_target is not None
+    controller = MuController(cfg.entropy_target) if targeting and cfg.entropy_control == "mu" else None
+    bonus = (AdaptiveEntropyBonus(cfg.entropy_target, cfg.bonus_delta, cfg.entropy_coef, cfg.bonus_max)
+             if targeting and cfg.entropy_control == "bonus" else None)
     rows_per_pass = cfg.micro_batch_size or cfg.prompts_per_step * cfg.group_size
     evals: dict[int, dict] = {}
     history: list[dict] = []
@@ -252,12 +257,19 @@ def train(cfg: TrainConfig, *, resume: bool = False) -> dict:
             stats = batch_stats(model, rollout, cfg.temperature, rows_per_pass)
             old_logp = stats.logp
             ref_logp = batch_stats(ref_model, rollout, cfg.temperature, rows_per_pass).logp if ref_model else None
-            # --- mask: the method's filter over the whole batch
-            keep, filter_metrics = method.apply(stats, adv, mask, **cfg.method_overrides())
+            # --- mask: the method's filter over the whole batch (mu chosen by the controller, if any)
+            entropy_now = masked_mean(stats.entropy, mask)
+            if controller:
+                mu, keep, filter_metrics = controller.choose(method, stats, adv, mask, entropy_now, cfg.method_overrides())
+                filter_metrics = {**filter_metrics, "mu": mu if math.isfinite(mu) else None, "kappa": controller.kappa}
+            else:
+                keep, filter_metrics = method.apply(stats, adv, mask, **cfg.method_overrides())
             loss_mask = mask & keep
+            entropy_coef = bonus.update(entropy_now) if bonus else cfg.entropy_coef
             # --- update
             update_metrics = update_policy(model, optimizer, rollout, adv, old_logp, ref_logp, loss_mask, cfg,
-                                           update_gen)
+                                           update_gen, entropy_coef=entropy_coef, s_centered=stats.s_centered)
+            update_metrics["entropy_coef"] = entropy_coef
             # --- diagnostics
             metrics = step_metrics(step, rewards, correct, adv, stats, mask, keep, rollout, cfg, optimizer)
             metrics.update(update_metrics)
@@ -265,6 +277,8 @@ def train(cfg: TrainConfig, *, resume: bool = False) -> dict:
             if cfg.measure_entropy_change:
                 after = batch_stats(model, rollout, cfg.temperature, rows_per_pass)
                 metrics["entropy_change/realised"] = masked_mean(after.entropy, loss_mask) - masked_mean(stats.entropy, loss_mask)
+                if controller:
+                    controller.observe(metrics["entropy_change/realised"])
             metrics["seconds"] = time.time() - t0
             # --- log, evaluate, checkpoint
             if cfg.eval_every and (step + 1) % cfg.eval_every == 0 and step + 1 < cfg.steps:
@@ -290,14 +304,18 @@ def train(cfg: TrainConfig, *, resume: bool = False) -> dict:
 
 
 def update_policy(model, optimizer, rollout: Rollout, adv, old_logp, ref_logp, loss_mask, cfg: TrainConfig,
-                  gen: torch.Generator) -> dict:
+                  gen: torch.Generator, *, entropy_coef: float = 0.0, s_centered: torch.Tensor | None = None) -> dict:
     """ppo_epochs x mini_batches optimizer steps; gradient accumulation over micro-batches with the
-    mini-batch's global denominators. Returns the mean loss metrics and the last grad norm."""
+    mini-batch's global denominators. Returns the mean loss metrics, the last grad norm and, given s_centered,
+    Corollary 4.1's prediction summed over the optimizer steps with each step's true importance ratios."""
     device = next(model.parameters()).device
     n_rows = loss_mask.shape[0]
     model.train()
     sums: dict[str, float] = {}
     grad_norms = []
+    ratio = torch.ones_like(old_logp)
+    predicted_off = 0.0
+    n_total = loss_mask.sum().clamp_min(1)
     for _epoch in range(cfg.ppo_epochs):
         order = torch.randperm(n_rows, generator=gen) if cfg.mini_batches > 1 else torch.arange(n_rows)
         for rows in order.chunk(cfg.mini_batches):
@@ -318,19 +336,26 @@ def update_policy(model, optimizer, rollout: Rollout, adv, old_logp, ref_logp, l
                                    num_tokens=n_tokens, num_seqs=n_seqs)
                     loss = loss + cfg.kl_coef * kl
                     pm["kl"] = kl.detach()
-                if cfg.entropy_coef:
+                if entropy_coef:
                     bonus = aggregate(stats.entropy, m, cfg.loss_agg, num_tokens=n_tokens, num_seqs=n_seqs)
-                    loss = loss - cfg.entropy_coef * bonus
+                    loss = loss - entropy_coef * bonus
                 loss.backward()
+                ratio[part] = (stats.logp.detach() - old_logp[part].to(device)).exp().cpu()
                 weight = float(m.sum()) / float(loss_mask.sum().clamp_min(1)) / cfg.ppo_epochs
                 for k, v in pm.items():
                     sums[f"loss/{k}"] = sums.get(f"loss/{k}", 0.0) + float(v) * weight
                 sums["loss/policy"] = sums.get("loss/policy", 0.0) + float(loss.detach()) * weight
+            if s_centered is not None:  # Corollary 4.1, eq. 28, this optimizer step's share of the batch
+                share = float(mb_mask.sum()) / float(n_total)
+                predicted_off += share * float(corollary4_entropy_change(adv[rows], s_centered[rows], mb_mask,
+                                                                         lr=cfg.lr, ratio=ratio[rows]))
             params = [p for p in model.parameters() if p.grad is not None]
             norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip if cfg.grad_clip > 0 else math.inf)
             grad_norms.append(float(norm))
             optimizer.step()
     sums["grad_norm"] = grad_norms[-1] if grad_norms else 0.0
+    if s_centered is not None:
+        sums["entropy_change/predicted_offpolicy"] = predicted_off
     return sums
 
 

@@ -1,0 +1,78 @@
+"""`entropy-rft report` and `sweep` on runs this test suite makes."""
+
+import json
+
+import numpy as np
+import pytest
+
+from entropy_rft.cli import main
+from entropy_rft.config import load_config
+from entropy_rft.logging import read_metrics
+from entropy_rft.report import build_report, correlation
+from entropy_rft.trainer import train
+
+
+def small(tmp_path, name, **kw):
+    base = dict(steps=3, prompts_per_step=4, group_size=4, lr=1e-4, eval_problems=8, eval_k=2, progress=False,
+                out=str(tmp_path / name))
+    return load_config(None, **{**base, **kw})
+
+
+def test_correlation_matches_numpy():
+    """Pearson r equals numpy's; sign agreement counts pairs of equal sign (4 of 5 here)."""
+    x, y = [1.0, 2.0, 3.5, -1.0, 0.5], [2.0, 1.0, 4.0, -3.0, -0.2]
+    r, agree, n = correlation(x, y)
+    assert r == pytest.approx(np.corrcoef(x, y)[0, 1]) and n == 5 and agree == pytest.approx(0.8)
+
+
+def test_report_writes_every_figure(tmp_path):
+    """Two Clip_B runs at different mu and a GRPO run give all figures, the mu figure included."""
+    for name, kw in {"b1": {"method": "clip_b", "mu": 1.0}, "b2": {"method": "clip_b", "mu": 2.0},
+                     "g": {"method": "grpo"}}.items():
+        train(small(tmp_path, name, **kw))
+    page = build_report([tmp_path / n for n in ("b1", "b2", "g")], tmp_path / "rep")
+    text = page.read_text()
+    for png in ("entropy.png", "s_means.png", "cov.png", "grad_norm.png", "clip_vs_mu.png", "pass_rates.png",
+                "predicted_vs_realised.png"):
+        assert (tmp_path / "rep" / png).read_bytes()[:4] == b"\x89PNG", png
+        assert png in text
+    assert text.count("| clip_b |") == 2
+    assert set(json.loads((tmp_path / "rep" / "report.json").read_text())) == {"b1", "b2", "g"}
+
+
+def test_report_rejects_a_directory_without_metrics(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no metrics.jsonl"):
+        build_report([tmp_path], tmp_path / "rep")
+
+
+def test_sweep_resumes(tmp_path, capsys):
+    """A rerun of the same sweep skips finished (method, mu) runs."""
+    args = ["sweep", "--method", "clip_v", "--mu", "1,3", "--steps", "1", "--out", str(tmp_path), "--quiet"]
+    main(args)
+    main(args)
+    out = capsys.readouterr().out
+    assert out.count("done, skipped") == 2
+    assert (tmp_path / "clip_vs_mu.png").exists()
+
+
+def test_trainer_with_entropy_targets(tmp_path):
+    """The mu controller logs its mu and kappa each step; the adaptive bonus logs a moving coefficient."""
+    cfg = small(tmp_path, "mu", method="clip_b", entropy_target=5.0, steps=3)
+    train(cfg)
+    rows = read_metrics(cfg.out)
+    assert all("filter/kappa" in r for r in rows)
+    cfg = small(tmp_path, "bonus", method="grpo", entropy_target=5.0, entropy_control="bonus", bonus_delta=0.01)
+    train(cfg)
+    assert [round(r["entropy_coef"], 6) for r in read_metrics(cfg.out)] == [0.01, 0.02, 0.03]
+
+
+def test_target_config_errors():
+    with pytest.raises(ValueError, match="use method clip_b or clip_v"):
+        load_config(None, method="grpo", entropy_target=0.3)
+    with pytest.raises(ValueError, match="entropy_control"):
+        load_config(None, method="clip_b", entropy_target=0.3, entropy_control="pid")
+
+
+def test_theory_cli_tabular(capsys):
+    main(["theory", "--no-model"])
+    assert "Theorem 2: dz = alpha (e_k - p)" in capsys.readouterr().out
