@@ -111,3 +111,43 @@ def gae(
         raw[:, t] = last_adv
     returns = raw + values
     return (masked_whiten(raw, m) if whiten else raw), returns
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Baselines that reshape rewards or advantages.
+
+
+def rank_penalty(rewards: Tensor, group_ids: Tensor, seq_logp: Tensor, *, beta: float = 0.25) -> Tensor:
+    """Rewarding the unlikely (He et al. 2025): R' = R (1 - beta * rank / G) for responses with R > 0, where
+    rank in {0, ..., G - 1} orders a group's responses by mean token log-probability, 0 for the least likely.
+    The likeliest correct responses lose the most reward, so the update favours rare correct ones.
+
+    Departure: the original rewards are binary; negative rewards (this project's reward shape) are left as they
+    are, so the penalty never makes a wrong answer look better.
+    """
+    out = rewards.float().clone()
+    for g in torch.unique(group_ids):
+        idx = (group_ids == g).nonzero().squeeze(-1)
+        size = idx.numel()
+        order = torch.argsort(seq_logp[idx], stable=True)  # ascending likelihood
+        rank = torch.empty_like(order)
+        rank[order] = torch.arange(size, device=order.device)
+        scale = 1.0 - beta * rank.float() / size
+        out[idx] = torch.where(out[idx] > 0, out[idx] * scale, out[idx])
+    return out
+
+
+def advantage_reweight(advantages: Tensor, old_logp: Tensor, *, alpha: float = 0.3) -> Tensor:
+    """Advantage reweighting (Yang et al. 2025): A' = (alpha * pi_old + 1 - alpha) * A per token, which damps
+    the updates of low-probability tokens; advantages [B] or [B, T], old_logp [B, T]."""
+    adv = advantages.unsqueeze(-1).expand_as(old_logp) if advantages.dim() == 1 else advantages
+    return (alpha * old_logp.exp() + 1.0 - alpha) * adv
+
+
+def overlong_penalty(lengths: Tensor, *, max_len: int, buffer: int, factor: float = 1.0) -> Tensor:
+    """DAPO's soft overlong punishment: min(-(L - (L_max - L_cache)) / L_cache, 0) * factor, added to the reward
+    of responses longer than L_max - L_cache; lengths [B]."""
+    if buffer <= 0:
+        return torch.zeros_like(lengths, dtype=torch.float32)
+    excess = lengths.float() - (max_len - buffer)
+    return (-excess / buffer).clamp(max=0.0) * factor

@@ -1,4 +1,4 @@
-"""Command line: entropy-rft demo | train | eval | report | theory | sweep | pretrain-toy."""
+"""Command line: entropy-rft demo | train | eval | compare | report | theory | sweep | pretrain-toy."""
 
 from __future__ import annotations
 
@@ -64,6 +64,18 @@ def cmd_eval(args) -> None:
         Path(args.out).mkdir(parents=True, exist_ok=True)
         (Path(args.out) / "eval.json").write_text(text + "\n")
     print(json.dumps({"avg_at_k": res.avg_at_k, "pass_at_k": res.pass_at_k, "k": res.k}))
+
+
+def cmd_compare(args) -> None:
+    from .compare import run_compare
+
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    from .methods import METHODS
+
+    for m in methods:
+        METHODS.get(m)  # fail before any training on a typo
+    run_compare(methods, args.seeds, args.out, steps=args.steps, config=args.config, progress=not args.quiet)
+    print((Path(args.out) / "results.md").read_text())
 
 
 def cmd_report(args) -> None:
@@ -166,6 +178,17 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--device", default="auto")
     e.add_argument("--out", default=None)
     e.set_defaults(fn=cmd_eval)
+
+    c = sub.add_parser("compare", help="methods x seeds on countdown: Avg@K, Pass@K, entropy (paper Table 3)")
+    from .compare import DEFAULT_METHODS
+
+    c.add_argument("--methods", default=DEFAULT_METHODS, help=f"comma-separated (default: {DEFAULT_METHODS})")
+    c.add_argument("--seeds", type=int, default=3)
+    c.add_argument("--steps", type=int, default=None, help="override the demo's 150 steps")
+    c.add_argument("--config", default=None, help="demo-style YAML for shared and per-method settings")
+    c.add_argument("--out", default="runs/compare")
+    c.add_argument("--quiet", action="store_true")
+    c.set_defaults(fn=cmd_compare)
 
     r = sub.add_parser("report", help="the paper's figures from one or more run directories")
     r.add_argument("runs", nargs="+", help="run directories written by `entropy-rft train`")

@@ -58,6 +58,26 @@ class TrainConfig:
     kl_coef: float = _f(0.0, "weight of the k3 KL penalty to the initial policy (paper: 0, omitted)")
     entropy_coef: float = _f(0.0, "entropy bonus weight (0: none, the paper's assumption (ii))")
 
+    # baselines (entropy_rft/methods.py sets these per method; docs/paper_index.md)
+    policy_loss: str = _f("ppo", "policy loss (registry POLICY_LOSSES): ppo, gspo, clip_cov, kl_cov")
+    clip_cov_ratio: float = _f(2e-4, "Clip-Cov: fraction of valid tokens whose gradient is detached (verl default)")
+    clip_cov_lb: float = _f(1.0, "Clip-Cov: lower covariance bound of candidates (verl default)")
+    clip_cov_ub: float = _f(5.0, "Clip-Cov: upper covariance bound of candidates (verl default)")
+    kl_cov_ratio: float = _f(2e-4, "KL-Cov: fraction of tokens given the KL term (verl kl_cov_ratio; PRIME's "
+                                   "k_percent is the same in percent)")
+    kl_cov_coef: float = _f(1.0, "KL-Cov: coefficient of |log r| on the selected tokens (verl ppo_kl_coef)")
+    forking_frac: float | None = _f(None, "forking tokens: fraction of highest-entropy tokens kept (None: 0.2)")
+    denominator: str = _f("kept", "token-mean denominator: 'kept' (filtered tokens leave it, the authors' Clip_B/"
+                                  "Clip_V and forking-token code) or 'all' valid tokens (TRL's top-entropy)")
+    dynamic_sampling: bool = _f(False, "DAPO: keep only groups with 0 < correct < G, sampling more prompts")
+    max_sampling_rounds: int = _f(4, "DAPO dynamic sampling: most generation rounds per step")
+    overlong_buffer_frac: float = _f(0.0, "DAPO soft overlong punishment: L_cache as a fraction of max_new_tokens "
+                                          "(DAPO: 4096 / 20480 = 0.2); 0 disables")
+    overlong_penalty_factor: float = _f(1.0, "DAPO soft overlong punishment scale")
+    rank_penalty_beta: float = _f(0.0, "rewarding the unlikely: beta_rank of R(1 - beta rank / G) (paper 0.25)")
+    ar_alpha: float = _f(0.0, "advantage reweighting: A (alpha pi_old + 1 - alpha) (Yang et al. 2025: 0.3)")
+    lopti_eta: float | None = _f(None, "Lopti: update tokens with pi_old < eta first, then the rest (paper 0.5)")
+
     # entropy target (beyond the paper; entropy_rft/control.py)
     entropy_target: float | None = _f(None, "hold token entropy near this value (nats); None disables")
     entropy_control: str = _f("mu", "how to hold the target: 'mu' sets Clip_B/Clip_V's mu each step from "
@@ -87,10 +107,13 @@ class TrainConfig:
     def __post_init__(self) -> None:
         from .advantages import ADVANTAGES
         from .losses import AGG_MODES
-        from .methods import METHODS
+        from .methods import METHODS, POLICY_LOSSES
         from .tasks import TASKS
 
         METHODS.get(self.method)
+        POLICY_LOSSES.get(self.policy_loss)
+        if self.denominator not in ("kept", "all"):
+            raise ValueError(f"denominator must be 'kept' or 'all', got {self.denominator!r}")
         ADVANTAGES.get(self.advantage)
         TASKS.get(self.task)
         if self.loss_agg not in AGG_MODES:
@@ -122,7 +145,8 @@ class TrainConfig:
         self.sinks = tuple(self.sinks)
 
     def method_overrides(self) -> dict:
-        return {"mu": self.mu, "mu_plus": self.mu_plus, "max_frac": self.max_frac, "side": self.side}
+        return {"mu": self.mu, "mu_plus": self.mu_plus, "max_frac": self.max_frac, "side": self.side,
+                "frac": self.forking_frac}
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
@@ -141,6 +165,11 @@ def load_config(path: str | Path | None = None, **overrides) -> TrainConfig:
         if not isinstance(data, dict):
             raise ValueError(f"{path} must hold a mapping of TrainConfig fields")
     data.update({k: v for k, v in overrides.items() if v is not None})
+    from .methods import METHODS
+
+    method = data.get("method", TrainConfig.__dataclass_fields__["method"].default)
+    if method in METHODS:  # the method's own defaults sit beneath anything given explicitly
+        data = {**METHODS.get(method).config, **data}
     known = {f.name for f in fields(TrainConfig)}
     unknown = sorted(set(data) - known)
     if unknown:

@@ -131,3 +131,104 @@ def kl_penalty(logp: Tensor, ref_logp: Tensor, *, kind: Literal["k1", "k3"] = "k
         d = (ref_logp - logp).clamp(-20.0, 20.0)
         return (d.exp() - d - 1.0).clamp(-10.0, 10.0)
     raise ValueError(f"unknown KL estimator {kind!r}; choose k1 or k3")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Baselines' policy losses: GSPO (Zheng et al. 2025), Clip-Cov and KL-Cov (Cui et al. 2025).
+# Token selections are separate functions over the whole batch; the losses take the selection as input, so
+# splitting a batch into micro-batches never changes which tokens are selected (verl selects per micro-batch).
+
+
+def token_covariance(advantages: Tensor, logp: Tensor, mask: Tensor) -> Tensor:
+    """Per-token centred cross product (A - mean A)(log p - mean log p), means over valid tokens; 0 at pads.
+    Cui et al. 2025's per-token covariance term, the quantity Clip-Cov and KL-Cov select by."""
+    adv = advantages.unsqueeze(-1).expand_as(logp) if advantages.dim() == 1 else advantages
+    m = mask.bool()
+    a, lp = adv.detach().float(), logp.detach().float()
+    cov = (a - a[m].mean()) * (lp - lp[m].mean())
+    return torch.where(m, cov, torch.zeros_like(cov))
+
+
+def select_kl_cov(advantages: Tensor, logp: Tensor, mask: Tensor, *, ratio: float = 2e-4) -> Tensor:
+    """KL-Cov's selection: the k = max(1, int(ratio * n_valid)) valid tokens with the largest covariance.
+    `ratio` is a fraction (verl's kl_cov_ratio, default 2e-4); the authors' PRIME code calls the same quantity
+    k_percent and gives it in percent (0.2 there = 0.002 here)."""
+    cov = token_covariance(advantages, logp, mask)
+    m = mask.bool()
+    k = max(1, int(int(m.sum()) * ratio))
+    ranked = torch.where(m, cov, torch.full_like(cov, -torch.inf)).flatten()
+    selected = torch.zeros(ranked.shape[0], dtype=torch.bool, device=cov.device)
+    selected[torch.topk(ranked, k).indices] = True
+    return selected.view_as(m) & m
+
+
+def select_clip_cov(advantages: Tensor, logp: Tensor, mask: Tensor, *, ratio: float = 2e-4, lb: float = 1.0,
+                    ub: float = 5.0, exclude: Tensor | None = None, generator: torch.Generator | None = None) -> Tensor:
+    """Clip-Cov's selection: among valid tokens not in `exclude` (verl: tokens the PPO clip already clipped)
+    with lb < cov < ub, a random subset of min(max(int(ratio * n_valid), 1), #candidates) tokens, drawn with
+    torch.randperm from `generator`. Defaults are verl's (clip_cov_ratio 2e-4, lb 1, ub 5)."""
+    cov = token_covariance(advantages, logp, mask)
+    m = mask.bool()
+    candidates = m & (cov > lb) & (cov < ub)
+    if exclude is not None:
+        candidates = candidates & ~exclude.bool()
+    clip_num = max(int(ratio * int(m.sum())), 1)
+    idx = candidates.flatten().nonzero().squeeze(-1)
+    take = idx[torch.randperm(idx.numel(), generator=generator, device=idx.device)[: min(clip_num, idx.numel())]]
+    selected = torch.zeros(m.numel(), dtype=torch.bool, device=m.device)
+    selected[take] = True
+    return selected.view_as(m)
+
+
+def ppo_clipped_tokens(logp: Tensor, old_logp: Tensor, advantages: Tensor, *, eps_low: float, eps_high: float) -> Tensor:
+    """Tokens where the PPO clip is active (the clipped term exceeds the unclipped one)."""
+    adv = advantages.unsqueeze(-1).expand_as(logp) if advantages.dim() == 1 else advantages
+    ratio = (logp - old_logp).clamp(-20.0, 20.0).exp()
+    return (-adv * ratio.clamp(1.0 - eps_low, 1.0 + eps_high)) > (-adv * ratio)
+
+
+def kl_cov_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, *, selected: Tensor,
+                kl_coef: float = 1.0, agg: AggMode = "token-mean", num_tokens=None, num_seqs=None, norm=None
+                ) -> tuple[Tensor, dict[str, Tensor]]:
+    """KL-Cov: the unclipped surrogate -A r, plus kl_coef |log r| on the selected tokens (no ratio clipping)."""
+    adv = advantages.unsqueeze(-1).expand_as(logp) if advantages.dim() == 1 else advantages
+    log_ratio = logp - old_logp
+    loss_mat = -adv * log_ratio.exp() + torch.where(selected, kl_coef * log_ratio.abs(), torch.zeros_like(log_ratio))
+    loss = aggregate(loss_mat, mask, agg, num_tokens=num_tokens, num_seqs=num_seqs, norm=norm)
+    with torch.no_grad():
+        metrics = {"ppo_kl": masked_mean(log_ratio.abs(), mask), "cov_selected_frac": masked_mean(selected.float(), mask)}
+    return loss, metrics
+
+
+def clip_cov_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, *, selected: Tensor,
+                  eps_low: float = 0.2, eps_high: float = 0.2, agg: AggMode = "token-mean", num_tokens=None,
+                  num_seqs=None, norm=None) -> tuple[Tensor, dict[str, Tensor]]:
+    """Clip-Cov: the PPO-clipped surrogate (no dual clip), with the loss of the selected tokens set to 0."""
+    adv = advantages.unsqueeze(-1).expand_as(logp) if advantages.dim() == 1 else advantages
+    log_ratio = (logp - old_logp).clamp(-20.0, 20.0)
+    ratio = log_ratio.exp()
+    loss_mat = torch.maximum(-adv * ratio, -adv * ratio.clamp(1.0 - eps_low, 1.0 + eps_high))
+    loss_mat = loss_mat * (~selected).to(loss_mat.dtype)
+    loss = aggregate(loss_mat, mask, agg, num_tokens=num_tokens, num_seqs=num_seqs, norm=norm)
+    with torch.no_grad():
+        metrics = {"clipfrac": masked_mean(selected.float(), mask), "ppo_kl": masked_mean(-log_ratio, mask)}
+    return loss, metrics
+
+
+def gspo_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, *, eps_low: float = 3e-4,
+              eps_high: float = 4e-4, agg: AggMode = "seq-mean-token-mean", num_tokens=None, num_seqs=None, norm=None
+              ) -> tuple[Tensor, dict[str, Tensor]]:
+    """GSPO (Zheng et al. 2025): the sequence-level ratio s = exp(mean_t log r_t) (length-normalised), clipped
+    at the sequence level; per token exp(log p - sg(log p) + sg(log s)) carries the gradient. Defaults are the
+    GSPO paper's clip range (3e-4, 4e-4)."""
+    adv = advantages.unsqueeze(-1).expand_as(logp) if advantages.dim() == 1 else advantages
+    m = mask.to(logp.dtype)
+    log_ratio = logp - old_logp
+    seq_log_ratio = (log_ratio * m).sum(-1) / m.sum(-1).clamp_min(1.0)
+    log_s = (logp - logp.detach() + seq_log_ratio.detach().unsqueeze(-1)).clamp(max=10.0)
+    s = log_s.exp()
+    unclipped, clipped = -adv * s, -adv * s.clamp(1.0 - eps_low, 1.0 + eps_high)
+    loss = aggregate(torch.maximum(unclipped, clipped), mask, agg, num_tokens=num_tokens, num_seqs=num_seqs, norm=norm)
+    with torch.no_grad():
+        metrics = {"clipfrac": masked_mean((clipped > unclipped).float(), mask), "ppo_kl": masked_mean(-log_ratio, mask)}
+    return loss, metrics

@@ -39,7 +39,7 @@ from torch import Tensor
 
 Side = Literal["negative", "positive", "all"]
 
-__all__ = ["clip_b", "clip_v", "s_sign", "clipped_fractions", "broadcast_advantages"]
+__all__ = ["clip_b", "clip_v", "s_sign", "top_entropy", "clipped_fractions", "broadcast_advantages"]
 
 _STD_FLOOR = 1e-12
 
@@ -227,3 +227,21 @@ def s_sign(
     selected = in_samples & by_sign
     keep = mask.bool() & (selected if action == "retain" else ~selected)
     return keep, clipped_fractions(mask, keep, adv)
+
+
+def top_entropy(entropy: Tensor, advantages: Tensor, mask: Tensor, *, frac: float = 0.2) -> tuple[Tensor, dict[str, float]]:
+    """Forking tokens (Wang et al. 2025, "Beyond the 80/20 rule"): keep the gradient of the k = max(1,
+    round(frac * n)) valid tokens of the batch with the highest entropy (frac 0.2 in the paper), whatever the
+    advantage sign. Ties at the threshold are broken by position (torch.topk), so the count is exact."""
+    if entropy.shape != mask.shape:
+        raise ValueError(f"entropy {tuple(entropy.shape)} and mask {tuple(mask.shape)} must have the same shape")
+    if not 0 < frac <= 1:
+        raise ValueError(f"frac must be in (0, 1], got {frac}; the forking-tokens paper keeps the top 0.2")
+    valid = mask.bool()
+    n = int(valid.sum())
+    keep = torch.zeros(valid.numel(), dtype=torch.bool, device=valid.device)
+    if n:
+        ranked = torch.where(valid, entropy.float(), torch.full_like(entropy, -math.inf, dtype=torch.float32)).flatten()
+        keep[torch.topk(ranked, max(1, round(frac * n))).indices] = True
+    keep = keep.view_as(valid) & valid
+    return keep, clipped_fractions(mask, keep, advantages)

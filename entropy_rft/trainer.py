@@ -29,15 +29,15 @@ import torch
 import yaml
 from tqdm import tqdm
 
-from .advantages import ADVANTAGES
+from .advantages import ADVANTAGES, advantage_reweight, overlong_penalty, rank_penalty
 from .config import TrainConfig
 from .control import AdaptiveEntropyBonus, MuController
 from .dynamics import TokenStats, batch_covariance, corollary4_entropy_change, token_stats
 from .evaluate import EvalResult, evaluate_policy
 from .logging import MetricLogger
-from .losses import aggregate, kl_penalty, ppo_clip_loss
+from .losses import aggregate, kl_penalty
 from .masks import clipped_fractions
-from .methods import METHODS
+from .methods import METHODS, POLICY_LOSSES
 from .rollout import HFEngine, Rollout
 from .rollout.hf import sequence_logits
 from .tasks import TASKS
@@ -239,24 +239,26 @@ def train(cfg: TrainConfig, *, resume: bool = False) -> dict:
     try:
         for step in bar:
             t0 = time.time()
-            # --- rollout
-            problems = sampler.next(cfg.prompts_per_step)
-            rollout = engine.generate([task.prompt(p) for p in problems], n=cfg.group_size,
-                                      temperature=cfg.temperature, top_p=cfg.top_p,
-                                      max_new_tokens=cfg.max_new_tokens, seed=cfg.seed * 100003 + step)
-            # --- score
+            # --- rollout and score (DAPO's dynamic sampling keeps only groups with mixed outcomes)
+            problems, rollout, rewards, correct, sampling = sample_batch(engine, task, sampler, cfg, step)
             group_ids = torch.arange(len(problems)).repeat_interleave(cfg.group_size)
-            scored = [task.score(text, bool(done), problems[int(g)])
-                      for text, done, g in zip(rollout.texts, rollout.finished, group_ids)]
-            rewards = torch.tensor([r for r, _ in scored], dtype=torch.float32)
-            correct = torch.tensor([c for _, c in scored])
-            # --- advantages, (B,)
-            adv = estimator(rewards, group_ids)
-            # --- token statistics under the behaviour policy, (B, R) each
             mask = rollout.response_mask
+            if cfg.overlong_buffer_frac > 0:  # DAPO's soft overlong punishment
+                rewards = rewards + overlong_penalty(mask.sum(-1), max_len=cfg.max_new_tokens,
+                                                     buffer=round(cfg.overlong_buffer_frac * cfg.max_new_tokens),
+                                                     factor=cfg.overlong_penalty_factor)
+            # --- token statistics under the behaviour policy, (B, R) each
             stats = batch_stats(model, rollout, cfg.temperature, rows_per_pass)
             old_logp = stats.logp
             ref_logp = batch_stats(ref_model, rollout, cfg.temperature, rows_per_pass).logp if ref_model else None
+            # --- advantages, (B,) or (B, R) once reweighted per token
+            shaped = rewards
+            if cfg.rank_penalty_beta > 0:  # rewarding the unlikely
+                seq_logp = (old_logp * mask).sum(-1) / mask.sum(-1).clamp_min(1)
+                shaped = rank_penalty(rewards, group_ids, seq_logp, beta=cfg.rank_penalty_beta)
+            adv = estimator(shaped, group_ids)
+            if cfg.ar_alpha > 0:  # advantage reweighting
+                adv = advantage_reweight(adv, old_logp, alpha=cfg.ar_alpha)
             # --- mask: the method's filter over the whole batch (mu chosen by the controller, if any)
             entropy_now = masked_mean(stats.entropy, mask)
             if controller:
@@ -266,9 +268,13 @@ def train(cfg: TrainConfig, *, resume: bool = False) -> dict:
                 keep, filter_metrics = method.apply(stats, adv, mask, **cfg.method_overrides())
             loss_mask = mask & keep
             entropy_coef = bonus.update(entropy_now) if bonus else cfg.entropy_coef
+            loss_spec = POLICY_LOSSES.get(cfg.policy_loss)
+            selected = loss_spec.select(adv, old_logp, loss_mask, cfg, update_gen) if loss_spec.select else None
             # --- update
             update_metrics = update_policy(model, optimizer, rollout, adv, old_logp, ref_logp, loss_mask, cfg,
-                                           update_gen, entropy_coef=entropy_coef, s_centered=stats.s_centered)
+                                           update_gen, entropy_coef=entropy_coef, s_centered=stats.s_centered,
+                                           selected=selected)
+            update_metrics.update(sampling)
             update_metrics["entropy_coef"] = entropy_coef
             # --- diagnostics
             metrics = step_metrics(step, rewards, correct, adv, stats, mask, keep, rollout, cfg, optimizer)
@@ -303,11 +309,45 @@ def train(cfg: TrainConfig, *, resume: bool = False) -> dict:
     return summary
 
 
+def sample_batch(engine, task, sampler: ProblemSampler, cfg: TrainConfig, step: int):
+    """prompts_per_step groups of group_size responses with their rewards. With dynamic sampling (DAPO), groups
+    whose responses are all correct or all wrong are dropped and more prompts are sampled, for at most
+    max_sampling_rounds rounds; the batch may then hold fewer groups (never none: an all-uniform last round is
+    kept as it is, and its zero advantages make the update a no-op)."""
+    G = cfg.group_size
+    kept_problems, parts, rewards, correct = [], [], [], []
+    rounds = cfg.max_sampling_rounds if cfg.dynamic_sampling else 1
+    for rnd in range(rounds):
+        problems = sampler.next(cfg.prompts_per_step)
+        ro = engine.generate([task.prompt(p) for p in problems], n=G, temperature=cfg.temperature, top_p=cfg.top_p,
+                             max_new_tokens=cfg.max_new_tokens, seed=cfg.seed * 100003 + step + 7919 * rnd)
+        scored = [task.score(text, bool(done), problems[j // G]) for j, (text, done) in enumerate(zip(ro.texts, ro.finished))]
+        r = torch.tensor([x for x, _ in scored], dtype=torch.float32)
+        c = torch.tensor([y for _, y in scored])
+        for i, problem in enumerate(problems):
+            rows = slice(i * G, (i + 1) * G)
+            n_correct = int(c[rows].sum())
+            if cfg.dynamic_sampling and n_correct in (0, G):
+                continue
+            if len(kept_problems) < cfg.prompts_per_step:
+                kept_problems.append(problem)
+                parts.append(ro.select(rows))
+                rewards.append(r[rows])
+                correct.append(c[rows])
+        if len(kept_problems) >= cfg.prompts_per_step:
+            break
+    info = {"sampling/rounds": rnd + 1, "sampling/groups": len(kept_problems)}
+    if not kept_problems:
+        return problems, ro, r, c, info
+    return kept_problems, Rollout.concat(parts, engine.tokenizer.pad_token_id), torch.cat(rewards), torch.cat(correct), info
+
+
 def update_policy(model, optimizer, rollout: Rollout, adv, old_logp, ref_logp, loss_mask, cfg: TrainConfig,
-                  gen: torch.Generator, *, entropy_coef: float = 0.0, s_centered: torch.Tensor | None = None) -> dict:
-    """ppo_epochs x mini_batches optimizer steps; gradient accumulation over micro-batches with the
-    mini-batch's global denominators. Returns the mean loss metrics, the last grad norm and, given s_centered,
-    Corollary 4.1's prediction summed over the optimizer steps with each step's true importance ratios."""
+                  gen: torch.Generator, *, entropy_coef: float = 0.0, s_centered: torch.Tensor | None = None,
+                  selected: torch.Tensor | None = None) -> dict:
+    """ppo_epochs x mini_batches optimizer steps (per Lopti phase); gradient accumulation over micro-batches with
+    the mini-batch's global denominators. Returns the mean loss metrics, the last grad norm and, given
+    s_centered, Corollary 4.1's prediction summed over the optimizer steps with each step's true ratios."""
     device = next(model.parameters()).device
     n_rows = loss_mask.shape[0]
     model.train()
@@ -316,21 +356,29 @@ def update_policy(model, optimizer, rollout: Rollout, adv, old_logp, ref_logp, l
     ratio = torch.ones_like(old_logp)
     predicted_off = 0.0
     n_total = loss_mask.sum().clamp_min(1)
-    for _epoch in range(cfg.ppo_epochs):
+    loss_spec = POLICY_LOSSES.get(cfg.policy_loss)
+    loss_kwargs = loss_spec.kwargs(cfg)
+    valid = rollout.response_mask
+    phases = [loss_mask]
+    if cfg.lopti_eta is not None:  # Lopti: low-probability tokens first, then the rest
+        low = old_logp.exp() < cfg.lopti_eta
+        phases = [loss_mask & low, loss_mask & ~low]
+    for phase_mask, _epoch in ((pm, e) for pm in phases for e in range(cfg.ppo_epochs)):
         order = torch.randperm(n_rows, generator=gen) if cfg.mini_batches > 1 else torch.arange(n_rows)
         for rows in order.chunk(cfg.mini_batches):
-            mb_mask = loss_mask[rows]
-            n_tokens = mb_mask.sum().clamp_min(1).to(device)
-            n_seqs = (mb_mask.sum(-1) > 0).sum().clamp_min(1).to(device)
+            mb_mask = phase_mask[rows]
+            denom_mask = valid[rows] if cfg.denominator == "all" else mb_mask
+            n_tokens = denom_mask.sum().clamp_min(1).to(device)
+            n_seqs = (denom_mask.sum(-1) > 0).sum().clamp_min(1).to(device)
             optimizer.zero_grad(set_to_none=True)
             micro = cfg.micro_batch_size or len(rows)
             for part in rows.split(micro):
                 sub = rollout.select(part)
-                m = loss_mask[part].to(device)
+                m = phase_mask[part].to(device)
                 stats = policy_stats(model, sub, cfg.temperature)
-                loss, pm = ppo_clip_loss(stats.logp, old_logp[part].to(device), adv[part].to(device), m,
-                                         eps_low=cfg.eps_low, eps_high=cfg.eps_high, dual_clip_c=cfg.dual_clip_c,
-                                         agg=cfg.loss_agg, num_tokens=n_tokens, num_seqs=n_seqs)
+                extra = {"selected": selected[part].to(device)} if selected is not None else {}
+                loss, pm = loss_spec.fn(stats.logp, old_logp[part].to(device), adv[part].to(device), m,
+                                        agg=cfg.loss_agg, num_tokens=n_tokens, num_seqs=n_seqs, **loss_kwargs, **extra)
                 if ref_logp is not None:
                     kl = aggregate(kl_penalty(stats.logp, ref_logp[part].to(device)), m, cfg.loss_agg,
                                    num_tokens=n_tokens, num_seqs=n_seqs)
@@ -341,7 +389,7 @@ def update_policy(model, optimizer, rollout: Rollout, adv, old_logp, ref_logp, l
                     loss = loss - entropy_coef * bonus
                 loss.backward()
                 ratio[part] = (stats.logp.detach() - old_logp[part].to(device)).exp().cpu()
-                weight = float(m.sum()) / float(loss_mask.sum().clamp_min(1)) / cfg.ppo_epochs
+                weight = float(m.sum()) / float(n_total) / cfg.ppo_epochs
                 for k, v in pm.items():
                     sums[f"loss/{k}"] = sums.get(f"loss/{k}", 0.0) + float(v) * weight
                 sums["loss/policy"] = sums.get("loss/policy", 0.0) + float(loss.detach()) * weight
@@ -363,7 +411,7 @@ def step_metrics(step, rewards, correct, adv, stats: TokenStats, mask, keep, rol
                  optimizer) -> dict:
     """The per-step diagnostics of the paper's figures, all over the batch's response tokens."""
     loss_mask = mask & keep
-    token_adv = adv.unsqueeze(-1).expand_as(mask)
+    token_adv = adv.unsqueeze(-1).expand_as(mask) if adv.dim() == 1 else adv
     fractions = clipped_fractions(mask, keep, adv)
     cov = batch_covariance(token_adv, stats.s_centered, loss_mask)
     return {

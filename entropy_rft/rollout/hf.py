@@ -35,6 +35,21 @@ class Rollout:
     def attention_mask(self) -> Tensor:
         return torch.cat([self.prompt_mask, self.response_mask], dim=1)
 
+    @staticmethod
+    def concat(parts: list["Rollout"], pad_id: int) -> "Rollout":
+        """Rows of several rollouts in one: prompts left-padded, responses right-padded to common widths."""
+        wp = max(r.prompt_ids.shape[1] for r in parts)
+        wr = max(r.response_ids.shape[1] for r in parts)
+        pad = torch.nn.functional.pad
+        return Rollout(
+            torch.cat([pad(r.prompt_ids, (wp - r.prompt_ids.shape[1], 0), value=pad_id) for r in parts]),
+            torch.cat([pad(r.prompt_mask, (wp - r.prompt_mask.shape[1], 0), value=False) for r in parts]),
+            torch.cat([pad(r.response_ids, (0, wr - r.response_ids.shape[1]), value=pad_id) for r in parts]),
+            torch.cat([pad(r.response_mask, (0, wr - r.response_mask.shape[1]), value=False) for r in parts]),
+            torch.cat([r.finished for r in parts]),
+            [t for r in parts for t in r.texts],
+        )
+
     def select(self, rows) -> "Rollout":
         return Rollout(self.prompt_ids[rows], self.prompt_mask[rows], self.response_ids[rows],
                        self.response_mask[rows], self.finished[rows],

@@ -1,0 +1,124 @@
+"""The baselines the paper compares against: exact selections, hand-computed cases, and each method running
+through the trainer."""
+
+import pytest
+import torch
+
+from entropy_rft.advantages import advantage_reweight, overlong_penalty, rank_penalty
+from entropy_rft.config import load_config
+from entropy_rft.logging import read_metrics
+from entropy_rft.losses import ppo_clip_loss, select_kl_cov
+from entropy_rft.masks import top_entropy
+from entropy_rft.methods import METHODS
+from entropy_rft.trainer import train
+
+
+def test_top_entropy_count_is_exact():
+    """Forking tokens keep exactly round(0.2 n) valid tokens, the highest-entropy ones, never a padded one."""
+    g = torch.Generator().manual_seed(0)
+    ent = torch.rand(7, 9, generator=g)
+    mask = torch.rand(7, 9, generator=g) > 0.3
+    ent[~mask] = 10.0  # padded positions must never be chosen
+    keep, _ = top_entropy(ent, torch.ones(7), mask, frac=0.2)
+    n = int(mask.sum())
+    assert int(keep.sum()) == round(0.2 * n) and not (keep & ~mask).any()
+    assert float(ent[keep].min()) >= float(ent[mask & ~keep].max())
+
+
+def test_rank_penalty_hand_case():
+    """Group of G = 4 with rewards [1, 1, -0.1, 1] and mean log p [-1, -3, -2, -0.5]:
+    ascending likelihood ranks are [2, 0, 1, 3]; R' = R (1 - 0.25 rank / 4) for R > 0:
+    [1 - 0.125, 1 - 0, -0.1 (unchanged), 1 - 0.1875] = [0.875, 1.0, -0.1, 0.8125]."""
+    r = torch.tensor([1.0, 1.0, -0.1, 1.0])
+    out = rank_penalty(r, torch.zeros(4, dtype=torch.long), torch.tensor([-1.0, -3.0, -2.0, -0.5]), beta=0.25)
+    torch.testing.assert_close(out, torch.tensor([0.875, 1.0, -0.1, 0.8125]))
+
+
+def test_advantage_reweight_and_overlong_hand_cases():
+    """AR: alpha 0.3, pi_old 0.5, A 2 -> (0.15 + 0.7) * 2 = 1.7. Overlong: L_max 16, L_cache 4:
+    lengths 12 -> 0, 14 -> -(14 - 12) / 4 = -0.5, 16 -> -1."""
+    a = advantage_reweight(torch.tensor([2.0]), torch.log(torch.tensor([[0.5, 1.0]])), alpha=0.3)
+    torch.testing.assert_close(a, torch.tensor([[1.7, 2.0]]))
+    torch.testing.assert_close(overlong_penalty(torch.tensor([12, 14, 16]), max_len=16, buffer=4),
+                               torch.tensor([0.0, -0.5, -1.0]))
+
+
+def test_kl_cov_selection_is_batch_level():
+    """KL-Cov picks the top-k covariance tokens of the whole batch: k = max(1, int(ratio n))."""
+    g = torch.Generator().manual_seed(1)
+    adv, logp = torch.randn(8, generator=g), torch.randn(8, 6, generator=g)
+    mask = torch.ones(8, 6, dtype=torch.bool)
+    assert int(select_kl_cov(adv, logp, mask, ratio=0.1).sum()) == 4
+    assert int(select_kl_cov(adv, logp, mask, ratio=1e-4).sum()) == 1
+
+
+def test_denominator_all_scales_by_kept_fraction():
+    """With the TRL normalisation (divide by all valid tokens) the loss is the authors' (divide by selected)
+    times n_selected / n_valid."""
+    logp = torch.randn(3, 5).requires_grad_()
+    adv = torch.tensor([1.0, -1.0, 0.5])
+    valid = torch.ones(3, 5, dtype=torch.bool)
+    kept = valid.clone()
+    kept[:, :3] = False
+    a, _ = ppo_clip_loss(logp, logp.detach(), adv, kept, num_tokens=kept.sum())
+    b, _ = ppo_clip_loss(logp, logp.detach(), adv, kept, num_tokens=valid.sum())
+    torch.testing.assert_close(b, a * kept.sum() / valid.sum())
+
+
+def test_method_defaults_sit_beneath_explicit_settings():
+    assert load_config(None, method="dapo").eps_high == 0.28
+    assert load_config(None, method="dapo", eps_high=0.25).eps_high == 0.25
+    assert load_config(None, method="gspo").policy_loss == "gspo"
+
+
+BASELINES = ["dapo", "dr_grpo", "gspo", "clip_cov", "kl_cov", "unlikely", "unlikely_2ep", "forking", "forking_all",
+             "entropy_bonus", "ar", "lopti"]
+
+
+@pytest.mark.parametrize("method", BASELINES)
+def test_every_baseline_trains(tmp_path, method):
+    """Each baseline runs two steps end to end and logs finite metrics."""
+    assert method in METHODS
+    cfg = load_config(None, method=method, steps=2, prompts_per_step=4, group_size=4, lr=1e-4, eval_problems=4,
+                      eval_k=2, progress=False, out=str(tmp_path))
+    train(cfg)
+    rows = read_metrics(tmp_path)
+    assert len(rows) == 2 and all(r["entropy"] > 0 and r["grad_norm"] >= 0 for r in rows)
+
+
+def test_dynamic_sampling_keeps_only_mixed_groups(tmp_path):
+    """DAPO's dynamic sampling: every kept group has 0 < correct < G."""
+    from entropy_rft.rollout import HFEngine
+    from entropy_rft.tasks import CountdownTask
+    from entropy_rft.trainer import ProblemSampler, default_data, load_policy, load_problems, sample_batch
+
+    cfg = load_config(None, method="dapo", prompts_per_step=6, group_size=4, max_sampling_rounds=5)
+    model, tok = load_policy("countdown-tiny", torch.device("cpu"))
+    task = CountdownTask()
+    sampler = ProblemSampler(load_problems(default_data(cfg, "train"), task), seed=0)
+    problems, rollout, rewards, correct, info = sample_batch(HFEngine(model, tok), task, sampler, cfg, step=0)
+    assert len(rollout.texts) == 4 * len(problems) == 4 * info["sampling/groups"]
+    per_group = correct.view(-1, 4).sum(-1)
+    assert ((per_group > 0) & (per_group < 4)).all()
+
+
+def test_compare_resumes_and_summarises(tmp_path, capsys):
+    """compare writes results.md/json with mean and std over seeds; a rerun skips every finished cell."""
+    import json
+
+    from entropy_rft.cli import main
+
+    cfg = tmp_path / "small.yaml"
+    cfg.write_text("common: {prompts_per_step: 4, group_size: 4, lr: 1.0e-4, eval_problems: 8, eval_k: 2}\n"
+                   "methods: {clip_b: {mu: 1.5}}\n")
+    args = ["compare", "--methods", "grpo,clip_b", "--seeds", "2", "--steps", "1", "--config", str(cfg),
+            "--out", str(tmp_path / "cmp"), "--quiet"]
+    main(args)
+    main(args)
+    assert capsys.readouterr().out.count("done, skipped") == 4
+    tmp_path = tmp_path / "cmp"
+    res = json.loads((tmp_path / "results.json").read_text())
+    assert set(res["methods"]) == {"grpo", "clip_b"} and res["seeds"] == 2
+    mean, std = res["methods"]["grpo"]["avg_at_k"]
+    assert 0 <= mean <= 1 and std >= 0
+    assert "| clip_b |" in (tmp_path / "results.md").read_text() and (tmp_path / "entropy.png").exists()
