@@ -21,7 +21,7 @@ from torch import Tensor
 
 from .registry import Registry
 
-__all__ = ["ADVANTAGES", "grpo", "rloo", "reinforce_pp_baseline", "gae", "masked_whiten", "group_stats"]
+__all__ = ["ADVANTAGES", "TokenLevel", "grpo", "rloo", "reinforce_pp_baseline", "gae", "masked_whiten", "group_stats"]
 
 ADVANTAGES: Registry = Registry("advantage estimator")
 
@@ -151,3 +151,24 @@ def overlong_penalty(lengths: Tensor, *, max_len: int, buffer: int, factor: floa
         return torch.zeros_like(lengths, dtype=torch.float32)
     excess = lengths.float() - (max_len - buffer)
     return (-excess / buffer).clamp(max=0.0) * factor
+
+
+class TokenLevel:
+    """Marks a token-level estimator that needs a critic's values (GAE); the trainer then runs a value head."""
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def __call__(self, *args, **kwargs):
+        return self.fn(*args, **kwargs)
+
+
+ADVANTAGES.register("gae", TokenLevel(gae))
+
+
+def outcome_token_rewards(rewards: Tensor, mask: Tensor) -> Tensor:
+    """Token rewards [B, T] with each response's reward on its last valid token (PPO with outcome rewards)."""
+    out = torch.zeros(mask.shape, dtype=torch.float32)
+    last = (mask.long().sum(-1) - 1).clamp_min(0)
+    out[torch.arange(mask.shape[0]), last] = rewards.float()
+    return out * mask

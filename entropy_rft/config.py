@@ -78,6 +78,13 @@ class TrainConfig:
     ar_alpha: float = _f(0.0, "advantage reweighting: A (alpha pi_old + 1 - alpha) (Yang et al. 2025: 0.3)")
     lopti_eta: float | None = _f(None, "Lopti: update tokens with pi_old < eta first, then the rest (paper 0.5)")
 
+    gamma: float = _f(1.0, "PPO/GAE discount (verl default 1.0)")
+    lam: float = _f(1.0, "PPO/GAE lambda (verl default 1.0)")
+    vf_coef: float = _f(0.5, "PPO: weight of the value loss of the value head on the policy")
+    value_clip: float | None = _f(0.5, "PPO: value clipping range (verl cliprange_value 0.5); None disables")
+    critic_lr: float | None = _f(None, "PPO: learning rate of the value head (None: 10 x lr, as verl's critic "
+                                       "and actor defaults relate)")
+
     # entropy target (beyond the paper; entropy_rft/control.py)
     entropy_target: float | None = _f(None, "hold token entropy near this value (nats); None disables")
     entropy_control: str = _f("mu", "how to hold the target: 'mu' sets Clip_B/Clip_V's mu each step from "

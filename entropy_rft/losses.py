@@ -232,3 +232,22 @@ def gspo_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, 
     with torch.no_grad():
         metrics = {"clipfrac": masked_mean((clipped > unclipped).float(), mask), "ppo_kl": masked_mean(-log_ratio, mask)}
     return loss, metrics
+
+
+def value_loss(values: Tensor, old_values: Tensor, returns: Tensor, mask: Tensor, *, clip_range: float | None = 0.5,
+               agg: AggMode = "token-mean", num_tokens=None, num_seqs=None, norm=None) -> tuple[Tensor, dict[str, Tensor]]:
+    """PPO's clipped value loss (verl compute_value_loss): 0.5 * agg(max((v - R)^2, (clip(v, v_old +- c) - R)^2)).
+    clip_range None disables clipping (verl's default clip is 0.5)."""
+    unclipped = (values - returns) ** 2
+    if clip_range is None:
+        per_token = unclipped
+        clipfrac = torch.zeros((), device=values.device)
+    else:
+        clipped = (old_values + (values - old_values).clamp(-clip_range, clip_range) - returns) ** 2
+        per_token = torch.maximum(unclipped, clipped)
+        with torch.no_grad():
+            clipfrac = masked_mean((clipped > unclipped).float(), mask)
+    loss = 0.5 * aggregate(per_token, mask, agg, num_tokens=num_tokens, num_seqs=num_seqs, norm=norm)
+    with torch.no_grad():
+        metrics = {"vf_clipfrac": clipfrac, "value_mean": masked_mean(values.detach(), mask)}
+    return loss, metrics

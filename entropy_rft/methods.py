@@ -83,6 +83,13 @@ METHODS.register("forking_all", Method("forking_all", masks.top_entropy, "entrop
                                        config={"denominator": "all"}))
 METHODS.register("entropy_bonus", Method("entropy_bonus", summary="fixed entropy bonus", config={"entropy_coef": 0.005}))
 METHODS.register("ar", Method("ar", summary="advantage reweighting by pi_old (Yang et al. 2025)", config={"ar_alpha": 0.3}))
+METHODS.register("ppo", Method("ppo", summary="PPO with GAE and a value head (paper Table 4)", config={"advantage": "gae"}))
+METHODS.register("ppo_clip_b", Method("ppo_clip_b", masks.clip_b, "s_star", {"mu": 2.5},
+                                      "Clip_B on PPO, each token's GAE advantage as its direction (Table 4)",
+                                      config={"advantage": "gae"}))
+METHODS.register("ppo_clip_v", Method("ppo_clip_v", masks.clip_v, "s_centered", {"mu": 8.5, "max_frac": 1e-4},
+                                      "Clip_V on PPO, each token's GAE advantage as its direction (Table 4)",
+                                      config={"advantage": "gae"}))
 METHODS.register("lopti", Method("lopti", summary="Lopti: low-probability tokens updated first (Yang et al. 2025)",
                                  config={"lopti_eta": 0.5}))
 

@@ -29,17 +29,18 @@ import torch
 import yaml
 from tqdm import tqdm
 
-from .advantages import ADVANTAGES, advantage_reweight, overlong_penalty, rank_penalty
+from .advantages import (ADVANTAGES, TokenLevel, advantage_reweight, outcome_token_rewards, overlong_penalty,
+                         rank_penalty)
 from .config import TrainConfig
 from .control import AdaptiveEntropyBonus, MuController
 from .dynamics import TokenStats, batch_covariance, corollary4_entropy_change, token_stats
 from .evaluate import EvalResult, evaluate_policy
 from .logging import MetricLogger
-from .losses import aggregate, kl_penalty
+from .losses import aggregate, kl_penalty, value_loss
 from .masks import clipped_fractions
 from .methods import METHODS, POLICY_LOSSES
 from .rollout import HFEngine, Rollout
-from .rollout.hf import sequence_logits
+from .rollout.hf import sequence_forward
 from .tasks import TASKS
 
 BUILTIN_MODELS = {"countdown-tiny": Path(__file__).parent / "assets" / "countdown-tiny"}
@@ -121,17 +122,42 @@ def pick_device(name: str) -> torch.device:
 # Step helpers (thin: the math lives in dynamics, masks, advantages, losses)
 
 
+class ValueHead(torch.nn.Module):
+    """PPO's critic as a linear head on the policy's last hidden state (zero-initialised: V = 0 at the start)."""
+
+    def __init__(self, hidden_size: int):
+        super().__init__()
+        self.proj = torch.nn.Linear(hidden_size, 1)
+        torch.nn.init.zeros_(self.proj.weight)
+        torch.nn.init.zeros_(self.proj.bias)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.proj(hidden.float()).squeeze(-1)
+
+
+def policy_forward(model, rollout: Rollout, temperature: float, value_head: ValueHead | None = None):
+    """TokenStats of the response tokens under the model, (B, R) each, and the value head's values, (B, R)."""
+    logits, hidden = sequence_forward(model, rollout, hidden=value_head is not None)
+    stats = token_stats(logits, rollout.response_ids.to(logits.device), temperature=temperature)
+    return stats, (value_head(hidden) if value_head is not None else None)
+
+
 def policy_stats(model, rollout: Rollout, temperature: float) -> TokenStats:
-    """TokenStats of the response tokens under the model, (B, R) each."""
-    logits = sequence_logits(model, rollout)
-    return token_stats(logits, rollout.response_ids.to(logits.device), temperature=temperature)
+    return policy_forward(model, rollout, temperature)[0]
 
 
 @torch.no_grad()
-def batch_stats(model, rollout: Rollout, temperature: float, rows_per_pass: int) -> TokenStats:
-    parts = [policy_stats(model, rollout.select(slice(i, i + rows_per_pass)), temperature)
+def batch_forward(model, rollout: Rollout, temperature: float, rows_per_pass: int,
+                  value_head: ValueHead | None = None) -> tuple[TokenStats, torch.Tensor | None]:
+    parts = [policy_forward(model, rollout.select(slice(i, i + rows_per_pass)), temperature, value_head)
              for i in range(0, len(rollout.texts), rows_per_pass)]
-    return TokenStats(*(torch.cat([getattr(p, k) for p in parts]).cpu() for k in ("logp", "entropy", "s_star", "s_expect")))
+    stats = TokenStats(*(torch.cat([getattr(p[0], k) for p in parts]).cpu() for k in ("logp", "entropy", "s_star", "s_expect")))
+    values = torch.cat([p[1] for p in parts]).cpu() if value_head is not None else None
+    return stats, values
+
+
+def batch_stats(model, rollout: Rollout, temperature: float, rows_per_pass: int) -> TokenStats:
+    return batch_forward(model, rollout, temperature, rows_per_pass)[0]
 
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> float:
@@ -172,10 +198,13 @@ class ProblemSampler:
         self.order = list(state["order"])
 
 
-def save_checkpoint(run_dir: Path, step: int, model, tokenizer, optimizer, sampler: ProblemSampler) -> Path:
+def save_checkpoint(run_dir: Path, step: int, model, tokenizer, optimizer, sampler: ProblemSampler,
+                    value_head: ValueHead | None = None) -> Path:
     ckpt = run_dir / f"checkpoint-{step}"
     model.save_pretrained(ckpt, safe_serialization=True)
     tokenizer.save_pretrained(ckpt)
+    if value_head is not None:
+        torch.save(value_head.state_dict(), ckpt / "value_head.pt")
     torch.save({"step": step, "optimizer": optimizer.state_dict(), "sampler": sampler.state()}, ckpt / "trainer_state.pt")
     (run_dir / "latest_checkpoint").write_text(ckpt.name)
     return ckpt
@@ -213,7 +242,13 @@ def train(cfg: TrainConfig, *, resume: bool = False) -> dict:
     model, tokenizer = load_policy(model_source, device)
     ref_model = load_policy(cfg.model, device)[0].eval() if cfg.kl_coef > 0 else None
     engine = HFEngine(model, tokenizer)
-    optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
+    value_head = ValueHead(model.config.hidden_size).to(device) if isinstance(estimator, TokenLevel) else None
+    groups = [{"params": list(model.parameters())}]
+    if value_head is not None:
+        if (Path(model_source) / "value_head.pt").exists():
+            value_head.load_state_dict(torch.load(Path(model_source) / "value_head.pt"))
+        groups.append({"params": list(value_head.parameters()), "lr": cfg.critic_lr or 10 * cfg.lr})
+    optimizer = torch.optim.Adam(groups, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
     sampler = ProblemSampler(train_problems, cfg.seed)
     if model_source != cfg.model:
         state = torch.load(Path(model_source) / "trainer_state.pt", weights_only=False)
@@ -248,7 +283,7 @@ def train(cfg: TrainConfig, *, resume: bool = False) -> dict:
                                                      buffer=round(cfg.overlong_buffer_frac * cfg.max_new_tokens),
                                                      factor=cfg.overlong_penalty_factor)
             # --- token statistics under the behaviour policy, (B, R) each
-            stats = batch_stats(model, rollout, cfg.temperature, rows_per_pass)
+            stats, old_values = batch_forward(model, rollout, cfg.temperature, rows_per_pass, value_head)
             old_logp = stats.logp
             ref_logp = batch_stats(ref_model, rollout, cfg.temperature, rows_per_pass).logp if ref_model else None
             # --- advantages, (B,) or (B, R) once reweighted per token
@@ -256,7 +291,11 @@ def train(cfg: TrainConfig, *, resume: bool = False) -> dict:
             if cfg.rank_penalty_beta > 0:  # rewarding the unlikely
                 seq_logp = (old_logp * mask).sum(-1) / mask.sum(-1).clamp_min(1)
                 shaped = rank_penalty(rewards, group_ids, seq_logp, beta=cfg.rank_penalty_beta)
-            adv = estimator(shaped, group_ids)
+            returns = None
+            if isinstance(estimator, TokenLevel):  # PPO: GAE over the value head's values, (B, R)
+                adv, returns = estimator(outcome_token_rewards(shaped, mask), old_values, mask, gamma=cfg.gamma, lam=cfg.lam)
+            else:
+                adv = estimator(shaped, group_ids)
             if cfg.ar_alpha > 0:  # advantage reweighting
                 adv = advantage_reweight(adv, old_logp, alpha=cfg.ar_alpha)
             # --- mask: the method's filter over the whole batch (mu chosen by the controller, if any)
@@ -273,7 +312,7 @@ def train(cfg: TrainConfig, *, resume: bool = False) -> dict:
             # --- update
             update_metrics = update_policy(model, optimizer, rollout, adv, old_logp, ref_logp, loss_mask, cfg,
                                            update_gen, entropy_coef=entropy_coef, s_centered=stats.s_centered,
-                                           selected=selected)
+                                           selected=selected, critic=(value_head, old_values, returns))
             update_metrics.update(sampling)
             update_metrics["entropy_coef"] = entropy_coef
             # --- diagnostics
@@ -295,13 +334,13 @@ def train(cfg: TrainConfig, *, resume: bool = False) -> dict:
             bar.set_postfix(reward=f"{metrics['reward_mean']:.2f}", H=f"{metrics['entropy']:.3f}",
                             clip=f"{metrics['clip_frac']:.3f}")
             if cfg.save_every and (step + 1) % cfg.save_every == 0:
-                save_checkpoint(run_dir, step + 1, model, tokenizer, optimizer, sampler)
+                save_checkpoint(run_dir, step + 1, model, tokenizer, optimizer, sampler, value_head)
     except KeyboardInterrupt:
-        ckpt = save_checkpoint(run_dir, step, model, tokenizer, optimizer, sampler)
+        ckpt = save_checkpoint(run_dir, step, model, tokenizer, optimizer, sampler, value_head)
         logger.close()
         raise SystemExit(f"interrupted at step {step}; saved {ckpt}. Continue with --resume.") from None
 
-    final = save_checkpoint(run_dir, cfg.steps, model, tokenizer, optimizer, sampler)
+    final = save_checkpoint(run_dir, cfg.steps, model, tokenizer, optimizer, sampler, value_head)
     evals[cfg.steps] = run_eval(engine, task, eval_problems, cfg, seed=cfg.seed + 10**6).to_json()
     logger.close()
     summary = {"config": cfg.to_dict(), "evals": evals, "checkpoint": str(final), "history": history}
@@ -344,7 +383,7 @@ def sample_batch(engine, task, sampler: ProblemSampler, cfg: TrainConfig, step: 
 
 def update_policy(model, optimizer, rollout: Rollout, adv, old_logp, ref_logp, loss_mask, cfg: TrainConfig,
                   gen: torch.Generator, *, entropy_coef: float = 0.0, s_centered: torch.Tensor | None = None,
-                  selected: torch.Tensor | None = None) -> dict:
+                  selected: torch.Tensor | None = None, critic: tuple | None = None) -> dict:
     """ppo_epochs x mini_batches optimizer steps (per Lopti phase); gradient accumulation over micro-batches with
     the mini-batch's global denominators. Returns the mean loss metrics, the last grad norm and, given
     s_centered, Corollary 4.1's prediction summed over the optimizer steps with each step's true ratios."""
@@ -359,6 +398,7 @@ def update_policy(model, optimizer, rollout: Rollout, adv, old_logp, ref_logp, l
     loss_spec = POLICY_LOSSES.get(cfg.policy_loss)
     loss_kwargs = loss_spec.kwargs(cfg)
     valid = rollout.response_mask
+    value_head, old_values, returns = critic or (None, None, None)
     phases = [loss_mask]
     if cfg.lopti_eta is not None:  # Lopti: low-probability tokens first, then the rest
         low = old_logp.exp() < cfg.lopti_eta
@@ -375,7 +415,7 @@ def update_policy(model, optimizer, rollout: Rollout, adv, old_logp, ref_logp, l
             for part in rows.split(micro):
                 sub = rollout.select(part)
                 m = phase_mask[part].to(device)
-                stats = policy_stats(model, sub, cfg.temperature)
+                stats, values = policy_forward(model, sub, cfg.temperature, value_head)
                 extra = {"selected": selected[part].to(device)} if selected is not None else {}
                 loss, pm = loss_spec.fn(stats.logp, old_logp[part].to(device), adv[part].to(device), m,
                                         agg=cfg.loss_agg, num_tokens=n_tokens, num_seqs=n_seqs, **loss_kwargs, **extra)
@@ -384,6 +424,14 @@ def update_policy(model, optimizer, rollout: Rollout, adv, old_logp, ref_logp, l
                                    num_tokens=n_tokens, num_seqs=n_seqs)
                     loss = loss + cfg.kl_coef * kl
                     pm["kl"] = kl.detach()
+                if value_head is not None:  # the critic learns on every valid token
+                    vm = valid[part].to(device)
+                    vl, vmetrics = value_loss(values, old_values[part].to(device), returns[part].to(device), vm,
+                                              clip_range=cfg.value_clip, agg=cfg.loss_agg,
+                                              num_tokens=valid[rows].sum().clamp_min(1).to(device),
+                                              num_seqs=(valid[rows].sum(-1) > 0).sum().clamp_min(1).to(device))
+                    loss = loss + cfg.vf_coef * vl
+                    pm.update(vmetrics, value_loss=vl.detach())
                 if entropy_coef:
                     bonus = aggregate(stats.entropy, m, cfg.loss_agg, num_tokens=n_tokens, num_seqs=n_seqs)
                     loss = loss - entropy_coef * bonus
@@ -397,7 +445,7 @@ def update_policy(model, optimizer, rollout: Rollout, adv, old_logp, ref_logp, l
                 share = float(mb_mask.sum()) / float(n_total)
                 predicted_off += share * float(corollary4_entropy_change(adv[rows], s_centered[rows], mb_mask,
                                                                          lr=cfg.lr, ratio=ratio[rows]))
-            params = [p for p in model.parameters() if p.grad is not None]
+            params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
             norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip if cfg.grad_clip > 0 else math.inf)
             grad_norms.append(float(norm))
             optimizer.step()

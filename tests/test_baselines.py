@@ -122,3 +122,29 @@ def test_compare_resumes_and_summarises(tmp_path, capsys):
     mean, std = res["methods"]["grpo"]["avg_at_k"]
     assert 0 <= mean <= 1 and std >= 0
     assert "| clip_b |" in (tmp_path / "results.md").read_text() and (tmp_path / "entropy.png").exists()
+
+
+@pytest.mark.parametrize("method", ["ppo", "ppo_clip_b", "ppo_clip_v"])
+def test_ppo_with_gae_trains_its_value_head(tmp_path, method):
+    """PPO: GAE advantages per token from a value head that learns (its loss is logged and its weights move
+    away from the zero initialisation and are checkpointed)."""
+    cfg = load_config(None, method=method, steps=3, prompts_per_step=4, group_size=2, lr=1e-4, eval_problems=4,
+                      eval_k=2, progress=False, out=str(tmp_path))
+    assert cfg.advantage == "gae"
+    summary = train(cfg)
+    rows = read_metrics(tmp_path)
+    assert all(r["loss/value_loss"] > 0 for r in rows)
+    state = torch.load(f"{summary['checkpoint']}/value_head.pt")
+    assert state["proj.weight"].abs().sum() > 0
+
+
+def test_outcome_token_rewards_and_gae_hand_case():
+    """Reward on the last valid token; with gamma = lam = 1 and V = 0, the raw GAE advantage of every valid token
+    is the final reward: rows [r=1, len 2], [r=-1, len 3] -> raw A [[1, 1, 0], [-1, -1, -1]]."""
+    from entropy_rft.advantages import gae, outcome_token_rewards
+
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1]], dtype=torch.bool)
+    tr = outcome_token_rewards(torch.tensor([1.0, -1.0]), mask)
+    torch.testing.assert_close(tr, torch.tensor([[0.0, 1.0, 0.0], [0.0, 0.0, -1.0]]))
+    raw, ret = gae(tr, torch.zeros(2, 3), mask, gamma=1.0, lam=1.0, whiten=False)
+    torch.testing.assert_close(raw, torch.tensor([[1.0, 1.0, 0.0], [-1.0, -1.0, -1.0]]))

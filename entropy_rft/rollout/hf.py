@@ -116,12 +116,16 @@ class HFEngine:
         return Rollout(prompt_ids, prompt_mask, response_ids, response_mask, finished, texts)
 
 
-def sequence_logits(model, rollout: Rollout) -> Tensor:
-    """Logits that predict each response token, (B, R, V): one forward pass over prompt + response with the
-    position ids generation used."""
+def sequence_forward(model, rollout: Rollout, *, hidden: bool = False) -> tuple[Tensor, Tensor | None]:
+    """Logits that predict each response token, (B, R, V), and optionally the last hidden states at the same
+    positions, (B, R, D): one forward pass over prompt + response with the position ids generation used."""
     input_ids = rollout.input_ids().to(model.device)
     attn = rollout.attention_mask().to(model.device)
     position_ids = (attn.long().cumsum(-1) - 1).clamp_min(0)
-    logits = model(input_ids=input_ids, attention_mask=attn.long(), position_ids=position_ids).logits
+    out = model(input_ids=input_ids, attention_mask=attn.long(), position_ids=position_ids, output_hidden_states=hidden)
     p = rollout.prompt_ids.shape[1]
-    return logits[:, p - 1 : -1]
+    return out.logits[:, p - 1 : -1], (out.hidden_states[-1][:, p - 1 : -1] if hidden else None)
+
+
+def sequence_logits(model, rollout: Rollout) -> Tensor:
+    return sequence_forward(model, rollout)[0]
