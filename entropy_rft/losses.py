@@ -21,6 +21,14 @@ tests/fixtures/verl_policy_losses.json):
    the per-sequence mean of seq-mean-token-mean divides by (count + 1e-8), as verl does.
 2. Metrics also report the high and low clip fractions separately (clipfrac_high for A > 0 and ratio above
    1 + eps_high, clipfrac_low for A < 0 and ratio below 1 - eps_low).
+3. Clip-Cov and KL-Cov (Cui et al. 2025; verl compute_policy_loss_clip_cov / _kl_cov, parity-tested on verl's
+   cases): the token selection is a separate function run once per training batch over all its tokens, with the
+   behaviour policy's log-probs, from a seeded torch.Generator. verl selects inside the loss, per micro-batch,
+   with the current log-probs (so the selection changes with the micro-batch size, verl #7829). For a single
+   on-policy update the two log-probs are equal and no token is PPO-clipped, so Clip-Cov's exclusion of
+   clipped tokens is empty in both.
+4. GSPO matches verl's compute_policy_loss_gspo (sequence ratio from the length-normalised log-ratio, clamped
+   at 10 in log space, no dual clip); the default clip range is the GSPO paper's (3e-4, 4e-4).
 """
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ Implements:
 - clip_v: Algorithm 2 (Clip_V), eq. 16: keep tokens with -mu_minus sigma' <= S_c <= mu_plus sigma'.
 - s_sign: the selective updates of Figure 1 (retain only, or mask, tokens with S* > 0 or S* < 0 in positive or
   negative samples).
+- top_entropy: forking tokens (Wang et al. 2025), the highest-entropy 20% of the batch's tokens.
 Statistics (mean, std) are always taken over all valid tokens of the whole batch passed in, never per
 micro-batch.
 
@@ -24,6 +25,8 @@ ClipVAdvantageFn, reproduced exactly by the defaults; tests/fixtures/clip_b.json
    violate, only the k = max(int(max_frac n), 1) violators with non-zero advantage and the largest |S_c| are
    clipped, plus every zero-advantage violator. The cap is therefore not a hard global cap.
 4. Std is the population std over valid tokens; if it is below 1e-12 every token is kept.
+6. top_entropy (forking tokens) keeps exactly round(frac n) tokens by torch.topk; TRL's top_entropy_quantile
+   keeps the tokens at or above the quantile, which can keep more on ties.
 5. The metrics frac_clipped_pos / _neg follow the authors' definition 1 - kept / max(total, 1), which reads 1.0
    when a batch has no positive (negative) token. `clipped_fractions` gives the same fractions with 0.0 for an
    empty side; the trainer logs those.

@@ -3,6 +3,17 @@ reads, the filter's default options, and the TrainConfig defaults the method set
 sampling, reward shaping). Settings given explicitly in a recipe or on the command line win over the method's.
 Also here: POLICY_LOSSES, the registry of policy losses with the config fields each one reads.
 
+Departures of the baselines from their reference code, numbered:
+1. DAPO's overlong buffer is a fraction of max_new_tokens (DAPO: L_cache 4096 of L_max 20480 = 0.2), and its
+   dynamic sampling stops after max_sampling_rounds and trains on the groups it has (verl raises instead).
+2. Rewarding the unlikely ranks a group's responses by mean token log-probability and scales positive rewards
+   only (advantages.rank_penalty); the original rewards are binary.
+3. Forking tokens: "forking" divides by the selected tokens (the authors' code), "forking_all" by all valid
+   tokens (TRL); the selection is exact top-k (masks.py, departure 6).
+4. The fixed entropy bonus uses 0.005, a value that moves the tiny countdown policy; LLM recipes use ~1e-3.
+5. PPO's critic is a value head on the policy (shared trunk, its own learning rate) rather than a separate
+   critic model, and GAE uses verl's defaults gamma = lam = 1.
+
 Registered here:
 - grpo: no filter.
 - clip_b: Algorithm 1, reads S* (defaults: mu 2.5, negative samples, lower tail; the authors' code).
