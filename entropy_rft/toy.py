@@ -92,7 +92,7 @@ def _sft_batch(tokenizer, problems: list[Problem]) -> tuple[torch.Tensor, torch.
 def pretrain(cfg: ToyConfig, out: Path, *, progress: bool = True) -> dict:
     """Build the tokenizer, warm up the policy on synthetic solutions, filter problems, save everything."""
     from .rollout import HFEngine
-    from .evaluate import sample_correctness
+    from .evaluate import filter_by_pass_rate, sample_correctness
 
     t0 = time.time()
     torch.manual_seed(cfg.seed)
@@ -139,8 +139,7 @@ def pretrain(cfg: ToyConfig, out: Path, *, progress: bool = True) -> dict:
     correct, _ = sample_correctness(engine, task, pool, n=cfg.filter_samples, temperature=cfg.filter_temperature,
                                     max_new_tokens=cfg.max_new_tokens, seed=cfg.seed + 4)
     rates = [sum(c) / cfg.filter_samples for c in correct]
-    n = cfg.filter_samples
-    kept = [(p, r) for p, r in zip(pool, rates) if 1 / n < r < 15 / n]  # paper: drop <= 1/16 and >= 15/16
+    kept = filter_by_pass_rate(pool, rates)  # paper: drop pass rates <= 1/16 and >= 15/16
     with open(out / "data" / "train.jsonl", "w") as f:
         for p, r in kept:
             f.write(json.dumps({**p.to_json(), "pass_rate": r}) + "\n")
@@ -151,19 +150,9 @@ def pretrain(cfg: ToyConfig, out: Path, *, progress: bool = True) -> dict:
         "config": asdict(cfg), "parameters": n_params, "final_sft_loss": float(loss.detach()),
         "pool": len(pool), "train_after_filter": len(kept), "eval": len(eval_set),
         "pool_mean_pass_rate": sum(rates) / len(rates),
-        "dropped_low": sum(r <= 1 / n for r in rates), "dropped_high": sum(r >= 15 / n for r in rates),
+        "dropped_low": sum(r <= 1 / 16 for r in rates), "dropped_high": sum(r >= 15 / 16 for r in rates),
         "seconds": time.time() - t0, "torch": torch.__version__, "threads": torch.get_num_threads(),
     }
     (out / "build.json").write_text(json.dumps(info, indent=2) + "\n")
     torch.use_deterministic_algorithms(False)
     return info
-
-
-def load_problems(path: Path | str, task=None) -> list[Problem]:
-    """Problems from a JSONL file (one {"numbers": [...], "target": n} object a line)."""
-    task = task or CountdownTask()
-    path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"no problem file at {path}; run `entropy-rft pretrain-toy` to rebuild the shipped data")
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return [task.parse_row(r) for r in rows]

@@ -477,6 +477,6 @@ def step_metrics(step, rewards, correct, adv, stats: TokenStats, mask, keep, rol
         "entropy_change/predicted": float(corollary4_entropy_change(adv, stats.s_centered, loss_mask, lr=cfg.lr)),
         "response_length": float(mask.sum(-1).float().mean()),
         "truncation_rate": float((~rollout.finished).float().mean()),
-        "frac_zero_adv_groups": float((adv == 0).float().mean()),
+        "frac_zero_advantage": float((adv == 0).float().mean()),  # responses (or tokens) with A = 0
         "lr": optimizer.param_groups[0]["lr"],
     }

@@ -115,6 +115,13 @@ def _positions(selected):
     return sorted(map(list, selected.nonzero().tolist()))
 
 
+def _assert_loss_matches(loss, logp, out):
+    """Loss value and d loss / d log p equal the reference's."""
+    loss.backward()
+    assert float(loss.detach()) == pytest.approx(out["loss"], abs=1e-6)
+    torch.testing.assert_close(logp.grad, f32(out["grad_log_prob"]), atol=1e-7, rtol=1e-5)
+
+
 @pytest.mark.parametrize("case", [c for c in LOSS["cases"] if c["function"] == "compute_policy_loss_kl_cov"], ids=lambda c: c["name"])
 def test_kl_cov_matches_verl(case):
     """KL-Cov: the per-token covariance, the top-k selection, the loss and its gradient equal verl's."""
@@ -124,9 +131,7 @@ def test_kl_cov_matches_verl(case):
     sel = losses.select_kl_cov(adv, logp, mask, ratio=p["kl_cov_ratio"])
     assert _positions(sel) == sorted(out["selected_positions"]) and int(sel.sum()) == out["n_selected"]
     loss, m = losses.kl_cov_loss(logp, old, adv, mask, selected=sel, kl_coef=p["ppo_kl_coef"], agg=p["loss_agg_mode"])
-    loss.backward()
-    assert float(loss.detach()) == pytest.approx(out["loss"], abs=1e-6)
-    torch.testing.assert_close(logp.grad, f32(out["grad_log_prob"]), atol=1e-7, rtol=1e-5)
+    _assert_loss_matches(loss, logp, out)
     assert float(m["ppo_kl"]) == pytest.approx(out["metrics"]["actor/ppo_kl"], abs=1e-6)
 
 
@@ -149,9 +154,7 @@ def test_clip_cov_matches_verl(case):
         verl_sel[b, t] = True
     loss, m = losses.clip_cov_loss(logp, old, adv, mask, selected=verl_sel, eps_low=p["clip_ratio_low"],
                                    eps_high=p["clip_ratio_high"], agg=p["loss_agg_mode"])
-    loss.backward()
-    assert float(loss.detach()) == pytest.approx(out["loss"], abs=1e-6)
-    torch.testing.assert_close(logp.grad, f32(out["grad_log_prob"]), atol=1e-7, rtol=1e-5)
+    _assert_loss_matches(loss, logp, out)
     assert float(m["clipfrac"]) == pytest.approx(out["metrics"]["actor/pg_clipfrac"], abs=1e-6)
 
 
@@ -161,7 +164,5 @@ def test_gspo_matches_verl(case):
     logp, old, adv, mask = _loss_batch(case)
     p, out = case["params"], case["outputs"]
     loss, m = losses.gspo_loss(logp, old, adv, mask, eps_low=p["clip_ratio_low"], eps_high=p["clip_ratio_high"], agg=p["loss_agg_mode"])
-    loss.backward()
-    assert float(loss.detach()) == pytest.approx(out["loss"], abs=1e-6)
-    torch.testing.assert_close(logp.grad, f32(out["grad_log_prob"]), atol=1e-7, rtol=1e-5)
+    _assert_loss_matches(loss, logp, out)
     assert float(m["clipfrac"]) == pytest.approx(out["metrics"]["actor/pg_clipfrac"], abs=1e-6)

@@ -125,7 +125,3 @@ def sequence_forward(model, rollout: Rollout, *, hidden: bool = False) -> tuple[
     out = model(input_ids=input_ids, attention_mask=attn.long(), position_ids=position_ids, output_hidden_states=hidden)
     p = rollout.prompt_ids.shape[1]
     return out.logits[:, p - 1 : -1], (out.hidden_states[-1][:, p - 1 : -1] if hidden else None)
-
-
-def sequence_logits(model, rollout: Rollout) -> Tensor:
-    return sequence_forward(model, rollout)[0]
