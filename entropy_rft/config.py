@@ -117,7 +117,11 @@ class TrainConfig:
         from .methods import METHODS, POLICY_LOSSES
         from .tasks import TASKS
 
-        METHODS.get(self.method)
+        base = TrainConfig.__dataclass_fields__
+        method_defaults = {k: v for k, v in METHODS.get(self.method).config.items() if v != base[k].default}
+        if method_defaults and all(getattr(self, k) == base[k].default for k in method_defaults):
+            warnings.warn(f"method {self.method!r} sets {sorted(method_defaults)}, but this TrainConfig has none of them: "
+                          "build it with load_config(...) (as the CLI does) to apply the method's defaults", stacklevel=2)
         POLICY_LOSSES.get(self.policy_loss)
         if self.denominator not in ("kept", "all"):
             raise ValueError(f"denominator must be 'kept' or 'all', got {self.denominator!r}")

@@ -48,3 +48,15 @@ def test_model_path_errors(tmp_path):
     with pytest.raises(FileNotFoundError, match="no config.json"):
         resolve_model_path(str(tmp_path))
     assert resolve_model_path("Qwen/Qwen2.5-7B-Instruct") == "Qwen/Qwen2.5-7B-Instruct"
+
+
+def test_direct_construction_warns_that_method_defaults_are_not_applied():
+    from entropy_rft.config import TrainConfig
+
+    with pytest.warns(UserWarning, match="load_config"):
+        TrainConfig(method="dapo")
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        load_config(None, method="dapo")  # applies them: no warning

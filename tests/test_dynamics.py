@@ -211,3 +211,28 @@ def test_bad_inputs_name_the_problem():
         token_stats_from_hidden(torch.randn(2, 4), torch.randn(10, 4), torch.tensor([-1, 2]))
     with pytest.raises(TypeError, match="integer"):
         token_stats(torch.randn(2, 10), torch.tensor([1.0, 2.0]))
+
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+from hypothesis.extra.numpy import arrays  # noqa: E402
+
+
+@settings(max_examples=60, deadline=None)
+@given(arrays(dtype=float, shape=st.tuples(st.integers(1, 4), st.integers(2, 40)),
+              elements=st.floats(-1e4, 1e4, allow_nan=False, width=32)),
+       st.integers(0, 10**6))
+def test_any_finite_logits_give_valid_statistics(z, seed):
+    """For any finite logits: statistics are finite, 0 <= H <= log V, log p <= 0, and Corollary 1 holds (the
+    p-weighted mean of S_c over every possible token is 0, up to float32 rounding)."""
+    logits = torch.tensor(z, dtype=torch.float32)
+    rows, vocab = logits.shape
+    tokens = torch.randint(0, vocab, (rows,), generator=torch.Generator().manual_seed(seed))
+    s = token_stats(logits, tokens)
+    for v in (s.logp, s.entropy, s.s_star, s.s_expect):
+        assert torch.isfinite(v).all()
+    assert (s.entropy >= -1e-5).all() and (s.entropy <= math.log(vocab) + 1e-4).all() and (s.logp <= 1e-6).all()
+    every = token_stats(logits.repeat_interleave(vocab, 0), torch.arange(vocab).repeat(rows))
+    p = logits.double().softmax(-1).flatten()
+    per_row = (p * every.s_centered.double()).view(rows, vocab).sum(-1)
+    assert per_row.abs().max() < 1e-5
