@@ -21,9 +21,20 @@ from torch import Tensor
 
 from .registry import Registry
 
-__all__ = ["ADVANTAGES", "TokenLevel", "grpo", "rloo", "reinforce_pp_baseline", "gae", "masked_whiten", "group_stats"]
+__all__ = ["ADVANTAGES", "TokenLevel", "broadcast_advantages", "grpo", "rloo", "reinforce_pp_baseline", "gae", "masked_whiten", "group_stats"]
 
 ADVANTAGES: Registry = Registry("advantage estimator")
+
+
+def broadcast_advantages(advantages: Tensor, like: Tensor) -> Tensor:
+    """Advantages [B] (one per response) or [B, T] (per token) as [B, T], shaped like `like`."""
+    if advantages.dim() == 1:
+        if advantages.shape[0] != like.shape[0]:
+            raise ValueError(f"advantages [{advantages.shape[0]}] do not match the batch of shape {tuple(like.shape)}")
+        return advantages.unsqueeze(-1).expand(like.shape)
+    if advantages.shape != like.shape:
+        raise ValueError(f"advantages {tuple(advantages.shape)} do not match shape {tuple(like.shape)}")
+    return advantages
 
 
 def group_stats(scores: Tensor, group_ids: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -140,8 +151,7 @@ def rank_penalty(rewards: Tensor, group_ids: Tensor, seq_logp: Tensor, *, beta: 
 def advantage_reweight(advantages: Tensor, old_logp: Tensor, *, alpha: float = 0.3) -> Tensor:
     """Advantage reweighting (Yang et al. 2025): A' = (alpha * pi_old + 1 - alpha) * A per token, which damps
     the updates of low-probability tokens; advantages [B] or [B, T], old_logp [B, T]."""
-    adv = advantages.unsqueeze(-1).expand_as(old_logp) if advantages.dim() == 1 else advantages
-    return (alpha * old_logp.exp() + 1.0 - alpha) * adv
+    return (alpha * old_logp.exp() + 1.0 - alpha) * broadcast_advantages(advantages, old_logp)
 
 
 def overlong_penalty(lengths: Tensor, *, max_len: int, buffer: int, factor: float = 1.0) -> Tensor:

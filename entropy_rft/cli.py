@@ -112,12 +112,11 @@ def cmd_theory(args) -> None:
 
 
 def cmd_sweep(args) -> None:
-    from .config import load_config
-    from .demo import load_demo_config
+    from .demo import load_demo_config, run_config
     from .report import build_report
     from .trainer import train
 
-    base = load_demo_config(args.config).get("common", {})
+    spec = load_demo_config(args.config)
     runs = []
     for mu in [float(x) for x in args.mu.split(",")]:
         run_dir = Path(args.out) / "runs" / f"{args.method}_mu{mu:g}"
@@ -125,12 +124,8 @@ def cmd_sweep(args) -> None:
         if (run_dir / "eval.json").exists():
             print(f"{run_dir.name}: done, skipped")
             continue
-        overrides = {**base, "method": args.method, "mu": mu, "out": str(run_dir), "progress": not args.quiet}
-        if args.method == "clip_v":
-            overrides["max_frac"] = args.max_frac
-        if args.steps:
-            overrides["steps"] = args.steps
-        train(load_config(None, **overrides))
+        train(run_config(spec, method=args.method, mu=mu, out=str(run_dir), progress=not args.quiet, steps=args.steps,
+                         max_frac=args.max_frac if args.method == "clip_v" else None))
     page = build_report(runs, args.out)
     print(page.read_text().split("\n## ")[0])
 

@@ -12,8 +12,7 @@ import statistics
 import time
 from pathlib import Path
 
-from .config import load_config
-from .demo import load_demo_config
+from .demo import load_demo_config, run_config
 from .logging import read_metrics
 from .report import plot_curves
 
@@ -38,11 +37,8 @@ def run_compare(methods: list[str], seeds: int, out: Path | str, *, steps: int |
             if (run_dir / "eval.json").exists():
                 log(f"{method} seed {seed}: done, skipped")
                 continue
-            settings = {**base, **spec.get("methods", {}).get(method, {}), "method": method,
-                        "seed": base.get("seed", 0) + seed, "out": str(run_dir), "progress": progress}
-            if steps:
-                settings["steps"] = steps
-            train(load_config(None, **settings))
+            train(run_config(spec, method, method=method, seed=base.get("seed", 0) + seed, out=str(run_dir),
+                             progress=progress, steps=steps))
     results = summarise(out, methods, seeds)
     results["wall_seconds_this_call"] = time.time() - t0
     (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")

@@ -25,13 +25,13 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .advantages import broadcast_advantages
 from .dynamics import batch_covariance
 
 
 def unit_entropy_change(advantages: torch.Tensor, s_centered: torch.Tensor, loss_mask: torch.Tensor) -> float:
     """Corollary 4 per unit step: -Cov_B(A, S_c) over the loss tokens."""
-    adv = advantages.unsqueeze(-1).expand_as(s_centered) if advantages.dim() == 1 else advantages
-    return -float(batch_covariance(adv, s_centered, loss_mask))
+    return -float(batch_covariance(broadcast_advantages(advantages, s_centered), s_centered, loss_mask))
 
 
 @dataclass

@@ -24,6 +24,13 @@ def load_demo_config(path: Path | str | None = None) -> dict:
     return data
 
 
+def run_config(spec: dict, entry: str | None = None, **overrides):
+    """TrainConfig from a demo-style spec: its `common` settings, then `methods[entry]` (when listed), then the
+    overrides; None overrides (an option not given) leave the spec's value in place."""
+    given = {k: v for k, v in overrides.items() if v is not None}
+    return load_config(None, **{**spec.get("common", {}), **spec.get("methods", {}).get(entry, {}), **given})
+
+
 def run_demo(out: Path | str, *, config: Path | str | None = None, steps: int | None = None,
              methods: list[str] | None = None, progress: bool = True) -> dict:
     out = Path(out)
@@ -35,11 +42,7 @@ def run_demo(out: Path | str, *, config: Path | str | None = None, steps: int | 
     for name in chosen:
         if name not in spec["methods"]:
             raise KeyError(f"demo method {name!r} is not in the demo config; known: {', '.join(spec['methods'])}")
-        settings = {**spec.get("common", {}), **spec["methods"][name], "out": str(out / "runs" / name),
-                    "progress": progress}
-        if steps:
-            settings["steps"] = steps
-        cfg = load_config(None, **settings)
+        cfg = run_config(spec, name, out=str(out / "runs" / name), progress=progress, steps=steps)
         summary = train(cfg)
         first, last = summary["evals"][0], summary["evals"][cfg.steps]
         history = summary["history"]

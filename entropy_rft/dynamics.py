@@ -30,6 +30,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from .advantages import broadcast_advantages
+
 __all__ = [
     "TokenStats",
     "token_stats",
@@ -295,7 +297,7 @@ def corollary4_entropy_change(
 
     advantages [B] or [B, T]; s_centered, mask (and ratio) [B, T].
     """
-    adv = advantages.unsqueeze(-1).expand_as(s_centered) if advantages.dim() == 1 else advantages
+    adv = broadcast_advantages(advantages, s_centered)
     score = s_centered if ratio is None else ratio * s_centered
     return -lr * batch_covariance(adv, score, mask)
 
@@ -305,7 +307,7 @@ def batch_mean_entropy_change(
 ) -> Tensor:
     """Theorem 2 averaged over the batch, eq. 23: -lr * E_B[A r S_c]. Corollary 4 drops from this the term
     -lr E_B[A] E_B[r S_c], which Corollary 2 makes about zero on-policy."""
-    adv = advantages.unsqueeze(-1).expand_as(s_centered) if advantages.dim() == 1 else advantages
+    adv = broadcast_advantages(advantages, s_centered)
     score = s_centered if ratio is None else ratio * s_centered
     m = mask.to(torch.float32)
     return -lr * (adv.float() * score.float() * m).sum() / m.sum().clamp_min(1.0)

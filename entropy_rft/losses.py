@@ -38,6 +38,8 @@ from typing import Literal
 import torch
 from torch import Tensor
 
+from .advantages import broadcast_advantages
+
 __all__ = ["AGG_MODES", "aggregate", "masked_mean", "ppo_clip_loss", "kl_penalty"]
 
 AggMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
@@ -106,7 +108,7 @@ def ppo_clip_loss(
     """
     if dual_clip_c is not None and dual_clip_c <= 1.0:
         raise ValueError(f"dual_clip_c must be > 1 (or None to disable), got {dual_clip_c}")
-    adv = advantages.unsqueeze(-1).expand_as(logp) if advantages.dim() == 1 else advantages
+    adv = broadcast_advantages(advantages, logp)
     log_ratio = (logp - old_logp).clamp(-20.0, 20.0)
     ratio = log_ratio.exp()
     unclipped = -adv * ratio
@@ -150,7 +152,7 @@ def kl_penalty(logp: Tensor, ref_logp: Tensor, *, kind: Literal["k1", "k3"] = "k
 def token_covariance(advantages: Tensor, logp: Tensor, mask: Tensor) -> Tensor:
     """Per-token centred cross product (A - mean A)(log p - mean log p), means over valid tokens; 0 at pads.
     Cui et al. 2025's per-token covariance term, the quantity Clip-Cov and KL-Cov select by."""
-    adv = advantages.unsqueeze(-1).expand_as(logp) if advantages.dim() == 1 else advantages
+    adv = broadcast_advantages(advantages, logp)
     m = mask.bool()
     a, lp = adv.detach().float(), logp.detach().float()
     cov = (a - a[m].mean()) * (lp - lp[m].mean())
@@ -190,7 +192,7 @@ def select_clip_cov(advantages: Tensor, logp: Tensor, mask: Tensor, *, ratio: fl
 
 def ppo_clipped_tokens(logp: Tensor, old_logp: Tensor, advantages: Tensor, *, eps_low: float, eps_high: float) -> Tensor:
     """Tokens where the PPO clip is active (the clipped term exceeds the unclipped one)."""
-    adv = advantages.unsqueeze(-1).expand_as(logp) if advantages.dim() == 1 else advantages
+    adv = broadcast_advantages(advantages, logp)
     ratio = (logp - old_logp).clamp(-20.0, 20.0).exp()
     return (-adv * ratio.clamp(1.0 - eps_low, 1.0 + eps_high)) > (-adv * ratio)
 
@@ -199,7 +201,7 @@ def kl_cov_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
                 kl_coef: float = 1.0, agg: AggMode = "token-mean", num_tokens=None, num_seqs=None, norm=None
                 ) -> tuple[Tensor, dict[str, Tensor]]:
     """KL-Cov: the unclipped surrogate -A r, plus kl_coef |log r| on the selected tokens (no ratio clipping)."""
-    adv = advantages.unsqueeze(-1).expand_as(logp) if advantages.dim() == 1 else advantages
+    adv = broadcast_advantages(advantages, logp)
     log_ratio = logp - old_logp
     loss_mat = -adv * log_ratio.exp() + torch.where(selected, kl_coef * log_ratio.abs(), torch.zeros_like(log_ratio))
     loss = aggregate(loss_mat, mask, agg, num_tokens=num_tokens, num_seqs=num_seqs, norm=norm)
@@ -212,7 +214,7 @@ def clip_cov_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tens
                   eps_low: float = 0.2, eps_high: float = 0.2, agg: AggMode = "token-mean", num_tokens=None,
                   num_seqs=None, norm=None) -> tuple[Tensor, dict[str, Tensor]]:
     """Clip-Cov: the PPO-clipped surrogate (no dual clip), with the loss of the selected tokens set to 0."""
-    adv = advantages.unsqueeze(-1).expand_as(logp) if advantages.dim() == 1 else advantages
+    adv = broadcast_advantages(advantages, logp)
     log_ratio = (logp - old_logp).clamp(-20.0, 20.0)
     ratio = log_ratio.exp()
     loss_mat = torch.maximum(-adv * ratio, -adv * ratio.clamp(1.0 - eps_low, 1.0 + eps_high))
@@ -229,7 +231,7 @@ def gspo_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, 
     """GSPO (Zheng et al. 2025): the sequence-level ratio s = exp(mean_t log r_t) (length-normalised), clipped
     at the sequence level; per token exp(log p - sg(log p) + sg(log s)) carries the gradient. Defaults are the
     GSPO paper's clip range (3e-4, 4e-4)."""
-    adv = advantages.unsqueeze(-1).expand_as(logp) if advantages.dim() == 1 else advantages
+    adv = broadcast_advantages(advantages, logp)
     m = mask.to(logp.dtype)
     log_ratio = logp - old_logp
     seq_log_ratio = (log_ratio * m).sum(-1) / m.sum(-1).clamp_min(1.0)

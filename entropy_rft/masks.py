@@ -40,22 +40,13 @@ from typing import Literal
 import torch
 from torch import Tensor
 
+from .advantages import broadcast_advantages
+
 Side = Literal["negative", "positive", "all"]
 
 __all__ = ["clip_b", "clip_v", "s_sign", "top_entropy", "clipped_fractions", "broadcast_advantages"]
 
 _STD_FLOOR = 1e-12
-
-
-def broadcast_advantages(advantages: Tensor, mask: Tensor) -> Tensor:
-    """Advantages [B] or [B, T] as [B, T] (sequence advantages repeated over tokens)."""
-    if advantages.dim() == 1:
-        if advantages.shape[0] != mask.shape[0]:
-            raise ValueError(f"advantages [{advantages.shape[0]}] do not match mask {tuple(mask.shape)}")
-        return advantages.unsqueeze(-1).expand(mask.shape)
-    if advantages.shape != mask.shape:
-        raise ValueError(f"advantages {tuple(advantages.shape)} do not match mask {tuple(mask.shape)}")
-    return advantages
 
 
 def _check(score: Tensor, mask: Tensor, **mus: float | None) -> None:

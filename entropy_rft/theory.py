@@ -115,7 +115,7 @@ def tabular_checks(*, vocab: int = 64, positions: int = 512, step: float = 1e-3,
 def model_checks(model, tokenizer, task, problems, *, n_tokens: int = 48, n_batches: int = 8, group_size: int = 8,
                  lr: float = 1e-3, temperature: float = 1.0, max_new_tokens: int = 16, seed: int = 0) -> list[dict]:
     """Single-token and full-step checks on a real causal LM (plain SGD steps, parameters restored after each)."""
-    from .advantages import grpo
+    from .advantages import broadcast_advantages, grpo
     from .rollout import HFEngine
     from .trainer import batch_stats, policy_stats
 
@@ -176,7 +176,7 @@ def model_checks(model, tokenizer, task, problems, *, n_tokens: int = 48, n_batc
         sgd(-(adv.unsqueeze(-1) * st.logp * m).sum() / m.sum())
         after = batch_stats(model, ro, temperature, 10**6)
         restore()
-        pred.append(-lr * batch_covariance(adv.unsqueeze(-1).expand_as(mask), stats.s_centered, mask))
+        pred.append(-lr * batch_covariance(broadcast_advantages(adv, mask), stats.s_centered, mask))
         real.append((after.entropy - stats.entropy)[mask].mean())
     rows.append({"check": "model: GRPO step on a batch", "predicted": "-lr Cov_B(A, S_c)",
                  **_agreement(torch.stack(pred), torch.stack(real))})

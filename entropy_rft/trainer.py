@@ -29,7 +29,7 @@ import torch
 import yaml
 from tqdm import tqdm
 
-from .advantages import (ADVANTAGES, TokenLevel, advantage_reweight, outcome_token_rewards, overlong_penalty,
+from .advantages import (ADVANTAGES, TokenLevel, advantage_reweight, broadcast_advantages, outcome_token_rewards, overlong_penalty,
                          rank_penalty)
 from .config import TrainConfig
 from .control import AdaptiveEntropyBonus, MuController
@@ -459,7 +459,7 @@ def step_metrics(step, rewards, correct, adv, stats: TokenStats, mask, keep, rol
                  optimizer) -> dict:
     """The per-step diagnostics of the paper's figures, all over the batch's response tokens."""
     loss_mask = mask & keep
-    token_adv = adv.unsqueeze(-1).expand_as(mask) if adv.dim() == 1 else adv
+    token_adv = broadcast_advantages(adv, mask)
     fractions = clipped_fractions(mask, keep, adv)
     cov = batch_covariance(token_adv, stats.s_centered, loss_mask)
     return {

@@ -60,3 +60,15 @@ def test_direct_construction_warns_that_method_defaults_are_not_applied():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         load_config(None, method="dapo")  # applies them: no warning
+
+
+def test_demo_run_config_layers_common_method_and_given_overrides():
+    """run_config: common settings, then the method's entry, then overrides; an override left as None (an
+    option not given) keeps the spec's value instead of falling back to the dataclass default."""
+    from entropy_rft.demo import load_demo_config, run_config
+
+    spec = load_demo_config()
+    cfg = run_config(spec, "clip_b", steps=None, out="x")
+    assert (cfg.steps, cfg.mu, cfg.lr, cfg.out) == (150, 1.5, 5e-5, "x")
+    assert run_config(spec, "clip_b", steps=7).steps == 7
+    assert run_config(spec, None, method="clip_v", mu=2.0).mu == 2.0

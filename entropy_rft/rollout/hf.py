@@ -100,20 +100,13 @@ class HFEngine:
                 do_sample=True, temperature=temperature, top_p=top_p, top_k=0, max_new_tokens=max_new_tokens,
                 eos_token_id=self.eos_id, pad_token_id=self.tokenizer.pad_token_id,
             )
-            parts.append((ids, mask, out[:, ids.shape[1]:].cpu()))
+            response_ids = out[:, ids.shape[1]:].cpu()
+            response_mask, finished = response_mask_from_lengths(response_ids, self.eos_id)
+            texts = [self.tokenizer.decode(r[m & (r != self.eos_id)].tolist(), skip_special_tokens=False)
+                     for r, m in zip(response_ids, response_mask)]
+            parts.append(Rollout(ids, mask, response_ids, response_mask, finished, texts))
         self.model.train(was_training)
-        width_p = max(p[0].shape[1] for p in parts)
-        width_r = max(p[2].shape[1] for p in parts)
-        pad = self.tokenizer.pad_token_id
-        prompt_ids = torch.cat([torch.nn.functional.pad(p[0], (width_p - p[0].shape[1], 0), value=pad) for p in parts])
-        prompt_mask = torch.cat([torch.nn.functional.pad(p[1], (width_p - p[1].shape[1], 0), value=False) for p in parts])
-        response_ids = torch.cat([torch.nn.functional.pad(p[2], (0, width_r - p[2].shape[1]), value=pad) for p in parts])
-        response_mask, finished = response_mask_from_lengths(response_ids, self.eos_id)
-        texts = [
-            self.tokenizer.decode(r[m & (r != self.eos_id)].tolist(), skip_special_tokens=False)
-            for r, m in zip(response_ids, response_mask)
-        ]
-        return Rollout(prompt_ids, prompt_mask, response_ids, response_mask, finished, texts)
+        return Rollout.concat(parts, self.tokenizer.pad_token_id)
 
 
 def sequence_forward(model, rollout: Rollout, *, hidden: bool = False) -> tuple[Tensor, Tensor | None]:
