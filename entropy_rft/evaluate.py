@@ -47,11 +47,9 @@ def sample_correctness(engine, task, problems, *, n: int, temperature: float, to
     """n sampled responses per problem: their correctness and rewards, grouped by problem."""
     rollout = engine.generate([task.prompt(p) for p in problems], n=n, temperature=temperature, top_p=top_p,
                               max_new_tokens=max_new_tokens, seed=seed)
-    correct, rewards = [], []
-    for i, problem in enumerate(problems):
-        scored = [task.score(rollout.texts[j], bool(rollout.finished[j]), problem) for j in range(i * n, (i + 1) * n)]
-        rewards.append([r for r, _ in scored])
-        correct.append([c for _, c in scored])
+    scored = task.score_batch(rollout.texts, rollout.finished.tolist(), [p for p in problems for _ in range(n)])
+    correct = [[c for _, c in scored[i * n:(i + 1) * n]] for i in range(len(problems))]
+    rewards = [[r for r, _ in scored[i * n:(i + 1) * n]] for i in range(len(problems))]
     return correct, rewards
 
 

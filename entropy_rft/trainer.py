@@ -360,7 +360,7 @@ def sample_batch(engine, task, sampler: ProblemSampler, cfg: TrainConfig, step: 
         problems = sampler.next(cfg.prompts_per_step)
         ro = engine.generate([task.prompt(p) for p in problems], n=G, temperature=cfg.temperature, top_p=cfg.top_p,
                              max_new_tokens=cfg.max_new_tokens, seed=cfg.seed * 100003 + step + 7919 * rnd)
-        scored = [task.score(text, bool(done), problems[j // G]) for j, (text, done) in enumerate(zip(ro.texts, ro.finished))]
+        scored = task.score_batch(ro.texts, ro.finished.tolist(), [problems[j // G] for j in range(len(ro.texts))])
         r = torch.tensor([x for x, _ in scored], dtype=torch.float32)
         c = torch.tensor([y for _, y in scored])
         for i, problem in enumerate(problems):

@@ -222,6 +222,9 @@ class CountdownTask:
     def score(self, completion: str, finished: bool, problem: Problem) -> tuple[float, bool]:
         return reward(completion, finished, problem)
 
+    def score_batch(self, completions, finished, problems) -> list[tuple[float, bool]]:
+        return [reward(c, bool(f), p) for c, f, p in zip(completions, finished, problems)]
+
     def parse_row(self, row: dict) -> Problem:
         return Problem.from_json(row)
 

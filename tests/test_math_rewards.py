@@ -1,0 +1,98 @@
+"""Math answer checking and the paper's reward scheme (Appendix B), against verl 0.9.1's checkers."""
+
+import time
+
+import pytest
+
+from conftest import load_fixture
+from entropy_rft.tasks import TASKS
+from entropy_rft.tasks.checkers import dapo_check, equivalent, last_boxed, normalize_final_answer
+from entropy_rft.tasks.math import MathProblem, TimeoutPool, judge, strip_template, TEMPLATES
+
+CASES = load_fixture("math_rewards.json")["cases"]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c["id"] for c in CASES])
+def test_dapo_checker_matches_verl(case):
+    """dapo_check returns verl's math_dapo score, acc and pred on every oracle case."""
+    got = dapo_check(case["solution_str"], case["ground_truth"])
+    want = case["math_dapo"]
+    assert (got.score, got.acc, got.pred) == (want["score"], want["acc"], want["pred"])
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c["id"] for c in CASES])
+def test_math_verify_matches_verl(case):
+    """equivalent() agrees with verl's math_verify.compute_score (1.0 / 0.0) on every oracle case."""
+    pytest.importorskip("math_verify")
+    assert float(equivalent(case["solution_str"], case["ground_truth"])) == case["math_verify"]
+
+
+def test_normalisation_rules():
+    """Minerva normalisation: right of '=', units, thousands commas, \\text and shorthand fractions."""
+    assert normalize_final_answer("x = 5 \\text{ cm}") == "5"
+    assert normalize_final_answer("$1,000$") == "1000"
+    assert normalize_final_answer("\\frac34") == "\\frac{3}{4}"
+    assert normalize_final_answer("(1, 2)") == "(1,2)"  # commas kept when not a pure number
+
+
+def test_last_boxed_balances_braces():
+    """last_boxed takes the last box, with nested braces, and None for an unclosed box."""
+    assert last_boxed("\\boxed{1} then \\boxed{\\frac{1}{2}} end") == "\\frac{1}{2}"
+    assert last_boxed("\\boxed{\\frac{1}{2}") is None
+    assert last_boxed("no box") is None
+
+
+def test_paper_reward_scheme():
+    """The four rewards of Appendix B: 1 / 0 / -0.1 / -1."""
+    pytest.importorskip("math_verify")
+    assert judge("So 40+2.\nAnswer: 42", True, "42").reward == 1.0
+    assert judge("So 0.5.\nAnswer: 0.5", True, "\\frac{1}{2}").reward == 1.0  # math-verify equivalence
+    right_but_unformatted = judge("The value is $42$.", True, "42")
+    assert (right_but_unformatted.reward, right_but_unformatted.correct) == (0.0, True)
+    assert judge("Answer: 42", False, "42").reward == 0.0  # truncated: format not met
+    assert judge("Answer: 41", True, "42").reward == -0.1
+    assert judge("Answer: 41 and more and more", False, "42").reward == -1.0
+
+
+def test_boxed_template_reward():
+    """math_boxed reads the last \\boxed{} as the stated answer; an Answer: line is not its format."""
+    pytest.importorskip("math_verify")
+    assert judge("thus \\boxed{\\frac{1}{2}}", True, "0.5", template="boxed").reward == 1.0
+    assert judge("Answer: 7", True, "7", template="boxed").reward == 0.0
+
+
+def test_templates_round_trip():
+    """strip_template recovers the bare problem from each template's prompt."""
+    q = "What is $1+1$?"
+    for name, render in TEMPLATES.items():
+        assert strip_template(render(q)) == q, name
+
+
+def _sleepy(seconds: float, value: int) -> int:
+    time.sleep(seconds)
+    return value
+
+
+def test_timeout_pool_scores_a_hung_check_and_keeps_the_rest():
+    """A call past the timeout gets on_timeout's value; every other call still returns its own result."""
+    pool = TimeoutPool(workers=2, timeout=1.0)
+    try:
+        t0 = time.time()
+        out = pool.map(_sleepy, [(0.0, 1), (30.0, 2), (0.0, 3), (0.0, 4)], on_timeout=lambda a: -a[1])
+        assert out == [1, -2, 3, 4]
+        assert pool.timeouts == 1
+        assert time.time() - t0 < 20
+    finally:
+        pool.close()
+
+
+def test_math_task_scores_in_worker_processes():
+    """MathTask.score_batch (worker pool) gives the same verdicts as judge() in this process."""
+    pytest.importorskip("math_verify")
+    task = TASKS.get("math")
+    problems = [MathProblem("q1", "42"), MathProblem("q2", "\\frac{1}{2}"), MathProblem("q3", "7")]
+    texts = ["Answer: 42", "Answer: 0.5", "no idea"]
+    finished = [True, True, False]
+    want = [(judge(t, f, p.answer).reward, judge(t, f, p.answer).correct) for t, f, p in zip(texts, finished, problems)]
+    assert task.score_batch(texts, finished, problems) == want == [(1.0, True), (1.0, True), (-1.0, False)]
+    assert task.prompt(problems[0]).startswith("Solve the following math problem step by step.")
