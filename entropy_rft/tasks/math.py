@@ -115,9 +115,15 @@ def judge(completion: str, finished: bool, answer: str, template: str = "dapo", 
 # Timeouts: checks run in a pool of worker processes; a check past its time kills the pool, which is rebuilt.
 
 
-def _start_worker(barrier) -> None:
+def _start_worker(barrier, modules: tuple[str, ...]) -> None:
+    import importlib
     import logging
 
+    for name in modules:  # import before the first timed call (sympy alone takes seconds)
+        try:
+            importlib.import_module(name)
+        except ImportError:  # the call itself will raise, with its own message
+            pass
     logging.getLogger("math_verify").setLevel(logging.ERROR)
     try:
         barrier.wait(timeout=TimeoutPool.STARTUP_SECONDS)  # tell the parent this worker is up
@@ -130,22 +136,25 @@ class TimeoutPool:
 
     A call that runs past `timeout` seconds gets `on_timeout(args)` as its result; the pool is terminated (which
     stops the stuck worker) and the calls not yet collected run again in a fresh pool. workers=0 runs in this
-    process without a timeout (for debugging)."""
+    process without a timeout (for debugging). `preload` names modules each worker imports at start-up, before
+    any call is timed (fn's own module is always imported)."""
 
-    def __init__(self, workers: int = 2, timeout: float = 10.0):
+    def __init__(self, workers: int = 2, timeout: float = 10.0, preload: tuple[str, ...] = ()):
         self.workers = workers
         self.timeout = timeout
+        self.preload = preload
         self._pool = None
         self._lock = threading.Lock()
         self.timeouts = 0  # calls that timed out, over the pool's life
 
     STARTUP_SECONDS = 120.0  # a fresh worker imports Python and this package before its first call
 
-    def _get(self):
+    def _get(self, fn):
         if self._pool is None:
             ctx = multiprocessing.get_context("spawn")  # no fork: the parent holds torch threads
             barrier = ctx.Barrier(self.workers + 1)
-            self._pool = ctx.Pool(self.workers, initializer=_start_worker, initargs=(barrier,))
+            self._pool = ctx.Pool(self.workers, initializer=_start_worker,
+                                  initargs=(barrier, (*self.preload, fn.__module__)))
             barrier.wait(timeout=self.STARTUP_SECONDS)  # the timeout is for checks, not for start-up
         return self._pool
 
@@ -162,7 +171,7 @@ class TimeoutPool:
         pending = list(range(len(arg_list)))
         with self._lock:
             while pending:
-                pool = self._get()
+                pool = self._get(fn)
                 handles = [(i, pool.apply_async(fn, arg_list[i])) for i in pending]
                 stuck = None
                 for i, handle in handles:
@@ -205,7 +214,8 @@ class MathTask:
 
     def verdicts(self, completions: Sequence[str], finished: Sequence[bool], problems: Sequence[MathProblem]) -> list[Verdict]:
         if self._pool is None:
-            self._pool = TimeoutPool(self.workers, self.timeout)
+            checkers._math_verify()  # a missing library fails here, with the install command
+            self._pool = TimeoutPool(self.workers, self.timeout, preload=("math_verify",))
         args = [(c, bool(f), p.answer, self.template) for c, f, p in zip(completions, finished, problems)]
         return self._pool.map(_judge_in_worker, args,
                               on_timeout=lambda a: Verdict(-0.1 if a[1] else -1.0, False, False, None))
