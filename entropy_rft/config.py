@@ -27,8 +27,13 @@ class TrainConfig:
     model: str = _f("countdown-tiny", "policy: 'countdown-tiny' (shipped), a local directory in save_pretrained "
                                       "format, or a hub id (needs network)")
     task: str = _f("countdown", "task name (registry TASKS): prompts and reward")
-    train_data: str | None = _f(None, "JSONL of training problems; default: the shipped filtered split of the model")
-    eval_data: str | None = _f(None, "JSONL of held-out problems; default: the shipped eval split")
+    train_data: str | None = _f(None, "training problems: countdown JSONL, or for math a dataset name (dapo_train), "
+                                      "name=path or path (entropy_rft/data.py); default: the shipped countdown split")
+    eval_data: str | None = _f(None, "held-out problems, same forms (math: dapo500); default: the shipped eval split")
+    data_dir: str | None = _f(None, "directory of local dataset copies (aime24.parquet, dapo17k/, ...); named "
+                                    "datasets not found there are downloaded from the hub")
+    chat_template: bool = _f(False, "wrap each prompt as a user turn of the tokenizer's chat template (instruct and "
+                                    "Qwen3 base models: true; the shipped character-level policy: false)")
     method: str = _f("grpo", "token filter (registry METHODS): grpo, clip_b, clip_v, s_sign:...")
     mu: float | None = _f(None, "Clip_B/Clip_V threshold in batch stds; None = method default (2.5 / 8.5, the "
                                 "authors' code). Larger clips fewer tokens (paper Fig. 2a-b)")
@@ -92,6 +97,18 @@ class TrainConfig:
     bonus_delta: float = _f(0.002, "adaptive bonus: coefficient change per step (Skywork-OR1 style)")
     bonus_max: float = _f(0.05, "adaptive bonus: largest coefficient")
 
+    # scale: generation engine, precision, memory
+    engine: str = _f("hf", "rollout engine (registry ENGINES): hf (transformers generate) or vllm (GPU, "
+                           "pip install 'entropy-rft[vllm]'; weights synced after every update)")
+    precision: str = _f("fp32", "fp32, or bf16: forward and backward under bfloat16 autocast with float32 master "
+                                "weights and Adam state (pure bf16 weights would lose updates of lr 4e-7)")
+    gradient_checkpointing: bool = _f(False, "recompute activations in the backward pass (less memory, ~30% slower)")
+    lora_rank: int = _f(0, "LoRA rank through PEFT; 0 trains every weight (the paper)")
+    lora_alpha: float = _f(32.0, "LoRA scaling alpha")
+    lora_targets: str = _f("all-linear", "PEFT target_modules: 'all-linear' or comma-separated module names")
+    vllm_gpu_memory: float = _f(0.35, "vLLM: fraction of GPU memory for its weights and KV cache (the policy, "
+                                      "its gradients and Adam state share the GPU)")
+
     # sampling
     temperature: float = _f(1.0, "rollout temperature (paper: 1.0); log-probs use the same temperature")
     top_p: float = _f(1.0, "rollout nucleus sampling")
@@ -139,6 +156,13 @@ class TrainConfig:
         for name in ("steps", "prompts_per_step", "group_size", "ppo_epochs", "mini_batches", "eval_k", "max_new_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.precision not in ("fp32", "bf16"):
+            raise ValueError(f"precision must be fp32 or bf16, got {self.precision!r}")
+        if self.lora_rank < 0:
+            raise ValueError(f"lora_rank must be >= 0, got {self.lora_rank}")
+        from .rollout import ENGINES
+
+        ENGINES.get(self.engine)
         if self.prompts_per_step % self.mini_batches:
             raise ValueError("prompts_per_step must be divisible by mini_batches")
         if self.group_size == 1 and self.advantage in ("grpo", "dr_grpo", "rloo"):

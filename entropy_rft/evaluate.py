@@ -80,3 +80,46 @@ def filter_by_pass_rate(problems, pass_rates, *, low: float = 1 / 16, high: floa
     """The paper's filter (Section 5.1): drop problems with pass rate <= low or >= high."""
     return [(p, r) for p, r in zip(problems, pass_rates) if low < r < high]
 
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Several datasets at once: the paper's Table 1 columns (AIME24, AIME25 at K=32; DAPO500 at K=8) and Figure 4.
+
+
+def evaluate_datasets(engine, task, datasets: dict[str, tuple[list, int]], *, n: int | None = None,
+                      temperature: float = 0.7, top_p: float = 1.0, max_new_tokens: int, seed: int = 0,
+                      samples: dict | None = None) -> dict[str, dict]:
+    """{name: EvalResult json + n_problems} for each {name: (problems, k)}; n samples per problem (default k).
+    When `samples` is a dict, each dataset's responses, rewards and correctness are stored in it by name."""
+    results = {}
+    for name, (problems, k) in datasets.items():
+        m = max(n or k, k)
+        rollout = engine.generate([task.prompt(p) for p in problems], n=m, temperature=temperature, top_p=top_p,
+                                  max_new_tokens=max_new_tokens, seed=seed)
+        scored = task.score_batch(rollout.texts, rollout.finished.tolist(), [p for p in problems for _ in range(m)])
+        correct = [[c for _, c in scored[i * m:(i + 1) * m]] for i in range(len(problems))]
+        rewards = [r for r, _ in scored]
+        res = EvalResult(k=k, avg_at_k=avg_at_k(correct),
+                         pass_at_k=sum(pass_at_k(m, sum(row), k) for row in correct) / max(len(correct), 1),
+                         pass_rates=[sum(row) / m for row in correct], mean_reward=sum(rewards) / max(len(rewards), 1))
+        results[name] = {**res.to_json(), "n": m, "n_problems": len(problems),
+                         "response_length": float(rollout.lengths.float().mean()),
+                         "truncation_rate": float((~rollout.finished).float().mean())}
+        if samples is not None:
+            samples[name] = [{**p.to_json(), "responses": rollout.texts[i * m:(i + 1) * m],
+                              "rewards": rewards[i * m:(i + 1) * m], "correct": correct[i]}
+                             for i, p in enumerate(problems)]
+    return results
+
+
+def results_markdown(results: dict[str, dict], *, title: str = "Evaluation") -> str:
+    """Table 1's layout: one column pair (Avg@K, Pass@K) per dataset, in percent."""
+    names = list(results)
+    head = "| | " + " | ".join(f"{n} Avg@{results[n]['k']} | {n} Pass@{results[n]['k']}" for n in names) + " |"
+    rule = "|---|" + "---|---|" * len(names)
+    row = "| policy | " + " | ".join(f"{100 * results[n]['avg_at_k']:.2f} | {100 * results[n]['pass_at_k']:.2f}"
+                                     for n in names) + " |"
+    detail = ["", "| dataset | problems | samples each | mean reward | mean length | truncated |", "|---|---|---|---|---|---|"]
+    detail += [f"| {n} | {r['n_problems']} | {r['n']} | {r['mean_reward']:.3f} | {r['response_length']:.1f} | "
+               f"{r['truncation_rate']:.3f} |" for n, r in results.items()]
+    return "\n".join([f"# {title}", "", head, rule, row, *detail, ""])

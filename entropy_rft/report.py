@@ -140,27 +140,42 @@ def _mu_plot(runs: list[dict], path: Path) -> Path | None:
     return path
 
 
+PASS_RATE_BINS = ["0", "(0,.25)", "[.25,.5)", "[.5,.75)", "[.75,1)", "1"]
+
+
+def pass_rate_fractions(rates: list[float]) -> list[float]:
+    """Fraction of problems in each PASS_RATE_BINS bin: exactly 0, four quarters of (0, 1), exactly 1."""
+    from .evaluate import pass_rate_histogram
+
+    return [c / max(len(rates), 1) for c in pass_rate_histogram(rates, bins=4)]
+
+
+def plot_pass_rates(curves: list[tuple[str, list[float]]], path: Path | str,
+                    title: str = "Pass-rate distribution (paper Figure 4)") -> Path:
+    """Grouped bars: for each named list of per-problem pass rates, the fraction of problems per bin."""
+    fig, ax = plt.subplots(figsize=(6.5, 3.6), dpi=120)
+    width = 0.8 / max(len(curves), 1)
+    for i, (name, rates) in enumerate(curves):
+        ax.bar([j + i * width for j in range(len(PASS_RATE_BINS))], pass_rate_fractions(rates), width=width,
+               label=label(name))
+    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(PASS_RATE_BINS))], PASS_RATE_BINS)
+    ax.set(xlabel="pass rate of a problem", ylabel="fraction of problems", title=title)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
 def _pass_rate_plot(runs: list[dict], path: Path) -> Path | None:
     """Figure 4: distribution of per-problem pass rates at the first and last evaluation."""
     with_evals = [r for r in runs if r["evals"]]
     if not with_evals:
         return None
-    fig, ax = plt.subplots(figsize=(6.5, 3.6), dpi=120)
-    bins = [-0.05, 0.05, 0.25, 0.5, 0.75, 0.95, 1.05]
     first = with_evals[0]["evals"][min(with_evals[0]["evals"])]
     curves = [("initial", first["pass_rates"])] + [(r["name"], r["evals"][max(r["evals"])]["pass_rates"]) for r in with_evals]
-    width = 0.8 / len(curves)
-    names = ["0", "(0,.25)", "[.25,.5)", "[.5,.75)", "[.75,1)", "1"]
-    for i, (name, rates) in enumerate(curves):
-        counts = [sum(1 for x in rates if bins[j] < x <= bins[j + 1]) / max(len(rates), 1) for j in range(len(names))]
-        ax.bar([j + i * width for j in range(len(names))], counts, width=width, label=name)
-    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(names))], names)
-    ax.set(xlabel="pass rate of a problem", ylabel="fraction of problems", title="Pass-rate distribution (paper Figure 4)")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return plot_pass_rates(curves, path)
 
 
 def _scatter_plot(runs: list[dict], path: Path) -> tuple[Path, dict]:

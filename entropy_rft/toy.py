@@ -156,3 +156,38 @@ def pretrain(cfg: ToyConfig, out: Path, *, progress: bool = True) -> dict:
     (out / "build.json").write_text(json.dumps(info, indent=2) + "\n")
     torch.use_deterministic_algorithms(False)
     return info
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# A stand-in for a real chat model: random weights, a character tokenizer over printable ASCII, a chat template.
+# `entropy-rft train --config RECIPE --dry-run` runs a recipe's pipeline on it (prompt template, chat template,
+# math reward, losses) in seconds on a CPU; it learns nothing.
+
+STAND_IN_CHAT_TEMPLATE = ("{% for message in messages %}<|{{ message['role'] }}|>\n{{ message['content'] }}\n"
+                          "{% endfor %}{% if add_generation_prompt %}<|assistant|>\n{% endif %}")
+
+
+def build_stand_in(out: Path, *, seed: int = 0, hidden_size: int = 32, layers: int = 2) -> Path:
+    """Write a random tiny Qwen2 chat model (save_pretrained format) to out and return out."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+    chars = [chr(c) for c in range(32, 127)] + ["\n"]
+    vocab = {tok: i for i, tok in enumerate(SPECIALS + chars)}
+    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    core.pre_tokenizer = pre_tokenizers.Split(pattern="", behavior="isolated")
+    core.decoder = decoders.Fuse()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>")
+    tokenizer.chat_template = STAND_IN_CHAT_TEMPLATE
+    torch.manual_seed(seed)
+    config = Qwen2Config(vocab_size=len(vocab), hidden_size=hidden_size, intermediate_size=2 * hidden_size,
+                         num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=8192, tie_word_embeddings=True, pad_token_id=tokenizer.pad_token_id,
+                         eos_token_id=tokenizer.eos_token_id, bos_token_id=None)
+    model = Qwen2ForCausalLM(config)
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    out = Path(out)
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    return out

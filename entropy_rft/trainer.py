@@ -21,7 +21,11 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import shutil
+import tempfile
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,11 +43,17 @@ from .logging import MetricLogger
 from .losses import aggregate, kl_penalty, value_loss
 from .masks import clipped_fractions
 from .methods import METHODS, POLICY_LOSSES
-from .rollout import HFEngine, Rollout
+from .data import load_math
+from .rollout import ENGINES, Rollout
 from .rollout.hf import sequence_forward
-from .tasks import TASKS
+from .tasks import TASKS, MathTask
 
 BUILTIN_MODELS = {"countdown-tiny": Path(__file__).parent / "assets" / "countdown-tiny"}
+STAND_IN = "tiny-stand-in"  # a random tiny chat model built on first use (toy.build_stand_in), for dry runs
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("ENTROPY_RFT_CACHE", Path.home() / ".cache" / "entropy-rft"))
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -51,7 +61,20 @@ BUILTIN_MODELS = {"countdown-tiny": Path(__file__).parent / "assets" / "countdow
 
 
 def resolve_model_path(name: str) -> str:
-    """A shipped model name, an existing local directory, or a hub id (returned as given)."""
+    """A shipped model name, the stand-in, an existing local directory, or a hub id (returned as given)."""
+    if name == STAND_IN:
+        path = cache_dir() / STAND_IN
+        if not (path / "config.json").exists():
+            from .toy import build_stand_in
+
+            tmp = Path(tempfile.mkdtemp(prefix=".stand-in-", dir=cache_dir() if cache_dir().exists() else None))
+            build_stand_in(tmp)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                tmp.rename(path)
+            except OSError:  # another process built it first
+                shutil.rmtree(tmp, ignore_errors=True)
+        return str(path)
     if name in BUILTIN_MODELS:
         path = BUILTIN_MODELS[name]
         if not (path / "config.json").exists():
@@ -60,7 +83,7 @@ def resolve_model_path(name: str) -> str:
         return str(path)
     path = Path(name)
     if path.exists():
-        if not (path / "config.json").exists():
+        if not (path / "config.json").exists() and not (path / "adapter_config.json").exists():
             raise FileNotFoundError(f"model directory {path} has no config.json; pass a directory written by "
                                     "save_pretrained, or a hub id")
         return str(path)
@@ -71,7 +94,9 @@ def resolve_model_path(name: str) -> str:
     return name
 
 
-def load_policy(name: str, device: torch.device):
+def load_policy(name: str, device: torch.device, *, trainable: bool = False):
+    """(model, tokenizer) in float32 (master weights; bf16 runs use autocast). A directory holding a PEFT adapter
+    (a LoRA checkpoint) loads its base model with the adapter, trainable when asked, else merged."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
@@ -79,13 +104,49 @@ def load_policy(name: str, device: torch.device):
     path = resolve_model_path(name)
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+        if (Path(path) / "adapter_config.json").exists():
+            from peft import AutoPeftModelForCausalLM
+
+            model = AutoPeftModelForCausalLM.from_pretrained(path, dtype=torch.float32, is_trainable=trainable)
+            if not trainable:
+                model = model.merge_and_unload()
+        else:
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     except OSError as err:
         raise OSError(f"could not load model {name!r}: not a local directory, and the hub could not be reached or "
                       f"has no such model ({err})") from err
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return model.to(device), tokenizer
+
+
+def prepare_policy(model, cfg: TrainConfig):
+    """LoRA adapters (PEFT) and gradient checkpointing, as configured; returns the model to train."""
+    if cfg.lora_rank > 0 and not hasattr(model, "peft_config"):
+        try:
+            from peft import LoraConfig, get_peft_model
+        except ImportError as err:
+            raise ImportError("lora_rank > 0 needs PEFT: pip install 'entropy-rft[lora]'") from err
+        targets = cfg.lora_targets if cfg.lora_targets == "all-linear" else [t.strip() for t in cfg.lora_targets.split(",")]
+        model = get_peft_model(model, LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, lora_dropout=0.0,
+                                                 target_modules=targets, task_type="CAUSAL_LM"))
+    if cfg.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.config.use_cache = False
+        if hasattr(model, "enable_input_require_grads"):
+            model.enable_input_require_grads()  # frozen embeddings under LoRA still pass gradients on
+    return model
+
+
+def task_problems(cfg: TrainConfig, task, split: str) -> list:
+    """Training or evaluation problems: math dataset specs through entropy_rft.data, else task JSONL."""
+    if isinstance(task, MathTask):
+        spec = cfg.train_data if split == "train" else cfg.eval_data
+        if not spec:
+            raise ValueError(f"task {cfg.task!r} needs {split}_data: a dataset name (dapo_train, dapo500, aime24), "
+                             "name=path or a path")
+        return load_math(spec, data_dir=cfg.data_dir)[1]
+    return load_problems(default_data(cfg, split), task)
 
 
 def default_data(cfg: TrainConfig, split: str) -> Path:
@@ -135,9 +196,19 @@ class ValueHead(torch.nn.Module):
         return self.proj(hidden.float()).squeeze(-1)
 
 
-def policy_forward(model, rollout: Rollout, temperature: float, value_head: ValueHead | None = None):
-    """TokenStats of the response tokens under the model, (B, R) each, and the value head's values, (B, R)."""
-    logits, hidden = sequence_forward(model, rollout, hidden=value_head is not None)
+def autocast(precision: str, device: torch.device):
+    """bf16: autocast the forward (and so the backward) to bfloat16; the weights stay float32."""
+    if precision == "bf16":
+        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+    return nullcontext()
+
+
+def policy_forward(model, rollout: Rollout, temperature: float, value_head: ValueHead | None = None,
+                   precision: str = "fp32"):
+    """TokenStats of the response tokens under the model, (B, R) each, and the value head's values, (B, R).
+    Statistics are float32 whatever the forward's precision (token_stats upcasts the logits)."""
+    with autocast(precision, next(model.parameters()).device):
+        logits, hidden = sequence_forward(model, rollout, hidden=value_head is not None)
     stats = token_stats(logits, rollout.response_ids.to(logits.device), temperature=temperature)
     return stats, (value_head(hidden) if value_head is not None else None)
 
@@ -148,16 +219,16 @@ def policy_stats(model, rollout: Rollout, temperature: float) -> TokenStats:
 
 @torch.no_grad()
 def batch_forward(model, rollout: Rollout, temperature: float, rows_per_pass: int,
-                  value_head: ValueHead | None = None) -> tuple[TokenStats, torch.Tensor | None]:
-    parts = [policy_forward(model, rollout.select(slice(i, i + rows_per_pass)), temperature, value_head)
+                  value_head: ValueHead | None = None, precision: str = "fp32") -> tuple[TokenStats, torch.Tensor | None]:
+    parts = [policy_forward(model, rollout.select(slice(i, i + rows_per_pass)), temperature, value_head, precision)
              for i in range(0, len(rollout.texts), rows_per_pass)]
     stats = TokenStats(*(torch.cat([getattr(p[0], k) for p in parts]).cpu() for k in ("logp", "entropy", "s_star", "s_expect")))
     values = torch.cat([p[1] for p in parts]).cpu() if value_head is not None else None
     return stats, values
 
 
-def batch_stats(model, rollout: Rollout, temperature: float, rows_per_pass: int) -> TokenStats:
-    return batch_forward(model, rollout, temperature, rows_per_pass)[0]
+def batch_stats(model, rollout: Rollout, temperature: float, rows_per_pass: int, precision: str = "fp32") -> TokenStats:
+    return batch_forward(model, rollout, temperature, rows_per_pass, precision=precision)[0]
 
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> float:
@@ -230,8 +301,8 @@ def train(cfg: TrainConfig, *, resume: bool = False) -> dict:
     task = TASKS.get(cfg.task)
     method = METHODS.get(cfg.method)
     estimator = ADVANTAGES.get(cfg.advantage)
-    train_problems = load_problems(default_data(cfg, "train"), task)
-    eval_problems = load_problems(default_data(cfg, "eval"), task)
+    train_problems = task_problems(cfg, task, "train")
+    eval_problems = task_problems(cfg, task, "eval")
     if cfg.eval_problems:
         eval_problems = eval_problems[: cfg.eval_problems]
     start_step = 0
@@ -239,11 +310,12 @@ def train(cfg: TrainConfig, *, resume: bool = False) -> dict:
     latest = run_dir / "latest_checkpoint"
     if resume and latest.exists():
         model_source = str(run_dir / latest.read_text().strip())
-    model, tokenizer = load_policy(model_source, device)
+    model, tokenizer = load_policy(model_source, device, trainable=True)
+    model = prepare_policy(model, cfg)
     ref_model = load_policy(cfg.model, device)[0].eval() if cfg.kl_coef > 0 else None
-    engine = HFEngine(model, tokenizer)
+    engine = ENGINES.get(cfg.engine)(model, tokenizer, cfg, resolve_model_path(model_source))
     value_head = ValueHead(model.config.hidden_size).to(device) if isinstance(estimator, TokenLevel) else None
-    groups = [{"params": list(model.parameters())}]
+    groups = [{"params": [p for p in model.parameters() if p.requires_grad]}]
     if value_head is not None:
         if (Path(model_source) / "value_head.pt").exists():
             value_head.load_state_dict(torch.load(Path(model_source) / "value_head.pt"))
@@ -283,9 +355,9 @@ def train(cfg: TrainConfig, *, resume: bool = False) -> dict:
                                                      buffer=round(cfg.overlong_buffer_frac * cfg.max_new_tokens),
                                                      factor=cfg.overlong_penalty_factor)
             # --- token statistics under the behaviour policy, (B, R) each
-            stats, old_values = batch_forward(model, rollout, cfg.temperature, rows_per_pass, value_head)
+            stats, old_values = batch_forward(model, rollout, cfg.temperature, rows_per_pass, value_head, cfg.precision)
             old_logp = stats.logp
-            ref_logp = batch_stats(ref_model, rollout, cfg.temperature, rows_per_pass).logp if ref_model else None
+            ref_logp = batch_stats(ref_model, rollout, cfg.temperature, rows_per_pass, cfg.precision).logp if ref_model else None
             # --- advantages, (B,) or (B, R) once reweighted per token
             shaped = rewards
             if cfg.rank_penalty_beta > 0:  # rewarding the unlikely
@@ -313,6 +385,7 @@ def train(cfg: TrainConfig, *, resume: bool = False) -> dict:
             update_metrics = update_policy(model, optimizer, rollout, adv, old_logp, ref_logp, loss_mask, cfg,
                                            update_gen, entropy_coef=entropy_coef, s_centered=stats.s_centered,
                                            selected=selected, critic=(value_head, old_values, returns))
+            engine.sync_weights()  # the next rollout samples from the updated policy
             update_metrics.update(sampling)
             update_metrics["entropy_coef"] = entropy_coef
             # --- diagnostics
@@ -320,7 +393,7 @@ def train(cfg: TrainConfig, *, resume: bool = False) -> dict:
             metrics.update(update_metrics)
             metrics.update({f"filter/{k}": v for k, v in filter_metrics.items()})
             if cfg.measure_entropy_change:
-                after = batch_stats(model, rollout, cfg.temperature, rows_per_pass)
+                after = batch_stats(model, rollout, cfg.temperature, rows_per_pass, cfg.precision)
                 metrics["entropy_change/realised"] = masked_mean(after.entropy, loss_mask) - masked_mean(stats.entropy, loss_mask)
                 if controller:
                     controller.observe(metrics["entropy_change/realised"])
@@ -415,7 +488,7 @@ def update_policy(model, optimizer, rollout: Rollout, adv, old_logp, ref_logp, l
             for part in rows.split(micro):
                 sub = rollout.select(part)
                 m = phase_mask[part].to(device)
-                stats, values = policy_forward(model, sub, cfg.temperature, value_head)
+                stats, values = policy_forward(model, sub, cfg.temperature, value_head, cfg.precision)
                 extra = {"selected": selected[part].to(device)} if selected is not None else {}
                 loss, pm = loss_spec.fn(stats.logp, old_logp[part].to(device), adv[part].to(device), m,
                                         agg=cfg.loss_agg, num_tokens=n_tokens, num_seqs=n_seqs, **loss_kwargs, **extra)

@@ -1,5 +1,25 @@
-"""Generation engines. `hf` (Hugging Face generate, CPU or GPU) is the default."""
+"""Generation engines, chosen by name through ENGINES: `hf` (transformers generate, CPU or GPU; the default) and
+`vllm` (GPU, optional extra, imported only when built). Every engine has `generate(...) -> Rollout` and
+`sync_weights()` (called after each optimizer step)."""
 
+from ..registry import Registry
 from .hf import HFEngine, Rollout
 
-__all__ = ["HFEngine", "Rollout"]
+ENGINES: Registry = Registry("engine")
+
+
+@ENGINES.register("hf")
+def build_hf(model, tokenizer, cfg, model_path: str):
+    return HFEngine(model, tokenizer, chat_template=cfg.chat_template)
+
+
+@ENGINES.register("vllm")
+def build_vllm(model, tokenizer, cfg, model_path: str):
+    from .vllm import VLLMEngine
+
+    return VLLMEngine(model, tokenizer, model_path=model_path, chat_template=cfg.chat_template,
+                      gpu_memory=cfg.vllm_gpu_memory, dtype="bfloat16" if cfg.precision == "bf16" else "float32",
+                      seed=cfg.seed)
+
+
+__all__ = ["ENGINES", "HFEngine", "Rollout"]

@@ -65,20 +65,39 @@ def response_mask_from_lengths(response_ids: Tensor, eos_token_id: int) -> tuple
     return mask, finished
 
 
+def render_prompts(tokenizer, prompts: list[str], chat_template: bool) -> list[str]:
+    """Prompt texts as the model reads them: each wrapped as one user turn of the tokenizer's chat template (with
+    the assistant turn opened) when chat_template is set, else unchanged."""
+    if not chat_template:
+        return list(prompts)
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError("chat_template=True but the tokenizer has no chat template; set chat_template: false "
+                         "for a base model without one")
+    return [tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True)
+            for p in prompts]
+
+
 class HFEngine:
     """Generation with a transformers causal LM and its tokenizer."""
 
-    def __init__(self, model, tokenizer, *, batch_size: int = 512):
+    def __init__(self, model, tokenizer, *, batch_size: int = 512, chat_template: bool = False,
+                 progress: bool = False):
         self.model = model
         self.tokenizer = tokenizer
         self.batch_size = batch_size
+        self.chat_template = chat_template
+        self.progress = progress
         if tokenizer.pad_token_id is None:
             raise ValueError("the tokenizer has no pad token; set tokenizer.pad_token (e.g. to the EOS token) first")
         self.eos_id = tokenizer.eos_token_id
 
+    def sync_weights(self) -> None:
+        """Nothing to do: HF generation samples from the trained model itself (the vLLM engine copies weights)."""
+
     def encode_prompts(self, prompts: list[str]) -> tuple[Tensor, Tensor]:
         self.tokenizer.padding_side = "left"
-        enc = self.tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+        texts = render_prompts(self.tokenizer, prompts, self.chat_template)
+        enc = self.tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
         return enc["input_ids"], enc["attention_mask"].bool()
 
     @torch.no_grad()
@@ -93,7 +112,12 @@ class HFEngine:
         was_training = self.model.training
         self.model.eval()
         parts = []
-        for start in range(0, len(expanded), self.batch_size):
+        starts = range(0, len(expanded), self.batch_size)
+        if self.progress and len(starts) > 1:
+            from tqdm import tqdm
+
+            starts = tqdm(starts, desc="generate", unit="batch", leave=False)
+        for start in starts:
             ids, mask = self.encode_prompts(expanded[start : start + self.batch_size])
             out = self.model.generate(
                 input_ids=ids.to(self.model.device), attention_mask=mask.long().to(self.model.device),

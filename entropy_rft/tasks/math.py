@@ -25,6 +25,7 @@ Evaluation (Avg@K, Pass@K) counts "answer correct" (point 2).
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import multiprocessing
 import threading
@@ -156,6 +157,7 @@ class TimeoutPool:
             self._pool = ctx.Pool(self.workers, initializer=_start_worker,
                                   initargs=(barrier, (*self.preload, fn.__module__)))
             barrier.wait(timeout=self.STARTUP_SECONDS)  # the timeout is for checks, not for start-up
+            atexit.register(self.close)  # stop the workers before the interpreter tears down
         return self._pool
 
     def close(self) -> None:
