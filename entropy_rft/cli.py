@@ -1,4 +1,4 @@
-"""Command line: entropy-rft demo | train | eval | compare | report | theory | sweep | pretrain-toy."""
+"""Command line: entropy-rft demo | train | eval | filter | compare | report | theory | sweep | pretrain-toy."""
 
 from __future__ import annotations
 
@@ -40,30 +40,39 @@ def cmd_train(args) -> None:
     overrides.update({k: v for k, v in {"method": args.method, "out": args.out, "steps": args.steps,
                                          "model": args.model}.items() if v is not None})
     cfg = load_config(args.config, **overrides)
+    if args.dry_run:
+        from .pipeline import dry_run
+
+        out = args.out or f"runs/dry-run/{Path(args.config).stem if args.config else cfg.method}"
+        print(json.dumps(dry_run(cfg, out), indent=1))
+        print(f"dry run passed: the recipe is valid and ran two steps on the CPU stand-in ({out})")
+        return
     summary = train(cfg, resume=args.resume)
     print(json.dumps({"checkpoint": summary["checkpoint"], "evals": {k: {m: v[m] for m in ("avg_at_k", "pass_at_k")}
                                                                       for k, v in summary["evals"].items()}}, indent=1))
 
 
 def cmd_eval(args) -> None:
-    import torch
+    from .pipeline import evaluate_to_dir, parse_data_specs
 
-    from .evaluate import evaluate_policy
-    from .rollout import HFEngine
-    from .tasks import TASKS
-    from .trainer import BUILTIN_MODELS, load_policy, load_problems, pick_device
+    task = args.task or ("countdown" if args.data is None else "math")
+    specs = parse_data_specs(args.data or "countdown", args.k)
+    report = evaluate_to_dir(model=args.model, task_name=task, specs=specs, out=args.out, n=args.n,
+                             temperature=args.temperature, top_p=args.top_p, max_new_tokens=args.max_new_tokens,
+                             engine=args.engine, device=args.device, chat_template=args.chat_template,
+                             data_dir=args.data_dir, limit=args.limit, seed=args.seed, batch_size=args.batch_size)
+    print((Path(args.out) / "eval.md").read_text())
+    print(f"wrote {args.out}/eval.json, eval.md, pass_rates.png and samples/ in {report['meta']['seconds']:.0f} s")
 
-    task = TASKS.get(args.task)
-    data = Path(args.data) if args.data else BUILTIN_MODELS["countdown-tiny"] / "data" / "eval.jsonl"
-    model, tokenizer = load_policy(args.model, pick_device(args.device))
-    torch.manual_seed(args.seed)
-    res = evaluate_policy(HFEngine(model, tokenizer), task, load_problems(data, task), k=args.k, n=args.n,
-                          temperature=args.temperature, max_new_tokens=args.max_new_tokens, seed=args.seed)
-    text = json.dumps(res.to_json())
-    if args.out:
-        Path(args.out).mkdir(parents=True, exist_ok=True)
-        (Path(args.out) / "eval.json").write_text(text + "\n")
-    print(json.dumps({"avg_at_k": res.avg_at_k, "pass_at_k": res.pass_at_k, "k": res.k}))
+
+def cmd_filter(args) -> None:
+    from .pipeline import filter_to_dir
+
+    summary = filter_to_dir(model=args.model, task_name=args.task, spec=args.data, out=args.out, n=args.n,
+                            temperature=args.temperature, max_new_tokens=args.max_new_tokens, engine=args.engine,
+                            device=args.device, chat_template=args.chat_template, data_dir=args.data_dir,
+                            limit=args.limit, seed=args.seed)
+    print(json.dumps(summary, indent=1))
 
 
 def cmd_compare(args) -> None:
@@ -159,20 +168,46 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--set", nargs="*", metavar="KEY=VALUE", help="override any TrainConfig field")
     t.add_argument("--resume", action="store_true", help="continue from the run directory's last checkpoint")
     t.add_argument("--help-config", action="store_true", help="list every config field with default and help")
+    t.add_argument("--dry-run", action="store_true", help="validate the recipe and run two steps on the CPU with a "
+                   "tiny stand-in model and synthetic data")
     t.set_defaults(fn=cmd_train)
 
-    e = sub.add_parser("eval", help="Avg@K and Pass@K of a policy")
-    e.add_argument("--model", default="countdown-tiny")
-    e.add_argument("--task", default="countdown")
-    e.add_argument("--data", default=None, help="JSONL of problems (default: the shipped countdown eval split)")
-    e.add_argument("--k", type=int, default=8)
-    e.add_argument("--n", type=int, default=None, help="samples per problem (>= k; default k)")
+    e = sub.add_parser("eval", help="Avg@K, Pass@K and pass-rate distribution of a policy on one or more datasets")
+    e.add_argument("--model", default="countdown-tiny", help="local directory, hub id or shipped model name")
+    e.add_argument("--data", default=None, help="comma-separated datasets: names (aime24, aime25, amc23, dapo500), "
+                   "name=path or paths; a trailing @K sets that dataset's K (dapo500@8). Default: shipped countdown")
+    e.add_argument("--task", default=None, help="task scoring the answers (default: math with --data, else countdown)")
+    e.add_argument("--k", type=int, default=32, help="K of Avg@K / Pass@K (paper: 32 on AIME, 8 on DAPO500)")
+    e.add_argument("--n", type=int, default=None, help="samples per problem (>= K; default K)")
     e.add_argument("--temperature", type=float, default=0.7)
-    e.add_argument("--max-new-tokens", type=int, default=16)
+    e.add_argument("--top-p", type=float, default=1.0)
+    e.add_argument("--max-new-tokens", type=int, default=None, help="default: 16 for countdown, 7168 for math")
+    e.add_argument("--engine", choices=["hf", "vllm"], default="hf")
+    e.add_argument("--chat-template", choices=["auto", "on", "off"], default="auto",
+                   help="auto: on for math when the tokenizer has one")
+    e.add_argument("--data-dir", default=None, help="directory of local dataset copies")
+    e.add_argument("--limit", type=int, default=0, help="first N problems of each dataset (0: all)")
+    e.add_argument("--batch-size", type=int, default=512, help="HF engine: sequences per generate call")
     e.add_argument("--seed", type=int, default=0)
     e.add_argument("--device", default="auto")
-    e.add_argument("--out", default=None)
+    e.add_argument("--out", default="runs/eval")
     e.set_defaults(fn=cmd_eval)
+
+    fl = sub.add_parser("filter", help="pass-rate filter of a training set (paper 5.1: keep 1/16 < rate < 15/16)")
+    fl.add_argument("--model", required=True, help="the policy that scores the problems (paper: Qwen2.5-7B-Instruct)")
+    fl.add_argument("--data", default="dapo_train", help="dataset spec (default: DAPO-Math-17k minus DAPO500)")
+    fl.add_argument("--task", default="math_boxed")
+    fl.add_argument("--n", type=int, default=16, help="samples per problem (paper: 16)")
+    fl.add_argument("--temperature", type=float, default=1.0)
+    fl.add_argument("--max-new-tokens", type=int, default=None)
+    fl.add_argument("--engine", choices=["hf", "vllm"], default="hf")
+    fl.add_argument("--chat-template", choices=["auto", "on", "off"], default="auto")
+    fl.add_argument("--data-dir", default=None)
+    fl.add_argument("--limit", type=int, default=0)
+    fl.add_argument("--seed", type=int, default=0)
+    fl.add_argument("--device", default="auto")
+    fl.add_argument("--out", default="runs/paper/filter-qwen2.5-7b-instruct")
+    fl.set_defaults(fn=cmd_filter)
 
     c = sub.add_parser("compare", help="methods x seeds on countdown: Avg@K, Pass@K, entropy (paper Table 3)")
     from .compare import DEFAULT_METHODS

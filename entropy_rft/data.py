@@ -221,3 +221,19 @@ def write_jsonl(problems: Iterable[MathProblem], path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(json.dumps(p.to_json(), ensure_ascii=False) + "\n" for p in problems))
     return path
+
+
+def synthetic_problems(n: int, *, seed: int = 0) -> list[MathProblem]:
+    """n distinct made-up arithmetic problems with integer answers, for dry runs and tests (no download)."""
+    import random
+
+    rng = random.Random(seed)
+    out, seen = [], set()
+    while len(out) < n:
+        a, b, c = rng.randint(2, 99), rng.randint(2, 99), rng.randint(2, 9)
+        question, answer = rng.choice([(f"What is ${a} + {b}$?", a + b), (f"What is ${a} \\cdot {c}$?", a * c),
+                                       (f"What is ${a} + {b} \\cdot {c}$?", a + b * c)])
+        if question not in seen:
+            seen.add(question)
+            out.append(MathProblem(question, str(answer), f"synthetic-{len(out)}", "synthetic"))
+    return out

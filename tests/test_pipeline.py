@@ -1,0 +1,266 @@
+"""The math pipeline: multi-dataset evaluation, the pass-rate filter, recipes and their dry runs, and the scale
+options (chat templates, LoRA, bf16 autocast, gradient checkpointing, the vLLM adapter's own logic)."""
+
+import json
+from dataclasses import dataclass
+from math import comb
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from conftest import FIXTURES
+from entropy_rft.config import load_config
+from entropy_rft.evaluate import evaluate_datasets, results_markdown
+from entropy_rft.pipeline import dry_run, filter_to_dir, parse_data_specs
+from entropy_rft.rollout import HFEngine
+from entropy_rft.rollout.hf import Rollout, render_prompts
+from entropy_rft.rollout.vllm import merged_state_dict, rollout_from_outputs, unmerge
+from entropy_rft.tasks import TASKS, MathProblem
+from entropy_rft.trainer import STAND_IN, load_policy, policy_forward, prepare_policy, resolve_model_path
+
+RECIPES = sorted((Path(__file__).parent.parent / "entropy_rft" / "configs" / "paper").glob("*.yaml"))
+pytest.importorskip("math_verify")
+
+
+class ScriptedEngine:
+    """Answers problem i correctly in its first `right(i)` samples and wrongly after: known pass rates."""
+
+    def __init__(self, problems, right):
+        self.index = {p.question: i for i, p in enumerate(problems)}
+        self.right = right
+        self.calls = 0
+
+    def generate(self, prompts, *, n, temperature, top_p=1.0, max_new_tokens, seed=None):
+        self.calls += 1
+        texts, finished = [], []
+        for prompt in prompts:
+            i = next(v for q, v in self.index.items() if q in prompt)
+            for j in range(n):
+                texts.append(f"Work.\nAnswer: {'' if j < self.right(i) else 'not '}{ANSWERS[i]}")
+                finished.append(True)
+        b = len(texts)
+        return Rollout(torch.zeros(b, 1, dtype=torch.long), torch.ones(b, 1, dtype=torch.bool),
+                       torch.ones(b, 3, dtype=torch.long), torch.ones(b, 3, dtype=torch.bool),
+                       torch.tensor(finished), texts)
+
+
+PROBLEMS = [MathProblem(f"Question number {i}?", str(10 + i), str(i)) for i in range(6)]
+ANSWERS = [p.answer for p in PROBLEMS]
+
+
+def test_parse_data_specs():
+    """A trailing @K sets one dataset's K; the rest take the common k; paths with '=' survive."""
+    assert parse_data_specs("aime24,aime25,dapo500@8", 32) == [("aime24", 32), ("aime25", 32), ("dapo500", 8)]
+    assert parse_data_specs("x=/d/a.parquet@4", 32) == [("x=/d/a.parquet", 4)]
+    with pytest.raises(ValueError):
+        parse_data_specs(" , ", 32)
+
+
+def test_evaluate_datasets_matches_brute_force():
+    """Avg@K and Pass@K of a scripted engine (problem i right in min(i, n) of n samples) equal the mean over
+    problems of c/n and of 1 - C(n-c, K)/C(n, K)."""
+    task = TASKS.get("math")
+    n, k = 5, 2
+    engine = ScriptedEngine(PROBLEMS, right=lambda i: min(i, n))
+    res = evaluate_datasets(engine, task, {"d": (PROBLEMS, k)}, n=n, temperature=0.7, max_new_tokens=8)["d"]
+    cs = [min(i, n) for i in range(len(PROBLEMS))]
+    assert res["pass_rates"] == [c / n for c in cs]
+    assert res["avg_at_k"] == pytest.approx(sum(c / n for c in cs) / len(cs))
+    assert res["pass_at_k"] == pytest.approx(sum(1 - comb(n - c, k) / comb(n, k) for c in cs) / len(cs))
+    text = results_markdown({"d": res})
+    assert f"{100 * res['avg_at_k']:.2f}" in text and "d Pass@2" in text
+
+
+def test_filter_keeps_the_paper_band_and_resumes(tmp_path):
+    """With 16 samples, problems right in 0, 1, 15 or 16 of them are dropped and 2..14 kept; pass rates are saved;
+    a second run reads scored.jsonl and generates nothing."""
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps(p.to_json()) + "\n" for p in PROBLEMS))
+    counts = [0, 1, 2, 14, 15, 16]
+    engine = ScriptedEngine(PROBLEMS, right=lambda i: counts[i])
+    out = tmp_path / "filtered"
+    summary = filter_to_dir(model="scripted", task_name="math", spec=f"train={data}", out=out, n=16,
+                            engine=engine, chunk=4)
+    kept = [json.loads(line) for line in (out / "train.jsonl").read_text().splitlines()]
+    assert [r["id"] for r in kept] == ["2", "3"] and [r["pass_rate"] for r in kept] == [2 / 16, 14 / 16]
+    assert (summary["kept"], summary["dropped_low"], summary["dropped_high"]) == (2, 2, 2)
+    assert engine.calls == 2 and (out / "pass_rates.png").exists()
+    again = filter_to_dir(model="scripted", task_name="math", spec=f"train={data}", out=out, n=16, engine=engine)
+    assert engine.calls == 2 and again == summary
+
+
+def test_eval_cli_on_fixture_datasets(tmp_path, capsys):
+    """`entropy-rft eval` on two schema fixtures writes JSON, markdown, the pass-rate PNG and every sample."""
+    from entropy_rft.cli import main
+
+    data = f"aime24={FIXTURES / 'math' / 'aime24.parquet'},aime25={FIXTURES / 'math' / 'aime25.jsonl'}@2"
+    main(["eval", "--model", STAND_IN, "--data", data, "--k", "3", "--max-new-tokens", "8", "--out", str(tmp_path)])
+    assert "aime24 Avg@3" in capsys.readouterr().out
+    results = json.loads((tmp_path / "eval.json").read_text())["results"]
+    assert (results["aime24"]["k"], results["aime25"]["k"]) == (3, 2)
+    assert len(results["aime24"]["pass_rates"]) == 4
+    rows = [json.loads(x) for x in (tmp_path / "samples" / "aime25.jsonl").read_text().splitlines()]
+    assert len(rows) == 4 and all(len(r["responses"]) == 2 for r in rows)
+    assert (tmp_path / "pass_rates.png").stat().st_size > 0
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Recipes
+
+
+def test_there_is_a_recipe_per_table_row():
+    """Table 1 (2 models x GRPO, Clip_B, Clip_V), Table 4 (PPO, +Clip_B, +Clip_V) and Table 3's baselines."""
+    names = {p.stem for p in RECIPES}
+    for model in ("qwen2.5-7b-instruct", "qwen3-4b-base"):
+        assert {f"{model}_grpo", f"{model}_clip_b", f"{model}_clip_v"} <= names
+    assert {"qwen2.5-7b-instruct_ppo", "qwen2.5-7b-instruct_ppo_clip_b", "qwen2.5-7b-instruct_ppo_clip_v"} <= names
+
+
+@pytest.mark.parametrize("path", RECIPES, ids=[p.stem for p in RECIPES])
+def test_recipe_holds_the_papers_settings(path):
+    """Every recipe loads and carries Appendix B's settings: lr 4e-7, Adam (0.9, 0.999), 64 prompts, 16 rollouts
+    for Qwen2.5-7B-Instruct and 8 for Qwen3-4B-Base, temperature 1.0 for rollouts and 0.7 for evaluation."""
+    cfg = load_config(path)
+    assert (cfg.lr, cfg.betas, cfg.prompts_per_step, cfg.temperature, cfg.eval_temperature) == (4e-7, (0.9, 0.999), 64, 1.0, 0.7)
+    assert cfg.group_size == (16 if "qwen2.5" in path.stem else 8)
+    assert cfg.kl_coef == 0 and cfg.task == "math_boxed"
+    if cfg.method in ("clip_b", "ppo_clip_b"):
+        assert cfg.mu == 2.5
+    if cfg.method in ("clip_v", "ppo_clip_v"):
+        assert (cfg.mu, cfg.max_frac) == (8.5, 1e-4)
+    assert yaml.safe_load(path.read_text())["method"] == cfg.method
+
+
+@pytest.mark.parametrize("path", RECIPES, ids=[p.stem for p in RECIPES])
+def test_recipe_dry_run(path, tmp_path):
+    """`train --dry-run`: the recipe validates and runs two finite steps on the CPU stand-in."""
+    report = dry_run(load_config(path), tmp_path / "dry")
+    assert report["ok"] and len(report["steps"]) == 2
+    metrics = [json.loads(x) for x in (tmp_path / "dry" / "metrics.jsonl").read_text().splitlines()]
+    assert len(metrics) == 2 and all(torch.isfinite(torch.tensor(m["entropy"])) for m in metrics)
+
+
+def test_dry_run_cli(tmp_path, capsys):
+    """`entropy-rft train --config RECIPE --dry-run` prints its report and a pass line."""
+    from entropy_rft.cli import main
+
+    main(["train", "--config", str(RECIPES[0]), "--dry-run", "--out", str(tmp_path)])
+    assert "dry run passed" in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Scale options
+
+
+@pytest.fixture(scope="module")
+def stand_in():
+    return resolve_model_path(STAND_IN)
+
+
+def test_chat_template_wraps_prompts(stand_in):
+    """With chat_template the prompt ids are exactly the tokenised chat rendering of one user turn."""
+    model, tokenizer = load_policy(STAND_IN, torch.device("cpu"))
+    ro = HFEngine(model, tokenizer, chat_template=True).generate(["What is 1+1?"], n=1, max_new_tokens=4, seed=0)
+    want = tokenizer(render_prompts(tokenizer, ["What is 1+1?"], True)[0], add_special_tokens=False)["input_ids"]
+    assert ro.prompt_ids[0][ro.prompt_mask[0]].tolist() == want
+    assert render_prompts(tokenizer, ["x"], True)[0].startswith("<|user|>\nx\n<|assistant|>")
+
+
+def test_bf16_autocast_keeps_float32_statistics(stand_in):
+    """bf16 autocast gives float32 token statistics close to the fp32 forward (bf16 has ~3 significant digits)."""
+    model, tokenizer = load_policy(STAND_IN, torch.device("cpu"))
+    ro = HFEngine(model, tokenizer, chat_template=True).generate(["What is 1+1?"], n=2, max_new_tokens=6, seed=0)
+    full, _ = policy_forward(model, ro, 1.0)
+    half, _ = policy_forward(model, ro, 1.0, precision="bf16")
+    assert half.entropy.dtype == torch.float32 and half.logp.dtype == torch.float32
+    m = ro.response_mask
+    torch.testing.assert_close(half.entropy[m], full.entropy[m], atol=0.05, rtol=0.02)
+    assert next(model.parameters()).dtype == torch.float32
+
+
+def test_gradient_checkpointing_gives_the_same_gradients(stand_in):
+    """Recomputing activations in the backward pass changes memory, not gradients."""
+    grads = []
+    for checkpointing in (False, True):
+        model, tokenizer = load_policy(STAND_IN, torch.device("cpu"), trainable=True)
+        cfg = load_config(None, gradient_checkpointing=checkpointing)
+        model = prepare_policy(model, cfg)
+        flag = getattr(model, "is_activation_checkpointing", None)
+        assert (flag if flag is not None else model.is_gradient_checkpointing) == checkpointing
+        model.train()
+        ro = HFEngine(model, tokenizer).generate(["abc", "de"], n=2, max_new_tokens=5, seed=3)
+        model.train()
+        stats, _ = policy_forward(model, ro, 1.0)
+        (stats.logp * ro.response_mask).sum().backward()
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
+    assert grads[0].keys() == grads[1].keys()
+    for name in grads[0]:
+        torch.testing.assert_close(grads[0][name], grads[1][name], atol=1e-6, rtol=1e-5)
+
+
+def test_lora_trains_only_adapters_and_round_trips(stand_in, tmp_path):
+    """lora_rank > 0: only LoRA weights require grad; after a step the base weights are unchanged; the saved
+    adapter directory loads back (merged) with the same logits."""
+    pytest.importorskip("peft")
+    model, tokenizer = load_policy(STAND_IN, torch.device("cpu"), trainable=True)
+    base = {k: v.clone() for k, v in model.state_dict().items()}
+    model = prepare_policy(model, load_config(None, lora_rank=4))
+    trainable = [n for n, p in model.named_parameters() if p.requires_grad]
+    assert trainable and all("lora_" in n for n in trainable)
+    opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+    ro = HFEngine(model, tokenizer).generate(["abc"], n=2, max_new_tokens=5, seed=1)
+    stats, _ = policy_forward(model, ro, 1.0)
+    (-(stats.logp * ro.response_mask).sum()).backward()
+    opt.step()
+    merged = merged_state_dict(model)
+    unmerge(model)
+    assert merged.keys() == base.keys()  # vLLM receives the base model's names
+    changed = [k for k in base if not torch.equal(merged[k], base[k])]
+    assert changed and all(k.endswith(".weight") for k in changed)  # the LoRA delta is merged into linears
+    model.save_pretrained(tmp_path / "adapter")
+    tokenizer.save_pretrained(tmp_path / "adapter")
+    reloaded, _ = load_policy(str(tmp_path / "adapter"), torch.device("cpu"))
+    model.eval()
+    ids = ro.input_ids()
+    with torch.no_grad():
+        torch.testing.assert_close(reloaded(input_ids=ids).logits, model(input_ids=ids).logits, atol=1e-5, rtol=1e-5)
+
+
+@dataclass
+class _Completion:
+    token_ids: list
+    finish_reason: str
+
+
+@dataclass
+class _Output:
+    outputs: list
+
+
+def test_vllm_outputs_become_a_rollout(stand_in):
+    """rollout_from_outputs: grouped rows, left-padded prompts, masks up to and including EOS, truncation and a
+    stop without a returned EOS both handled (the vLLM library itself needs a GPU and is not run here)."""
+    _, tokenizer = load_policy(STAND_IN, torch.device("cpu"))
+    eos = tokenizer.eos_token_id
+    outs = [_Output([_Completion([5, 6, eos, 9], "stop"), _Completion([7, 7, 7], "length")]),
+            _Output([_Completion([8], "stop"), _Completion([], "stop")])]
+    ro = rollout_from_outputs(outs, [[1, 2, 3], [4]], eos_id=eos, pad_id=tokenizer.pad_token_id, tokenizer=tokenizer)
+    assert ro.finished.tolist() == [True, False, True, True]
+    assert ro.response_mask.sum(-1).tolist() == [3, 3, 2, 1]
+    assert ro.response_ids[0, :3].tolist() == [5, 6, eos] and ro.response_ids[2, :2].tolist() == [8, eos]
+    assert ro.prompt_mask.tolist() == [[True] * 3, [True] * 3, [False, False, True], [False, False, True]]
+
+
+def test_vllm_engine_without_vllm_says_how_to_install():
+    """Choosing engine vllm where vLLM is absent fails with the install command."""
+    try:
+        import vllm  # noqa: F401
+        pytest.skip("vllm is installed")
+    except ImportError:
+        pass
+    from entropy_rft.rollout import ENGINES
+
+    with pytest.raises(ImportError, match=r"entropy-rft\[vllm\]"):
+        ENGINES.get("vllm")(None, type("T", (), {"eos_token_id": 1})(), load_config(None, engine="vllm"), "x")
