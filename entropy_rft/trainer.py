@@ -67,13 +67,15 @@ def resolve_model_path(name: str) -> str:
         if not (path / "config.json").exists():
             from .toy import build_stand_in
 
-            tmp = Path(tempfile.mkdtemp(prefix=".stand-in-", dir=cache_dir() if cache_dir().exists() else None))
-            build_stand_in(tmp)
             path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = Path(tempfile.mkdtemp(prefix=".stand-in-", dir=path.parent))  # same filesystem: rename is atomic
+            build_stand_in(tmp)
             try:
                 tmp.rename(path)
             except OSError:  # another process built it first
                 shutil.rmtree(tmp, ignore_errors=True)
+                if not (path / "config.json").exists():
+                    raise
         return str(path)
     if name in BUILTIN_MODELS:
         path = BUILTIN_MODELS[name]

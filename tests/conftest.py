@@ -1,12 +1,21 @@
 """Shared test helpers: fixture loading and small batch builders."""
 
 import json
+import os
 from pathlib import Path
 
 import pytest
 import torch
 
 FIXTURES = Path(__file__).parent / "fixtures"
+os.environ["HF_HUB_OFFLINE"] = "1"  # no test may reach the hub: every model and dataset here is local
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _private_cache(tmp_path_factory):
+    """The stand-in model is built into a per-session cache, not the user's ~/.cache."""
+    os.environ["ENTROPY_RFT_CACHE"] = str(tmp_path_factory.mktemp("entropy-rft-cache"))
+    yield
 
 
 def load_fixture(name: str) -> dict:
