@@ -12,7 +12,8 @@ from dataclasses import dataclass
 
 
 
-__all__ = ["pass_at_k", "avg_at_k", "EvalResult", "sample_correctness", "evaluate_policy", "pass_rate_histogram", "filter_by_pass_rate"]
+__all__ = ["pass_at_k", "avg_at_k", "EvalResult", "sample_and_score", "sample_correctness", "evaluate_policy",
+           "pass_rate_histogram", "filter_by_pass_rate", "evaluate_datasets", "results_markdown"]
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -42,14 +43,22 @@ class EvalResult:
                 "pass_rates": self.pass_rates, "mean_reward": self.mean_reward}
 
 
-def sample_correctness(engine, task, problems, *, n: int, temperature: float, top_p: float = 1.0,
-                       max_new_tokens: int, seed: int) -> tuple[list[list[bool]], list[list[float]]]:
-    """n sampled responses per problem: their correctness and rewards, grouped by problem."""
+def sample_and_score(engine, task, problems, *, n: int, temperature: float, top_p: float = 1.0,
+                     max_new_tokens: int, seed: int):
+    """(rollout, correct, rewards): n sampled responses per problem, correctness and rewards grouped by problem."""
     rollout = engine.generate([task.prompt(p) for p in problems], n=n, temperature=temperature, top_p=top_p,
                               max_new_tokens=max_new_tokens, seed=seed)
     scored = task.score_batch(rollout.texts, rollout.finished.tolist(), [p for p in problems for _ in range(n)])
     correct = [[c for _, c in scored[i * n:(i + 1) * n]] for i in range(len(problems))]
     rewards = [[r for r, _ in scored[i * n:(i + 1) * n]] for i in range(len(problems))]
+    return rollout, correct, rewards
+
+
+def sample_correctness(engine, task, problems, *, n: int, temperature: float, top_p: float = 1.0,
+                       max_new_tokens: int, seed: int) -> tuple[list[list[bool]], list[list[float]]]:
+    """n sampled responses per problem: their correctness and rewards, grouped by problem."""
+    _, correct, rewards = sample_and_score(engine, task, problems, n=n, temperature=temperature, top_p=top_p,
+                                           max_new_tokens=max_new_tokens, seed=seed)
     return correct, rewards
 
 
@@ -59,11 +68,16 @@ def evaluate_policy(engine, task, problems, *, k: int, n: int | None = None, tem
     n = n or k
     correct, rewards = sample_correctness(engine, task, problems, n=n, temperature=temperature, top_p=top_p,
                                           max_new_tokens=max_new_tokens, seed=seed)
+    return eval_result(correct, rewards, k=k)
+
+
+def eval_result(correct: list[list[bool]], rewards: list[list[float]], *, k: int) -> EvalResult:
+    """Avg@K, unbiased Pass@K (from each problem's n = len(row) samples), pass rates and mean reward."""
     return EvalResult(
         k=k,
         avg_at_k=avg_at_k(correct),
-        pass_at_k=sum(pass_at_k(n, sum(row), k) for row in correct) / max(len(correct), 1),
-        pass_rates=[sum(row) / n for row in correct],
+        pass_at_k=sum(pass_at_k(len(row), sum(row), k) for row in correct) / max(len(correct), 1),
+        pass_rates=[sum(row) / len(row) for row in correct],
         mean_reward=sum(map(sum, rewards)) / max(sum(map(len, rewards)), 1),
     )
 
@@ -94,20 +108,15 @@ def evaluate_datasets(engine, task, datasets: dict[str, tuple[list, int]], *, n:
     results = {}
     for name, (problems, k) in datasets.items():
         m = max(n or k, k)
-        rollout = engine.generate([task.prompt(p) for p in problems], n=m, temperature=temperature, top_p=top_p,
-                                  max_new_tokens=max_new_tokens, seed=seed)
-        scored = task.score_batch(rollout.texts, rollout.finished.tolist(), [p for p in problems for _ in range(m)])
-        correct = [[c for _, c in scored[i * m:(i + 1) * m]] for i in range(len(problems))]
-        rewards = [r for r, _ in scored]
-        res = EvalResult(k=k, avg_at_k=avg_at_k(correct),
-                         pass_at_k=sum(pass_at_k(m, sum(row), k) for row in correct) / max(len(correct), 1),
-                         pass_rates=[sum(row) / m for row in correct], mean_reward=sum(rewards) / max(len(rewards), 1))
+        rollout, correct, grouped = sample_and_score(engine, task, problems, n=m, temperature=temperature,
+                                                     top_p=top_p, max_new_tokens=max_new_tokens, seed=seed)
+        res = eval_result(correct, grouped, k=k)
         results[name] = {**res.to_json(), "n": m, "n_problems": len(problems),
                          "response_length": float(rollout.lengths.float().mean()),
                          "truncation_rate": float((~rollout.finished).float().mean())}
         if samples is not None:
             samples[name] = [{**p.to_json(), "responses": rollout.texts[i * m:(i + 1) * m],
-                              "rewards": rewards[i * m:(i + 1) * m], "correct": correct[i]}
+                              "rewards": grouped[i], "correct": correct[i]}
                              for i, p in enumerate(problems)]
     return results
 
