@@ -26,6 +26,10 @@ from .tasks import TASKS, MathTask
 DEFAULT_MAX_NEW_TOKENS = {"countdown": 16}  # other tasks: 7168, the authors' response length
 
 
+def response_limit(task_name: str, given: int | None) -> int:
+    return given or DEFAULT_MAX_NEW_TOKENS.get(task_name, 7168)
+
+
 def parse_data_specs(text: str, k: int) -> list[tuple[str, int]]:
     """'aime24,aime25,dapo500@8' -> [(spec, K)]: a trailing @K sets that dataset's K (else the common k)."""
     out = []
@@ -39,9 +43,10 @@ def parse_data_specs(text: str, k: int) -> list[tuple[str, int]]:
     return out
 
 
-def build_engine(name: str, model_path: str, *, device: str, chat_template: bool, batch_size: int = 512,
-                 seed: int = 0):
-    """An engine for evaluation: HF generate with the model loaded here, or vLLM from the model path."""
+def build_engine(name: str, model_path: str, *, device: str, chat_template: str, task_name: str,
+                 batch_size: int = 512, seed: int = 0):
+    """An engine for evaluation: HF generate with the model loaded here, or vLLM from the model path; the chat
+    template choice (auto, on, off) is settled once the tokenizer is loaded."""
     from .trainer import load_policy, pick_device, resolve_model_path
 
     if name == "vllm":
@@ -53,11 +58,13 @@ def build_engine(name: str, model_path: str, *, device: str, chat_template: bool
         tokenizer = AutoTokenizer.from_pretrained(path)
         if tokenizer.pad_token_id is None:
             tokenizer.pad_token = tokenizer.eos_token
-        return VLLMEngine(None, tokenizer, model_path=path, chat_template=chat_template, gpu_memory=0.9, seed=seed)
+        return VLLMEngine(None, tokenizer, model_path=path, chat_template=wants_chat_template(chat_template, tokenizer, task_name),
+                          gpu_memory=0.9, seed=seed)
     from .rollout import HFEngine
 
     model, tokenizer = load_policy(model_path, pick_device(device))
-    return HFEngine(model, tokenizer, batch_size=batch_size, chat_template=chat_template, progress=True)
+    return HFEngine(model, tokenizer, batch_size=batch_size, progress=True,
+                    chat_template=wants_chat_template(chat_template, tokenizer, task_name))
 
 
 def wants_chat_template(choice: str, tokenizer, task_name: str) -> bool:
@@ -93,13 +100,13 @@ def evaluate_to_dir(*, model: str, task_name: str, specs: list[tuple[str, int]],
     (out / "samples").mkdir(parents=True, exist_ok=True)
     task = TASKS.get(task_name)
     datasets = load_task_datasets(task_name, specs, data_dir=data_dir, limit=limit)
-    eng = build_engine(engine, model, device=device, chat_template=False, batch_size=batch_size, seed=seed)
-    eng.chat_template = wants_chat_template(chat_template, eng.tokenizer, task_name)
+    eng = build_engine(engine, model, device=device, chat_template=chat_template, task_name=task_name,
+                       batch_size=batch_size, seed=seed)
     torch.manual_seed(seed)
     t0 = time.time()
     samples: dict = {}
     results = evaluate_datasets(eng, task, datasets, n=n, temperature=temperature, top_p=top_p,
-                                max_new_tokens=max_new_tokens or DEFAULT_MAX_NEW_TOKENS.get(task_name, 7168),
+                                max_new_tokens=response_limit(task_name, max_new_tokens),
                                 seed=seed, samples=samples)
     meta = {"model": model, "task": task_name, "temperature": temperature, "top_p": top_p,
             "chat_template": eng.chat_template, "seed": seed, "seconds": time.time() - t0}
@@ -136,12 +143,9 @@ def filter_to_dir(*, model: str, task_name: str, spec: str, out: str | Path, n: 
             done[row["question"]] = row["pass_rate"]
     todo = [p for p in problems if p.question not in done]
     if todo:
-        if isinstance(engine, str):
-            eng = build_engine(engine, model, device=device, chat_template=False, seed=seed)
-            eng.chat_template = wants_chat_template(chat_template, eng.tokenizer, task_name)
-        else:
-            eng = engine
-        new_tokens = max_new_tokens or DEFAULT_MAX_NEW_TOKENS.get(task_name, 7168)
+        eng = (build_engine(engine, model, device=device, chat_template=chat_template, task_name=task_name, seed=seed)
+               if isinstance(engine, str) else engine)
+        new_tokens = response_limit(task_name, max_new_tokens)
         for start in tqdm(range(0, len(todo), chunk), desc="pass rates", unit="chunk"):
             part = todo[start:start + chunk]
             res = evaluate_datasets(eng, task, {"chunk": (part, 1)}, n=n, temperature=temperature,
