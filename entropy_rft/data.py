@@ -39,7 +39,6 @@ DATA_SUFFIXES = (".parquet", ".jsonl", ".json")
 class DatasetSpec:
     hub_id: str  # where the named dataset lives on the hub
     split: str | None = None  # "heldout" or "train" of the DAPO500 split; None: the whole dataset
-    files: str = "*"  # glob of the data files inside a snapshot
 
 
 DATASETS: Registry[DatasetSpec] = Registry("dataset")
@@ -80,13 +79,13 @@ def _read_file(path: Path) -> list[dict]:
     raise ValueError(f"{path}: unsupported file type {path.suffix!r}; use .parquet, .jsonl or .json")
 
 
-def read_rows(path: Path, pattern: str = "*") -> list[dict]:
+def read_rows(path: Path) -> list[dict]:
     """Rows of a data file, or of every data file (sorted by path) under a directory."""
     path = Path(path)
     if path.is_file():
         return _read_file(path)
     if path.is_dir():
-        files = sorted(p for p in path.rglob(pattern) if p.suffix in DATA_SUFFIXES and p.is_file()
+        files = sorted(p for p in path.rglob("*") if p.suffix in DATA_SUFFIXES and p.is_file()
                        and not any(part.startswith(".") for part in p.relative_to(path).parts))
         if not files:
             raise FileNotFoundError(f"{path} holds no .parquet, .jsonl or .json data files")
@@ -168,13 +167,14 @@ def dapo_split(problems: list[MathProblem], *, size: int = DAPO500_SIZE, seed: i
     return ([problems[i] for i in sorted(held)], [p for i, p in enumerate(problems) if i not in held])
 
 
-def _download(hub_id: str, pattern: str) -> Path:
+def _download(hub_id: str) -> Path:
+    """A local snapshot of a hub dataset's data files."""
     try:
         from huggingface_hub import snapshot_download
     except ImportError as err:  # pragma: no cover - huggingface_hub comes with transformers
         raise ImportError("downloading datasets needs huggingface_hub (installed with transformers)") from err
     try:
-        return Path(snapshot_download(hub_id, repo_type="dataset", allow_patterns=[pattern, "*.parquet", "*.jsonl"]))
+        return Path(snapshot_download(hub_id, repo_type="dataset", allow_patterns=[f"*{x}" for x in DATA_SUFFIXES]))
     except Exception as err:  # noqa: BLE001 - offline, missing repo, auth: all mean "no local copy could be made"
         raise FileNotFoundError(f"dataset {hub_id!r} is not available locally and could not be downloaded ({err}); "
                                 f"download it where you are online and pass its path, e.g. --data NAME=/data/copy") from err
@@ -208,8 +208,8 @@ def load_math(spec: str, *, data_dir: str | Path | None = None, dapo500_size: in
     if own is not None:
         return spec, to_problems(read_rows(own), spec)
     full = _local_copy(data_dir, "dapo17k") if named.split else None
-    source = full or _download(named.hub_id, named.files)
-    problems = to_problems(read_rows(source, named.files), spec)
+    source = full or _download(named.hub_id)
+    problems = to_problems(read_rows(source), spec)
     if named.split is not None:
         held, train = dapo_split(problems, size=dapo500_size, seed=dapo500_seed)
         problems = held if named.split == "heldout" else train

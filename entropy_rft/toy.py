@@ -30,12 +30,12 @@ SPECIALS = ["<pad>", "<eos>", "<unk>"]
 CHARS = list("0123456789+-*()=>:,")
 
 
-def build_tokenizer():
+def build_tokenizer(chars: list[str] = CHARS):
     """A character-level fast tokenizer: one token per character, <pad>, <eos>, <unk>."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    vocab = {tok: i for i, tok in enumerate(SPECIALS + CHARS)}
+    vocab = {tok: i for i, tok in enumerate(SPECIALS + chars)}
     core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     core.pre_tokenizer = pre_tokenizers.Split(pattern="", behavior="isolated")
     core.decoder = decoders.Fuse()
@@ -169,18 +169,12 @@ STAND_IN_CHAT_TEMPLATE = ("{% for message in messages %}<|{{ message['role'] }}|
 
 def build_stand_in(out: Path, *, seed: int = 0, hidden_size: int = 32, layers: int = 2) -> Path:
     """Write a random tiny Qwen2 chat model (save_pretrained format) to out and return out."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+    from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    chars = [chr(c) for c in range(32, 127)] + ["\n"]
-    vocab = {tok: i for i, tok in enumerate(SPECIALS + chars)}
-    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    core.pre_tokenizer = pre_tokenizers.Split(pattern="", behavior="isolated")
-    core.decoder = decoders.Fuse()
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>")
+    tokenizer = build_tokenizer([chr(c) for c in range(32, 127)] + ["\n"])
     tokenizer.chat_template = STAND_IN_CHAT_TEMPLATE
     torch.manual_seed(seed)
-    config = Qwen2Config(vocab_size=len(vocab), hidden_size=hidden_size, intermediate_size=2 * hidden_size,
+    config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=2 * hidden_size,
                          num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
                          max_position_embeddings=8192, tie_word_embeddings=True, pad_token_id=tokenizer.pad_token_id,
                          eos_token_id=tokenizer.eos_token_id, bos_token_id=None)
