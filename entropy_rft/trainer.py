@@ -346,7 +346,8 @@ def train(cfg: TrainConfig, *, resume: bool = False) -> dict:
     if start_step == 0:
         evals[0] = run_eval(engine, task, eval_problems, cfg, seed=cfg.seed + 10**6).to_json()
 
-    step = start_step
+    step = completed = start_step  # completed: optimizer updates applied so far (a checkpoint's step)
+    final = None
     bar = tqdm(range(start_step, cfg.steps), desc=f"{cfg.method}", disable=not cfg.progress, initial=start_step,
                total=cfg.steps)
     try:
@@ -391,12 +392,17 @@ def train(cfg: TrainConfig, *, resume: bool = False) -> dict:
             update_metrics = update_policy(model, optimizer, rollout, adv, old_logp, ref_logp, loss_mask, cfg,
                                            update_gen, entropy_coef=entropy_coef, s_centered=stats.s_centered,
                                            selected=selected, critic=(value_head, old_values, returns))
+            completed = step + 1
             engine.sync_weights()  # the next rollout samples from the updated policy
             update_metrics.update(sampling)
             update_metrics["entropy_coef"] = entropy_coef
             # --- diagnostics
             metrics = step_metrics(step, rewards, correct, adv, stats, mask, keep, rollout, cfg, optimizer)
             metrics.update(update_metrics)
+            if rollout.sampler_logp is not None:  # vLLM: its log-probs against the trained policy's, same tokens
+                gap = (old_logp - rollout.sampler_logp.to(old_logp.device)).abs()[mask]
+                metrics["rollout/sampler_logp_gap"] = gap.mean().item()
+                metrics["rollout/sampler_logp_gap_max"] = gap.max().item()
             metrics.update({f"filter/{k}": v for k, v in filter_metrics.items()})
             if cfg.measure_entropy_change:
                 after = batch_stats(model, rollout, cfg.temperature, rows_per_pass, cfg.precision)
@@ -414,14 +420,16 @@ def train(cfg: TrainConfig, *, resume: bool = False) -> dict:
                             clip=f"{metrics['clip_frac']:.3f}")
             if cfg.save_every and (step + 1) % cfg.save_every == 0:
                 save_checkpoint(run_dir, step + 1, model, tokenizer, optimizer, sampler, value_head)
+        final = save_checkpoint(run_dir, cfg.steps, model, tokenizer, optimizer, sampler, value_head)
+        evals[cfg.steps] = run_eval(engine, task, eval_problems, cfg, seed=cfg.seed + 10**6).to_json()
     except KeyboardInterrupt:
-        ckpt = save_checkpoint(run_dir, step, model, tokenizer, optimizer, sampler, value_head)
+        if completed == cfg.steps:  # interrupted in the final evaluation: the final checkpoint is saved
+            raise SystemExit(f"interrupted in the final evaluation; the trained policy is saved in {final}") from None
+        ckpt = save_checkpoint(run_dir, completed, model, tokenizer, optimizer, sampler, value_head)
+        raise SystemExit(f"interrupted after {completed} steps; saved {ckpt}. Continue with --resume.") from None
+    finally:
+        engine.close()
         logger.close()
-        raise SystemExit(f"interrupted at step {step}; saved {ckpt}. Continue with --resume.") from None
-
-    final = save_checkpoint(run_dir, cfg.steps, model, tokenizer, optimizer, sampler, value_head)
-    evals[cfg.steps] = run_eval(engine, task, eval_problems, cfg, seed=cfg.seed + 10**6).to_json()
-    logger.close()
     summary = {"config": cfg.to_dict(), "evals": evals, "checkpoint": str(final), "history": history}
     (run_dir / "eval.json").write_text(json.dumps(evals, indent=1) + "\n")
     return summary

@@ -1,5 +1,6 @@
 """The math pipeline: multi-dataset evaluation, the pass-rate filter, recipes and their dry runs, and the scale
-options (chat templates, LoRA, bf16 autocast, gradient checkpointing, the vLLM adapter's own logic)."""
+options (chat templates, LoRA, bf16 autocast, gradient checkpointing, the vLLM adapter's own logic; the adapter
+against real vLLM is tests/test_vllm.py)."""
 
 import json
 from dataclasses import dataclass
@@ -232,6 +233,12 @@ def test_lora_trains_only_adapters_and_round_trips(stand_in, tmp_path):
 class _Completion:
     token_ids: list
     finish_reason: str
+    logprobs: list | None = None
+
+
+@dataclass
+class _Logprob:
+    logprob: float
 
 
 @dataclass
@@ -251,6 +258,23 @@ def test_vllm_outputs_become_a_rollout(stand_in):
     assert ro.response_mask.sum(-1).tolist() == [3, 3, 2, 1]
     assert ro.response_ids[0, :3].tolist() == [5, 6, eos] and ro.response_ids[2, :2].tolist() == [8, eos]
     assert ro.prompt_mask.tolist() == [[True] * 3, [True] * 3, [False, False, True], [False, False, True]]
+    assert ro.sampler_logp is None  # no completion carried log-probs
+
+
+def test_vllm_sampled_logprobs_travel_with_the_rollout(stand_in):
+    """Each completion's per-token log-probs (vLLM's {token: Logprob} per step) fill sampler_logp up to the
+    response length; concat pads them and select keeps them row by row."""
+    _, tokenizer = load_policy(STAND_IN, torch.device("cpu"))
+    eos = tokenizer.eos_token_id
+    steps = lambda toks, lps: [{t: _Logprob(lp), 99: _Logprob(-9.0)} for t, lp in zip(toks, lps)]  # noqa: E731
+    outs = [_Output([_Completion([5, eos], "stop", steps([5, eos], [-0.5, -1.5])),
+                     _Completion([7, 8, 9], "length", steps([7, 8, 9], [-0.1, -0.2, -0.3]))])]
+    ro = rollout_from_outputs(outs, [[1, 2]], eos_id=eos, pad_id=tokenizer.pad_token_id, tokenizer=tokenizer)
+    torch.testing.assert_close(ro.sampler_logp, torch.tensor([[-0.5, -1.5, 0.0], [-0.1, -0.2, -0.3]]))
+    wide = Rollout.concat([ro.select([1]), ro.select([0])], tokenizer.pad_token_id)
+    torch.testing.assert_close(wide.sampler_logp, torch.tensor([[-0.1, -0.2, -0.3], [-0.5, -1.5, 0.0]]))
+    plain = HFEngine(load_policy(STAND_IN, torch.device("cpu"))[0], tokenizer).generate(["a"], n=1, max_new_tokens=2)
+    assert Rollout.concat([ro, plain], tokenizer.pad_token_id).sampler_logp is None  # only when every part has them
 
 
 def test_vllm_engine_without_vllm_says_how_to_install():

@@ -58,6 +58,32 @@ def test_resume_continues_exactly(tmp_path):
         torch.testing.assert_close(a[key], b[key], atol=1e-6, rtol=0)
 
 
+def test_interrupt_saves_the_steps_completed(tmp_path, monkeypatch):
+    """Ctrl-C right after step 2's update saves checkpoint-2 (two updates applied), stops the engine, and the
+    resumed run finishes with a well-formed checkpoint-3."""
+    from entropy_rft.rollout import HFEngine
+
+    calls = {"sync": 0, "close": 0}
+
+    def sync(self):
+        calls["sync"] += 1
+        if calls["sync"] == 2:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(HFEngine, "sync_weights", sync)
+    monkeypatch.setattr(HFEngine, "close", lambda self: calls.__setitem__("close", calls["close"] + 1))
+    cfg = tiny(tmp_path, "cut")
+    with pytest.raises(SystemExit, match="after 2 steps"):
+        train(cfg)
+    assert (tmp_path / "cut" / "latest_checkpoint").read_text() == "checkpoint-2" and calls["close"] == 1
+    state = torch.load(tmp_path / "cut" / "checkpoint-2" / "trainer_state.pt", weights_only=False)
+    assert state["step"] == 2
+    monkeypatch.undo()
+    train(cfg, resume=True)
+    assert [r["step"] for r in read_metrics(cfg.out)][-1] == 3
+    assert (tmp_path / "cut" / "latest_checkpoint").read_text() == "checkpoint-3"
+
+
 def test_micro_batches_give_the_same_update(tmp_path):
     """Gradient accumulation over micro-batches of 3 rows gives the same step-1 update as one full batch."""
     train(tiny(tmp_path, "one", steps=1, measure_entropy_change=False))

@@ -1,6 +1,6 @@
 """Generation engines, chosen by name through ENGINES: `hf` (transformers generate, CPU or GPU; the default) and
-`vllm` (GPU, optional extra, imported only when built). Every engine has `generate(...) -> Rollout` and
-`sync_weights()` (called after each optimizer step)."""
+`vllm` (optional extra, imported only when built). Every engine has `generate(...) -> Rollout`,
+`sync_weights()` (called after each optimizer step) and `close()`."""
 
 from ..registry import Registry
 from .hf import HFEngine, Rollout
@@ -19,7 +19,7 @@ def build_vllm(model, tokenizer, cfg, model_path: str):
 
     return VLLMEngine(model, tokenizer, model_path=model_path, chat_template=cfg.chat_template,
                       gpu_memory=cfg.vllm_gpu_memory, dtype="bfloat16" if cfg.precision == "bf16" else "float32",
-                      seed=cfg.seed)
+                      seed=cfg.seed, llm_args=cfg.vllm_args)
 
 
 __all__ = ["ENGINES", "HFEngine", "Rollout"]

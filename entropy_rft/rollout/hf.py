@@ -24,6 +24,7 @@ class Rollout:
     response_mask: Tensor  # (B, R) bool, from generated lengths
     finished: Tensor  # (B,) bool: the response ended with EOS
     texts: list[str]  # decoded responses, EOS excluded
+    sampler_logp: Tensor | None = None  # (B, R) log-prob the sampling engine gave each token (vLLM), else None
 
     @property
     def lengths(self) -> Tensor:
@@ -41,6 +42,9 @@ class Rollout:
         wp = max(r.prompt_ids.shape[1] for r in parts)
         wr = max(r.response_ids.shape[1] for r in parts)
         pad = torch.nn.functional.pad
+        sampler = None
+        if all(r.sampler_logp is not None for r in parts):
+            sampler = torch.cat([pad(r.sampler_logp, (0, wr - r.sampler_logp.shape[1])) for r in parts])
         return Rollout(
             torch.cat([pad(r.prompt_ids, (wp - r.prompt_ids.shape[1], 0), value=pad_id) for r in parts]),
             torch.cat([pad(r.prompt_mask, (wp - r.prompt_mask.shape[1], 0), value=False) for r in parts]),
@@ -48,12 +52,14 @@ class Rollout:
             torch.cat([pad(r.response_mask, (0, wr - r.response_mask.shape[1]), value=False) for r in parts]),
             torch.cat([r.finished for r in parts]),
             [t for r in parts for t in r.texts],
+            sampler,
         )
 
     def select(self, rows) -> "Rollout":
         return Rollout(self.prompt_ids[rows], self.prompt_mask[rows], self.response_ids[rows],
                        self.response_mask[rows], self.finished[rows],
-                       [self.texts[i] for i in torch.arange(len(self.texts))[rows].tolist()])
+                       [self.texts[i] for i in torch.arange(len(self.texts))[rows].tolist()],
+                       None if self.sampler_logp is None else self.sampler_logp[rows])
 
 
 def response_mask_from_lengths(response_ids: Tensor, eos_token_id: int) -> tuple[Tensor, Tensor]:
@@ -93,6 +99,9 @@ class HFEngine:
 
     def sync_weights(self) -> None:
         """Nothing to do: HF generation samples from the trained model itself (the vLLM engine copies weights)."""
+
+    def close(self) -> None:
+        """Nothing to release: the model belongs to the caller."""
 
     def encode_prompts(self, prompts: list[str]) -> tuple[Tensor, Tensor]:
         self.tokenizer.padding_side = "left"
