@@ -193,7 +193,7 @@ def validate_recipe(cfg: TrainConfig) -> list[str]:
             if sep and not Path(path).exists():
                 notes.append(f"{field}: {path} does not exist yet (make it first, e.g. with `entropy-rft filter`)")
     if cfg.engine == "vllm":
-        notes.append("engine vllm needs a CUDA GPU and `pip install 'entropy-rft[vllm]'`; the dry run uses hf")
+        notes.append("engine vllm needs vLLM (`pip install 'entropy-rft[vllm]'` with a CUDA GPU); the dry run uses hf")
     return notes
 
 

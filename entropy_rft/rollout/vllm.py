@@ -124,7 +124,7 @@ class VLLMEngine:
         weights = merged_state_dict(self.model)
         try:
             try:
-                self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights.items())})
+                self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": list(weights.items())})
             except NotImplementedError:  # a vLLM without in-place reload
                 self.llm.apply_model(lambda m: m.load_weights(weights.items()))
         finally:
