@@ -1,0 +1,157 @@
+"""EntropyGRPOTrainer: entropy-rft's token filters inside TRL's GRPOTrainer, on the CPU stand-in model.
+
+Checked: the keep mask is the method's over the whole generation batch (not per micro-batch), dropped tokens leave
+the loss and its token count, nothing changes when nothing is dropped, and the metrics reach TRL's logs."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("trl")
+from datasets import Dataset  # noqa: E402
+from trl import GRPOConfig, GRPOTrainer  # noqa: E402
+
+from entropy_rft.integrations.trl import EntropyGRPOTrainer  # noqa: E402
+from entropy_rft.methods import METHODS  # noqa: E402
+from entropy_rft.rollout.hf import Rollout  # noqa: E402
+from entropy_rft.dynamics import TokenStats  # noqa: E402
+from entropy_rft.trainer import STAND_IN, policy_stats, resolve_model_path  # noqa: E402
+
+
+def reward_a(completions, **kwargs):
+    """Share of 'a' characters: graded rewards, so groups have non-zero advantages."""
+    return [c.count("a") / max(len(c), 1) for c in completions]
+
+
+def config(tmp_path, **kw):
+    base = dict(output_dir=str(tmp_path / "out"), per_device_train_batch_size=4, num_generations=4,
+                max_completion_length=8, max_steps=2, learning_rate=1e-3, use_cpu=True, report_to=[],
+                logging_steps=1, save_strategy="no", steps_per_generation=2, gradient_accumulation_steps=2, seed=0,
+                bf16=False, disable_tqdm=True)
+    return GRPOConfig(**{**base, **kw})
+
+
+def dataset():
+    return Dataset.from_list([{"prompt": p} for p in ["abc", "hello", "xyz", "what"] * 4])
+
+
+class Capturing(EntropyGRPOTrainer):
+    """Keeps each generation batch as the loss will see it, with the policy's statistics at that moment."""
+
+    def _generate_and_score_completions(self, inputs):
+        out = super()._generate_and_score_completions(inputs)
+        b = out["completion_ids"].shape[0]
+        ro = Rollout(out["prompt_ids"], out["prompt_mask"].bool(), out["completion_ids"],
+                     out["completion_mask"].bool(), torch.ones(b, dtype=torch.bool), [""] * b)
+        self.model.eval()
+        with torch.no_grad():
+            stats = policy_stats(self.model, ro, self.temperature)
+        self.model.train()
+        self.captured.append(({k: v.clone() if torch.is_tensor(v) else v for k, v in out.items()}, stats))
+        return out
+
+
+def build(tmp_path, cls=Capturing, **kw):
+    options = kw.pop("method_options", {"mu": 0.5})
+    method = kw.pop("method", "clip_b")
+    path = resolve_model_path(STAND_IN)
+    extra = {"method": method, "method_options": options} if issubclass(cls, EntropyGRPOTrainer) else {}
+    trainer = cls(model=path, reward_funcs=reward_a, args=config(tmp_path, **kw), train_dataset=dataset(), **extra)
+    trainer.captured = []
+    return trainer
+
+
+def test_keep_mask_is_the_methods_over_the_whole_generation_batch(tmp_path):
+    """Two micro-batches per generation batch: the kept tokens are Clip_B's on all 8 rows at once, Clip_B clips
+    some tokens, and TRL's logs carry the entropy_rft metrics."""
+    trainer = build(tmp_path)
+    trainer.train()
+    out, stats = trainer.captured[0]
+    assert out["completion_ids"].shape[0] == 8  # the generation batch, two micro-batches of 4
+    mask = out["completion_mask"].bool()
+    want, _ = METHODS.get("clip_b").apply(stats, out["advantages"], mask, mu=0.5)
+    assert torch.equal(out["tool_mask"].bool() & mask, want & mask)
+    assert (mask & ~want).any()  # mu 0.5 drops tokens: the test sees a real filter
+    logged = trainer.state.log_history[0]
+    assert logged["entropy_rft/frac_clipped"] > 0 and logged["entropy_rft/kept_frac"] < 1
+    assert {"entropy_rft/s_star_mean", "entropy_rft/cov_a_sc", "entropy_rft/entropy"} <= set(logged)
+
+
+def test_two_processes_filter_the_batch_they_share(tmp_path):
+    """Two processes (torch.distributed on the CPU): each one's kept tokens are its rows of Clip_B applied to both
+    processes' generation batches together; filtering each process's rows alone would give another mask."""
+    resolve_model_path(STAND_IN)  # build the stand-in once, before two processes look for it
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           str(Path(__file__).parent / "trl_worker.py"), str(tmp_path)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    runs = [torch.load(tmp_path / f"rank{i}.pt", weights_only=False) for i in range(2)]
+    width = max(r["out"]["completion_mask"].shape[1] for r in runs)
+
+    def joined(get):
+        return torch.cat([torch.nn.functional.pad(get(r), (0, width - get(r).shape[1])) for r in runs])
+
+    stats = TokenStats(*(joined(lambda r, k=k: r["stats"][k]) for k in ("logp", "entropy", "s_star", "s_expect")))
+    mask = joined(lambda r: r["out"]["completion_mask"]).bool()
+    keep, _ = METHODS.get("clip_b").apply(stats, torch.cat([r["out"]["advantages"] for r in runs]), mask, mu=0.5)
+    alone_differs = []
+    for i, r in enumerate(runs):
+        m = r["out"]["completion_mask"].bool()
+        rows, w = slice(i * m.shape[0], (i + 1) * m.shape[0]), m.shape[1]
+        got = r["out"]["tool_mask"].bool() & m
+        assert torch.equal(got, keep[rows, :w] & m)
+        own = TokenStats(*(r["stats"][k] for k in ("logp", "entropy", "s_star", "s_expect")))
+        alone, _ = METHODS.get("clip_b").apply(own, r["out"]["advantages"], m, mu=0.5)
+        alone_differs.append(not torch.equal(alone & m, got))
+    assert any(alone_differs)  # the batch-level statistics matter here: the check can tell the two apart
+
+
+def test_dropped_tokens_leave_the_loss_and_its_count(tmp_path):
+    """loss_type bnpo (token mean over the batch): the loss is the mean of -A over kept tokens only; advantages on
+    dropped tokens do not move the gradient, advantages on kept ones do. dapo's token count is the kept count."""
+    trainer = build(tmp_path, loss_type="bnpo")
+    trainer.train()
+    out, _ = trainer.captured[-1]
+    keep = out["tool_mask"].bool() & out["completion_mask"].bool()
+    model = trainer.model
+    model.train()
+
+    def grads(adv):
+        model.zero_grad()
+        loss = trainer._compute_loss(model, {**out, "advantages": adv})
+        loss.backward()
+        return loss.detach(), torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+
+    adv = out["advantages"][:, None].expand_as(keep).clone()
+    loss, g = grads(adv)
+    scale = trainer.current_gradient_accumulation_steps
+    torch.testing.assert_close(loss * scale, -(adv * keep).sum() / keep.sum())  # ratio 1 on-policy
+    _, g_dropped = grads(torch.where(keep, adv, adv + 100.0))
+    torch.testing.assert_close(g_dropped, g)
+    _, g_kept = grads(torch.where(keep, adv + 1.0, adv))
+    assert not torch.allclose(g_kept, g)
+
+    dapo = build(tmp_path, loss_type="dapo")
+    dapo.train()
+    out, _ = dapo.captured[0]
+    kept = (out["tool_mask"].bool() & out["completion_mask"].bool()).sum()
+    assert int(out["num_items_in_batch"]) == int(kept) < int(out["completion_mask"].sum())
+
+
+def test_nothing_dropped_is_plain_trl(tmp_path):
+    """With a threshold no token reaches, the adapter trains exactly as GRPOTrainer does."""
+    ours = build(tmp_path, method_options={"mu": 1e9})
+    ours.train()
+    plain = build(tmp_path, cls=GRPOTrainer)
+    plain.train()
+    for (name, a), b in zip(ours.model.named_parameters(), plain.model.parameters()):
+        assert torch.equal(a, b), name
+    assert ours.state.log_history[0]["entropy_rft/kept_frac"] == 1.0
+
+
+def test_a_method_that_is_not_a_filter_names_the_trl_setting(tmp_path):
+    with pytest.raises(ValueError, match="loss_type='dapo'"):
+        build(tmp_path, method="dapo")
