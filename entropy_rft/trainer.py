@@ -423,7 +423,7 @@ def train(cfg: TrainConfig, *, resume: bool = False) -> dict:
         final = save_checkpoint(run_dir, cfg.steps, model, tokenizer, optimizer, sampler, value_head)
         evals[cfg.steps] = run_eval(engine, task, eval_problems, cfg, seed=cfg.seed + 10**6).to_json()
     except KeyboardInterrupt:
-        if completed == cfg.steps:  # interrupted in the final evaluation: the final checkpoint is saved
+        if final is not None:  # interrupted in the final evaluation: the final checkpoint is saved
             raise SystemExit(f"interrupted in the final evaluation; the trained policy is saved in {final}") from None
         ckpt = save_checkpoint(run_dir, completed, model, tokenizer, optimizer, sampler, value_head)
         raise SystemExit(f"interrupted after {completed} steps; saved {ckpt}. Continue with --resume.") from None
