@@ -14,9 +14,8 @@ pytest.importorskip("trl")
 from datasets import Dataset  # noqa: E402
 from trl import GRPOConfig, GRPOTrainer  # noqa: E402
 
-from entropy_rft.integrations.trl import EntropyGRPOTrainer  # noqa: E402
+from entropy_rft.integrations.trl import EntropyGRPOTrainer, rollout_of  # noqa: E402
 from entropy_rft.methods import METHODS  # noqa: E402
-from entropy_rft.rollout.hf import Rollout  # noqa: E402
 from entropy_rft.dynamics import TokenStats  # noqa: E402
 from entropy_rft.trainer import STAND_IN, policy_stats, resolve_model_path  # noqa: E402
 
@@ -43,12 +42,9 @@ class Capturing(EntropyGRPOTrainer):
 
     def _generate_and_score_completions(self, inputs):
         out = super()._generate_and_score_completions(inputs)
-        b = out["completion_ids"].shape[0]
-        ro = Rollout(out["prompt_ids"], out["prompt_mask"].bool(), out["completion_ids"],
-                     out["completion_mask"].bool(), torch.ones(b, dtype=torch.bool), [""] * b)
         self.model.eval()
         with torch.no_grad():
-            stats = policy_stats(self.model, ro, self.temperature)
+            stats = policy_stats(self.model, rollout_of(out), self.temperature)
         self.model.train()
         self.captured.append(({k: v.clone() if torch.is_tensor(v) else v for k, v in out.items()}, stats))
         return out

@@ -27,10 +27,11 @@ from __future__ import annotations
 
 import torch
 
+from ..advantages import broadcast_advantages
 from ..dynamics import TokenStats, batch_covariance
 from ..methods import METHODS
 from ..rollout.hf import Rollout
-from ..trainer import batch_stats
+from ..trainer import batch_stats, masked_mean
 
 try:
     from trl import GRPOTrainer
@@ -45,6 +46,13 @@ TRL_EQUIVALENTS = {
     "forking": "GRPOConfig(top_entropy_quantile=0.2)",
     "entropy_bonus": "GRPOConfig's entropy bonus options",
 }
+
+
+def rollout_of(out: dict) -> Rollout:
+    """A generation batch of GRPOTrainer (prompt/completion ids and masks) as entropy-rft's Rollout."""
+    b = out["completion_ids"].shape[0]
+    return Rollout(out["prompt_ids"], out["prompt_mask"].bool(), out["completion_ids"], out["completion_mask"].bool(),
+                   torch.ones(b, dtype=torch.bool), [""] * b)
 
 
 class EntropyGRPOTrainer(GRPOTrainer):
@@ -83,13 +91,10 @@ class EntropyGRPOTrainer(GRPOTrainer):
     @torch.no_grad()
     def _token_stats(self, out) -> TokenStats:
         """TokenStats of the completion tokens under the current policy, (B, T) each, on the CPU (departure 2)."""
-        b = out["completion_ids"].shape[0]
-        rollout = Rollout(out["prompt_ids"], out["prompt_mask"].bool(), out["completion_ids"],
-                          out["completion_mask"].bool(), torch.ones(b, dtype=torch.bool), [""] * b)
         was_training = self.model.training
         self.model.eval()  # no dropout in the statistics
         try:
-            return batch_stats(self.model, rollout, self.temperature, self.args.per_device_train_batch_size)
+            return batch_stats(self.model, rollout_of(out), self.temperature, self.args.per_device_train_batch_size)
         finally:
             self.model.train(was_training)
 
@@ -108,13 +113,12 @@ class EntropyGRPOTrainer(GRPOTrainer):
         keep, metrics = self.entropy_method.apply(every, adv, mask, **self.method_options)
         rows = slice(self.accelerator.process_index * loss_mask.shape[0],
                      (self.accelerator.process_index + 1) * loss_mask.shape[0])
-        a = adv[:, None].expand_as(s_star) if adv.dim() == 1 else adv
         metrics = {
             **{k: float(v) for k, v in metrics.items()},
-            "s_star_mean": float((s_star * mask).sum() / mask.sum().clamp_min(1)),
-            "s_centered_mean": float(((s_star - s_expect) * mask).sum() / mask.sum().clamp_min(1)),
-            "entropy": float((entropy * mask).sum() / mask.sum().clamp_min(1)),
-            "cov_a_sc": float(batch_covariance(a, s_star - s_expect, mask)),
-            "kept_frac": float((keep & mask).sum() / mask.sum().clamp_min(1)),
+            "s_star_mean": masked_mean(every.s_star, mask),
+            "s_centered_mean": masked_mean(every.s_centered, mask),
+            "entropy": masked_mean(every.entropy, mask),
+            "cov_a_sc": float(batch_covariance(broadcast_advantages(adv, s_star), every.s_centered, mask)),
+            "kept_frac": masked_mean(keep & mask, mask),
         }
         return keep[rows, :width].to(device), metrics
