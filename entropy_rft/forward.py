@@ -1,0 +1,207 @@
+"""The policy's forward pass over rollouts: token statistics of every response token, and the probes that
+measure how an update moved the policy's entropy.
+
+- `policy_forward`: one forward pass over prompt + response; log p, H, S*, E_p[S] of the response tokens. They
+  stream from the decoder's last hidden state through the LM head's weight (`dynamics.token_stats_from_hidden`),
+  so no [B, R, V] logits tensor exists, in training or in the statistics passes.
+- `batch_forward`: the same without gradients, over the batch in slices, in eval mode (dropout off).
+- `held_forward`: strict on-policy, the update's own forward of every micro-batch, kept with its graph: its
+  detached log p is the old log p (the ratio is exactly 1) and its statistics feed the advantages and the token
+  filter, so no separate statistics pass runs.
+- `EntropyProbe`: the first-order entropy change of the step actually applied, grad_theta(mean H) . delta_theta,
+  and the realised change, on the batch's valid response tokens.
+
+Departures, numbered:
+1. Models whose logits are not `lm_head(hidden)` (a biased or adapted LM head, logit soft-capping or scaling)
+   fall back to materialised logits and `dynamics.token_stats`; `streams_from_hidden` says which path a model takes.
+2. Dropout is switched off for RL (as TRL's `disable_dropout` does): sampling, old log-probs and the update then
+   see the same policy. The statistics passes also run in eval mode.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager, nullcontext
+
+import torch
+from torch import Tensor
+
+from .dynamics import TokenStats, token_stats, token_stats_from_hidden
+from .rollout import Rollout
+from .rollout.hf import sequence_forward
+
+_LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier_scale")
+
+
+def autocast(precision: str, device: torch.device):
+    """bf16: autocast the forward (and so the backward) to bfloat16; the weights stay float32."""
+    if precision == "bf16":
+        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+    return nullcontext()
+
+
+@contextmanager
+def eval_mode(model):
+    """Dropout off for the duration; the module's training flag is restored after."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield model
+    finally:
+        model.train(was_training)
+
+
+def disable_dropout(model) -> int:
+    """Set every dropout probability of the model to 0 (nn.Dropout modules and attention modules' float
+    `attention_dropout`); returns how many were non-zero."""
+    changed = 0
+    for module in model.modules():
+        if isinstance(module, torch.nn.modules.dropout._DropoutNd) and module.p > 0:
+            module.p, changed = 0.0, changed + 1
+        value = getattr(module, "attention_dropout", None)
+        if isinstance(value, float) and value > 0:
+            module.attention_dropout, changed = 0.0, changed + 1
+    return changed
+
+
+def has_active_dropout(model) -> bool:
+    return any((isinstance(m, torch.nn.modules.dropout._DropoutNd) and m.p > 0)
+               or (isinstance(getattr(m, "attention_dropout", None), float) and m.attention_dropout > 0)
+               for m in model.modules())
+
+
+def streams_from_hidden(model) -> bool:
+    """True when the model's logits are exactly lm_head(last hidden state): a plain bias-free Linear head and no
+    logit transform in its config, with a decoder reachable through get_decoder()."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if type(head) is not torch.nn.Linear or head.bias is not None or not hasattr(model, "get_decoder"):
+        return False
+    config = getattr(model, "config", None)
+    return not any(getattr(config, name, None) not in (None, 1, 1.0) for name in _LOGIT_TRANSFORMS)
+
+
+def _positions(rollout: Rollout, device) -> tuple[Tensor, Tensor, Tensor]:
+    input_ids = rollout.input_ids().to(device)
+    attn = rollout.attention_mask().to(device)
+    return input_ids, attn, (attn.long().cumsum(-1) - 1).clamp_min(0)
+
+
+def policy_forward(model, rollout: Rollout, temperature: float, value_head=None, precision: str = "fp32",
+                   *, from_hidden: bool = True) -> tuple[TokenStats, Tensor | None]:
+    """TokenStats of the response tokens under the model, (B, R) each, and the value head's values, (B, R).
+    Statistics are float32 whatever the forward's precision; log p and H carry gradients."""
+    device = next(model.parameters()).device
+    tokens = rollout.response_ids.to(device)
+    with autocast(precision, device):
+        if from_hidden and streams_from_hidden(model):
+            input_ids, attn, position_ids = _positions(rollout, device)
+            out = model.get_decoder()(input_ids=input_ids, attention_mask=attn.long(), position_ids=position_ids,
+                                      use_cache=False)
+            p = rollout.prompt_ids.shape[1]
+            hidden = out.last_hidden_state[:, p - 1 : -1]  # (B, R, D): the states that predict each response token
+            stats = token_stats_from_hidden(hidden, model.get_output_embeddings().weight, tokens, temperature=temperature)
+        else:
+            logits, hidden = sequence_forward(model, rollout, hidden=value_head is not None)
+            stats = token_stats(logits, tokens, temperature=temperature)
+    return stats, (value_head(hidden) if value_head is not None else None)
+
+
+def _cat_stats(parts: list[TokenStats]) -> TokenStats:
+    return TokenStats(*(torch.cat([getattr(s, k).detach() for s in parts]).cpu()
+                        for k in ("logp", "entropy", "s_star", "s_expect")))
+
+
+@torch.no_grad()
+def batch_forward(model, rollout: Rollout, temperature: float, rows_per_pass: int, value_head=None,
+                  precision: str = "fp32", *, from_hidden: bool = True) -> tuple[TokenStats, Tensor | None]:
+    """policy_forward without gradients over slices of rows_per_pass rows, in eval mode; results on the CPU."""
+    with eval_mode(model):
+        parts = [policy_forward(model, rollout.select(slice(i, i + rows_per_pass)), temperature, value_head,
+                                precision, from_hidden=from_hidden)
+                 for i in range(0, len(rollout.texts), rows_per_pass)]
+    values = torch.cat([p[1] for p in parts]).cpu() if value_head is not None else None
+    return _cat_stats([p[0] for p in parts]), values
+
+
+def batch_stats(model, rollout: Rollout, temperature: float, rows_per_pass: int, precision: str = "fp32") -> TokenStats:
+    return batch_forward(model, rollout, temperature, rows_per_pass, precision=precision)[0]
+
+
+def policy_stats(model, rollout: Rollout, temperature: float) -> TokenStats:
+    return policy_forward(model, rollout, temperature)[0]
+
+
+class HeldForward:
+    """Strict on-policy: the update's own forward of each micro-batch (rows `i * micro ... (i + 1) * micro`),
+    computed once and kept with its graph until the token filter has seen the whole batch.
+
+    It holds the activations of the whole batch at once: the trainer uses it only when the update would hold
+    them anyway (micro_batch_size 0 or at least the batch), unless reuse_forward is forced on."""
+
+    def __init__(self, model, rollout: Rollout, temperature: float, micro: int, value_head=None,
+                 precision: str = "fp32", *, from_hidden: bool = True):
+        model.train()
+        self.rows = [torch.arange(i, min(i + micro, len(rollout.texts))) for i in range(0, len(rollout.texts), micro)]
+        self.parts = [policy_forward(model, rollout.select(r), temperature, value_head, precision,
+                                     from_hidden=from_hidden) for r in self.rows]
+
+    def stats(self) -> TokenStats:
+        return _cat_stats([s for s, _ in self.parts])
+
+    def values(self) -> Tensor | None:
+        if self.parts[0][1] is None:
+            return None
+        return torch.cat([v.detach() for _, v in self.parts]).cpu()
+
+    def take(self, rows: Tensor) -> tuple[TokenStats, Tensor | None]:
+        """The held forward of these rows (once; the graph is freed by its backward)."""
+        for i, r in enumerate(self.rows):
+            if r is not None and torch.equal(r, rows):
+                self.rows[i] = None
+                return self.parts[i]
+        raise RuntimeError("held forward: the update asked for rows the on-policy forward did not compute "
+                           "(the micro-batch split changed between the statistics and the update)")
+
+
+def _trainable(model) -> list[Tensor]:
+    return [p for p in model.parameters() if p.requires_grad]
+
+
+class EntropyProbe:
+    """How one update moved the mean entropy of the batch's valid response tokens (Hbar).
+
+    first_order: grad_theta Hbar . (theta_after - theta_before), the exact first-order change through the network
+    of the parameter step actually applied (Adam's, clipped, over every mini-batch and epoch). It is computed as
+    g . theta_after - g . theta_before in float64, so no copy of the parameters is kept (products of float32
+    numbers are exact in float64). realised: Hbar after the update minus Hbar before, both on the same rollouts.
+    """
+
+    def __init__(self, model, rollout: Rollout, temperature: float, rows_per_pass: int, precision: str = "fp32",
+                 *, held: HeldForward | None = None, from_hidden: bool = True):
+        self.model = model
+        valid = rollout.response_mask
+        n_valid = valid.sum().clamp_min(1)
+        params = _trainable(model)
+        grads: list[Tensor | None] = [None] * len(params)
+        if held is not None:  # the graphs already exist: one extra backward through them
+            total = sum((s.entropy * valid[r].to(s.entropy.device)).sum() / n_valid
+                        for r, (s, _) in zip(held.rows, held.parts))
+            grads = list(torch.autograd.grad(total, params, retain_graph=True, allow_unused=True))
+        else:
+            model.train()
+            for i in range(0, len(rollout.texts), rows_per_pass):
+                part = slice(i, i + rows_per_pass)
+                stats, _ = policy_forward(model, rollout.select(part), temperature, precision=precision,
+                                          from_hidden=from_hidden)
+                h = (stats.entropy * valid[part].to(stats.entropy.device)).sum() / n_valid
+                for j, g in enumerate(torch.autograd.grad(h, params, allow_unused=True)):
+                    if g is not None:
+                        grads[j] = g if grads[j] is None else grads[j] + g
+        self.pairs = [(p, g.detach()) for p, g in zip(params, grads) if g is not None]
+        self.before = self._dot()
+
+    @torch.no_grad()
+    def _dot(self) -> float:
+        return float(sum((g.double() * p.detach().double()).sum() for p, g in self.pairs))
+
+    def first_order(self) -> float:
+        return self._dot() - self.before
