@@ -85,19 +85,63 @@ def _positions(rollout: Rollout, device) -> tuple[Tensor, Tensor, Tensor]:
     return input_ids, attn, (attn.long().cumsum(-1) - 1).clamp_min(0)
 
 
+def prompt_groups(rollout: Rollout) -> Tensor:
+    """(B,) index of each row's prompt: consecutive rows with the same (left-padded) prompt share one."""
+    ids, mask = rollout.prompt_ids, rollout.prompt_mask
+    same = (ids[1:] == ids[:-1]).all(-1) & (mask[1:] == mask[:-1]).all(-1)
+    return torch.cat([torch.zeros(1, dtype=torch.long), (~same).long().cumsum(0)])
+
+
+def _hidden_full(decoder, rollout: Rollout, device) -> Tensor:
+    """(B, R, D) last hidden states that predict each response token: one pass over prompt + response."""
+    input_ids, attn, position_ids = _positions(rollout, device)
+    out = decoder(input_ids=input_ids, attention_mask=attn.long(), position_ids=position_ids, use_cache=False)
+    return out.last_hidden_state[:, rollout.prompt_ids.shape[1] - 1 : -1]
+
+
+def _hidden_shared_prefix(decoder, rollout: Rollout, groups: Tensor, device) -> Tensor:
+    """The same states with each distinct prompt run once: its keys and values (with their graph) are indexed out
+    to every response of its group, which then runs over the response tokens only. Positions continue from each
+    prompt's length, as in generation; gradients reach the prompt's computation through the cache."""
+    first = torch.cat([torch.ones(1, dtype=torch.bool), groups[1:] != groups[:-1]])
+    p_ids, p_mask = rollout.prompt_ids[first].to(device), rollout.prompt_mask[first].to(device)
+    p_pos = (p_mask.long().cumsum(-1) - 1).clamp_min(0)
+    prefix = decoder(input_ids=p_ids, attention_mask=p_mask.long(), position_ids=p_pos, use_cache=True)
+    rows = groups.to(device)
+    cache = prefix.past_key_values
+    cache.batch_select_indices(rows)  # (U, ...) -> (B, ...), differentiable indexing
+    r_len = rollout.response_ids.shape[1]
+    r_pos = p_mask.long().sum(-1)[rows, None] + torch.arange(r_len, device=device)[None]
+    attn = torch.cat([rollout.prompt_mask, rollout.response_mask], dim=1).to(device)
+    out = decoder(input_ids=rollout.response_ids.to(device), attention_mask=attn.long(), position_ids=r_pos,
+                  past_key_values=cache, use_cache=True)
+    return torch.cat([prefix.last_hidden_state[rows, -1:], out.last_hidden_state[:, :-1]], dim=1)
+
+
+def _checkpointing(model) -> bool:
+    for name in ("is_activation_checkpointing", "is_gradient_checkpointing"):  # transformers 5, then 4
+        value = getattr(model, name, None)
+        if value is not None:
+            return bool(value)
+    return False
+
+
 def policy_forward(model, rollout: Rollout, temperature: float, value_head=None, precision: str = "fp32",
-                   *, from_hidden: bool = True) -> tuple[TokenStats, Tensor | None]:
+                   *, from_hidden: bool = True, share_prefix: bool = True) -> tuple[TokenStats, Tensor | None]:
     """TokenStats of the response tokens under the model, (B, R) each, and the value head's values, (B, R).
-    Statistics are float32 whatever the forward's precision; log p and H carry gradients."""
+    Statistics are float32 whatever the forward's precision; log p and H carry gradients. With share_prefix,
+    rows that share a prompt (a GRPO group) run it once (not under gradient checkpointing, which has no cache)."""
     device = next(model.parameters()).device
     tokens = rollout.response_ids.to(device)
     with autocast(precision, device):
         if from_hidden and streams_from_hidden(model):
-            input_ids, attn, position_ids = _positions(rollout, device)
-            out = model.get_decoder()(input_ids=input_ids, attention_mask=attn.long(), position_ids=position_ids,
-                                      use_cache=False)
-            p = rollout.prompt_ids.shape[1]
-            hidden = out.last_hidden_state[:, p - 1 : -1]  # (B, R, D): the states that predict each response token
+            decoder = model.get_decoder()
+            groups = prompt_groups(rollout)
+            checkpointing = model.training and _checkpointing(model)
+            if share_prefix and not checkpointing and int(groups[-1]) + 1 < len(groups):
+                hidden = _hidden_shared_prefix(decoder, rollout, groups, device)
+            else:
+                hidden = _hidden_full(decoder, rollout, device)  # (B, R, D)
             stats = token_stats_from_hidden(hidden, model.get_output_embeddings().weight, tokens, temperature=temperature)
         else:
             logits, hidden = sequence_forward(model, rollout, hidden=value_head is not None)

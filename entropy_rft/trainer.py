@@ -325,6 +325,7 @@ def train(cfg: TrainConfig, *, resume: bool = False) -> dict:
             # --- rollout and score (DAPO's dynamic sampling keeps only groups with mixed outcomes)
             problems, rollout, rewards, correct, sampling = sample_batch(engine, task, sampler, cfg, step)
             group_ids = torch.arange(len(problems)).repeat_interleave(cfg.group_size)
+            t_rollout = time.time()
             mask = rollout.response_mask
             if cfg.overlong_buffer_frac > 0:  # DAPO's soft overlong punishment
                 rewards = rewards + overlong_penalty(mask.sum(-1), max_len=cfg.max_new_tokens,
@@ -341,6 +342,7 @@ def train(cfg: TrainConfig, *, resume: bool = False) -> dict:
                 stats, old_values = batch_forward(model, rollout, cfg.temperature, rows_per_pass, value_head,
                                                   cfg.precision, from_hidden=cfg.stats_from_hidden)
             old_logp = stats.logp
+            t_stats = time.time()
             ref_logp = (batch_forward(ref_model, rollout, cfg.temperature, rows_per_pass, precision=cfg.precision,
                                       from_hidden=cfg.stats_from_hidden)[0].logp if ref_model else None)
             # --- advantages, (B,) or (B, R) once reweighted per token
@@ -374,6 +376,7 @@ def train(cfg: TrainConfig, *, resume: bool = False) -> dict:
                                            update_gen, entropy_coef=entropy_coef, selected=selected,
                                            critic=(value_head, old_values, returns), held=held)
             completed = step + 1
+            t_update = time.time()
             engine.sync_weights()  # the next rollout samples from the updated policy
             update_metrics.update(sampling)
             update_metrics["entropy_coef"] = entropy_coef
@@ -393,6 +396,10 @@ def train(cfg: TrainConfig, *, resume: bool = False) -> dict:
                 if controller:
                     controller.observe(metrics["entropy_change/realised"])
             metrics["seconds"] = time.time() - t0
+            # phases: rollout and scoring; statistics (the held forward, or the separate pass); advantages, filter,
+            # update (the rest of the forward, backward, optimizer) and probe; diagnostics and the realised change
+            metrics.update({"time/rollout": t_rollout - t0, "time/stats": t_stats - t_rollout,
+                            "time/update": t_update - t_stats, "time/diagnostics": time.time() - t_update})
             # --- log, evaluate, checkpoint
             if cfg.eval_every and (step + 1) % cfg.eval_every == 0 and step + 1 < cfg.steps:
                 evals[step + 1] = run_eval(engine, task, eval_problems, cfg, seed=cfg.seed + 10**6).to_json()

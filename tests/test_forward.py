@@ -206,3 +206,37 @@ def test_token_stats_of_held_forward_match_separate_pass(policy):
     for key in ("logp", "entropy", "s_star", "s_expect"):
         assert torch.equal(getattr(got, key), getattr(sep, key))
         torch.testing.assert_close(getattr(got, key), getattr(ref, key), atol=2e-6, rtol=1e-5)
+
+
+def grouped_rollout(groups=4, size=3, seed=1):
+    gen = torch.Generator().manual_seed(seed)
+    prompt = torch.randint(3, 22, (groups, 7), generator=gen)
+    pm = torch.ones(groups, 7, dtype=torch.bool)
+    pm[::2, :3] = False
+    prompt[~pm] = 0
+    prompt, pm = prompt.repeat_interleave(size, 0), pm.repeat_interleave(size, 0)
+    resp = torch.randint(3, 22, (groups * size, 9), generator=gen)
+    lengths = torch.randint(1, 10, (groups * size,), generator=gen)
+    rm = torch.arange(9)[None] < lengths[:, None]
+    resp[~rm] = 0
+    return Rollout(prompt, pm, resp, rm, lengths == 9, [""] * (groups * size))
+
+
+def test_shared_prompt_prefix_equals_full_sequences(policy):
+    """Running each group's prompt once and its responses over the cached prefix gives the statistics and the
+    gradients of full prompt + response passes (float32 rounding only), with left-padded prompts."""
+    from entropy_rft.forward import prompt_groups
+
+    model, _ = policy
+    ro = grouped_rollout()
+    assert prompt_groups(ro).tolist() == [0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3]
+    a, _ = policy_forward(model, ro, 0.9, share_prefix=True)
+    b, _ = policy_forward(model, ro, 0.9, share_prefix=False)
+    m = ro.response_mask
+    for key in ("logp", "entropy", "s_star", "s_expect"):
+        torch.testing.assert_close(getattr(a, key)[m], getattr(b, key)[m], atol=1e-5, rtol=1e-5)
+    params = list(model.parameters())
+    ga = torch.autograd.grad(a.logp[m].sum() + a.entropy[m].sum(), params)
+    gb = torch.autograd.grad(b.logp[m].sum() + b.entropy[m].sum(), params)
+    for x, y in zip(ga, gb):  # float32 sums in another order: compare each tensor's error to its norm
+        assert float((x - y).norm() / y.norm()) < 1e-5

@@ -41,7 +41,8 @@ def test_train_writes_metrics_checkpoint_and_evals(tmp_path):
 
 def test_seeded_runs_are_identical(tmp_path):
     """Same config and seed on CPU give identical metrics (timings aside)."""
-    strip = lambda rows: [{k: v for k, v in r.items() if k != "seconds"} for r in rows]  # noqa: E731
+    strip = lambda rows: [{k: v for k, v in r.items() if k != "seconds" and not k.startswith("time/")}  # noqa: E731
+                          for r in rows]
     train(tiny(tmp_path, "a"))
     train(tiny(tmp_path, "b"))
     assert strip(read_metrics(tmp_path / "a")) == strip(read_metrics(tmp_path / "b"))
@@ -88,7 +89,8 @@ def test_interrupt_saves_the_steps_completed(tmp_path, monkeypatch):
 
 
 def test_micro_batches_give_the_same_update(tmp_path):
-    """Gradient accumulation over micro-batches of 3 rows gives the same step-1 update as one full batch."""
+    """Gradient accumulation over micro-batches of 3 rows gives the same step-1 update as one full batch (to float
+    rounding, which Adam's first step, about lr * sign(g), amplifies where a gradient element is near 0)."""
     train(tiny(tmp_path, "one", steps=1, probe_every=0))
     train(tiny(tmp_path, "micro", steps=1, micro_batch_size=3, probe_every=0))
     from safetensors.torch import load_file
@@ -96,7 +98,7 @@ def test_micro_batches_give_the_same_update(tmp_path):
     a = load_file(tmp_path / "one" / "checkpoint-1" / "model.safetensors")
     b = load_file(tmp_path / "micro" / "checkpoint-1" / "model.safetensors")
     for key in a:
-        torch.testing.assert_close(a[key], b[key], atol=2e-6, rtol=1e-4)
+        torch.testing.assert_close(a[key], b[key], atol=5e-6, rtol=1e-4)
 
 
 def test_off_policy_epochs_use_true_ratios(tmp_path):
