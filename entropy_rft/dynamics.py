@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from . import kernels
 from .advantages import broadcast_advantages
 
 __all__ = [
@@ -238,15 +239,19 @@ def token_stats_from_hidden(
     tokens: Tensor,
     *,
     temperature: float = 1.0,
-    vocab_chunk: int = 2048,
-    row_chunk: int = 512,
+    vocab_chunk: int | None = None,
+    row_chunk: int | None = None,
+    use_triton: bool | None = None,
 ) -> TokenStats:
     """token_stats of logits = hidden @ lm_head_weight.T without materialising [N, V].
 
     hidden [..., D], lm_head_weight [V, D], tokens [...]. Streams over vocabulary tiles of `vocab_chunk`
-    (and rows of `row_chunk`), so at most one [row_chunk, vocab_chunk] fp32 tile exists at a time; the default
-    512 x 2048 tile (4 MiB) stays in cache (benchmarks/token_stats.py measures the choice). log p and H
+    (and rows of `row_chunk`), so at most one [row_chunk, vocab_chunk] tile exists at a time. log p and H
     are differentiable with respect to hidden and weight (the backward pass recomputes the tiles).
+
+    On a CUDA tensor with Triton importable (use_triton None: automatic) the tiles are folded by the Triton
+    kernels of `entropy_rft.kernels` (default tile 4096 x 16384 in the matmul's dtype); elsewhere by torch ops on
+    a 512 x 2048 fp32 tile (4 MiB, stays in cache: benchmarks/token_stats.py measures the choice).
     """
     if hidden.dim() < 1 or lm_head_weight.dim() != 2 or hidden.shape[-1] != lm_head_weight.shape[1]:
         raise ValueError(
@@ -261,7 +266,19 @@ def token_stats_from_hidden(
     if flat_h.shape[0] == 0:
         empty = hidden.new_zeros(tokens.shape, dtype=torch.float32)
         return TokenStats(empty, empty, empty, empty)
-    outs = _StreamingTokenStats.apply(flat_h, lm_head_weight, flat_t, float(temperature), vocab_chunk, row_chunk)
+    if use_triton is None:
+        use_triton = kernels.available(flat_h)
+    if use_triton:
+        if not kernels.available(flat_h):
+            raise ValueError("use_triton=True needs Triton and a CUDA tensor (or TRITON_INTERPRET=1 on CPU).")
+        outs = kernels.TritonTokenStats.apply(
+            flat_h, lm_head_weight, flat_t, float(temperature),
+            vocab_chunk or kernels.GPU_VOCAB_CHUNK, row_chunk or kernels.GPU_ROW_CHUNK,
+        )
+    else:
+        outs = _StreamingTokenStats.apply(
+            flat_h, lm_head_weight, flat_t, float(temperature), vocab_chunk or 2048, row_chunk or 512
+        )
     return TokenStats(*(o.reshape(tokens.shape) for o in outs))
 
 
