@@ -80,13 +80,57 @@ def test_clip_v_zero_advantage_option():
 
 
 def test_bad_mu_raises():
+    """Negative and NaN thresholds are rejected by name; mu = 0 is accepted (test_oracles checks what it does)."""
     s, adv, mask = batch()
-    with pytest.raises(ValueError, match="mu must be > 0"):
-        clip_b(s, adv, mask, mu=0.0)
-    with pytest.raises(ValueError, match="mu_plus must be > 0"):
+    with pytest.raises(ValueError, match="mu must be >= 0"):
+        clip_b(s, adv, mask, mu=-0.5)
+    with pytest.raises(ValueError, match="mu must be >= 0"):
+        clip_v(s, adv, mask, mu=float("nan"))
+    with pytest.raises(ValueError, match="mu_plus must be >= 0"):
         clip_v(s, adv, mask, mu_plus=-1.0)
     with pytest.raises(ValueError, match="max_frac"):
         clip_v(s, adv, mask, max_frac=0.0)
+    for fn in (clip_b, clip_v):
+        keep, _ = fn(s, adv, mask, mu=0.0)
+        assert (mask & ~keep).any()  # mu = 0 clips the negative-sample tokens below the mean
+
+
+@pytest.mark.parametrize("fn", [clip_b, clip_v])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_non_finite_score_at_a_valid_token_raises_naming_it(fn, bad):
+    """One NaN (or inf) score at a valid token raises an error naming its (row, position); before, the NaN made
+    the batch mean and std NaN, every comparison false, and the filter kept every token without a word."""
+    s, adv, mask = batch()
+    s[2, 1] = bad
+    with pytest.raises(ValueError, match=r"not finite at 1 valid token.*\(2, 1\)"):
+        fn(s, adv, mask)
+
+
+@pytest.mark.parametrize("fn", [clip_b, clip_v])
+def test_non_finite_score_at_a_padded_position_changes_nothing(fn):
+    """A NaN at a padded position neither raises nor reaches the batch statistics."""
+    s, adv, mask = batch()
+    s2 = s.clone()
+    s2[~mask] = float("nan")
+    kw = {"mu": 1.0, "max_frac": 0.05} if fn is clip_v else {}
+    k1, m1 = fn(s, adv, mask, **kw)
+    k2, m2 = fn(s2, adv, mask, **kw)
+    assert torch.equal(k1, k2) and m1 == m2 and (mask & ~k1).any()
+
+
+def test_clip_v_positive_side_never_clips_zero_advantage():
+    """clip_v(side="positive") filters A > 0 only: zero-advantage tokens count as negative (docstring), so they
+    are kept on the positive side whatever clip_zero_advantage says; A > 0 violators are still clipped."""
+    s, _, mask = batch()
+    adv = torch.zeros(s.shape[0])
+    adv[4:] = 1.0
+    s = s.clone()
+    s[1, 0] = -3.0  # a violator in a zero-advantage row
+    s[5, 0] = -3.0  # and one in a positive row
+    keep, _ = clip_v(s, adv, mask, mu=1.0, max_frac=None, side="positive")
+    assert keep[1, 0] and not keep[5, 0]
+    zero_rows = adv == 0
+    assert torch.equal(keep[zero_rows], mask[zero_rows])
 
 
 @pytest.mark.parametrize("action", ["retain", "mask"])
