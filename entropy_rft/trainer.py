@@ -512,23 +512,25 @@ def update_policy(model, optimizer, rollout: Rollout, adv, old_logp, ref_logp, l
                     stats, values = policy_forward(model, rollout.select(part), cfg.temperature, value_head,
                                                    cfg.precision, from_hidden=cfg.stats_from_hidden)
                 extra = {"selected": selected[part].to(device)} if selected is not None else {}
+                agg = {"agg": cfg.loss_agg, "num_tokens": n_tokens, "num_seqs": n_seqs, "norm": cfg.max_new_tokens}
                 loss, pm = loss_spec.fn(stats.logp, old_logp[part].to(device), adv[part].to(device), m,
-                                        agg=cfg.loss_agg, num_tokens=n_tokens, num_seqs=n_seqs, **loss_kwargs, **extra)
+                                        **agg, **loss_kwargs, **extra)
                 if ref_logp is not None:
                     kl = aggregate(kl_penalty(stats.logp, ref_logp[part].to(device)), m, cfg.loss_agg,
-                                   num_tokens=n_tokens, num_seqs=n_seqs)
+                                   num_tokens=n_tokens, num_seqs=n_seqs, norm=cfg.max_new_tokens)
                     loss = loss + cfg.kl_coef * kl
                     pm["kl"] = kl.detach()
                 if value_head is not None:  # the critic learns on every valid token
                     vm = valid[part].to(device)
                     vl, vmetrics = value_loss(values, old_values[part].to(device), returns[part].to(device), vm,
-                                              clip_range=cfg.value_clip, agg=cfg.loss_agg,
+                                              clip_range=cfg.value_clip, agg=cfg.loss_agg, norm=cfg.max_new_tokens,
                                               num_tokens=valid[rows].sum().clamp_min(1).to(device),
                                               num_seqs=(valid[rows].sum(-1) > 0).sum().clamp_min(1).to(device))
                     loss = loss + cfg.vf_coef * vl
                     pm.update(vmetrics, value_loss=vl.detach())
                 if entropy_coef:
-                    bonus = aggregate(stats.entropy, m, cfg.loss_agg, num_tokens=n_tokens, num_seqs=n_seqs)
+                    bonus = aggregate(stats.entropy, m, cfg.loss_agg, num_tokens=n_tokens, num_seqs=n_seqs,
+                                      norm=cfg.max_new_tokens)
                     loss = loss - entropy_coef * bonus
                 loss.backward()
                 ratio[part] = (stats.logp.detach() - old_logp[part].to(device)).exp().cpu()

@@ -148,3 +148,36 @@ def test_outcome_token_rewards_and_gae_hand_case():
     torch.testing.assert_close(tr, torch.tensor([[0.0, 1.0, 0.0], [0.0, 0.0, -1.0]]))
     raw, ret = gae(tr, torch.zeros(2, 3), mask, gamma=1.0, lam=1.0, whiten=False)
     torch.testing.assert_close(raw, torch.tensor([[1.0, 1.0, 0.0], [-1.0, -1.0, -1.0]]))
+
+
+def test_dr_grpo_update_does_not_depend_on_the_padded_width():
+    """The trainer's Dr. GRPO loss (seq-mean-token-sum-norm) on the same responses padded to width 9 and 16
+    is the same (it divides by max_new_tokens); before, it divided by the batch's padded width."""
+    import copy
+
+    from entropy_rft.forward import batch_forward
+    from entropy_rft.rollout import Rollout
+    from entropy_rft.trainer import load_policy, update_policy
+
+    model, tok = load_policy("countdown-tiny", torch.device("cpu"), trainable=True)
+    cfg = load_config(None, method="dr_grpo", max_new_tokens=16, lr=1e-4, progress=False)
+    assert cfg.loss_agg == "seq-mean-token-sum-norm"
+    g = torch.Generator().manual_seed(0)
+    n = 4
+    prompt = torch.randint(3, 20, (n, 5), generator=g)
+    response = torch.randint(3, 20, (n, 9), generator=g)
+    mask = torch.arange(9)[None] < torch.tensor([9, 3, 6, 2])[:, None]
+    response[~mask] = 0
+    narrow = Rollout(prompt, torch.ones(n, 5, dtype=torch.bool), response, mask, mask.sum(-1) == 9, [""] * n)
+    pad = torch.zeros(n, 7, dtype=torch.long)
+    wide = Rollout(prompt, torch.ones(n, 5, dtype=torch.bool), torch.cat([response, pad], 1),
+                   torch.cat([mask, pad.bool()], 1), narrow.finished, [""] * n)
+    adv = torch.tensor([1.0, -0.5, 0.25, -1.0])
+    losses = []
+    for ro in (narrow, wide):
+        m = copy.deepcopy(model)
+        old = batch_forward(m, ro, cfg.temperature, n)[0].logp
+        opt = torch.optim.Adam(m.parameters(), lr=cfg.lr)
+        out = update_policy(m, opt, ro, adv, old, None, ro.response_mask, cfg, torch.Generator().manual_seed(1))
+        losses.append(out["loss/policy"])
+    assert losses[0] != 0 and losses[0] == pytest.approx(losses[1], rel=1e-5)

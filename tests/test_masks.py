@@ -169,13 +169,14 @@ def test_micro_batches_change_no_mask_and_no_gradient(agg, method):
     new = (old + torch.randn(12, 12, generator=g) * 0.2).requires_grad_()
     loss_mask = mask & keep
     n_tok, n_seq = loss_mask.sum(), (loss_mask.sum(-1) > 0).sum()
-    full, _ = ppo_clip_loss(new, old, adv, loss_mask, agg=agg, num_tokens=n_tok, num_seqs=n_seq)
+    full, _ = ppo_clip_loss(new, old, adv, loss_mask, agg=agg, num_tokens=n_tok, num_seqs=n_seq, norm=16)
     (g_full,) = torch.autograd.grad(full, new)
     total = 0.0
     for rows in (slice(0, 5), slice(5, 7), slice(7, 12)):
         k_micro, _ = fn(s, adv, mask, **kw)  # recomputed per micro-batch from the whole batch: identical
         assert torch.equal(k_micro, keep)
-        part, _ = ppo_clip_loss(new[rows], old[rows], adv[rows], loss_mask[rows], agg=agg, num_tokens=n_tok, num_seqs=n_seq)
+        part, _ = ppo_clip_loss(new[rows], old[rows], adv[rows], loss_mask[rows], agg=agg, num_tokens=n_tok,
+                              num_seqs=n_seq, norm=16)
         total = total + part
     (g_micro,) = torch.autograd.grad(total, new)
     torch.testing.assert_close(g_micro, g_full, atol=1e-7, rtol=1e-5)
@@ -191,9 +192,24 @@ def test_aggregate_loop_reference():
     assert float(aggregate(x, m, "token-mean")) == pytest.approx(sum(map(sum, rows)) / sum(map(len, rows)), rel=1e-5)
     assert float(aggregate(x, m, "seq-mean-token-mean")) == pytest.approx(sum(sum(r) / len(r) for r in rows) / 3, rel=1e-5)
     assert float(aggregate(x, m, "seq-mean-token-sum")) == pytest.approx(sum(map(sum, rows)) / 3, rel=1e-5)
-    assert float(aggregate(x, m, "seq-mean-token-sum-norm")) == pytest.approx(sum(map(sum, rows)) / 3 / 6, rel=1e-5)
+    norm = 16  # the generation budget (max_new_tokens), a constant, not the padded width 6
+    assert float(aggregate(x, m, "seq-mean-token-sum-norm", norm=norm)) == pytest.approx(sum(map(sum, rows)) / 3 / norm,
+                                                                                        rel=1e-5)
     with pytest.raises(ValueError, match="unknown loss aggregation"):
         aggregate(x, m, "token-sum")
+
+
+def test_dr_grpo_norm_is_a_constant_not_the_padded_width():
+    """Dr. GRPO's seq-mean-token-sum-norm divides by a constant: without one it raises (it used to divide by the
+    padded width), and the same tokens padded to width 5 and to width 16 give the same loss."""
+    x = torch.randn(3, 5)
+    m = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0]], dtype=torch.bool)
+    with pytest.raises(ValueError, match="norm= the generation budget"):
+        aggregate(x, m, "seq-mean-token-sum-norm")
+    wide_x = torch.cat([x, torch.randn(3, 11)], dim=1)
+    wide_m = torch.cat([m, torch.zeros(3, 11, dtype=torch.bool)], dim=1)
+    narrow = aggregate(x, m, "seq-mean-token-sum-norm", norm=16)
+    torch.testing.assert_close(aggregate(wide_x, wide_m, "seq-mean-token-sum-norm", norm=16), narrow)
 
 
 def test_k3_kl_penalty_definition():

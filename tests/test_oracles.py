@@ -95,6 +95,8 @@ def test_ppo_clip_loss_matches_verl(case):
     if gbi:
         kw = dict(num_tokens=gbi["batch_num_tokens"] / gbi["dp_size"], num_seqs=gbi["global_batch_size"] / gbi["dp_size"],
                   norm=gbi["loss_scale_factor"])
+    elif p["loss_agg_mode"] == "seq-mean-token-sum-norm":  # verl's default loss_scale_factor is the response
+        kw = dict(norm=len(b["log_prob"][0]))  # width, which verl pads to max_response_length: the budget
     loss, m = losses.ppo_clip_loss(logp, f32(b["old_log_prob"]), f32(b["advantages"]), f32(b["response_mask"]),
                                    eps_low=p["clip_ratio_low"], eps_high=p["clip_ratio_high"],
                                    dual_clip_c=p["clip_ratio_c"], agg=p["loss_agg_mode"], **kw)
