@@ -181,3 +181,27 @@ def test_dr_grpo_update_does_not_depend_on_the_padded_width():
         out = update_policy(m, opt, ro, adv, old, None, ro.response_mask, cfg, torch.Generator().manual_seed(1))
         losses.append(out["loss/policy"])
     assert losses[0] != 0 and losses[0] == pytest.approx(losses[1], rel=1e-5)
+
+
+def test_kl_cov_recipe_is_cui_et_al_7b_and_off_policy():
+    """KL-Cov's penalty |log r| is 0 with zero gradient on-policy (r = 1), so a strict on-policy KL-Cov step is
+    GRPO's exactly; the Table 3 recipe therefore uses Cui et al.'s 7B settings (ratio 2e-3, coef 1) with
+    off-policy mini-batches, and at that ratio selects tokens of a recipe-sized batch."""
+    from pathlib import Path
+
+    from entropy_rft.losses import kl_cov_loss
+
+    g = torch.Generator().manual_seed(0)
+    logp = (torch.randn(4, 6, generator=g) - 1).requires_grad_()
+    adv, mask = torch.randn(4, generator=g), torch.ones(4, 6, dtype=torch.bool)
+    selected = torch.ones(4, 6, dtype=torch.bool)
+    (g_kl,) = torch.autograd.grad(kl_cov_loss(logp, logp.detach(), adv, mask, selected=selected)[0], logp)
+    (g_pg,) = torch.autograd.grad(ppo_clip_loss(logp, logp.detach(), adv, mask)[0], logp)
+    torch.testing.assert_close(g_kl, g_pg)  # on-policy: the KL term does nothing
+    recipe = Path(__file__).parent.parent / "entropy_rft" / "configs" / "paper" / "qwen2.5-7b-instruct_kl_cov.yaml"
+    cfg = load_config(str(recipe))
+    assert cfg.method == "kl_cov" and cfg.kl_cov_ratio == 2e-3 and cfg.kl_cov_coef == 1.0
+    assert cfg.mini_batches * cfg.ppo_epochs > 1 and cfg.prompts_per_step % cfg.mini_batches == 0
+    n = cfg.prompts_per_step * cfg.group_size * 50  # a batch of short responses
+    assert int(select_kl_cov(torch.randn(n), torch.randn(n, 1), torch.ones(n, 1, dtype=torch.bool),
+                             ratio=cfg.kl_cov_ratio).sum()) == int(cfg.kl_cov_ratio * n)
