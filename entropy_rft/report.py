@@ -118,7 +118,7 @@ def _mu_plot(runs: list[dict], path: Path) -> Path | None:
         cfg = run["config"]
         if cfg.get("method") in ("clip_b", "clip_v") and cfg.get("mu") is not None and cfg.get("entropy_target") is None:
             clip = [v for v in series(run, "clip_frac") if math.isfinite(v)]
-            ent = [v for v in series(run, "entropy_all_tokens") if math.isfinite(v)]
+            ent = [v for v in series(run, "entropy") if math.isfinite(v)]
             tail = ent[-max(1, len(ent) // 10):]
             by_method.setdefault(cfg["method"], []).append((cfg["mu"], sum(clip) / len(clip), sum(tail) / len(tail)))
     if not any(len(v) > 1 for v in by_method.values()):
@@ -203,7 +203,7 @@ def build_report(run_dirs: list[Path | str], out: Path | str) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     runs = [load_run(d) for d in run_dirs]
     figures = [
-        ("Entropy (Figures 1, 2c-d)", _panel_plot(runs, [("entropy_all_tokens", "token entropy"), ("clip_frac", "clipped fraction")],
+        ("Entropy (Figures 1, 2c-d)", _panel_plot(runs, [("entropy", "token entropy (all valid tokens)"), ("clip_frac", "clipped fraction")],
                                                    out / "entropy.png", "Entropy and clipped fraction")),
         ("S* and S_c batch means (Figure 3)", _panel_plot(runs, [("s_star_mean", "batch mean S*"), ("s_centered_mean", "batch mean S_c")],
                                                            out / "s_means.png", "Corollary 2: S_c averages to about 0")),
@@ -224,7 +224,7 @@ def build_report(run_dirs: list[Path | str], out: Path | str) -> Path:
              "Avg@K before -> after | Pass@K before -> after | corr(pred, realised) | sign agreement |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for run in runs:
-        cfg, ent = run["config"], [v for v in series(run, "entropy_all_tokens") if math.isfinite(v)]
+        cfg, ent = run["config"], [v for v in series(run, "entropy") if math.isfinite(v)]
         clip = [v for v in series(run, "clip_frac") if math.isfinite(v)]
         ev = run["evals"]
         a = f"{ev[min(ev)]['avg_at_k']:.3f} -> {ev[max(ev)]['avg_at_k']:.3f}" if ev else "-"

@@ -563,8 +563,8 @@ def step_metrics(step, rewards, correct, adv, stats: TokenStats, mask, keep, rol
         "step": step + 1,
         "reward_mean": float(rewards.mean()),
         "accuracy": float(correct.float().mean()),
-        "entropy": masked_mean(stats.entropy, loss_mask),  # token-mean over the loss tokens
-        "entropy_all_tokens": masked_mean(stats.entropy, mask),
+        "entropy": masked_mean(stats.entropy, mask),  # the policy's: token-mean over every valid response token
+        "entropy_kept": masked_mean(stats.entropy, loss_mask),  # over the tokens the filter keeps in the loss
         "clip_frac": fractions["frac_clipped"],
         "clip_frac_pos": fractions["frac_clipped_pos"],
         "clip_frac_neg": fractions["frac_clipped_neg"],
