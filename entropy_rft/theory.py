@@ -7,13 +7,16 @@ float64): predicted first-order entropy changes against exact ones, for
 - Corollary 1 (eq. 11): sum_k p_k S_c,k, exactly 0;
 - Corollary 2 (eq. 12): batch mean of S_c under on-policy sampling, against the batch mean of S*;
 - Corollary 3 (eq. 13): E_{k~p}[dH] with a latent advantage per vocabulary item, predicted -eta Cov_{k~p}(A, S_c);
-- Corollary 4 (eq. 14) and 4.1 (eq. 28): one GRPO step on a batch of positions, predicted -eta Cov_B(A, r S_c).
+- Corollary 4 (eq. 14) and 4.1 (eq. 28): one GRPO step on a batch of positions, predicted -eta Cov_B(A, r S_c);
+  and with advantages of non-zero batch mean, where Corollary 4's dropped term -eta E_B[A] E_B[S_c] is not zero:
+  Corollary 4 then carries an error that does not shrink with the step, while eq. 23, -eta E_B[A S_c], stays exact.
 
 A real model (the shipped policy by default): its parameters, not its logits, move, so each token's logits change
 by eta J J^T grad_z rather than by the logit-space step; the theory then predicts the sign of the change (and
 its scale up to the kernel). Reported: sign agreement and correlation of predicted against realised changes for
 single-token updates (one SGD step on one token's -A log p_k) and for full GRPO steps (one SGD step on a batch's
-token-mean loss, predicted by Corollary 4).
+token-mean loss), predicted by Corollary 4 in logit space (-lr / |T_B| Cov_B(A, S_c), dynamics departure 3) and by
+the exact first-order change through the network (-lr grad(mean H) . grad(loss)).
 """
 
 from __future__ import annotations
