@@ -161,11 +161,14 @@ class TrainConfig:
         TASKS.get(self.task)
         if self.loss_agg not in AGG_MODES:
             raise ValueError(f"loss_agg {self.loss_agg!r} unknown; choose one of {', '.join(AGG_MODES)}")
-        for name in ("mu", "mu_plus", "max_frac"):
+        for name in ("mu", "mu_plus"):  # 0 is the authors' "clip every token below the mean"; rejects NaN
             value = getattr(self, name)
-            if value is not None and not value > 0:
-                raise ValueError(f"{name} must be > 0, got {value} (mu is a multiple of the batch std; the paper "
+            if value is not None and not value >= 0:
+                raise ValueError(f"{name} must be >= 0, got {value} (mu is a multiple of the batch std; the paper "
                                  "uses 2.5 for Clip_B and 8.5 for Clip_V)")
+        if self.max_frac is not None and not self.max_frac > 0:
+            raise ValueError(f"max_frac must be > 0, got {self.max_frac} (Clip_V's cap on the clipped fraction; "
+                             "the paper uses 1e-4)")
         if self.side not in (None, "negative", "positive", "all"):
             raise ValueError(f"side must be negative, positive or all, got {self.side!r}")
         for name in ("steps", "prompts_per_step", "group_size", "ppo_epochs", "mini_batches", "eval_k", "max_new_tokens"):

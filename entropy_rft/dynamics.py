@@ -21,6 +21,16 @@ Departures:
    d log p_k / dz_i = [i = k] - p_i and dH / dz_i = -S_i).
 2. Logits masked with -inf are floored at -1e30 after centring, so every statistic stays finite (the paper
    assumes p_i > 0; verl's entropy returns NaN for -inf logits).
+3. Normalisation of Corollary 4 (a clarification of eq. 7-8): eq. 7 writes one token's surrogate r A log p_k
+   and eq. 8 steps its logits by eta times its gradient, so each token moves by alpha = eta r A. The loss actually
+   minimised (eq. 1, and the trainer's token-mean) is the mean of that surrogate over |T_B| tokens, so each
+   token's logit gradient carries 1/|T_B| and a step of size eta moves its logits by alpha = eta r A / |T_B|.
+   corollary4_entropy_change and batch_mean_entropy_change take that denominator as num_tokens (the loss's
+   token-mean denominator: the kept tokens, or every valid token with denominator="all"); num_tokens=None is
+   the per-token form as printed (each token stepped by eta r A, as the tabular checks in theory.py do). Either
+   way this is the logit-space prediction: a network moves each token's logits by its tangent kernel times the
+   logit gradient, and Adam rescales the step, so the trainer also logs the exact first-order change through the
+   network (forward.EntropyProbe) and reports the two side by side.
 """
 
 from __future__ import annotations
@@ -307,24 +317,31 @@ def batch_covariance(x: Tensor, y: Tensor, mask: Tensor) -> Tensor:
 
 
 def corollary4_entropy_change(
-    advantages: Tensor, s_centered: Tensor, mask: Tensor, *, lr: float, ratio: Tensor | None = None
+    advantages: Tensor, s_centered: Tensor, mask: Tensor, *, lr: float, ratio: Tensor | None = None,
+    num_tokens: Tensor | float | None = None,
 ) -> Tensor:
     """Corollary 4, eq. 14 (on-policy) and Corollary 4.1, eq. 28 (with importance ratios r):
-    the batch-mean entropy change of one step, -lr * Cov_B(A, r * S_c), over the valid tokens.
+    the mean entropy change over the masked tokens of one logit-space step, -lr / |T_B| * Cov_B(A, r * S_c).
 
-    advantages [B] or [B, T]; s_centered, mask (and ratio) [B, T].
+    num_tokens is |T_B|, the token-mean loss's denominator (module docstring, departure 3); None drops it (each
+    token's logits stepped by lr r A, eq. 7-8 as printed). advantages [B] or [B, T]; s_centered, mask (and
+    ratio) [B, T].
     """
     adv = broadcast_advantages(advantages, s_centered)
     score = s_centered if ratio is None else ratio * s_centered
-    return -lr * batch_covariance(adv, score, mask)
+    step = lr if num_tokens is None else lr / num_tokens
+    return -step * batch_covariance(adv, score, mask)
 
 
 def batch_mean_entropy_change(
-    advantages: Tensor, s_centered: Tensor, mask: Tensor, *, lr: float, ratio: Tensor | None = None
+    advantages: Tensor, s_centered: Tensor, mask: Tensor, *, lr: float, ratio: Tensor | None = None,
+    num_tokens: Tensor | float | None = None,
 ) -> Tensor:
-    """Theorem 2 averaged over the batch, eq. 23: -lr * E_B[A r S_c]. Corollary 4 drops from this the term
-    -lr E_B[A] E_B[r S_c], which Corollary 2 makes about zero on-policy."""
+    """Theorem 2 averaged over the batch, eq. 23: -lr / |T_B| * E_B[A r S_c] (num_tokens = |T_B| as in
+    corollary4_entropy_change). Corollary 4 drops from this the term -lr E_B[A] E_B[r S_c], which Corollary 2
+    makes about zero on-policy; on a filtered token set (or off-policy) E_B[r S_c] need not be small."""
     adv = broadcast_advantages(advantages, s_centered)
     score = s_centered if ratio is None else ratio * s_centered
     m = mask.to(torch.float32)
-    return -lr * (adv.float() * score.float() * m).sum() / m.sum().clamp_min(1.0)
+    step = lr if num_tokens is None else lr / num_tokens
+    return -step * (adv.float() * score.float() * m).sum() / m.sum().clamp_min(1.0)

@@ -117,7 +117,8 @@ class EntropyGRPOTrainer(GRPOTrainer):
             **{k: float(v) for k, v in metrics.items()},
             "s_star_mean": masked_mean(every.s_star, mask),
             "s_centered_mean": masked_mean(every.s_centered, mask),
-            "entropy": masked_mean(every.entropy, mask),
+            "entropy": masked_mean(every.entropy, mask),  # the policy's, over every valid completion token
+            "entropy_kept": masked_mean(every.entropy, keep & mask),  # over the tokens the filter keeps
             "cov_a_sc": float(batch_covariance(broadcast_advantages(adv, s_star), every.s_centered, mask)),
             "kept_frac": masked_mean(keep & mask, mask),
         }
