@@ -28,6 +28,7 @@ N_r = rows x max_new_tokens response tokens; bytes):
      MLP: gate, SiLU(gate), up and their product                                  4 a i
      qwen3 only, the q and k RMSNorms over d                                      ((4 + a) d + 4) (H + KV)
      LoRA: each adapter's rank-r input                                            a r per adapted layer
+       (and: the frozen norms keep no normalised output, -8 h; bf16 o_proj input copy, +2 H d)
    plus, once per pass: the final norm (8 h per token), the last hidden state of each response token (4 h), the
    RoPE tables (8 d per token), token ids (8 per token). Without gradient
    checkpointing every layer's activations are saved. With it, each layer saves only its float32 input (4 h per
@@ -203,7 +204,8 @@ def layer_activation_bytes(shape: ModelShape, *, precision: str, lora_rank: int 
     """Bytes autograd saves in one decoder layer per token (the padding mask's bias: seq_len of them per token)."""
     a = 2 if precision == "bf16" else 4
     h, i, heads, d, kv = shape.hidden, shape.intermediate, shape.heads, shape.head_dim, shape.kv_heads
-    norms = 16 * h + 8  # two RMSNorms on the float32 residual stream (+ their 1/rms per token)
+    # two RMSNorms on the float32 residual stream: input, normalised output (kept for a trained norm weight), 1/rms
+    norms = (8 if lora_rank else 16) * h + 8
     # the linear layers' inputs: bf16, the q, k, v, gate and up inputs cast to bf16; fp32, the two norms' outputs
     casts = 10 * h if precision == "bf16" else 8 * h
     attention = 4 * a * heads * d + 4 * heads  # q, k, v repeated to every head, output; logsumexp
@@ -211,6 +213,8 @@ def layer_activation_bytes(shape: ModelShape, *, precision: str, lora_rank: int 
     mlp = 4 * a * i
     qk_norm = ((4 + a) * d + 4) * (heads + kv) if shape.qk_norm else 0  # float32 input, cast output, 1/rms
     lora = a * lora_rank * lora_layers
+    if lora_rank and precision == "bf16":  # PEFT casts o_proj's bf16 input to float32 and autocast casts it back
+        lora += 2 * heads * d
     return norms + casts + attention + mask_bias + mlp + qk_norm + lora
 
 
@@ -223,10 +227,10 @@ def pass_activation_bytes(shape: ModelShape, *, rows: int, prompt: int, response
     n, n_r, h = rows * t, rows * response, shape.hidden
     layer = n * layer_activation_bytes(shape, precision=precision, lora_rank=lora_rank, lora_layers=lora_layers,
                                        seq_len=t)
-    outside = (n * (8 * h + 4)  # final RMSNorm: its input and normalised output
+    outside = (n * ((4 if lora_rank else 8) * h + 4)  # final RMSNorm: input (and normalised output, if trained)
                + n_r * (4 * h + 8)  # the last hidden state of each response token, its logsumexp and mean logit
                + n * 8 * shape.head_dim  # RoPE cos and sin (float32)
-               + 8 * (n + n_r)  # input ids, token ids
+               + 8 * ((0 if lora_rank else n) + n_r)  # input ids (for a trained embedding), token ids
                + (n * 4 * h if value_head else 0))  # the value head's input
     if checkpointing:
         saved = shape.layers * n * 4 * h + outside + rows * t * t  # the checkpoints keep the boolean mask
