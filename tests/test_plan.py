@@ -308,3 +308,24 @@ def test_cli_fits_json_and_model_directory(tmp_path, capsys):
     assert code == 0 and json.loads(out)["params"] == 149056
     code, _, err = run_cli(["plan", "--set", "model=Org/Unknown-Model"], capsys)
     assert code == 2 and "--model DIR" in err
+
+
+def test_dry_run_prints_the_recipes_plan(tmp_path, capsys, monkeypatch):
+    """`train --dry-run` prints, after the dry run's report, the memory plan of the recipe's real model (the dry
+    run itself, two steps on the CPU stand-in, is tests/test_pipeline.py's; replaced here to keep this fast)."""
+    import entropy_rft.pipeline
+
+    monkeypatch.setattr(entropy_rft.pipeline, "dry_run", lambda cfg, out: {"ok": True})
+    code, out, _ = run_cli(["train", "--config", str(ROOT / "one_gpu" / "qwen2.5-7b-instruct_clip_b_lora.yaml"),
+                            "--dry-run", "--out", str(tmp_path)], capsys)
+    assert code == 0 and "dry run passed" in out
+    assert "Memory plan for Qwen/Qwen2.5-7B-Instruct" in out and "LoRA rank 32" in out and "-> fits" in out
+
+
+def test_shipped_accelerate_config_is_zero3():
+    """examples/accelerate/deepspeed_zero3.yaml loads with accelerate's own reader as DeepSpeed ZeRO-3, bf16."""
+    config_args = pytest.importorskip("accelerate.commands.config.config_args")
+    path = Path(__file__).parent.parent / "examples" / "accelerate" / "deepspeed_zero3.yaml"
+    config = config_args.load_config_from_file(str(path))
+    assert str(config.distributed_type).endswith("DEEPSPEED")
+    assert config.deepspeed_config["zero_stage"] == 3 and config.mixed_precision == "bf16"
