@@ -44,14 +44,18 @@ N_r = rows x max_new_tokens response tokens; bytes):
 10. vLLM (engine vllm): `vllm_gpu_memory` of the device is vLLM's (its bf16 weights, 2 P, and its KV cache);
    the trainer gets the rest. CUDA context and workspace: a fixed 1 GiB.
 
-The peak is the larger of two moments: the end of a forward (autocast's cached casts, every saved activation)
-and the start of its backward (saved activations, one recomputed layer, gradient buffers, the LM head's gradient
-buffer). Rows 1-6 are held throughout.
+The peak is the largest of three moments: the end of a forward (autocast's cached casts, every saved activation),
+the start of its backward (saved activations, one recomputed layer, gradient buffers, the LM head's gradient
+buffer) and, with the HF engine, generation (the float32 KV cache of one generate call of up to 512 rows, every
+row at prompt + max_new_tokens, and a step's [rows, V] logits). Rows 1-6 are held throughout.
 
 Departures from the trainer, numbered (where the plan is conservative):
 1. The shared-prefix forward (each GRPO group's prompt run once, without checkpointing) is counted as if every
    row ran its prompt: an upper estimate of the prompt's share.
 2. Every response is taken at max_new_tokens and the prompt at `prompt_tokens` (a planning input, default 512).
+3. Gradients are counted as held at the peak: true under gradient accumulation (from a mini-batch's second
+   micro-batch on) and while generating; with a single micro-batch they grow during the backward as activations
+   are freed, so the plan overstates that case by up to 4 P_t.
 """
 
 from __future__ import annotations
@@ -71,6 +75,7 @@ SUPPORTED = ("qwen2", "qwen3", "llama", "mistral")
 CUDA_CONTEXT_BYTES = 1 * GIB  # CUDA context, cuBLAS workspace, allocator slack (a fixed estimate)
 DEFAULT_DEVICE_GIB = 80.0
 DEFAULT_PROMPT_TOKENS = 512
+HF_GENERATE_ROWS = 512  # rollout.hf.HFEngine's default batch_size: sequences per generate call
 LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
@@ -263,6 +268,7 @@ class Plan:
     phase: str  # the peak's moment: "forward" or "backward"
     peak_items: dict[str, float]  # the peak moment's transient rows, bytes
     notes: list[str]
+    phase_totals: dict[str, float]  # trainer memory at each moment (forward, backward, generate), bytes
 
     @property
     def training_bytes(self) -> float:
@@ -285,6 +291,7 @@ class Plan:
                 "peak_phase": self.phase, "gib": {**{k: g(v) for k, v in self.items.items()},
                                                   **{k: g(v) for k, v in self.peak_items.items()}},
                 "training_gib": g(self.training_bytes), "vllm_gib": g(self.vllm_bytes),
+                "phases_gib": {k: g(v) for k, v in self.phase_totals.items()},
                 "device_gib": g(self.device_bytes), "fits": self.fits, "notes": self.notes}
 
     def table(self) -> str:
@@ -299,7 +306,9 @@ class Plan:
             lines.append(f"  {k:<72}{g(v)}")
         for k, v in self.peak_items.items():
             lines.append(f"  {k + ' [' + self.phase + ']':<72}{g(v)}")
-        lines += [f"  {'= trainer peak (estimate)':<72}{g(self.training_bytes)}"]
+        lines += [f"  {'= trainer peak (estimate)':<72}{g(self.training_bytes)}",
+                  "    (trainer at each moment, GiB: " + ", ".join(f"{k} {v / GIB:.2f}" for k, v in self.phase_totals.items())
+                  + ")"]
         if self.vllm_bytes:
             lines.append(f"  {'+ vLLM share (vllm_gpu_memory)':<72}{g(self.vllm_bytes)}")
         lines += [f"  {'= total':<72}{g(self.training_bytes + self.vllm_bytes)}",
@@ -387,8 +396,17 @@ def plan_memory(cfg: TrainConfig, shape: ModelShape, *, device_gib: float = DEFA
                 "activations" + (" (layer inputs + one recomputed layer)" if cfg.gradient_checkpointing else ""):
                     act["backward"],
                 stats_name: stats_bwd, "LM head gradient buffer (float32 [V, h])": lm_grad}
-    phase, peak = max((("forward", forward), ("backward", backward)), key=lambda kv: sum(kv[1].values()))
-    peak = {k: v for k, v in peak.items() if v or k.startswith("activations")}
+    phases = [("forward", forward), ("backward", backward)]
+    if cfg.engine == "hf":  # generation between updates: the float32 KV cache of one generate call, all rows at T
+        gen_rows = min(HF_GENERATE_ROWS, batch)
+        kv_bytes = 2 * shape.layers * shape.kv_heads * shape.head_dim * 4
+        phases.append(("generate", {f"HF generate: float32 KV cache ({gen_rows} rows x {prompt_tokens + response})":
+                                    kv_bytes * gen_rows * (prompt_tokens + response),
+                                    "HF generate: logits and sampling of one step (float32 [rows, V] x 3)":
+                                    3 * 4 * gen_rows * shape.vocab}))
+    phase_totals = {name: sum(held.values()) + sum(rows_.values()) for name, rows_ in phases}
+    phase, peak = max(phases, key=lambda kv: sum(kv[1].values()))
+    peak = {k: v for k, v in peak.items() if v or k.startswith(("activations", "HF"))}
     vllm = 0.0
     if cfg.engine == "vllm":
         vllm = cfg.vllm_gpu_memory * device_gib * GIB
@@ -403,7 +421,8 @@ def plan_memory(cfg: TrainConfig, shape: ModelShape, *, device_gib: float = DEFA
     return Plan(model=model or cfg.model, source=source, shape=shape, params=P, trainable=trainable, rows=rows,
                 prompt_tokens=prompt_tokens, response_tokens=response, precision=cfg.precision,
                 checkpointing=cfg.gradient_checkpointing, lora_rank=cfg.lora_rank, device_bytes=device_gib * GIB,
-                device_note=device_note, vllm_bytes=vllm, items=held, phase=phase, peak_items=peak, notes=notes)
+                device_note=device_note, vllm_bytes=vllm, items=held, phase=phase, peak_items=peak, notes=notes,
+                phase_totals=phase_totals)
 
 
 def zero3_gpus(plan: Plan, cfg: TrainConfig, shape: ModelShape, *, device_gib: float, max_gpus: int = 64) -> int | None:
