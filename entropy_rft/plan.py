@@ -38,16 +38,17 @@ N_r = rows x max_new_tokens response tokens; bytes):
    bf16 autocast, Qwen2); CUDA's attention kernels save the same tensors up to padding. It is an estimate of the
    formula: allocator fragmentation and the CUDA context are a separate fixed row (9).
 9. statistics tiles: `dynamics.token_stats_from_hidden` streams row_chunk x vocab_chunk float32 tiles (its
-   defaults); the backward holds about eight such tiles, the gradient of the hidden states (4 h N_r) and, when the
+   defaults); its backward holds about five such tiles, the gradient of the hidden states (4 h N_r) and, when the
    LM head trains, a float32 [V, h] buffer for its gradient. Models whose logits are not lm_head(hidden) (or
    stats_from_hidden false) materialise [N, V] logits instead (about a V N + 16 V N_r).
 10. vLLM (engine vllm): `vllm_gpu_memory` of the device is vLLM's (its bf16 weights, 2 P, and its KV cache);
    the trainer gets the rest. CUDA context and workspace: a fixed 1 GiB.
 
-The peak is the largest of three moments: the end of a forward (autocast's cached casts, every saved activation),
-the start of its backward (saved activations, one recomputed layer, gradient buffers, the LM head's gradient
-buffer) and, with the HF engine, generation (the float32 KV cache of one generate call of up to 512 rows, every
-row at prompt + max_new_tokens, and a step's [rows, V] logits). Rows 1-6 are held throughout.
+The peak is the largest of four moments: the end of a forward (autocast's cached casts, every saved activation),
+the statistics' backward (saved activations, the tiles, d hidden and the LM head's gradient buffer), the backward
+through the decoder layers (saved activations, one recomputed layer under checkpointing, the residual stream's
+gradients) and, with the HF engine, generation (the float32 KV cache of one generate call of up to 512 rows,
+every row at prompt + max_new_tokens, and a step's [rows, V] logits). Rows 1-6 are held throughout.
 
 Departures from the trainer, numbered (where the plan is conservative):
 1. The shared-prefix forward (each GRPO group's prompt run once, without checkpointing) is counted as if every
@@ -226,8 +227,9 @@ def layer_activation_bytes(shape: ModelShape, *, precision: str, lora_rank: int 
 def pass_activation_bytes(shape: ModelShape, *, rows: int, prompt: int, response: int, precision: str,
                           checkpointing: bool, lora_rank: int = 0, lora_layers: int = 0,
                           value_head: bool = False) -> dict[str, float]:
-    """Activation bytes of one training forward over `rows` rows: 'saved' at the end of the forward and
-    'backward' at the start of the backward (saved + one recomputed layer + residual gradients)."""
+    """Activation bytes of one training forward over `rows` rows: 'saved' at the end of the forward, and
+    'backward' as the backward reaches the decoder layers (saved + one recomputed layer under checkpointing + the
+    residual stream's gradients)."""
     t = prompt + response
     n, n_r, h = rows * t, rows * response, shape.hidden
     layer = n * layer_activation_bytes(shape, precision=precision, lora_rank=lora_rank, lora_layers=lora_layers,
@@ -265,10 +267,10 @@ class Plan:
     device_note: str
     vllm_bytes: float
     items: dict[str, float]  # held throughout, bytes
-    phase: str  # the peak's moment: "forward" or "backward"
+    phase: str  # the peak's moment (forward, statistics backward, layer backward, generate)
     peak_items: dict[str, float]  # the peak moment's transient rows, bytes
     notes: list[str]
-    phase_totals: dict[str, float]  # trainer memory at each moment (forward, backward, generate), bytes
+    phase_totals: dict[str, float]  # trainer memory at each moment, bytes
 
     @property
     def training_bytes(self) -> float:
@@ -362,18 +364,18 @@ def plan_memory(cfg: TrainConfig, shape: ModelShape, *, device_gib: float = DEFA
     act = pass_activation_bytes(shape, rows=rows, prompt=prompt_tokens, response=response, precision=cfg.precision,
                                 checkpointing=cfg.gradient_checkpointing, lora_rank=cfg.lora_rank,
                                 lora_layers=lora_layers, value_head=value_head)
-    # autocast's bf16 casts of the weight matrices (row 7)
+    # autocast's bf16 casts of the weight matrices (row 7): cached while a forward runs (trainable) and held by
+    # autograd until the backward without checkpointing; under checkpointing, one layer's during its recompute
     one_layer = 2 * shape.layer_linear_params()
     lm_lin = 2 * shape.layers * shape.layer_linear_params()
+    adapters_bf16 = 2 * (trainable - head_params) if cfg.lora_rank > 0 else 0
     if cfg.precision != "bf16":
-        casts_fwd = casts_bwd = 0.0
-    elif cfg.lora_rank > 0:
-        adapters_bf16 = 2 * (trainable - head_params)
-        casts_fwd = (one_layer if cfg.gradient_checkpointing else lm_lin) + adapters_bf16
-        casts_bwd = casts_fwd if not cfg.gradient_checkpointing else one_layer + adapters_bf16
+        casts_fwd = casts_saved = casts_recompute = 0.0
+    elif cfg.gradient_checkpointing:
+        casts_fwd = (one_layer + adapters_bf16) if cfg.lora_rank > 0 else lm_lin
+        casts_saved, casts_recompute = 0.0, one_layer
     else:
-        casts_fwd = lm_lin
-        casts_bwd = one_layer if cfg.gradient_checkpointing else lm_lin
+        casts_fwd = casts_saved = casts_recompute = lm_lin + adapters_bf16
     # statistics (row 9)
     n_r, n = rows * response, rows * (prompt_tokens + response)
     a = 2 if cfg.precision == "bf16" else 4
@@ -383,20 +385,21 @@ def plan_memory(cfg: TrainConfig, shape: ModelShape, *, device_gib: float = DEFA
     streams = cfg.stats_from_hidden and shape.model_type in SUPPORTED
     if streams:
         stats_fwd = 3 * tile
-        stats_bwd = 8 * tile + 4 * shape.hidden * n_r
+        stats_bwd = 5 * tile + 4 * shape.hidden * n_r
         stats_name = f"statistics tiles ({row_chunk} x {vocab_chunk} float32; backward: + d hidden)"
     else:
         stats_fwd = stats_bwd = a * n * shape.vocab + 16 * shape.vocab * n_r
         stats_name = "logits [N, V] and their float32 statistics (stats_from_hidden off)"
     lm_grad = 4 * shape.vocab * shape.hidden if head_trains else 0
-    forward = {"bf16 weight casts (autocast)": casts_fwd,
-               "activations" + (" (checkpointed layer inputs)" if cfg.gradient_checkpointing else ""): act["saved"],
-               stats_name: stats_fwd}
-    backward = {"bf16 weight casts (autocast)": casts_bwd,
-                "activations" + (" (layer inputs + one recomputed layer)" if cfg.gradient_checkpointing else ""):
-                    act["backward"],
-                stats_name: stats_bwd, "LM head gradient buffer (float32 [V, h])": lm_grad}
-    phases = [("forward", forward), ("backward", backward)]
+    acts = "activations" + (" (checkpointed layer inputs)" if cfg.gradient_checkpointing else "")
+    casts = "bf16 weight casts (autocast)"
+    forward = {casts: casts_fwd, acts: act["saved"], stats_name: stats_fwd}
+    stats_backward = {casts: casts_saved, acts: act["saved"], stats_name: stats_bwd,
+                      "LM head gradient buffer (float32 [V, h])": lm_grad}
+    layer_backward = {casts: casts_recompute,
+                      "activations" + (" (layer inputs + one recomputed layer)" if cfg.gradient_checkpointing
+                                       else "") + " + residual gradients": act["backward"]}
+    phases = [("forward", forward), ("statistics backward", stats_backward), ("layer backward", layer_backward)]
     if cfg.engine == "hf":  # generation between updates: the float32 KV cache of one generate call, all rows at T
         gen_rows = min(HF_GENERATE_ROWS, batch)
         kv_bytes = 2 * shape.layers * shape.kv_heads * shape.head_dim * 4
