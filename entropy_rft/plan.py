@@ -30,13 +30,14 @@ N_r = rows x max_new_tokens response tokens; bytes):
      LoRA: each adapter's rank-r input                                            a r per adapted layer
        (and: the frozen norms keep no normalised output, -8 h; bf16 o_proj input copy, +2 H d)
    plus, once per pass: the final norm (8 h per token), the last hidden state of each response token (4 h), the
-   RoPE tables (8 d per token), token ids (8 per token). Without gradient
-   checkpointing every layer's activations are saved. With it, each layer saves only its float32 input (4 h per
-   token; the boolean mask, T^2 per row, stays with the checkpoints) and the backward recomputes one layer at a time: peak = saved inputs + one layer's activations + the
-   residual stream's gradients (8 h per token).
-   The counts were checked against the bytes autograd actually saves (tests/test_plan.py: exact on the CPU with
-   bf16 autocast, Qwen2); CUDA's attention kernels save the same tensors up to padding. It is an estimate of the
-   formula: allocator fragmentation and the CUDA context are a separate fixed row (9).
+   RoPE tables (8 d per token), token ids (8 per token). Without gradient checkpointing every layer's activations
+   are saved. With it, each layer saves only its float32 input (4 h per token; the boolean mask, T^2 per row, stays
+   with the checkpoints) and the backward recomputes one layer at a time: saved inputs + one layer's activations
+   + the residual stream's gradients (8 h per token).
+   tests/test_plan.py checks the count against the bytes autograd saves on the CPU (exact for qwen2, qwen3, llama
+   and mistral, bf16 and fp32) and the peak against the profiler's (within 1.5%). On CUDA the attention kernel
+   (memory-efficient SDPA under a padding mask) should save the same tensors up to padding: not measured here.
+   Allocator fragmentation is not modelled; the CUDA context is a fixed row (10).
 9. statistics tiles: `dynamics.token_stats_from_hidden` streams row_chunk x vocab_chunk float32 tiles (its
    defaults); its backward holds about five such tiles, the gradient of the hidden states (4 h N_r) and, when the
    LM head trains, a float32 [V, h] buffer for its gradient. Models whose logits are not lm_head(hidden) (or
@@ -309,8 +310,8 @@ class Plan:
         for k, v in self.peak_items.items():
             lines.append(f"  {k + ' [' + self.phase + ']':<72}{g(v)}")
         lines += [f"  {'= trainer peak (estimate)':<72}{g(self.training_bytes)}",
-                  "    (trainer at each moment, GiB: " + ", ".join(f"{k} {v / GIB:.2f}" for k, v in self.phase_totals.items())
-                  + ")"]
+                  "    (trainer at each moment, GiB: "
+                  + ", ".join(f"{k} {v / GIB:.2f}" for k, v in self.phase_totals.items()) + ")"]
         if self.vllm_bytes:
             lines.append(f"  {'+ vLLM share (vllm_gpu_memory)':<72}{g(self.vllm_bytes)}")
         lines += [f"  {'= total':<72}{g(self.training_bytes + self.vllm_bytes)}",
