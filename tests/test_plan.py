@@ -376,3 +376,14 @@ def test_peak_matches_the_profilers_measured_peak(checkpointing, precision, lora
     plan = plan_memory(cfg, ModelShape.from_config(config), device_gib=1.0, prompt_tokens=16)
     transient = {k: v - sum(plan.items.values()) for k, v in plan.phase_totals.items() if k != "generate"}
     assert max(transient.values()) == pytest.approx(measured, rel=0.05), (transient, measured)
+
+
+@pytest.mark.slow
+def test_one_gpu_recipe_dry_run(tmp_path):
+    """A configs/one_gpu recipe (LoRA, bf16, checkpointing, micro-batches) runs two finite steps on the CPU
+    stand-in (`train --dry-run`); the others differ from it only in model, method and micro-batch."""
+    from entropy_rft.pipeline import dry_run
+
+    report = dry_run(load_config(ROOT / "one_gpu" / "qwen3-4b-base_clip_v_lora.yaml"), tmp_path / "dry")
+    assert report["ok"] and len(report["steps"]) == 2
+    assert all(torch.isfinite(torch.tensor(s["loss/policy"])) for s in report["steps"])
