@@ -484,9 +484,10 @@ def suggestions(cfg: TrainConfig, shape: ModelShape, plan: Plan, **kw) -> list[s
     device_gib = plan.device_bytes / GIB
     gpus = zero3_gpus(plan, cfg, shape, device_gib=device_gib)
     if gpus:
-        out.append(f"about {gpus} or more GPUs of {device_gib:.0f} GiB: the TRL adapter (entropy_rft.integrations.trl) "
-                   "under accelerate with DeepSpeed ZeRO-3 (examples/accelerate/deepspeed_zero3.yaml; estimate: 16 bytes "
-                   "per parameter sharded, plus this plan's activations on each GPU, vLLM on a GPU of its own)")
+        out.append(f"about {gpus} or more GPUs of {device_gib:.0f} GiB: the TRL adapter "
+                   "(entropy_rft.integrations.trl) under accelerate with DeepSpeed ZeRO-3 "
+                   "(examples/accelerate/deepspeed_zero3.yaml; estimate: 16 bytes per parameter sharded, plus this "
+                   "plan's activations on each GPU, vLLM on a GPU of its own)")
     return out
 
 
