@@ -144,6 +144,32 @@ def test_settings_name_what_is_wrong():
         Settings.from_config(OmegaConf.create({}))
 
 
+@pytest.mark.parametrize("name,method,options", [
+    ("qwen2.5-7b-instruct_clip_b", "clip_b", {"mu": 2.5}),
+    ("qwen2.5-7b-instruct_clip_v", "clip_v", {"mu": 8.5, "max_frac": 1e-4}),
+])
+def test_example_configs_compose_with_verl_and_hold_table_1_settings(name, method, options):
+    """The examples/verl configs compose with verl's own ppo_trainer config through Hydra, pass verl's
+    validate_config and the adapter's start-up checks, select the trainer, and hold Table 1's settings."""
+    from hydra import compose, initialize_config_dir
+    from verl.trainer.main_ppo import validate_config
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+
+    with initialize_config_dir(config_dir=str(ROOT / "examples" / "verl"), version_base=None):
+        cfg = compose(config_name=name)
+    validate_config(config=cfg, use_reference_policy=need_reference_policy(cfg), use_critic=need_critic(cfg))
+    settings = Settings.from_config(cfg)
+    check_config(settings, cfg)
+    assert (settings.method, settings.options) == (method, options)
+    assert cfg.trainer.v1.trainer_mode == TRAINER_NAME and cfg.trainer.use_v1
+    actor, rollout = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout
+    assert (actor.optim.lr, list(actor.optim.betas), actor.optim.weight_decay) == (4e-7, [0.9, 0.999], 0.0)
+    assert (cfg.data.train_batch_size, actor.ppo_mini_batch_size, rollout.n) == (64, 64, 16)
+    assert (rollout.temperature, rollout.val_kwargs.temperature, cfg.data.max_response_length) == (1.0, 0.7, 7168)
+    assert not actor.use_kl_loss and not cfg.algorithm.use_kl_in_reward and actor.entropy_coeff == 0
+    assert cfg.algorithm.adv_estimator == "grpo" and actor.loss_agg_mode == "token-mean"
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # The engine: verl's FSDP LM engine code path on the shipped tiny Qwen2 policy, gloo process group of size 1
 
