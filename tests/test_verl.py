@@ -60,8 +60,8 @@ def nested(rows):
 
 
 def _run_verl_import(env_extra: dict) -> subprocess.Popen:
-    code = ("import verl\nfrom verl.trainer.ppo.v1 import get_trainer_cls\n"
-            "try:\n    print(get_trainer_cls('entropy_rft').__module__)\nexcept ValueError as e:\n    print('unknown')\n")
+    code = ("import verl\nfrom verl.trainer.ppo.v1 import get_trainer_cls\ntry:\n"
+            "    print(get_trainer_cls('entropy_rft').__module__)\nexcept ValueError:\n    print('unknown')\n")
     env = {k: v for k, v in os.environ.items() if k not in ("VERL_USE_EXTERNAL_MODULES", "VERL_USE_EXTERNAL_PLUGINS")}
     env.update(env_extra)
     return subprocess.Popen([sys.executable, "-W", "ignore", "-c", code], env=env, cwd=ROOT, text=True,
