@@ -8,8 +8,9 @@ TransferQueue) keeps exactly masks.clip_b / clip_v over the whole batch, which d
 separately, and writes both masks back; verl's ppo_loss gradients through the engine with those masks are the
 whole-batch token mean whatever the micro-batch size; the write-back is load-bearing (mutation checks).
 
-verl has no CPU platform (verl.utils.device asks CUDA for the device id), so the engine tests point the FSDP
-engine module's two device helpers at "cpu"; everything else is verl's code as installed."""
+verl has no CPU platform (verl.utils.device asks CUDA for the device id), so the engine tests point the device
+helpers imported by verl's FSDP engine module and sequence balancing at "cpu"; everything else is verl's code as
+installed."""
 
 import os
 import subprocess
@@ -27,6 +28,7 @@ import ray  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import transfer_queue as tq  # noqa: E402
 import verl.utils.torch_functional as verl_F  # noqa: E402
+import verl.utils.seqlen_balancing as seqlen_balancing  # noqa: E402
 import verl.workers.engine.fsdp.transformer_impl as fsdp_impl  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 from tensordict import TensorDict  # noqa: E402
@@ -179,6 +181,7 @@ def engine():
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(fsdp_impl, "get_device_id", lambda: "cpu")  # verl has no CPU platform (module docstring)
         mp.setattr(fsdp_impl, "get_device_name", lambda: "cpu")
+        mp.setattr(seqlen_balancing, "get_device_name", lambda: "cpu")  # dynamic batch sizes
         created = not dist.is_initialized()
         if created:
             dist.init_process_group("gloo", rank=0, world_size=1, init_method="tcp://127.0.0.1:29517")
@@ -243,6 +246,21 @@ def test_engine_stats_equal_token_stats(engine, packed):
                                atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(mo["entropy"].values().double(), h, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(mo[S_EXPECT].values().double(), s_expect, atol=1e-6, rtol=1e-5)
+
+
+def test_s_expect_survives_verl_micro_batching_and_reordering(engine):
+    """Through verl's forward_backward_batch with dynamic batch sizes (several micro-batches, rows regrouped by
+    length and restored), E_p[S] comes back row by row equal to one forward over the whole batch."""
+    data, _ = token_batch(engine.module.config.vocab_size)
+    tu.assign_non_tensor(data, use_remove_padding=True, calculate_entropy=True, **{S_EXPECT: True})
+    with torch.no_grad():
+        _, whole = engine.forward_step(data.clone(), loss_function=None, forward_only=True)
+    split = data.clone()
+    tu.assign_non_tensor(split, use_dynamic_bsz=True, max_token_len_per_gpu=16)
+    out = engine.forward_backward_batch(split, loss_function=None, forward_only=True)
+    assert len(out["model_output"][S_EXPECT].offsets()) - 1 == len(data)
+    for got, want in zip(out["model_output"][S_EXPECT].unbind(), whole["model_output"][S_EXPECT].unbind()):
+        torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
 
 
 def test_engine_adds_nothing_unless_asked_and_refuses_fused_kernels(engine):
