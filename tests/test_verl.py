@@ -140,6 +140,10 @@ def test_settings_name_what_is_wrong():
         Settings(method="clip_q")
     with pytest.raises(ValueError, match="not a token filter"):
         Settings(method="dapo")
+    with pytest.raises(ValueError, match=r"clip_v takes options \[.*'max_frac'.*\], got \['muu'\]"):
+        Settings(method="clip_v", options={"muu": 8.5})
+    with pytest.raises(ValueError, match="clip_cov takes options"):
+        Settings(method="clip_cov", options={"mu": 1.0})
     with pytest.raises(ValueError, match="takes method, options, seed"):
         Settings.from_config(OmegaConf.create({"entropy_rft": {"method": "clip_b", "mu": 2.5}}))
     with pytest.raises(ValueError, match="needs an `entropy_rft` section"):
@@ -261,6 +265,14 @@ def test_s_expect_survives_verl_micro_batching_and_reordering(engine):
     assert len(out["model_output"][S_EXPECT].offsets()) - 1 == len(data)
     for got, want in zip(out["model_output"][S_EXPECT].unbind(), whole["model_output"][S_EXPECT].unbind()):
         torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
+
+
+def test_clip_v_without_engine_output_names_the_fix():
+    """A Clip_V batch whose workers did not add E_p[S] (engine not selected) fails with VERL_ENGINE_VENDOR named,
+    instead of filtering on S* as if E_p[S] were 0."""
+    keys, fields, _ = driver_batch()
+    with pytest.raises(RuntimeError, match=f"VERL_ENGINE_VENDOR={ENGINE_VENDOR}"):
+        adapter.filter_batch(Settings("clip_v"), fields.exclude(S_EXPECT))
 
 
 def test_engine_adds_nothing_unless_asked_and_refuses_fused_kernels(engine):

@@ -39,6 +39,7 @@ Departures and limits, numbered:
 from __future__ import annotations
 
 import dataclasses
+import inspect
 
 import torch
 from torch import Tensor
@@ -79,7 +80,7 @@ _ROW_ELEMENTS = 1 << 22  # logits elements per chunk of the E_p[S] computation
 @dataclasses.dataclass(frozen=True)
 class Settings:
     """The `entropy_rft` section of a verl config: method (a METHODS name with a token filter, or clip_cov) and
-    options (the filter's keyword options, e.g. {mu: 2.5}; `none` passes None, e.g. max_frac: none)."""
+    options (the filter's keyword options, e.g. {mu: 2.5}; YAML null passes None, e.g. max_frac: null = no cap)."""
 
     method: str = "clip_b"
     options: dict = dataclasses.field(default_factory=dict)
@@ -92,8 +93,10 @@ class Settings:
             raise ValueError(f"entropy_rft.method={self.method!r} is not a token filter, so it has no driver step in "
                              f"verl; use one of {filters} or {CLIP_COV} (other rows of METHODS are verl settings: "
                              f"README, 'Scaling out')")
-        if self.method == CLIP_COV and set(self.options) - set(CLIP_COV_DEFAULTS):
-            raise ValueError(f"clip_cov takes options {sorted(CLIP_COV_DEFAULTS)}, got {sorted(self.options)}")
+        accepted = set(CLIP_COV_DEFAULTS) if spec.filter is None else set(
+            list(inspect.signature(spec.filter).parameters)[3:])  # after (score, advantages, mask)
+        if set(self.options) - accepted:
+            raise ValueError(f"{self.method} takes options {sorted(accepted)}, got {sorted(self.options)}")
 
     @property
     def needs_s_expect(self) -> bool:
@@ -109,8 +112,7 @@ class Settings:
         unknown = set(section) - {f.name for f in dataclasses.fields(cls)}
         if unknown:
             raise ValueError(f"unknown keys {sorted(unknown)} in entropy_rft; it takes method, options, seed")
-        options = {k: v for k, v in dict(section.pop("options", None) or {}).items()}
-        return cls(options=options, **section)
+        return cls(options=dict(section.pop("options", None) or {}), **section)
 
 
 def stats_from_engine(old_log_probs: Tensor, entropy: Tensor, s_expect: Tensor | None = None) -> TokenStats:
@@ -203,10 +205,6 @@ class EntropyRFTTrainer(PPOTrainerSync):
         if self.entropy_rft.needs_s_expect:
             fields.append(S_EXPECT)
         data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=fields)
-        if self.entropy_rft.needs_s_expect and S_EXPECT not in data.keys():
-            raise RuntimeError(f"{self.entropy_rft.method} needs E_p[S], but the actor workers did not return "
-                               f"{S_EXPECT!r}: start them with VERL_ENGINE_VENDOR={ENGINE_VENDOR} (e.g. "
-                               f"+ray_kwargs.ray_init.runtime_env.env_vars.VERL_ENGINE_VENDOR={ENGINE_VENDOR})")
         output, step_metrics = filter_batch(self.entropy_rft, data, generator=self.entropy_rft_generator)
         metrics.update({f"entropy_rft/{k}": v for k, v in step_metrics.items()})
         return tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id, fields=output)
@@ -215,6 +213,10 @@ class EntropyRFTTrainer(PPOTrainerSync):
 def filter_batch(settings: Settings, data: TensorDict, *, generator=None) -> tuple[TensorDict, dict[str, float]]:
     """The driver's step on the TransferQueue fields of the whole batch (nested [B, response_len] each): the new
     response_mask, loss_mask and advantages, as nested tensors to write back, and the metrics."""
+    if settings.needs_s_expect and S_EXPECT not in data.keys():
+        raise RuntimeError(f"{settings.method} needs E_p[S], but the actor workers did not return {S_EXPECT!r}: "
+                           f"start them with VERL_ENGINE_VENDOR={ENGINE_VENDOR} (e.g. "
+                           f"+ray_kwargs.ray_init.runtime_env.env_vars.VERL_ENGINE_VENDOR={ENGINE_VENDOR})")
     nested_mask = data["response_mask"]
     padded = data.to_padded_tensor()
     mask = padded["response_mask"].bool()
