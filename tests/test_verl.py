@@ -156,7 +156,8 @@ def test_settings_name_what_is_wrong():
 ])
 def test_example_configs_compose_with_verl_and_hold_table_1_settings(name, method, options):
     """The examples/verl configs compose with verl's own ppo_trainer config through Hydra, pass verl's
-    validate_config and the adapter's start-up checks, select the trainer, and hold Table 1's settings."""
+    validate_config and the adapter's start-up checks, hold Table 1's settings, and build the trainer they select,
+    which keeps verl's sync behaviour (sync replay buffer)."""
     from hydra import compose, initialize_config_dir
     from verl.trainer.main_ppo import validate_config
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
@@ -174,6 +175,9 @@ def test_example_configs_compose_with_verl_and_hold_table_1_settings(name, metho
     assert (rollout.temperature, rollout.val_kwargs.temperature, cfg.data.max_response_length) == (1.0, 0.7, 7168)
     assert not actor.use_kl_loss and not cfg.algorithm.use_kl_in_reward and actor.entropy_coeff == 0
     assert cfg.algorithm.adv_estimator == "grpo" and actor.loss_agg_mode == "token-mean"
+    trainer = get_trainer_cls(cfg.trainer.v1.trainer_mode)(cfg)  # verl's own __init__ on this config
+    assert (trainer.trainer_mode, trainer.selected_by) == ("sync", TRAINER_NAME)  # verl's sync branches apply
+    assert type(trainer.replay_buffer).__name__ == "ReplayBuffer" and trainer.entropy_rft == settings
 
 
 # ---------------------------------------------------------------------------------------------------------------
