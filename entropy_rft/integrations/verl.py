@@ -194,10 +194,13 @@ class EntropyRFTTrainer(PPOTrainerSync):
     def _compute_old_log_prob(self, batch, metrics: dict):
         if self.entropy_rft.needs_s_expect:
             batch.extra_info[S_EXPECT] = True  # read by EntropyFSDPEngine on every worker
+        out = batch
         try:
-            return super()._compute_old_log_prob(batch, metrics)
+            out = super()._compute_old_log_prob(batch, metrics)
         finally:
-            batch.extra_info.pop(S_EXPECT, None)  # not for the ref and update forwards
+            for meta in (batch, out):
+                meta.extra_info.pop(S_EXPECT, None)  # not for the ref and update forwards
+        return out
 
     def _compute_advantage(self, batch, metrics: dict):
         batch = super()._compute_advantage(batch, metrics)
