@@ -5,7 +5,9 @@ Checked: the plugin loads through verl's own entry-point mechanism (and VERL_USE
 trainer and the engine by name; verl's FSDP engine code path (packed and padded) returns log p, H and E_p[S] equal
 to token_stats and to a float64 brute force on the same logits; the driver's advantage step (verl's own, through
 TransferQueue) keeps exactly masks.clip_b / clip_v over the whole batch, which differs from filtering micro-batches
-separately, and writes both masks back; verl's ppo_loss gradients through the engine with those masks are the
+separately, and writes both masks back; verl's old-log-prob step asks the engine for E_p[S] and Clip_V's mask
+then equals clip_v on the policy's own S_c (the Ray worker group, which needs GPUs, replaced by a stand-in that
+runs the real engine between TransferQueue reads and writes); verl's ppo_loss gradients through the engine with those masks are the
 whole-batch token mean whatever the micro-batch size; the write-back is load-bearing (mutation checks).
 
 verl has no CPU platform (verl.utils.device asks CUDA for the device id), so the engine tests point the device
@@ -488,3 +490,69 @@ def test_driver_clip_cov_zeroes_whole_batch_selection(transfer_queue):
     assert int(selected.sum()) == max(int(0.05 * int(valid.sum())), 1)
     assert_written_back(after, valid)
     torch.testing.assert_close(after["advantages"], torch.where(selected, 0.0, plain["advantages"]) * valid)
+
+
+class EngineWorkerGroup:
+    """Stands in for verl's Ray worker group (which needs GPUs) in the old-log-prob step: it does what verl's
+    dispatch does around a worker, on the real engine: reads the batch from TransferQueue, passes the meta's
+    extra_info as non-tensor data, runs the engine forward, and puts every tensor of the model output back."""
+
+    def __init__(self, engine):
+        self.engine, self.requests = engine, []
+
+    def compute_log_prob(self, meta):
+        self.requests.append(dict(meta.extra_info))
+        data = tq.kv_batch_get(keys=meta.keys, partition_id=meta.partition_id,
+                               select_fields=["input_ids", "position_ids", "response_mask", "loss_mask"])
+        data["temperature"] = torch.full((len(data),), meta.extra_info["temperature"])
+        tu.assign_non_tensor(data, pad_mode=DatasetPadMode.NO_PADDING, use_fused_kernels=False,
+                             use_remove_padding=True, **meta.extra_info)
+        with torch.no_grad():
+            _, out = self.engine.forward_step(data, loss_function=None, forward_only=True)
+        fields = TensorDict(dict(out["model_output"]), batch_size=len(data))
+        return tq.kv_batch_put(keys=meta.keys, partition_id=meta.partition_id, fields=fields)
+
+
+@pytest.mark.slow
+def test_clip_v_step_with_the_engine_e_p_s(transfer_queue, engine):
+    """verl's old-log-prob step asks the engine for E_p[S] (and only that step: the request is gone afterwards);
+    the engine's E_p[S] reaches the driver through TransferQueue, and the advantage step's keep mask is
+    masks.clip_v over the whole batch with S_c from token_stats of the policy's own logits."""
+    data, ids = token_batch(engine.module.config.vocab_size, b=8, temperature=1.0)
+    b = len(ids)
+    keys = [f"g{i // 4}_s{i}_0" for i in range(b)]
+    r_len = data["responses"].offsets().diff().tolist()
+    scores = [torch.zeros(n) for n in r_len]
+    for i in (0, 2, 5, 7):
+        scores[i][-1] = 1.0
+    fields = TensorDict({k: data[k] for k in ("input_ids", "position_ids", "response_mask", "loss_mask")},
+                        batch_size=b)
+    fields["uid"], fields["rm_scores"] = torch.arange(b) // 4, nested(scores)
+    meta = tq.kv_batch_put(keys=keys, partition_id="train_e2e", fields=fields)
+    trainer = object.__new__(EntropyRFTTrainer)
+    trainer.config = _verl_config(entropy_rft={"method": "clip_v", "options": {"mu": 0.5, "max_frac": None}})
+    OmegaConf.update(trainer.config, "actor_rollout_ref.rollout",
+                     {"n": 4, "temperature": 1.0, "calculate_log_probs": False}, merge=False)
+    OmegaConf.update(trainer.config, "actor_rollout_ref.actor",
+                     {"strategy": "fsdp", "loss_agg_mode": "token-mean", "loss_scale_factor": None}, merge=False)
+    trainer.entropy_rft = Settings.from_config(trainer.config)
+    trainer.entropy_rft_generator = torch.Generator().manual_seed(0)
+    trainer.actor_rollout_wg = EngineWorkerGroup(engine)
+    metrics = {}
+    meta = trainer._compute_old_log_prob(meta, metrics)
+    assert trainer.actor_rollout_wg.requests[0][S_EXPECT] is True and S_EXPECT not in meta.extra_info
+    trainer._compute_advantage(meta, metrics)
+    after = tq.kv_batch_get(keys=keys, partition_id="train_e2e",
+                            select_fields=["response_mask", "loss_mask", "advantages"]).to_padded_tensor()
+    # the reference: token_stats of each response token under the policy, one sequence at a time
+    valid = torch.nested.to_padded_tensor(data["response_mask"], 0).bool()
+    s_c = torch.zeros(valid.shape)
+    with torch.no_grad():
+        for i, x in enumerate(ids):
+            z = engine.module(input_ids=x[None]).logits[0, :-1]
+            st = token_stats(z, x[1:])
+            s_c[i, :r_len[i]] = st.s_centered[-r_len[i]:]
+    want, _ = clip_v(s_c, after["advantages"], valid, mu=0.5, max_frac=None)
+    assert 0 < int((valid & ~want).sum())
+    assert_written_back(after, want)
+    assert "entropy_rft/cov_a_sc" in metrics
