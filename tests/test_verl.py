@@ -7,8 +7,9 @@ to token_stats and to a float64 brute force on the same logits; the driver's adv
 TransferQueue) keeps exactly masks.clip_b / clip_v over the whole batch, which differs from filtering micro-batches
 separately, and writes both masks back; verl's old-log-prob step asks the engine for E_p[S] and Clip_V's mask
 then equals clip_v on the policy's own S_c (the Ray worker group, which needs GPUs, replaced by a stand-in that
-runs the real engine between TransferQueue reads and writes); verl's ppo_loss gradients through the engine with those masks are the
-whole-batch token mean whatever the micro-batch size; the write-back is load-bearing (mutation checks).
+runs the real engine between TransferQueue reads and writes); verl's ppo_loss gradients through the engine with
+those masks are the whole-batch token mean whatever the micro-batch size; the write-back is load-bearing (mutation
+checks).
 
 verl has no CPU platform (verl.utils.device asks CUDA for the device id), so the engine tests point the device
 helpers imported by verl's FSDP engine module and sequence balancing at "cpu"; everything else is verl's code as
