@@ -234,3 +234,24 @@ def test_on_policy_loss_gradient_is_minus_advantage_over_tokens():
     want = -adv.unsqueeze(-1).expand(3, 4) * mask / mask.sum()
     torch.testing.assert_close(logp.grad, want)
     assert float(m["clipfrac"]) == 0.0 and float(m["ratio_mean"]) == pytest.approx(1.0)
+
+
+def test_method_apply_no_cap_reaches_clip_v_as_none():
+    """Through METHODS, max_frac=NO_CAP clips every Clip_V violator (clip_v with max_frac=None), while a plain
+    None still means the method's default cap (1e-4, here k = 1 token): the case has many violators, so the
+    two differ."""
+    from entropy_rft.dynamics import TokenStats
+    from entropy_rft.methods import METHODS, NO_CAP
+
+    s, adv, mask = batch()
+    s = -s.abs()  # every token is on the low side: many violators at mu = 0.1
+    zeros = torch.zeros_like(s)
+    stats = TokenStats(zeros, zeros, s, zeros)  # s_centered = s
+    neg = -adv.abs()
+    method = METHODS.get("clip_v")
+    uncapped, _ = clip_v(s, neg, mask, mu=0.1, max_frac=None)
+    capped, _ = clip_v(s, neg, mask, mu=0.1, max_frac=1e-4)
+    assert int((mask & ~uncapped).sum()) > int((mask & ~capped).sum()) == 1
+    assert torch.equal(method.apply(stats, neg, mask, mu=0.1, max_frac=NO_CAP)[0], uncapped)
+    assert torch.equal(method.apply(stats, neg, mask, mu=0.1, max_frac=None)[0], capped)
+    assert torch.equal(method.apply(stats, neg, mask, mu=0.1)[0], capped)
