@@ -140,3 +140,160 @@ def test_no_cap_and_figure1_filters_run():
     expected, _ = masks.s_sign(lp.exp() * (h + lp), sign.batch["advantages"], mask, action="mask", sign="positive",
                                samples="negative")
     assert torch.equal(sign.batch["response_mask"], expected)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The engine side: verl's FSDP LM engine output code (real, on an instance built without FSDP, as verl's own
+# *_on_cpu tests do), Trinity's padding conversions and VERLTrainer._compute_old_log_prob, a bigram table as the
+# model (logits of a position = table[its token]).
+
+VOCAB, TEMPERATURE = 13, 0.7
+
+
+@pytest.fixture(autouse=True)
+def _cpu_bert_padding(monkeypatch):
+    """Trinity's left_right_2_no_padding unpads through flash_attn.bert_padding, which installs only with CUDA;
+    on CPU the same pure-PyTorch helpers come from verl's own port (verl.utils.npu_flash_attn_utils)."""
+    import sys
+    import types
+
+    from verl.utils import npu_flash_attn_utils as port
+
+    module = types.ModuleType("flash_attn.bert_padding")
+    for name in ("index_first_axis", "pad_input", "rearrange", "unpad_input"):
+        setattr(module, name, getattr(port, name))
+    monkeypatch.setitem(sys.modules, "flash_attn", types.ModuleType("flash_attn"))
+    monkeypatch.setitem(sys.modules, "flash_attn.bert_padding", module)
+
+
+def cpu_engine(cls=FSDPEngineWithLMHead):
+    engine = object.__new__(cls)
+    engine.use_ulysses_sp, engine.ulysses_sequence_parallel_size, engine.ulysses_device_mesh = False, 1, None
+    engine.engine_config = SimpleNamespace(entropy_checkpointing=False)
+    from verl.utils.torch_functional import entropy_from_logits
+
+    engine.compute_entropy_from_logits = entropy_from_logits
+    return engine
+
+
+def engine_outputs(engine, table, micro_batch, *, remove_padding: bool):
+    """The engine's prepare_model_outputs on the bigram model's logits for the micro-batch's packed sequences."""
+    ids = micro_batch["input_ids"]
+    flat = ids.values()
+    rolled = torch.roll(flat, -1)
+    temperature = tu.get_non_tensor_data(micro_batch, "temperature", 1.0)
+    tu.assign_non_tensor(micro_batch, use_remove_padding=remove_padding)
+    if remove_padding:
+        output = SimpleNamespace(logits=table[flat].unsqueeze(0))
+        args = {"input_ids_rmpad_rolled": rolled, "temperature_rmpad": torch.full(flat.shape, temperature)}
+    else:
+        lengths = ids.offsets().diff().tolist()
+        padded = torch.zeros(len(lengths), max(lengths), dtype=torch.long)
+        for row, seq in enumerate(ids.unbind()):
+            padded[row, : seq.shape[0]] = seq
+        output = SimpleNamespace(logits=table[padded])
+        args = {"input_ids_rmpad_rolled": rolled, "temperature": torch.full((len(lengths),), temperature)}
+    return engine.prepare_model_outputs(output, args, micro_batch, None)
+
+
+def trainer_batch(seed: int, rows: int = 6, prompt: int = 4, response: int = 7) -> DataProto:
+    """A Trinity trainer batch as to_data_proto lays it out: left-padded prompts, right-padded responses."""
+    g = torch.Generator().manual_seed(seed)
+    p_len = torch.randint(1, prompt + 1, (rows,), generator=g)
+    r_len = torch.randint(1, response + 1, (rows,), generator=g)
+    prompts = torch.zeros(rows, prompt, dtype=torch.long)
+    responses = torch.zeros(rows, response, dtype=torch.long)
+    attention = torch.zeros(rows, prompt + response, dtype=torch.long)
+    for b in range(rows):
+        prompts[b, prompt - p_len[b]:] = torch.randint(0, VOCAB, (int(p_len[b]),), generator=g)
+        responses[b, : r_len[b]] = torch.randint(0, VOCAB, (int(r_len[b]),), generator=g)
+        attention[b, prompt - p_len[b]: prompt + r_len[b]] = 1
+    response_mask = attention[:, prompt:].bool()
+    position = (attention.cumsum(-1) - 1).clamp_min(0)
+    rewards = torch.zeros(rows, response)
+    rewards[torch.arange(rows), r_len - 1] = torch.randint(0, 2, (rows,), generator=g).float()
+    return DataProto.from_dict(
+        tensors={"input_ids": torch.cat([prompts, responses], -1), "attention_mask": attention, "position_ids": position,
+                 "prompts": prompts, "responses": responses, "response_mask": response_mask,
+                 "token_level_rewards": rewards},
+        non_tensors={"uid": np.array([f"q{b // 3}" for b in range(rows)], dtype=object)})
+
+
+def reference_stats(batch: DataProto, table: torch.Tensor):
+    """token_stats of each response token from the logits that predict it (the previous token's row), [B, R]."""
+    prompts, responses = batch.batch["prompts"], batch.batch["responses"]
+    previous = torch.cat([prompts[:, -1:], responses[:, :-1]], -1)
+    return token_stats(table[previous] / TEMPERATURE, responses)
+
+
+@pytest.mark.parametrize("remove_padding", [True, False], ids=["packed", "padded"])
+def test_engine_log_p_entropy_and_s_expect_equal_token_stats(remove_padding):
+    """verl's engine (with the adapter's hook) gives log p, H and E_p[S] equal to token_stats on the same logits,
+    aligned with the packed sequences, in both the remove-padding and the padded layout."""
+    table = torch.randn(VOCAB, VOCAB, generator=torch.Generator().manual_seed(1)) * 3
+    batch = trainer_batch(0)
+    td = left_right_2_no_padding(batch.to_tensordict())
+    tu.assign_non_tensor(td, calculate_entropy=True, temperature=TEMPERATURE, entropy_rft_s_expect=True)
+    out = engine_outputs(cpu_engine(), table, td, remove_padding=remove_padding)
+    ids = td["input_ids"].values()
+    expected = token_stats(table[ids] / TEMPERATURE, torch.roll(ids, -1))
+    for key, value in (("log_probs", expected.logp), ("entropy", expected.entropy), ("necs", expected.s_expect)):
+        torch.testing.assert_close(out[key].values(), value, atol=2e-5, rtol=1e-5, msg=key)
+
+
+def test_engine_refuses_fused_kernels():
+    """E_p[S] needs the logits: the hook names use_fused_kernels instead of returning something wrong."""
+    td = left_right_2_no_padding(trainer_batch(0).to_tensordict())
+    tu.assign_non_tensor(td, entropy_rft_s_expect=True, use_fused_kernels=True)
+    output = SimpleNamespace(log_probs=torch.zeros(1, td["input_ids"].values().shape[0]), entropy=None)
+    with pytest.raises(NotImplementedError, match="use_fused_kernels"):
+        trinity_adapter._s_expect_like_engine(cpu_engine(), output, {}, td)
+
+
+class StandInWorkers:
+    """The actor worker group as VERLTrainer calls it: the real engine output code on the bigram model."""
+
+    def __init__(self, table):
+        self.table = table
+
+    def compute_log_prob(self, batch_td):
+        out = engine_outputs(cpu_engine(), self.table, batch_td, remove_padding=True)
+        return tu.get_tensordict(tensor_dict=out, non_tensor_dict={"metrics": {}})
+
+
+def stand_in_trainer(advantage_fn, table):
+    from trinity.trainer.verl.trainer import VERLTrainer
+
+    trainer = object.__new__(VERLTrainer)
+    trainer.advantage_fn, trainer.actor_rollout_wg = advantage_fn, StandInWorkers(table)
+    trainer.config = SimpleNamespace(actor=SimpleNamespace(calculate_sum_pi_squared=False))
+    trainer.global_config = SimpleNamespace(model=SimpleNamespace(temperature=TEMPERATURE),
+                                            algorithm=SimpleNamespace(loss_agg_mode="token-mean"))
+    return trainer
+
+
+def test_trainer_recompute_brings_s_expect_for_clip_v():
+    """With a Clip_V advantage function, Trinity's own _compute_old_log_prob (wrapped) stores old_log_probs,
+    entropys and necs equal to token_stats of the response tokens; Clip_V then keeps what masks.clip_v keeps.
+    With Clip_B nothing is requested, and a worker without the hook is a clear error."""
+    table = torch.randn(VOCAB, VOCAB, generator=torch.Generator().manual_seed(2)) * 3
+    batch = trainer_batch(3, rows=9)
+    clip_v = trinity_adapter.EntropyAdvantageFn(method="clip_v", mu=0.5, max_frac=None)
+    batch = stand_in_trainer(clip_v, table)._compute_old_log_prob(batch, {})
+    ref, mask = reference_stats(batch, table), batch.batch["response_mask"]
+    for key, value in (("old_log_probs", ref.logp), ("entropys", ref.entropy), ("necs", ref.s_expect)):
+        torch.testing.assert_close(batch.batch[key][mask], value[mask], atol=2e-5, rtol=1e-5, msg=key)
+    batch, _ = clip_v(batch)
+    expected, _ = masks.clip_v(ref.s_centered, batch.batch["advantages"], mask, mu=0.5, max_frac=None)
+    assert torch.equal(batch.batch["response_mask"], expected) and not torch.equal(expected, mask)
+
+    plain = trainer_batch(3, rows=9)
+    plain = stand_in_trainer(trinity_adapter.EntropyAdvantageFn(method="clip_b"), table)._compute_old_log_prob(plain, {})
+    assert "necs" not in plain.batch.keys() and "entropys" in plain.batch.keys()
+
+    unhooked = stand_in_trainer(clip_v, table)
+    unhooked.actor_rollout_wg.compute_log_prob = lambda td: tu.get_tensordict(
+        tensor_dict={k: v for k, v in engine_outputs(cpu_engine(), table, td, remove_padding=True).items()
+                     if k != "necs"}, non_tensor_dict={"metrics": {}})
+    with pytest.raises(RuntimeError, match="policy_loss_fn"):
+        unhooked._compute_old_log_prob(trainer_batch(3, rows=9), {})
