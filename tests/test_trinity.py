@@ -297,3 +297,94 @@ def test_trainer_recompute_brings_s_expect_for_clip_v():
                      if k != "necs"}, non_tensor_dict={"metrics": {}})
     with pytest.raises(RuntimeError, match="policy_loss_fn"):
         unhooked._compute_old_log_prob(trainer_batch(3, rows=9), {})
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The loss scale: verl 0.8's forward_backward_batch (real) sums the micro-batch losses of TrinityPolicyLoss (real).
+
+
+class BigramEngine(FSDPEngineWithLMHead):
+    """verl's FSDP LM engine with the bigram table as its model (prepare_model_outputs and the loss are verl's
+    and Trinity's)."""
+
+    def forward_step(self, micro_batch, loss_function, forward_only):
+        model_output = engine_outputs(self, self.table, micro_batch, remove_padding=True)
+        loss, metrics = loss_function(model_output=model_output, data=micro_batch, dp_group=None)
+        return loss, {"model_output": model_output, "loss": loss.detach().item(), "metrics": metrics}
+
+
+@pytest.fixture(scope="module")
+def process_group(tmp_path_factory):
+    """A one-rank gloo group: the engine all-reduces its token count over the data-parallel group."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        dist.init_process_group("gloo", init_method=f"file://{tmp_path_factory.mktemp('pg')}/store", rank=0,
+                                world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def loss_batch(table):
+    """A filtered trainer batch (some response tokens dropped) with old log-probs near the current ones."""
+    g = torch.Generator().manual_seed(5)
+    batch = trainer_batch(7, rows=8)
+    ref = reference_stats(batch, table)
+    mask = batch.batch["response_mask"] & (torch.rand(ref.logp.shape, generator=g) > 0.2)
+    batch.batch["response_mask"] = mask
+    batch.batch["old_log_probs"] = (ref.logp + 0.1 * torch.randn(ref.logp.shape, generator=g)).detach()
+    batch.batch["advantages"] = torch.randn(8, 1, generator=g).expand_as(ref.logp) * mask
+    return batch
+
+
+def engine_gradient(policy_loss_fn: str, micro_batch_size: int) -> torch.Tensor:
+    """d loss / d table after one forward_backward_batch with Trinity's TrinityPolicyLoss."""
+    from trinity.common.config import AlgorithmConfig
+    from trinity.trainer.verl.losses import TrinityPolicyLoss
+
+    config = AlgorithmConfig(policy_loss_fn=policy_loss_fn, policy_loss_fn_args={"clip_range": 0.2},
+                             kl_loss_fn="none", kl_loss_fn_args={}, entropy_loss_fn="none", entropy_loss_fn_args={"entropy_coef": 0.0},
+                             loss_agg_mode="token-mean")
+    engine = cpu_engine(BigramEngine)
+    engine.table = torch.randn(VOCAB, VOCAB, generator=torch.Generator().manual_seed(4)).requires_grad_()
+    td = left_right_2_no_padding(loss_batch(engine.table.detach()).to_tensordict())
+    tu.assign_non_tensor(td, temperature=TEMPERATURE, calculate_entropy=False, use_dynamic_bsz=False,
+                         micro_batch_size_per_gpu=micro_batch_size)
+    engine.forward_backward_batch(td, TrinityPolicyLoss(config), forward_only=False)
+    return engine.table.grad
+
+
+def whole_batch_token_mean_gradient(micro_batches: int = 1) -> torch.Tensor:
+    """The reference: PPO's token mean over the kept tokens of the whole batch (micro_batches=1), or the sum of
+    per-micro-batch token means (what Trinity 0.6.0 computes), written directly from the padded batch."""
+    from entropy_rft.losses import ppo_clip_loss
+
+    table = torch.randn(VOCAB, VOCAB, generator=torch.Generator().manual_seed(4)).requires_grad_()
+    batch = loss_batch(table.detach())
+    stats = reference_stats(batch, table)
+    total = 0
+    for rows in torch.arange(8).chunk(micro_batches):
+        b = batch.batch
+        total = total + ppo_clip_loss(stats.logp[rows], b["old_log_probs"][rows], b["advantages"][rows],
+                                      b["response_mask"][rows], eps_low=0.2, eps_high=0.2, dual_clip_c=3.0)[0]
+    total.backward()
+    return table.grad
+
+
+def test_global_token_mean_loss_is_invariant_to_the_micro_batch_size(process_group):
+    """GlobalTokenMeanPPO through verl's engine: the gradient for micro-batch sizes 8, 4, 2, 1 equals the
+    whole-batch token mean over the kept tokens (the dropped tokens are out of the loss and its count)."""
+    expected = whole_batch_token_mean_gradient()
+    for size in (8, 4, 2, 1):
+        torch.testing.assert_close(engine_gradient(LOSS_PATH, size), expected, rtol=1e-4, atol=1e-6, msg=str(size))
+
+
+def test_trinity_ppo_loss_scales_with_the_number_of_micro_batches(process_group):
+    """Measured behaviour of Trinity 0.6.0 (departure 2): with its `ppo` loss the engine's gradient is the SUM of
+    per-micro-batch token means, so it grows with the number of micro-batches (one micro-batch: the token mean)."""
+    torch.testing.assert_close(engine_gradient("ppo", 8), whole_batch_token_mean_gradient(1), rtol=1e-4, atol=1e-6)
+    four = engine_gradient("ppo", 2)
+    torch.testing.assert_close(four, whole_batch_token_mean_gradient(4), rtol=1e-4, atol=1e-6)
+    ratio = float(four.norm() / whole_batch_token_mean_gradient(1).norm())
+    print(f"Trinity ppo loss, 4 micro-batches: gradient norm x{ratio:.2f} the whole-batch token mean")
+    assert ratio > 2.0
