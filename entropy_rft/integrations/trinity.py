@@ -180,10 +180,10 @@ def _s_expect_like_engine(self, output, output_args, micro_batch: TensorDict) ->
     """E_p[S] per position as a jagged tensor laid out as verl's log_probs, from the temperature-scaled logits."""
     if tu.get_non_tensor_data(data=micro_batch, key="use_fused_kernels", default=False):
         raise NotImplementedError("E_p[S] (Clip_V) needs the logits, which fused kernels never materialise: set "
-                                  "actor use_fused_kernels false")
+                                  "the actor's use_fused_kernels: false (Trinity's default)")
     if getattr(self, "use_ulysses_sp", False):
         raise NotImplementedError("E_p[S] (Clip_V) is not gathered across Ulysses sequence-parallel ranks: set "
-                                  "ulysses_sequence_parallel_size 1")
+                                  "trainer.ulysses_sequence_parallel_size: 1")
     offsets = micro_batch["input_ids"].offsets()
     with torch.no_grad():
         if tu.get_non_tensor_data(data=micro_batch, key="use_remove_padding", default=True):
