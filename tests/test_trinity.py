@@ -326,14 +326,14 @@ def process_group(tmp_path_factory):
 
 
 def loss_batch(table):
-    """A filtered trainer batch (some response tokens dropped) with old log-probs near the current ones."""
+    """A trainer batch after Trinity's recompute (stand-in workers) and Clip_V over the whole batch (tokens
+    dropped), with old log-probs moved off the current ones so that the PPO clip is active on some tokens."""
     g = torch.Generator().manual_seed(5)
-    batch = trainer_batch(7, rows=8)
-    ref = reference_stats(batch, table)
-    mask = batch.batch["response_mask"] & (torch.rand(ref.logp.shape, generator=g) > 0.2)
-    batch.batch["response_mask"] = mask
-    batch.batch["old_log_probs"] = (ref.logp + 0.1 * torch.randn(ref.logp.shape, generator=g)).detach()
-    batch.batch["advantages"] = torch.randn(8, 1, generator=g).expand_as(ref.logp) * mask
+    clip_v = trinity_adapter.EntropyAdvantageFn(method="clip_v", mu=0.5, max_frac=None)
+    batch = stand_in_trainer(clip_v, table)._compute_old_log_prob(trainer_batch(7, rows=8), {})
+    batch, _ = clip_v(batch)
+    old = batch.batch["old_log_probs"]
+    batch.batch["old_log_probs"] = old + 0.3 * torch.randn(old.shape, generator=g)
     return batch
 
 
@@ -374,6 +374,8 @@ def whole_batch_token_mean_gradient(micro_batches: int = 1) -> torch.Tensor:
 def test_global_token_mean_loss_is_invariant_to_the_micro_batch_size(process_group):
     """GlobalTokenMeanPPO through verl's engine: the gradient for micro-batch sizes 8, 4, 2, 1 equals the
     whole-batch token mean over the kept tokens (the dropped tokens are out of the loss and its count)."""
+    batch = loss_batch(torch.randn(VOCAB, VOCAB, generator=torch.Generator().manual_seed(4)))
+    assert int(batch.batch["response_mask"].sum()) < int(batch.batch["attention_mask"][:, 4:].sum())  # Clip_V dropped some
     expected = whole_batch_token_mean_gradient()
     for size in (8, 4, 2, 1):
         torch.testing.assert_close(engine_gradient(LOSS_PATH, size), expected, rtol=1e-4, atol=1e-6, msg=str(size))

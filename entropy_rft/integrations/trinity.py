@@ -26,7 +26,7 @@ Departures, numbered, from Trinity 0.6.0 and the authors' ClipB/ClipVAdvantageFn
 1. The statistics read `old_log_probs` (recomputed with the entropies, under the same policy) by default; the
    authors' clipb reads `rollout_log_probs` (vLLM's) next to the trainer's entropies. log_prob_key selects either.
 2. Trinity's PPO loss takes the token mean per micro-batch and verl 0.8's engine sums the micro-batch losses: the
-   gradient grows with the number of micro-batches (x3.99 with 4, measured in tests/test_trinity.py).
+   gradient grows with the number of micro-batches (x5.2 with 4 on the batch of tests/test_trinity.py).
    GlobalTokenMeanPPO divides by the mini-batch's kept-token count over all data-parallel ranks (the engine's
    `batch_num_tokens`), so its gradient is the whole mini-batch token mean whatever the micro-batch size. Its
    aggregation is always token-mean (loss_agg_mode is ignored); Trinity's entropy and KL loss terms are still
