@@ -120,6 +120,8 @@ def test_clear_errors():
         trinity_adapter.EntropyAdvantageFn(method="clip_b", max_frac=0.1)
     with pytest.raises(ValueError, match="explorer"):
         trinity_adapter.EntropyAdvantageFn(method="clip_b", base="grpo")
+    with pytest.raises(ValueError, match="loss_agg_mode: token-mean"):
+        trinity_adapter.GlobalTokenMeanPPO(loss_agg_mode="seq-mean-token-mean")
 
 
 def test_no_cap_and_figure1_filters_run():

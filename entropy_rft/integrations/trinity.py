@@ -106,10 +106,10 @@ class EntropyAdvantageFn(AdvantageFn):
         if spec.filter is None:
             raise ValueError(f"method {method!r} is not a token filter, so it has no Trinity advantage function; "
                              f"filters: {_filters()}")
-        accepted = set(inspect.signature(spec.filter).parameters) - {"advantages", "mask"}
+        accepted = {p.name for p in inspect.signature(spec.filter).parameters.values() if p.kind is p.KEYWORD_ONLY}
         unknown = sorted(set(options) - accepted)
         if unknown:
-            raise ValueError(f"{method} takes no option {unknown}; its options: {sorted(accepted - {spec.score})}")
+            raise ValueError(f"{method} takes no option {unknown}; its options: {sorted(accepted)}")
         base_cls = ADVANTAGE_FN.get(base)
         if not base_cls.compute_in_trainer():
             raise ValueError(f"base advantage {base!r} runs in the explorer on experiences, not in the trainer on the "
@@ -153,18 +153,22 @@ class GlobalTokenMeanPPO(PolicyLossFn):
     data-parallel gradient average) is the mini-batch token mean (departure 2)."""
 
     def __init__(self, backend: str = "verl", clip_range: float = 0.2, clip_range_low: float | None = None,
-                 clip_range_high: float | None = None, clip_ratio_c: float = 3.0) -> None:
+                 clip_range_high: float | None = None, clip_ratio_c: float = 3.0,
+                 loss_agg_mode: str = "token-mean") -> None:
         super().__init__(backend=backend)
+        if loss_agg_mode != "token-mean":
+            raise ValueError(f"GlobalTokenMeanPPO is a token mean over the whole mini-batch; loss_agg_mode "
+                             f"{loss_agg_mode!r} asks for another aggregation: set algorithm.loss_agg_mode: token-mean "
+                             "or use Trinity's ppo loss")
         self.eps_low = clip_range if clip_range_low is None else clip_range_low
         self.eps_high = clip_range if clip_range_high is None else clip_range_high
         self.clip_ratio_c = clip_ratio_c
 
     def __call__(self, logprob, old_logprob, action_mask, advantages, batch_num_tokens, dp_size, **kwargs):
-        if not batch_num_tokens:
-            raise ValueError("batch_num_tokens is 0: no token is kept in this mini-batch (all filtered or masked)")
+        # a mini-batch with no kept token (all filtered) gives a zero loss, as the authors' clamp_min(1) does
         loss, metrics = ppo_clip_loss(logprob, old_logprob, advantages, action_mask, eps_low=self.eps_low,
                                       eps_high=self.eps_high, dual_clip_c=self.clip_ratio_c, agg="token-mean",
-                                      num_tokens=batch_num_tokens / dp_size)
+                                      num_tokens=max(batch_num_tokens, 1) / dp_size)
         return loss, {f"pg_{k}": float(v) for k, v in metrics.items()} | {"pg_loss": float(loss.detach())}
 
     @classmethod
