@@ -55,7 +55,8 @@ try:
     from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead
     from verl.workers.utils.padding import no_padding_2_padding
 except ImportError as err:  # the adapter is an optional extra
-    raise ImportError("entropy_rft.integrations.trinity needs Trinity-RFT 0.6: pip install 'entropy-rft[trinity]'") from err
+    raise ImportError("entropy_rft.integrations.trinity needs Trinity-RFT 0.6: "
+                      "pip install 'entropy-rft[trinity]'") from err
 
 S_EXPECT_KEY = "necs"  # E_p[S] in the trainer's batch, the authors' name for it
 _REQUEST = "entropy_rft_s_expect"  # non-tensor flag on the log-prob request that asks the engine for E_p[S]
@@ -139,7 +140,8 @@ class EntropyAdvantageFn(AdvantageFn):
         })
         if self.needs_s_expect:
             metrics["entropy_rft/s_centered_mean"] = float(masked_mean(stats.s_centered, mask))
-            metrics["entropy_rft/cov_a_sc"] = float(batch_covariance(broadcast_advantages(adv, mask), stats.s_centered, mask))
+            cov = batch_covariance(broadcast_advantages(adv, mask), stats.s_centered, mask)  # Corollary 4
+            metrics["entropy_rft/cov_a_sc"] = float(cov)
         return exps, metrics
 
     @classmethod
