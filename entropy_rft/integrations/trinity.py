@@ -16,8 +16,7 @@ it from `response_mask`), the engine's token count.
 
 E_p[S] for Clip_V: no Trinity or verl release computes it. Importing this module installs two wrappers:
 - in the trainer process (which imports it when it resolves advantage_fn), VERLTrainer._compute_old_log_prob asks
-  the workers for E_p[S] when the advantage function needs it and stores it as `necs` (the authors' key, so
-  Trinity's own `clipv` runs too);
+  the workers for E_p[S] when EntropyAdvantageFn's method needs it and stores it as `necs` (the authors' key);
 - in the worker processes (which import it when they resolve policy_loss_fn, hence Clip_V needs
   GlobalTokenMeanPPO or another policy loss from this module), verl's FSDPEngineWithLMHead.prepare_model_outputs
   adds E_p[S] from the logits it already holds (token_stats, after verl's temperature division).
