@@ -28,7 +28,7 @@ Departures, numbered, from Trinity 0.6.0 and the authors' ClipB/ClipVAdvantageFn
    gradient grows with the number of micro-batches (x5.2 with 4 on the batch of tests/test_trinity.py).
    GlobalTokenMeanPPO divides by the mini-batch's kept-token count over all data-parallel ranks (the engine's
    `batch_num_tokens`), so its gradient is the whole mini-batch token mean whatever the micro-batch size. Its
-   aggregation is always token-mean (loss_agg_mode is ignored); Trinity's entropy and KL loss terms are still
+   aggregation is always token-mean (another loss_agg_mode is refused); Trinity's entropy and KL loss terms are still
    per micro-batch (the paper's settings use neither: entropy_loss_fn none, kl_coef 0).
 3. E_p[S] needs the logits: fused kernels, Ulysses sequence parallelism and the Megatron engine are refused with
    an error naming the setting.
