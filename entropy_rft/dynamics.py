@@ -56,6 +56,7 @@ __all__ = [
 
 _NEG_FLOOR = -1e30  # stands in for -inf logits: exp() gives exactly 0 and products stay finite
 _CHUNK_ELEMENTS = 1 << 22  # rows * V per chunk in token_stats: 16 MiB per fp32 intermediate
+TORCH_ROW_CHUNK, TORCH_VOCAB_CHUNK = 512, 2048  # token_stats_from_hidden's torch-ops tile: 4 MiB of fp32
 
 
 @dataclass(frozen=True)
@@ -260,8 +261,8 @@ def token_stats_from_hidden(
     are differentiable with respect to hidden and weight (the backward pass recomputes the tiles).
 
     On a CUDA tensor with Triton importable (use_triton None: automatic) the tiles are folded by the Triton
-    kernels of `entropy_rft.kernels` (default tile 4096 x 16384 in the matmul's dtype); elsewhere by torch ops on
-    a 512 x 2048 fp32 tile (4 MiB, stays in cache: benchmarks/token_stats.py measures the choice).
+    kernels of `entropy_rft.kernels` (default tile 8192 x 8192 in the matmul's dtype: benchmarks/gpu.md measures
+    the choice); elsewhere by torch ops on a 512 x 2048 fp32 tile (4 MiB, stays in cache: benchmarks/token_stats.py).
     """
     if hidden.dim() < 1 or lm_head_weight.dim() != 2 or hidden.shape[-1] != lm_head_weight.shape[1]:
         raise ValueError(
@@ -287,7 +288,7 @@ def token_stats_from_hidden(
         )
     else:
         outs = _StreamingTokenStats.apply(
-            flat_h, lm_head_weight, flat_t, float(temperature), vocab_chunk or 2048, row_chunk or 512
+            flat_h, lm_head_weight, flat_t, float(temperature), vocab_chunk or TORCH_VOCAB_CHUNK, row_chunk or TORCH_ROW_CHUNK
         )
     return TokenStats(*(o.reshape(tokens.shape) for o in outs))
 

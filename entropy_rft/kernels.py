@@ -31,8 +31,8 @@ import torch
 from torch import Tensor
 
 _NEG = -1.0e30
-GPU_ROW_CHUNK = 4096
-GPU_VOCAB_CHUNK = 16384
+GPU_ROW_CHUNK = 8192
+GPU_VOCAB_CHUNK = 8192
 
 
 @functools.cache

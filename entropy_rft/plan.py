@@ -38,9 +38,13 @@ N_r = rows x max_new_tokens response tokens; bytes):
    and mistral, bf16 and fp32) and the peak against the profiler's (within 1.5%). On CUDA the attention kernel
    (memory-efficient SDPA under a padding mask) should save the same tensors up to padding: not measured here.
    Allocator fragmentation is not modelled; the CUDA context is a fixed row (10).
-9. statistics tiles: `dynamics.token_stats_from_hidden` streams row_chunk x vocab_chunk float32 tiles (its
-   defaults); its backward holds about five such tiles, the gradient of the hidden states (4 h N_r) and, when the
-   LM head trains, a float32 [V, h] buffer for its gradient. Models whose logits are not lm_head(hidden) (or
+9. statistics tile: on CUDA `dynamics.token_stats_from_hidden` runs the Triton kernels of `entropy_rft.kernels`,
+   which reuse one row_chunk x vocab_chunk buffer of logits in the matmul's dtype (a bytes each, their defaults);
+   the backward adds the float32 gradient of the hidden states (4 h N_r), one GEMM product of a tile and W or h
+   and its float32 copy ((a + 4) h x the longer tile side; the vocab side only when the LM head trains) and, when
+   the LM head trains, a float32 [V, h] buffer for its gradient.
+   On a CPU (kernel "torch") it streams 512 x 2048 float32 tiles instead: about three live in the forward and
+   five in the backward (tests/test_plan.py measures that path against the profiler). Models whose logits are not lm_head(hidden) (or
    stats_from_hidden false) materialise [N, V] logits instead (about a V N + 16 V N_r).
 10. vLLM (engine vllm): `vllm_gpu_memory` of the device is vLLM's (its bf16 weights, 2 P, and its KV cache);
    the trainer gets the rest. CUDA context and workspace: a fixed 1 GiB.
@@ -63,7 +67,6 @@ Departures from the trainer, numbered (where the plan is conservative):
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import json
 import math
 from dataclasses import dataclass
@@ -194,12 +197,16 @@ def find_model_config(model: str) -> tuple[dict, str]:
         "and pass --model DIR")
 
 
-def stats_tile() -> tuple[int, int]:
-    """(row_chunk, vocab_chunk): the tile token_stats_from_hidden streams by default."""
-    from .dynamics import token_stats_from_hidden
+def stats_tile(kernel: str = "triton") -> tuple[int, int]:
+    """(row_chunk, vocab_chunk): the tile token_stats_from_hidden streams with `kernel`: "triton" on a CUDA device
+    (entropy_rft.kernels' defaults) or "torch" (the torch-ops path of a CPU or a GPU without Triton)."""
+    from . import dynamics, kernels
 
-    params = inspect.signature(token_stats_from_hidden).parameters
-    return params["row_chunk"].default, params["vocab_chunk"].default
+    if kernel == "triton":
+        return kernels.GPU_ROW_CHUNK, kernels.GPU_VOCAB_CHUNK
+    if kernel == "torch":
+        return dynamics.TORCH_ROW_CHUNK, dynamics.TORCH_VOCAB_CHUNK
+    raise ValueError(f"kernel must be 'triton' or 'torch', got {kernel!r}")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -325,8 +332,9 @@ class Plan:
 
 def plan_memory(cfg: TrainConfig, shape: ModelShape, *, device_gib: float = DEFAULT_DEVICE_GIB,
                 prompt_tokens: int = DEFAULT_PROMPT_TOKENS, model: str | None = None, source: str = "config.json",
-                device_note: str = "given") -> Plan:
-    """The memory plan of `cfg` for a model of `shape` on a device of `device_gib` GiB (module docstring)."""
+                device_note: str = "given", kernel: str = "triton") -> Plan:
+    """The memory plan of `cfg` for a model of `shape` on a device of `device_gib` GiB (module docstring);
+    `kernel` names the statistics' path (row 9): "triton" on CUDA, "torch" on a CPU."""
     if prompt_tokens < 1:
         raise ValueError(f"prompt_tokens must be >= 1, got {prompt_tokens}")
     if device_gib <= 0:
@@ -380,11 +388,18 @@ def plan_memory(cfg: TrainConfig, shape: ModelShape, *, device_gib: float = DEFA
     # statistics (row 9)
     n_r, n = rows * response, rows * (prompt_tokens + response)
     a = 2 if cfg.precision == "bf16" else 4
-    row_chunk, vocab_chunk = stats_tile()
-    tile = 4 * min(row_chunk, n_r) * min(vocab_chunk, shape.vocab)
+    row_chunk, vocab_chunk = stats_tile(kernel)
+    rows_t, cols_t = min(row_chunk, n_r), min(vocab_chunk, shape.vocab)
     head_trains = cfg.lora_rank == 0
     streams = cfg.stats_from_hidden and shape.model_type in SUPPORTED
-    if streams:
+    if streams and kernel == "triton":  # one logits tile in the matmul's dtype; the backward's GEMM product + fp32 copy
+        tile = a * rows_t * cols_t
+        stats_fwd = tile
+        stats_bwd = tile + 4 * shape.hidden * n_r + (a + 4) * max(rows_t, cols_t if head_trains else 0) * shape.hidden
+        stats_name = (f"statistics tile ({row_chunk} x {vocab_chunk} {'bf16' if a == 2 else 'float32'}; "
+                      "backward: + d hidden)")
+    elif streams:  # the torch-ops path: float32 tiles, about three live in the forward and five in the backward
+        tile = 4 * rows_t * cols_t
         stats_fwd = 3 * tile
         stats_bwd = 5 * tile + 4 * shape.hidden * n_r
         stats_name = f"statistics tiles ({row_chunk} x {vocab_chunk} float32; backward: + d hidden)"

@@ -3,7 +3,7 @@ options (chat templates, LoRA, bf16 autocast, gradient checkpointing, the vLLM a
 against real vLLM is tests/test_vllm.py)."""
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from math import comb
 from pathlib import Path
 
@@ -273,7 +273,10 @@ def test_vllm_sampled_logprobs_travel_with_the_rollout(stand_in):
     torch.testing.assert_close(ro.sampler_logp, torch.tensor([[-0.5, -1.5, 0.0], [-0.1, -0.2, -0.3]]))
     wide = Rollout.concat([ro.select([1]), ro.select([0])], tokenizer.pad_token_id)
     torch.testing.assert_close(wide.sampler_logp, torch.tensor([[-0.1, -0.2, -0.3], [-0.5, -1.5, 0.0]]))
-    plain = HFEngine(load_policy(STAND_IN, torch.device("cpu"))[0], tokenizer).generate(["a"], n=1, max_new_tokens=2)
+    hf = HFEngine(load_policy(STAND_IN, torch.device("cpu"))[0], tokenizer).generate(["a"], n=1, max_new_tokens=2)
+    both = Rollout.concat([ro, hf], tokenizer.pad_token_id).sampler_logp  # the HF engine's sampler keeps them too
+    torch.testing.assert_close(both[2, : hf.sampler_logp.shape[1]], hf.sampler_logp[0])
+    plain = replace(hf, sampler_logp=None)
     assert Rollout.concat([ro, plain], tokenizer.pad_token_id).sampler_logp is None  # only when every part has them
 
 

@@ -96,8 +96,9 @@ def test_hand_computed_plan_of_a_small_config():
     per layer and token: norms 16*16+8 = 264, casts 10*16 = 160, attention 4*2*4*4 + 4*4 = 144, mask bias 2*8 = 16,
     MLP 4*2*32 = 256: 840 bytes; N = 16 tokens, N_r = 10: layers 2*16*840 = 26880; final norm 16*(8*16+4) = 2112;
     hidden states 10*(4*16+8) = 720; RoPE 16*8*4 = 512; ids 8*26 = 208: saved 30432, backward + 8*16*16 = 32480;
-    autocast casts: 2 bytes x 2 layers x 2304 linear weights per layer = 9216; statistics tiles: the default
-    512 x 2048 tile clipped to 10 response tokens x V 50, 2000 bytes."""
+    autocast casts: 2 bytes x 2 layers x 2304 linear weights per layer = 9216; statistics tile: the Triton default
+    8192 x 8192 clipped to 10 response tokens x V 50 in bf16, 1000 bytes; its backward adds d hidden 4*16*10 = 640
+    and the longer tile side's GEMM product in bf16 and float32 (2 + 4)*50*16 = 4800."""
     config = {"model_type": "qwen2", "hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 2,
               "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 50, "tie_word_embeddings": True}
     shape = ModelShape.from_config(config)
@@ -117,18 +118,18 @@ def test_hand_computed_plan_of_a_small_config():
     assert plan.items["gradients (float32)"] == 4 * 5552
     assert plan.items["Adam exp_avg + exp_avg_sq (float32)"] == 8 * 5552
     held = sum(plan.items.values())
-    # the three moments: forward = casts + saved + 3 tiles of 10 x 50 floats; the statistics' backward = casts
-    # (held by autograd without checkpointing) + saved + 5 tiles + d hidden 4*16*10 + LM head gradient 4*50*16;
-    # the layers' backward = casts + saved + residual gradients; generation (engine hf)
-    assert plan.phase_totals == {"forward": held + 9216 + 30432 + 3 * 2000,
-                                 "statistics backward": held + 9216 + 30432 + 5 * 2000 + 640 + 3200,
+    # the three moments: forward = casts + saved + the tile; the statistics' backward = casts (held by autograd
+    # without checkpointing) + saved + tile, d hidden and GEMM product + LM head gradient 4*50*16; the layers'
+    # backward = casts + saved + residual gradients; generation (engine hf)
+    assert plan.phase_totals == {"forward": held + 9216 + 30432 + 1000,
+                                 "statistics backward": held + 9216 + 30432 + 1000 + 640 + 4800 + 3200,
                                  "layer backward": held + 9216 + 32480,
                                  # HF generate: float32 KV cache 2 x 2 layers x 2 KV heads x 4 x 4 bytes x 2 rows x 8
                                  # tokens, and a step's logits 3 x 4 x 2 rows x 50
                                  "generate": held + 2048 + 1200}
     assert plan.phase == "statistics backward"
     assert plan.peak_items == {"bf16 weight casts (autocast)": 2 * 2 * 2304, "activations": 30432,
-                               "statistics tiles (512 x 2048 float32; backward: + d hidden)": 5 * 2000 + 640,
+                               "statistics tile (8192 x 8192 bf16; backward: + d hidden)": 1000 + 640 + 4800,
                                "LM head gradient buffer (float32 [V, h])": 4 * 50 * 16}
 
 
@@ -373,7 +374,7 @@ def test_peak_matches_the_profilers_measured_peak(checkpointing, precision, lora
                       micro_batch_size=4, engine="hf")
     model = prepare_policy(tiny_model(config), cfg)
     measured = measured_peak(model, padded_rollout(rows=4, prompt=16, response=32, vocab=1000), precision)
-    plan = plan_memory(cfg, ModelShape.from_config(config), device_gib=1.0, prompt_tokens=16)
+    plan = plan_memory(cfg, ModelShape.from_config(config), device_gib=1.0, prompt_tokens=16, kernel="torch")
     transient = {k: v - sum(plan.items.values()) for k, v in plan.phase_totals.items() if k != "generate"}
     assert max(transient.values()) == pytest.approx(measured, rel=0.05), (transient, measured)
 
