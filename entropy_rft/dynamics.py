@@ -153,8 +153,9 @@ def _tile_logits(h: Tensor, w: Tensor, temperature: float) -> Tensor:
 
 
 def _rowdot(a: Tensor, b: Tensor) -> Tensor:
-    """sum_j a_ij b_ij without a product temporary."""
-    return torch.bmm(a.unsqueeze(1), b.unsqueeze(2)).view(-1)
+    """sum_j a_ij b_ij without a product temporary, in the inputs' float32 (autocast would run bmm in bf16)."""
+    with torch.autocast(a.device.type, enabled=False):
+        return torch.bmm(a.unsqueeze(1), b.unsqueeze(2)).view(-1)
 
 
 def _stream_rows(h: Tensor, weight: Tensor, tokens: Tensor, temperature: float, v_chunk: int):

@@ -89,7 +89,7 @@ def prompt_groups(rollout: Rollout) -> Tensor:
     """(B,) index of each row's prompt: consecutive rows with the same (left-padded) prompt share one."""
     ids, mask = rollout.prompt_ids, rollout.prompt_mask
     same = (ids[1:] == ids[:-1]).all(-1) & (mask[1:] == mask[:-1]).all(-1)
-    return torch.cat([torch.zeros(1, dtype=torch.long), (~same).long().cumsum(0)])
+    return torch.cat([torch.zeros(1, dtype=torch.long, device=ids.device), (~same).long().cumsum(0)])
 
 
 def _hidden_full(decoder, rollout: Rollout, device) -> Tensor:
@@ -103,7 +103,7 @@ def _hidden_shared_prefix(decoder, rollout: Rollout, groups: Tensor, device) -> 
     """The same states with each distinct prompt run once: its keys and values (with their graph) are indexed out
     to every response of its group, which then runs over the response tokens only. Positions continue from each
     prompt's length, as in generation; gradients reach the prompt's computation through the cache."""
-    first = torch.cat([torch.ones(1, dtype=torch.bool), groups[1:] != groups[:-1]])
+    first = torch.cat([torch.ones(1, dtype=torch.bool, device=groups.device), groups[1:] != groups[:-1]])
     p_ids, p_mask = rollout.prompt_ids[first].to(device), rollout.prompt_mask[first].to(device)
     p_pos = (p_mask.long().cumsum(-1) - 1).clamp_min(0)
     prefix = decoder(input_ids=p_ids, attention_mask=p_mask.long(), position_ids=p_pos, use_cache=True)

@@ -232,6 +232,11 @@ def test_shared_prompt_prefix_equals_full_sequences(policy):
     model, _ = policy
     ro = grouped_rollout()
     assert prompt_groups(ro).tolist() == [0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3]
+    # a rollout already on the model's device (TRL hands over CUDA tensors) keeps its groups there: the meta
+    # device stands in for CUDA, where mixing devices raised (found on an H100)
+    on_device = Rollout(*(t.to("meta") for t in (ro.prompt_ids, ro.prompt_mask, ro.response_ids, ro.response_mask,
+                                                  ro.finished)), ro.texts)
+    assert prompt_groups(on_device).device.type == "meta"
     a, _ = policy_forward(model, ro, 0.9, share_prefix=True)
     b, _ = policy_forward(model, ro, 0.9, share_prefix=False)
     m = ro.response_mask
