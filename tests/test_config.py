@@ -22,8 +22,8 @@ def test_unknown_method_lists_known_ones():
 
 
 def test_bad_mu_and_unknown_key():
-    with pytest.raises(ValueError, match="mu must be > 0"):
-        load_config(None, method="clip_b", mu=0)
+    with pytest.raises(ValueError, match="mu must be >= 0"):
+        load_config(None, method="clip_b", mu=-1)
     with pytest.raises(ValueError, match="unknown config keys \\['learning_rate'\\]"):
         load_config(None, learning_rate=1e-3)
 
