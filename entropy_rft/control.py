@@ -71,6 +71,13 @@ class MuController:
         self._sxy = self.forget * self._sxy + x * realised
         self._sxx = self.forget * self._sxx + x * x
 
+    def state(self) -> dict:
+        """The fitted statistics, for a checkpoint (the settings come from the config)."""
+        return {"sxy": self._sxy, "sxx": self._sxx, "last_unit": self.last_unit}
+
+    def load_state(self, state: dict) -> None:
+        self._sxy, self._sxx, self.last_unit = state["sxy"], state["sxx"], state["last_unit"]
+
 
 @dataclass
 class AdaptiveEntropyBonus:
@@ -83,3 +90,9 @@ class AdaptiveEntropyBonus:
         step = self.delta if entropy_now < self.target else -self.delta
         self.coef = min(max(self.coef + step, 0.0), self.max_coef)
         return self.coef
+
+    def state(self) -> dict:
+        return {"coef": self.coef}
+
+    def load_state(self, state: dict) -> None:
+        self.coef = state["coef"]
