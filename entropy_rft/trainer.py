@@ -30,6 +30,7 @@ from pathlib import Path
 
 import torch
 import yaml
+from safetensors import SafetensorError
 from tqdm import tqdm
 
 from .advantages import (ADVANTAGES, TokenLevel, advantage_reweight, broadcast_advantages, outcome_token_rewards, overlong_penalty,
@@ -104,6 +105,10 @@ def load_policy(name: str, device: torch.device, *, trainable: bool = False):
 
     hf_logging.disable_progress_bar()  # the trainer's own bar is the one to watch
     path = resolve_model_path(name)
+    local = Path(path).is_dir()
+    if local and not any((Path(path) / f).exists() for f in ("tokenizer_config.json", "tokenizer.json")):
+        raise FileNotFoundError(f"model directory {path} has no tokenizer (tokenizer_config.json or tokenizer.json); "
+                                "save the tokenizer next to the model: tokenizer.save_pretrained(directory)")
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
         if (Path(path) / "adapter_config.json").exists():
@@ -114,7 +119,14 @@ def load_policy(name: str, device: torch.device, *, trainable: bool = False):
                 model = model.merge_and_unload()
         else:
             model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    except OSError as err:
+    except (OSError, ValueError, TypeError, KeyError, SafetensorError) as err:
+        if local:  # what transformers says about a damaged directory is about its files, not about the hub
+            raise OSError(f"model directory {path} could not be loaded ({type(err).__name__}: {err}); it must hold a "
+                          "model written by save_pretrained: config.json (a JSON object with model_type), the weights "
+                          "(model.safetensors) and the tokenizer files. Re-save the model there, or pass another "
+                          "directory") from None
+        if not isinstance(err, OSError):
+            raise
         raise OSError(f"could not load model {name!r}: not a local directory, and the hub could not be reached or "
                       f"has no such model ({err})") from err
     if tokenizer.pad_token_id is None:

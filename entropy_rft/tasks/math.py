@@ -79,10 +79,18 @@ class MathProblem:
 
     @classmethod
     def from_json(cls, row: dict) -> "MathProblem":
+        fix = ("a row is a JSON object with 'question' (non-empty text) and 'answer' (text or a number); load "
+               "dataset files with entropy_rft.data.load_math (it reads the DAPO, AIME and AMC schemas)")
+        if not isinstance(row, dict):
+            raise ValueError(f"math row {row!r} is not a JSON object; {fix}")
         missing = [k for k in ("question", "answer") if k not in row]
         if missing:
-            raise ValueError(f"math row has no {' or '.join(missing)} (keys: {sorted(row)}); load dataset files with "
-                             "entropy_rft.data.load_math (it reads the DAPO, AIME and AMC schemas)")
+            raise ValueError(f"math row has no {' or '.join(missing)} (keys: {sorted(row)}); {fix}")
+        if not isinstance(row["question"], str) or not row["question"].strip():
+            raise ValueError(f"math row question {row['question']!r} is not non-empty text; {fix}")
+        answer = row["answer"]
+        if isinstance(answer, bool) or not isinstance(answer, (str, int, float)) or not str(answer).strip():
+            raise ValueError(f"math row answer {answer!r} is neither text nor a number; {fix}")
         extra = {k: v for k, v in row.items() if k not in ("question", "answer", "id", "source")}
         return cls(str(row["question"]), str(row["answer"]), str(row.get("id", "")), str(row.get("source", "")), extra)
 
