@@ -217,6 +217,18 @@ class TrainConfig:
             raise ValueError(f"Adam betas must each lie in [0, 1), got {value}")
         return value
 
+    @field_validator("device")
+    @classmethod
+    def _device(cls, value):
+        import torch
+
+        if value != "auto":
+            try:
+                torch.device(value)
+            except RuntimeError:
+                raise ValueError(f"device must be auto, cpu, cuda or cuda:N, got {value!r}") from None
+        return value
+
     @field_validator("dual_clip_c")
     @classmethod
     def _dual_clip(cls, value):
@@ -260,7 +272,7 @@ class TrainConfig:
             if self.entropy_control not in ("mu", "bonus"):
                 raise ValueError(f"entropy_control must be 'mu' or 'bonus', got {self.entropy_control!r}")
             if self.entropy_control == "mu" and self.method not in ("clip_b", "clip_v"):
-                raise ValueError(f"entropy_control='mu' sets Clip_B/Clip_V's mu; use method clip_b or clip_v "
+                raise ValueError(f"entropy_target with entropy_control='mu' sets Clip_B/Clip_V's mu; use method clip_b or clip_v "
                                  f"(got {self.method!r}) or entropy_control='bonus'")
         from .logging import SINKS
 
