@@ -14,7 +14,11 @@ One process, one device: the reference implementation and the embedded default. 
 Departures, numbered:
 1. Old log-probs are recomputed by the trainer's forward pass (as verl does), not taken from generation.
 2. On interruption (Ctrl-C) the current policy is saved as a checkpoint before the run stops; `resume=True`
-   (`entropy-rft train --resume`) continues from the last checkpoint of the run directory.
+   (`entropy-rft train --resume`) continues from the newest complete checkpoint of the run directory. Checkpoints
+   are written atomically and hold the whole run state (weights, Adam, sampler, update generator, torch RNG,
+   evaluations, the entropy controller or adaptive bonus), so a run killed at any moment (SIGKILL included) and
+   resumed ends with the same weights as one never interrupted; the metric sinks are cut back to the checkpoint's
+   step first (entropy_rft/logging.py).
 """
 
 from __future__ import annotations
