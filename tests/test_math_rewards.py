@@ -170,3 +170,22 @@ def test_timeout_pool_scores_a_call_whose_worker_is_killed_wrong():
         assert (pool.timeouts, pool.crashes) == (0, 1) and time.time() - t0 < 30
     finally:
         pool.close()
+
+
+def test_pathological_answer_is_timed_out_and_scored_wrong():
+    """A stated answer whose check does not finish (a power tower that sympy tries to evaluate: minutes in
+    math-verify without its own timeout) is scored as a wrong answer after the task's timeout; the right answer
+    beside it keeps its reward and the task scores again afterwards."""
+    pytest.importorskip("math_verify")
+    from entropy_rft.tasks.math import MathTask
+
+    task = MathTask("math", "dapo", timeout=3.0, workers=2)
+    try:
+        problems = [MathProblem("q", "7"), MathProblem("q2", "7")]
+        t0 = time.time()
+        assert task.score_batch(["Answer: 9^{9^{9^{9}}}", "Answer: 7"], [True, True], problems) == [(-0.1, False), (1.0, True)]
+        assert time.time() - t0 < 60 and task._pool.timeouts == 1
+        assert task.score_batch(["Answer: 7", "Answer: 8"], [True, False], problems) == [(1.0, True), (-1.0, False)]
+    finally:
+        if task._pool is not None:
+            task._pool.close()
