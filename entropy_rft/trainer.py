@@ -312,6 +312,8 @@ def train(cfg: TrainConfig, *, resume: bool = False) -> dict:
     # --- setup
     run_dir = Path(cfg.out)
     run_dir.mkdir(parents=True, exist_ok=True)
+    for stale in run_dir.glob(".checkpoint-*"):  # a checkpoint write cut short by a kill
+        shutil.rmtree(stale, ignore_errors=True)
     torch.manual_seed(cfg.seed)
     device = pick_device(cfg.device)
     resolve_model_path(cfg.model)  # fail on a bad model path before any work

@@ -110,6 +110,7 @@ def test_sigkill_mid_run_then_resume_matches_an_uninterrupted_run(tmp_path):
     assert not (killed / f"checkpoint-{SETTINGS['steps']}").exists()
     subprocess.run(_cli(killed, "--resume"), cwd=ROOT, env=env, check=True, stdout=subprocess.DEVNULL)
     assert _steps(killed) == list(range(1, SETTINGS["steps"] + 1))
+    assert not list(killed.glob(".checkpoint-*"))  # a write the kill cut short is cleared away
 
     train(load_config(None, **SETTINGS, out=str(tmp_path / "whole")))
     from safetensors.torch import load_file
