@@ -188,10 +188,10 @@ class TimeoutPool:
     STARTUP_SECONDS = 120.0  # a fresh worker imports Python and this package before its first call
 
     def _fill(self, fn) -> None:
-        """Replace dead workers and start missing ones (in parallel), waiting until each says it is ready."""
+        """Replace dead idle workers and start missing ones (in parallel), waiting until each says it is ready."""
         ctx = multiprocessing.get_context("spawn")  # no fork: the parent holds torch threads
-        for w in [w for w in self._workers if not w.process.is_alive()]:
-            self._drop(w)
+        for w in [w for w in self._workers if w.call is None and not w.process.is_alive()]:
+            self._drop(w)  # (a dead worker holding a call is seen by its pipe's end of file, in map)
         fresh = []
         while len(self._workers) + len(fresh) < self.workers:
             parent, child = ctx.Pipe()
@@ -227,10 +227,16 @@ class TimeoutPool:
         with self._lock:
             while queue or any(w.call is not None for w in self._workers):
                 self._fill(fn)
-                for w in self._workers:
+                for w in list(self._workers):
                     if w.call is None and queue:
                         w.call, w.since, w.started = queue.pop(0), time.monotonic(), False
-                        w.conn.send((fn, arg_list[w.call]))
+                        try:
+                            w.conn.send((fn, arg_list[w.call]))
+                        except OSError:  # the worker died while idle (a broken pipe): hand the call on
+                            queue.insert(0, w.call)
+                            self._drop(w)
+                if not any(w.call is not None for w in self._workers):
+                    continue  # every idle worker was dead: start replacements
                 busy = [w for w in self._workers if w.call is not None]
                 left = min(w.since + self.timeout for w in busy) - time.monotonic()
                 ready = multiprocessing.connection.wait([w.conn for w in busy], timeout=max(left, 0.0))
