@@ -8,7 +8,7 @@ PY     := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 OUT ?= runs/demo
 
-.PHONY: demo test test-vllm install clean
+.PHONY: demo test test-vllm test-verl test-trinity install clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv --system-site-packages $(VENV)
@@ -40,5 +40,33 @@ $(VLLM_VENV)/.installed: pyproject.toml
 test-vllm: $(VLLM_VENV)/.installed
 	$(VLLM_VENV)/bin/python -m pytest -q tests/test_vllm.py
 
+# The verl adapter against real verl (its V1 trainer, FSDP engine code path, TransferQueue, plugin loading) on the
+# CPU. A separate environment because verl pins numpy>=2 and transformers<5.11; the CPU torch goes in first so
+# that pip keeps it.
+VERL_VENV ?= .venv-verl
+
+$(VERL_VENV)/.installed: pyproject.toml
+	test -x $(VERL_VENV)/bin/python || $(PYTHON) -m venv $(VERL_VENV)
+	$(VERL_VENV)/bin/python -m pip install -q $(TORCH_SPEC)
+	$(VERL_VENV)/bin/python -m pip install -q $(TORCH_SPEC) -e ".[verl]" pytest
+	touch $@
+
+test-verl: $(VERL_VENV)/.installed
+	$(VERL_VENV)/bin/python -m pytest -q tests/test_verl.py
+
+# The Trinity-RFT adapter against real Trinity-RFT 0.6.0 and its verl 0.8.0, on CPU. A separate environment because
+# Trinity needs numpy<2 and transformers>=5.12.1. torch goes in first so that nothing pulls another build; einops
+# serves verl's pure-PyTorch unpadding helpers that the tests use on CPU (on GPU flash-attn provides them).
+TRINITY_VENV ?= .venv-trinity
+
+$(TRINITY_VENV)/.installed: pyproject.toml
+	test -x $(TRINITY_VENV)/bin/python || $(PYTHON) -m venv $(TRINITY_VENV)
+	$(TRINITY_VENV)/bin/python -m pip install -q $(TORCH_SPEC)
+	$(TRINITY_VENV)/bin/python -m pip install -q -e ".[trinity]" einops pytest hypothesis
+	touch $@
+
+test-trinity: $(TRINITY_VENV)/.installed
+	$(TRINITY_VENV)/bin/python -m pytest -q tests/test_trinity.py
+
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) runs .pytest_cache
+	rm -rf $(VENV) $(VLLM_VENV) $(VERL_VENV) $(TRINITY_VENV) runs .pytest_cache

@@ -1,4 +1,4 @@
-"""Command line: entropy-rft demo | train | eval | filter | compare | report | theory | sweep | pretrain-toy."""
+"""Command line: entropy-rft demo | train | plan | eval | filter | compare | report | theory | sweep | pretrain-toy."""
 
 from __future__ import annotations
 
@@ -46,10 +46,46 @@ def cmd_train(args) -> None:
         out = args.out or f"runs/dry-run/{Path(args.config).stem if args.config else cfg.method}"
         print(json.dumps(dry_run(cfg, out), indent=1))
         print(f"dry run passed: the recipe is valid and ran two steps on the CPU stand-in ({out})")
+        _print_plan(cfg)
         return
     summary = train(cfg, resume=args.resume)
     print(json.dumps({"checkpoint": summary["checkpoint"], "evals": {k: {m: v[m] for m in ("avg_at_k", "pass_at_k")}
                                                                       for k, v in summary["evals"].items()}}, indent=1))
+
+
+def _print_plan(cfg) -> None:
+    """The recipe's memory plan after a dry run, when its model's config.json can be found (never fails the run)."""
+    from .plan import plan_for_config, suggestions
+
+    try:
+        plan, shape, kw = plan_for_config(cfg)
+    except (FileNotFoundError, ValueError) as err:
+        print(f"memory plan skipped: {err}")
+        return
+    print(plan.table())
+    if not plan.fits:
+        print("would fit: " + "; ".join(suggestions(cfg, shape, plan, **kw)) + " (`entropy-rft plan --config ...`)")
+
+
+def cmd_plan(args) -> None:
+    from .config import load_config
+    from .plan import plan_for_config, suggestions
+
+    overrides = _parse_set(args.set or [])
+    cfg = load_config(args.config, **overrides)
+    plan, shape, kw = plan_for_config(cfg, model=args.model, device_gib=args.device_memory,
+                                      prompt_tokens=args.prompt_tokens)
+    if args.json:
+        print(json.dumps(plan.to_json(), indent=1))
+    else:
+        print(plan.table())
+    if not plan.fits:
+        fixes = suggestions(cfg, shape, plan, **kw)
+        print(f"entropy-rft plan: error: the run needs about {(plan.training_bytes + plan.vllm_bytes) / 2**30:.1f} GiB "
+              f"but the device has {plan.device_bytes / 2**30:.1f} GiB. "
+              + ("Would fit: " + "; ".join(fixes) if fixes else "Nothing the plan knows of makes it fit"),
+              file=sys.stderr)
+        raise SystemExit(1)
 
 
 def cmd_eval(args) -> None:
@@ -172,6 +208,18 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--dry-run", action="store_true", help="validate the recipe and run two steps on the CPU with a "
                    "tiny stand-in model and synthetic data")
     t.set_defaults(fn=cmd_train)
+
+    pl = sub.add_parser("plan", help="memory of a recipe's run (weights, gradients, Adam, activations, statistics, "
+                        "vLLM) from the model's config.json alone; exits 1 when it cannot fit")
+    pl.add_argument("--config", default=None, help="YAML recipe (TrainConfig overrides)")
+    pl.add_argument("--model", default=None, help="directory holding the model's config.json (default: the recipe's "
+                    "model, a shipped name or a hub id with a shipped shape in entropy_rft/assets/shapes)")
+    pl.add_argument("--device-memory", type=float, default=None, metavar="GIB",
+                    help="device memory in GiB (default: the CUDA device's, else 80)")
+    pl.add_argument("--prompt-tokens", type=int, default=512, help="prompt length to plan for (default 512)")
+    pl.add_argument("--set", nargs="*", metavar="KEY=VALUE", help="override any TrainConfig field")
+    pl.add_argument("--json", action="store_true", help="print the plan as JSON")
+    pl.set_defaults(fn=cmd_plan)
 
     e = sub.add_parser("eval", help="Avg@K, Pass@K and pass-rate distribution of a policy on one or more datasets")
     e.add_argument("--model", default="countdown-tiny", help="local directory, hub id or shipped model name")

@@ -59,7 +59,7 @@ def summarise(out: Path, methods: list[str], seeds: int) -> dict:
             metrics = read_metrics(run_dir)
             first, last = evals[min(evals)], evals[max(evals)]
             k = last["k"]
-            ent = [m["entropy_all_tokens"] for m in metrics]
+            ent = [m["entropy"] for m in metrics]
             tail = ent[-max(1, len(ent) // 10):]
             cells.append({"avg": last["avg_at_k"], "pass": last["pass_at_k"], "avg0": first["avg_at_k"],
                           "pass0": first["pass_at_k"], "H0": ent[0], "H": sum(tail) / len(tail), "curve": ent,

@@ -38,12 +38,15 @@ _AT_LEAST_ONE = ("steps", "prompts_per_step", "group_size", "ppo_epochs", "mini_
 _NON_NEGATIVE = ("lr", "weight_decay", "grad_clip", "eps_low", "eps_high", "kl_coef", "clip_cov_ratio", "kl_cov_ratio",
                  "kl_cov_coef", "overlong_buffer_frac", "overlong_penalty_factor", "rank_penalty_beta", "ar_alpha",
                  "vf_coef", "bonus_delta", "bonus_max", "micro_batch_size", "lora_rank", "eval_every", "eval_problems",
-                 "save_every", "probe_every", "seed", "mu")
-_POSITIVE = ("mu_plus", "max_frac", "forking_frac", "lopti_eta", "critic_lr", "value_clip", "temperature", "top_p",
+                 "save_every", "probe_every", "seed", "mu", "mu_plus")
+_POSITIVE = ("max_frac", "forking_frac", "lopti_eta", "critic_lr", "value_clip", "temperature", "top_p",
              "eval_temperature", "lora_alpha", "vllm_gpu_memory", "clip_cov_ub")
 _AT_MOST_ONE = ("clip_cov_ratio", "kl_cov_ratio", "overlong_buffer_frac", "ar_alpha", "forking_frac", "lopti_eta",
                 "gamma", "lam", "top_p", "vllm_gpu_memory", "eps_low")
-_HINTS = {"mu": " (mu is a multiple of the batch std; the paper uses 2.5 for Clip_B and 8.5 for Clip_V)",
+_HINTS = {"mu": " (mu is a multiple of the batch std; 0 clips every token below the mean; the paper uses 2.5 for "
+                "Clip_B and 8.5 for Clip_V)",
+          "mu_plus": " (the upper threshold of the two-sided filter, in batch stds)",
+          "max_frac": " (Clip_V's cap on the clipped fraction; the paper uses 1e-4)",
           "seed": " (a seed below 2**32)"}
 
 

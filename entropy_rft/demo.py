@@ -58,7 +58,7 @@ def run_demo(out: Path | str, *, config: Path | str | None = None, steps: int | 
     summary = {"k": k, "wall_seconds": time.time() - t0, "methods": results}
     (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     plot_curves({n: r["entropy"] for n, r in results.items()}, out / "entropy.png",
-                ylabel="token entropy (loss tokens)", title="Entropy during RL on countdown")
+                ylabel="token entropy (all valid response tokens)", title="Entropy during RL on countdown")
     plot_curves({n: r["clip_fraction"] for n, r in results.items()}, out / "clip_fraction.png",
                 ylabel="clipped fraction of tokens", title="Tokens removed by the method's filter")
     plot_curves({n: r["reward"] for n, r in results.items()}, out / "reward.png", ylabel="mean reward")

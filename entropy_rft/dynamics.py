@@ -21,6 +21,16 @@ Departures:
    d log p_k / dz_i = [i = k] - p_i and dH / dz_i = -S_i).
 2. Logits masked with -inf are floored at -1e30 after centring, so every statistic stays finite (the paper
    assumes p_i > 0; verl's entropy returns NaN for -inf logits).
+3. Normalisation of Corollary 4 (a clarification of eq. 7-8): eq. 7 writes one token's surrogate r A log p_k
+   and eq. 8 steps its logits by eta times its gradient, so each token moves by alpha = eta r A. The loss actually
+   minimised (eq. 1, and the trainer's token-mean) is the mean of that surrogate over |T_B| tokens, so each
+   token's logit gradient carries 1/|T_B| and a step of size eta moves its logits by alpha = eta r A / |T_B|.
+   corollary4_entropy_change and batch_mean_entropy_change take that denominator as num_tokens (the loss's
+   token-mean denominator: the kept tokens, or every valid token with denominator="all"); num_tokens=None is
+   the per-token form as printed (each token stepped by eta r A, as the tabular checks in theory.py do). Either
+   way this is the logit-space prediction: a network moves each token's logits by its tangent kernel times the
+   logit gradient, and Adam rescales the step, so the trainer also logs the exact first-order change through the
+   network (forward.EntropyProbe) and reports the two side by side.
 """
 
 from __future__ import annotations
@@ -30,6 +40,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from . import kernels
 from .advantages import broadcast_advantages
 
 __all__ = [
@@ -238,15 +249,19 @@ def token_stats_from_hidden(
     tokens: Tensor,
     *,
     temperature: float = 1.0,
-    vocab_chunk: int = 2048,
-    row_chunk: int = 512,
+    vocab_chunk: int | None = None,
+    row_chunk: int | None = None,
+    use_triton: bool | None = None,
 ) -> TokenStats:
     """token_stats of logits = hidden @ lm_head_weight.T without materialising [N, V].
 
     hidden [..., D], lm_head_weight [V, D], tokens [...]. Streams over vocabulary tiles of `vocab_chunk`
-    (and rows of `row_chunk`), so at most one [row_chunk, vocab_chunk] fp32 tile exists at a time; the default
-    512 x 2048 tile (4 MiB) stays in cache (benchmarks/token_stats.py measures the choice). log p and H
+    (and rows of `row_chunk`), so at most one [row_chunk, vocab_chunk] tile exists at a time. log p and H
     are differentiable with respect to hidden and weight (the backward pass recomputes the tiles).
+
+    On a CUDA tensor with Triton importable (use_triton None: automatic) the tiles are folded by the Triton
+    kernels of `entropy_rft.kernels` (default tile 4096 x 16384 in the matmul's dtype); elsewhere by torch ops on
+    a 512 x 2048 fp32 tile (4 MiB, stays in cache: benchmarks/token_stats.py measures the choice).
     """
     if hidden.dim() < 1 or lm_head_weight.dim() != 2 or hidden.shape[-1] != lm_head_weight.shape[1]:
         raise ValueError(
@@ -261,7 +276,19 @@ def token_stats_from_hidden(
     if flat_h.shape[0] == 0:
         empty = hidden.new_zeros(tokens.shape, dtype=torch.float32)
         return TokenStats(empty, empty, empty, empty)
-    outs = _StreamingTokenStats.apply(flat_h, lm_head_weight, flat_t, float(temperature), vocab_chunk, row_chunk)
+    if use_triton is None:
+        use_triton = kernels.available(flat_h)
+    if use_triton:
+        if not kernels.available(flat_h):
+            raise ValueError("use_triton=True needs Triton and a CUDA tensor (or TRITON_INTERPRET=1 on CPU).")
+        outs = kernels.TritonTokenStats.apply(
+            flat_h, lm_head_weight, flat_t, float(temperature),
+            vocab_chunk or kernels.GPU_VOCAB_CHUNK, row_chunk or kernels.GPU_ROW_CHUNK,
+        )
+    else:
+        outs = _StreamingTokenStats.apply(
+            flat_h, lm_head_weight, flat_t, float(temperature), vocab_chunk or 2048, row_chunk or 512
+        )
     return TokenStats(*(o.reshape(tokens.shape) for o in outs))
 
 
@@ -290,24 +317,31 @@ def batch_covariance(x: Tensor, y: Tensor, mask: Tensor) -> Tensor:
 
 
 def corollary4_entropy_change(
-    advantages: Tensor, s_centered: Tensor, mask: Tensor, *, lr: float, ratio: Tensor | None = None
+    advantages: Tensor, s_centered: Tensor, mask: Tensor, *, lr: float, ratio: Tensor | None = None,
+    num_tokens: Tensor | float | None = None,
 ) -> Tensor:
     """Corollary 4, eq. 14 (on-policy) and Corollary 4.1, eq. 28 (with importance ratios r):
-    the batch-mean entropy change of one step, -lr * Cov_B(A, r * S_c), over the valid tokens.
+    the mean entropy change over the masked tokens of one logit-space step, -lr / |T_B| * Cov_B(A, r * S_c).
 
-    advantages [B] or [B, T]; s_centered, mask (and ratio) [B, T].
+    num_tokens is |T_B|, the token-mean loss's denominator (module docstring, departure 3); None drops it (each
+    token's logits stepped by lr r A, eq. 7-8 as printed). advantages [B] or [B, T]; s_centered, mask (and
+    ratio) [B, T].
     """
     adv = broadcast_advantages(advantages, s_centered)
     score = s_centered if ratio is None else ratio * s_centered
-    return -lr * batch_covariance(adv, score, mask)
+    step = lr if num_tokens is None else lr / num_tokens
+    return -step * batch_covariance(adv, score, mask)
 
 
 def batch_mean_entropy_change(
-    advantages: Tensor, s_centered: Tensor, mask: Tensor, *, lr: float, ratio: Tensor | None = None
+    advantages: Tensor, s_centered: Tensor, mask: Tensor, *, lr: float, ratio: Tensor | None = None,
+    num_tokens: Tensor | float | None = None,
 ) -> Tensor:
-    """Theorem 2 averaged over the batch, eq. 23: -lr * E_B[A r S_c]. Corollary 4 drops from this the term
-    -lr E_B[A] E_B[r S_c], which Corollary 2 makes about zero on-policy."""
+    """Theorem 2 averaged over the batch, eq. 23: -lr / |T_B| * E_B[A r S_c] (num_tokens = |T_B| as in
+    corollary4_entropy_change). Corollary 4 drops from this the term -lr E_B[A] E_B[r S_c], which Corollary 2
+    makes about zero on-policy; on a filtered token set (or off-policy) E_B[r S_c] need not be small."""
     adv = broadcast_advantages(advantages, s_centered)
     score = s_centered if ratio is None else ratio * s_centered
     m = mask.to(torch.float32)
-    return -lr * (adv.float() * score.float() * m).sum() / m.sum().clamp_min(1.0)
+    step = lr if num_tokens is None else lr / num_tokens
+    return -step * (adv.float() * score.float() * m).sum() / m.sum().clamp_min(1.0)

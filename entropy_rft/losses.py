@@ -29,6 +29,10 @@ tests/fixtures/verl_policy_losses.json):
    clipped tokens is empty in both.
 4. GSPO matches verl's compute_policy_loss_gspo (sequence ratio from the length-normalised log-ratio, clamped
    at 10 in log space, no dual clip); the default clip range is the GSPO paper's (3e-4, 4e-4).
+5. seq-mean-token-sum-norm (Dr. GRPO) needs its constant norm passed (the trainer passes max_new_tokens); verl
+   defaults it to the response tensor's width, which is the budget there only because verl pads every batch to
+   max_response_length. Here batches are padded to their longest response, so that default would make the loss
+   depend on the batch.
 """
 
 from __future__ import annotations
@@ -66,7 +70,9 @@ def aggregate(
     token-mean: sum over valid tokens / num_tokens (default: valid tokens here).
     seq-mean-token-mean: mean over sequences of each sequence's token mean.
     seq-mean-token-sum: mean over sequences of each sequence's token sum.
-    seq-mean-token-sum-norm: as seq-mean-token-sum with each sum divided by norm (default: T), Dr. GRPO.
+    seq-mean-token-sum-norm: as seq-mean-token-sum with each sum divided by the constant norm, Dr. GRPO
+    (required: the generation budget, max_new_tokens, as verl's loss_scale_factor and TRL's
+    max_completion_length; the batch's padded width T would change the loss with the longest response).
     Sequence means divide by num_seqs (default: sequences with at least one valid token here).
     """
     m = mask.to(loss_mat.dtype)
@@ -78,7 +84,10 @@ def aggregate(
     elif mode == "seq-mean-token-sum":
         per_seq = (loss_mat * m).sum(-1)
     elif mode == "seq-mean-token-sum-norm":
-        per_seq = (loss_mat * m).sum(-1) / (loss_mat.shape[-1] if norm is None else norm)
+        if norm is None:
+            raise ValueError("loss aggregation 'seq-mean-token-sum-norm' (Dr. GRPO) divides each sequence's sum by a "
+                             "constant: pass norm= the generation budget (max_new_tokens), not the padded width")
+        per_seq = (loss_mat * m).sum(-1) / norm
     else:
         raise ValueError(f"unknown loss aggregation {mode!r}; choose one of {', '.join(AGG_MODES)}")
     has_tokens = (m.sum(-1) > 0).to(loss_mat.dtype)

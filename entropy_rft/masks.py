@@ -24,7 +24,9 @@ ClipVAdvantageFn, reproduced exactly by the defaults; tests/fixtures/clip_b.json
 3. Clip_V caps the clipped count as the authors' code does (max_frac): when more than max_frac of the tokens
    violate, only the k = max(int(max_frac n), 1) violators with non-zero advantage and the largest |S_c| are
    clipped, plus every zero-advantage violator. The cap is therefore not a hard global cap.
-4. Std is the population std over valid tokens; if it is below 1e-12 every token is kept.
+4. Std is the population std over valid tokens; if it is below 1e-12 every token is kept. mu = 0 is accepted,
+   as in the authors' code: every token on the filtered side below the mean (Clip_B) or below 0 (Clip_V) is
+   clipped. A non-finite score at a valid token raises (a NaN compares false, so it would keep every token).
 6. top_entropy (forking tokens) keeps exactly round(frac n) tokens by torch.topk; TRL's top_entropy_quantile
    keeps the tokens at or above the quantile, which can keep more on ties.
 5. The metrics frac_clipped_pos / _neg follow the authors' definition 1 - kept / max(total, 1), which reads 1.0
@@ -50,19 +52,28 @@ _STD_FLOOR = 1e-12
 
 
 def _check(score: Tensor, mask: Tensor, **mus: float | None) -> None:
+    """Shapes match; every threshold is a number >= 0 (0 clips every token below the mean on the filtered side);
+    the score is finite at every valid token (a NaN would fail every comparison and so keep every token)."""
     if score.shape != mask.shape:
         raise ValueError(f"score {tuple(score.shape)} and mask {tuple(mask.shape)} must have the same shape [B, T]")
     for name, value in mus.items():
-        if value is not None and not value > 0:
-            raise ValueError(f"{name} must be > 0 (a multiple of the batch std), got {value}; "
+        if value is not None and not value >= 0:  # also rejects NaN
+            raise ValueError(f"{name} must be >= 0 (a multiple of the batch std), got {value}; "
                              "the paper uses mu = 2.5 for Clip_B and 8.5 for Clip_V")
+    bad = mask.bool() & ~torch.isfinite(score)
+    if bad.any():
+        where = bad.nonzero().tolist()
+        shown = ", ".join(f"({b}, {t})" for b, t in where[:8]) + (", ..." if len(where) > 8 else "")
+        raise ValueError(f"the filter's score is not finite at {len(where)} valid token(s), (row, position): {shown}; "
+                         "S* and S_c are finite for finite logits, so check the policy's logits (NaN or inf from "
+                         "an overflow, a bad checkpoint or a -inf logit mask)")
 
 
 def _side_mask(adv: Tensor, side: Side, zero: bool) -> Tensor:
     if side == "negative":
         return adv <= 0 if zero else adv < 0
-    if side == "positive":
-        return adv >= 0 if zero else adv > 0
+    if side == "positive":  # A = 0 counts as negative (clip_zero_advantage), never as positive
+        return adv > 0
     if side == "all":
         return torch.ones_like(adv, dtype=torch.bool)
     raise ValueError(f"side must be 'negative', 'positive' or 'all', got {side!r}")
@@ -70,6 +81,7 @@ def _side_mask(adv: Tensor, side: Side, zero: bool) -> Tensor:
 
 def _masked_mean_std(x: Tensor, m: Tensor) -> tuple[Tensor, Tensor]:
     """Batch mean and population std of x over m (float32 0/1), the authors' float32 formulas."""
+    x = torch.where(m > 0, x, 0.0)  # a NaN at a padded position must not reach the sums
     n = m.sum().clamp_min(1.0)
     mean = (x * m).sum() / n
     var = ((x - mean) ** 2 * m).sum() / n

@@ -45,12 +45,25 @@ class Method:
     config: dict = field(default_factory=dict)  # TrainConfig defaults this method sets
 
     def apply(self, stats, advantages, mask, **overrides):
-        """(keep, metrics) for a batch; overrides replace the default options (None values are ignored)."""
+        """(keep, metrics) for a batch; overrides replace the default options.
+
+        An override of None means "the method's default" (TrainConfig's unset fields) and is ignored; to pass
+        None itself to the filter, give NO_CAP: `apply(..., max_frac=NO_CAP)` runs Clip_V with max_frac=None,
+        clipping every violator. Overrides the filter does not take are ignored."""
         if self.filter is None:
             return mask.clone(), {}
         accepted = set(inspect.signature(self.filter).parameters)
-        options = {**self.options, **{k: v for k, v in overrides.items() if v is not None and k in accepted}}
-        return self.filter(getattr(stats, self.score), advantages, mask, **options)
+        given = {k: None if _is_no_cap(v) else v for k, v in overrides.items() if v is not None and k in accepted}
+        return self.filter(getattr(stats, self.score), advantages, mask, **{**self.options, **given})
+
+
+# An option value that reaches the filter as None, where a plain None means "the method's default". Written as
+# the string "none" so that YAML and Hydra configs (verl, TRL scripts) can say it: `max_frac: none`.
+NO_CAP = "none"
+
+
+def _is_no_cap(value) -> bool:
+    return isinstance(value, str) and value == NO_CAP
 
 
 METHODS: Registry[Method] = Registry("method")

@@ -122,6 +122,38 @@ def correlation(xs: list[float], ys: list[float]) -> tuple[float, float, int]:
     return r, agree, n
 
 
+def sign_base_rate(ys: list[float]) -> float:
+    """The sign agreement a constant-sign predictor gets (it always says the more frequent sign): the share of
+    the majority sign among the finite non-zero values. A predictor's sign agreement means something only above it."""
+    signed = [y for y in ys if y is not None and math.isfinite(y) and y != 0]
+    if not signed:
+        return math.nan
+    up = sum(y > 0 for y in signed) / len(signed)
+    return max(up, 1 - up)
+
+
+def prediction_summary(predicted: list[float], realised: list[float]) -> dict:
+    """How a per-step prediction tracks the realised change, over the steps where both are finite: Pearson r,
+    sign agreement beside the constant-sign base rate (on the same steps), the median ratio realised / predicted
+    and the least-squares slope through the origin (realised ~ slope * predicted), and the step count."""
+    pairs = [(x, y) for x, y in zip(predicted, realised)
+             if x is not None and y is not None and math.isfinite(x) and math.isfinite(y)]
+    r, agree, n = correlation([x for x, _ in pairs], [y for _, y in pairs])
+    signed = [(x, y) for x, y in pairs if x != 0 and y != 0]
+    ratios = sorted(y / x for x, y in pairs if x != 0)
+    sxx = sum(x * x for x, _ in pairs)
+    median = math.nan
+    if ratios:
+        mid = len(ratios) // 2
+        median = ratios[mid] if len(ratios) % 2 else (ratios[mid - 1] + ratios[mid]) / 2
+    return {"corr": r, "sign_agreement": agree, "sign_base_rate": sign_base_rate([y for _, y in signed]),
+            "median_ratio": median, "slope": sum(x * y for x, y in pairs) / sxx if sxx > 0 else math.nan, "n": n}
+
+
+def _fmt(x: float, spec: str = ".3f") -> str:
+    return "-" if x is None or not math.isfinite(x) else format(x, spec)
+
+
 def _panel_plot(runs: list[dict], keys: list[tuple[str, str]], path: Path, title: str) -> Path:
     fig, axes = plt.subplots(1, len(keys), figsize=(5.2 * len(keys), 3.5), dpi=120, squeeze=False)
     for ax, (key, ylabel) in zip(axes[0], keys):
@@ -145,7 +177,7 @@ def _mu_plot(runs: list[dict], path: Path) -> Path | None:
         cfg = run["config"]
         if cfg.get("method") in ("clip_b", "clip_v") and isinstance(cfg.get("mu"), (int, float)) and cfg.get("entropy_target") is None:
             clip = [v for v in series(run, "clip_frac") if math.isfinite(v)]
-            ent = [v for v in series(run, "entropy_all_tokens") if math.isfinite(v)]
+            ent = [v for v in series(run, "entropy") if math.isfinite(v)]
             if not clip or not ent:
                 continue
             tail = ent[-max(1, len(ent) // 10):]
@@ -207,23 +239,48 @@ def _pass_rate_plot(runs: list[dict], path: Path) -> Path | None:
     return plot_pass_rates(curves, path)
 
 
+PREDICTORS = (("first_order", "entropy_change/first_order", "first-order change through the network"),
+              ("logit_space", "entropy_change/predicted", "Corollary 4 in logit space: -lr/|T_B| Cov_B(A, S_c)"))
+
+
 def _scatter_plot(runs: list[dict], path: Path) -> tuple[Path, dict]:
-    fig, ax = plt.subplots(figsize=(5.5, 4), dpi=120)
-    stats = {}
-    for run in runs:
-        x, y = series(run, "entropy_change/predicted"), series(run, "entropy_change/realised")
-        stats[run["name"]] = correlation(x, y)
-        ax.scatter(x, y, s=8, alpha=0.6, label=f"{run['name']} (r={stats[run['name']][0]:.2f})")
-    ax.axhline(0, color="k", linewidth=0.5)
-    ax.axvline(0, color="k", linewidth=0.5)
-    ax.set(xlabel="predicted: -lr Cov_B(A, S_c) (Corollary 4)", ylabel="realised batch entropy change",
-           title="Predicted against realised entropy change")
-    ax.ticklabel_format(style="sci", scilimits=(-2, 2))
-    ax.legend(fontsize=7)
+    """Two panels on the probed steps: the exact first-order change (grad of mean H . the applied step) and
+    Corollary 4's logit-space prediction, each against the realised change of the batch's mean entropy."""
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4), dpi=120)
+    stats: dict[str, dict] = {}
+    realised_key = "entropy_change/realised"
+    for ax, (name, key, xlabel) in zip(axes, PREDICTORS):
+        lo, hi = math.inf, -math.inf
+        for run in runs:
+            x, y = series(run, key), series(run, realised_key)
+            s = stats.setdefault(run["name"], {})[name] = prediction_summary(x, y)
+            ax.scatter(x, y, s=8, alpha=0.6, label=f"{run['name']} (r={_fmt(s['corr'], '.2f')})")
+            finite = [v for v in x + y if math.isfinite(v)]
+            lo, hi = min([lo, *finite]), max([hi, *finite])
+        if name == "first_order" and lo < hi:
+            ax.plot([lo, hi], [lo, hi], "k--", linewidth=0.7, label="realised = first order")
+        ax.axhline(0, color="k", linewidth=0.5)
+        ax.axvline(0, color="k", linewidth=0.5)
+        ax.set(xlabel=xlabel, ylabel="realised change of mean entropy")
+        ax.ticklabel_format(style="sci", scilimits=(-2, 2))
+        ax.legend(fontsize=7)
+    fig.suptitle("Predicted against realised entropy change, per probed step")
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
     return path, stats
+
+
+def prediction_lines(name: str, stats: dict) -> list[str]:
+    """The report's summary line for each predictor of a run."""
+    out = []
+    for key, label_ in (("first_order", "first-order change"), ("logit_space", "Corollary 4 (logit space)")):
+        s = stats[key]
+        out.append(f"- {name}, {label_} against realised over {s['n']} probed steps: r = {_fmt(s['corr'])}, "
+                   f"realised / predicted median {_fmt(s['median_ratio'], '.3g')} (slope {_fmt(s['slope'], '.3g')}), "
+                   f"same sign on {_fmt(s['sign_agreement'], '.0%')} of steps against "
+                   f"{_fmt(s['sign_base_rate'], '.0%')} for a constant-sign guess")
+    return out
 
 
 def build_report(run_dirs: list[Path | str], out: Path | str) -> Path:
@@ -232,7 +289,7 @@ def build_report(run_dirs: list[Path | str], out: Path | str) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     runs = [load_run(d) for d in run_dirs]
     figures = [
-        ("Entropy (Figures 1, 2c-d)", _panel_plot(runs, [("entropy_all_tokens", "token entropy"), ("clip_frac", "clipped fraction")],
+        ("Entropy (Figures 1, 2c-d)", _panel_plot(runs, [("entropy", "token entropy (all valid tokens)"), ("clip_frac", "clipped fraction")],
                                                    out / "entropy.png", "Entropy and clipped fraction")),
         ("S* and S_c batch means (Figure 3)", _panel_plot(runs, [("s_star_mean", "batch mean S*"), ("s_centered_mean", "batch mean S_c")],
                                                            out / "s_means.png", "Corollary 2: S_c averages to about 0")),
@@ -250,23 +307,28 @@ def build_report(run_dirs: list[Path | str], out: Path | str) -> Path:
     figures.append(("Predicted against realised entropy change", scatter))
 
     lines = ["# entropy-rft report\n", "| run | method | mu | steps | entropy first -> last | mean clip frac | "
-             "Avg@K before -> after | Pass@K before -> after | corr(pred, realised) | sign agreement |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "Avg@K before -> after | Pass@K before -> after | corr(first order, realised) | "
+             "realised / first order | sign agreement (constant-sign base rate) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for run in runs:
-        cfg, ent = run["config"], [v for v in series(run, "entropy_all_tokens") if math.isfinite(v)]
+        cfg, ent = run["config"], [v for v in series(run, "entropy") if math.isfinite(v)]
         clip = [v for v in series(run, "clip_frac") if math.isfinite(v)]
         ev = run["evals"]
         a = f"{ev[min(ev)]['avg_at_k']:.3f} -> {ev[max(ev)]['avg_at_k']:.3f}" if ev else "-"
         p = f"{ev[min(ev)]['pass_at_k']:.3f} -> {ev[max(ev)]['pass_at_k']:.3f}" if ev else "-"
-        r, agree, _ = corr[run["name"]]
+        fo = corr[run["name"]]["first_order"]
         lines.append(f"| {run['name']} | {cfg.get('method', '?')} | {cfg.get('mu') if cfg.get('mu') is not None else '-'} | {len(run['metrics'])} | "
-                     f"{f'{ent[0]:.4f} -> {ent[-1]:.4f}' if ent else '-'} | {sum(clip) / max(len(clip), 1):.4f} | {a} | {p} | {r:.3f} | {agree:.2f} |")
+                     f"{f'{ent[0]:.4f} -> {ent[-1]:.4f}' if ent else '-'} | {sum(clip) / max(len(clip), 1):.4f} | {a} | {p} | {_fmt(fo['corr'])} | "
+                     f"{_fmt(fo['median_ratio'], '.3g')} | {_fmt(fo['sign_agreement'], '.2f')} ({_fmt(fo['sign_base_rate'], '.2f')}) |")
+    lines += ["", "Entropy change per probed step (`probe_every`): the exact first-order change through the network and "
+              "Corollary 4's logit-space prediction, each against the realised change of the batch's mean entropy. A "
+              "sign agreement means something only above the constant-sign base rate.", ""]
+    for run in runs:
+        lines += prediction_lines(run["name"], corr[run["name"]])
     lines.append("")
     for title, path in figures:
         lines += [f"## {title}\n", f"![{title}]({Path(path).name})\n"]
     page = out / "report.md"
     page.write_text("\n".join(lines))
-    (out / "report.json").write_text(json.dumps({run["name"]: {"corr_predicted_realised": corr[run["name"]][0],
-                                                               "sign_agreement": corr[run["name"]][1]} for run in runs},
-                                                indent=1) + "\n")
+    (out / "report.json").write_text(json.dumps({run["name"]: corr[run["name"]] for run in runs}, indent=1) + "\n")
     return page

@@ -345,7 +345,8 @@ def train(cfg: TrainConfig, *, resume: bool = False) -> dict:
     sampler = ProblemSampler(train_problems, cfg.seed)
     update_gen = torch.Generator().manual_seed(cfg.seed + 1)
     targeting = cfg.entropy_target is not None
-    controller = MuController(cfg.entropy_target) if targeting and cfg.entropy_control == "mu" else None
+    controller = (MuController(cfg.entropy_target, denominator=cfg.denominator)
+                  if targeting and cfg.entropy_control == "mu" else None)
     bonus = (AdaptiveEntropyBonus(cfg.entropy_target, cfg.bonus_delta, cfg.entropy_coef, cfg.bonus_max)
              if targeting and cfg.entropy_control == "bonus" else None)
     evals: dict[int, dict] = {}
@@ -459,8 +460,8 @@ def train(cfg: TrainConfig, *, resume: bool = False) -> dict:
                                       from_hidden=cfg.stats_from_hidden)[0]
                 metrics["entropy_change/first_order"] = probe.first_order()
                 metrics["entropy_change/realised"] = masked_mean(after.entropy, mask) - masked_mean(stats.entropy, mask)
-                if controller:
-                    controller.observe(metrics["entropy_change/realised"])
+                if controller:  # kappa is fitted on the update's own first-order effect (control.py)
+                    controller.observe(metrics["entropy_change/first_order"])
             metrics["seconds"] = time.time() - t0
             # phases: rollout and scoring; statistics (the held forward, or the separate pass); advantages, filter,
             # update (the rest of the forward, backward, optimizer) and probe; diagnostics and the realised change
@@ -578,23 +579,25 @@ def update_policy(model, optimizer, rollout: Rollout, adv, old_logp, ref_logp, l
                     stats, values = policy_forward(model, rollout.select(part), cfg.temperature, value_head,
                                                    cfg.precision, from_hidden=cfg.stats_from_hidden)
                 extra = {"selected": selected[part].to(device)} if selected is not None else {}
+                agg = {"agg": cfg.loss_agg, "num_tokens": n_tokens, "num_seqs": n_seqs, "norm": cfg.max_new_tokens}
                 loss, pm = loss_spec.fn(stats.logp, old_logp[part].to(device), adv[part].to(device), m,
-                                        agg=cfg.loss_agg, num_tokens=n_tokens, num_seqs=n_seqs, **loss_kwargs, **extra)
+                                        **agg, **loss_kwargs, **extra)
                 if ref_logp is not None:
                     kl = aggregate(kl_penalty(stats.logp, ref_logp[part].to(device)), m, cfg.loss_agg,
-                                   num_tokens=n_tokens, num_seqs=n_seqs)
+                                   num_tokens=n_tokens, num_seqs=n_seqs, norm=cfg.max_new_tokens)
                     loss = loss + cfg.kl_coef * kl
                     pm["kl"] = kl.detach()
                 if value_head is not None:  # the critic learns on every valid token
                     vm = valid[part].to(device)
                     vl, vmetrics = value_loss(values, old_values[part].to(device), returns[part].to(device), vm,
-                                              clip_range=cfg.value_clip, agg=cfg.loss_agg,
+                                              clip_range=cfg.value_clip, agg=cfg.loss_agg, norm=cfg.max_new_tokens,
                                               num_tokens=valid[rows].sum().clamp_min(1).to(device),
                                               num_seqs=(valid[rows].sum(-1) > 0).sum().clamp_min(1).to(device))
                     loss = loss + cfg.vf_coef * vl
                     pm.update(vmetrics, value_loss=vl.detach())
                 if entropy_coef:
-                    bonus = aggregate(stats.entropy, m, cfg.loss_agg, num_tokens=n_tokens, num_seqs=n_seqs)
+                    bonus = aggregate(stats.entropy, m, cfg.loss_agg, num_tokens=n_tokens, num_seqs=n_seqs,
+                                      norm=cfg.max_new_tokens)
                     loss = loss - entropy_coef * bonus
                 loss.backward()
                 ratio[part] = (stats.logp.detach() - old_logp[part].to(device)).exp().cpu()
@@ -606,7 +609,8 @@ def update_policy(model, optimizer, rollout: Rollout, adv, old_logp, ref_logp, l
             # Corollary 4.1, eq. 28: this optimizer step's share of the batch, at the policy it is taken from
             share = float(mb_mask.sum()) / float(n_total)
             predicted_off += share * float(corollary4_entropy_change(adv[rows], s_centered[rows], mb_mask,
-                                                                     lr=cfg.lr, ratio=ratio[rows]))
+                                                                     lr=cfg.lr, ratio=ratio[rows],
+                                                                     num_tokens=float(n_tokens)))
             params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
             norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip if cfg.grad_clip > 0 else math.inf)
             grad_norms.append(float(norm))
@@ -614,6 +618,11 @@ def update_policy(model, optimizer, rollout: Rollout, adv, old_logp, ref_logp, l
     sums["grad_norm"] = grad_norms[-1] if grad_norms else 0.0
     sums["entropy_change/predicted_offpolicy"] = predicted_off
     return sums
+
+
+def loss_denominator(mask, loss_mask, cfg: TrainConfig) -> float:
+    """|T_B| of the whole batch's token-mean loss: the kept tokens, or every valid token (denominator="all")."""
+    return max(float((mask if cfg.denominator == "all" else loss_mask).sum()), 1.0)
 
 
 def step_metrics(step, rewards, correct, adv, stats: TokenStats, mask, keep, rollout: Rollout, cfg: TrainConfig,
@@ -627,15 +636,17 @@ def step_metrics(step, rewards, correct, adv, stats: TokenStats, mask, keep, rol
         "step": step + 1,
         "reward_mean": float(rewards.mean()),
         "accuracy": float(correct.float().mean()),
-        "entropy": masked_mean(stats.entropy, loss_mask),  # token-mean over the loss tokens
-        "entropy_all_tokens": masked_mean(stats.entropy, mask),
+        "entropy": masked_mean(stats.entropy, mask),  # the policy's: token-mean over every valid response token
+        "entropy_kept": masked_mean(stats.entropy, loss_mask),  # over the tokens the filter keeps in the loss
         "clip_frac": fractions["frac_clipped"],
         "clip_frac_pos": fractions["frac_clipped_pos"],
         "clip_frac_neg": fractions["frac_clipped_neg"],
         "s_star_mean": masked_mean(stats.s_star, mask),  # Figure 3
         "s_centered_mean": masked_mean(stats.s_centered, mask),  # Corollary 2: about 0 on-policy
         "cov_a_sc": float(cov),  # Figure 5 plots -Cov_B(A, S_c)
-        "entropy_change/predicted": float(corollary4_entropy_change(adv, stats.s_centered, loss_mask, lr=cfg.lr)),
+        # Corollary 4 in logit space for the token-mean loss: its step is lr / |T_B| per token (dynamics, departure 3)
+        "entropy_change/predicted": float(corollary4_entropy_change(adv, stats.s_centered, loss_mask, lr=cfg.lr,
+                                                                    num_tokens=loss_denominator(mask, loss_mask, cfg))),
         "response_length": float(mask.sum(-1).float().mean()),
         "truncation_rate": float((~rollout.finished).float().mean()),
         "frac_zero_advantage": float((adv == 0).float().mean()),  # responses (or tokens) with A = 0

@@ -148,3 +148,60 @@ def test_outcome_token_rewards_and_gae_hand_case():
     torch.testing.assert_close(tr, torch.tensor([[0.0, 1.0, 0.0], [0.0, 0.0, -1.0]]))
     raw, ret = gae(tr, torch.zeros(2, 3), mask, gamma=1.0, lam=1.0, whiten=False)
     torch.testing.assert_close(raw, torch.tensor([[1.0, 1.0, 0.0], [-1.0, -1.0, -1.0]]))
+
+
+def test_dr_grpo_update_does_not_depend_on_the_padded_width():
+    """The trainer's Dr. GRPO loss (seq-mean-token-sum-norm) on the same responses padded to width 9 and 16
+    is the same (it divides by max_new_tokens); before, it divided by the batch's padded width."""
+    import copy
+
+    from entropy_rft.forward import batch_forward
+    from entropy_rft.rollout import Rollout
+    from entropy_rft.trainer import load_policy, update_policy
+
+    model, tok = load_policy("countdown-tiny", torch.device("cpu"), trainable=True)
+    cfg = load_config(None, method="dr_grpo", max_new_tokens=16, lr=1e-4, progress=False)
+    assert cfg.loss_agg == "seq-mean-token-sum-norm"
+    g = torch.Generator().manual_seed(0)
+    n = 4
+    prompt = torch.randint(3, 20, (n, 5), generator=g)
+    response = torch.randint(3, 20, (n, 9), generator=g)
+    mask = torch.arange(9)[None] < torch.tensor([9, 3, 6, 2])[:, None]
+    response[~mask] = 0
+    narrow = Rollout(prompt, torch.ones(n, 5, dtype=torch.bool), response, mask, mask.sum(-1) == 9, [""] * n)
+    pad = torch.zeros(n, 7, dtype=torch.long)
+    wide = Rollout(prompt, torch.ones(n, 5, dtype=torch.bool), torch.cat([response, pad], 1),
+                   torch.cat([mask, pad.bool()], 1), narrow.finished, [""] * n)
+    adv = torch.tensor([1.0, -0.5, 0.25, -1.0])
+    losses = []
+    for ro in (narrow, wide):
+        m = copy.deepcopy(model)
+        old = batch_forward(m, ro, cfg.temperature, n)[0].logp
+        opt = torch.optim.Adam(m.parameters(), lr=cfg.lr)
+        out = update_policy(m, opt, ro, adv, old, None, ro.response_mask, cfg, torch.Generator().manual_seed(1))
+        losses.append(out["loss/policy"])
+    assert losses[0] != 0 and losses[0] == pytest.approx(losses[1], rel=1e-5)
+
+
+def test_kl_cov_recipe_is_cui_et_al_7b_and_off_policy():
+    """KL-Cov's penalty |log r| is 0 with zero gradient on-policy (r = 1), so a strict on-policy KL-Cov step is
+    GRPO's exactly; the Table 3 recipe therefore uses Cui et al.'s 7B settings (ratio 2e-3, coef 1) with
+    off-policy mini-batches, and at that ratio selects tokens of a recipe-sized batch."""
+    from pathlib import Path
+
+    from entropy_rft.losses import kl_cov_loss
+
+    g = torch.Generator().manual_seed(0)
+    logp = (torch.randn(4, 6, generator=g) - 1).requires_grad_()
+    adv, mask = torch.randn(4, generator=g), torch.ones(4, 6, dtype=torch.bool)
+    selected = torch.ones(4, 6, dtype=torch.bool)
+    (g_kl,) = torch.autograd.grad(kl_cov_loss(logp, logp.detach(), adv, mask, selected=selected)[0], logp)
+    (g_pg,) = torch.autograd.grad(ppo_clip_loss(logp, logp.detach(), adv, mask)[0], logp)
+    torch.testing.assert_close(g_kl, g_pg)  # on-policy: the KL term does nothing
+    recipe = Path(__file__).parent.parent / "entropy_rft" / "configs" / "paper" / "qwen2.5-7b-instruct_kl_cov.yaml"
+    cfg = load_config(str(recipe))
+    assert cfg.method == "kl_cov" and cfg.kl_cov_ratio == 2e-3 and cfg.kl_cov_coef == 1.0
+    assert cfg.mini_batches * cfg.ppo_epochs > 1 and cfg.prompts_per_step % cfg.mini_batches == 0
+    n = cfg.prompts_per_step * cfg.group_size * 50  # a batch of short responses
+    assert int(select_kl_cov(torch.randn(n), torch.randn(n, 1), torch.ones(n, 1, dtype=torch.bool),
+                             ratio=cfg.kl_cov_ratio).sum()) == int(cfg.kl_cov_ratio * n)

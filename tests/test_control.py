@@ -55,3 +55,94 @@ def test_adaptive_bonus_moves_toward_target_and_clamps():
     assert [b.update(0.1) for _ in range(3)] == pytest.approx([0.01, 0.02, 0.02])
     assert b.update(0.9) == pytest.approx(0.01)
     assert [b.update(0.9) for _ in range(3)] == [0.0, 0.0, 0.0]
+
+
+def test_unit_change_is_eq23_on_the_kept_set_and_predicts_the_logit_step():
+    """On a tabular policy (each token owns its logits, float64), one SGD step of the token-mean loss over Clip_B's
+    kept tokens K changes the mean entropy of all valid tokens by eta / |V| * unit_entropy_change (eq. 23 on K
+    with the token mean's 1/|K|), to first order. Corollary 4's -Cov_K(A, S_c) misses it: on K, S_c does not
+    average to 0 (Corollary 2 holds on the whole batch only) and A does not either."""
+    g = torch.Generator().manual_seed(1)
+    rows, width, vocab, eta = 32, 16, 24, 1e-2
+    z = (torch.randn(rows, width, vocab, generator=g, dtype=torch.float64) * 2).requires_grad_()
+    lp = z.detach().log_softmax(-1)
+    k = torch.multinomial(lp.exp().view(-1, vocab), 1, generator=g).view(rows, width)
+    p = lp.exp()
+    h = -(p * lp).sum(-1)
+    s = p * (h.unsqueeze(-1) + lp)
+    s_star = s.gather(-1, k.unsqueeze(-1)).squeeze(-1)
+    s_expect = (p * s).sum(-1)
+    stats = TokenStats(lp.gather(-1, k.unsqueeze(-1)).squeeze(-1).float(), h.float(), s_star.float(), s_expect.float())
+    rewards = (torch.rand(rows, generator=g) < 0.5).float()
+    adv = (rewards - rewards.view(4, 8).mean(-1).repeat_interleave(8)) / 0.5
+    mask = torch.ones(rows, width, dtype=torch.bool)
+    keep, _ = METHODS.get("clip_b").apply(stats, adv, mask, mu=0.3)
+    kept = mask & keep
+    assert (~kept).sum() > 10
+    loss = -(adv[:, None] * z.log_softmax(-1).gather(-1, k.unsqueeze(-1)).squeeze(-1) * kept).sum() / kept.sum()
+    (grad,) = torch.autograd.grad(loss, z)
+    with torch.no_grad():
+        lp2 = (z - eta * grad).log_softmax(-1)
+        realised = float((-(lp2.exp() * lp2).sum(-1) - h).mean())
+    s_c = (s_star - s_expect)
+    unit = unit_entropy_change(adv, s_c, kept)
+    loop = -sum(float(adv[i] * s_c[i, j]) for i in range(rows) for j in range(width) if kept[i, j]) / int(kept.sum())
+    assert unit == pytest.approx(loop, rel=1e-9)
+    n_valid = int(mask.sum())
+    assert eta / n_valid * unit == pytest.approx(realised, rel=1e-2)
+    from entropy_rft.dynamics import batch_covariance
+
+    cov_unit = -float(batch_covariance(adv[:, None].expand_as(s_c).double(), s_c, kept))
+    assert abs(eta / n_valid * cov_unit - realised) > 0.1 * abs(realised)
+
+
+def test_kappa_ignores_tiny_denominators_and_is_clamped():
+    """The scale fit skips a step whose unit prediction is tiny against the running scale (its ratio would be
+    noise), clamps a negative fit to 0 (then nothing is clipped) and respects kappa_max."""
+    ctl = MuController(target=0.3, forget=1.0)
+    for x, y in [(1.0, 2.0), (2.0, 4.0)]:
+        ctl.last_unit = x
+        assert ctl.observe(y)
+    ctl.last_unit = 1e-9  # a near-zero prediction with a noisy measured change
+    assert not ctl.observe(0.5)
+    assert ctl.kappa == pytest.approx(2.0)
+    ctl.last_unit = 0.0
+    assert not ctl.observe(0.1)
+    ctl = MuController(target=1.0, forget=1.0)
+    ctl.last_unit = 1.0
+    ctl.observe(-3.0)  # the measured change went against the prediction
+    assert ctl.kappa == 0.0
+    stats, adv, mask = batch()
+    mu, keep, _ = ctl.choose(METHODS.get("clip_b"), stats, adv, mask, entropy_now=0.5, overrides={})
+    assert math.isinf(mu) and keep.all()  # no usable scale: no clipping
+    capped = MuController(target=1.0, forget=1.0, kappa_max=5.0)
+    capped.last_unit = 1.0
+    capped.observe(100.0)
+    assert capped.kappa == 5.0
+
+
+def test_controller_uses_the_denominator_all_scaling():
+    """With denominator="all" the unit prediction of a candidate is -sum_K A S_c / |V| (the loss divides by every
+    valid token), so it scales with the kept fraction against the "kept" form."""
+    stats, adv, mask = batch()
+    keep, _ = METHODS.get("clip_b").apply(stats, adv, mask, mu=1.0)
+    kept = mask & keep
+    full = unit_entropy_change(adv, stats.s_centered, kept, num_tokens=float(mask.sum()))
+    assert full == pytest.approx(unit_entropy_change(adv, stats.s_centered, kept) * float(kept.sum()) / float(mask.sum()))
+
+
+def test_mu_controller_state_round_trips_everything_it_learns():
+    """A controller restored from state() continues exactly as the original: every learnt field is in the state
+    (a checkpoint that missed one would resume with a different kappa)."""
+    from dataclasses import fields
+
+    from entropy_rft.control import MuController
+
+    a = MuController(target=1.0)
+    for i, realised in enumerate([0.3, -0.1, 0.2]):
+        a.last_unit = 0.5 + i
+        a.observe(realised)
+    b = MuController(target=1.0)
+    b.load_state(a.state())
+    assert {f.name for f in fields(a) if not f.init} == set(a.state())
+    assert all(getattr(a, f.name) == getattr(b, f.name) for f in fields(a)) and a.kappa == b.kappa

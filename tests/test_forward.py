@@ -185,9 +185,11 @@ def test_offpolicy_prediction_uses_the_current_policy(policy):
         now, _ = batch_forward(work, ro.select(rows), 1.0, 6)
         ratio = (now.logp - stats.logp[rows]).exp()
         share = float(mask[rows].sum()) / float(mask.sum())
-        expected += share * float(corollary4_entropy_change(adv[rows], now.s_centered, mask[rows], lr=cfg.lr, ratio=ratio))
+        expected += share * float(corollary4_entropy_change(adv[rows], now.s_centered, mask[rows], lr=cfg.lr, ratio=ratio,
+                                                            num_tokens=float(mask[rows].sum())))
     behaviour = sum(float(mask[r].sum()) / float(mask.sum())
-                    * float(corollary4_entropy_change(adv[r], stats.s_centered[r], mask[r], lr=cfg.lr))
+                    * float(corollary4_entropy_change(adv[r], stats.s_centered[r], mask[r], lr=cfg.lr,
+                                                      num_tokens=float(mask[r].sum())))
                     for r in order.chunk(2))
     assert out["entropy_change/predicted_offpolicy"] == pytest.approx(expected, rel=1e-4, abs=1e-12)
     assert abs(expected - behaviour) > 1e-4 * abs(expected)  # the behaviour policy's S_c would be a different value

@@ -80,13 +80,57 @@ def test_clip_v_zero_advantage_option():
 
 
 def test_bad_mu_raises():
+    """Negative and NaN thresholds are rejected by name; mu = 0 is accepted (test_oracles checks what it does)."""
     s, adv, mask = batch()
-    with pytest.raises(ValueError, match="mu must be > 0"):
-        clip_b(s, adv, mask, mu=0.0)
-    with pytest.raises(ValueError, match="mu_plus must be > 0"):
+    with pytest.raises(ValueError, match="mu must be >= 0"):
+        clip_b(s, adv, mask, mu=-0.5)
+    with pytest.raises(ValueError, match="mu must be >= 0"):
+        clip_v(s, adv, mask, mu=float("nan"))
+    with pytest.raises(ValueError, match="mu_plus must be >= 0"):
         clip_v(s, adv, mask, mu_plus=-1.0)
     with pytest.raises(ValueError, match="max_frac"):
         clip_v(s, adv, mask, max_frac=0.0)
+    for fn in (clip_b, clip_v):
+        keep, _ = fn(s, adv, mask, mu=0.0)
+        assert (mask & ~keep).any()  # mu = 0 clips the negative-sample tokens below the mean
+
+
+@pytest.mark.parametrize("fn", [clip_b, clip_v])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_non_finite_score_at_a_valid_token_raises_naming_it(fn, bad):
+    """One NaN (or inf) score at a valid token raises an error naming its (row, position); before, the NaN made
+    the batch mean and std NaN, every comparison false, and the filter kept every token without a word."""
+    s, adv, mask = batch()
+    s[2, 1] = bad
+    with pytest.raises(ValueError, match=r"not finite at 1 valid token.*\(2, 1\)"):
+        fn(s, adv, mask)
+
+
+@pytest.mark.parametrize("fn", [clip_b, clip_v])
+def test_non_finite_score_at_a_padded_position_changes_nothing(fn):
+    """A NaN at a padded position neither raises nor reaches the batch statistics."""
+    s, adv, mask = batch()
+    s2 = s.clone()
+    s2[~mask] = float("nan")
+    kw = {"mu": 1.0, "max_frac": 0.05} if fn is clip_v else {}
+    k1, m1 = fn(s, adv, mask, **kw)
+    k2, m2 = fn(s2, adv, mask, **kw)
+    assert torch.equal(k1, k2) and m1 == m2 and (mask & ~k1).any()
+
+
+def test_clip_v_positive_side_never_clips_zero_advantage():
+    """clip_v(side="positive") filters A > 0 only: zero-advantage tokens count as negative (docstring), so they
+    are kept on the positive side whatever clip_zero_advantage says; A > 0 violators are still clipped."""
+    s, _, mask = batch()
+    adv = torch.zeros(s.shape[0])
+    adv[4:] = 1.0
+    s = s.clone()
+    s[1, 0] = -3.0  # a violator in a zero-advantage row
+    s[5, 0] = -3.0  # and one in a positive row
+    keep, _ = clip_v(s, adv, mask, mu=1.0, max_frac=None, side="positive")
+    assert keep[1, 0] and not keep[5, 0]
+    zero_rows = adv == 0
+    assert torch.equal(keep[zero_rows], mask[zero_rows])
 
 
 @pytest.mark.parametrize("action", ["retain", "mask"])
@@ -125,13 +169,14 @@ def test_micro_batches_change_no_mask_and_no_gradient(agg, method):
     new = (old + torch.randn(12, 12, generator=g) * 0.2).requires_grad_()
     loss_mask = mask & keep
     n_tok, n_seq = loss_mask.sum(), (loss_mask.sum(-1) > 0).sum()
-    full, _ = ppo_clip_loss(new, old, adv, loss_mask, agg=agg, num_tokens=n_tok, num_seqs=n_seq)
+    full, _ = ppo_clip_loss(new, old, adv, loss_mask, agg=agg, num_tokens=n_tok, num_seqs=n_seq, norm=16)
     (g_full,) = torch.autograd.grad(full, new)
     total = 0.0
     for rows in (slice(0, 5), slice(5, 7), slice(7, 12)):
         k_micro, _ = fn(s, adv, mask, **kw)  # recomputed per micro-batch from the whole batch: identical
         assert torch.equal(k_micro, keep)
-        part, _ = ppo_clip_loss(new[rows], old[rows], adv[rows], loss_mask[rows], agg=agg, num_tokens=n_tok, num_seqs=n_seq)
+        part, _ = ppo_clip_loss(new[rows], old[rows], adv[rows], loss_mask[rows], agg=agg, num_tokens=n_tok,
+                              num_seqs=n_seq, norm=16)
         total = total + part
     (g_micro,) = torch.autograd.grad(total, new)
     torch.testing.assert_close(g_micro, g_full, atol=1e-7, rtol=1e-5)
@@ -147,9 +192,24 @@ def test_aggregate_loop_reference():
     assert float(aggregate(x, m, "token-mean")) == pytest.approx(sum(map(sum, rows)) / sum(map(len, rows)), rel=1e-5)
     assert float(aggregate(x, m, "seq-mean-token-mean")) == pytest.approx(sum(sum(r) / len(r) for r in rows) / 3, rel=1e-5)
     assert float(aggregate(x, m, "seq-mean-token-sum")) == pytest.approx(sum(map(sum, rows)) / 3, rel=1e-5)
-    assert float(aggregate(x, m, "seq-mean-token-sum-norm")) == pytest.approx(sum(map(sum, rows)) / 3 / 6, rel=1e-5)
+    norm = 16  # the generation budget (max_new_tokens), a constant, not the padded width 6
+    assert float(aggregate(x, m, "seq-mean-token-sum-norm", norm=norm)) == pytest.approx(sum(map(sum, rows)) / 3 / norm,
+                                                                                        rel=1e-5)
     with pytest.raises(ValueError, match="unknown loss aggregation"):
         aggregate(x, m, "token-sum")
+
+
+def test_dr_grpo_norm_is_a_constant_not_the_padded_width():
+    """Dr. GRPO's seq-mean-token-sum-norm divides by a constant: without one it raises (it used to divide by the
+    padded width), and the same tokens padded to width 5 and to width 16 give the same loss."""
+    x = torch.randn(3, 5)
+    m = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0]], dtype=torch.bool)
+    with pytest.raises(ValueError, match="norm= the generation budget"):
+        aggregate(x, m, "seq-mean-token-sum-norm")
+    wide_x = torch.cat([x, torch.randn(3, 11)], dim=1)
+    wide_m = torch.cat([m, torch.zeros(3, 11, dtype=torch.bool)], dim=1)
+    narrow = aggregate(x, m, "seq-mean-token-sum-norm", norm=16)
+    torch.testing.assert_close(aggregate(wide_x, wide_m, "seq-mean-token-sum-norm", norm=16), narrow)
 
 
 def test_k3_kl_penalty_definition():
@@ -174,3 +234,24 @@ def test_on_policy_loss_gradient_is_minus_advantage_over_tokens():
     want = -adv.unsqueeze(-1).expand(3, 4) * mask / mask.sum()
     torch.testing.assert_close(logp.grad, want)
     assert float(m["clipfrac"]) == 0.0 and float(m["ratio_mean"]) == pytest.approx(1.0)
+
+
+def test_method_apply_no_cap_reaches_clip_v_as_none():
+    """Through METHODS, max_frac=NO_CAP clips every Clip_V violator (clip_v with max_frac=None), while a plain
+    None still means the method's default cap (1e-4, here k = 1 token): the case has many violators, so the
+    two differ."""
+    from entropy_rft.dynamics import TokenStats
+    from entropy_rft.methods import METHODS, NO_CAP
+
+    s, adv, mask = batch()
+    s = -s.abs()  # every token is on the low side: many violators at mu = 0.1
+    zeros = torch.zeros_like(s)
+    stats = TokenStats(zeros, zeros, s, zeros)  # s_centered = s
+    neg = -adv.abs()
+    method = METHODS.get("clip_v")
+    uncapped, _ = clip_v(s, neg, mask, mu=0.1, max_frac=None)
+    capped, _ = clip_v(s, neg, mask, mu=0.1, max_frac=1e-4)
+    assert int((mask & ~uncapped).sum()) > int((mask & ~capped).sum()) == 1
+    assert torch.equal(method.apply(stats, neg, mask, mu=0.1, max_frac=NO_CAP)[0], uncapped)
+    assert torch.equal(method.apply(stats, neg, mask, mu=0.1, max_frac=None)[0], capped)
+    assert torch.equal(method.apply(stats, neg, mask, mu=0.1)[0], capped)

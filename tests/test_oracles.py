@@ -95,6 +95,8 @@ def test_ppo_clip_loss_matches_verl(case):
     if gbi:
         kw = dict(num_tokens=gbi["batch_num_tokens"] / gbi["dp_size"], num_seqs=gbi["global_batch_size"] / gbi["dp_size"],
                   norm=gbi["loss_scale_factor"])
+    elif p["loss_agg_mode"] == "seq-mean-token-sum-norm":  # verl's default loss_scale_factor is the response
+        kw = dict(norm=len(b["log_prob"][0]))  # width, which verl pads to max_response_length: the budget
     loss, m = losses.ppo_clip_loss(logp, f32(b["old_log_prob"]), f32(b["advantages"]), f32(b["response_mask"]),
                                    eps_low=p["clip_ratio_low"], eps_high=p["clip_ratio_high"],
                                    dual_clip_c=p["clip_ratio_c"], agg=p["loss_agg_mode"], **kw)
@@ -166,3 +168,64 @@ def test_gspo_matches_verl(case):
     loss, m = losses.gspo_loss(logp, old, adv, mask, eps_low=p["clip_ratio_low"], eps_high=p["clip_ratio_high"], agg=p["loss_agg_mode"])
     _assert_loss_matches(loss, logp, out)
     assert float(m["clipfrac"]) == pytest.approx(out["metrics"]["actor/pg_clipfrac"], abs=1e-6)
+
+
+def _authors_clip_b_loop(s, adv, mask, mu):
+    """The authors' Clip_B rule as the fixture notes state it, token by token in float64: population mean and
+    std of S over the valid tokens; with std < 1e-12 keep all; else clip iff A < 0 and S - ES < -mu std."""
+    vals = [float(s[i, j]) for i in range(s.shape[0]) for j in range(s.shape[1]) if mask[i, j]]
+    mean = sum(vals) / len(vals)
+    std = (sum((v - mean) ** 2 for v in vals) / len(vals)) ** 0.5
+    keep = mask.clone()
+    for i, j in mask.nonzero().tolist():
+        if std >= 1e-12 and float(adv[i]) < 0 and float(s[i, j]) - mean < -mu * std:
+            keep[i, j] = False
+    return keep
+
+
+def _authors_clip_v_loop(s_c, adv, mask, mu, max_frac):
+    """The authors' Clip_V rule (fixture notes) as loops in float64: D = -S_c, violators D > mu std_D with
+    A <= 0; over the cap, only the k = max(int(max_frac n), 1) negative-advantage violators with the largest D
+    plus every zero-advantage violator."""
+    cells = mask.nonzero().tolist()
+    d = {(i, j): -float(s_c[i, j]) for i, j in cells}
+    n = len(cells)
+    mean = sum(d.values()) / n
+    std = (sum((v - mean) ** 2 for v in d.values()) / n) ** 0.5
+    if std < 1e-12:
+        return mask.clone()
+    violators = [c for c in cells if float(adv[c[0]]) <= 0 and d[tuple(c)] > mu * std]
+    clipped = violators
+    k = max(int(max_frac * n), 1)
+    negative = [c for c in violators if float(adv[c[0]]) < 0]
+    if len(violators) / n > max_frac and len(negative) > k:
+        top = sorted(negative, key=lambda c: -d[tuple(c)])[:k]
+        clipped = top + [c for c in violators if float(adv[c[0]]) == 0]
+    keep = mask.clone()
+    for i, j in clipped:
+        keep[i, j] = False
+    return keep
+
+
+@pytest.mark.parametrize("case", CLIP_B, ids=lambda c: c["name"])
+def test_clip_b_mu_zero_is_the_authors_rule(case):
+    """mu = 0 (accepted, as in the authors' code) clips every negative-sample token with S below the batch mean,
+    and keeps all when the std is 0: on each fixture's inputs it equals the authors' rule as a float64 loop."""
+    i = case["inputs"]
+    lp, h = f32(i["rollout_log_probs"]), f32(i["entropys"])
+    s, a, mask = lp.exp() * (h + lp), _grpo_of(case), f32(i["response_mask"]).bool()
+    keep, _ = clip_b(s, a, mask, mu=0.0)
+    assert torch.equal(keep, _authors_clip_b_loop(s, a, mask, 0.0))
+
+
+@pytest.mark.parametrize("case", CLIP_V, ids=lambda c: c["name"])
+def test_clip_v_mu_zero_is_the_authors_rule(case):
+    """mu = 0 in Clip_V: every non-positive-sample token with S_c < 0 violates, the cap then applies as in the
+    authors' code; equal to the float64 loop of their rule on each fixture's inputs."""
+    i = case["inputs"]
+    lp, h = f32(i["old_log_probs"]), f32(i["entropys"])
+    s_c = lp.exp() * (h + lp) - f32(i["necs"])
+    a, mask = _grpo_of(case), f32(i["response_mask"]).bool()
+    max_frac = case["params"]["max_frac"]
+    keep, _ = clip_v(s_c, a, mask, mu=0.0, max_frac=max_frac)
+    assert torch.equal(keep, _authors_clip_v_loop(s_c, a, mask, 0.0, max_frac))

@@ -8,7 +8,7 @@ import pytest
 from entropy_rft.cli import main
 from entropy_rft.config import load_config
 from entropy_rft.logging import read_metrics
-from entropy_rft.report import build_report, correlation
+from entropy_rft.report import build_report, correlation, prediction_summary, sign_base_rate
 from entropy_rft.trainer import train
 
 
@@ -23,6 +23,44 @@ def test_correlation_matches_numpy():
     x, y = [1.0, 2.0, 3.5, -1.0, 0.5], [2.0, 1.0, 4.0, -3.0, -0.2]
     r, agree, n = correlation(x, y)
     assert r == pytest.approx(np.corrcoef(x, y)[0, 1]) and n == 5 and agree == pytest.approx(0.8)
+
+
+def test_prediction_summary_against_numpy_and_base_rate():
+    """prediction_summary: Pearson r as numpy's, sign agreement beside the constant-sign base rate (the share of
+    the majority sign among the realised values of the same steps), median of realised / predicted, LS slope
+    through the origin; steps with a missing value are dropped."""
+    pred = [1.0, 2.0, -0.5, 0.8, float("nan"), 1.5, 0.2]
+    real = [0.9, 1.7, -0.2, -0.1, 3.0, 1.2, 0.3]
+    s = prediction_summary(pred, real)
+    x, y = np.array([1.0, 2.0, -0.5, 0.8, 1.5, 0.2]), np.array([0.9, 1.7, -0.2, -0.1, 1.2, 0.3])
+    assert s["n"] == 6 and s["corr"] == pytest.approx(np.corrcoef(x, y)[0, 1])
+    assert s["sign_agreement"] == pytest.approx(5 / 6) and s["sign_base_rate"] == pytest.approx(4 / 6)
+    assert s["median_ratio"] == pytest.approx(np.median(y / x)) and s["slope"] == pytest.approx((x * y).sum() / (x * x).sum())
+    assert sign_base_rate([-1.0, -2.0, 3.0, 0.0]) == pytest.approx(2 / 3)
+
+
+def test_report_shows_first_order_beside_realised(tmp_path):
+    """A run whose realised change is 0.9 x the first-order one on every probed step: the report's summary
+    line and report.json give r = 1, ratio 0.9 and the sign agreement beside its base rate; steps without a
+    probe are left out."""
+    run = tmp_path / "r"
+    run.mkdir()
+    fo = [1e-3, -2e-3, 5e-4, 3e-3, -1e-3, 2e-3]
+    rows = []
+    for i, f in enumerate(fo):
+        row = {"step": i + 1, "entropy": 0.3, "clip_frac": 0.0, "s_star_mean": 0.1, "s_centered_mean": 0.0,
+               "cov_a_sc": 0.01, "grad_norm": 1.0, "reward_mean": 0.5, "entropy_change/predicted": -f * 1e-3}
+        row.update({"entropy_change/first_order": f, "entropy_change/realised": 0.9 * f})
+        rows.append(row)
+    rows.append({"step": 7, "entropy": 0.3, "clip_frac": 0.0, "entropy_change/predicted": 1.0})  # not probed
+    (run / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    page = build_report([run], tmp_path / "rep")
+    text = page.read_text()
+    assert ("r, first-order change against realised over 6 probed steps: r = 1.000, realised / predicted median 0.9 "
+            "(slope 0.9), same sign on 100% of steps against 67% for a constant-sign guess") in text
+    assert "Corollary 4 (logit space) against realised over 6 probed steps: r = -1.000" in text
+    got = json.loads((tmp_path / "rep" / "report.json").read_text())["r"]
+    assert got["first_order"]["median_ratio"] == pytest.approx(0.9) and got["logit_space"]["sign_agreement"] == 0.0
 
 
 def test_report_writes_every_figure(tmp_path):

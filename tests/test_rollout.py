@@ -47,3 +47,86 @@ def test_generate_groups_and_seed():
     b = engine.generate(["1,2,3>6:", "4,5,6>9:"], n=3, seed=7)
     assert a.texts == b.texts and len(a.texts) == 6
     assert torch.equal(a.prompt_ids[0], a.prompt_ids[2]) and not torch.equal(a.prompt_ids[0], a.prompt_ids[3])
+
+
+def _tiny_lm(vocab: int = 24, seed: int = 0):
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = Qwen2Config(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
+    return Qwen2ForCausalLM(cfg).eval()
+
+
+class _IdTokenizer:
+    """A tokenizer over the ids themselves: 'a b c' -> [a, b, c]."""
+
+    def __init__(self, pad: int, eos: int):
+        self.pad_token_id, self.eos_token_id, self.padding_side = pad, eos, "left"
+        self.chat_template = None
+
+    def __call__(self, texts, return_tensors=None, padding=None, add_special_tokens=None):
+        rows = [[int(t) for t in s.split()] for s in texts]
+        width = max(map(len, rows))
+        ids = torch.tensor([[self.pad_token_id] * (width - len(r)) + r for r in rows])
+        mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
+        return {"input_ids": ids, "attention_mask": mask}
+
+    def decode(self, ids, skip_special_tokens=False):
+        return " ".join(map(str, ids))
+
+
+def test_nucleus_equals_transformers_top_p():
+    """nucleus_logits keeps exactly the tokens transformers' TopPLogitsWarper keeps (random logits, several p)."""
+    from transformers.generation.logits_process import TopPLogitsWarper
+
+    from entropy_rft.rollout.sampling import nucleus_logits
+
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(64, 50, generator=g) * 3
+    for p in (0.1, 0.5, 0.9, 0.99):
+        ours = torch.isfinite(nucleus_logits(logits, p))
+        theirs = torch.isfinite(TopPLogitsWarper(p)(None, logits.clone()))
+        assert torch.equal(ours, theirs), p
+    assert torch.equal(nucleus_logits(logits, 1.0), logits)
+
+
+def test_sampler_logp_is_the_policy_at_every_step():
+    """Each sampled token's sampler log-prob equals log softmax(z / T) of a full forward over the whole sequence:
+    the prefix cache shared across a group, the rows dropped as they finish and the position ids reproduce the
+    policy exactly (left-padded prompts of different lengths, T = 0.7, two EOS ids)."""
+    from entropy_rft.dynamics import token_stats
+    from entropy_rft.rollout.hf import sequence_forward
+
+    model = _tiny_lm()
+    model.generation_config.eos_token_id = [3, 5]
+    engine = HFEngine(model, _IdTokenizer(pad=0, eos=3))
+    out = engine.generate(["7 8 9 10", "11 12", "13"], n=6, temperature=0.7, max_new_tokens=20, seed=1)
+    assert out.finished.any() and not out.finished.all()  # some rows dropped early, some ran to the end
+    logits, _ = sequence_forward(model, out)
+    ref = token_stats(logits, out.response_ids, temperature=0.7).logp
+    torch.testing.assert_close(out.sampler_logp[out.response_mask], ref[out.response_mask], atol=2e-5, rtol=0)
+    # every EOS id ends a response: the mask stops at the first 3 or 5, and nothing after it is kept
+    for ids, m, done in zip(out.response_ids, out.response_mask, out.finished):
+        ended = torch.isin(ids, torch.tensor([3, 5]))
+        if done:
+            first = int(ended.int().argmax())
+            assert int(m.sum()) == first + 1 and not ended[:first].any()
+        else:
+            assert m.all() and not ended.any()
+
+
+def test_generation_config_processors_are_not_inherited():
+    """A checkpoint whose generation_config carries top_k 1 and repetition_penalty 5 (as Qwen2.5-Instruct ships
+    top_k 20, repetition_penalty 1.05) still samples from softmax(z / T): the first token's frequencies over 4000
+    samples match the model's probabilities (greedy top_k 1 would give a single token)."""
+    model = _tiny_lm(vocab=8, seed=3)
+    model.generation_config.top_k = 1
+    model.generation_config.repetition_penalty = 5.0
+    engine = HFEngine(model, _IdTokenizer(pad=0, eos=1))
+    out = engine.generate(["2 4 6"], n=4000, temperature=1.0, max_new_tokens=1, seed=0)
+    with torch.no_grad():
+        probs = model(input_ids=torch.tensor([[2, 4, 6]])).logits[0, -1].softmax(-1)
+    freq = torch.bincount(out.response_ids[:, 0], minlength=8).float() / 4000
+    assert (probs > 0.05).sum() >= 3  # the check has several likely tokens to tell apart
+    assert (freq - probs).abs().max() < 0.03

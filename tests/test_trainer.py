@@ -39,6 +39,24 @@ def test_train_writes_metrics_checkpoint_and_evals(tmp_path):
     assert json.loads((tmp_path / "run" / "eval.json").read_text())["3"]["k"] == 2
 
 
+@pytest.mark.slow
+def test_headline_entropy_is_the_policys_whatever_the_filter(tmp_path):
+    """`entropy` is the policy's mean over every valid response token, so at step 1 (same policy, seed and
+    rollouts) every method logs GRPO's value; the kept-token mean is `entropy_kept`, which the filters move."""
+    rows = {}
+    for method, kw in {"grpo": {}, "clip_b": {"mu": 0.5}, "clip_v": {"mu": 0.5, "max_frac": 0.05},
+                       "forking": {}}.items():
+        cfg = tiny(tmp_path, method, method=method, steps=1, eval_problems=2, **kw)
+        train(cfg)
+        rows[method] = read_metrics(cfg.out)[0]
+    grpo = rows["grpo"]
+    assert grpo["entropy_kept"] == grpo["entropy"]  # GRPO keeps every token
+    for method, row in rows.items():
+        assert row["entropy"] == grpo["entropy"], method
+        assert row["clip_frac"] > 0 or method == "grpo"
+    assert rows["forking"]["entropy_kept"] > rows["forking"]["entropy"]  # it keeps the highest-entropy 20%
+
+
 def test_seeded_runs_are_identical(tmp_path):
     """Same config and seed on CPU give identical metrics (timings aside)."""
     strip = lambda rows: [{k: v for k, v in r.items() if k != "seconds" and not k.startswith("time/")}  # noqa: E731

@@ -73,7 +73,12 @@ def test_keep_mask_is_the_methods_over_the_whole_generation_batch(tmp_path):
     assert (mask & ~want).any()  # mu 0.5 drops tokens: the test sees a real filter
     logged = trainer.state.log_history[0]
     assert logged["entropy_rft/frac_clipped"] > 0 and logged["entropy_rft/kept_frac"] < 1
-    assert {"entropy_rft/s_star_mean", "entropy_rft/cov_a_sc", "entropy_rft/entropy"} <= set(logged)
+    assert {"entropy_rft/s_star_mean", "entropy_rft/cov_a_sc", "entropy_rft/entropy", "entropy_rft/entropy_kept"} <= set(logged)
+    # the headline entropy is the policy's over every valid completion token, not over the kept ones
+    m = mask.float()
+    assert logged["entropy_rft/entropy"] == pytest.approx(float((stats.entropy * m).sum() / m.sum()), rel=1e-5)
+    kept = (want & mask).float()
+    assert logged["entropy_rft/entropy_kept"] == pytest.approx(float((stats.entropy * kept).sum() / kept.sum()), rel=1e-5)
 
 
 def test_two_processes_filter_the_batch_they_share(tmp_path):

@@ -59,7 +59,8 @@ class EntropyGRPOTrainer(GRPOTrainer):
     """GRPOTrainer whose loss keeps only the tokens an entropy-rft method keeps (module docstring).
 
     method: a name in METHODS with a token filter (clip_b, clip_v, s_sign:...); method_options override the
-    filter's defaults (e.g. {"mu": 1.5} or {"mu": 8.5, "max_frac": 1e-4}); None values are ignored."""
+    filter's defaults (e.g. {"mu": 1.5} or {"mu": 8.5, "max_frac": 1e-4}); None values are ignored, and
+    methods.NO_CAP passes None itself ({"max_frac": NO_CAP}: Clip_V clips every violator)."""
 
     def __init__(self, *args, method: str = "clip_b", method_options: dict | None = None, **kwargs):
         spec = METHODS.get(method)
@@ -117,7 +118,8 @@ class EntropyGRPOTrainer(GRPOTrainer):
             **{k: float(v) for k, v in metrics.items()},
             "s_star_mean": masked_mean(every.s_star, mask),
             "s_centered_mean": masked_mean(every.s_centered, mask),
-            "entropy": masked_mean(every.entropy, mask),
+            "entropy": masked_mean(every.entropy, mask),  # the policy's, over every valid completion token
+            "entropy_kept": masked_mean(every.entropy, keep & mask),  # over the tokens the filter keeps
             "cov_a_sc": float(batch_covariance(broadcast_advantages(adv, s_star), every.s_centered, mask)),
             "kept_frac": masked_mean(keep & mask, mask),
         }

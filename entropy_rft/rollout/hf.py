@@ -1,4 +1,6 @@
-"""Rollouts with Hugging Face `generate`: sampling with temperature and top-p, up to max_new_tokens, stop at EOS.
+"""Rollouts with a Hugging Face causal LM: sampling from exactly softmax(z / T) with top-p (the loop of
+rollout/sampling.py: each prompt prefilled once per group, finished rows dropped, no processor inherited from the
+model's generation_config), up to max_new_tokens, stop at any EOS id.
 
 The response mask comes from generated lengths: a response runs up to and including its first EOS token, or
 to max_new_tokens when it has none (truncated). Positions after that are masked whatever token they hold; the
@@ -14,6 +16,8 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor
+
+from .sampling import sample
 
 
 @dataclass
@@ -62,13 +66,27 @@ class Rollout:
                        None if self.sampler_logp is None else self.sampler_logp[rows])
 
 
-def response_mask_from_lengths(response_ids: Tensor, eos_token_id: int) -> tuple[Tensor, Tensor]:
-    """(mask, finished): mask covers each response up to and including its first EOS."""
-    is_eos = response_ids == eos_token_id
+def response_mask_from_lengths(response_ids: Tensor, eos_token_id: int | list[int]) -> tuple[Tensor, Tensor]:
+    """(mask, finished): mask covers each response up to and including its first EOS (any of the given ids)."""
+    eos = torch.tensor([eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id))
+    is_eos = torch.isin(response_ids, eos.to(response_ids.device))
     finished = is_eos.any(dim=1)
     first = torch.where(finished, is_eos.int().argmax(dim=1) + 1, torch.full_like(finished, response_ids.shape[1], dtype=torch.long))
     mask = torch.arange(response_ids.shape[1], device=response_ids.device).unsqueeze(0) < first.unsqueeze(1)
     return mask, finished
+
+
+def eos_ids(model, tokenizer) -> list[int]:
+    """Every id that ends a response: the tokenizer's EOS and each one the model's generation_config lists
+    (Qwen2.5-Instruct's lists both <|im_end|> and <|endoftext|>)."""
+    ids = set() if tokenizer.eos_token_id is None else {int(tokenizer.eos_token_id)}
+    listed = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if listed is not None:
+        ids.update(int(i) for i in ([listed] if isinstance(listed, int) else listed))
+    if not ids:
+        raise ValueError("neither the tokenizer nor the model's generation_config names an EOS token; set "
+                         "tokenizer.eos_token (responses would never end)")
+    return sorted(ids)
 
 
 def render_prompts(tokenizer, prompts: list[str], chat_template: bool) -> list[str]:
@@ -95,7 +113,8 @@ class HFEngine:
         self.progress = progress
         if tokenizer.pad_token_id is None:
             raise ValueError("the tokenizer has no pad token; set tokenizer.pad_token (e.g. to the EOS token) first")
-        self.eos_id = tokenizer.eos_token_id
+        self.eos_ids = eos_ids(model, tokenizer)
+        self.eos_id = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else self.eos_ids[0]
 
     def sync_weights(self) -> None:
         """Nothing to do: HF generation samples from the trained model itself (the vLLM engine copies weights)."""
@@ -112,33 +131,43 @@ class HFEngine:
     @torch.no_grad()
     def generate(self, prompts: list[str], *, n: int = 1, temperature: float = 1.0, top_p: float = 1.0,
                  max_new_tokens: int = 32, seed: int | None = None) -> Rollout:
-        """n samples of each prompt, grouped: rows [i * n, (i + 1) * n) belong to prompts[i]."""
+        """n samples of each prompt, grouped: rows [i * n, (i + 1) * n) belong to prompts[i]. sampler_logp holds
+        each token's log-probability under the distribution it was drawn from (softmax(z / T) on the nucleus)."""
         if temperature <= 0:
             raise ValueError(f"temperature must be > 0 for sampling, got {temperature}")
-        expanded = [p for p in prompts for _ in range(n)]
+        if not 0 < top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+        device = self.model.device
+        generator = None
         if seed is not None:
-            torch.manual_seed(seed)  # HF sampling draws from the global generator
-        was_training = self.model.training
-        self.model.eval()
+            generator = torch.Generator(device=device).manual_seed(seed)
+        per_pass = max(1, self.batch_size // n)
         parts = []
-        starts = range(0, len(expanded), self.batch_size)
+        starts = range(0, len(prompts), per_pass)
         if self.progress and len(starts) > 1:
             from tqdm import tqdm
 
             starts = tqdm(starts, desc="generate", unit="batch", leave=False)
-        for start in starts:
-            ids, mask = self.encode_prompts(expanded[start : start + self.batch_size])
-            out = self.model.generate(
-                input_ids=ids.to(self.model.device), attention_mask=mask.long().to(self.model.device),
-                do_sample=True, temperature=temperature, top_p=top_p, top_k=0, max_new_tokens=max_new_tokens,
-                eos_token_id=self.eos_id, pad_token_id=self.tokenizer.pad_token_id,
-            )
-            response_ids = out[:, ids.shape[1]:].cpu()
-            response_mask, finished = response_mask_from_lengths(response_ids, self.eos_id)
-            texts = [self.tokenizer.decode(r[m & (r != self.eos_id)].tolist(), skip_special_tokens=False)
-                     for r, m in zip(response_ids, response_mask)]
-            parts.append(Rollout(ids, mask, response_ids, response_mask, finished, texts))
-        self.model.train(was_training)
+        was_training = self.model.training
+        self.model.eval()  # dropout off: the rollouts come from the policy itself
+        try:
+            for start in starts:
+                ids, mask = self.encode_prompts(prompts[start : start + per_pass])
+                response_ids, sampler_logp = sample(
+                    self.model, ids.to(device), mask.to(device), n=n, temperature=temperature, top_p=top_p,
+                    max_new_tokens=max_new_tokens, eos_ids=self.eos_ids, pad_id=self.tokenizer.pad_token_id,
+                    generator=generator,
+                )
+                response_ids, sampler_logp = response_ids.cpu(), sampler_logp.cpu()
+                response_mask, finished = response_mask_from_lengths(response_ids, self.eos_ids)
+                eos = torch.tensor(self.eos_ids)
+                texts = [self.tokenizer.decode(r[m & ~torch.isin(r, eos)].tolist(), skip_special_tokens=False)
+                         for r, m in zip(response_ids, response_mask)]
+                rows = torch.arange(ids.shape[0]).repeat_interleave(n)
+                parts.append(Rollout(ids[rows], mask[rows], response_ids, response_mask, finished, texts,
+                                     sampler_logp))
+        finally:
+            self.model.train(was_training)
         return Rollout.concat(parts, self.tokenizer.pad_token_id)
 
 

@@ -1,0 +1,289 @@
+"""entropy-rft's token filters inside verl (`pip install "entropy-rft[verl]"`, written against verl 0.9.1): Clip_B,
+Clip_V, the S*-sign filters of Figure 1 and a whole-batch Clip-Cov run in verl's V1 trainer, on verl's Ray/FSDP
+workers and vLLM/SGLang rollouts, with their statistics taken over the whole training batch.
+
+    VERL_ENGINE_VENDOR=entropy_rft python -m verl.trainer.main_ppo ... \\
+        trainer.v1.trainer_mode=entropy_rft +entropy_rft.method=clip_b +entropy_rft.options.mu=2.5
+
+How it plugs in (README, "Scaling out"; recipes/verl/ has complete configs):
+- `import verl` loads this module in every process through the `verl.plugins` entry point of this package. verl
+  swallows a failing plugin import (logged at DEBUG only); `VERL_USE_EXTERNAL_MODULES=entropy_rft.integrations.verl`
+  imports it explicitly and raises on error.
+- EntropyRFTTrainer, registered as V1 trainer "entropy_rft" (`trainer.v1.trainer_mode=entropy_rft`), is verl's sync
+  trainer whose advantage step, after verl's own, filters the whole batch on the driver (which holds every
+  data-parallel rank's rows): it reads old log-probs and entropies (always recomputed by verl's old-log-prob step),
+  computes S* = p_k (H + log p_k), lets the method choose the tokens to keep and writes the keep mask into both
+  `response_mask` and `loss_mask`, so dropped tokens leave the loss and its token-mean denominator (verl's engine
+  divides by `loss_mask.sum()` all-reduced over ranks).
+- Clip_V also needs E_p[S] = sum_i p_i S_i (Theorem 2), which needs the full distribution: EntropyFSDPEngine, a
+  registered subclass of verl's FSDP language-model engine (selected by `VERL_ENGINE_VENDOR=entropy_rft` in the
+  workers' environment), adds it to the old-log-prob forward from the logits it already materialises, packed
+  (use_remove_padding) or padded.
+
+Departures and limits, numbered:
+1. The statistics are those of the policy that computed the old log-probs (verl's recompute, at the rollout
+   temperature), as in the authors' code; the filter is chosen once per batch and kept for every mini-batch and
+   epoch of the update.
+2. Clip_V needs the unfused FSDP engine: fused kernels and Megatron never materialise the logits, and are refused
+   at start-up with the reason. Every method is refused with `rollout_correction.bypass_mode` (nothing is
+   recomputed, so there is no entropy).
+3. Clip-Cov here selects over the whole batch on the driver, with the old log-probs, and zeroes the selected
+   tokens' advantages (they stay in the denominator, as in Clip-Cov's loss); verl's own clip_cov loss selects
+   per micro-batch with the current log-probs and skips tokens the PPO clip already clipped, which on an
+   on-policy first mini-batch are none. KL-Cov needs the current log-prob inside the loss, so it stays verl's
+   per-micro-batch loss (verl issue #7829): use `actor.policy_loss.loss_mode=kl_cov` and read the README's note.
+4. The trainer keeps verl's "sync" behaviour (its trainer_mode reads "sync" whatever name selected it); the
+   async V1 trainers are not wrapped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+
+import torch
+from torch import Tensor
+from torch.distributed.tensor import DTensor
+
+from ..advantages import broadcast_advantages
+from ..config import TrainConfig
+from ..dynamics import TokenStats, batch_covariance, token_stats
+from ..losses import select_clip_cov
+from ..methods import METHODS, NO_CAP
+from ..trainer import masked_mean
+
+try:
+    import transfer_queue as tq
+    from tensordict import TensorDict
+    from verl.trainer.ppo.v1.trainer_base import register_trainer
+    from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
+    from verl.utils import tensordict_utils as tu
+    from verl.workers.engine.base import EngineRegistry
+    from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead
+    from verl.workers.utils.padding import response_from_nested, response_to_nested
+except ImportError as err:  # the adapter is an optional extra
+    raise ImportError(f"entropy_rft.integrations.verl needs verl 0.9 with its V1 trainer (TransferQueue): "
+                      f"pip install 'entropy-rft[verl]' ({err})") from err
+
+TRAINER_NAME = "entropy_rft"  # trainer.v1.trainer_mode
+ENGINE_VENDOR = "entropy_rft"  # VERL_ENGINE_VENDOR in the workers' environment
+S_EXPECT = "entropy_rft_s_expect"  # the engine's request flag and its output / TransferQueue field
+CLIP_COV = "clip_cov"
+CLIP_COV_DEFAULTS = {"ratio": TrainConfig.clip_cov_ratio, "lb": TrainConfig.clip_cov_lb, "ub": TrainConfig.clip_cov_ub}
+_ROW_ELEMENTS = 1 << 22  # logits elements per chunk of the E_p[S] computation
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The whole-batch step on the driver: pure functions of padded [B, T] tensors.
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """The `entropy_rft` section of a verl config: method (a METHODS name with a token filter, or clip_cov) and
+    options (the filter's keyword options, e.g. {mu: 2.5}; YAML null passes None, e.g. max_frac: null = no cap)."""
+
+    method: str = "clip_b"
+    options: dict = dataclasses.field(default_factory=dict)
+    seed: int = 0  # Clip-Cov's random selection
+
+    def __post_init__(self):
+        spec = METHODS.get(self.method)
+        if spec.filter is None and self.method != CLIP_COV:
+            filters = ", ".join(n for n in METHODS.names() if METHODS.get(n).filter)
+            raise ValueError(f"entropy_rft.method={self.method!r} is not a token filter, so it has no driver step in "
+                             f"verl; use one of {filters} or {CLIP_COV} (other rows of METHODS are verl settings: "
+                             f"README, 'Scaling out')")
+        accepted = set(CLIP_COV_DEFAULTS) if spec.filter is None else set(
+            list(inspect.signature(spec.filter).parameters)[3:])  # after (score, advantages, mask)
+        if set(self.options) - accepted:
+            raise ValueError(f"{self.method} takes options {sorted(accepted)}, got {sorted(self.options)}")
+
+    @property
+    def needs_s_expect(self) -> bool:
+        return self.method != CLIP_COV and METHODS.get(self.method).score == "s_centered"
+
+    @classmethod
+    def from_config(cls, config) -> "Settings":
+        section = config.get("entropy_rft", None)
+        if section is None:
+            raise ValueError(f"trainer.v1.trainer_mode={TRAINER_NAME} needs an `entropy_rft` section, e.g. "
+                             "+entropy_rft.method=clip_b +entropy_rft.options.mu=2.5")
+        section = dict(section)
+        unknown = set(section) - {f.name for f in dataclasses.fields(cls)}
+        if unknown:
+            raise ValueError(f"unknown keys {sorted(unknown)} in entropy_rft; it takes method, options, seed")
+        return cls(options=dict(section.pop("options", None) or {}), **section)
+
+
+def stats_from_engine(old_log_probs: Tensor, entropy: Tensor, s_expect: Tensor | None = None) -> TokenStats:
+    """TokenStats from verl's recomputed old log-probs and entropies ([B, T]): S* = p_k (H + log p_k) (Theorem 1);
+    E_p[S] from the engine when given, else zeros (then S_c is not available)."""
+    logp, h = old_log_probs.float(), entropy.float()
+    s_star = logp.exp() * (h + logp)
+    return TokenStats(logp, h, s_star, torch.zeros_like(logp) if s_expect is None else s_expect.float())
+
+
+def whole_batch_step(settings: Settings, stats: TokenStats, advantages: Tensor, mask: Tensor, *,
+                     generator: torch.Generator | None = None) -> tuple[Tensor, Tensor, dict[str, float]]:
+    """(keep [B, T] bool, advantages [B, T], metrics) for the whole batch: a token filter's keep mask (advantages
+    unchanged), or for Clip-Cov the mask unchanged and the selected tokens' advantages zeroed (departure 3)."""
+    mask = mask.bool()
+    adv = broadcast_advantages(advantages, mask).float()
+    if settings.method == CLIP_COV:
+        opts = {**CLIP_COV_DEFAULTS, **settings.options}
+        selected = select_clip_cov(adv, stats.logp, mask, generator=generator, **opts)
+        keep, adv = mask.clone(), torch.where(selected, torch.zeros_like(adv), adv)
+        metrics = {"clip_cov_selected_frac": masked_mean(selected, mask)}
+    else:
+        options = {k: NO_CAP if v is None else v for k, v in settings.options.items()}  # YAML null: pass None
+        keep, metrics = METHODS.get(settings.method).apply(stats, adv, mask, **options)
+    metrics = {
+        **{k: float(v) for k, v in metrics.items()},
+        "s_star_mean": masked_mean(stats.s_star, mask),
+        "entropy": masked_mean(stats.entropy, mask),
+        "kept_frac": masked_mean(keep & mask, mask),
+    }
+    if settings.needs_s_expect:
+        metrics["s_centered_mean"] = masked_mean(stats.s_centered, mask)
+        metrics["cov_a_sc"] = float(batch_covariance(adv, stats.s_centered, mask))
+    return keep & mask, adv, metrics
+
+
+def check_config(settings: Settings, config) -> None:
+    """Refuse, at start-up, configurations the method cannot run in (departure 2)."""
+    corr = config.algorithm.get("rollout_correction", None)
+    if corr is not None and corr.get("bypass_mode", False):
+        raise ValueError("entropy_rft needs verl's recomputed old log-probs and entropies, but "
+                         "algorithm.rollout_correction.bypass_mode=true skips that step: set it to false")
+    if not settings.needs_s_expect:
+        return
+    strategy = config.actor_rollout_ref.actor.get("strategy", "fsdp")
+    if strategy not in ("fsdp", "fsdp2"):
+        raise ValueError(f"{settings.method} needs E_p[S] from the full token distribution, which only the FSDP "
+                         f"engine computes here; actor strategy {strategy!r} (Megatron and the others) never "
+                         "materialises the logits: use actor.strategy=fsdp or fsdp2, or Clip_B")
+    if config.actor_rollout_ref.model.get("use_fused_kernels", False):
+        raise ValueError(f"{settings.method} needs E_p[S] from the logits, but actor_rollout_ref.model."
+                         "use_fused_kernels=true never materialises them: set it to false, or use Clip_B")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The trainer: verl's sync V1 trainer plus the whole-batch step.
+
+
+@register_trainer(TRAINER_NAME)
+class EntropyRFTTrainer(PPOTrainerSync):
+    """verl's sync V1 trainer whose advantage step ends with entropy-rft's whole-batch filter (module docstring)."""
+
+    # verl branches on `trainer_mode == "sync"` (replay buffer, refills, checkpoints): this trainer is the sync
+    # trainer under another name, so it reads "sync" whatever trainer.v1.trainer_mode selected it (departure 4).
+    @property
+    def trainer_mode(self) -> str:
+        return "sync"
+
+    @trainer_mode.setter
+    def trainer_mode(self, selected_by: str) -> None:
+        self.selected_by = selected_by
+
+    def __init__(self, config):
+        self.entropy_rft = Settings.from_config(config)
+        check_config(self.entropy_rft, config)
+        self.entropy_rft_generator = torch.Generator().manual_seed(self.entropy_rft.seed)
+        super().__init__(config)
+
+    def _compute_old_log_prob(self, batch, metrics: dict):
+        if self.entropy_rft.needs_s_expect:
+            batch.extra_info[S_EXPECT] = True  # read by EntropyFSDPEngine on every worker
+        out = batch
+        try:
+            out = super()._compute_old_log_prob(batch, metrics)
+        finally:
+            for meta in (batch, out):
+                meta.extra_info.pop(S_EXPECT, None)  # not for the ref and update forwards
+        return out
+
+    def _compute_advantage(self, batch, metrics: dict):
+        batch = super()._compute_advantage(batch, metrics)
+        fields = ["response_mask", "loss_mask", "old_log_probs", "entropy", "advantages"]
+        if self.entropy_rft.needs_s_expect:
+            fields.append(S_EXPECT)
+        data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=fields)
+        output, step_metrics = filter_batch(self.entropy_rft, data, generator=self.entropy_rft_generator)
+        metrics.update({f"entropy_rft/{k}": v for k, v in step_metrics.items()})
+        return tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id, fields=output)
+
+
+def filter_batch(settings: Settings, data: TensorDict, *, generator=None) -> tuple[TensorDict, dict[str, float]]:
+    """The driver's step on the TransferQueue fields of the whole batch (nested [B, response_len] each): the new
+    response_mask, loss_mask and advantages, as nested tensors to write back, and the metrics."""
+    if settings.needs_s_expect and S_EXPECT not in data.keys():
+        raise RuntimeError(f"{settings.method} needs E_p[S], but the actor workers did not return {S_EXPECT!r}: "
+                           f"start them with VERL_ENGINE_VENDOR={ENGINE_VENDOR} (e.g. "
+                           f"+ray_kwargs.ray_init.runtime_env.env_vars.VERL_ENGINE_VENDOR={ENGINE_VENDOR})")
+    nested_mask = data["response_mask"]
+    padded = data.to_padded_tensor()
+    mask = padded["response_mask"].bool()
+    s_expect = None
+    if S_EXPECT in data.keys():  # the engine's full-sequence output, cut to the response as verl cuts entropies
+        s_expect = torch.nested.to_padded_tensor(response_from_nested(data[S_EXPECT], nested_mask), 0.0)
+    stats = stats_from_engine(padded["old_log_probs"], padded["entropy"], s_expect)
+    keep, adv, metrics = whole_batch_step(settings, stats, padded["advantages"], mask, generator=generator)
+    out = {
+        "response_mask": response_to_nested(padded["response_mask"] * keep.to(padded["response_mask"].dtype),
+                                            nested_mask),
+        "loss_mask": response_to_nested(padded["loss_mask"] * keep.to(padded["loss_mask"].dtype), nested_mask),
+        "advantages": response_to_nested(adv.to(padded["advantages"].dtype), nested_mask),
+    }
+    return TensorDict(out, batch_size=len(nested_mask)), metrics
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The engine: verl's FSDP language-model engine plus E_p[S] for Clip_V.
+
+
+def s_expect_of_logits(logits: Tensor, temperature: Tensor) -> Tensor:
+    """E_{i~p}[S_i] of each row of logits [N, V] at per-row temperatures [N] (Theorem 2), float32 [N], computed by
+    token_stats one chunk of rows at a time (no [N, V] copy for the temperature)."""
+    rows = max(1, _ROW_ELEMENTS // max(logits.shape[-1], 1))
+    zeros = torch.zeros(logits.shape[0], dtype=torch.long, device=logits.device)  # E_p[S] does not read the token
+    parts = [token_stats(logits[i:i + rows].float() / temperature[i:i + rows, None].float(), zeros[i:i + rows]).s_expect
+             for i in range(0, logits.shape[0], rows)]
+    return torch.cat(parts) if parts else logits.new_zeros(0, dtype=torch.float32)
+
+
+@EngineRegistry.register(model_type="language_model", backend=["fsdp", "fsdp2"], device=["cuda", "npu"],
+                         vendor=ENGINE_VENDOR)
+class EntropyFSDPEngine(FSDPEngineWithLMHead):
+    """verl's FSDP language-model engine; when a forward is asked for S_EXPECT (the trainer's old-log-prob step
+    for Clip_V) it also returns E_p[S] per token, laid out as verl's entropy output (nested, full sequence)."""
+
+    def prepare_model_outputs(self, output, output_args, micro_batch, logits_processor_func):
+        wanted = tu.get_non_tensor_data(data=micro_batch, key=S_EXPECT, default=False)
+        s_expect = self._s_expect(output, output_args, micro_batch) if wanted else None  # before verl reuses logits
+        model_output = super().prepare_model_outputs(output, output_args, micro_batch, logits_processor_func)
+        if s_expect is not None:
+            model_output[S_EXPECT] = s_expect
+        return model_output
+
+    @torch.no_grad()
+    def _s_expect(self, output, output_args, micro_batch) -> Tensor:
+        if tu.get_non_tensor_data(data=micro_batch, key="use_fused_kernels", default=False):
+            raise ValueError("Clip_V needs E_p[S] from the logits, but use_fused_kernels=true never materialises "
+                             "them: set actor_rollout_ref.model.use_fused_kernels=false, or use Clip_B")
+        logits = output.logits
+        if isinstance(logits, DTensor):  # tensor parallel: sharded over the vocabulary
+            logits = logits.full_tensor()
+        offsets = micro_batch["input_ids"].offsets()
+        if tu.get_non_tensor_data(data=micro_batch, key="use_remove_padding", default=True):  # packed (1, nnz, V)
+            s = s_expect_of_logits(logits.squeeze(0), output_args["temperature_rmpad"])
+            s = self._gather_and_unpad_packed(s, output_args["pad_size"])
+        else:  # padded (B, L, V): keep each row's first len_b positions
+            lengths = offsets.diff()
+            temperature = output_args["temperature"].unsqueeze(1).expand(logits.shape[:2])
+            s = s_expect_of_logits(logits.flatten(0, 1), temperature.flatten()).view(logits.shape[:2])
+            s = torch.cat([s[b, : int(n)] for b, n in enumerate(lengths)])
+        return torch.nested.nested_tensor_from_jagged(s, offsets)
+
+
+__all__ = ["EntropyRFTTrainer", "EntropyFSDPEngine", "Settings", "filter_batch", "whole_batch_step",
+           "stats_from_engine", "s_expect_of_logits", "check_config", "TRAINER_NAME", "ENGINE_VENDOR", "S_EXPECT"]

@@ -1,0 +1,394 @@
+"""entropy_rft.integrations.trinity against the real Trinity-RFT 0.6.0 (and its verl 0.8.0) objects on CPU: the
+registry, the authors' advantage functions, DataProto batches, verl's FSDP engine output code and its
+forward_backward_batch, Trinity's VERLTrainer._compute_old_log_prob and TrinityPolicyLoss. Run with
+`make test-trinity` (its own environment); skipped where Trinity-RFT is not installed."""
+
+import numpy as np
+import pytest
+import torch
+from conftest import f32, load_fixture
+
+pytest.importorskip("trinity")
+trinity_adapter = pytest.importorskip("entropy_rft.integrations.trinity")
+
+from types import SimpleNamespace  # noqa: E402
+
+from trinity.algorithm import ADVANTAGE_FN, POLICY_LOSS_FN  # noqa: E402
+from trinity.trainer.verl.monkey_patch import left_right_2_no_padding  # noqa: E402
+from verl import DataProto  # noqa: E402
+from verl.utils import tensordict_utils as tu  # noqa: E402
+from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead  # noqa: E402
+
+from entropy_rft import masks  # noqa: E402
+from entropy_rft.dynamics import token_stats  # noqa: E402
+
+ADV_PATH = "entropy_rft.integrations.trinity.EntropyAdvantageFn"
+LOSS_PATH = "entropy_rft.integrations.trinity.GlobalTokenMeanPPO"
+CLIP_B = load_fixture("clip_b.json")["cases"]
+CLIP_V = load_fixture("clip_v.json")["cases"]
+
+
+def data_proto(inputs: dict, keys: tuple) -> DataProto:
+    """A Trinity trainer batch (verl DataProto) from a fixture case: bool response_mask, as Trinity passes it."""
+    tensors = {k: f32(inputs[k]) for k in ("token_level_rewards", *keys)}
+    tensors["response_mask"] = f32(inputs["response_mask"]).bool()
+    return DataProto.from_dict(tensors=tensors, non_tensors={"uid": np.array(inputs["uid"], dtype=object)})
+
+
+def options(case) -> dict:
+    return {k: v for k, v in case["params"].items() if k != "epsilon"}
+
+
+def test_registry_resolves_the_dotted_paths():
+    """Trinity's own registries load the adapter by dotted path (what `advantage_fn:` / `policy_loss_fn:` in a
+    YAML do), and the policy loss asks TrinityPolicyLoss for the engine's global token count."""
+    assert ADVANTAGE_FN.get(ADV_PATH) is trinity_adapter.EntropyAdvantageFn
+    loss_cls = POLICY_LOSS_FN.get(LOSS_PATH)
+    assert loss_cls is trinity_adapter.GlobalTokenMeanPPO
+    assert {"batch_num_tokens", "dp_size", "old_log_probs", "response_mask"} <= set(loss_cls().select_keys)
+
+
+def check_against_authors(case, method, keys, log_prob_key):
+    """Our advantage function and the authors' (Trinity's clipb/clipv) on the same DataProto: advantages,
+    returns and the written-back response_mask equal the fixture exactly, metrics to 1e-6."""
+    i, out = case["inputs"], case["outputs"]
+    ours = ADVANTAGE_FN.get(ADV_PATH)(method=method, base_args={"epsilon": case["params"]["epsilon"]},
+                                      log_prob_key=log_prob_key, **options(case))
+    batch, metrics = ours(data_proto(i, keys))
+    authors = ADVANTAGE_FN.get(method.replace("_", ""))(**case["params"])
+    theirs, _ = authors(data_proto(i, keys))
+    expected_mask = f32(out["response_mask"]).bool()
+    assert torch.equal(batch.batch["response_mask"], expected_mask)
+    assert torch.equal(theirs.batch["response_mask"], expected_mask)
+    torch.testing.assert_close(batch.batch["advantages"], f32(out["advantages"]), atol=1e-7, rtol=0)
+    torch.testing.assert_close(batch.batch["returns"], f32(out["returns"]), atol=1e-7, rtol=0)
+    for key, value in out["metrics"].items():
+        assert metrics[f"entropy_rft/{key}"] == pytest.approx(value, abs=1e-6), key
+
+
+@pytest.mark.parametrize("case", CLIP_B, ids=lambda c: c["name"])
+def test_clip_b_equals_the_authors_on_the_same_batch(case):
+    """Clip_B through Trinity (GRPO base + whole-batch filter) = the authors' ClipBAdvantageFn (they read
+    rollout_log_probs: departure 1)."""
+    check_against_authors(case, "clip_b", ("rollout_log_probs", "entropys"), "rollout_log_probs")
+
+
+@pytest.mark.parametrize("case", CLIP_V, ids=lambda c: c["name"])
+def test_clip_v_equals_the_authors_on_the_same_batch(case):
+    """Clip_V through Trinity = the authors' ClipVAdvantageFn, cap branches and zero-advantage tokens included."""
+    check_against_authors(case, "clip_v", ("old_log_probs", "entropys", "necs"), "old_log_probs")
+
+
+def test_mutation_without_write_back_the_oracle_test_fails(monkeypatch):
+    """Mutation check: with the mask write-back disabled the parity test above fails (it can fail)."""
+    monkeypatch.setattr(trinity_adapter, "write_back", lambda batch, keep: None)
+    with pytest.raises(AssertionError):
+        check_against_authors(CLIP_B[0], "clip_b", ("rollout_log_probs", "entropys"), "rollout_log_probs")
+
+
+def test_keep_mask_is_the_whole_batch_filter_not_per_micro_batch():
+    """The written-back mask equals masks.clip_b over the whole batch, and differs from filtering two halves
+    separately (each half has its own mean and std of S*: on the paper's mu = 2.5 case the whole batch clips 3
+    tokens, the halves none)."""
+    case = CLIP_B[0]
+    i = case["inputs"]
+    batch, _ = trinity_adapter.EntropyAdvantageFn(method="clip_b", log_prob_key="rollout_log_probs", **options(case))(
+        data_proto(i, ("rollout_log_probs", "entropys")))
+    lp, h, mask = f32(i["rollout_log_probs"]), f32(i["entropys"]), f32(i["response_mask"]).bool()
+    s_star, adv = lp.exp() * (h + lp), batch.batch["advantages"]
+    whole, _ = masks.clip_b(s_star, adv, mask, **options(case))
+    assert torch.equal(batch.batch["response_mask"], whole & mask)
+    half = mask.shape[0] // 2
+    parts = [masks.clip_b(s_star[r], adv[r], mask[r], **options(case))[0] for r in (slice(0, half), slice(half, None))]
+    assert int((~whole & mask).sum()) == 3 and int((~torch.cat(parts) & mask).sum()) == 0
+
+
+def test_clear_errors():
+    """No entropies (bypass_old_logprobs true) names the setting; Clip_V without E_p[S] names the policy loss;
+    non-filter methods, unknown options and explorer-side base advantages are refused."""
+    i = CLIP_V[0]["inputs"]
+    with pytest.raises(ValueError, match="bypass_old_logprobs: false"):
+        trinity_adapter.EntropyAdvantageFn(method="clip_b")(data_proto(i, ("old_log_probs",)))
+    with pytest.raises(ValueError, match="policy_loss_fn"):
+        trinity_adapter.EntropyAdvantageFn(method="clip_v")(data_proto(i, ("old_log_probs", "entropys")))
+    with pytest.raises(ValueError, match="not a token filter"):
+        trinity_adapter.EntropyAdvantageFn(method="dapo")
+    with pytest.raises(ValueError, match="no option"):
+        trinity_adapter.EntropyAdvantageFn(method="clip_b", max_frac=0.1)
+    with pytest.raises(ValueError, match="explorer"):
+        trinity_adapter.EntropyAdvantageFn(method="clip_b", base="grpo")
+    with pytest.raises(ValueError, match="loss_agg_mode: token-mean"):
+        trinity_adapter.GlobalTokenMeanPPO(loss_agg_mode="seq-mean-token-mean")
+
+
+def test_no_cap_and_figure1_filters_run():
+    """max_frac None (no cap) clips every Clip_V violator; an S*-sign filter of Figure 1 keeps what masks.s_sign
+    keeps on the whole batch."""
+    case = CLIP_V[1]  # mu 2.0: more violators than the 1e-4 cap (k = 1)
+    i = case["inputs"]
+    keys = ("old_log_probs", "entropys", "necs")
+    capped, _ = trinity_adapter.EntropyAdvantageFn(method="clip_v", mu=2.0, max_frac=1e-4)(data_proto(i, keys))
+    free, _ = trinity_adapter.EntropyAdvantageFn(method="clip_v", mu=2.0, max_frac=None)(data_proto(i, keys))
+    lp, h, n = f32(i["old_log_probs"]), f32(i["entropys"]), f32(i["necs"])
+    mask = f32(i["response_mask"]).bool()
+    expected, _ = masks.clip_v(lp.exp() * (h + lp) - n, free.batch["advantages"], mask, mu=2.0, max_frac=None)
+    assert torch.equal(free.batch["response_mask"], expected)
+    assert int(mask.sum()) - int(capped.batch["response_mask"].sum()) == 1
+    assert int(free.batch["response_mask"].sum()) < int(capped.batch["response_mask"].sum())
+    sign, _ = trinity_adapter.EntropyAdvantageFn(method="s_sign:mask:pos_s:neg_samples")(data_proto(i, keys))
+    expected, _ = masks.s_sign(lp.exp() * (h + lp), sign.batch["advantages"], mask, action="mask", sign="positive",
+                               samples="negative")
+    assert torch.equal(sign.batch["response_mask"], expected)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The engine side: verl's FSDP LM engine output code (real, on an instance built without FSDP, as verl's own
+# *_on_cpu tests do), Trinity's padding conversions and VERLTrainer._compute_old_log_prob, a bigram table as the
+# model (logits of a position = table[its token]).
+
+VOCAB, TEMPERATURE = 13, 0.7
+
+
+@pytest.fixture(autouse=True)
+def _cpu_bert_padding(monkeypatch):
+    """Trinity's left_right_2_no_padding unpads through flash_attn.bert_padding, which installs only with CUDA;
+    on CPU the same pure-PyTorch helpers come from verl's own port (verl.utils.npu_flash_attn_utils)."""
+    import sys
+    import types
+
+    from verl.utils import npu_flash_attn_utils as port
+
+    module = types.ModuleType("flash_attn.bert_padding")
+    for name in ("index_first_axis", "pad_input", "rearrange", "unpad_input"):
+        setattr(module, name, getattr(port, name))
+    monkeypatch.setitem(sys.modules, "flash_attn", types.ModuleType("flash_attn"))
+    monkeypatch.setitem(sys.modules, "flash_attn.bert_padding", module)
+
+
+def cpu_engine(cls=FSDPEngineWithLMHead):
+    engine = object.__new__(cls)
+    engine.use_ulysses_sp, engine.ulysses_sequence_parallel_size, engine.ulysses_device_mesh = False, 1, None
+    engine.engine_config = SimpleNamespace(entropy_checkpointing=False)
+    from verl.utils.torch_functional import entropy_from_logits
+
+    engine.compute_entropy_from_logits = entropy_from_logits
+    return engine
+
+
+def engine_outputs(engine, table, micro_batch, *, remove_padding: bool):
+    """The engine's prepare_model_outputs on the bigram model's logits for the micro-batch's packed sequences."""
+    ids = micro_batch["input_ids"]
+    flat = ids.values()
+    rolled = torch.roll(flat, -1)
+    temperature = tu.get_non_tensor_data(micro_batch, "temperature", 1.0)
+    tu.assign_non_tensor(micro_batch, use_remove_padding=remove_padding)
+    if remove_padding:
+        output = SimpleNamespace(logits=table[flat].unsqueeze(0))
+        args = {"input_ids_rmpad_rolled": rolled, "temperature_rmpad": torch.full(flat.shape, temperature)}
+    else:
+        lengths = ids.offsets().diff().tolist()
+        padded = torch.zeros(len(lengths), max(lengths), dtype=torch.long)
+        for row, seq in enumerate(ids.unbind()):
+            padded[row, : seq.shape[0]] = seq
+        output = SimpleNamespace(logits=table[padded])
+        args = {"input_ids_rmpad_rolled": rolled, "temperature": torch.full((len(lengths),), temperature)}
+    return engine.prepare_model_outputs(output, args, micro_batch, None)
+
+
+def trainer_batch(seed: int, rows: int = 6, prompt: int = 4, response: int = 7) -> DataProto:
+    """A Trinity trainer batch as to_data_proto lays it out: left-padded prompts, right-padded responses."""
+    g = torch.Generator().manual_seed(seed)
+    p_len = torch.randint(1, prompt + 1, (rows,), generator=g)
+    r_len = torch.randint(1, response + 1, (rows,), generator=g)
+    prompts = torch.zeros(rows, prompt, dtype=torch.long)
+    responses = torch.zeros(rows, response, dtype=torch.long)
+    attention = torch.zeros(rows, prompt + response, dtype=torch.long)
+    for b in range(rows):
+        prompts[b, prompt - p_len[b]:] = torch.randint(0, VOCAB, (int(p_len[b]),), generator=g)
+        responses[b, : r_len[b]] = torch.randint(0, VOCAB, (int(r_len[b]),), generator=g)
+        attention[b, prompt - p_len[b]: prompt + r_len[b]] = 1
+    response_mask = attention[:, prompt:].bool()
+    position = (attention.cumsum(-1) - 1).clamp_min(0)
+    rewards = torch.zeros(rows, response)
+    rewards[torch.arange(rows), r_len - 1] = torch.randint(0, 2, (rows,), generator=g).float()
+    return DataProto.from_dict(
+        tensors={"input_ids": torch.cat([prompts, responses], -1), "attention_mask": attention,
+                 "position_ids": position, "prompts": prompts, "responses": responses, "response_mask": response_mask,
+                 "token_level_rewards": rewards},
+        non_tensors={"uid": np.array([f"q{b // 3}" for b in range(rows)], dtype=object)})
+
+
+def reference_stats(batch: DataProto, table: torch.Tensor):
+    """token_stats of each response token from the logits that predict it (the previous token's row), [B, R]."""
+    prompts, responses = batch.batch["prompts"], batch.batch["responses"]
+    previous = torch.cat([prompts[:, -1:], responses[:, :-1]], -1)
+    return token_stats(table[previous] / TEMPERATURE, responses)
+
+
+@pytest.mark.parametrize("remove_padding", [True, False], ids=["packed", "padded"])
+def test_engine_log_p_entropy_and_s_expect_equal_token_stats(remove_padding):
+    """verl's engine (with the adapter's hook) gives log p, H and E_p[S] equal to token_stats on the same logits,
+    aligned with the packed sequences, in both the remove-padding and the padded layout."""
+    table = torch.randn(VOCAB, VOCAB, generator=torch.Generator().manual_seed(1)) * 3
+    batch = trainer_batch(0)
+    td = left_right_2_no_padding(batch.to_tensordict())
+    tu.assign_non_tensor(td, calculate_entropy=True, temperature=TEMPERATURE, entropy_rft_s_expect=True)
+    out = engine_outputs(cpu_engine(), table, td, remove_padding=remove_padding)
+    ids = td["input_ids"].values()
+    expected = token_stats(table[ids] / TEMPERATURE, torch.roll(ids, -1))
+    for key, value in (("log_probs", expected.logp), ("entropy", expected.entropy), ("necs", expected.s_expect)):
+        torch.testing.assert_close(out[key].values(), value, atol=2e-5, rtol=1e-5, msg=key)
+
+
+def test_engine_refuses_fused_kernels():
+    """E_p[S] needs the logits: the hook names use_fused_kernels instead of returning something wrong."""
+    td = left_right_2_no_padding(trainer_batch(0).to_tensordict())
+    tu.assign_non_tensor(td, entropy_rft_s_expect=True, use_fused_kernels=True)
+    output = SimpleNamespace(log_probs=torch.zeros(1, td["input_ids"].values().shape[0]), entropy=None)
+    with pytest.raises(NotImplementedError, match="use_fused_kernels"):
+        trinity_adapter._s_expect_like_engine(cpu_engine(), output, {}, td)
+
+
+class StandInWorkers:
+    """The actor worker group as VERLTrainer calls it: the real engine output code on the bigram model."""
+
+    def __init__(self, table):
+        self.table = table
+
+    def compute_log_prob(self, batch_td):
+        out = engine_outputs(cpu_engine(), self.table, batch_td, remove_padding=True)
+        return tu.get_tensordict(tensor_dict=out, non_tensor_dict={"metrics": {}})
+
+
+def stand_in_trainer(advantage_fn, table):
+    from trinity.trainer.verl.trainer import VERLTrainer
+
+    trainer = object.__new__(VERLTrainer)
+    trainer.advantage_fn, trainer.actor_rollout_wg = advantage_fn, StandInWorkers(table)
+    trainer.config = SimpleNamespace(actor=SimpleNamespace(calculate_sum_pi_squared=False))
+    trainer.global_config = SimpleNamespace(model=SimpleNamespace(temperature=TEMPERATURE),
+                                            algorithm=SimpleNamespace(loss_agg_mode="token-mean"))
+    return trainer
+
+
+def test_trainer_recompute_brings_s_expect_for_clip_v():
+    """With a Clip_V advantage function, Trinity's own _compute_old_log_prob (wrapped) stores old_log_probs,
+    entropys and necs equal to token_stats of the response tokens; Clip_V then keeps what masks.clip_v keeps.
+    With Clip_B nothing is requested, and a worker without the hook is a clear error."""
+    table = torch.randn(VOCAB, VOCAB, generator=torch.Generator().manual_seed(2)) * 3
+    batch = trainer_batch(3, rows=9)
+    clip_v = trinity_adapter.EntropyAdvantageFn(method="clip_v", mu=0.5, max_frac=None)
+    batch = stand_in_trainer(clip_v, table)._compute_old_log_prob(batch, {})
+    ref, mask = reference_stats(batch, table), batch.batch["response_mask"]
+    for key, value in (("old_log_probs", ref.logp), ("entropys", ref.entropy), ("necs", ref.s_expect)):
+        torch.testing.assert_close(batch.batch[key][mask], value[mask], atol=2e-5, rtol=1e-5, msg=key)
+    batch, _ = clip_v(batch)
+    expected, _ = masks.clip_v(ref.s_centered, batch.batch["advantages"], mask, mu=0.5, max_frac=None)
+    assert torch.equal(batch.batch["response_mask"], expected) and not torch.equal(expected, mask)
+
+    plain = trainer_batch(3, rows=9)
+    clip_b = trinity_adapter.EntropyAdvantageFn(method="clip_b")
+    plain = stand_in_trainer(clip_b, table)._compute_old_log_prob(plain, {})
+    assert "necs" not in plain.batch.keys() and "entropys" in plain.batch.keys()
+
+    unhooked = stand_in_trainer(clip_v, table)
+    unhooked.actor_rollout_wg.compute_log_prob = lambda td: tu.get_tensordict(
+        tensor_dict={k: v for k, v in engine_outputs(cpu_engine(), table, td, remove_padding=True).items()
+                     if k != "necs"}, non_tensor_dict={"metrics": {}})
+    with pytest.raises(RuntimeError, match="policy_loss_fn"):
+        unhooked._compute_old_log_prob(trainer_batch(3, rows=9), {})
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The loss scale: verl 0.8's forward_backward_batch (real) sums the micro-batch losses of TrinityPolicyLoss (real).
+
+
+class BigramEngine(FSDPEngineWithLMHead):
+    """verl's FSDP LM engine with the bigram table as its model (prepare_model_outputs and the loss are verl's
+    and Trinity's)."""
+
+    def forward_step(self, micro_batch, loss_function, forward_only):
+        model_output = engine_outputs(self, self.table, micro_batch, remove_padding=True)
+        loss, metrics = loss_function(model_output=model_output, data=micro_batch, dp_group=None)
+        return loss, {"model_output": model_output, "loss": loss.detach().item(), "metrics": metrics}
+
+
+@pytest.fixture(scope="module")
+def process_group(tmp_path_factory):
+    """A one-rank gloo group: the engine all-reduces its token count over the data-parallel group."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        dist.init_process_group("gloo", init_method=f"file://{tmp_path_factory.mktemp('pg')}/store", rank=0,
+                                world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def loss_batch(table):
+    """A trainer batch after Trinity's recompute (stand-in workers) and Clip_V over the whole batch (tokens
+    dropped), with old log-probs moved off the current ones so that the PPO clip is active on some tokens."""
+    g = torch.Generator().manual_seed(5)
+    clip_v = trinity_adapter.EntropyAdvantageFn(method="clip_v", mu=0.5, max_frac=None)
+    batch = stand_in_trainer(clip_v, table)._compute_old_log_prob(trainer_batch(7, rows=8), {})
+    batch, _ = clip_v(batch)
+    old = batch.batch["old_log_probs"]
+    batch.batch["old_log_probs"] = old + 0.3 * torch.randn(old.shape, generator=g)
+    return batch
+
+
+def engine_gradient(policy_loss_fn: str, micro_batch_size: int) -> torch.Tensor:
+    """d loss / d table after one forward_backward_batch with Trinity's TrinityPolicyLoss."""
+    from trinity.common.config import AlgorithmConfig
+    from trinity.trainer.verl.losses import TrinityPolicyLoss
+
+    config = AlgorithmConfig(policy_loss_fn=policy_loss_fn, policy_loss_fn_args={"clip_range": 0.2},
+                             kl_loss_fn="none", kl_loss_fn_args={}, entropy_loss_fn="none",
+                             entropy_loss_fn_args={"entropy_coef": 0.0},
+                             loss_agg_mode="token-mean")
+    engine = cpu_engine(BigramEngine)
+    engine.table = torch.randn(VOCAB, VOCAB, generator=torch.Generator().manual_seed(4)).requires_grad_()
+    td = left_right_2_no_padding(loss_batch(engine.table.detach()).to_tensordict())
+    tu.assign_non_tensor(td, temperature=TEMPERATURE, calculate_entropy=False, use_dynamic_bsz=False,
+                         micro_batch_size_per_gpu=micro_batch_size)
+    engine.forward_backward_batch(td, TrinityPolicyLoss(config), forward_only=False)
+    return engine.table.grad
+
+
+def whole_batch_token_mean_gradient(micro_batches: int = 1) -> torch.Tensor:
+    """The reference: PPO's token mean over the kept tokens of the whole batch (micro_batches=1), or the sum of
+    per-micro-batch token means (what Trinity 0.6.0 computes), written directly from the padded batch."""
+    from entropy_rft.losses import ppo_clip_loss
+
+    table = torch.randn(VOCAB, VOCAB, generator=torch.Generator().manual_seed(4)).requires_grad_()
+    batch = loss_batch(table.detach())
+    stats = reference_stats(batch, table)
+    total = 0
+    for rows in torch.arange(8).chunk(micro_batches):
+        b = batch.batch
+        total = total + ppo_clip_loss(stats.logp[rows], b["old_log_probs"][rows], b["advantages"][rows],
+                                      b["response_mask"][rows], eps_low=0.2, eps_high=0.2, dual_clip_c=3.0)[0]
+    total.backward()
+    return table.grad
+
+
+def test_global_token_mean_loss_is_invariant_to_the_micro_batch_size(process_group):
+    """GlobalTokenMeanPPO through verl's engine: the gradient for micro-batch sizes 8, 4, 2, 1 equals the
+    whole-batch token mean over the kept tokens (the dropped tokens are out of the loss and its count)."""
+    batch = loss_batch(torch.randn(VOCAB, VOCAB, generator=torch.Generator().manual_seed(4)))
+    dropped = int(batch.batch["attention_mask"][:, 4:].sum()) - int(batch.batch["response_mask"].sum())
+    assert dropped > 0  # Clip_V dropped some tokens
+    expected = whole_batch_token_mean_gradient()
+    for size in (8, 4, 2, 1):
+        torch.testing.assert_close(engine_gradient(LOSS_PATH, size), expected, rtol=1e-4, atol=1e-6, msg=str(size))
+
+
+def test_trinity_ppo_loss_scales_with_the_number_of_micro_batches(process_group):
+    """Measured behaviour of Trinity 0.6.0 (departure 2): with its `ppo` loss the engine's gradient is the SUM of
+    per-micro-batch token means, so it grows with the number of micro-batches (one micro-batch: the token mean)."""
+    torch.testing.assert_close(engine_gradient("ppo", 8), whole_batch_token_mean_gradient(1), rtol=1e-4, atol=1e-6)
+    four = engine_gradient("ppo", 2)
+    torch.testing.assert_close(four, whole_batch_token_mean_gradient(4), rtol=1e-4, atol=1e-6)
+    ratio = float(four.norm() / whole_batch_token_mean_gradient(1).norm())
+    print(f"Trinity ppo loss, 4 micro-batches: gradient norm x{ratio:.2f} the whole-batch token mean")
+    assert ratio > 2.0
