@@ -3,16 +3,27 @@
 Defaults are the paper's (Appendix B: Adam (0.9, 0.999), lr 4e-7, 64 prompts per batch, 16 rollouts, rollout
 temperature 1.0, evaluation at 0.7) except where a field says otherwise; YAML recipes (configs/) only override.
 Each field's metadata holds its help text: unit, typical range, source, and when not to use it.
+
+Every field is validated and coerced by pydantic on construction, from a recipe, `--set` or Python: `lr: 1e-6`
+(YAML reads it as a string) becomes the float 1e-6, `steps: "3"` the int 3; a value of the wrong type or out of
+its range raises ConfigError naming the field, the value and what it should be.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import warnings
-from dataclasses import dataclass, field, fields
+from dataclasses import field, fields
 from pathlib import Path
 
 import yaml
+from pydantic import ConfigDict, ValidationError, field_validator
+from pydantic.dataclasses import dataclass
+
+
+class ConfigError(ValueError):
+    """A TrainConfig value of the wrong type or out of range; the message names the field, the value and the fix."""
 
 
 def _f(default, help: str):
@@ -21,7 +32,25 @@ def _f(default, help: str):
     return field(default=default, metadata={"help": help})
 
 
-@dataclass
+# Range rules, one per group of fields: (lowest, highest, whether the bounds themselves are allowed)
+_AT_LEAST_ONE = ("steps", "prompts_per_step", "group_size", "ppo_epochs", "mini_batches", "eval_k", "max_new_tokens",
+                 "max_sampling_rounds")
+_NON_NEGATIVE = ("lr", "weight_decay", "grad_clip", "eps_low", "eps_high", "kl_coef", "clip_cov_ratio", "kl_cov_ratio",
+                 "kl_cov_coef", "overlong_buffer_frac", "overlong_penalty_factor", "rank_penalty_beta", "ar_alpha",
+                 "vf_coef", "bonus_delta", "bonus_max", "micro_batch_size", "lora_rank", "eval_every", "eval_problems",
+                 "save_every", "probe_every", "seed", "mu", "mu_plus")
+_POSITIVE = ("max_frac", "forking_frac", "lopti_eta", "critic_lr", "value_clip", "temperature", "top_p",
+             "eval_temperature", "lora_alpha", "vllm_gpu_memory", "clip_cov_ub")
+_AT_MOST_ONE = ("clip_cov_ratio", "kl_cov_ratio", "overlong_buffer_frac", "ar_alpha", "forking_frac", "lopti_eta",
+                "gamma", "lam", "top_p", "vllm_gpu_memory", "eps_low")
+_HINTS = {"mu": " (mu is a multiple of the batch std; 0 clips every token below the mean; the paper uses 2.5 for "
+                "Clip_B and 8.5 for Clip_V)",
+          "mu_plus": " (the upper threshold of the two-sided filter, in batch stds)",
+          "max_frac": " (Clip_V's cap on the clipped fraction; the paper uses 1e-4)",
+          "seed": " (a seed below 2**32)"}
+
+
+@dataclass(config=ConfigDict(extra="forbid", allow_inf_nan=False, coerce_numbers_to_str=True))
 class TrainConfig:
     # what to train
     model: str = _f("countdown-tiny", "policy: 'countdown-tiny' (shipped), a local directory in save_pretrained "
@@ -143,6 +172,73 @@ class TrainConfig:
     device: str = _f("auto", "auto, cpu or cuda")
     progress: bool = _f(True, "show a progress bar")
 
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_for_numbers(cls, value, info):
+        """YAML's `yes`/`true` is a bool; pydantic would read it as 1 where a number is due."""
+        kind = str(cls.__dataclass_fields__[info.field_name].type)
+        if isinstance(value, bool) and ("float" in kind or "int" in kind) and "bool" not in kind:
+            raise ValueError(f"expected a number, got the boolean {value}")
+        if kind.startswith("tuple[str") and isinstance(value, str):  # sinks: "tensorboard,wandb"
+            return tuple(v.strip() for v in value.split(",") if v.strip())
+        return value
+
+    @field_validator(*_AT_LEAST_ONE)
+    @classmethod
+    def _at_least_one(cls, value, info):
+        if value < 1:
+            raise ValueError(f"{info.field_name} must be >= 1, got {value}")
+        return value
+
+    @field_validator(*_NON_NEGATIVE)
+    @classmethod
+    def _non_negative(cls, value, info):
+        if value is not None and value < 0:
+            raise ValueError(f"{info.field_name} must be >= 0, got {value}{_HINTS.get(info.field_name, '')}")
+        if info.field_name == "seed" and value >= 2**32:
+            raise ValueError(f"seed must be < 2**32, got {value}")
+        return value
+
+    @field_validator(*_POSITIVE)
+    @classmethod
+    def _positive(cls, value, info):
+        if value is not None and not value > 0:
+            raise ValueError(f"{info.field_name} must be > 0, got {value}{_HINTS.get(info.field_name, '')}")
+        return value
+
+    @field_validator(*_AT_MOST_ONE)
+    @classmethod
+    def _at_most_one(cls, value, info):
+        if value is not None and value > 1:
+            raise ValueError(f"{info.field_name} is a fraction: it must be <= 1, got {value}")
+        return value
+
+    @field_validator("betas")
+    @classmethod
+    def _betas(cls, value):
+        if not all(0 <= b < 1 for b in value):
+            raise ValueError(f"Adam betas must each lie in [0, 1), got {value}")
+        return value
+
+    @field_validator("device")
+    @classmethod
+    def _device(cls, value):
+        import torch
+
+        if value != "auto":
+            try:
+                torch.device(value)
+            except RuntimeError:
+                raise ValueError(f"device must be auto, cpu, cuda or cuda:N, got {value!r}") from None
+        return value
+
+    @field_validator("dual_clip_c")
+    @classmethod
+    def _dual_clip(cls, value):
+        if value is not None and not value > 1:
+            raise ValueError(f"dual_clip_c must be > 1 (verl: 3), or None to disable, got {value}")
+        return value
+
     def __post_init__(self) -> None:
         from .advantages import ADVANTAGES
         from .losses import AGG_MODES
@@ -161,32 +257,15 @@ class TrainConfig:
         TASKS.get(self.task)
         if self.loss_agg not in AGG_MODES:
             raise ValueError(f"loss_agg {self.loss_agg!r} unknown; choose one of {', '.join(AGG_MODES)}")
-        for name in ("mu", "mu_plus"):  # 0 is the authors' "clip every token below the mean"; rejects NaN
-            value = getattr(self, name)
-            if value is not None and not value >= 0:
-                raise ValueError(f"{name} must be >= 0, got {value} (mu is a multiple of the batch std; the paper "
-                                 "uses 2.5 for Clip_B and 8.5 for Clip_V)")
-        if self.max_frac is not None and not self.max_frac > 0:
-            raise ValueError(f"max_frac must be > 0, got {self.max_frac} (Clip_V's cap on the clipped fraction; "
-                             "the paper uses 1e-4)")
         if self.side not in (None, "negative", "positive", "all"):
             raise ValueError(f"side must be negative, positive or all, got {self.side!r}")
-        for name in ("steps", "prompts_per_step", "group_size", "ppo_epochs", "mini_batches", "eval_k", "max_new_tokens"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.reuse_forward not in ("auto", "on", "off"):
             raise ValueError(f"reuse_forward must be auto, on or off, got {self.reuse_forward!r}")
-        if self.probe_every < 0:
-            raise ValueError(f"probe_every must be >= 0 (0: never), got {self.probe_every}")
         if self.precision not in ("fp32", "bf16"):
             raise ValueError(f"precision must be fp32 or bf16, got {self.precision!r}")
-        if self.lora_rank < 0:
-            raise ValueError(f"lora_rank must be >= 0, got {self.lora_rank}")
         from .rollout import ENGINES
 
         ENGINES.get(self.engine)
-        if not isinstance(self.vllm_args, dict):
-            raise ValueError(f"vllm_args must be a mapping of vllm.LLM keyword arguments, got {self.vllm_args!r}")
         if self.prompts_per_step % self.mini_batches:
             raise ValueError("prompts_per_step must be divisible by mini_batches")
         if self.group_size == 1 and self.advantage in ("grpo", "dr_grpo", "rloo"):
@@ -196,10 +275,12 @@ class TrainConfig:
             if self.entropy_control not in ("mu", "bonus"):
                 raise ValueError(f"entropy_control must be 'mu' or 'bonus', got {self.entropy_control!r}")
             if self.entropy_control == "mu" and self.method not in ("clip_b", "clip_v"):
-                raise ValueError(f"entropy_control='mu' sets Clip_B/Clip_V's mu; use method clip_b or clip_v "
+                raise ValueError(f"entropy_target with entropy_control='mu' sets Clip_B/Clip_V's mu; use method clip_b or clip_v "
                                  f"(got {self.method!r}) or entropy_control='bonus'")
-        self.betas = tuple(self.betas)
-        self.sinks = tuple(self.sinks)
+        from .logging import SINKS
+
+        for sink in self.sinks:
+            SINKS.get(sink)
 
     def method_overrides(self) -> dict:
         return {"mu": self.mu, "mu_plus": self.mu_plus, "max_frac": self.max_frac, "side": self.side,
@@ -211,6 +292,39 @@ class TrainConfig:
         return d
 
 
+def _explain(err: ValidationError) -> str:
+    """One line per bad field: its name, the value given, and what it must be."""
+    lines = []
+    for e in err.errors(include_url=False):
+        cause = e.get("ctx", {}).get("error")
+        msg = str(cause) if isinstance(cause, Exception) else e["msg"]
+        if not e["loc"]:  # a check across fields (__post_init__)
+            lines.append(msg)
+            continue
+        name = ".".join(str(part) for part in e["loc"])
+        if e["type"] == "unexpected_keyword_argument":
+            lines.append(f"unknown config key {name!r}; known keys: {', '.join(f.name for f in fields(TrainConfig))}")
+            continue
+        kind = TrainConfig.__dataclass_fields__[e["loc"][0]].type
+        lines.append(f"config field {name}: got {e['input']!r} ({type(e['input']).__name__}); expected {kind}: {msg}")
+    fix = "fix the value in the recipe YAML, in --set KEY=VALUE or in TrainConfig(...); `entropy-rft train --help-config` lists every field"
+    return "; ".join(lines) + f" ({fix})"
+
+
+def _raise_config_errors(init):
+    @functools.wraps(init)
+    def __init__(self, *args, **kwargs):
+        try:
+            init(self, *args, **kwargs)
+        except ValidationError as err:
+            raise ConfigError(_explain(err)) from None
+
+    return __init__
+
+
+TrainConfig.__init__ = _raise_config_errors(TrainConfig.__init__)
+
+
 def load_config(path: str | Path | None = None, **overrides) -> TrainConfig:
     """TrainConfig from an optional YAML file, then keyword overrides (None values are ignored)."""
     data: dict = {}
@@ -218,19 +332,23 @@ def load_config(path: str | Path | None = None, **overrides) -> TrainConfig:
         path = Path(path)
         if not path.exists():
             raise FileNotFoundError(f"config file {path} does not exist")
-        data = yaml.safe_load(path.read_text()) or {}
+        try:
+            data = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as err:
+            raise ConfigError(f"{path} is not valid YAML ({err}); a recipe is a mapping of TrainConfig fields, "
+                              "one `key: value` a line") from None
         if not isinstance(data, dict):
-            raise ValueError(f"{path} must hold a mapping of TrainConfig fields")
+            raise ConfigError(f"{path} must hold a mapping of TrainConfig fields, got a {type(data).__name__}")
     data.update({k: v for k, v in overrides.items() if v is not None})
     from .methods import METHODS
 
     method = data.get("method", TrainConfig.__dataclass_fields__["method"].default)
-    if method in METHODS:  # the method's own defaults sit beneath anything given explicitly
+    if isinstance(method, str) and method in METHODS:  # the method's own defaults sit beneath anything given explicitly
         data = {**METHODS.get(method).config, **data}
     known = {f.name for f in fields(TrainConfig)}
     unknown = sorted(set(data) - known)
     if unknown:
-        raise ValueError(f"unknown config keys {unknown}; known keys: {', '.join(sorted(known))}")
+        raise ConfigError(f"unknown config keys {unknown}; known keys: {', '.join(sorted(known))}")
     return TrainConfig(**data)
 
 

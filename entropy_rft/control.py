@@ -32,7 +32,7 @@ of its own. Use the controller to stop collapse; use the bonus when entropy must
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import torch
 
@@ -104,6 +104,15 @@ class MuController:
         self._n += 1
         return True
 
+    def state(self) -> dict:
+        """What the controller has learnt (every field not set at construction), for a checkpoint; the settings
+        come from the config."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if not f.init}
+
+    def load_state(self, state: dict) -> None:
+        for name, value in state.items():
+            setattr(self, name, value)
+
 
 @dataclass
 class AdaptiveEntropyBonus:
@@ -116,3 +125,9 @@ class AdaptiveEntropyBonus:
         step = self.delta if entropy_now < self.target else -self.delta
         self.coef = min(max(self.coef + step, 0.0), self.max_coef)
         return self.coef
+
+    def state(self) -> dict:
+        return {"coef": self.coef}
+
+    def load_state(self, state: dict) -> None:
+        self.coef = state["coef"]

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
@@ -100,7 +101,17 @@ def _user_text(messages) -> str:
     return users[-1]
 
 
+def _question_text(value) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"the question {value!r} is not non-empty text")
+    return value
+
+
 def _answer_text(value) -> str:
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)) or not str(value).strip():
+        raise ValueError(f"the answer {value!r} is neither text nor a number")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"the answer {value!r} is not a finite number")
     if isinstance(value, float) and value.is_integer():
         return str(int(value))  # AMC23 copies store 27.0 for 27
     return str(value).strip()
@@ -125,15 +136,15 @@ def row_to_problem(row: dict, schema: str, source: str) -> MathProblem:
         return MathProblem.from_json({**row, "answer": _answer_text(row["answer"]), "source": row.get("source") or source})
     if schema == "dapo":
         extra = row.get("extra_info") or {}
-        return MathProblem(strip_template(_user_text(row["prompt"])), _answer_text(row["reward_model"]["ground_truth"]),
+        return MathProblem(strip_template(_question_text(_user_text(row["prompt"]))), _answer_text(row["reward_model"]["ground_truth"]),
                            str(extra.get("index", "")), source)
     if schema == "dapo_openr1":
         extra = row.get("extra_info") or {}
-        return MathProblem(strip_template(row["prompt"]), _answer_text(row["solution"]), str(extra.get("index", "")),
+        return MathProblem(strip_template(_question_text(row["prompt"])), _answer_text(row["solution"]), str(extra.get("index", "")),
                            source)
     question = row["problem"] if "problem" in row else row["question"]
     ident = next((row[k] for k in ("id", "ID", "problem_idx") if k in row), "")
-    return MathProblem(str(question).strip(), _answer_text(row["answer"]), str(ident), source)
+    return MathProblem(_question_text(question).strip(), _answer_text(row["answer"]), str(ident), source)
 
 
 def to_problems(rows: Iterable[dict], source: str) -> list[MathProblem]:
@@ -141,11 +152,20 @@ def to_problems(rows: Iterable[dict], source: str) -> list[MathProblem]:
     rows = list(rows)
     if not rows:
         raise ValueError(f"{source}: the dataset is empty")
+    for n, row in enumerate(rows, 1):
+        if not isinstance(row, dict):
+            raise ValueError(f"{source}: row {n} is {row!r}, not an object of named fields; each row of a math "
+                             "dataset holds a problem and its answer (schemas: entropy_rft.data)")
     schema = detect_schema(rows[0])
     seen: set[str] = set()
     out = []
-    for row in rows:
-        problem = row_to_problem(row, schema, source)
+    for n, row in enumerate(rows, 1):
+        try:
+            problem = row_to_problem(row, schema, source)
+        except (KeyError, TypeError, AttributeError, ValueError) as err:
+            raise ValueError(f"{source}: row {n} does not fit the {schema!r} schema of the first row "
+                             f"({type(err).__name__}: {err}); row keys: {sorted(row)}. Fix or drop the row "
+                             "(schemas: entropy_rft.data)") from None
         if problem.question not in seen:
             seen.add(problem.question)
             out.append(problem)

@@ -1,10 +1,20 @@
 """Metric sinks: one JSON line per step in RUN_DIR/metrics.jsonl (always), TensorBoard and Weights & Biases as
-options (imported only when asked for; W&B honours WANDB_MODE=offline)."""
+options (imported only when asked for; W&B honours WANDB_MODE=offline).
+
+A run that starts at step S (0, or a checkpoint's step on resume) first cuts what the sinks hold after S, so a run
+killed between checkpoints and resumed logs each step once:
+1. metrics.jsonl keeps its lines with step <= S (rewritten atomically; a torn last line is dropped);
+2. TensorBoard purges the events after S (SummaryWriter's purge_step);
+3. W&B resumes the same run id (kept in RUN_DIR/wandb_run_id); W&B itself refuses steps at or below the last one it
+   holds, so steps S+1.. that the killed run had logged keep their first values there (W&B cannot rewind a run
+   without its server-side `resume_from`, which offline mode lacks).
+"""
 
 from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 
 from .registry import Registry
@@ -19,8 +29,13 @@ def _clean(value):
 
 
 class JsonlSink:
-    def __init__(self, run_dir: Path, config: dict):
+    def __init__(self, run_dir: Path, config: dict, start_step: int = 0):
         self.path = Path(run_dir) / "metrics.jsonl"
+        if self.path.exists():
+            kept = [line for line in _complete_rows(self.path) if json.loads(line).get("step", 0) <= start_step]
+            tmp = self.path.with_name(".metrics.jsonl.tmp")
+            tmp.write_text("".join(line + "\n" for line in kept))
+            os.replace(tmp, self.path)
         self.file = open(self.path, "a", buffering=1)
 
     def log(self, metrics: dict) -> None:
@@ -31,12 +46,12 @@ class JsonlSink:
 
 
 class TensorBoardSink:
-    def __init__(self, run_dir: Path, config: dict):
+    def __init__(self, run_dir: Path, config: dict, start_step: int = 0):
         try:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError as err:
             raise ImportError("the tensorboard sink needs `pip install tensorboard`") from err
-        self.writer = SummaryWriter(str(Path(run_dir) / "tensorboard"))
+        self.writer = SummaryWriter(str(Path(run_dir) / "tensorboard"), purge_step=start_step + 1)
 
     def log(self, metrics: dict) -> None:
         step = metrics.get("step", 0)
@@ -49,12 +64,18 @@ class TensorBoardSink:
 
 
 class WandbSink:
-    def __init__(self, run_dir: Path, config: dict):
+    def __init__(self, run_dir: Path, config: dict, start_step: int = 0):
         try:
             import wandb
         except ImportError as err:
             raise ImportError("the wandb sink needs `pip install wandb` (set WANDB_MODE=offline to run without a server)") from err
-        self.run = wandb.init(project="entropy-rft", dir=str(run_dir), config=config)
+        id_file = Path(run_dir) / "wandb_run_id"
+        if start_step > 0 and id_file.exists():
+            self.run = wandb.init(project="entropy-rft", dir=str(run_dir), config=config, id=id_file.read_text().strip(),
+                                  resume="allow")
+        else:
+            self.run = wandb.init(project="entropy-rft", dir=str(run_dir), config=config)
+            id_file.write_text(self.run.id)
 
     def log(self, metrics: dict) -> None:
         self.run.log({k: v for k, v in metrics.items() if isinstance(v, (int, float))}, step=metrics.get("step"))
@@ -71,9 +92,9 @@ SINKS.register("wandb", WandbSink)
 class MetricLogger:
     """Fans one metrics dict out to every sink; JSONL is always on."""
 
-    def __init__(self, run_dir: Path, config: dict, sinks: tuple[str, ...] = ()):
+    def __init__(self, run_dir: Path, config: dict, sinks: tuple[str, ...] = (), start_step: int = 0):
         names = ["jsonl"] + [s for s in sinks if s != "jsonl"]
-        self.sinks = [SINKS.get(name)(run_dir, config) for name in names]
+        self.sinks = [SINKS.get(name)(run_dir, config, start_step) for name in names]
 
     def log(self, metrics: dict) -> None:
         for sink in self.sinks:
@@ -84,6 +105,33 @@ class MetricLogger:
             sink.close()
 
 
+def _complete_rows(path: Path) -> list[str]:
+    """The JSON lines of a metrics file; a last line cut by a kill mid-write (no newline, not JSON) is left out."""
+    text = path.read_text(errors="replace")
+    lines = text.split("\n")
+    if lines and lines[-1].strip():  # no final newline: written whole only if it parses
+        try:
+            json.loads(lines[-1])
+        except json.JSONDecodeError:
+            lines = lines[:-1]
+    return [line for line in lines if line.strip()]
+
+
 def read_metrics(run_dir: Path | str) -> list[dict]:
+    """Every step's metrics of a run directory; a torn last line (a killed run) is skipped, any other line that is
+    not a JSON object raises ValueError naming the file and line."""
     path = Path(run_dir) / "metrics.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    if not path.exists():
+        raise FileNotFoundError(f"{run_dir} has no metrics.jsonl: pass a run directory written by `entropy-rft train`")
+    rows = []
+    for n, line in enumerate(_complete_rows(path), 1):
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path}:{n} is not a JSON line ({err.msg}); the file is damaged: delete the line, or "
+                             "rerun the run with --resume to rewrite it from its last checkpoint") from None
+        if not isinstance(row, dict) or not isinstance(row.get("step"), int):
+            raise ValueError(f"{path}:{n} is not a metrics row (a JSON object with an integer 'step'); the file is "
+                             "damaged: delete the line, or rerun the run with --resume") from None
+        rows.append(row)
+    return rows

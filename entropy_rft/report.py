@@ -67,11 +67,38 @@ from .logging import read_metrics  # noqa: E402
 def load_run(run_dir: Path | str) -> dict:
     """A run directory's config, per-step metrics and evaluations."""
     run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise FileNotFoundError(f"run directory {run_dir} does not exist: pass directories written by `entropy-rft train`")
     if not (run_dir / "metrics.jsonl").exists():
         raise FileNotFoundError(f"{run_dir} has no metrics.jsonl: pass directories written by `entropy-rft train`")
-    config = yaml.safe_load((run_dir / "config.yaml").read_text()) if (run_dir / "config.yaml").exists() else {}
-    evals = json.loads((run_dir / "eval.json").read_text()) if (run_dir / "eval.json").exists() else {}
-    return {"name": run_dir.name, "dir": str(run_dir), "config": config, "metrics": read_metrics(run_dir),
+    damaged = "the run directory is damaged: rerun the run, or leave it out of the report"
+    config, evals = {}, {}
+    try:
+        if (run_dir / "config.yaml").exists():
+            config = yaml.safe_load((run_dir / "config.yaml").read_text()) or {}
+        if (run_dir / "eval.json").exists():
+            evals = json.loads((run_dir / "eval.json").read_text())
+    except (yaml.YAMLError, json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"{run_dir}: config.yaml or eval.json is unreadable ({type(err).__name__}); {damaged}") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"{run_dir}/config.yaml is not a mapping of config fields; {damaged}")
+    number = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)  # noqa: E731
+    if not isinstance(evals, dict) or not all(
+            k.isdigit() and isinstance(v, dict) and number(v.get("avg_at_k")) and number(v.get("pass_at_k"))
+            and isinstance(v.get("pass_rates", []), list) and all(number(r) for r in v.get("pass_rates", []))
+            for k, v in evals.items()):
+        raise ValueError(f"{run_dir}/eval.json is not a mapping of step -> evaluation (avg_at_k, pass_at_k, "
+                         f"pass_rates); {damaged}")
+    metrics = read_metrics(run_dir)
+    if not metrics:
+        raise ValueError(f"{run_dir}/metrics.jsonl holds no steps (the run stopped before its first step); rerun it "
+                         "or leave it out of the report")
+    for row in metrics:
+        bad = [k for k, v in row.items() if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)))]
+        if bad:
+            raise ValueError(f"{run_dir}/metrics.jsonl step {row['step']}: {bad[0]} is {row[bad[0]]!r}, not a number; "
+                             f"{damaged}")
+    return {"name": run_dir.name, "dir": str(run_dir), "config": config, "metrics": metrics,
             "evals": {int(k): v for k, v in evals.items()}}
 
 
@@ -148,9 +175,11 @@ def _mu_plot(runs: list[dict], path: Path) -> Path | None:
     by_method: dict[str, list[tuple[float, float, float]]] = {}
     for run in runs:
         cfg = run["config"]
-        if cfg.get("method") in ("clip_b", "clip_v") and cfg.get("mu") is not None and cfg.get("entropy_target") is None:
+        if cfg.get("method") in ("clip_b", "clip_v") and isinstance(cfg.get("mu"), (int, float)) and cfg.get("entropy_target") is None:
             clip = [v for v in series(run, "clip_frac") if math.isfinite(v)]
             ent = [v for v in series(run, "entropy") if math.isfinite(v)]
+            if not clip or not ent:
+                continue
             tail = ent[-max(1, len(ent) // 10):]
             by_method.setdefault(cfg["method"], []).append((cfg["mu"], sum(clip) / len(clip), sum(tail) / len(tail)))
     if not any(len(v) > 1 for v in by_method.values()):
@@ -289,7 +318,7 @@ def build_report(run_dirs: list[Path | str], out: Path | str) -> Path:
         p = f"{ev[min(ev)]['pass_at_k']:.3f} -> {ev[max(ev)]['pass_at_k']:.3f}" if ev else "-"
         fo = corr[run["name"]]["first_order"]
         lines.append(f"| {run['name']} | {cfg.get('method', '?')} | {cfg.get('mu') if cfg.get('mu') is not None else '-'} | {len(run['metrics'])} | "
-                     f"{ent[0]:.4f} -> {ent[-1]:.4f} | {sum(clip) / max(len(clip), 1):.4f} | {a} | {p} | {_fmt(fo['corr'])} | "
+                     f"{f'{ent[0]:.4f} -> {ent[-1]:.4f}' if ent else '-'} | {sum(clip) / max(len(clip), 1):.4f} | {a} | {p} | {_fmt(fo['corr'])} | "
                      f"{_fmt(fo['median_ratio'], '.3g')} | {_fmt(fo['sign_agreement'], '.2f')} ({_fmt(fo['sign_base_rate'], '.2f')}) |")
     lines += ["", "Entropy change per probed step (`probe_every`): the exact first-order change through the network and "
               "Corollary 4's logit-space prediction, each against the realised change of the batch's mean entropy. A "

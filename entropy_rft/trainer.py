@@ -14,7 +14,11 @@ One process, one device: the reference implementation and the embedded default. 
 Departures, numbered:
 1. Old log-probs are recomputed by the trainer's forward pass (as verl does), not taken from generation.
 2. On interruption (Ctrl-C) the current policy is saved as a checkpoint before the run stops; `resume=True`
-   (`entropy-rft train --resume`) continues from the last checkpoint of the run directory.
+   (`entropy-rft train --resume`) continues from the newest complete checkpoint of the run directory. Checkpoints
+   are written atomically and hold the whole run state (weights, Adam, sampler, update generator, torch RNG,
+   evaluations, the entropy controller or adaptive bonus), so a run killed at any moment (SIGKILL included) and
+   resumed ends with the same weights as one never interrupted; the metric sinks are cut back to the checkpoint's
+   step first (entropy_rft/logging.py).
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from pathlib import Path
 
 import torch
 import yaml
+from safetensors import SafetensorError
 from tqdm import tqdm
 
 from .advantages import (ADVANTAGES, TokenLevel, advantage_reweight, broadcast_advantages, outcome_token_rewards, overlong_penalty,
@@ -104,6 +109,10 @@ def load_policy(name: str, device: torch.device, *, trainable: bool = False):
 
     hf_logging.disable_progress_bar()  # the trainer's own bar is the one to watch
     path = resolve_model_path(name)
+    local = Path(path).is_dir()
+    if local and not any((Path(path) / f).exists() for f in ("tokenizer_config.json", "tokenizer.json")):
+        raise FileNotFoundError(f"model directory {path} has no tokenizer (tokenizer_config.json or tokenizer.json); "
+                                "save the tokenizer next to the model: tokenizer.save_pretrained(directory)")
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
         if (Path(path) / "adapter_config.json").exists():
@@ -114,7 +123,14 @@ def load_policy(name: str, device: torch.device, *, trainable: bool = False):
                 model = model.merge_and_unload()
         else:
             model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    except OSError as err:
+    except (OSError, ValueError, TypeError, KeyError, SafetensorError) as err:
+        if local:  # what transformers says about a damaged directory is about its files, not about the hub
+            raise OSError(f"model directory {path} could not be loaded ({type(err).__name__}: {err}); it must hold a "
+                          "model written by save_pretrained: config.json (a JSON object with model_type), the weights "
+                          "(model.safetensors) and the tokenizer files. Re-save the model there, or pass another "
+                          "directory") from None
+        if not isinstance(err, OSError):
+            raise
         raise OSError(f"could not load model {name!r}: not a local directory, and the hub could not be reached or "
                       f"has no such model ({err})") from err
     if tokenizer.pad_token_id is None:
@@ -241,15 +257,45 @@ class ProblemSampler:
 
 
 def save_checkpoint(run_dir: Path, step: int, model, tokenizer, optimizer, sampler: ProblemSampler,
-                    value_head: ValueHead | None = None) -> Path:
+                    value_head: ValueHead | None = None, extra: dict | None = None) -> Path:
+    """RUN_DIR/checkpoint-STEP, written whole or not at all: into a hidden temporary directory, then renamed into
+    place, and only then named in latest_checkpoint (itself replaced atomically). A kill at any moment leaves the
+    previous checkpoint and its pointer intact. `extra` holds the rest of the run state (trainer_state.pt)."""
     ckpt = run_dir / f"checkpoint-{step}"
-    model.save_pretrained(ckpt, safe_serialization=True)
-    tokenizer.save_pretrained(ckpt)
-    if value_head is not None:
-        torch.save(value_head.state_dict(), ckpt / "value_head.pt")
-    torch.save({"step": step, "optimizer": optimizer.state_dict(), "sampler": sampler.state()}, ckpt / "trainer_state.pt")
-    (run_dir / "latest_checkpoint").write_text(ckpt.name)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{ckpt.name}.", dir=run_dir))
+    try:
+        model.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        if value_head is not None:
+            torch.save(value_head.state_dict(), tmp / "value_head.pt")
+        torch.save({"step": step, "optimizer": optimizer.state_dict(), "sampler": sampler.state(), **(extra or {})},
+                   tmp / "trainer_state.pt")
+        if ckpt.exists():  # the same step saved twice (save_every and the final save): swap the old one out
+            old = Path(tempfile.mkdtemp(prefix=f".{ckpt.name}.old.", dir=run_dir))
+            os.replace(ckpt, old / ckpt.name)
+            os.replace(tmp, ckpt)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, ckpt)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    pointer = run_dir / ".latest_checkpoint.tmp"
+    pointer.write_text(ckpt.name)
+    os.replace(pointer, run_dir / "latest_checkpoint")
     return ckpt
+
+
+def find_checkpoint(run_dir: Path) -> Path | None:
+    """The checkpoint to resume from: the one latest_checkpoint names if it is complete, else the complete
+    checkpoint-N of highest N (a kill between two renames of save_checkpoint), else None."""
+    latest = run_dir / "latest_checkpoint"
+    if latest.exists():
+        named = run_dir / latest.read_text().strip()
+        if (named / "trainer_state.pt").exists():
+            return named
+    done = [p for p in run_dir.glob("checkpoint-*") if p.name[11:].isdigit() and (p / "trainer_state.pt").exists()]
+    return max(done, key=lambda p: int(p.name[11:]), default=None)
 
 
 def run_eval(engine, task, problems, cfg: TrainConfig, seed: int) -> EvalResult:
@@ -266,6 +312,8 @@ def train(cfg: TrainConfig, *, resume: bool = False) -> dict:
     # --- setup
     run_dir = Path(cfg.out)
     run_dir.mkdir(parents=True, exist_ok=True)
+    for stale in run_dir.glob(".checkpoint-*"):  # a checkpoint write cut short by a kill
+        shutil.rmtree(stale, ignore_errors=True)
     torch.manual_seed(cfg.seed)
     device = pick_device(cfg.device)
     resolve_model_path(cfg.model)  # fail on a bad model path before any work
@@ -278,9 +326,9 @@ def train(cfg: TrainConfig, *, resume: bool = False) -> dict:
         eval_problems = eval_problems[: cfg.eval_problems]
     start_step = 0
     model_source = cfg.model
-    latest = run_dir / "latest_checkpoint"
-    if resume and latest.exists():
-        model_source = str(run_dir / latest.read_text().strip())
+    checkpoint = find_checkpoint(run_dir) if resume else None
+    if checkpoint is not None:
+        model_source = str(checkpoint)
     model, tokenizer = load_policy(model_source, device, trainable=True)
     model = prepare_policy(model, cfg)
     if cfg.disable_dropout:
@@ -295,23 +343,40 @@ def train(cfg: TrainConfig, *, resume: bool = False) -> dict:
         groups.append({"params": list(value_head.parameters()), "lr": cfg.critic_lr or 10 * cfg.lr})
     optimizer = torch.optim.Adam(groups, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
     sampler = ProblemSampler(train_problems, cfg.seed)
-    if model_source != cfg.model:
-        state = torch.load(Path(model_source) / "trainer_state.pt", weights_only=False)
-        optimizer.load_state_dict(state["optimizer"])
-        sampler.load(state["sampler"])
-        start_step = state["step"]
-    (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
-    logger = MetricLogger(run_dir, cfg.to_dict(), cfg.sinks)
     update_gen = torch.Generator().manual_seed(cfg.seed + 1)
     targeting = cfg.entropy_target is not None
     controller = (MuController(cfg.entropy_target, denominator=cfg.denominator)
                   if targeting and cfg.entropy_control == "mu" else None)
     bonus = (AdaptiveEntropyBonus(cfg.entropy_target, cfg.bonus_delta, cfg.entropy_coef, cfg.bonus_max)
              if targeting and cfg.entropy_control == "bonus" else None)
+    evals: dict[int, dict] = {}
+    if checkpoint is not None:  # everything that steers the run continues where the checkpoint left it
+        state = torch.load(checkpoint / "trainer_state.pt", weights_only=False)
+        optimizer.load_state_dict(state["optimizer"])
+        sampler.load(state["sampler"])
+        start_step = state["step"]
+        if "update_gen" in state:  # checkpoints written before these were saved resume without them
+            update_gen.set_state(state["update_gen"])
+            torch.set_rng_state(state["torch_rng"])
+            evals = {int(k): v for k, v in state["evals"].items()}
+        if controller is not None and state.get("controller") is not None:
+            controller.load_state(state["controller"])
+        if bonus is not None and state.get("bonus") is not None:
+            bonus.load_state(state["bonus"])
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+    # metrics of steps after the checkpoint (a run killed between checkpoints) are cut: they are logged again
+    logger = MetricLogger(run_dir, cfg.to_dict(), cfg.sinks, start_step=start_step)
+
+    def run_state() -> dict:  # what a checkpoint holds besides the weights and Adam's state
+        return {"sampler": sampler.state(), "update_gen": update_gen.get_state(), "torch_rng": torch.get_rng_state(),
+                "evals": dict(evals), "controller": controller.state() if controller else None,
+                "bonus": bonus.state() if bonus else None}
+
+    def save(at: int, state: dict | None = None) -> Path:
+        return save_checkpoint(run_dir, at, model, tokenizer, optimizer, sampler, value_head, state or run_state())
     rows_per_pass = cfg.micro_batch_size or cfg.prompts_per_step * cfg.group_size
     reuse = reuses_forward(cfg, model)
     probe_every = 1 if controller else cfg.probe_every
-    evals: dict[int, dict] = {}
     history: list[dict] = []
     if start_step == 0:
         evals[0] = run_eval(engine, task, eval_problems, cfg, seed=cfg.seed + 10**6).to_json()
@@ -323,6 +388,7 @@ def train(cfg: TrainConfig, *, resume: bool = False) -> dict:
     try:
         for step in bar:
             t0 = time.time()
+            step_start = run_state()  # an interrupt before this step's update saves the state it began from
             # --- rollout and score (DAPO's dynamic sampling keeps only groups with mixed outcomes)
             problems, rollout, rewards, correct, sampling = sample_batch(engine, task, sampler, cfg, step)
             group_ids = torch.arange(len(problems)).repeat_interleave(cfg.group_size)
@@ -410,13 +476,13 @@ def train(cfg: TrainConfig, *, resume: bool = False) -> dict:
             bar.set_postfix(reward=f"{metrics['reward_mean']:.2f}", H=f"{metrics['entropy']:.3f}",
                             clip=f"{metrics['clip_frac']:.3f}")
             if cfg.save_every and (step + 1) % cfg.save_every == 0:
-                save_checkpoint(run_dir, step + 1, model, tokenizer, optimizer, sampler, value_head)
-        final = save_checkpoint(run_dir, cfg.steps, model, tokenizer, optimizer, sampler, value_head)
+                save(step + 1)
+        final = save(cfg.steps)
         evals[cfg.steps] = run_eval(engine, task, eval_problems, cfg, seed=cfg.seed + 10**6).to_json()
     except KeyboardInterrupt:
         if final is not None:  # interrupted in the final evaluation: the final checkpoint is saved
             raise SystemExit(f"interrupted in the final evaluation; the trained policy is saved in {final}") from None
-        ckpt = save_checkpoint(run_dir, completed, model, tokenizer, optimizer, sampler, value_head)
+        ckpt = save(completed, step_start if completed == step else None)
         raise SystemExit(f"interrupted after {completed} steps; saved {ckpt}. Continue with --resume.") from None
     finally:
         engine.close()

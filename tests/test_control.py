@@ -129,3 +129,20 @@ def test_controller_uses_the_denominator_all_scaling():
     kept = mask & keep
     full = unit_entropy_change(adv, stats.s_centered, kept, num_tokens=float(mask.sum()))
     assert full == pytest.approx(unit_entropy_change(adv, stats.s_centered, kept) * float(kept.sum()) / float(mask.sum()))
+
+
+def test_mu_controller_state_round_trips_everything_it_learns():
+    """A controller restored from state() continues exactly as the original: every learnt field is in the state
+    (a checkpoint that missed one would resume with a different kappa)."""
+    from dataclasses import fields
+
+    from entropy_rft.control import MuController
+
+    a = MuController(target=1.0)
+    for i, realised in enumerate([0.3, -0.1, 0.2]):
+        a.last_unit = 0.5 + i
+        a.observe(realised)
+    b = MuController(target=1.0)
+    b.load_state(a.state())
+    assert {f.name for f in fields(a) if not f.init} == set(a.state())
+    assert all(getattr(a, f.name) == getattr(b, f.name) for f in fields(a)) and a.kappa == b.kappa

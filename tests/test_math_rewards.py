@@ -96,3 +96,96 @@ def test_math_task_scores_in_worker_processes():
     want = [(judge(t, f, p.answer).reward, judge(t, f, p.answer).correct) for t, f, p in zip(texts, finished, problems)]
     assert task.score_batch(texts, finished, problems) == want == [(1.0, True), (1.0, True), (-1.0, False)]
     assert task.prompt(problems[0]).startswith("Solve the following math problem step by step.")
+
+
+def _crashy(value: int) -> int:
+    """A checker that hangs on 2, kills its own worker process (a segfault in native code) on 3, raises on 4."""
+    import os
+
+    if value == 2:
+        time.sleep(600)
+    if value == 3:
+        os._exit(1)
+    if value == 4:
+        raise RecursionError("a checker bug")
+    return value
+
+
+def _worker_pids() -> set[int]:
+    import multiprocessing
+
+    return {p.pid for p in multiprocessing.active_children()}
+
+
+def test_timeout_pool_scores_hung_crashed_and_raising_checks_wrong():
+    """A hung check, a check that kills its worker and a check that raises each get on_timeout's value quickly
+    (each within its timeout, not a wait on a dead process); the others keep their results; the pool then scores
+    new calls normally."""
+    pool = TimeoutPool(workers=2, timeout=2.0)
+    try:
+        t0 = time.time()
+        out = pool.map(_crashy, [(1,), (2,), (3,), (5,), (4,), (6,)], on_timeout=lambda a: -a[0])
+        assert out == [1, -2, -3, 5, -4, 6]
+        assert (pool.timeouts, pool.crashes, pool.failures) == (1, 1, 1)
+        assert time.time() - t0 < 60
+        assert pool.map(_crashy, [(7,), (8,)], on_timeout=lambda a: -a[0]) == [7, 8]
+    finally:
+        pool.close()
+
+
+def test_timeout_pool_recovers_from_killed_workers():
+    """Killing every worker process of the pool (os.kill, SIGKILL) between two batches does not cost a result:
+    the next batch is scored correctly, by replacement workers, well within the time a timeout would take."""
+    import os
+    import signal
+
+    before = _worker_pids()
+    pool = TimeoutPool(workers=2, timeout=20.0)
+    try:
+        assert pool.map(_sleepy, [(0.0, 1), (0.0, 2)], on_timeout=lambda a: -a[1]) == [1, 2]
+        for pid in _worker_pids() - before:
+            os.kill(pid, signal.SIGKILL)
+        t0 = time.time()
+        assert pool.map(_sleepy, [(0.0, 3), (0.0, 4), (0.0, 5)], on_timeout=lambda a: -a[1]) == [3, 4, 5]
+        assert pool.timeouts == pool.crashes == 0 and time.time() - t0 < 19
+    finally:
+        pool.close()
+
+
+def test_timeout_pool_scores_a_call_whose_worker_is_killed_wrong():
+    """A worker killed in the middle of a call: that call is scored by on_timeout as soon as the death is seen
+    (well before its timeout), the rest of the batch keeps its results."""
+    import os
+    import signal
+    import threading
+
+    before = _worker_pids()
+    pool = TimeoutPool(workers=1, timeout=60.0)
+    try:
+        pool.map(_sleepy, [(0.0, 0)], on_timeout=lambda a: -a[1])  # start the worker
+        (pid,) = _worker_pids() - before
+        threading.Timer(1.0, os.kill, (pid, signal.SIGKILL)).start()
+        t0 = time.time()
+        assert pool.map(_sleepy, [(30.0, 1), (0.0, 2)], on_timeout=lambda a: -a[1]) == [-1, 2]
+        assert (pool.timeouts, pool.crashes) == (0, 1) and time.time() - t0 < 30
+    finally:
+        pool.close()
+
+
+def test_pathological_answer_is_timed_out_and_scored_wrong():
+    """A stated answer whose check does not finish (a power tower that sympy tries to evaluate: minutes in
+    math-verify without its own timeout) is scored as a wrong answer after the task's timeout; the right answer
+    beside it keeps its reward and the task scores again afterwards."""
+    pytest.importorskip("math_verify")
+    from entropy_rft.tasks.math import MathTask
+
+    task = MathTask("math", "dapo", timeout=3.0, workers=2)
+    try:
+        problems = [MathProblem("q", "7"), MathProblem("q2", "7")]
+        t0 = time.time()
+        assert task.score_batch(["Answer: 9^{9^{9^{9}}}", "Answer: 7"], [True, True], problems) == [(-0.1, False), (1.0, True)]
+        assert time.time() - t0 < 60 and task._pool.timeouts == 1
+        assert task.score_batch(["Answer: 7", "Answer: 8"], [True, False], problems) == [(1.0, True), (-1.0, False)]
+    finally:
+        if task._pool is not None:
+            task._pool.close()

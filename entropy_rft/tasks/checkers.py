@@ -11,7 +11,7 @@
 parsed as LaTeX, the completion is parsed as expressions and LaTeX, and any match counts. It needs the
 math-verify library (`pip install "entropy-rft[math]"`).
 
-Every check a run makes goes through `run_with_timeout` (entropy_rft/tasks/math.py), so a pathological answer
+Every check a run makes goes through `TimeoutPool` (entropy_rft/tasks/math.py), so a pathological answer
 costs at most the timeout.
 """
 

@@ -49,11 +49,24 @@ class Problem:
 
     @classmethod
     def from_json(cls, row: dict) -> "Problem":
+        """A problem from a JSON row; a row of the wrong shape raises ValueError saying what a row holds (no
+        coercion: 2.5 or "7" in numbers is an error, not 2 or 7)."""
+        fix = ("each row needs 'numbers' (a non-empty list of non-negative ints) and 'target' (an int), optionally "
+               "'solution' (a string), as one JSON object a line")
+        if not isinstance(row, dict):
+            raise ValueError(f"countdown row {row!r} is not a JSON object; {fix}")
         missing = [k for k in ("numbers", "target") if k not in row]
         if missing:
-            raise ValueError(f"countdown row {row!r} has no {' or '.join(missing)}; each row needs 'numbers' "
-                             "(a list of ints) and 'target' (the answer to reach)")
-        return cls(tuple(int(n) for n in row["numbers"]), int(row["target"]), row.get("solution", ""))
+            raise ValueError(f"countdown row {row!r} has no {' or '.join(missing)}; {fix}")
+        numbers, target, solution = row["numbers"], row["target"], row.get("solution", "")
+        is_int = lambda x: isinstance(x, int) and not isinstance(x, bool)  # noqa: E731
+        if not isinstance(numbers, list) or not numbers or not all(is_int(n) and n >= 0 for n in numbers):
+            raise ValueError(f"countdown row {row!r}: numbers must be a non-empty list of non-negative ints; {fix}")
+        if not is_int(target):
+            raise ValueError(f"countdown row {row!r}: target must be an int; {fix}")
+        if not isinstance(solution, str):
+            raise ValueError(f"countdown row {row!r}: solution must be a string; {fix}")
+        return cls(tuple(numbers), target, solution)
 
 
 class _Parser:

@@ -19,7 +19,8 @@ Departures, numbered, where the paper leaves the checker unspecified:
    \\frac{1}{2}). Without a stated answer, math-verify reads the whole response: a right answer in the wrong
    form earns 0, not -0.1.
 3. Every response is scored in a worker process under a wall-clock timeout (default 10 s; verl uses 30 s for
-   math-verify); a response whose check times out is scored as a wrong answer.
+   math-verify); a response whose check times out, crashes its worker or raises is scored as a wrong answer, and
+   the pool of workers is rebuilt.
 Evaluation (Avg@K, Pass@K) counts "answer correct" (point 2).
 """
 
@@ -28,7 +29,9 @@ from __future__ import annotations
 import atexit
 import hashlib
 import multiprocessing
+import multiprocessing.connection
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
@@ -76,10 +79,18 @@ class MathProblem:
 
     @classmethod
     def from_json(cls, row: dict) -> "MathProblem":
+        fix = ("a row is a JSON object with 'question' (non-empty text) and 'answer' (text or a number); load "
+               "dataset files with entropy_rft.data.load_math (it reads the DAPO, AIME and AMC schemas)")
+        if not isinstance(row, dict):
+            raise ValueError(f"math row {row!r} is not a JSON object; {fix}")
         missing = [k for k in ("question", "answer") if k not in row]
         if missing:
-            raise ValueError(f"math row has no {' or '.join(missing)} (keys: {sorted(row)}); load dataset files with "
-                             "entropy_rft.data.load_math (it reads the DAPO, AIME and AMC schemas)")
+            raise ValueError(f"math row has no {' or '.join(missing)} (keys: {sorted(row)}); {fix}")
+        if not isinstance(row["question"], str) or not row["question"].strip():
+            raise ValueError(f"math row question {row['question']!r} is not non-empty text; {fix}")
+        answer = row["answer"]
+        if isinstance(answer, bool) or not isinstance(answer, (str, int, float)) or not str(answer).strip():
+            raise ValueError(f"math row answer {answer!r} is neither text nor a number; {fix}")
         extra = {k: v for k, v in row.items() if k not in ("question", "answer", "id", "source")}
         return cls(str(row["question"]), str(row["answer"]), str(row.get("id", "")), str(row.get("source", "")), extra)
 
@@ -113,10 +124,14 @@ def judge(completion: str, finished: bool, answer: str, template: str = "dapo", 
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Timeouts: checks run in a pool of worker processes; a check past its time kills the pool, which is rebuilt.
+# Timeouts: each worker process has its own pipe and runs one call at a time. A call past its time gets its worker
+# killed and replaced; a worker that dies under a call (a crash in native code, a kill) is seen at once by its pipe's
+# end of file and replaced; either call is scored by on_timeout. (multiprocessing.Pool shares one task queue whose
+# lock a killed worker can take with it, hanging the pool, even its terminate().)
 
 
-def _start_worker(barrier, modules: tuple[str, ...]) -> None:
+def _serve(conn, modules: tuple[str, ...]) -> None:
+    """A worker: import the modules, say ready, then run (fn, args) messages until None or the pipe closes."""
     import importlib
     import logging
 
@@ -126,68 +141,130 @@ def _start_worker(barrier, modules: tuple[str, ...]) -> None:
         except ImportError:  # the call itself will raise, with its own message
             pass
     logging.getLogger("math_verify").setLevel(logging.ERROR)
-    try:
-        barrier.wait(timeout=TimeoutPool.STARTUP_SECONDS)  # tell the parent this worker is up
-    except threading.BrokenBarrierError:  # a replacement worker, after the parent stopped waiting
-        pass
+    conn.send("ready")
+    while True:
+        try:
+            message = conn.recv()
+        except EOFError:
+            return
+        if message is None:
+            return
+        fn, args = message
+        conn.send("started")  # a worker that dies before this never ran the call: the parent hands it on
+        try:
+            conn.send((True, fn(*args)))
+        except Exception as err:  # noqa: BLE001 - reported to the parent, which scores the call as failed
+            conn.send((False, f"{type(err).__name__}: {err}"))
+
+
+@dataclass
+class _Worker:
+    process: multiprocessing.process.BaseProcess
+    conn: object  # the parent's end of the pipe
+    call: int | None = None  # the call it is running
+    since: float = 0.0
+    started: bool = False  # the worker has confirmed it began the call
 
 
 class TimeoutPool:
     """Run fn(*args) for many argument tuples in worker processes, each under a wall-clock timeout.
 
-    A call that runs past `timeout` seconds gets `on_timeout(args)` as its result; the pool is terminated (which
-    stops the stuck worker) and the calls not yet collected run again in a fresh pool. workers=0 runs in this
-    process without a timeout (for debugging). `preload` names modules each worker imports at start-up, before
-    any call is timed (fn's own module is always imported)."""
+    A call that runs past `timeout` seconds from its start, whose worker dies during it, or that raises gets
+    `on_timeout(args)` as its result (counted in `timeouts`, `crashes` and `failures`); a stuck or dead worker is
+    replaced and the other calls go on. workers=0 runs in this process without a timeout (for debugging).
+    `preload` names modules each worker imports at start-up, before any call is timed (fn's own module is always
+    imported)."""
 
     def __init__(self, workers: int = 2, timeout: float = 10.0, preload: tuple[str, ...] = ()):
         self.workers = workers
         self.timeout = timeout
         self.preload = preload
-        self._pool = None
+        self._workers: list[_Worker] = []
         self._lock = threading.Lock()
-        self.timeouts = 0  # calls that timed out, over the pool's life
+        self.timeouts = 0  # calls past their time, over the pool's life
+        self.crashes = 0  # calls whose worker died under them
+        self.failures = 0  # calls that raised
 
     STARTUP_SECONDS = 120.0  # a fresh worker imports Python and this package before its first call
 
-    def _get(self, fn):
-        if self._pool is None:
-            ctx = multiprocessing.get_context("spawn")  # no fork: the parent holds torch threads
-            barrier = ctx.Barrier(self.workers + 1)
-            self._pool = ctx.Pool(self.workers, initializer=_start_worker,
-                                  initargs=(barrier, (*self.preload, fn.__module__)))
-            barrier.wait(timeout=self.STARTUP_SECONDS)  # the timeout is for checks, not for start-up
+    def _fill(self, fn) -> None:
+        """Replace dead idle workers and start missing ones (in parallel), waiting until each says it is ready."""
+        ctx = multiprocessing.get_context("spawn")  # no fork: the parent holds torch threads
+        for w in [w for w in self._workers if w.call is None and not w.process.is_alive()]:
+            self._drop(w)  # (a dead worker holding a call is seen by its pipe's end of file, in map)
+        fresh = []
+        while len(self._workers) + len(fresh) < self.workers:
+            parent, child = ctx.Pipe()
+            proc = ctx.Process(target=_serve, args=(child, (*self.preload, fn.__module__)), daemon=True)
+            proc.start()
+            child.close()
+            fresh.append(_Worker(proc, parent))
+        for w in fresh:  # the timeout is for checks, not for start-up
+            if not w.conn.poll(self.STARTUP_SECONDS) or w.conn.recv() != "ready":
+                self._drop(w)
+                raise RuntimeError(f"an answer-checking worker did not start within {self.STARTUP_SECONDS:.0f} s")
+            self._workers.append(w)
+        if fresh and len(self._workers) == len(fresh):
             atexit.register(self.close)  # stop the workers before the interpreter tears down
-        return self._pool
+
+    def _drop(self, w: _Worker) -> None:
+        if w.process.is_alive():
+            w.process.kill()
+        w.process.join()
+        w.conn.close()
+        if w in self._workers:
+            self._workers.remove(w)
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.terminate()
-            self._pool.join()
-            self._pool = None
+        for w in list(self._workers):
+            self._drop(w)
 
     def map(self, fn, arg_list: Sequence[tuple], on_timeout: Callable[[tuple], object]) -> list:
         if self.workers == 0:
             return [fn(*args) for args in arg_list]
         results: dict[int, object] = {}
-        pending = list(range(len(arg_list)))
+        queue = list(range(len(arg_list)))
         with self._lock:
-            while pending:
-                pool = self._get(fn)
-                handles = [(i, pool.apply_async(fn, arg_list[i])) for i in pending]
-                stuck = None
-                for i, handle in handles:
-                    try:
-                        results[i] = handle.get(timeout=self.timeout)
-                    except multiprocessing.TimeoutError:
-                        stuck = i
-                        break
-                if stuck is None:
-                    break
-                self.timeouts += 1
-                results[stuck] = on_timeout(arg_list[stuck])
-                self.close()
-                pending = [i for i in pending if i not in results]
+            while queue or any(w.call is not None for w in self._workers):
+                self._fill(fn)
+                for w in list(self._workers):
+                    if w.call is None and queue:
+                        w.call, w.since, w.started = queue.pop(0), time.monotonic(), False
+                        try:
+                            w.conn.send((fn, arg_list[w.call]))
+                        except OSError:  # the worker died while idle (a broken pipe): hand the call on
+                            queue.insert(0, w.call)
+                            self._drop(w)
+                if not any(w.call is not None for w in self._workers):
+                    continue  # every idle worker was dead: start replacements
+                busy = [w for w in self._workers if w.call is not None]
+                left = min(w.since + self.timeout for w in busy) - time.monotonic()
+                ready = multiprocessing.connection.wait([w.conn for w in busy], timeout=max(left, 0.0))
+                for w in busy:
+                    i = w.call
+                    if w.conn in ready:
+                        try:
+                            message = w.conn.recv()
+                        except (EOFError, OSError):  # the worker died
+                            if w.started:  # under the call: the call is to blame
+                                self.crashes += 1
+                                results[i] = on_timeout(arg_list[i])
+                            else:  # before it began the call (killed while idle): another worker runs it
+                                queue.insert(0, i)
+                            self._drop(w)
+                            continue
+                        if message == "started":
+                            w.started = True
+                            continue
+                        ok, value = message
+                        if not ok:
+                            self.failures += 1
+                        results[i] = value if ok else on_timeout(arg_list[i])
+                        w.call = None
+                    elif time.monotonic() - w.since > self.timeout:
+                        self.timeouts += 1
+                        results[i] = on_timeout(arg_list[i])
+                        self._drop(w)
         return [results[i] for i in range(len(arg_list))]
 
 
