@@ -450,7 +450,8 @@ def train(cfg: TrainConfig, *, resume: bool = False) -> dict:
             # --- diagnostics
             metrics = step_metrics(step, rewards, correct, adv, stats, mask, keep, rollout, cfg, optimizer)
             metrics.update(update_metrics)
-            if rollout.sampler_logp is not None:  # vLLM: its log-probs against the trained policy's, same tokens
+            # the sampler's log-probs (HF or vLLM) against the trained policy's, same tokens
+            if rollout.sampler_logp is not None:
                 gap = (old_logp - rollout.sampler_logp.to(old_logp.device)).abs()[mask]
                 metrics["rollout/sampler_logp_gap"] = gap.mean().item()
                 metrics["rollout/sampler_logp_gap_max"] = gap.max().item()
