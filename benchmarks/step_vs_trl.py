@@ -3,7 +3,8 @@
 The work is the demo's: the shipped countdown policy, 32 prompts x 8 rollouts, at most 16 new tokens, temperature
 1.0, token-mean clipped surrogate (TRL's loss_type "dapo"), no KL, one Adam step with gradient clipping at 1.0.
 Rounds alternate: K steps of ours (entropy_rft.trainer.train, from the initial policy), then K steps of TRL's
-(a fresh GRPOTrainer driven one step at a time), so machine noise hits both alike. Step i of ours is paired
+(a fresh GRPOTrainer driven one step at a time), so machine noise hits both alike; before the first round each
+side runs `--warmup` steps that are discarded, so the process's one-time costs fall on neither. Step i of ours is paired
 with step i of TRL's in the same round; the script prints the median of the paired ratios, and a phase breakdown.
 
 TRL's step: `training_step` (generation, rewards and advantages through `_prepare_inputs`, then forward, loss,
@@ -11,7 +12,7 @@ backward) + clip + optimizer step, which is what its `train()` runs per step wit
 gradient_accumulation_steps 1. Ours: the `seconds` metric (rollout to update and diagnostics, evaluation and
 checkpoints excluded) and its `time/*` phases.
 
-    python benchmarks/step_vs_trl.py [--rounds 3] [--steps 6] [--method grpo]
+    python benchmarks/step_vs_trl.py [--rounds 3] [--steps 6] [--warmup 2] [--method grpo]
 """
 
 from __future__ import annotations
@@ -94,11 +95,15 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=6, help="steps per round and side")
     parser.add_argument("--method", default="grpo", help="our method: grpo, clip_b or clip_v (demo settings)")
+    parser.add_argument("--warmup", type=int, default=2, help="steps of each side run first and discarded")
     parser.add_argument("--probe-every", type=int, default=0, help="our entropy probe (0: off, as TRL has none)")
     args = parser.parse_args()
     torch.manual_seed(0)
     ratios, ours_rows, trl_rows = [], [], []
     with tempfile.TemporaryDirectory() as tmp:
+        if args.warmup:  # the process's one-time costs (thread pools, allocator, imports) hit neither side's figures
+            ours(args.warmup, args.method, Path(tmp) / "ours-warmup", args.probe_every)
+            trl_steps(args.warmup, Path(tmp) / "trl-warmup", seed=99)
         for r in range(args.rounds):
             a = ours(args.steps, args.method, Path(tmp) / f"ours{r}", args.probe_every)
             b = trl_steps(args.steps, Path(tmp) / f"trl{r}", seed=r)

@@ -160,9 +160,9 @@ class HFEngine:
                 )
                 response_ids, sampler_logp = response_ids.cpu(), sampler_logp.cpu()
                 response_mask, finished = response_mask_from_lengths(response_ids, self.eos_ids)
-                eos = torch.tensor(self.eos_ids)
-                texts = [self.tokenizer.decode(r[m & ~torch.isin(r, eos)].tolist(), skip_special_tokens=False)
-                         for r, m in zip(response_ids, response_mask)]
+                shown = (response_mask & ~torch.isin(response_ids, torch.tensor(self.eos_ids))).tolist()
+                texts = [self.tokenizer.decode([t for t, keep in zip(r, k) if keep], skip_special_tokens=False)
+                         for r, k in zip(response_ids.tolist(), shown)]
                 rows = torch.arange(ids.shape[0]).repeat_interleave(n)
                 parts.append(Rollout(ids[rows], mask[rows], response_ids, response_mask, finished, texts,
                                      sampler_logp))
