@@ -289,7 +289,8 @@ def token_stats_from_hidden(
         )
     else:
         outs = _StreamingTokenStats.apply(
-            flat_h, lm_head_weight, flat_t, float(temperature), vocab_chunk or TORCH_VOCAB_CHUNK, row_chunk or TORCH_ROW_CHUNK
+            flat_h, lm_head_weight, flat_t, float(temperature),
+            vocab_chunk or TORCH_VOCAB_CHUNK, row_chunk or TORCH_ROW_CHUNK,
         )
     return TokenStats(*(o.reshape(tokens.shape) for o in outs))
 
