@@ -28,6 +28,7 @@ from torch import Tensor
 from .dynamics import TokenStats, token_stats, token_stats_from_hidden
 from .rollout import Rollout
 from .rollout.hf import sequence_forward
+from .rollout.sampling import position_ids
 
 _LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier_scale")
 
@@ -82,7 +83,7 @@ def streams_from_hidden(model) -> bool:
 def _positions(rollout: Rollout, device) -> tuple[Tensor, Tensor, Tensor]:
     input_ids = rollout.input_ids().to(device)
     attn = rollout.attention_mask().to(device)
-    return input_ids, attn, (attn.long().cumsum(-1) - 1).clamp_min(0)
+    return input_ids, attn, position_ids(attn)
 
 
 def prompt_groups(rollout: Rollout) -> Tensor:
@@ -94,8 +95,8 @@ def prompt_groups(rollout: Rollout) -> Tensor:
 
 def _hidden_full(decoder, rollout: Rollout, device) -> Tensor:
     """(B, R, D) last hidden states that predict each response token: one pass over prompt + response."""
-    input_ids, attn, position_ids = _positions(rollout, device)
-    out = decoder(input_ids=input_ids, attention_mask=attn.long(), position_ids=position_ids, use_cache=False)
+    input_ids, attn, pos = _positions(rollout, device)
+    out = decoder(input_ids=input_ids, attention_mask=attn.long(), position_ids=pos, use_cache=False)
     return out.last_hidden_state[:, rollout.prompt_ids.shape[1] - 1 : -1]
 
 
@@ -105,8 +106,7 @@ def _hidden_shared_prefix(decoder, rollout: Rollout, groups: Tensor, device) -> 
     prompt's length, as in generation; gradients reach the prompt's computation through the cache."""
     first = torch.cat([torch.ones(1, dtype=torch.bool, device=groups.device), groups[1:] != groups[:-1]])
     p_ids, p_mask = rollout.prompt_ids[first].to(device), rollout.prompt_mask[first].to(device)
-    p_pos = (p_mask.long().cumsum(-1) - 1).clamp_min(0)
-    prefix = decoder(input_ids=p_ids, attention_mask=p_mask.long(), position_ids=p_pos, use_cache=True)
+    prefix = decoder(input_ids=p_ids, attention_mask=p_mask.long(), position_ids=position_ids(p_mask), use_cache=True)
     rows = groups.to(device)
     cache = prefix.past_key_values
     cache.batch_select_indices(rows)  # (U, ...) -> (B, ...), differentiable indexing

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .sampling import sample
+from .sampling import position_ids, sample
 
 
 @dataclass
@@ -176,7 +176,7 @@ def sequence_forward(model, rollout: Rollout, *, hidden: bool = False) -> tuple[
     positions, (B, R, D): one forward pass over prompt + response with the position ids generation used."""
     input_ids = rollout.input_ids().to(model.device)
     attn = rollout.attention_mask().to(model.device)
-    position_ids = (attn.long().cumsum(-1) - 1).clamp_min(0)
-    out = model(input_ids=input_ids, attention_mask=attn.long(), position_ids=position_ids, output_hidden_states=hidden)
+    out = model(input_ids=input_ids, attention_mask=attn.long(), position_ids=position_ids(attn),
+                output_hidden_states=hidden)
     p = rollout.prompt_ids.shape[1]
     return out.logits[:, p - 1 : -1], (out.hidden_states[-1][:, p - 1 : -1] if hidden else None)

@@ -32,7 +32,8 @@ def nucleus_logits(logits: Tensor, top_p: float) -> Tensor:
     return logits.masked_fill(drop, float("-inf"))
 
 
-def _positions(mask: Tensor) -> Tensor:
+def position_ids(mask: Tensor) -> Tensor:
+    """Position ids of left-padded rows: each real token's index among its row's real tokens (padding: 0)."""
     return (mask.long().cumsum(-1) - 1).clamp_min(0)
 
 
@@ -49,7 +50,7 @@ def sample(model, prompt_ids: Tensor, prompt_mask: Tensor, *, n: int, temperatur
     device = prompt_ids.device
     rows = prompt_ids.shape[0] * n
     eos = torch.tensor(sorted(set(eos_ids)), device=device)
-    out = model(input_ids=prompt_ids, attention_mask=prompt_mask.long(), position_ids=_positions(prompt_mask),
+    out = model(input_ids=prompt_ids, attention_mask=prompt_mask.long(), position_ids=position_ids(prompt_mask),
                 use_cache=True, logits_to_keep=1)
     live = torch.arange(prompt_ids.shape[0], device=device).repeat_interleave(n)  # row -> its prompt, then its id
     cache = out.past_key_values
