@@ -189,6 +189,15 @@ def _stream_rows(h: Tensor, weight: Tensor, tokens: Tensor, temperature: float, 
     return m, big_z, a, q, b, zk
 
 
+def accumulator_stats(m: Tensor, big_z: Tensor, a: Tensor, q: Tensor, b: Tensor, zk: Tensor) -> tuple[Tensor, ...]:
+    """(log p_k, H, S*, E_p[S], log Z + m, zbar) from the online accumulators relative to the running max m:
+    Z = sum e_i, A = sum e_i d_i, Q = sum e_i^2, B = sum e_i^2 d_i (e_i = exp(d_i), d_i = z_i - m) and z_k."""
+    c = a / big_z  # zbar - m
+    log_z = big_z.log()
+    logp = zk - m - log_z
+    return logp, log_z - c, logp.exp() * (zk - m - c), (b - c * q) / (big_z * big_z), m + log_z, m + c
+
+
 class _StreamingTokenStats(torch.autograd.Function):
     """Forward: the four statistics by streaming; backward: exact gradients of log p and H, recomputing tiles."""
 
@@ -197,16 +206,8 @@ class _StreamingTokenStats(torch.autograd.Function):
         outs = {k: [] for k in ("logp", "entropy", "s_star", "s_expect", "lse", "zbar")}
         for r0 in range(0, hidden.shape[0], r_chunk):
             h, t = hidden[r0 : r0 + r_chunk], tokens[r0 : r0 + r_chunk]
-            m, big_z, a, q, b, zk = _stream_rows(h, weight, t, temperature, v_chunk)
-            c = a / big_z
-            log_z = big_z.log()
-            logp = zk - m - log_z
-            outs["logp"].append(logp)
-            outs["entropy"].append(log_z - c)
-            outs["s_star"].append(logp.exp() * (zk - m - c))
-            outs["s_expect"].append((b - c * q) / (big_z * big_z))
-            outs["lse"].append(m + log_z)
-            outs["zbar"].append(m + c)
+            for key, value in zip(outs, accumulator_stats(*_stream_rows(h, weight, t, temperature, v_chunk))):
+                outs[key].append(value)
         logp, entropy, s_star, s_expect, lse, zbar = (torch.cat(outs[k]) for k in outs)
         ctx.save_for_backward(hidden, weight, tokens, lse, zbar)
         ctx.temperature, ctx.v_chunk, ctx.r_chunk = temperature, v_chunk, r_chunk

@@ -143,13 +143,10 @@ class TritonTokenStats(torch.autograd.Function):
                 rs = slice(r0, r0 + rows)
                 fold_tile[(rows,)](tile, tile.stride(0), tokens[rs], m[rs], big_z[rs], a[rs], q[rs], b[rs], zk[rs],
                                    v0, inv_t, n_cols=w.shape[0], BLOCK=_block(w.shape[0]))
-        c = a / big_z
-        log_z = big_z.log()
-        logp = zk - m - log_z
-        entropy = log_z - c
-        s_star = logp.exp() * (zk - m - c)
-        s_expect = (b - c * q) / (big_z * big_z)
-        ctx.save_for_backward(hidden, weight, tokens, m + log_z, m + c)
+        from .dynamics import accumulator_stats  # dynamics imports this module
+
+        logp, entropy, s_star, s_expect, lse, zbar = accumulator_stats(m, big_z, a, q, b, zk)
+        ctx.save_for_backward(hidden, weight, tokens, lse, zbar)
         ctx.temperature, ctx.v_chunk, ctx.r_chunk, ctx.dtype = temperature, v_chunk, r_chunk, dtype
         ctx.mark_non_differentiable(s_star, s_expect)
         return logp, entropy, s_star, s_expect
