@@ -7,8 +7,8 @@ N_r = rows x max_new_tokens response tokens; bytes):
 1. weights, 4 P. `trainer.load_policy` loads the policy in float32. precision bf16 is autocast: the float32 weights
    are the master weights and there is no second copy (and no bf16 weight storage outside autocast's casts).
 2. gradients, 4 P_t (float32, kept from backward until the next step's zero_grad).
-3. Adam, 8 P_t: torch.optim.Adam's exp_avg and exp_avg_sq in float32. Its `step` counters are 0-dim float32 CPU
-   tensors (one per parameter tensor), not device memory.
+3. Adam, 8 P_t: torch.optim.Adam's exp_avg and exp_avg_sq in float32. Its `step` counters are 0-dim float32
+   tensors, one per parameter tensor (on the device for the fused Adam the trainer uses: 4 bytes each, left out).
 4. LoRA (lora_rank r > 0): P_t = r (d_in + d_out) per adapted linear layer ('all-linear': every linear layer of
    the decoder, not the LM head, as PEFT chooses); the frozen base stays in float32 (4 P).
 5. entropy probe (probe_every > 0): on probe steps the trainer keeps d(mean H)/d(theta) of every trainable
@@ -243,13 +243,15 @@ def pass_activation_bytes(shape: ModelShape, *, rows: int, prompt: int, response
                           value_head: bool = False) -> dict[str, float]:
     """Activation bytes of one training forward over `rows` rows: 'saved' at the end of the forward, and
     'backward' as the backward reaches the decoder layers (saved + one recomputed layer under checkpointing + the
-    residual stream's gradients)."""
+    residual stream's gradients). Every response is taken at full length (the worst batch): the trainer's forward
+    skips right padding (forward.length_buckets), so a batch of shorter responses keeps less."""
     t = prompt + response
     n, n_r, h = rows * t, rows * response, shape.hidden
     layer = n * layer_activation_bytes(shape, precision=precision, lora_rank=lora_rank, lora_layers=lora_layers,
                                        seq_len=t)
     outside = (n * ((4 if lora_rank else 8) * h + 4)  # final RMSNorm: input (and normalised output, if trained)
                + n_r * (4 * h + 8)  # the last hidden state of each response token, its logsumexp and mean logit
+               + n_r * (8 + 8 + 1)  # log p and H (scattered back to rows), their flat positions, the valid mask
                + n * 8 * shape.head_dim  # RoPE cos and sin (float32)
                + 8 * ((0 if lora_rank else n) + n_r)  # input ids (for a trained embedding), token ids
                + (n * 4 * h if value_head else 0))  # the value head's input

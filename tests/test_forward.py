@@ -204,10 +204,11 @@ def test_token_stats_of_held_forward_match_separate_pass(policy):
     ref = token_stats(model(input_ids=ro.input_ids(), attention_mask=ro.attention_mask().long(),
                             position_ids=(ro.attention_mask().long().cumsum(-1) - 1).clamp_min(0)).logits[:, 6:-1],
                       ro.response_ids)
-    got = held.stats()
+    got, m = held.stats(), ro.response_mask
     for key in ("logp", "entropy", "s_star", "s_expect"):
         assert torch.equal(getattr(got, key), getattr(sep, key))
-        torch.testing.assert_close(getattr(got, key), getattr(ref, key), atol=2e-6, rtol=1e-5)
+        torch.testing.assert_close(getattr(got, key)[m], getattr(ref, key)[m], atol=2e-6, rtol=1e-5)
+        assert not getattr(got, key)[~m].any()  # padding: 0, no work spent on it
 
 
 def grouped_rollout(groups=4, size=3, seed=1):
@@ -247,3 +248,92 @@ def test_shared_prompt_prefix_equals_full_sequences(policy):
     gb = torch.autograd.grad(b.logp[m].sum() + b.entropy[m].sum(), params)
     for x, y in zip(ga, gb):  # float32 sums in another order: compare each tensor's error to its norm
         assert float((x - y).norm() / y.norm()) < 1e-5
+
+
+def _positions(lengths: list[int], parts) -> int:
+    return sum(len(rows) * width for rows, width in parts)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_length_buckets_are_the_least_padded_split(seed):
+    """length_buckets' split covers every row once, each bucket as wide as its longest response, and computes the
+    fewest positions any split into that many contiguous length ranges can (brute force over all boundaries)."""
+    import itertools
+
+    from entropy_rft.forward import length_buckets
+
+    gen = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(0, 12, (int(torch.randint(1, 40, (1,), generator=gen)),), generator=gen)
+    for most in (1, 2, 3, 4):
+        parts = length_buckets(lengths, most, min_gain=0.0)
+        rows = torch.cat([r for r, _ in parts]).sort().values
+        assert torch.equal(rows, torch.arange(len(lengths)))
+        assert all(w == int(lengths[r].max()) for r, w in parts) and len(parts) <= most
+        values = sorted(set(lengths.tolist()))
+        best = min(sum(int((lengths > lo).logical_and(lengths <= hi).sum()) * hi
+                       for lo, hi in zip((-1,) + cut, cut + (values[-1],)))
+                   for k in range(min(most, len(values))) for cut in itertools.combinations(values[:-1], k))
+        assert _positions(lengths.tolist(), parts) == best
+
+
+def test_length_buckets_add_a_pass_only_when_it_pays():
+    """One bucket when the lengths are equal or a split saves less than min_gain of the positions; a split when
+    it saves more; wide length ranges are cut among quantiles."""
+    from entropy_rft.forward import length_buckets
+
+    assert len(length_buckets(torch.full((64,), 9))) == 1
+    almost = torch.tensor([10] * 63 + [9])  # splitting off the short row saves 1 of 640 positions
+    assert len(length_buckets(almost, 4, min_gain=0.05)) == 1
+    two = torch.tensor([2] * 32 + [16] * 32)
+    assert [(len(r), w) for r, w in length_buckets(two, 4)] == [(32, 2), (32, 16)]
+    long = torch.randint(1, 8192, (512,), generator=torch.Generator().manual_seed(0))
+    parts = length_buckets(long, 4)
+    assert 2 <= len(parts) <= 4 and _positions([], parts) < 0.7 * 512 * int(long.max())
+    assert all(w == int(long[r].max()) for r, w in parts)
+
+
+@pytest.mark.parametrize("share_prefix", [True, False])
+def test_length_buckets_give_the_one_pass_statistics_and_gradients(policy, share_prefix):
+    """Rows run in passes by response length (padding not computed) give the statistics and gradients of one pass
+    over the padded batch: float32 rounding only; statistics at padding are 0 either way."""
+    from entropy_rft.forward import length_buckets
+
+    model, _ = policy
+    ro = grouped_rollout(groups=6, size=4, seed=3)
+    assert len(length_buckets(ro.lengths)) > 1  # the split under test happens
+    a, _ = policy_forward(model, ro, 0.9, share_prefix=share_prefix)
+    b, _ = policy_forward(model, ro, 0.9, share_prefix=share_prefix, buckets=1)
+    m = ro.response_mask
+    for key in ("logp", "entropy", "s_star", "s_expect"):
+        torch.testing.assert_close(getattr(a, key), getattr(b, key), atol=1e-5, rtol=1e-5)
+        assert not getattr(a, key)[~m].any()
+    params = list(model.parameters())
+    ga = torch.autograd.grad(a.logp[m].sum() + 0.5 * a.entropy[m].sum(), params)
+    gb = torch.autograd.grad(b.logp[m].sum() + 0.5 * b.entropy[m].sum(), params)
+    for x, y in zip(ga, gb):
+        assert float((x - y).norm() / y.norm()) < 1e-5
+
+
+def test_lora_under_bf16_keeps_one_pass():
+    """Training LoRA in bf16, autocast casts the frozen base weights again in every pass and autograd keeps each
+    cast: policy_forward then runs one pass, so the saved bytes do not grow with the number of buckets."""
+    from entropy_rft.forward import length_buckets
+    from entropy_rft.trainer import prepare_policy
+
+    cfg = load_config(None, precision="bf16", lora_rank=4, probe_every=0)
+    model = prepare_policy(load_policy("countdown-tiny", torch.device("cpu"), trainable=True)[0], cfg)
+    ro = grouped_rollout(groups=6, size=4, seed=3)
+    assert len(length_buckets(ro.lengths)) > 1
+
+    def saved(buckets):
+        seen = {}
+
+        def pack(t):
+            seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            policy_forward(model, ro, 1.0, precision="bf16", buckets=buckets)
+        return sum(seen.values())
+
+    assert saved(4) == saved(1)

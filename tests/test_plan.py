@@ -35,13 +35,15 @@ def tiny_model(config: dict):
     return AutoModelForCausalLM.from_config(AutoConfig.for_model(**config))
 
 
-def padded_rollout(rows=4, prompt=12, response=20, vocab=300) -> Rollout:
-    """Left-padded prompts and right-padded responses, as the engines return them (a padding mask exists)."""
+def padded_rollout(rows=4, prompt=12, response=20, vocab=300, *, full_length=False) -> Rollout:
+    """Left-padded prompts and right-padded responses, as the engines return them (a padding mask exists); with
+    full_length every response runs to `response` tokens (the plan's worst case)."""
     g = torch.Generator().manual_seed(0)
     pm = torch.ones(rows, prompt, dtype=torch.bool)
     pm[0, :3] = False
     rm = torch.ones(rows, response, dtype=torch.bool)
-    rm[1, response - 5:] = False
+    if not full_length:
+        rm[1, response - 5:] = False
     return Rollout(torch.randint(0, vocab, (rows, prompt), generator=g), pm,
                    torch.randint(0, vocab, (rows, response), generator=g), rm, torch.ones(rows, dtype=torch.bool),
                    [""] * rows)
@@ -104,7 +106,8 @@ def test_hand_computed_plan_of_a_small_config():
     P = 50*16 + 2*(16*16*2 + 16*8*2 + 3*16*32 + 16+8+8 + 32) + 16 = 800 + 2*2368 + 16 = 5552;
     per layer and token: norms 16*16+8 = 264, casts 10*16 = 160, attention 4*2*4*4 + 4*4 = 144, mask bias 2*8 = 16,
     MLP 4*2*32 = 256: 840 bytes; N = 16 tokens, N_r = 10: layers 2*16*840 = 26880; final norm 16*(8*16+4) = 2112;
-    hidden states 10*(4*16+8) = 720; RoPE 16*8*4 = 512; ids 8*26 = 208: saved 30432, backward + 8*16*16 = 32480;
+    hidden states 10*(4*16+8) = 720; log p, H, positions and mask 10*(8+8+1) = 170; RoPE 16*8*4 = 512; ids 8*26 = 208:
+    saved 30602, backward + 8*16*16 = 32650;
     autocast casts: 2 bytes x 2 layers x 2304 linear weights per layer = 9216; statistics tile: the Triton default
     8192 x 8192 clipped to 10 response tokens x V 50 in bf16, 1000 bytes; its backward adds d hidden 4*16*10 = 640
     and the longer tile side's GEMM product in bf16 and float32 (2 + 4)*50*16 = 4800."""
@@ -115,11 +118,11 @@ def test_hand_computed_plan_of_a_small_config():
     assert shape.layer_params() == 2304 + (16 + 8 + 8) + 2 * 16 == 2368
     assert shape.params() == 50 * 16 + 2 * 2368 + 16 == 5552
     act = pass_activation_bytes(shape, rows=2, prompt=3, response=5, precision="bf16", checkpointing=False)
-    assert act == {"saved": 26880 + 2112 + 720 + 512 + 208, "backward": 30432 + 8 * 16 * 16}
+    assert act == {"saved": 26880 + 2112 + 720 + 170 + 512 + 208, "backward": 30602 + 8 * 16 * 16}
     ckpt = pass_activation_bytes(shape, rows=2, prompt=3, response=5, precision="bf16", checkpointing=True)
     # checkpointed: 2 layers x 16 tokens x 4*16 inputs + the rest outside the layers + the boolean mask 2 x 8 x 8
-    assert ckpt["saved"] == 2 * 16 * 64 + 2112 + 720 + 512 + 208 + 128 == 5728
-    assert ckpt["backward"] == 5728 + 16 * 840 + 8 * 16 * 16
+    assert ckpt["saved"] == 2 * 16 * 64 + 2112 + 720 + 170 + 512 + 208 + 128 == 5898
+    assert ckpt["backward"] == 5898 + 16 * 840 + 8 * 16 * 16
     cfg = load_config(None, precision="bf16", micro_batch_size=2, prompts_per_step=2, group_size=1,
                       max_new_tokens=5, probe_every=0, advantage="rloo")
     plan = plan_memory(cfg, shape, device_gib=1.0, prompt_tokens=3)
@@ -130,14 +133,14 @@ def test_hand_computed_plan_of_a_small_config():
     # the three moments: forward = casts + saved + the tile; the statistics' backward = casts (held by autograd
     # without checkpointing) + saved + tile, d hidden and GEMM product + LM head gradient 4*50*16; the layers'
     # backward = casts + saved + residual gradients; generation (engine hf)
-    assert plan.phase_totals == {"forward": held + 9216 + 30432 + 1000,
-                                 "statistics backward": held + 9216 + 30432 + 1000 + 640 + 4800 + 3200,
-                                 "layer backward": held + 9216 + 32480,
+    assert plan.phase_totals == {"forward": held + 9216 + 30602 + 1000,
+                                 "statistics backward": held + 9216 + 30602 + 1000 + 640 + 4800 + 3200,
+                                 "layer backward": held + 9216 + 32650,
                                  # HF generate: float32 KV cache 2 x 2 layers x 2 KV heads x 4 x 4 bytes x 2 rows x 8
                                  # tokens, and a step's logits 3 x 4 x 2 rows x 50
                                  "generate": held + 2048 + 1200}
     assert plan.phase == "statistics backward"
-    assert plan.peak_items == {"bf16 weight casts (autocast)": 2 * 2 * 2304, "activations": 30432,
+    assert plan.peak_items == {"bf16 weight casts (autocast)": 2 * 2 * 2304, "activations": 30602,
                                "statistics tile (8192 x 8192 bf16; backward: + d hidden)": 1000 + 640 + 4800,
                                "LM head gradient buffer (float32 [V, h])": 4 * 50 * 16}
 
@@ -164,7 +167,7 @@ def one_update(model, cfg, rollout):
 def test_model_states_match_the_bytes_of_real_tensors(kind, extra, lora):
     """After one Adam step of the trainer's own setup (random-init tiny models; LoRA through PEFT), the plan's
     weights, gradients and Adam rows equal the sum of numel x element_size of the parameters, of their .grad and of
-    the optimizer's exp_avg and exp_avg_sq, exactly; Adam's step counters are one 0-dim CPU tensor per parameter
+    the optimizer's exp_avg and exp_avg_sq, exactly; Adam's step counters are one 0-dim tensor per parameter
     tensor."""
     config = tiny_config(kind, **extra)
     cfg = load_config(None, precision="bf16", lora_rank=lora, probe_every=0, advantage="rloo")
@@ -207,14 +210,16 @@ def saved_bytes(model, rollout, precision) -> int:
                                         ("mistral", {})])
 def test_activation_formula_equals_what_autograd_saves(kind, extra, precision):
     """Without checkpointing, the plan's activations (plus, in bf16, autocast's weight casts) equal the bytes of
-    every tensor autograd saves in a padded forward on the CPU, exactly, for each supported decoder."""
+    every tensor autograd saves in a forward on the CPU with left-padded prompts and full-length responses, exactly,
+    for each supported decoder; with a shorter response the forward keeps less (its padding is not computed)."""
     config = tiny_config(kind, **extra)
     shape = ModelShape.from_config(config)
-    rollout = padded_rollout()
-    measured = saved_bytes(tiny_model(config), rollout, precision)
+    model = tiny_model(config)
+    measured = saved_bytes(model, padded_rollout(full_length=True), precision)
     act = pass_activation_bytes(shape, rows=4, prompt=12, response=20, precision=precision, checkpointing=False)
     casts = 2 * shape.layers * shape.layer_linear_params() if precision == "bf16" else 0
     assert act["saved"] + casts == measured
+    assert saved_bytes(model, padded_rollout(), precision) < measured
 
 
 def test_lora_activations_within_five_percent_of_what_autograd_saves():
