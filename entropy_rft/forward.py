@@ -161,15 +161,15 @@ def _cache_rows(cache, rows: Tensor):
 
 
 def _hidden_full(decoder, rollout: Rollout, rows: Tensor, width: int, device) -> Tensor:
-    """(n, width, D) last hidden states that predict response tokens [0, width) of these rows: one pass over prompt +
-    response, without the prompt columns that are padding in every one of them."""
+    """(n, width, D) last hidden states that predict response tokens [0, width) of these rows: one pass over the
+    prompt and the response tokens before the last (the last predicts nothing the loss uses), without the prompt
+    columns that are padding in every one of these rows."""
     p_mask = rollout.prompt_mask[rows]
     start = int(p_mask.any(0).long().argmax()) if bool(p_mask.any()) else p_mask.shape[1] - 1
-    attn = torch.cat([p_mask[:, start:], rollout.response_mask[rows, :width]], dim=1).to(device)
-    ids = torch.cat([rollout.prompt_ids[rows, start:], rollout.response_ids[rows, :width]], dim=1).to(device)
+    attn = torch.cat([p_mask[:, start:], rollout.response_mask[rows, : width - 1]], dim=1).to(device)
+    ids = torch.cat([rollout.prompt_ids[rows, start:], rollout.response_ids[rows, : width - 1]], dim=1).to(device)
     out = decoder(input_ids=ids, attention_mask=attn.long(), position_ids=position_ids(attn), use_cache=False)
-    p = p_mask.shape[1] - start
-    return out.last_hidden_state[:, p - 1 : p - 1 + width]
+    return out.last_hidden_state[:, p_mask.shape[1] - start - 1 :]
 
 
 class _SharedPrefix:
@@ -186,13 +186,16 @@ class _SharedPrefix:
         self.groups, self.cache, self.last = groups.to(device), out.past_key_values, out.last_hidden_state[:, -1:]
 
     def hidden(self, rows: Tensor, width: int) -> Tensor:
-        """(n, width, D) states that predict response tokens [0, width) of these rows."""
+        """(n, width, D) states that predict response tokens [0, width) of these rows: the prompt's last state, then
+        a pass over the response tokens before the last (the last predicts nothing the loss uses)."""
         ro, prompt_of = self.rollout, self.groups[rows.to(self.device)]
-        r_pos = self.p_mask.long().sum(-1)[prompt_of, None] + torch.arange(width, device=self.device)[None]
-        attn = torch.cat([ro.prompt_mask[rows], ro.response_mask[rows, :width]], dim=1).to(self.device)
-        out = self.decoder(input_ids=ro.response_ids[rows, :width].to(self.device), attention_mask=attn.long(),
+        if width == 1:
+            return self.last[prompt_of]
+        r_pos = self.p_mask.long().sum(-1)[prompt_of, None] + torch.arange(width - 1, device=self.device)[None]
+        attn = torch.cat([ro.prompt_mask[rows], ro.response_mask[rows, : width - 1]], dim=1).to(self.device)
+        out = self.decoder(input_ids=ro.response_ids[rows, : width - 1].to(self.device), attention_mask=attn.long(),
                            position_ids=r_pos, past_key_values=_cache_rows(self.cache, prompt_of), use_cache=True)
-        return torch.cat([self.last[prompt_of], out.last_hidden_state[:, :-1]], dim=1)
+        return torch.cat([self.last[prompt_of], out.last_hidden_state], dim=1)
 
 
 def _checkpointing(model) -> bool:

@@ -245,7 +245,7 @@ def pass_activation_bytes(shape: ModelShape, *, rows: int, prompt: int, response
     'backward' as the backward reaches the decoder layers (saved + one recomputed layer under checkpointing + the
     residual stream's gradients). Every response is taken at full length (the worst batch): the trainer's forward
     skips right padding (forward.length_buckets), so a batch of shorter responses keeps less."""
-    t = prompt + response
+    t = prompt + response - 1  # the decoder's inputs: the last response token predicts nothing the loss uses
     n, n_r, h = rows * t, rows * response, shape.hidden
     layer = n * layer_activation_bytes(shape, precision=precision, lora_rank=lora_rank, lora_layers=lora_layers,
                                        seq_len=t)

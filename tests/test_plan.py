@@ -104,10 +104,11 @@ def test_hand_computed_plan_of_a_small_config():
     """Every row of a small qwen2 plan against arithmetic done by hand (bf16, no checkpointing, 2 rows of 3 prompt
     + 5 response tokens, h 16, i 32, 2 layers, 4 heads of 4, 2 KV heads, V 50, tied):
     P = 50*16 + 2*(16*16*2 + 16*8*2 + 3*16*32 + 16+8+8 + 32) + 16 = 800 + 2*2368 + 16 = 5552;
-    per layer and token: norms 16*16+8 = 264, casts 10*16 = 160, attention 4*2*4*4 + 4*4 = 144, mask bias 2*8 = 16,
-    MLP 4*2*32 = 256: 840 bytes; N = 16 tokens, N_r = 10: layers 2*16*840 = 26880; final norm 16*(8*16+4) = 2112;
-    hidden states 10*(4*16+8) = 720; log p, H, positions and mask 10*(8+8+1) = 170; RoPE 16*8*4 = 512; ids 8*26 = 208:
-    saved 30602, backward + 8*16*16 = 32650;
+    the decoder's inputs: 3 + 5 - 1 = 7 per row (the last response token predicts nothing), N = 14, N_r = 10;
+    per layer and token: norms 16*16+8 = 264, casts 10*16 = 160, attention 4*2*4*4 + 4*4 = 144, mask bias 2*7 = 14,
+    MLP 4*2*32 = 256: 838 bytes; layers 2*14*838 = 23464; final norm 14*(8*16+4) = 1848; hidden states
+    10*(4*16+8) = 720; log p, H, positions and mask 10*(8+8+1) = 170; RoPE 14*8*4 = 448; ids 8*24 = 192:
+    saved 26842, backward + 8*14*16 = 28634;
     autocast casts: 2 bytes x 2 layers x 2304 linear weights per layer = 9216; statistics tile: the Triton default
     8192 x 8192 clipped to 10 response tokens x V 50 in bf16, 1000 bytes; its backward adds d hidden 4*16*10 = 640
     and the longer tile side's GEMM product in bf16 and float32 (2 + 4)*50*16 = 4800."""
@@ -118,11 +119,11 @@ def test_hand_computed_plan_of_a_small_config():
     assert shape.layer_params() == 2304 + (16 + 8 + 8) + 2 * 16 == 2368
     assert shape.params() == 50 * 16 + 2 * 2368 + 16 == 5552
     act = pass_activation_bytes(shape, rows=2, prompt=3, response=5, precision="bf16", checkpointing=False)
-    assert act == {"saved": 26880 + 2112 + 720 + 170 + 512 + 208, "backward": 30602 + 8 * 16 * 16}
+    assert act == {"saved": 23464 + 1848 + 720 + 170 + 448 + 192, "backward": 26842 + 8 * 14 * 16}
     ckpt = pass_activation_bytes(shape, rows=2, prompt=3, response=5, precision="bf16", checkpointing=True)
-    # checkpointed: 2 layers x 16 tokens x 4*16 inputs + the rest outside the layers + the boolean mask 2 x 8 x 8
-    assert ckpt["saved"] == 2 * 16 * 64 + 2112 + 720 + 170 + 512 + 208 + 128 == 5898
-    assert ckpt["backward"] == 5898 + 16 * 840 + 8 * 16 * 16
+    # checkpointed: 2 layers x 14 tokens x 4*16 inputs + the rest outside the layers + the boolean mask 2 x 7 x 7
+    assert ckpt["saved"] == 2 * 14 * 64 + 1848 + 720 + 170 + 448 + 192 + 98 == 5268
+    assert ckpt["backward"] == 5268 + 14 * 838 + 8 * 14 * 16
     cfg = load_config(None, precision="bf16", micro_batch_size=2, prompts_per_step=2, group_size=1,
                       max_new_tokens=5, probe_every=0, advantage="rloo")
     plan = plan_memory(cfg, shape, device_gib=1.0, prompt_tokens=3)
@@ -133,14 +134,14 @@ def test_hand_computed_plan_of_a_small_config():
     # the three moments: forward = casts + saved + the tile; the statistics' backward = casts (held by autograd
     # without checkpointing) + saved + tile, d hidden and GEMM product + LM head gradient 4*50*16; the layers'
     # backward = casts + saved + residual gradients; generation (engine hf)
-    assert plan.phase_totals == {"forward": held + 9216 + 30602 + 1000,
-                                 "statistics backward": held + 9216 + 30602 + 1000 + 640 + 4800 + 3200,
-                                 "layer backward": held + 9216 + 32650,
+    assert plan.phase_totals == {"forward": held + 9216 + 26842 + 1000,
+                                 "statistics backward": held + 9216 + 26842 + 1000 + 640 + 4800 + 3200,
+                                 "layer backward": held + 9216 + 28634,
                                  # HF generate: float32 KV cache 2 x 2 layers x 2 KV heads x 4 x 4 bytes x 2 rows x 8
                                  # tokens, and a step's logits 3 x 4 x 2 rows x 50
                                  "generate": held + 2048 + 1200}
     assert plan.phase == "statistics backward"
-    assert plan.peak_items == {"bf16 weight casts (autocast)": 2 * 2 * 2304, "activations": 30602,
+    assert plan.peak_items == {"bf16 weight casts (autocast)": 2 * 2 * 2304, "activations": 26842,
                                "statistics tile (8192 x 8192 bf16; backward: + d hidden)": 1000 + 640 + 4800,
                                "LM head gradient buffer (float32 [V, h])": 4 * 50 * 16}
 
