@@ -144,6 +144,11 @@ class TrainConfig:
                                     "batch's activations anyway (micro_batch_size 0 or >= the batch) and no dropout "
                                     "is active; on: whenever strict on-policy (holds every micro-batch's "
                                     "activations until the filter has run); off: always a separate no-grad pass")
+    skip_zero_advantage: bool = _f(True, "strict on-policy with the update's own forward: responses whose advantage "
+                                         "is exactly 0 (a group all right or all wrong) run their forward without "
+                                         "a graph, as their loss gradient is exactly 0 (policy losses linear in A, "
+                                         "no KL, entropy bonus, value head or probe on the step); their tokens still "
+                                         "count in every statistic and denominator")
     stats_from_hidden: bool = _f(True, "stream the token statistics from the last hidden state through the LM "
                                        "head's weight (no [B, T, V] logits); models with a logit transform fall "
                                        "back to logits")

@@ -283,19 +283,44 @@ def policy_stats(model, rollout: Rollout, temperature: float) -> TokenStats:
     return policy_forward(model, rollout, temperature)[0]
 
 
+def _split_forward(run, rows: Tensor, frozen: Tensor) -> tuple[TokenStats, Tensor | None]:
+    """run(rows) with the frozen rows' forward under no_grad: the rows with a graph and those without, each in one
+    pass, put back in the order of `rows` (index_select, so the backward is an index_add)."""
+    live, still = rows[~frozen], rows[frozen]
+    with torch.no_grad():
+        parts = [run(still)]
+    if len(live):
+        parts.insert(0, run(live))
+    back = torch.cat([(~frozen).nonzero().squeeze(1), frozen.nonzero().squeeze(1)]).argsort()
+
+    def merge(xs: list[Tensor]) -> Tensor:
+        return torch.cat(xs).index_select(0, back.to(xs[0].device))
+
+    stats = TokenStats(*(merge([getattr(p[0], k) for p in parts]) for k in ("logp", "entropy", "s_star", "s_expect")))
+    return stats, (merge([p[1] for p in parts]) if parts[0][1] is not None else None)
+
+
 class HeldForward:
     """Strict on-policy: the update's own forward of each micro-batch (rows `i * micro ... (i + 1) * micro`),
     computed once and kept with its graph until the token filter has seen the whole batch.
 
     It holds the activations of the whole batch at once: the trainer uses it only when the update would hold
-    them anyway (micro_batch_size 0 or at least the batch), unless reuse_forward is forced on."""
+    them anyway (micro_batch_size 0 or at least the batch), unless reuse_forward is forced on.
+
+    frozen (B,) bool: rows whose loss gradient is exactly zero (advantage 0 under a loss linear in it). They run
+    without a graph; their statistics are the same numbers, and the backward skips them."""
 
     def __init__(self, model, rollout: Rollout, temperature: float, micro: int, value_head=None,
-                 precision: str = "fp32", *, from_hidden: bool = True):
+                 precision: str = "fp32", *, from_hidden: bool = True, frozen: Tensor | None = None):
         model.train()
         self.rows = [torch.arange(i, min(i + micro, len(rollout.texts))) for i in range(0, len(rollout.texts), micro)]
-        self.parts = [policy_forward(model, rollout.select(r), temperature, value_head, precision,
-                                     from_hidden=from_hidden) for r in self.rows]
+
+        def run(rows: Tensor) -> tuple[TokenStats, Tensor | None]:
+            return policy_forward(model, rollout.select(rows), temperature, value_head, precision,
+                                  from_hidden=from_hidden)
+
+        self.parts = [run(r) if frozen is None or not frozen[r].any() else _split_forward(run, r, frozen[r])
+                      for r in self.rows]
 
     def stats(self) -> TokenStats:
         return _cat_stats([s for s, _ in self.parts])

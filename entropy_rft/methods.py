@@ -123,6 +123,9 @@ class PolicyLoss:
     fn: Callable
     kwargs: Callable  # TrainConfig -> keyword arguments of fn
     select: Callable | None = None  # (advantages, logp, mask, cfg, generator) -> selected tokens, whole batch
+    # every token's loss is A times a function of its ratio, so a response with A = 0 has exactly zero gradient
+    # (KL-Cov's |log ratio| penalty on selected tokens is not: its zero gradient on-policy is a subgradient choice)
+    linear_in_advantage: bool = True
 
 
 POLICY_LOSSES: Registry[PolicyLoss] = Registry("policy loss")
@@ -135,4 +138,5 @@ POLICY_LOSSES.register("clip_cov", PolicyLoss(
                                                            ub=c.clip_cov_ub, generator=gen)))
 POLICY_LOSSES.register("kl_cov", PolicyLoss(
     losses.kl_cov_loss, lambda c: {"kl_coef": c.kl_cov_coef},
-    lambda adv, logp, mask, c, gen: losses.select_kl_cov(adv, logp, mask, ratio=c.kl_cov_ratio)))
+    lambda adv, logp, mask, c, gen: losses.select_kl_cov(adv, logp, mask, ratio=c.kl_cov_ratio),
+    linear_in_advantage=False))

@@ -400,10 +400,13 @@ def train(cfg: TrainConfig, *, resume: bool = False) -> dict:
                                                      factor=cfg.overlong_penalty_factor)
             # --- token statistics under the behaviour policy, (B, R) each: strict on-policy, from the update's own
             # forward (kept with its graph until the filter has run); otherwise from a separate no-grad pass
-            held = None
+            held = frozen = None
+            probing = probe_every > 0 and (step + 1) % probe_every == 0
             if reuse:
+                frozen = (zero_advantage_rows(estimator, rewards, group_ids)
+                          if skips_zero_advantage(cfg, estimator, bonus, ref_model, probing) else None)
                 held = HeldForward(model, rollout, cfg.temperature, min(rows_per_pass, len(rollout.texts)), value_head,
-                                   cfg.precision, from_hidden=cfg.stats_from_hidden)
+                                   cfg.precision, from_hidden=cfg.stats_from_hidden, frozen=frozen)
                 stats, old_values = held.stats(), held.values()
             else:
                 stats, old_values = batch_forward(model, rollout, cfg.temperature, rows_per_pass, value_head,
@@ -436,7 +439,6 @@ def train(cfg: TrainConfig, *, resume: bool = False) -> dict:
             loss_spec = POLICY_LOSSES.get(cfg.policy_loss)
             selected = loss_spec.select(adv, old_logp, loss_mask, cfg, update_gen) if loss_spec.select else None
             # --- update (on probe steps, measure how it moves the batch's mean entropy)
-            probing = probe_every > 0 and (step + 1) % probe_every == 0
             probe = (EntropyProbe(model, rollout, cfg.temperature, rows_per_pass, cfg.precision, held=held,
                                   from_hidden=cfg.stats_from_hidden) if probing else None)
             update_metrics = update_policy(model, optimizer, rollout, adv, old_logp, ref_logp, loss_mask, cfg,
@@ -446,6 +448,8 @@ def train(cfg: TrainConfig, *, resume: bool = False) -> dict:
             t_update = time.time()
             engine.sync_weights()  # the next rollout samples from the updated policy
             update_metrics.update(sampling)
+            # responses whose forward ran without a graph (advantage 0: their gradient is exactly 0)
+            update_metrics["update/frac_rows_no_backward"] = float(frozen.float().mean()) if frozen is not None else 0.0
             update_metrics["entropy_coef"] = entropy_coef
             # --- diagnostics
             metrics = step_metrics(step, rewards, correct, adv, stats, mask, keep, rollout, cfg, optimizer)
@@ -539,6 +543,23 @@ def reuses_forward(cfg: TrainConfig, model) -> bool:
     return whole and not has_active_dropout(model)
 
 
+def skips_zero_advantage(cfg: TrainConfig, estimator, bonus, ref_model, probing: bool) -> bool:
+    """Whether responses with advantage 0 may run without a graph (HeldForward's frozen rows): their loss gradient
+    is exactly zero when the policy loss is linear in A and nothing else differentiates them (no KL to a reference,
+    no entropy bonus, no value head, no probe this step) and the advantages are known before the forward (no
+    rank penalty or reweighting from old log p)."""
+    return (cfg.skip_zero_advantage and not isinstance(estimator, TokenLevel) and ref_model is None and bonus is None
+            and cfg.entropy_coef == 0 and cfg.rank_penalty_beta == 0 and cfg.ar_alpha == 0 and not probing
+            and POLICY_LOSSES.get(cfg.policy_loss).linear_in_advantage)
+
+
+def zero_advantage_rows(estimator, rewards, group_ids) -> torch.Tensor | None:
+    """(B,) rows whose advantage is exactly 0 (the step's own estimator on the same rewards), or None when there are
+    none or every row is (then the backward runs as usual, so Adam steps on zero gradients exactly as before)."""
+    zero = estimator(rewards, group_ids) == 0
+    return zero if zero.dim() == 1 and bool(zero.any()) and not bool(zero.all()) else None
+
+
 def make_optimizer(groups: list[dict], cfg: TrainConfig) -> torch.optim.Adam:
     """torch.optim.Adam over the parameter groups, fused (one kernel over every tensor, as TRL's default
     adamw_torch_fused) where the device supports it, else the per-tensor loop; the two agree to float32 rounding."""
@@ -609,7 +630,8 @@ def update_policy(model, optimizer, rollout: Rollout, adv, old_logp, ref_logp, l
                     bonus = aggregate(stats.entropy, m, cfg.loss_agg, num_tokens=n_tokens, num_seqs=n_seqs,
                                       norm=cfg.max_new_tokens)
                     loss = loss - entropy_coef * bonus
-                loss.backward()
+                if loss.requires_grad:  # a micro-batch of frozen rows only (zero advantage) has no graph
+                    loss.backward()
                 ratio[part] = (stats.logp.detach() - old_logp[part].to(device)).exp().cpu()
                 s_centered[part] = stats.s_centered.cpu()
                 weight = float(m.sum()) / float(n_total) / cfg.ppo_epochs

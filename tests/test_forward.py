@@ -92,8 +92,10 @@ def step_weights(tmp_path, name, **kw):
 @pytest.mark.parametrize("method", ["clip_b", "grpo"])
 def test_reusing_the_update_forward_gives_the_same_update_bit_for_bit(tmp_path, method):
     """Strict on-policy, old log p and the statistics from the update's own forward give exactly the weights a
-    separate no-grad statistics pass gives (torch.equal, not a tolerance)."""
+    separate no-grad statistics pass gives (torch.equal, not a tolerance). skip_zero_advantage off: it changes the
+    order of float sums (test_zero_advantage_rows_skip_the_backward_not_the_update)."""
     kw = {"method": method, "mu": 0.5} if method == "clip_b" else {"method": method}
+    kw["skip_zero_advantage"] = False
     a = step_weights(tmp_path, "reuse", reuse_forward="on", **kw)
     b = step_weights(tmp_path, "separate", reuse_forward="off", **kw)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
@@ -337,3 +339,64 @@ def test_lora_under_bf16_keeps_one_pass():
         return sum(seen.values())
 
     assert saved(4) == saved(1)
+
+
+def test_zero_advantage_rows_skip_the_backward_not_the_update(policy):
+    """Rows with advantage exactly 0 run their forward without a graph (fewer bytes saved for the backward), yet the
+    statistics, the loss metrics and the gradient step equal those of the full graph (float32 rounding only)."""
+    from entropy_rft.trainer import update_policy
+
+    ro = grouped_rollout(groups=4, size=3, seed=2)
+    adv = torch.tensor([0.7, -1.2, 0.5, 0.0, 0.0, 0.0, 1.0, 0.0, -1.0, 0.0, 0.0, 0.0])
+    frozen = adv == 0
+    cfg = load_config(None, prompts_per_step=4, group_size=3, lr=1e-3, probe_every=0, method="clip_b", mu=0.5)
+    out = {}
+    for name, rows in (("full", None), ("skip", frozen)):
+        model = copy.deepcopy(policy[0])
+        optimizer = torch.optim.SGD(model.parameters(), lr=1.0)  # the step is the gradient (Adam's first step is
+        saved = []                                               # its sign: ill-conditioned where it is ~0)
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.numel() * t.element_size()) or t,
+                                                      lambda t: t):
+            held = HeldForward(model, ro, 1.0, 12, frozen=rows)
+        stats = held.stats()
+        metrics = update_policy(model, optimizer, ro, adv, stats.logp, None, ro.response_mask, cfg,
+                                torch.Generator().manual_seed(0), held=held)
+        out[name] = (sum(saved), stats, metrics, {k: v.detach().clone() for k, v in model.state_dict().items()})
+    (bytes_full, s_full, m_full, w_full), (bytes_skip, s_skip, m_skip, w_skip) = out["full"], out["skip"]
+    assert bytes_skip < 0.7 * bytes_full  # 7 of 12 rows keep no graph
+    for key in ("logp", "entropy", "s_star", "s_expect"):
+        torch.testing.assert_close(getattr(s_skip, key), getattr(s_full, key), atol=1e-5, rtol=1e-5)
+    assert m_skip.keys() == m_full.keys()
+    for k in m_full:
+        assert m_skip[k] == pytest.approx(m_full[k], rel=1e-4, abs=1e-7), k
+    moved = 0
+    for k in w_full:
+        torch.testing.assert_close(w_skip[k], w_full[k], atol=1e-6, rtol=1e-5)
+        moved += int(not torch.equal(w_full[k], policy[0].state_dict()[k]))
+    assert moved > 0  # the update did something
+
+
+def test_zero_advantage_skip_only_where_the_gradient_is_exactly_zero():
+    """skips_zero_advantage: off under a KL to the reference, an entropy bonus, a value head (PPO), KL-Cov (its
+    |log r| term), advantages that read old log p, a probe step, or when switched off; zero_advantage_rows: None
+    when no row or every row is 0 (then Adam still steps on zero gradients, as without the skip)."""
+    from entropy_rft.advantages import ADVANTAGES
+    from entropy_rft.trainer import skips_zero_advantage, zero_advantage_rows
+
+    grpo = ADVANTAGES.get("grpo")
+    base = dict(prompts_per_step=2, group_size=2)
+    assert skips_zero_advantage(load_config(None, **base), grpo, None, None, False)
+    assert not skips_zero_advantage(load_config(None, **base), grpo, None, None, True)
+    assert not skips_zero_advantage(load_config(None, **base), grpo, None, object(), False)
+    assert not skips_zero_advantage(load_config(None, **base, skip_zero_advantage=False), grpo, None, None, False)
+    assert not skips_zero_advantage(load_config(None, **base, entropy_coef=1e-3), grpo, None, None, False)
+    assert not skips_zero_advantage(load_config(None, **base, policy_loss="kl_cov"), grpo, None, None, False)
+    assert skips_zero_advantage(load_config(None, **base, policy_loss="clip_cov"), grpo, None, None, False)
+    assert not skips_zero_advantage(load_config(None, **base, rank_penalty_beta=0.1), grpo, None, None, False)
+    assert not skips_zero_advantage(load_config(None, **base, advantage="gae"), ADVANTAGES.get("gae"), None, None,
+                                    False)
+    groups = torch.tensor([0, 0, 1, 1])
+    assert zero_advantage_rows(grpo, torch.tensor([1.0, 0.0, 1.0, 1.0]), groups).tolist() == [False, False, True,
+                                                                                               True]
+    assert zero_advantage_rows(grpo, torch.tensor([1.0, 1.0, 0.0, 0.0]), groups) is None
+    assert zero_advantage_rows(grpo, torch.tensor([1.0, 0.0, 0.0, 1.0]), groups) is None
