@@ -147,8 +147,9 @@ class TrainConfig:
     skip_zero_advantage: bool = _f(True, "strict on-policy with the update's own forward: responses whose advantage "
                                          "is exactly 0 (a group all right or all wrong) run their forward without "
                                          "a graph, as their loss gradient is exactly 0 (policy losses linear in A, "
-                                         "no KL, entropy bonus, value head or probe on the step); their tokens still "
-                                         "count in every statistic and denominator")
+                                         "no KL, entropy bonus, value head or probe on the step) and they are at "
+                                         "least trainer.MIN_FROZEN_SHARE of the batch; their tokens still count in "
+                                         "every statistic and denominator")
     stats_from_hidden: bool = _f(True, "stream the token statistics from the last hidden state through the LM "
                                        "head's weight (no [B, T, V] logits); models with a logit transform fall "
                                        "back to logits")

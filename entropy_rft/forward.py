@@ -83,12 +83,6 @@ def streams_from_hidden(model) -> bool:
     return not any(getattr(config, name, None) not in (None, 1, 1.0) for name in _LOGIT_TRANSFORMS)
 
 
-def _positions(rollout: Rollout, device) -> tuple[Tensor, Tensor, Tensor]:
-    input_ids = rollout.input_ids().to(device)
-    attn = rollout.attention_mask().to(device)
-    return input_ids, attn, position_ids(attn)
-
-
 def prompt_groups(rollout: Rollout) -> Tensor:
     """(B,) index of each row's prompt: consecutive rows with the same (left-padded) prompt share one."""
     ids, mask = rollout.prompt_ids, rollout.prompt_mask
@@ -308,7 +302,8 @@ class HeldForward:
     them anyway (micro_batch_size 0 or at least the batch), unless reuse_forward is forced on.
 
     frozen (B,) bool: rows whose loss gradient is exactly zero (advantage 0 under a loss linear in it). They run
-    without a graph; their statistics are the same numbers, and the backward skips them."""
+    without a graph; their statistics are the same (to float32 rounding: another batch shape), and the backward
+    skips them."""
 
     def __init__(self, model, rollout: Rollout, temperature: float, micro: int, value_head=None,
                  precision: str = "fp32", *, from_hidden: bool = True, frozen: Tensor | None = None):

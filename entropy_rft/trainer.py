@@ -553,11 +553,17 @@ def skips_zero_advantage(cfg: TrainConfig, estimator, bonus, ref_model, probing:
             and POLICY_LOSSES.get(cfg.policy_loss).linear_in_advantage)
 
 
-def zero_advantage_rows(estimator, rewards, group_ids) -> torch.Tensor | None:
-    """(B,) rows whose advantage is exactly 0 (the step's own estimator on the same rewards), or None when there are
-    none or every row is (then the backward runs as usual, so Adam steps on zero gradients exactly as before)."""
+MIN_FROZEN_SHARE = 0.2  # below it the frozen rows' own passes cost more than their backward saves (demo policy:
+#                        12% of rows frozen 1.01x the time of none, 25% 0.95x)
+
+
+def zero_advantage_rows(estimator, rewards, group_ids, min_share: float = MIN_FROZEN_SHARE) -> torch.Tensor | None:
+    """(B,) rows whose advantage is exactly 0 (the step's own estimator on the same rewards), or None when fewer than
+    min_share of the rows are, or every row is (then the backward runs as usual, so Adam steps on zero gradients
+    exactly as before)."""
     zero = estimator(rewards, group_ids) == 0
-    return zero if zero.dim() == 1 and bool(zero.any()) and not bool(zero.all()) else None
+    share = float(zero.float().mean())
+    return zero if zero.dim() == 1 and min_share <= share < 1 and share > 0 else None
 
 
 def make_optimizer(groups: list[dict], cfg: TrainConfig) -> torch.optim.Adam:

@@ -379,7 +379,8 @@ def test_zero_advantage_rows_skip_the_backward_not_the_update(policy):
 def test_zero_advantage_skip_only_where_the_gradient_is_exactly_zero():
     """skips_zero_advantage: off under a KL to the reference, an entropy bonus, a value head (PPO), KL-Cov (its
     |log r| term), advantages that read old log p, a probe step, or when switched off; zero_advantage_rows: None
-    when no row or every row is 0 (then Adam still steps on zero gradients, as without the skip)."""
+    when no row, too few rows (their own passes would cost more than they save) or every row is 0 (then Adam still
+    steps on zero gradients, as without the skip)."""
     from entropy_rft.advantages import ADVANTAGES
     from entropy_rft.trainer import skips_zero_advantage, zero_advantage_rows
 
@@ -399,4 +400,7 @@ def test_zero_advantage_skip_only_where_the_gradient_is_exactly_zero():
     assert zero_advantage_rows(grpo, torch.tensor([1.0, 0.0, 1.0, 1.0]), groups).tolist() == [False, False, True,
                                                                                                True]
     assert zero_advantage_rows(grpo, torch.tensor([1.0, 1.0, 0.0, 0.0]), groups) is None
+    eight = torch.arange(8).repeat_interleave(2)  # 1 group of 8 all right: 1/8 of the rows, below MIN_FROZEN_SHARE
+    assert zero_advantage_rows(grpo, torch.tensor([1.0, 1.0] + [1.0, 0.0] * 7), eight) is None
+    assert zero_advantage_rows(grpo, torch.tensor([1.0, 1.0] + [1.0, 0.0] * 7), eight, min_share=0.1) is not None
     assert zero_advantage_rows(grpo, torch.tensor([1.0, 0.0, 0.0, 1.0]), groups) is None
