@@ -309,6 +309,7 @@ class HeldForward:
                  precision: str = "fp32", *, from_hidden: bool = True, frozen: Tensor | None = None):
         model.train()
         self.rows = [torch.arange(i, min(i + micro, len(rollout.texts))) for i in range(0, len(rollout.texts), micro)]
+        self.frozen = frozen
 
         def run(rows: Tensor) -> tuple[TokenStats, Tensor | None]:
             return policy_forward(model, rollout.select(rows), temperature, value_head, precision,

@@ -636,8 +636,8 @@ def update_policy(model, optimizer, rollout: Rollout, adv, old_logp, ref_logp, l
                     bonus = aggregate(stats.entropy, m, cfg.loss_agg, num_tokens=n_tokens, num_seqs=n_seqs,
                                       norm=cfg.max_new_tokens)
                     loss = loss - entropy_coef * bonus
-                if loss.requires_grad:  # a micro-batch of frozen rows only (zero advantage) has no graph
-                    loss.backward()
+                if loss.requires_grad or held is None or held.frozen is None:  # a micro-batch of frozen rows only
+                    loss.backward()                                            # (advantage 0) has no graph
                 ratio[part] = (stats.logp.detach() - old_logp[part].to(device)).exp().cpu()
                 s_centered[part] = stats.s_centered.cpu()
                 weight = float(m.sum()) / float(n_total) / cfg.ppo_epochs

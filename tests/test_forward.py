@@ -341,15 +341,18 @@ def test_lora_under_bf16_keeps_one_pass():
     assert saved(4) == saved(1)
 
 
-def test_zero_advantage_rows_skip_the_backward_not_the_update(policy):
+@pytest.mark.parametrize("micro", [12, 3])
+def test_zero_advantage_rows_skip_the_backward_not_the_update(policy, micro):
     """Rows with advantage exactly 0 run their forward without a graph (fewer bytes saved for the backward), yet the
-    statistics, the loss metrics and the gradient step equal those of the full graph (float32 rounding only)."""
+    statistics, the loss metrics and the gradient step equal those of the full graph (float32 rounding only); with
+    micro-batches of 3, two micro-batches hold frozen rows only (no graph at all)."""
     from entropy_rft.trainer import update_policy
 
     ro = grouped_rollout(groups=4, size=3, seed=2)
     adv = torch.tensor([0.7, -1.2, 0.5, 0.0, 0.0, 0.0, 1.0, 0.0, -1.0, 0.0, 0.0, 0.0])
     frozen = adv == 0
-    cfg = load_config(None, prompts_per_step=4, group_size=3, lr=1e-3, probe_every=0, method="clip_b", mu=0.5)
+    cfg = load_config(None, prompts_per_step=4, group_size=3, lr=1e-3, probe_every=0, method="clip_b", mu=0.5,
+                      micro_batch_size=0 if micro == 12 else micro)
     out = {}
     for name, rows in (("full", None), ("skip", frozen)):
         model = copy.deepcopy(policy[0])
@@ -357,7 +360,7 @@ def test_zero_advantage_rows_skip_the_backward_not_the_update(policy):
         saved = []                                               # its sign: ill-conditioned where it is ~0)
         with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.numel() * t.element_size()) or t,
                                                       lambda t: t):
-            held = HeldForward(model, ro, 1.0, 12, frozen=rows)
+            held = HeldForward(model, ro, 1.0, micro, frozen=rows)
         stats = held.stats()
         metrics = update_policy(model, optimizer, ro, adv, stats.logp, None, ro.response_mask, cfg,
                                 torch.Generator().manual_seed(0), held=held)
