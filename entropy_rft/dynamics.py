@@ -35,7 +35,7 @@ Departures:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 from torch import Tensor
@@ -78,6 +78,15 @@ class TokenStats:
 
     def detach(self) -> "TokenStats":
         return TokenStats(self.logp.detach(), self.entropy.detach(), self.s_star, self.s_expect)
+
+    def map(self, fn) -> "TokenStats":
+        """fn applied to each of the four statistics."""
+        return TokenStats(*(fn(getattr(self, f.name)) for f in fields(self)))
+
+    @staticmethod
+    def join(parts: list["TokenStats"], fn) -> "TokenStats":
+        """fn applied to the list of each statistic over the parts (e.g. torch.cat)."""
+        return TokenStats(*(fn([getattr(s, f.name) for s in parts]) for f in fields(TokenStats)))
 
 
 def _check_tokens(tokens: Tensor, vocab_size: int, expected_shape: torch.Size, what: str) -> None:

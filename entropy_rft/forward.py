@@ -241,20 +241,18 @@ def policy_forward(model, rollout: Rollout, temperature: float, value_head=None,
                 full = x.new_zeros(n_rows * width_all, *shape).index_copy(0, where, x)
                 return full.view(n_rows, width_all, *shape)
 
-            stats = TokenStats(*(scatter(getattr(part, k)) for k in ("logp", "entropy", "s_star", "s_expect")))
+            stats = part.map(scatter)
             hidden = scatter(hidden, hidden.shape[-1]) if value_head is not None else None
         else:
             logits, hidden = sequence_forward(model, rollout, hidden=value_head is not None)
             stats = token_stats(logits, tokens, temperature=temperature)
             valid = rollout.response_mask.to(device)  # 0 at padding, as on the streaming path
-            stats = TokenStats(*(torch.where(valid, getattr(stats, k), 0.0)
-                                 for k in ("logp", "entropy", "s_star", "s_expect")))
+            stats = stats.map(lambda x: torch.where(valid, x, 0.0))
     return stats, (value_head(hidden) if value_head is not None else None)
 
 
 def _cat_stats(parts: list[TokenStats]) -> TokenStats:
-    return TokenStats(*(torch.cat([getattr(s, k).detach() for s in parts]).cpu()
-                        for k in ("logp", "entropy", "s_star", "s_expect")))
+    return TokenStats.join(parts, lambda xs: torch.cat([x.detach() for x in xs]).cpu())
 
 
 @torch.no_grad()
@@ -290,7 +288,7 @@ def _split_forward(run, rows: Tensor, frozen: Tensor) -> tuple[TokenStats, Tenso
     def merge(xs: list[Tensor]) -> Tensor:
         return torch.cat(xs).index_select(0, back.to(xs[0].device))
 
-    stats = TokenStats(*(merge([getattr(p[0], k) for p in parts]) for k in ("logp", "entropy", "s_star", "s_expect")))
+    stats = TokenStats.join([p[0] for p in parts], merge)
     return stats, (merge([p[1] for p in parts]) if parts[0][1] is not None else None)
 
 
