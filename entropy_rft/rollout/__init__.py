@@ -10,7 +10,7 @@ ENGINES: Registry = Registry("engine")
 
 @ENGINES.register("hf")
 def build_hf(model, tokenizer, cfg, model_path: str):
-    return HFEngine(model, tokenizer, chat_template=cfg.chat_template)
+    return HFEngine(model, tokenizer, chat_template=cfg.chat_template, decode=cfg.decode)
 
 
 @ENGINES.register("vllm")
