@@ -21,7 +21,7 @@ against the same loop run through the model's forward.
 Only a model this file can read exactly is decoded here; anything else returns a reason from `unsupported` and
 the loop uses the model's forward: an architecture outside the family, a wrapped or replaced module (a PEFT LoRA
 layer, a patched kernel), a rope whose frequencies change with the length (dynamic, longrope), an activation other
-than SiLU, or a sequence longer than a sliding attention window.
+than SiLU, dropout in training mode, or a sequence longer than a sliding attention window.
 """
 
 from __future__ import annotations
@@ -87,6 +87,10 @@ def unsupported(model) -> str | None:
     for module in model.modules():
         if "forward" in vars(module):
             return f"{type(module).__name__}.forward is replaced on the instance"
+    from ..forward import has_active_dropout
+
+    if model.training and has_active_dropout(model):
+        return "the model is in training mode with dropout on (this step applies none)"
     return None
 
 
@@ -167,7 +171,7 @@ def cache_tensors(cache) -> list[tuple[Tensor, Tensor]]:
 
 
 class HandSteps:
-    """The decode state of HandDecoder: key/value buffers with room for every new token, the visible columns and
+    """The decode state of HandDecoder: key/value buffers with room for every new token, the padding columns and
     each row's next position. `keep(rows)` drops finished rows; calling it with the sampled tokens gives the next
     logits."""
 
@@ -184,7 +188,7 @@ class HandSteps:
             v_buf[:, :, :width] = v.index_select(0, rows)
             self.keys.append(k_buf)
             self.values.append(v_buf)
-        mask = prompt_mask.index_select(0, rows)
+        mask = prompt_mask.index_select(0, rows).bool()
         self.padding = torch.cat([~mask, mask.new_zeros(len(rows), max_new_tokens)], dim=1)  # (n, C)
         self.position = mask.long().sum(-1)  # (n,) the next token's position (real tokens so far)
         positions = int(self.position.max()) + max_new_tokens
