@@ -272,10 +272,9 @@ class TrainConfig:
             raise ValueError(f"side must be negative, positive or all, got {self.side!r}")
         if self.reuse_forward not in ("auto", "on", "off"):
             raise ValueError(f"reuse_forward must be auto, on or off, got {self.reuse_forward!r}")
-        from .rollout.sampling import DECODE
+        from .rollout.sampling import check_decode
 
-        if self.decode not in DECODE:
-            raise ValueError(f"decode must be one of {', '.join(DECODE)}, got {self.decode!r}")
+        check_decode(self.decode)
         if self.precision not in ("fp32", "bf16"):
             raise ValueError(f"precision must be fp32 or bf16, got {self.precision!r}")
         from .rollout import ENGINES

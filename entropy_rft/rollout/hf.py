@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .sampling import position_ids, sample
+from .sampling import check_decode, position_ids, sample
 
 
 @dataclass
@@ -107,12 +107,8 @@ class HFEngine:
 
     def __init__(self, model, tokenizer, *, batch_size: int = 512, chat_template: bool = False,
                  progress: bool = False, decode: str = "auto"):
-        from .sampling import DECODE
-
-        if decode not in DECODE:
-            raise ValueError(f"decode must be one of {', '.join(DECODE)}, got {decode!r}")
         self.model = model
-        self.decode = decode
+        self.decode = check_decode(decode)
         self.tokenizer = tokenizer
         self.batch_size = batch_size
         self.chat_template = chat_template

@@ -39,6 +39,15 @@ def position_ids(mask: Tensor) -> Tensor:
     return (mask.long().cumsum(-1) - 1).clamp_min(0)
 
 
+DECODE = ("auto", "hand", "hf")  # how tokens after the prompt go through the model (see `sample`)
+
+
+def check_decode(decode: str) -> str:
+    if decode not in DECODE:
+        raise ValueError(f"decode must be one of {', '.join(DECODE)}, got {decode!r}")
+    return decode
+
+
 def sample(model, prompt_ids: Tensor, prompt_mask: Tensor, *, n: int, temperature: float, top_p: float,
            max_new_tokens: int, eos_ids: list[int], pad_id: int, generator: torch.Generator | None = None,
            decode: str = "auto") -> tuple[Tensor, Tensor]:
@@ -53,16 +62,12 @@ def sample(model, prompt_ids: Tensor, prompt_mask: Tensor, *, n: int, temperatur
     cache; "hand": rollout/decode.py's step (the same arithmetic without transformers' per-call machinery; an
     error for a model it cannot read); "auto": "hand" on the CPU for a model it can read, else "hf".
     """
-    if decode not in DECODE:
-        raise ValueError(f"decode must be one of {', '.join(DECODE)}, got {decode!r}")
+    check_decode(decode)
     with torch.inference_mode():
         response, logp = _sample(model, prompt_ids, prompt_mask, n=n, temperature=temperature, top_p=top_p,
                                  max_new_tokens=max_new_tokens, eos_ids=eos_ids, pad_id=pad_id, generator=generator,
                                  decode=decode)
     return response.clone(), logp.clone()
-
-
-DECODE = ("auto", "hand", "hf")
 
 
 def hand_decoder(model, decode: str, columns: int, device: torch.device):
