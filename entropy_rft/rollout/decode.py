@@ -7,16 +7,17 @@ call, grows its cache by concatenation and dispatches through module wrappers an
 model's own weights and does only the arithmetic: keys and values go into buffers allocated once, cos/sin come
 from a table computed once per rollout, the padding mask is a boolean column per row, and attention is two
 batched matmuls (at these shapes the CPU's fused attention kernel costs more than it saves). Measured on the demo's
-rollouts (32 prompts x 8 samples, 16 new tokens, 2-core CPU): 0.88x the time of the model's forward per token,
-with the same tokens sampled (benchmarks/decode_ab.py).
+rollouts (32 prompts x 8 samples, 16 new tokens, 2-core CPU): 0.86x the rollout time of decoding through the
+model's forward, with the same tokens sampled (benchmarks/decode_ab.py).
 
 The arithmetic is the modules', op for op: RMSNorm in float32 (x * rsqrt(mean(x^2) + eps), weight applied in the
 model's dtype), Qwen3's per-head q/k norms, rotary embedding q cos + rotate_half(q) sin with cos/sin from the
 module's inv_freq and attention_scaling, attention softmax(q k^T * scaling) v over the cached keys with the left
 padding masked, as transformers' eager attention computes it (softmax in float32; GQA as its sdpa path does it for
-one query: the query heads of a key/value head act as its queries), the gated MLP act(gate(h)) * up(h). tests/test_decode.py checks the logits against the model's
-forward for each family (float32 and bfloat16, biases, GQA, left padding, a llama3 rope) and the sampled tokens
-against the same loop run through the model's forward.
+one query: the query heads of a key/value head act as its queries), and the gated MLP down(silu(gate(h)) * up(h)).
+tests/test_decode.py samples with this step and through the model's forward for each family (biases, GQA, left
+padding, a llama3 rope, bfloat16) and checks the same tokens come out and every sampled log-prob equals a full
+forward's.
 
 Only a model this file can read exactly is decoded here; anything else returns a reason from `unsupported` and
 the loop uses the model's forward: an architecture outside the family, a wrapped or replaced module (a PEFT LoRA
