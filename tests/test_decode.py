@@ -4,9 +4,9 @@ import pytest
 import torch
 
 from entropy_rft.dynamics import token_stats
-from entropy_rft.rollout import HFEngine
+from entropy_rft.rollout import HFEngine, Rollout
 from entropy_rft.rollout.decode import unsupported
-from entropy_rft.rollout.hf import sequence_forward
+from entropy_rft.rollout.hf import response_mask_from_lengths, sequence_forward
 from entropy_rft.rollout.sampling import sample
 
 SMALL = dict(vocab_size=29, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
@@ -72,12 +72,8 @@ def test_hand_decode_is_the_policy(family, extra):
     assert torch.equal(tokens, hf_tokens)
     done = (tokens == 3).any(1)
     assert done.any() and not done.all()  # some rows left the batch early, some ran to the end
-    from entropy_rft.rollout.hf import response_mask_from_lengths
-
     rmask, finished = response_mask_from_lengths(tokens, 3)
     rows = torch.arange(3).repeat_interleave(5)
-    from entropy_rft.rollout import Rollout
-
     rollout = Rollout(ids[rows], mask[rows], tokens, rmask, finished, [""] * len(rows))
     with torch.no_grad():
         logits, _ = sequence_forward(model, rollout)
