@@ -124,11 +124,6 @@ class HandDecoder:
         scale = self.rope.attention_scaling
         return (emb.cos() * scale).to(dtype), (emb.sin() * scale).to(dtype)
 
-    def start(self, cache, rows: Tensor, prompt_mask: Tensor, max_new_tokens: int) -> "HandSteps":
-        """Decoding state after a prefill: `cache` holds each distinct prompt's keys and values (a transformers
-        cache), rows (n,) says which prompt each decoded row continues, prompt_mask its left padding."""
-        return HandSteps(self, cache, rows, prompt_mask, max_new_tokens)
-
     def step(self, token: Tensor, cos: Tensor, sin: Tensor, keys: list[Tensor], values: list[Tensor], col: int,
              padding: Tensor) -> Tensor:
         """Logits (n, V) after one token per row. token (n,), cos/sin (n, 1, d) at each row's position; the new
@@ -173,8 +168,9 @@ def cache_tensors(cache) -> list[tuple[Tensor, Tensor]]:
 
 class HandSteps:
     """The decode state of HandDecoder: key/value buffers with room for every new token, the padding columns and
-    each row's next position. `keep(rows)` drops finished rows; calling it with the sampled tokens gives the next
-    logits."""
+    each row's next position, built after a prefill: `cache` holds each distinct prompt's keys and values (a
+    transformers cache), rows (n,) says which prompt each decoded row continues, prompt_mask its left padding.
+    `keep(rows)` drops finished rows; calling it with the sampled tokens gives the next logits."""
 
     def __init__(self, decoder: HandDecoder, cache, rows: Tensor, prompt_mask: Tensor, max_new_tokens: int):
         self.decoder = decoder

@@ -20,6 +20,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from .decode import HandDecoder, HandSteps, unsupported
+
 
 def nucleus_logits(logits: Tensor, top_p: float) -> Tensor:
     """logits [B, V] with the tokens outside each row's top-p nucleus set to -inf (top_p >= 1: unchanged)."""
@@ -75,8 +77,6 @@ def hand_decoder(model, decode: str, columns: int, device: torch.device):
     sequence the rollout can reach, prompt padding included."""
     if decode == "hf" or (decode == "auto" and device.type != "cpu"):
         return None
-    from .decode import HandDecoder, unsupported
-
     reason = unsupported(model)
     decoder = HandDecoder(model) if reason is None else None
     if decoder is not None and decoder.window is not None and columns > decoder.window:
@@ -114,12 +114,12 @@ def _sample(model, prompt_ids: Tensor, prompt_mask: Tensor, *, n: int, temperatu
     device = prompt_ids.device
     rows = prompt_ids.shape[0] * n
     eos = torch.tensor(sorted(set(eos_ids)), device=device)
+    hand = hand_decoder(model, decode, prompt_ids.shape[1] + max_new_tokens, device)  # before any model work
     out = model(input_ids=prompt_ids, attention_mask=prompt_mask.long(), position_ids=position_ids(prompt_mask),
                 use_cache=True, logits_to_keep=1)
     prompt_of = torch.arange(prompt_ids.shape[0], device=device).repeat_interleave(n)  # (rows,)
     logits = out.logits[prompt_of, -1]
-    hand = hand_decoder(model, decode, prompt_ids.shape[1] + max_new_tokens, device)
-    steps = (hand.start(out.past_key_values, prompt_of, prompt_mask, max_new_tokens) if hand is not None
+    steps = (HandSteps(hand, out.past_key_values, prompt_of, prompt_mask, max_new_tokens) if hand is not None
              else _ForwardSteps(model, out.past_key_values, prompt_of, prompt_mask))
     del out
     live = torch.arange(rows, device=device)
