@@ -41,6 +41,7 @@ import torch
 from torch import Tensor
 
 from . import kernels
+from .kernels import accumulator_stats
 from .advantages import broadcast_advantages
 
 __all__ = [
@@ -196,15 +197,6 @@ def _stream_rows(h: Tensor, weight: Tensor, tokens: Tensor, temperature: float, 
         )
         m = new_m
     return m, big_z, a, q, b, zk
-
-
-def accumulator_stats(m: Tensor, big_z: Tensor, a: Tensor, q: Tensor, b: Tensor, zk: Tensor) -> tuple[Tensor, ...]:
-    """(log p_k, H, S*, E_p[S], log Z + m, zbar) from the online accumulators relative to the running max m:
-    Z = sum e_i, A = sum e_i d_i, Q = sum e_i^2, B = sum e_i^2 d_i (e_i = exp(d_i), d_i = z_i - m) and z_k."""
-    c = a / big_z  # zbar - m
-    log_z = big_z.log()
-    logp = zk - m - log_z
-    return logp, log_z - c, logp.exp() * (zk - m - c), (b - c * q) / (big_z * big_z), m + log_z, m + c
 
 
 class _StreamingTokenStats(torch.autograd.Function):

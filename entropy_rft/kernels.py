@@ -35,6 +35,15 @@ GPU_ROW_CHUNK = 8192
 GPU_VOCAB_CHUNK = 8192
 
 
+def accumulator_stats(m: Tensor, big_z: Tensor, a: Tensor, q: Tensor, b: Tensor, zk: Tensor) -> tuple[Tensor, ...]:
+    """(log p_k, H, S*, E_p[S], log Z + m, zbar) from the online accumulators relative to the running max m:
+    Z = sum e_i, A = sum e_i d_i, Q = sum e_i^2, B = sum e_i^2 d_i (e_i = exp(d_i), d_i = z_i - m) and z_k."""
+    c = a / big_z  # zbar - m
+    log_z = big_z.log()
+    logp = zk - m - log_z
+    return logp, log_z - c, logp.exp() * (zk - m - c), (b - c * q) / (big_z * big_z), m + log_z, m + c
+
+
 @functools.cache
 def _triton():
     """The Triton module and the two kernels, or None where Triton is not importable."""
@@ -143,8 +152,6 @@ class TritonTokenStats(torch.autograd.Function):
                 rs = slice(r0, r0 + rows)
                 fold_tile[(rows,)](tile, tile.stride(0), tokens[rs], m[rs], big_z[rs], a[rs], q[rs], b[rs], zk[rs],
                                    v0, inv_t, n_cols=w.shape[0], BLOCK=_block(w.shape[0]))
-        from .dynamics import accumulator_stats  # dynamics imports this module
-
         logp, entropy, s_star, s_expect, lse, zbar = accumulator_stats(m, big_z, a, q, b, zk)
         ctx.save_for_backward(hidden, weight, tokens, lse, zbar)
         ctx.temperature, ctx.v_chunk, ctx.r_chunk, ctx.dtype = temperature, v_chunk, r_chunk, dtype

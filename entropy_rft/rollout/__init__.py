@@ -3,7 +3,8 @@
 `sync_weights()` (called after each optimizer step) and `close()`."""
 
 from ..registry import Registry
-from .hf import HFEngine, Rollout
+from .batch import Rollout
+from .hf import HFEngine
 
 ENGINES: Registry = Registry("engine")
 

@@ -22,7 +22,8 @@ forward's.
 Only a model this file can read exactly is decoded here; anything else returns a reason from `unsupported` and
 the loop uses the model's forward: an architecture outside the family, a wrapped or replaced module (a PEFT LoRA
 layer, a patched kernel), a rope whose frequencies change with the length (dynamic, longrope), an activation other
-than SiLU, dropout in training mode, or a sequence longer than a sliding attention window.
+than SiLU, or a sequence longer than a sliding attention window. (sampling.sample runs the model in eval mode, so
+no dropout applies.)
 """
 
 from __future__ import annotations
@@ -88,10 +89,6 @@ def unsupported(model) -> str | None:
     for module in model.modules():
         if "forward" in vars(module):
             return f"{type(module).__name__}.forward is replaced on the instance"
-    from ..forward import has_active_dropout
-
-    if model.training and has_active_dropout(model):
-        return "the model is in training mode with dropout on (this step applies none)"
     return None
 
 

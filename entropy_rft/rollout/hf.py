@@ -13,58 +13,11 @@ position ids as generation (cumulative sum of the attention mask).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from torch import Tensor
 
+from .batch import Rollout
 from .sampling import check_decode, position_ids, sample
-
-
-@dataclass
-class Rollout:
-    prompt_ids: Tensor  # (B, P) left-padded
-    prompt_mask: Tensor  # (B, P) bool
-    response_ids: Tensor  # (B, R)
-    response_mask: Tensor  # (B, R) bool, from generated lengths
-    finished: Tensor  # (B,) bool: the response ended with EOS
-    texts: list[str]  # decoded responses, EOS excluded
-    sampler_logp: Tensor | None = None  # (B, R) log-prob the sampling engine gave each token (vLLM), else None
-
-    @property
-    def lengths(self) -> Tensor:
-        return self.response_mask.sum(-1)
-
-    def input_ids(self) -> Tensor:
-        return torch.cat([self.prompt_ids, self.response_ids], dim=1)
-
-    def attention_mask(self) -> Tensor:
-        return torch.cat([self.prompt_mask, self.response_mask], dim=1)
-
-    @staticmethod
-    def concat(parts: list["Rollout"], pad_id: int) -> "Rollout":
-        """Rows of several rollouts in one: prompts left-padded, responses right-padded to common widths."""
-        wp = max(r.prompt_ids.shape[1] for r in parts)
-        wr = max(r.response_ids.shape[1] for r in parts)
-        pad = torch.nn.functional.pad
-        sampler = None
-        if all(r.sampler_logp is not None for r in parts):
-            sampler = torch.cat([pad(r.sampler_logp, (0, wr - r.sampler_logp.shape[1])) for r in parts])
-        return Rollout(
-            torch.cat([pad(r.prompt_ids, (wp - r.prompt_ids.shape[1], 0), value=pad_id) for r in parts]),
-            torch.cat([pad(r.prompt_mask, (wp - r.prompt_mask.shape[1], 0), value=False) for r in parts]),
-            torch.cat([pad(r.response_ids, (0, wr - r.response_ids.shape[1]), value=pad_id) for r in parts]),
-            torch.cat([pad(r.response_mask, (0, wr - r.response_mask.shape[1]), value=False) for r in parts]),
-            torch.cat([r.finished for r in parts]),
-            [t for r in parts for t in r.texts],
-            sampler,
-        )
-
-    def select(self, rows) -> "Rollout":
-        return Rollout(self.prompt_ids[rows], self.prompt_mask[rows], self.response_ids[rows],
-                       self.response_mask[rows], self.finished[rows],
-                       [self.texts[i] for i in torch.arange(len(self.texts))[rows].tolist()],
-                       None if self.sampler_logp is None else self.sampler_logp[rows])
 
 
 def response_mask_from_lengths(response_ids: Tensor, eos_token_id: int | list[int]) -> tuple[Tensor, Tensor]:
@@ -150,26 +103,20 @@ class HFEngine:
             from tqdm import tqdm
 
             starts = tqdm(starts, desc="generate", unit="batch", leave=False)
-        was_training = self.model.training
-        self.model.eval()  # dropout off: the rollouts come from the policy itself
-        try:
-            for start in starts:
-                ids, mask = self.encode_prompts(prompts[start : start + per_pass])
-                response_ids, sampler_logp = sample(
-                    self.model, ids.to(device), mask.to(device), n=n, temperature=temperature, top_p=top_p,
-                    max_new_tokens=max_new_tokens, eos_ids=self.eos_ids, pad_id=self.tokenizer.pad_token_id,
-                    generator=generator, decode=self.decode,
-                )
-                response_ids, sampler_logp = response_ids.cpu(), sampler_logp.cpu()
-                response_mask, finished = response_mask_from_lengths(response_ids, self.eos_ids)
-                shown = (response_mask & ~torch.isin(response_ids, torch.tensor(self.eos_ids))).tolist()
-                texts = [self.tokenizer.decode([t for t, keep in zip(r, k) if keep], skip_special_tokens=False)
-                         for r, k in zip(response_ids.tolist(), shown)]
-                rows = torch.arange(ids.shape[0]).repeat_interleave(n)
-                parts.append(Rollout(ids[rows], mask[rows], response_ids, response_mask, finished, texts,
-                                     sampler_logp))
-        finally:
-            self.model.train(was_training)
+        for start in starts:  # sample() runs the model in eval mode: the rollouts come from the policy itself
+            ids, mask = self.encode_prompts(prompts[start : start + per_pass])
+            response_ids, sampler_logp = sample(
+                self.model, ids.to(device), mask.to(device), n=n, temperature=temperature, top_p=top_p,
+                max_new_tokens=max_new_tokens, eos_ids=self.eos_ids, pad_id=self.tokenizer.pad_token_id,
+                generator=generator, decode=self.decode,
+            )
+            response_ids, sampler_logp = response_ids.cpu(), sampler_logp.cpu()
+            response_mask, finished = response_mask_from_lengths(response_ids, self.eos_ids)
+            shown = (response_mask & ~torch.isin(response_ids, torch.tensor(self.eos_ids))).tolist()
+            texts = [self.tokenizer.decode([t for t, keep in zip(r, k) if keep], skip_special_tokens=False)
+                     for r, k in zip(response_ids.tolist(), shown)]
+            rows = torch.arange(ids.shape[0]).repeat_interleave(n)
+            parts.append(Rollout(ids[rows], mask[rows], response_ids, response_mask, finished, texts, sampler_logp))
         return Rollout.concat(parts, self.tokenizer.pad_token_id)
 
 

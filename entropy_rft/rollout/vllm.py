@@ -28,7 +28,8 @@ import os
 
 import torch
 
-from .hf import Rollout, render_prompts
+from .batch import Rollout
+from .hf import render_prompts
 
 
 def _import_vllm():
