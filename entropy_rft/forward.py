@@ -6,7 +6,8 @@ measure how an update moved the policy's entropy.
   so no [B, R, V] logits tensor exists, in training or in the statistics passes. Responses are right-padded to the
   batch's longest; rows run in a few passes grouped by length (`length_buckets`) and the statistics are taken at the
   valid tokens only, so padding costs little (a demo batch: 32% fewer positions, forward + backward 0.46 -> 0.36 s).
-- `batch_forward`: the same without gradients, over the batch in slices, in eval mode (dropout off).
+- `batch_forward`: the same without gradients, over the batch in slices of the update's micro-batch size, in the
+  update's module mode (`update_mode`).
 - `held_forward`: strict on-policy, the update's own forward of every micro-batch, kept with its graph: its
   detached log p is the old log p (the ratio is exactly 1) and its statistics feed the advantages and the token
   filter, so no separate statistics pass runs.
@@ -16,8 +17,16 @@ measure how an update moved the policy's entropy.
 Departures, numbered:
 1. Models whose logits are not `lm_head(hidden)` (a biased or adapted LM head, logit soft-capping or scaling)
    fall back to materialised logits and `dynamics.token_stats`; `streams_from_hidden` says which path a model takes.
-2. Dropout is switched off for RL (as TRL's `disable_dropout` does): sampling, old log-probs and the update then
-   see the same policy. The statistics passes also run in eval mode.
+2. Dropout is switched off for RL (as TRL's `disable_dropout` does; entropy_rft/dropout.py): sampling, old
+   log-probs and the update then see the same policy.
+
+One construction: every pass that must agree with the update's forward (the statistics and old log-probs of the
+behaviour policy, the probe's passes) goes through `policy_forward` with the same rows per pass, in the same module
+mode, and `policy_forward` decides its passes (shared prompt prefix or full sequences, length buckets) from the
+model and the precision only, never from whether gradients are recorded or the module's training flag. So at the
+same weights a no-grad pass gives the update's log p bit for bit, in bf16 autocast, under LoRA and gradient
+checkpointing alike (tests/test_on_policy.py). The trainer's first optimizer step of each update also takes its old
+log p from its own forward (trainer.update_policy), so its ratio is exactly 1 by construction.
 """
 
 from __future__ import annotations
@@ -28,6 +37,7 @@ from contextlib import contextmanager, nullcontext
 import torch
 from torch import Tensor
 
+from .dropout import disable_dropout, has_active_dropout  # noqa: F401  (re-exported: the trainer's set-up)
 from .dynamics import TokenStats, token_stats, token_stats_from_hidden
 from .rollout import Rollout
 from .rollout.hf import sequence_forward
@@ -44,33 +54,17 @@ def autocast(precision: str, device: torch.device):
 
 
 @contextmanager
-def eval_mode(model):
-    """Dropout off for the duration; the module's training flag is restored after."""
+def update_mode(model):
+    """The mode the update's forward runs in, for a pass that must compute what the update will: training mode
+    (dropout is off, and check_deterministic made sure nothing else draws random numbers, so this equals eval mode
+    except where a model itself branches on the flag); eval mode where dropout is deliberately left on
+    (disable_dropout: false), so the statistics are not noised. The module's flag is restored after."""
     was_training = model.training
-    model.eval()
+    model.train(not has_active_dropout(model))
     try:
         yield model
     finally:
         model.train(was_training)
-
-
-def disable_dropout(model) -> int:
-    """Set every dropout probability of the model to 0 (nn.Dropout modules and attention modules' float
-    `attention_dropout`); returns how many were non-zero."""
-    changed = 0
-    for module in model.modules():
-        if isinstance(module, torch.nn.modules.dropout._DropoutNd) and module.p > 0:
-            module.p, changed = 0.0, changed + 1
-        value = getattr(module, "attention_dropout", None)
-        if isinstance(value, float) and value > 0:
-            module.attention_dropout, changed = 0.0, changed + 1
-    return changed
-
-
-def has_active_dropout(model) -> bool:
-    return any((isinstance(m, torch.nn.modules.dropout._DropoutNd) and m.p > 0)
-               or (isinstance(getattr(m, "attention_dropout", None), float) and m.attention_dropout > 0)
-               for m in model.modules())
 
 
 def streams_from_hidden(model) -> bool:
@@ -216,13 +210,14 @@ def policy_forward(model, rollout: Rollout, temperature: float, value_head=None,
         if from_hidden and streams_from_hidden(model):
             decoder = model.get_decoder()
             groups = prompt_groups(rollout)
-            checkpointing = model.training and _checkpointing(model)
-            shared = share_prefix and not checkpointing and int(groups[-1]) + 1 < len(groups)
+            # every decision below depends on the model and the precision only, never on torch.is_grad_enabled() or
+            # model.training, so a no-grad pass runs exactly the passes of the update's forward (module docstring)
+            shared = share_prefix and not _checkpointing(model) and int(groups[-1]) + 1 < len(groups)
             prefix = _SharedPrefix(decoder, rollout, groups, device) if shared else None
             n_rows, width_all = tokens.shape
             valid = rollout.response_mask.to(device)
             most = buckets or LENGTH_BUCKETS
-            if precision == "bf16" and torch.is_grad_enabled() and any(not p.requires_grad for p in model.parameters()):
+            if precision == "bf16" and any(not p.requires_grad for p in model.parameters()):
                 most = 1  # autocast casts frozen weights (LoRA's base) again in every pass and autograd keeps each
             passes = [(rows, width) for rows, width in length_buckets(rollout.lengths, most) if width > 0] \
                 or [(torch.arange(n_rows), width_all)]
@@ -258,8 +253,9 @@ def _cat_stats(parts: list[TokenStats]) -> TokenStats:
 @torch.no_grad()
 def batch_forward(model, rollout: Rollout, temperature: float, rows_per_pass: int, value_head=None,
                   precision: str = "fp32", *, from_hidden: bool = True) -> tuple[TokenStats, Tensor | None]:
-    """policy_forward without gradients over slices of rows_per_pass rows, in eval mode; results on the CPU."""
-    with eval_mode(model):
+    """policy_forward without gradients over slices of rows_per_pass rows (the update's micro-batches), in the
+    update's module mode; results on the CPU."""
+    with update_mode(model):
         parts = [policy_forward(model, rollout.select(slice(i, i + rows_per_pass)), temperature, value_head,
                                 precision, from_hidden=from_hidden)
                  for i in range(0, len(rollout.texts), rows_per_pass)]

@@ -19,6 +19,10 @@ Departures, numbered:
    evaluations, the entropy controller or adaptive bonus), so a run killed at any moment (SIGKILL included) and
    resumed ends with the same weights as one never interrupted; the metric sinks are cut back to the checkpoint's
    step first (entropy_rft/logging.py).
+3. Exactly on-policy where the weights are the behaviour policy's (as TRL does with num_iterations 1): the first
+   optimizer step of each update takes old log p (and the critic's old values) from its own forward, detached, so
+   its ratio is exactly 1 in any precision; later steps use the statistics pass's old log p, which the same
+   construction computes (forward.py: one construction), so they differ only through the weights' change.
 """
 
 from __future__ import annotations
@@ -48,8 +52,8 @@ from .losses import aggregate, kl_penalty, value_loss
 from .masks import clipped_fractions
 from .methods import METHODS, POLICY_LOSSES
 from .data import load_math
-from .forward import (EntropyProbe, HeldForward, batch_forward, batch_stats, disable_dropout, has_active_dropout,  # noqa: F401
-                      policy_forward, policy_stats)
+from .dropout import check_deterministic, disable_dropout, has_active_dropout
+from .forward import EntropyProbe, HeldForward, batch_forward, batch_stats, policy_forward, policy_stats  # noqa: F401
 from .rollout import ENGINES, Rollout
 from .tasks import TASKS, MathTask
 
@@ -331,8 +335,9 @@ def train(cfg: TrainConfig, *, resume: bool = False) -> dict:
         model_source = str(checkpoint)
     model, tokenizer = load_policy(model_source, device, trainable=True)
     model = prepare_policy(model, cfg)
-    if cfg.disable_dropout:
+    if cfg.disable_dropout:  # one policy for sampling, old log p and the update (dropout.py)
         disable_dropout(model)
+        check_deterministic(model)
     ref_model = load_policy(cfg.model, device)[0].eval() if cfg.kl_coef > 0 else None
     engine = ENGINES.get(cfg.engine)(model, tokenizer, cfg, resolve_model_path(model_source))
     value_head = ValueHead(model.config.hidden_size).to(device) if isinstance(estimator, TokenLevel) else None
@@ -374,7 +379,6 @@ def train(cfg: TrainConfig, *, resume: bool = False) -> dict:
 
     def save(at: int, state: dict | None = None) -> Path:
         return save_checkpoint(run_dir, at, model, tokenizer, optimizer, sampler, value_head, state or run_state())
-    rows_per_pass = cfg.micro_batch_size or cfg.prompts_per_step * cfg.group_size
     reuse = reuses_forward(cfg, model)
     probe_every = 1 if controller else cfg.probe_every
     history: list[dict] = []
@@ -394,46 +398,25 @@ def train(cfg: TrainConfig, *, resume: bool = False) -> dict:
             group_ids = torch.arange(len(problems)).repeat_interleave(cfg.group_size)
             t_rollout = time.time()
             mask = rollout.response_mask
+            rows_per_pass = micro_rows(cfg, len(rollout.texts))  # every pass over the batch runs the update's micro-batches
             if cfg.overlong_buffer_frac > 0:  # DAPO's soft overlong punishment
                 rewards = rewards + overlong_penalty(mask.sum(-1), max_len=cfg.max_new_tokens,
                                                      buffer=round(cfg.overlong_buffer_frac * cfg.max_new_tokens),
                                                      factor=cfg.overlong_penalty_factor)
-            # --- token statistics under the behaviour policy, (B, R) each: strict on-policy, from the update's own
-            # forward (kept with its graph until the filter has run); otherwise from a separate no-grad pass
-            held = frozen = None
+            # --- token statistics under the behaviour policy, (B, R) each (behaviour_statistics)
             probing = probe_every > 0 and (step + 1) % probe_every == 0
-            if reuse:
-                frozen = (zero_advantage_rows(estimator, rewards, group_ids)
-                          if skips_zero_advantage(cfg, estimator, bonus, ref_model, probing) else None)
-                held = HeldForward(model, rollout, cfg.temperature, min(rows_per_pass, len(rollout.texts)), value_head,
-                                   cfg.precision, from_hidden=cfg.stats_from_hidden, frozen=frozen)
-                stats, old_values = held.stats(), held.values()
-            else:
-                stats, old_values = batch_forward(model, rollout, cfg.temperature, rows_per_pass, value_head,
-                                                  cfg.precision, from_hidden=cfg.stats_from_hidden)
+            frozen = (zero_advantage_rows(estimator, rewards, group_ids)
+                      if reuse and skips_zero_advantage(cfg, estimator, bonus, ref_model, probing) else None)
+            stats, old_values, held = behaviour_statistics(model, rollout, cfg, value_head, reuse=reuse, frozen=frozen)
             old_logp = stats.logp
             t_stats = time.time()
             ref_logp = (batch_forward(ref_model, rollout, cfg.temperature, rows_per_pass, precision=cfg.precision,
                                       from_hidden=cfg.stats_from_hidden)[0].logp if ref_model else None)
             # --- advantages, (B,) or (B, R) once reweighted per token
-            shaped = rewards
-            if cfg.rank_penalty_beta > 0:  # rewarding the unlikely
-                seq_logp = (old_logp * mask).sum(-1) / mask.sum(-1).clamp_min(1)
-                shaped = rank_penalty(rewards, group_ids, seq_logp, beta=cfg.rank_penalty_beta)
-            returns = None
-            if isinstance(estimator, TokenLevel):  # PPO: GAE over the value head's values, (B, R)
-                adv, returns = estimator(outcome_token_rewards(shaped, mask), old_values, mask, gamma=cfg.gamma, lam=cfg.lam)
-            else:
-                adv = estimator(shaped, group_ids)
-            if cfg.ar_alpha > 0:  # advantage reweighting
-                adv = advantage_reweight(adv, old_logp, alpha=cfg.ar_alpha)
+            adv, returns = compute_advantages(cfg, estimator, rewards, group_ids, mask, old_logp, old_values)
             # --- mask: the method's filter over the whole batch (mu chosen by the controller, if any)
             entropy_now = masked_mean(stats.entropy, mask)
-            if controller:
-                mu, keep, filter_metrics = controller.choose(method, stats, adv, mask, entropy_now, cfg.method_overrides())
-                filter_metrics = {**filter_metrics, "mu": mu if math.isfinite(mu) else None, "kappa": controller.kappa}
-            else:
-                keep, filter_metrics = method.apply(stats, adv, mask, **cfg.method_overrides())
+            keep, filter_metrics = choose_tokens(method, controller, stats, adv, mask, entropy_now, cfg)
             loss_mask = mask & keep
             entropy_coef = bonus.update(entropy_now) if bonus else cfg.entropy_coef
             loss_spec = POLICY_LOSSES.get(cfg.policy_loss)
@@ -454,19 +437,10 @@ def train(cfg: TrainConfig, *, resume: bool = False) -> dict:
             # --- diagnostics
             metrics = step_metrics(step, rewards, correct, adv, stats, mask, keep, rollout, cfg, optimizer)
             metrics.update(update_metrics)
-            # the sampler's log-probs (HF or vLLM) against the trained policy's, same tokens
-            if rollout.sampler_logp is not None:
-                gap = (old_logp - rollout.sampler_logp.to(old_logp.device)).abs()[mask]
-                metrics["rollout/sampler_logp_gap"] = gap.mean().item()
-                metrics["rollout/sampler_logp_gap_max"] = gap.max().item()
             metrics.update({f"filter/{k}": v for k, v in filter_metrics.items()})
-            if probe is not None:  # over every valid response token of the batch, before and after the update
-                after = batch_forward(model, rollout, cfg.temperature, rows_per_pass, precision=cfg.precision,
-                                      from_hidden=cfg.stats_from_hidden)[0]
-                metrics["entropy_change/first_order"] = probe.first_order()
-                metrics["entropy_change/realised"] = masked_mean(after.entropy, mask) - masked_mean(stats.entropy, mask)
-                if controller:  # kappa is fitted on the update's own first-order effect (control.py)
-                    controller.observe(metrics["entropy_change/first_order"])
+            metrics.update(after_update_metrics(model, rollout, stats, probe, cfg))
+            if controller and probe is not None:  # kappa is fitted on the update's own first-order effect (control.py)
+                controller.observe(metrics["entropy_change/first_order"])
             metrics["seconds"] = time.time() - t0
             # phases: rollout and scoring; statistics (the held forward, or the separate pass); advantages, filter,
             # update (the rest of the forward, backward, optimizer) and probe; diagnostics and the realised change
@@ -530,6 +504,74 @@ def sample_batch(engine, task, sampler: ProblemSampler, cfg: TrainConfig, step: 
     return kept_problems, Rollout.concat(parts, engine.tokenizer.pad_token_id), torch.cat(rewards), torch.cat(correct), info
 
 
+def micro_rows(cfg: TrainConfig, n_rows: int) -> int:
+    """Rows per forward pass: the update's micro-batch (the whole batch when micro_batch_size is 0 or larger)."""
+    return min(cfg.micro_batch_size or n_rows, n_rows)
+
+
+def behaviour_statistics(model, rollout: Rollout, cfg: TrainConfig, value_head=None, *, reuse: bool,
+                         frozen: torch.Tensor | None = None) -> tuple[TokenStats, torch.Tensor | None, HeldForward | None]:
+    """(stats, old values, held) of the behaviour policy, (B, R) each, over the whole batch. Strict on-policy with
+    reuse: the update's own forward, kept with its graph until the filter has run (`held`). Otherwise one no-grad
+    pass built exactly as the update's forward (forward.py: one construction): the update's micro-batches, its
+    module mode, its precision, so at these weights it gives the update's log p bit for bit."""
+    rows = micro_rows(cfg, len(rollout.texts))
+    if reuse:
+        held = HeldForward(model, rollout, cfg.temperature, rows, value_head, cfg.precision,
+                           from_hidden=cfg.stats_from_hidden, frozen=frozen)
+        return held.stats(), held.values(), held
+    stats, values = batch_forward(model, rollout, cfg.temperature, rows, value_head, cfg.precision,
+                                  from_hidden=cfg.stats_from_hidden)
+    return stats, values, None
+
+
+def compute_advantages(cfg: TrainConfig, estimator, rewards, group_ids, mask, old_logp,
+                       old_values) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(advantages (B,) or (B, R), returns (B, R) or None): the estimator over each group, after the reward shaping
+    that reads old log p (rewarding the unlikely's rank penalty), then advantage reweighting; PPO's GAE over the
+    value head's old values."""
+    shaped = rewards
+    if cfg.rank_penalty_beta > 0:  # rewarding the unlikely
+        seq_logp = (old_logp * mask).sum(-1) / mask.sum(-1).clamp_min(1)
+        shaped = rank_penalty(rewards, group_ids, seq_logp, beta=cfg.rank_penalty_beta)
+    returns = None
+    if isinstance(estimator, TokenLevel):  # PPO: GAE over the value head's values, (B, R)
+        adv, returns = estimator(outcome_token_rewards(shaped, mask), old_values, mask, gamma=cfg.gamma, lam=cfg.lam)
+    else:
+        adv = estimator(shaped, group_ids)
+    if cfg.ar_alpha > 0:  # advantage reweighting
+        adv = advantage_reweight(adv, old_logp, alpha=cfg.ar_alpha)
+    return adv, returns
+
+
+def choose_tokens(method, controller, stats: TokenStats, adv, mask, entropy_now: float,
+                  cfg: TrainConfig) -> tuple[torch.Tensor, dict]:
+    """(keep (B, R) bool, metrics): the method's token filter over the whole batch, never per micro-batch; with an
+    entropy target, mu is chosen by the controller (control.py)."""
+    if not controller:
+        return method.apply(stats, adv, mask, **cfg.method_overrides())
+    mu, keep, metrics = controller.choose(method, stats, adv, mask, entropy_now, cfg.method_overrides())
+    return keep, {**metrics, "mu": mu if math.isfinite(mu) else None, "kappa": controller.kappa}
+
+
+def after_update_metrics(model, rollout: Rollout, stats: TokenStats, probe: EntropyProbe | None,
+                         cfg: TrainConfig) -> dict:
+    """The sampler's log-probs (HF or vLLM) against the trained policy's on the same tokens; on probe steps, the
+    first-order and the realised change of the batch's mean entropy (the `after` pass is built as the statistics
+    pass was, so the difference is the update's alone)."""
+    mask, out = rollout.response_mask, {}
+    if rollout.sampler_logp is not None:
+        gap = (stats.logp - rollout.sampler_logp.to(stats.logp.device)).abs()[mask]
+        out["rollout/sampler_logp_gap"] = gap.mean().item()
+        out["rollout/sampler_logp_gap_max"] = gap.max().item()
+    if probe is not None:  # over every valid response token of the batch, before and after the update
+        after = batch_forward(model, rollout, cfg.temperature, micro_rows(cfg, len(rollout.texts)),
+                              precision=cfg.precision, from_hidden=cfg.stats_from_hidden)[0]
+        out["entropy_change/first_order"] = probe.first_order()
+        out["entropy_change/realised"] = masked_mean(after.entropy, mask) - masked_mean(stats.entropy, mask)
+    return out
+
+
 def reuses_forward(cfg: TrainConfig, model) -> bool:
     """Whether the statistics come from the update's own forward: only strict on-policy (one epoch, one mini-batch,
     no Lopti phases), where old log p equals the update's log p; `auto` also needs the update to hold the whole
@@ -577,11 +619,13 @@ def make_optimizer(groups: list[dict], cfg: TrainConfig) -> torch.optim.Adam:
 
 def update_policy(model, optimizer, rollout: Rollout, adv, old_logp, ref_logp, loss_mask, cfg: TrainConfig,
                   gen: torch.Generator, *, entropy_coef: float = 0.0, selected: torch.Tensor | None = None,
-                  critic: tuple | None = None, held: HeldForward | None = None) -> dict:
+                  critic: tuple | None = None, held: HeldForward | None = None, observe=None) -> dict:
     """ppo_epochs x mini_batches optimizer steps (per Lopti phase); gradient accumulation over micro-batches with
     the mini-batch's global denominators. `held` (strict on-policy) supplies the micro-batches' forward already
-    computed. Returns the mean loss metrics, the last grad norm and Corollary 4.1's prediction (eq. 28) summed
-    over the optimizer steps, each with its true ratios and the current policy's S_c."""
+    computed. `observe(rows, stats, old_logp)`, if given, sees each micro-batch's forward and the old log p its loss
+    used (entropy_rft/invariants.py checks the update against the statistics pass with it). Returns the mean loss
+    metrics, the last grad norm and Corollary 4.1's prediction (eq. 28) summed over the optimizer steps, each with
+    its true ratios and the current policy's S_c."""
     device = next(model.parameters()).device
     n_rows = loss_mask.shape[0]
     model.train()
@@ -595,6 +639,7 @@ def update_policy(model, optimizer, rollout: Rollout, adv, old_logp, ref_logp, l
     loss_kwargs = loss_spec.kwargs(cfg)
     valid = rollout.response_mask
     value_head, old_values, returns = critic or (None, None, None)
+    first_step = True  # until the first optimizer.step(), the weights are the behaviour policy's
     phases = [loss_mask]
     if cfg.lopti_eta is not None:  # Lopti: low-probability tokens first, then the rest
         low = old_logp.exp() < cfg.lopti_eta
@@ -615,10 +660,14 @@ def update_policy(model, optimizer, rollout: Rollout, adv, old_logp, ref_logp, l
                 else:
                     stats, values = policy_forward(model, rollout.select(part), cfg.temperature, value_head,
                                                    cfg.precision, from_hidden=cfg.stats_from_hidden)
+                # the first optimizer step runs at the weights that produced old_logp: its own forward is the
+                # behaviour policy's, so its ratio is exactly 1 whatever the precision (departure 3)
+                old = stats.logp.detach() if first_step else old_logp[part].to(device)
                 extra = {"selected": selected[part].to(device)} if selected is not None else {}
                 agg = {"agg": cfg.loss_agg, "num_tokens": n_tokens, "num_seqs": n_seqs, "norm": cfg.max_new_tokens}
-                loss, pm = loss_spec.fn(stats.logp, old_logp[part].to(device), adv[part].to(device), m,
-                                        **agg, **loss_kwargs, **extra)
+                loss, pm = loss_spec.fn(stats.logp, old, adv[part].to(device), m, **agg, **loss_kwargs, **extra)
+                if observe is not None:
+                    observe(part, stats, old)
                 if ref_logp is not None:
                     kl = aggregate(kl_penalty(stats.logp, ref_logp[part].to(device)), m, cfg.loss_agg,
                                    num_tokens=n_tokens, num_seqs=n_seqs, norm=cfg.max_new_tokens)
@@ -626,7 +675,8 @@ def update_policy(model, optimizer, rollout: Rollout, adv, old_logp, ref_logp, l
                     pm["kl"] = kl.detach()
                 if value_head is not None:  # the critic learns on every valid token
                     vm = valid[part].to(device)
-                    vl, vmetrics = value_loss(values, old_values[part].to(device), returns[part].to(device), vm,
+                    old_v = values.detach() if first_step else old_values[part].to(device)
+                    vl, vmetrics = value_loss(values, old_v, returns[part].to(device), vm,
                                               clip_range=cfg.value_clip, agg=cfg.loss_agg, norm=cfg.max_new_tokens,
                                               num_tokens=valid[rows].sum().clamp_min(1).to(device),
                                               num_seqs=(valid[rows].sum(-1) > 0).sum().clamp_min(1).to(device))
@@ -638,7 +688,7 @@ def update_policy(model, optimizer, rollout: Rollout, adv, old_logp, ref_logp, l
                     loss = loss - entropy_coef * bonus
                 if loss.requires_grad or held is None or held.frozen is None:  # a micro-batch of frozen rows only
                     loss.backward()                                            # (advantage 0) has no graph
-                ratio[part] = (stats.logp.detach() - old_logp[part].to(device)).exp().cpu()
+                ratio[part] = (stats.logp.detach() - old).exp().cpu()
                 s_centered[part] = stats.s_centered.cpu()
                 weight = float(m.sum()) / float(n_total) / cfg.ppo_epochs
                 for k, v in pm.items():
@@ -653,6 +703,7 @@ def update_policy(model, optimizer, rollout: Rollout, adv, old_logp, ref_logp, l
             norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip if cfg.grad_clip > 0 else math.inf)
             grad_norms.append(float(norm))
             optimizer.step()
+            first_step = False
     sums["grad_norm"] = grad_norms[-1] if grad_norms else 0.0
     sums["entropy_change/predicted_offpolicy"] = predicted_off
     return sums

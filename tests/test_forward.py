@@ -64,20 +64,23 @@ def test_logit_transforms_fall_back_to_logits(policy):
     assert not streams_from_hidden(other)
 
 
-def test_dropout_is_switched_off_and_statistics_run_in_eval_mode(policy):
-    """disable_dropout zeroes every dropout probability; batch_forward runs in eval mode and restores the flag."""
+def test_statistics_pass_runs_in_the_update_mode(policy):
+    """batch_forward runs in the module mode the update runs in (training mode once dropout is off), and in eval mode
+    where dropout is deliberately left on (the statistics are then not noised); the flag is restored after."""
     model = copy.deepcopy(policy[0])
     model.model.layers[0].self_attn.attention_dropout = 0.3
     model.model.layers[1].mlp.add_module("drop", torch.nn.Dropout(0.5))
-    assert has_active_dropout(model)
-    assert disable_dropout(model) == 2 and not has_active_dropout(model)
-    model.train()
     seen = []
-    handle = model.register_forward_pre_hook(lambda m, a: seen.append(m.training))
     model.get_decoder().register_forward_pre_hook(lambda m, a: seen.append(m.training))
-    batch_forward(model, make_rollout(policy[1]), 1.0, 3)
-    handle.remove()
-    assert seen and not any(seen) and model.training
+    for was_training in (True, False):
+        model.train(was_training)
+        batch_forward(model, make_rollout(policy[1]), 1.0, 3)  # dropout active: eval mode
+        assert seen and not any(seen) and model.training == was_training
+        seen.clear()
+    assert disable_dropout(model) == 2 and not has_active_dropout(model)
+    model.eval()
+    batch_forward(model, make_rollout(policy[1]), 1.0, 3)  # no dropout: the update's training mode
+    assert seen and all(seen) and not model.training
 
 
 def step_weights(tmp_path, name, **kw):
