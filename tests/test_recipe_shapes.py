@@ -1,0 +1,222 @@
+"""Every shipped recipe (configs/paper, configs/one_gpu), scaled down to a random-init model of its own architecture
+and run with its real settings otherwise (bf16 autocast, gradient checkpointing, LoRA, micro-batch size, loss
+aggregation, method, policy loss, advantage estimator, mini-batches): the guarantees of entropy_rft/invariants.py.
+
+- strict on-policy: the update's forward equals the statistics pass bit for bit, ratio exactly 1, no clipping
+  (an off-policy recipe: its first optimizer step, which runs at the behaviour policy's weights);
+- the keep mask is the whole batch's filter for any micro-batch size;
+- the gradient does not depend on the micro-batch size beyond rounding. The bf16 tolerance: two bf16 computations
+  of one gradient, each one rounding pattern away from the float32 gradient, are at most twice that distance
+  apart (triangle inequality), so |g_a - g_b| <= 2 |g_bf16 - g_fp32|, measured on the same batch and weights; a
+  denominator or mask error moves the gradient by O(|g|), 30-60x more on these shapes;
+- statistics within the precision's rounding of float64 (invariants.stats_tolerance), in bf16 and in float32.
+
+Set ENTROPY_RFT_TEST_DEVICE=cuda to run the same checks on a GPU (Triton statistics, CUDA attention)."""
+
+import dataclasses
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+pytest.importorskip("peft")
+from entropy_rft.advantages import ADVANTAGES, TokenLevel  # noqa: E402
+from entropy_rft.config import load_config  # noqa: E402
+from entropy_rft.invariants import (float64_reference, grad_distance, grad_norm, recipe_step, scaled_model,  # noqa: E402
+                                    stats_tolerance, synthetic_batch)
+from entropy_rft.methods import METHODS  # noqa: E402
+from entropy_rft.trainer import ValueHead, behaviour_statistics  # noqa: E402
+
+CONFIGS = Path(__file__).parents[1] / "entropy_rft" / "configs"
+RECIPES = sorted(CONFIGS.glob("paper/*.yaml")) + sorted(CONFIGS.glob("one_gpu/*.yaml"))
+DEVICE = os.environ.get("ENTROPY_RFT_TEST_DEVICE", "cpu")
+PROMPTS, GROUP, RESPONSE = 3, 4, 10  # 12 rows: micro-batches of 8 split it unevenly, of 2 and 4 evenly
+OTHER_MICRO = 3  # the second micro-batch size each recipe is compared with (uneven: 3 + 3 + 3 + 3)
+# options under which each filter clips a tenth or more of these batches' tokens (the recipes' own mu 2.5 / 8.5
+# with max_frac 1e-4 may clip nothing on 100 tokens), so the whole-batch check has decisions to compare
+AMPLIFIED = {"clip_b": {"mu": 0.5}, "ppo_clip_b": {"mu": 0.5}, "clip_v": {"mu": 0.5, "max_frac": 0.3},
+             "ppo_clip_v": {"mu": 0.5, "max_frac": 0.3}, "forking": {}}
+
+
+def scaled(recipe: Path, **kw):
+    cfg = load_config(recipe)
+    prompts = -(-PROMPTS // cfg.mini_batches) * cfg.mini_batches  # whole prompts per mini-batch (KL-Cov's 8)
+    # grad_clip 0: the gradient is recorded before clipping, which would rescale a wrong gradient to norm 1
+    return dataclasses.replace(cfg, prompts_per_step=prompts, group_size=min(cfg.group_size, GROUP),
+                               max_new_tokens=RESPONSE, grad_clip=0.0, device=DEVICE, **kw)
+
+
+_MODELS: dict = {}
+
+
+def model_for(cfg):
+    """One scaled model per architecture and preparation (LoRA, checkpointing); the recording optimizer never steps,
+    so recipes share it."""
+    key = (cfg.model, cfg.lora_rank, cfg.lora_alpha, cfg.lora_targets, cfg.gradient_checkpointing)
+    if key not in _MODELS:
+        _MODELS[key] = scaled_model(cfg.model, cfg, device=DEVICE)
+    return _MODELS[key]
+
+
+def value_head(cfg):
+    return ValueHead(64).to(DEVICE) if isinstance(ADVANTAGES.get(cfg.advantage), TokenLevel) else None
+
+
+def batch(cfg, seed=0):
+    return synthetic_batch(cfg.prompts_per_step, cfg.group_size, vocab=2304, max_response=RESPONSE, seed=seed,
+                           model=model_for(cfg))
+
+
+def strict(cfg) -> bool:
+    return cfg.ppo_epochs == 1 and cfg.mini_batches == 1 and cfg.lopti_eta is None
+
+
+def assert_on_policy(rec, mask, cfg):
+    """The first optimizer step's loss saw ratio exactly 1; strict on-policy, the update's forward is the statistics
+    pass bit for bit and no token is clipped."""
+    ran = ~rec.update_logp.isnan() & mask
+    assert ran.any()
+    assert torch.equal(rec.update_old[ran], rec.update_logp[ran])  # ratio exactly 1
+    if strict(cfg):
+        assert ran.equal(mask)
+        assert torch.equal(rec.update_logp[mask], rec.stats.logp[mask].float())
+        assert rec.metrics["loss/ppo_kl"] == 0.0
+        assert rec.metrics.get("loss/clipfrac", 0.0) == 0.0 or cfg.policy_loss == "clip_cov"  # Clip-Cov: its selection
+
+
+def filter_keep(cfg, stats, adv, mask, rows=None):
+    """The method's filter on the whole batch's statistics, or applied to each block of `rows` rows separately."""
+    method = METHODS.get(cfg.method)
+    options = {**cfg.method_overrides(), **AMPLIFIED.get(cfg.method, {})}
+    if rows is None:
+        return method.apply(stats, adv, mask, **options)[0]
+    parts = [method.apply(stats.map(lambda x, s=s: x[s]), adv[s], mask[s], **options)[0]
+             for s in torch.arange(mask.shape[0]).split(rows)]
+    return torch.cat(parts)
+
+
+@pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: f"{p.parent.name}/{p.stem}")
+def test_recipe_invariants(recipe):
+    """The recipe's step in its own precision and micro-batch size, against the same step with another micro-batch
+    size and in float32: on-policy, whole-batch keep mask, micro-batch invariant gradient."""
+    cfg = scaled(recipe)
+    assert cfg.precision == "bf16" and cfg.micro_batch_size > 0  # what the shipped recipes train in
+    model, head = model_for(cfg), value_head(cfg)
+    ro, rewards, gids = batch(cfg)
+    mask = ro.response_mask
+    a = recipe_step(cfg, model, ro, rewards, gids, value_head=head)
+    assert_on_policy(a, mask, cfg)
+    method = METHODS.get(cfg.method)
+    assert torch.equal(a.keep, method.apply(a.stats, a.adv, mask, **cfg.method_overrides())[0])
+    b = recipe_step(dataclasses.replace(cfg, micro_batch_size=OTHER_MICRO), model, ro, rewards, gids, value_head=head,
+                    given=a)
+    assert_on_policy(b, mask, cfg)
+    c = recipe_step(dataclasses.replace(cfg, precision="fp32"), model, ro, rewards, gids, value_head=head, given=a)
+    assert_on_policy(c, mask, cfg)
+    assert len(a.grads) == len(b.grads) == len(c.grads) == cfg.mini_batches * cfg.ppo_epochs
+    # KL-Cov's |log r| term has gradient sign(log r): at the non-stepping optimizer's unchanged weights, steps after
+    # the first see log r of rounding size and random sign, so only the first (exactly on-policy) step compares
+    steps = range(len(a.grads)) if cfg.policy_loss != "kl_cov" else range(1)
+    for i in steps:
+        bf16_error = grad_distance(a.grads[i], c.grads[i])
+        assert 0 < bf16_error < 0.2 * grad_norm(c.grads[i])
+        assert grad_distance(a.grads[i], b.grads[i]) <= 2 * bf16_error, i
+    # the keep mask over the whole batch, in float32 so statistics agree across micro-batch sizes to a rounding
+    if cfg.method in AMPLIFIED:
+        fp32 = dataclasses.replace(cfg, precision="fp32")
+        s1 = c.stats
+        s2 = behaviour_statistics(model, ro, dataclasses.replace(fp32, micro_batch_size=OTHER_MICRO), head, reuse=False)[0]
+        keep1, keep2 = filter_keep(fp32, s1, a.adv, mask), filter_keep(fp32, s2, a.adv, mask)
+        assert 0 < int((mask & ~keep1).sum()) and torch.equal(keep1, keep2)
+
+
+SHAPES = {}
+for _recipe in RECIPES:
+    _cfg = scaled(_recipe)
+    SHAPES.setdefault((_cfg.model, _cfg.lora_rank, _cfg.gradient_checkpointing), _recipe)
+
+
+@pytest.mark.parametrize("recipe", sorted(SHAPES.values()), ids=lambda p: f"{p.parent.name}/{p.stem}")
+@pytest.mark.parametrize("precision", ["bf16", "fp32"])
+def test_statistics_against_float64(recipe, precision):
+    """Per architecture and preparation: the statistics pass's log p, H and S* are within the precision's rounding
+    bound of a float64 forward of the same weights, and that bound is not vacuous (float32 is far inside it)."""
+    cfg = scaled(recipe, precision=precision)
+    model, head = model_for(cfg), value_head(cfg)
+    ro, _, _ = batch(cfg, seed=1)
+    stats = behaviour_statistics(model, ro, cfg, head, reuse=False)[0]
+    ref, logits = float64_reference(model, ro, cfg.temperature)
+    bound = stats_tolerance(ref, logits, precision=precision, layers=2, width=64)
+    mask = ro.response_mask
+    for key in ("logp", "entropy", "s_star"):
+        err = (getattr(stats, key).double() - getattr(ref, key).cpu()).abs()[mask]
+        assert (err <= bound[key].cpu()[mask]).all(), (key, float(err.max()))
+    if precision == "bf16":  # bf16 is really at work: the error is well above float32's
+        assert float((stats.logp.double() - ref.logp.cpu()).abs()[mask].max()) > 1e-4
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Property-based: micro-batch sizes, padding, group sizes, response lengths (float64 weights, strict and
+# off-policy, so only the construction's logic is at stake, not a precision)
+
+_F64 = {}
+
+
+def f64_model(cfg):
+    key = cfg.gradient_checkpointing
+    if key not in _F64:
+        _F64[key] = scaled_model("Qwen/Qwen2.5-7B-Instruct", cfg, hidden_size=32, intermediate_size=64,
+                                 num_attention_heads=2, head_dim=16, vocab_size=300).double()
+    return _F64[key]
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(per_mini_batch=st.integers(1, 2), group=st.integers(2, 4), response=st.integers(1, 9), micro=st.integers(1, 5),
+       seed=st.integers(0, 10**6), checkpointing=st.booleans(), mini_batches=st.sampled_from([1, 2]))
+def test_invariants_over_batch_shapes(per_mini_batch, group, response, micro, seed, checkpointing, mini_batches):
+    """For any batch shape and micro-batch size: the first optimizer step's ratio is exactly 1 (strict: the update's
+    forward equals the statistics pass bit for bit); the Clip_B keep mask is the same for every micro-batch size;
+    each optimizer step's gradient is the same to float32 rounding. The statistics are float32 (dynamics' tiles)
+    while the float64 rows may differ by one rounding between batch compositions, so per-token terms move by up to
+    2^-24 relative, and a sum of N of them by N 2^-24 of its size."""
+    prompts = per_mini_batch * mini_batches
+    cfg = load_config(None, method="clip_b", mu=0.5, prompts_per_step=prompts, group_size=group,
+                      max_new_tokens=response, micro_batch_size=micro, gradient_checkpointing=checkpointing,
+                      mini_batches=mini_batches, grad_clip=0.0, device=DEVICE)
+    model = f64_model(cfg)
+    ro, rewards, gids = synthetic_batch(prompts, group, vocab=300, max_response=response, seed=seed, model=model)
+    mask = ro.response_mask
+    a = recipe_step(cfg, model, ro, rewards, gids)
+    assert_on_policy(a, mask, cfg)
+    whole = recipe_step(dataclasses.replace(cfg, micro_batch_size=0), model, ro, rewards, gids)
+    assert torch.equal(a.keep, whole.keep)
+    tol = int(mask.sum()) * 2.0 ** -24
+    for ga, gw in zip(a.grads, whole.grads):  # plus float64's own rounding where the gradient is ~0 (A = 0)
+        assert grad_distance(ga, gw) <= tol * grad_norm(gw) + 1e-12
+
+
+def test_a_per_micro_batch_filter_is_caught(monkeypatch):
+    """Mutation check: a trainer that filtered each micro-batch on its own (verl #7829's KL-Cov selection) fails
+    the whole-batch keep-mask check of test_invariants_over_batch_shapes on some of a few batch shapes."""
+    import entropy_rft.invariants as inv
+
+    def per_micro_batch(method, controller, stats, adv, mask, entropy_now, cfg):
+        rows = torch.arange(mask.shape[0]).split(cfg.micro_batch_size or mask.shape[0])
+        parts = [method.apply(stats.map(lambda x, r=r: x[r]), adv[r], mask[r], **cfg.method_overrides())
+                 for r in rows]
+        return torch.cat([k for k, _ in parts]), {}
+
+    monkeypatch.setattr(inv, "choose_tokens", per_micro_batch)
+    caught = 0
+    for seed in range(3):
+        cfg = load_config(None, method="clip_b", mu=0.5, prompts_per_step=2, group_size=4, max_new_tokens=6,
+                          micro_batch_size=2, grad_clip=0.0, device=DEVICE)
+        model = f64_model(cfg)
+        ro, rewards, gids = synthetic_batch(2, 4, vocab=300, max_response=6, seed=seed, model=model)
+        a = recipe_step(cfg, model, ro, rewards, gids)
+        whole = recipe_step(dataclasses.replace(cfg, micro_batch_size=0), model, ro, rewards, gids)
+        caught += not torch.equal(a.keep, whole.keep)
+    assert caught
