@@ -36,33 +36,11 @@ def ours(steps: int, method: str, out: Path, probe_every: int) -> list[dict]:
 
 
 def trl_steps(steps: int, out: Path, seed: int) -> list[dict]:
-    from datasets import Dataset
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    from trl import GRPOConfig, GRPOTrainer
+    from entropy_rft.integrations.trl_countdown import countdown_trainer
 
-    from entropy_rft.tasks import TASKS
-    from entropy_rft.trainer import BUILTIN_MODELS, default_data, load_problems
-    from entropy_rft.config import load_config
-
-    task = TASKS.get("countdown")
-    problems = load_problems(default_data(load_config(None), "train"), task)
-    path = str(BUILTIN_MODELS["countdown-tiny"])
-
-    def reward(completions, idx, **_):
-        scored = task.score_batch(list(completions), [True] * len(completions), [problems[i] for i in idx])
-        return [r for r, _ in scored]
-
-    data = Dataset.from_list([{"prompt": task.prompt(p), "idx": i} for i, p in enumerate(problems)])
-    args = GRPOConfig(output_dir=str(out), per_device_train_batch_size=256, num_generations=8,
-                      max_completion_length=16, temperature=1.0, top_p=1.0, top_k=0, learning_rate=5e-5,
-                      beta=0.0, num_iterations=1, steps_per_generation=1, gradient_accumulation_steps=1,
-                      loss_type="dapo", use_cpu=True, report_to=[], save_strategy="no", logging_steps=10**6,
-                      disable_tqdm=True, seed=seed, bf16=False, disable_dropout=True, weight_decay=0.0,
-                      max_grad_norm=1.0, log_completions=False)
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    tokenizer.padding_side = "left"
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    trainer = GRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=data, processing_class=tokenizer)
+    # plain GRPOTrainer with the demo's settings (trl_countdown's mapping), driven one step at a time
+    trainer = countdown_trainer(out, method=None, seed=seed, steps=steps, logging_steps=10**6)
+    args, model = trainer.args, trainer.model
     trainer.create_optimizer_and_scheduler(num_training_steps=steps)
     batches = iter(trainer.get_train_dataloader())
     generate = trainer._generate_and_score_completions

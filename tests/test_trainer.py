@@ -129,6 +129,18 @@ def test_micro_batches_give_the_same_update():
             assert grad_distance(a, b) <= tol * grad_norm(a) and grad_norm(a) > 0
 
 
+def test_strict_on_policy_is_exact_in_the_shape_users_train_in(tmp_path):
+    """One strict on-policy step of GSPO (clip range 3e-4 / 4e-4, where a ratio off by rounding is clipped) in bf16
+    autocast with LoRA, micro-batches of 2 and gradient checkpointing: no token is clipped and ppo_kl is exactly 0
+    (the statistics pass and the update's forward are one construction; the first step's old log p is its own)."""
+    pytest.importorskip("peft")
+    cfg = tiny(tmp_path, steps=1, policy_loss="gspo", eps_low=3e-4, eps_high=4e-4, precision="bf16", lora_rank=8,
+               micro_batch_size=2, gradient_checkpointing=True, probe_every=0, eval_problems=2, eval_k=1)
+    train(cfg)
+    row = read_metrics(cfg.out)[0]
+    assert row["loss/ppo_kl"] == 0.0 and row["loss/clipfrac"] == 0.0
+
+
 def test_off_policy_epochs_use_true_ratios(tmp_path):
     """With two epochs and two mini-batches, later updates see ratios != 1 (ppo_kl != 0)."""
     cfg = tiny(tmp_path, steps=1, ppo_epochs=2, mini_batches=2, lr=1e-3)

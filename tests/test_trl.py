@@ -82,31 +82,41 @@ def test_keep_mask_is_the_methods_over_the_whole_generation_batch(tmp_path):
 
 
 def test_two_processes_filter_the_batch_they_share(tmp_path):
-    """Two processes (torch.distributed on the CPU): each one's kept tokens are its rows of Clip_B applied to both
-    processes' generation batches together; filtering each process's rows alone would give another mask."""
-    resolve_model_path(STAND_IN)  # build the stand-in once, before two processes look for it
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           str(Path(__file__).parent / "trl_worker.py"), str(tmp_path)]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    """TRL's own training loop in two processes (`accelerate launch --multi_gpu --num_processes 2`: CPU processes over
+    gloo) on countdown with Clip_B, three steps of 8 rows a process: at every step each process's kept tokens are its rows of Clip_B applied
+    to both processes' generation batches together, and filtering each process's rows alone would give another
+    mask (so the check can tell them apart)."""
+    steps = 3
+    cmd = [str(Path(sys.executable).parent / "accelerate"), "launch", "--multi_gpu", "--num_processes", "2",
+           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+           str(Path(__file__).parent / "trl_worker.py"), str(tmp_path), str(steps)]
+    if not Path(cmd[0]).exists():
+        cmd[:1] = [sys.executable, "-m", "accelerate.commands.launch"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=Path(__file__).parents[1])
     assert done.returncode == 0, done.stderr[-3000:]
-    runs = [torch.load(tmp_path / f"rank{i}.pt", weights_only=False) for i in range(2)]
-    width = max(r["out"]["completion_mask"].shape[1] for r in runs)
-
-    def joined(get):
-        return torch.cat([torch.nn.functional.pad(get(r), (0, width - get(r).shape[1])) for r in runs])
-
-    stats = TokenStats(*(joined(lambda r, k=k: r["stats"][k]) for k in ("logp", "entropy", "s_star", "s_expect")))
-    mask = joined(lambda r: r["out"]["completion_mask"]).bool()
-    keep, _ = METHODS.get("clip_b").apply(stats, torch.cat([r["out"]["advantages"] for r in runs]), mask, mu=0.5)
+    ranks = [torch.load(tmp_path / f"rank{i}.pt", weights_only=False) for i in range(2)]
+    assert len(ranks[0]) == len(ranks[1]) == steps
     alone_differs = []
-    for i, r in enumerate(runs):
-        m = r["out"]["completion_mask"].bool()
-        rows, w = slice(i * m.shape[0], (i + 1) * m.shape[0]), m.shape[1]
-        got = r["out"]["tool_mask"].bool() & m
-        assert torch.equal(got, keep[rows, :w] & m)
-        own = TokenStats(*(r["stats"][k] for k in ("logp", "entropy", "s_star", "s_expect")))
-        alone, _ = METHODS.get("clip_b").apply(own, r["out"]["advantages"], m, mu=0.5)
-        alone_differs.append(not torch.equal(alone & m, got))
+    for step in range(steps):
+        runs = [r[step] for r in ranks]
+        width = max(r["out"]["completion_mask"].shape[1] for r in runs)
+
+        def joined(get):
+            return torch.cat([torch.nn.functional.pad(get(r), (0, width - get(r).shape[1])) for r in runs])
+
+        stats = TokenStats(*(joined(lambda r, k=k: r["stats"][k]) for k in ("logp", "entropy", "s_star", "s_expect")))
+        mask = joined(lambda r: r["out"]["completion_mask"]).bool()
+        adv = torch.cat([r["out"]["advantages"] for r in runs])
+        keep, _ = METHODS.get("clip_b").apply(stats, adv, mask, mu=1.5)
+        assert (mask & ~keep).any()  # Clip_B drops tokens: the check sees a real filter
+        for i, r in enumerate(runs):
+            m = r["out"]["completion_mask"].bool()
+            rows, w = slice(i * m.shape[0], (i + 1) * m.shape[0]), m.shape[1]
+            got = r["out"]["tool_mask"].bool() & m
+            assert torch.equal(got, keep[rows, :w] & m), (step, i)
+            own = TokenStats(*(r["stats"][k] for k in ("logp", "entropy", "s_star", "s_expect")))
+            alone, _ = METHODS.get("clip_b").apply(own, r["out"]["advantages"], m, mu=1.5)
+            alone_differs.append(not torch.equal(alone & m, got))
     assert any(alone_differs)  # the batch-level statistics matter here: the check can tell the two apart
 
 
