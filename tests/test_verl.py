@@ -45,14 +45,11 @@ import verl.workers.engine_workers as engine_workers  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 from tensordict import TensorDict  # noqa: E402
 from transformers import AutoModelForCausalLM  # noqa: E402
-from verl.single_controller.base.decorator import MAGIC_ATTR  # noqa: E402
 from verl.trainer.ppo.v1 import get_trainer_cls  # noqa: E402
 from verl.utils import tensordict_utils as tu  # noqa: E402
 from verl.utils.dataset.dataset_utils import DatasetPadMode  # noqa: E402
 from verl.workers.engine.base import EngineRegistry  # noqa: E402
-from verl.utils.profiler import DistProfiler  # noqa: E402
 from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead  # noqa: E402
-from verl.workers.engine_workers import ActorRolloutRefWorker, TrainingWorker  # noqa: E402
 from verl.workers.utils.losses import ppo_loss  # noqa: E402
 from verl.workers.utils.padding import response_from_nested  # noqa: E402
 
@@ -64,6 +61,9 @@ from entropy_rft.integrations.verl import (  # noqa: E402
     check_config, stats_from_engine)
 from entropy_rft.masks import clip_b, clip_v  # noqa: E402
 from entropy_rft.methods import METHODS  # noqa: E402
+from engine_step import (  # noqa: E402
+    GRAD_RTOL, InProcessWorkerGroup, actor_rollout_ref_worker, all_reduce_with_average, fsdp_engine, policy_gradient,
+    rel_diff, training_worker, value_gradient)
 
 TINY = Path(entropy_rft.__file__).parent / "assets" / "countdown-tiny"
 ROOT = Path(__file__).resolve().parents[1]
@@ -210,15 +210,6 @@ def one_torch_thread():
     torch.set_num_threads(threads)
 
 
-def _all_reduce_with_average(all_reduce, tensor, op=dist.ReduceOp.SUM, group=None, async_op=False):
-    """gloo has no ReduceOp.AVG (TrainingWorker averages its loss metric with it): AVG as SUM / group size."""
-    if op == dist.ReduceOp.AVG:
-        all_reduce(tensor, op=dist.ReduceOp.SUM, group=group)
-        tensor /= dist.get_world_size(group)
-        return None
-    return all_reduce(tensor, op=op, group=group, async_op=async_op)
-
-
 @pytest.fixture(scope="module")
 def engine():
     with pytest.MonkeyPatch.context() as mp:
@@ -227,7 +218,7 @@ def engine():
         mp.setattr(seqlen_balancing, "get_device_name", lambda: "cpu")  # dynamic batch sizes
         mp.setattr(engine_workers, "get_torch_device", lambda: types.SimpleNamespace(  # TrainingWorker's metrics
             max_memory_allocated=lambda: 0, max_memory_reserved=lambda: 0))
-        mp.setattr(dist, "all_reduce", partial(_all_reduce_with_average, dist.all_reduce))
+        mp.setattr(dist, "all_reduce", partial(all_reduce_with_average, dist.all_reduce))
         created = not dist.is_initialized()
         if created:
             dist.init_process_group("gloo", rank=0, world_size=1, init_method="tcp://127.0.0.1:29517")
@@ -332,10 +323,6 @@ def test_engine_adds_nothing_unless_asked_and_refuses_fused_kernels(engine):
     tu.assign_non_tensor(data, use_fused_kernels=True, **{WANT_S_EXPECT: True})
     with pytest.raises(ValueError, match="use_fused_kernels=false"):
         engine._s_expect(types.SimpleNamespace(logits=None), {}, data)
-
-
-def rel_diff(a, b):
-    return float((a - b).norm() / b.norm())
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -466,34 +453,6 @@ def test_driver_clip_cov_zeroes_whole_batch_selection(transfer_queue):
 
 GROUPS, N = 4, 4  # prompts x rollouts per prompt: 16 rows
 MINI_BATCHES, EPOCHS = 2, 2  # 4 optimizer steps per update
-# float32 gradients of the same sums taken in another order (packed micro-batches vs one sequence at a time): each
-# entry sums at most a few thousand products (16 rows x ~10 tokens x hidden 128), so the relative error is bounded
-# by ~1e3 x eps(float32) = 1e-4; measured 2e-7 to 1.1e-6. The mutations below move it by 6e-2 to 3e-1.
-GRAD_RTOL = 1e-4
-
-
-class RecordingOptimizer:
-    """Stands in for the engine's AdamW: records each step's gradient (what the engine computed for one
-    mini-batch) and never changes the weights."""
-
-    def __init__(self, params):
-        self.params, self.grads = list(params), []
-
-    def zero_grad(self, set_to_none=True):
-        for p in self.params:
-            p.grad = None
-
-    def step(self):
-        self.grads.append(torch.cat([(torch.zeros_like(p) if p.grad is None else p.grad).flatten()
-                                     for p in self.params]).clone())
-
-
-class ConstantLR:
-    def step(self):
-        pass
-
-    def get_last_lr(self):
-        return [0.0]
 
 
 @pytest.fixture(scope="module")
@@ -523,78 +482,6 @@ def models():
     critic = AutoModelForTokenClassification.from_pretrained(TINY, num_labels=1).float()
     critic.dropout.p = 0.0  # the head's dropout (0.1 by default) would make each gradient random
     return types.SimpleNamespace(actor=actor, ref=AutoModelForCausalLM.from_pretrained(TINY).float(), critic=critic)
-
-
-def fsdp_engine(cls, module, engine_config):
-    """verl's FSDP engine class on an unwrapped module (as verl's own *_on_cpu tests build it), with the
-    recording optimizer."""
-    from verl.workers.config import FSDPOptimizerConfig
-
-    eng = object.__new__(cls)
-    eng.module, eng.engine_config, eng.rank, eng.mode = module, engine_config, 0, None
-    eng.use_ulysses_sp, eng.ulysses_sequence_parallel_size = False, 1
-    eng.ulysses_device_mesh, eng.ulysses_parallel_group = None, None
-    eng.compute_entropy_from_logits = verl_F.entropy_from_logits
-    eng.pad_to_length, eng.pad_to_length_bucket = False, engine_config.pad_to_length_bucket
-    eng._autocast_dtype, eng.scaler, eng._qat_enabled = torch.float32, None, False
-    eng._is_offload_param = eng._is_offload_optimizer = False
-    eng.optimizer, eng.lr_scheduler = RecordingOptimizer(module.parameters()), ConstantLR()
-    eng.optimizer_config = FSDPOptimizerConfig(clip_grad=float("inf"))  # no clipping: the raw gradient
-    return eng
-
-
-def training_worker(engine, loss_fn, remove_padding):
-    """verl's TrainingWorker around an engine, built without Ray (Worker.__init__ reads the Ray rank)."""
-    worker = object.__new__(TrainingWorker)
-    worker._Worker__dispatch_dp_rank, worker._Worker__collect_dp_rank = {}, {}
-    worker._register_dispatch_collect_info(mesh_name="train", dp_rank=0, is_collect=True)
-    worker.engine, worker.engine_config = engine, engine.engine_config
-    worker.model_config = {"use_remove_padding": remove_padding}
-    worker.loss_fn, worker.device_name = loss_fn, "cpu"
-    worker.flops_counter = types.SimpleNamespace(estimate_flops=lambda *a, **k: (0.0, 1.0))  # MFU asks for a GPU
-    worker.profiler = DistProfiler(rank=0, config=None)
-    return worker
-
-
-def actor_rollout_ref_worker(actor, ref):
-    """verl's ActorRolloutRefWorker (compute_log_prob, compute_ref_log_prob, update_actor) over two
-    TrainingWorkers, as its init_model wires them."""
-    worker = object.__new__(ActorRolloutRefWorker)
-    worker._Worker__dispatch_dp_rank, worker._Worker__collect_dp_rank = {}, {}
-    worker.actor, worker.ref, worker.enable_routing_replay = actor, ref, False
-    worker.profiler = DistProfiler(rank=0, config=None)
-    worker.set_dispatch_collect(mesh_name="ref", **ref.get_dispatch_collect())
-    worker.set_dispatch_collect(mesh_name="actor", **actor.get_dispatch_collect())
-    return worker
-
-
-class Finished:
-    """The future verl's RayWorkerGroup returns for a non-blocking method, already done."""
-
-    def __init__(self, value):
-        self.value, self.futures = value, []
-
-    def get(self):
-        return self.value
-
-
-class InProcessWorkerGroup:
-    """Stands in for verl's RayWorkerGroup of one rank: a call goes straight to the worker's registered method,
-    whose tqbridge turns the KVBatchMeta into every field stored for its keys (plus the meta's extra_info) and puts
-    the returned tensors back into TransferQueue, as on a Ray worker."""
-
-    def __init__(self, worker):
-        self.worker, self._dispatch_info = worker, {"actor": [0]}
-
-    def __getattr__(self, name):
-        method = getattr(self.worker, name)
-        blocking = getattr(method, MAGIC_ATTR, {}).get("blocking", True)
-
-        def call(*args, **kwargs):
-            out = method(*args, **kwargs)
-            return out if blocking else Finished(out)
-
-        return call
 
 
 def rollout_batch(policy, *, seed, rollout_noise=0.0):
@@ -706,38 +593,6 @@ def whole_step(cfg, models, partition, *, adapter_on=True, critic=False, seed=0,
                 actor.engine.optimizer.grads, critic_worker.engine.optimizer.grads if critic else [], metrics)
 
 
-def policy_gradient(policy, step, rows, advantages, terms, count):
-    """The reference for one actor mini-batch: autograd of -(1/count) sum over `terms` tokens of A * ratio, with
-    ratio = exp(log p - log p.detach()) = 1 (the weights never move, so verl's PPO clip is inactive), one sequence
-    at a time."""
-    policy.zero_grad(set_to_none=True)
-    total = 0.0
-    for r in rows:
-        x, n = step.ids[r], step.response_lens[r]
-        logp = torch.log_softmax(policy(input_ids=x[None]).logits[0, :-1].float(), -1)
-        logp = logp.gather(-1, x[1:, None]).squeeze(-1)[-n:]
-        total = total - (advantages[r, :n] * (logp - logp.detach()).exp() * terms[r, :n]).sum()
-    (total / count).backward()
-    grads = torch.cat([(torch.zeros_like(p) if p.grad is None else p.grad).flatten() for p in policy.parameters()])
-    policy.zero_grad(set_to_none=True)
-    return grads
-
-
-def value_gradient(critic, step, rows, returns, mask):
-    """The reference for one critic mini-batch: autograd of 0.5 (1/n) sum over the mask's n tokens of (V - R)^2
-    (verl's clipped value loss at V = old V), V of a response token read at the position before it, as verl does."""
-    critic.zero_grad(set_to_none=True)
-    total = 0.0
-    for r in rows:
-        x, n = step.ids[r], step.response_lens[r]
-        v = critic(input_ids=x[None]).logits[0, :, 0][len(x) - n - 1: len(x) - 1]
-        total = total + 0.5 * ((v - returns[r, :n]) ** 2 * mask[r, :n]).sum()
-    (total / mask[rows].sum()).backward()
-    grads = torch.cat([(torch.zeros_like(p) if p.grad is None else p.grad).flatten() for p in critic.parameters()])
-    critic.zero_grad(set_to_none=True)
-    return grads
-
-
 def mini_batches(step):
     """Row blocks of each optimizer step: verl's iterator without shuffling takes contiguous blocks in the
     workers' row order, MINI_BATCHES per epoch, EPOCHS times."""
@@ -751,7 +606,8 @@ def check_actor(step, policy, terms, count_mask):
     adv = step.after["advantages"]
     assert len(step.actor_grads) == MINI_BATCHES * EPOCHS
     for k, (rows, got) in enumerate(zip(mini_batches(step), step.actor_grads)):
-        want = policy_gradient(policy, step, rows, adv, terms.float(), count_mask[rows].sum())
+        want = policy_gradient(policy, [(step.ids[r], step.response_lens[r]) for r in rows], adv[rows],
+                               terms[rows].float(), count_mask[rows].sum())
         assert rel_diff(got, want) < GRAD_RTOL, f"actor step {k}: relative difference {rel_diff(got, want):.2e}"
 
 
@@ -759,7 +615,8 @@ def check_critic(step, critic, mask):
     """Every critic optimizer step's gradient = the value loss's token mean over the mini-batch's `mask` tokens."""
     assert len(step.critic_grads) == MINI_BATCHES * EPOCHS
     for k, (rows, got) in enumerate(zip(mini_batches(step), step.critic_grads)):
-        want = value_gradient(critic, step, rows, step.after["returns"], mask.float())
+        want = value_gradient(critic, [(step.ids[r], step.response_lens[r]) for r in rows], step.after["returns"][rows],
+                              mask[rows].float())
         assert rel_diff(got, want) < GRAD_RTOL, f"critic step {k}: relative difference {rel_diff(got, want):.2e}"
 
 
