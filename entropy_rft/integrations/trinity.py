@@ -58,7 +58,9 @@ except ImportError as err:  # the adapter is an optional extra
                       "pip install 'entropy-rft[trinity]'") from err
 
 S_EXPECT_KEY = "necs"  # E_p[S] in the trainer's batch, the authors' name for it
-_REQUEST = "entropy_rft_s_expect"  # non-tensor flag on the log-prob request that asks the engine for E_p[S]
+VALID_KEY = "entropy_rft_valid"  # the response tokens before the filter, which the critic learns on
+# A name no stored field has: Trinity hands every later worker call every field of the batch.
+_REQUEST = "entropy_rft_want_s_expect"  # non-tensor flag on the log-prob request that asks the engine for E_p[S]
 _BYPASS_HINT = ("set `algorithm.bypass_old_logprobs: false` in the Trinity config (Trinity 0.6.0 defaults to true, "
                 "which skips the recompute that produces `entropys`)")
 
@@ -130,6 +132,7 @@ class EntropyAdvantageFn(AdvantageFn):
         mask = batch["response_mask"].bool()  # (B, T)
         adv = batch["advantages"].float()  # (B, T)
         keep, metrics = self.method.filter(getattr(stats, self.method.score), adv, mask, **self.options)
+        batch[VALID_KEY] = batch["response_mask"].clone()  # for the critic's update (departure 4)
         write_back(batch, keep)
         metrics = {**base_metrics, **{f"entropy_rft/{k}": float(v) for k, v in metrics.items()}}
         metrics.update({
@@ -208,12 +211,32 @@ def _install_engine_hook() -> None:
 
     def prepare_model_outputs(self, output, output_args, micro_batch, logits_processor_func):
         model_output = original(self, output, output_args, micro_batch, logits_processor_func)
-        if tu.get_non_tensor_data(data=micro_batch, key=_REQUEST, default=False):
+        if tu.get_non_tensor_data(data=micro_batch, key=_REQUEST, default=False) is True:
             model_output[S_EXPECT_KEY] = _s_expect_like_engine(self, output, output_args, micro_batch)
         return model_output
 
     prepare_model_outputs._entropy_rft = True
     FSDPEngineWithLMHead.prepare_model_outputs = prepare_model_outputs
+
+
+def _install_critic_hook() -> None:
+    original = VERLTrainer._update_critic
+    if getattr(original, "_entropy_rft", False):
+        return
+
+    def _update_critic(self, batch, metrics):  # the critic learns on every valid token (departure 4)
+        if VALID_KEY not in batch.batch.keys():
+            return original(self, batch, metrics)
+        filtered = batch.batch["response_mask"]
+        batch.batch["response_mask"] = batch.batch[VALID_KEY]
+        try:
+            return original(self, batch, metrics)
+        finally:
+            batch.batch["response_mask"] = filtered
+
+    _update_critic._entropy_rft = True
+    _update_critic.original = original
+    VERLTrainer._update_critic = _update_critic
 
 
 def _install_trainer_hook() -> None:
@@ -253,3 +276,4 @@ def _install_trainer_hook() -> None:
 
 _install_engine_hook()
 _install_trainer_hook()
+_install_critic_hook()
