@@ -6,61 +6,47 @@ workers and vLLM/SGLang rollouts, with their statistics taken over the whole tra
         trainer.v1.trainer_mode=entropy_rft +entropy_rft.method=clip_b +entropy_rft.options.mu=2.5
 
 How it plugs in (README, "Scaling out"; examples/verl/ has complete configs):
-- `import verl` loads this module in every process through the `verl.plugins` entry point of this package. verl
-  swallows a failing plugin import (logged at DEBUG only); `VERL_USE_EXTERNAL_MODULES=entropy_rft.integrations.verl`
-  imports it explicitly and raises on error.
-- EntropyRFTTrainer, registered as V1 trainer "entropy_rft" (`trainer.v1.trainer_mode=entropy_rft`), is verl's sync
-  trainer whose advantage step, after verl's own, filters the whole batch on the driver (which holds every
-  data-parallel rank's rows): it reads old log-probs and entropies (always recomputed by verl's old-log-prob step),
-  computes S* = p_k (H + log p_k), lets the method choose the tokens to keep and stores the keep mask in a
-  TransferQueue field of its own (KEEP). Its actor update multiplies `response_mask` (the loss's terms) and
-  `loss_mask` (verl's engine divides by `loss_mask.sum()` all-reduced over ranks) by it for that call only, so
-  dropped tokens leave the actor's loss and its token-mean denominator, and puts verl's masks back afterwards.
-- Clip_V also needs E_p[S] = sum_i p_i S_i (Theorem 2), which needs the full distribution: EntropyFSDPEngine, a
-  registered subclass of verl's FSDP language-model engine (selected by `VERL_ENGINE_VENDOR=entropy_rft` in the
-  workers' environment), adds it to the old-log-prob forward from the logits it already materialises, packed
-  (use_remove_padding) or padded. The request (WANT_S_EXPECT, a flag on that call) and the stored output
-  (S_EXPECT, a TransferQueue field) have different names: verl hands every later worker call every stored field,
-  so the reference forward, the critic and the actor update see S_EXPECT and KEEP among their inputs, and ignore
-  them.
+- `import verl` loads this module in every process through the `verl.plugins` entry point of this package (a
+  failing import is logged at DEBUG only; `VERL_USE_EXTERNAL_MODULES=entropy_rft.integrations.verl` raises).
+- EntropyRFTTrainer, V1 trainer "entropy_rft", is verl's sync trainer whose advantage step, after verl's own,
+  filters the whole batch on the driver (which holds every data-parallel rank's rows): S* = p_k (H + log p_k) from
+  the old log-probs and entropies verl always recomputes; the keep mask goes into a TransferQueue field of its own
+  (KEEP). Its actor update multiplies `response_mask` (the loss's terms) and `loss_mask` (verl's engine divides by
+  `loss_mask.sum()` over all ranks) by it for that call only, then puts verl's masks back.
+- Clip_V also needs E_p[S] = sum_i p_i S_i (Theorem 2): EntropyFSDPEngine, a registered subclass of verl's FSDP
+  language-model engine (`VERL_ENGINE_VENDOR=entropy_rft` in the workers' environment), adds it to the
+  old-log-prob forward from the logits it already holds, packed or padded. The request (WANT_S_EXPECT) and the
+  stored output (S_EXPECT) have different names: verl hands every later worker call every stored field, and the
+  reference forward, the critic and the actor update ignore S_EXPECT and KEEP.
 
 Departures and limits, numbered:
 1. The statistics are those of the policy that computed the old log-probs (verl's recompute, at the rollout
-   temperature), as in the authors' code; the filter is chosen once per batch and kept for every mini-batch and
-   epoch of the update.
-2. Clip_V needs the unfused FSDP engine: fused kernels and Megatron never materialise the logits, and are refused
-   at start-up with the reason. Every method is refused with `rollout_correction.bypass_mode` (nothing is
-   recomputed, so there is no entropy).
-3. Clip-Cov here selects over the whole batch on the driver, with the old log-probs, and zeroes the selected
-   tokens' advantages (they stay in the denominator, as in Clip-Cov's loss); verl's own clip_cov loss selects
-   per micro-batch with the current log-probs and skips tokens the PPO clip already clipped, which on an
-   on-policy first mini-batch are none. KL-Cov needs the current log-prob inside the loss, so it stays verl's
-   per-micro-batch loss (verl issue #7829): use `actor.policy_loss.loss_mode=kl_cov` and read the README's note.
-4. The trainer keeps verl's "sync" behaviour (its trainer_mode reads "sync" whatever name selected it); the
-   async V1 trainers are not wrapped.
-5. The filter applies to the actor's loss only. PPO's critic (GAE, Table 4) learns on every valid response token,
-   as the built-in trainer's critic does, and verl's metrics (response lengths, advantage means) read verl's own
-   masks: the masks in TransferQueue are verl's except during the actor update.
-6. The filter's population is every valid response token of the batch, `loss_mask` as the rollout wrote it: the
-   authors' code filters the batch's response tokens, and their batch statistics (Clip_B's mean and std of S*) are
-   over all of them. With verl's rollout correction (rejection sampling), which rewrites only `response_mask`,
-   the statistics are still over every valid token, with verl's advantages (0 on rejected tokens, so Clip_V's
-   zero-advantage rule can drop a rejected token); the actor update then uses response_mask = verl's
-   post-rejection mask & keep and loss_mask = loss_mask & keep. Exactly the tokens the filter dropped leave the
-   loss and the denominator; rejected tokens stay in the denominator, as in stock verl, and a filter that drops
-   nothing gives stock verl's update.
+   temperature), as in the authors' code; the filter is chosen once per batch for every mini-batch and epoch.
+2. Clip_V needs the unfused FSDP engine (fused kernels and Megatron never materialise the logits): refused at
+   start-up. Every method refuses `rollout_correction.bypass_mode` (no recompute, so no entropy).
+3. Clip-Cov selects over the whole batch on the driver with the old log-probs and zeroes the selected tokens'
+   advantages (they stay in the denominator); verl's clip_cov loss selects per micro-batch with the current
+   log-probs. KL-Cov needs the current log-prob in the loss, so it stays verl's per-micro-batch
+   `actor.policy_loss.loss_mode=kl_cov` (verl issue #7829; README).
+4. The trainer keeps verl's "sync" behaviour (its trainer_mode reads "sync"); the async V1 trainers are not wrapped.
+5. The filter applies to the actor's loss only: PPO's critic (GAE, Table 4) learns on every valid response token,
+   as the built-in trainer's, and verl's metrics read verl's own masks.
+6. The filter's population is every valid response token, `loss_mask` as the rollout wrote it (the authors' batch
+   statistics are over all response tokens of the batch). Under verl's rejection sampling, which rewrites only
+   `response_mask`, the statistics stay over every valid token, with verl's advantages (0 on rejected tokens:
+   Clip_V's zero-advantage rule may drop one); the actor then uses verl's post-rejection response_mask & keep and
+   loss_mask & keep. Only the filter's tokens leave the loss and the denominator (rejected ones stay in it, as in
+   stock verl), and a filter that drops nothing gives stock verl's update.
 
-What tests/test_verl.py drives for real, on the CPU: the V1 trainer's own `_step_once` (batch balancing,
-old-log-prob, reference forward, values, advantage and this filter, critic update, actor update) through
-TransferQueue on Ray, the tqbridge conversions of every worker call, ActorRolloutRefWorker, TrainingWorker
-(`infer_batch`, `train_mini_batch`, `train_batch`), the FSDP engine code path (packed and padded, dynamic and fixed
-micro-batches; FSDPEngineWithValueHead for the critic) and verl's `ppo_loss` / `value_loss`, for Clip_B, Clip_V, an
-S*-sign filter, PPO with GAE and rejection sampling, each optimizer step's gradient against the token mean written
-directly. Stood in: the worker groups' Ray dispatch (one rank, called in-process), the rollout (a batch put into
-TransferQueue as verl's agent loop puts it), the replay buffer's sample and the rollout replicas' sleep, FSDP's
-sharding (the engine runs on the unwrapped module, as verl's own CPU tests build it), the optimizer (one that records
-gradients and never steps), verl's device helpers (pointed at the CPU), the MFU counter and gloo's missing
-ReduceOp.AVG (as SUM / group size). Not run: several ranks, Megatron, fused kernels, vLLM/SGLang rollouts, a GPU.
+What tests/test_verl.py drives for real on the CPU: the V1 trainer's `_step_once` (batch balancing, old-log-prob,
+reference forward, values, advantage and filter, critic and actor updates) through TransferQueue on Ray, the
+tqbridge of every worker call, ActorRolloutRefWorker, TrainingWorker, the FSDP engine (packed and padded, dynamic
+and fixed micro-batches; the value-head engine for the critic), `ppo_loss` and `value_loss`, for Clip_B, Clip_V,
+an S*-sign filter, PPO with GAE and rejection sampling, each optimizer step's gradient against the token mean
+written directly. Stood in: the Ray dispatch (one rank, in-process), the rollout (a batch put as verl's agent loop
+puts it), the replay buffer and rollout replicas, FSDP sharding (unwrapped module), the optimizer (records
+gradients, never steps), verl's device helpers (CPU), the MFU counter, gloo's missing ReduceOp.AVG. Not run:
+several ranks, Megatron, fused kernels, vLLM/SGLang, a GPU.
 """
 
 from __future__ import annotations
