@@ -620,9 +620,10 @@ def check_critic(step, critic, mask):
         assert rel_diff(got, want) < GRAD_RTOL, f"critic step {k}: relative difference {rel_diff(got, want):.2e}"
 
 
-def whole_batch_keep(step, policy, method, options):
+def whole_batch_keep(step, policy, method, options, dropped_range=(0.03, 0.75)):
     """The filter's keep mask over the whole batch, from the statistics verl's old-log-prob step stored (checked
-    here against token_stats of each sequence alone) and verl's advantages: masks.* called directly."""
+    here against token_stats of each sequence alone, to float32 round-off of the same logits packed vs alone) and
+    verl's advantages: masks.* called directly. The filter must drop a fraction of the tokens in dropped_range."""
     valid = step.valid
     stats = stats_from_engine(step.after["old_log_probs"], step.after["entropy"], step.after.get(S_EXPECT, None))
     for r, (x, n) in enumerate(zip(step.ids, step.response_lens)):
@@ -634,7 +635,7 @@ def whole_batch_keep(step, policy, method, options):
     keep, _ = METHODS.get(method).filter(score, step.after["advantages"], valid,
                                          **{**METHODS.get(method).options, **options})
     dropped = int((valid & ~keep).sum()) / int(valid.sum())
-    assert 0.03 < dropped < 0.75, f"the filter should drop some tokens, not all: {dropped:.2f}"
+    assert dropped_range[0] <= dropped < dropped_range[1], f"dropped {dropped:.2f}, expected within {dropped_range}"
     assert torch.equal(step.after[KEEP].bool(), keep & valid)
     return keep & valid
 
@@ -676,6 +677,24 @@ def test_whole_step_actor_gradients_are_the_kept_token_mean(transfer_queue, engi
                                                                                   valid)
     check_actor(step, models.actor, keep, keep)
     assert step.metrics["entropy_rft/kept_frac"] == pytest.approx(float(keep.sum() / valid.sum()))
+
+
+@pytest.mark.slow
+def test_example_clip_v_config_runs_the_whole_step(transfer_queue, engine, models):
+    """examples/verl/qwen2.5-7b-instruct_clip_v.yaml (issue 21: it died at its first update) with only the model and
+    the batch shrunk to the tiny policy: verl's whole step runs, and the actor's gradients are the token mean over
+    the kept tokens of Clip_V at the paper's mu 8.5 and cap 1e-4 (which drops at most one token here)."""
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(ROOT / "examples" / "verl"), version_base=None):
+        cfg = compose(config_name="qwen2.5-7b-instruct_clip_v", overrides=[
+            f"actor_rollout_ref.model.path={TINY}", f"critic.model.path={TINY}", f"data.train_batch_size={GROUPS}",
+            f"actor_rollout_ref.rollout.n={N}", f"actor_rollout_ref.actor.ppo_mini_batch_size={GROUPS // MINI_BATCHES}",
+            f"actor_rollout_ref.actor.ppo_epochs={EPOCHS}", "actor_rollout_ref.rollout.calculate_log_probs=false"])
+    step = whole_step(cfg, models, "example_clip_v", remove_padding=cfg.actor_rollout_ref.model.use_remove_padding,
+                      dynamic_bsz=cfg.actor_rollout_ref.actor.use_dynamic_bsz)
+    keep = whole_batch_keep(step, models.actor, "clip_v", dict(cfg.entropy_rft.options), dropped_range=(0.0, 0.01))
+    check_actor(step, models.actor, keep, keep)
 
 
 @pytest.mark.slow
