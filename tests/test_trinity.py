@@ -573,7 +573,7 @@ def check_trinity_actor(trainer, env, batch, sequences, keep):
 
     grads = trainer.actor_rollout_wg.worker.actor.engine.optimizer.grads
     assert len(grads) == MINI_BATCHES * EPOCHS
-    for k, (rows, got) in enumerate(zip(trinity_blocks(), grads)):
+    for k, (rows, got) in enumerate(zip(trinity_blocks(), grads, strict=True)):
         want = policy_gradient(env.actor, [sequences[r] for r in rows], batch["advantages"][rows].float(),
                                keep[rows].float(), keep[rows].sum())
         assert rel_diff(got, want) < GRAD_RTOL, f"actor step {k}: relative difference {rel_diff(got, want):.2e}"
@@ -587,7 +587,7 @@ def check_trinity_critic(trainer, env, batch, sequences):
     grads = trainer.critic_wg.worker.engine.optimizer.grads
     valid = batch[trinity_adapter.VALID_KEY].float()
     assert len(grads) == MINI_BATCHES * EPOCHS
-    for k, (rows, got) in enumerate(zip(trinity_blocks(), grads)):
+    for k, (rows, got) in enumerate(zip(trinity_blocks(), grads, strict=True)):
         want = value_gradient(env.critic, [sequences[r] for r in rows], batch["returns"][rows].float(), valid[rows])
         assert rel_diff(got, want) < GRAD_RTOL, f"critic step {k}: relative difference {rel_diff(got, want):.2e}"
 

@@ -466,7 +466,7 @@ def verl_cfg():
             f"actor_rollout_ref.rollout.n={N}", f"actor_rollout_ref.actor.ppo_mini_batch_size={GROUPS // MINI_BATCHES}",
             f"actor_rollout_ref.actor.ppo_epochs={EPOCHS}", "actor_rollout_ref.rollout.temperature=1.0",
             "actor_rollout_ref.actor.use_kl_loss=false", "algorithm.use_kl_in_reward=false",
-            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3", "critic.ppo_micro_batch_size_per_gpu=3",
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2", "critic.ppo_micro_batch_size_per_gpu=2",
             "actor_rollout_ref.rollout.calculate_log_probs=false", "algorithm.adv_estimator=grpo",
             "trainer.critic_warmup=0"])
 
@@ -486,8 +486,9 @@ def models():
 
 def rollout_batch(policy, *, seed, rollout_noise=0.0):
     """GROUPS x N rollouts as verl's agent loop puts them into TransferQueue: nested prompts, responses, input_ids,
-    position_ids, response_mask = loss_mask, rm_scores (a reward in [0, 1] on the last token), uid, and rollout_log_probs
-    (the policy's own log-probs plus Gaussian noise of that std, for rollout correction); and the tags."""
+    position_ids, response_mask = loss_mask, rm_scores (a reward in [0, 1] on the last token), uid, and
+    rollout_log_probs (the policy's own log-probs plus Gaussian noise of that std, for rollout correction); and
+    the tags."""
     g = torch.Generator().manual_seed(seed)
     b, vocab = GROUPS * N, policy.config.vocab_size
     prompts = [torch.randint(2, vocab, (int(n),), generator=g) for n in torch.randint(2, 6, (b,), generator=g)]
@@ -605,7 +606,7 @@ def check_actor(step, policy, terms, count_mask):
     divided by the mini-batch's `count_mask` tokens."""
     adv = step.after["advantages"]
     assert len(step.actor_grads) == MINI_BATCHES * EPOCHS
-    for k, (rows, got) in enumerate(zip(mini_batches(step), step.actor_grads)):
+    for k, (rows, got) in enumerate(zip(mini_batches(step), step.actor_grads, strict=True)):
         want = policy_gradient(policy, [(step.ids[r], step.response_lens[r]) for r in rows], adv[rows],
                                terms[rows].float(), count_mask[rows].sum())
         assert rel_diff(got, want) < GRAD_RTOL, f"actor step {k}: relative difference {rel_diff(got, want):.2e}"
@@ -614,7 +615,7 @@ def check_actor(step, policy, terms, count_mask):
 def check_critic(step, critic, mask):
     """Every critic optimizer step's gradient = the value loss's token mean over the mini-batch's `mask` tokens."""
     assert len(step.critic_grads) == MINI_BATCHES * EPOCHS
-    for k, (rows, got) in enumerate(zip(mini_batches(step), step.critic_grads)):
+    for k, (rows, got) in enumerate(zip(mini_batches(step), step.critic_grads, strict=True)):
         want = value_gradient(critic, [(step.ids[r], step.response_lens[r]) for r in rows], step.after["returns"][rows],
                               mask[rows].float())
         assert rel_diff(got, want) < GRAD_RTOL, f"critic step {k}: relative difference {rel_diff(got, want):.2e}"
@@ -735,6 +736,9 @@ def test_whole_step_filter_dropping_nothing_is_stock_verl(transfer_queue, engine
     check_actor(stock, models.actor, stock.after["response_mask"].bool(), stock.valid)
 
 
+adapter_actor_masks = adapter.actor_masks  # the real one, for the mutants below to call
+
+
 def _terms_unfiltered(data):
     """Mutation: the loss's terms keep every token (only the denominator loses the dropped ones)."""
     return adapter_actor_masks(data).update({"response_mask": data["response_mask"]})
@@ -751,8 +755,6 @@ def _denominator_from_rejection(data):
     masks = adapter_actor_masks(data)
     return masks.update({"loss_mask": masks["response_mask"]})
 
-
-adapter_actor_masks = adapter.actor_masks
 
 
 def _critic_sees_the_filter(monkeypatch):
@@ -780,13 +782,13 @@ def test_mutations_fail_the_whole_step_oracle(transfer_queue, engine, verl_cfg, 
         _critic_sees_the_filter(monkeypatch)
         over, critic = GAE, True
     else:
-        monkeypatch.setattr(adapter, "actor_masks", {"terms unfiltered": _terms_unfiltered,
-                                                     "denominator unfiltered": _denominator_unfiltered,
-                                                     "denominator from rejection": _denominator_from_rejection}[mutation])
+        mutant = {"terms unfiltered": _terms_unfiltered, "denominator unfiltered": _denominator_unfiltered,
+                  "denominator from rejection": _denominator_from_rejection}[mutation]
+        monkeypatch.setattr(adapter, "actor_masks", mutant)
         if mutation == "denominator from rejection":
             over, noise = REJECTION, ROLLOUT_NOISE
-    step = whole_step(step_config(verl_cfg, "clip_b", {"mu": 0.5}, **over), models, f"mutant_{len(mutation)}",
-                      critic=critic, rollout_noise=noise)
+    cfg = step_config(verl_cfg, "clip_b", {"mu": 0.5}, **over)
+    step = whole_step(cfg, models, "mutant_" + mutation.replace(" ", "_"), critic=critic, rollout_noise=noise)
     keep = whole_batch_keep(step, models.actor, "clip_b", {"mu": 0.5})
     valid = step.valid
     with pytest.raises(AssertionError, match="relative difference"):
