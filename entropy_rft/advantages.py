@@ -9,7 +9,9 @@ GRPO (paper, Section 2): A_i = (R_i - mean_G R) / (std_G R + epsilon).
 Departures, numbered (all follow verl 0.9.1 core_algos, checked in tests/fixtures/verl_advantages.json):
 1. std is the unbiased (n - 1) group std, as torch.std; the paper writes std without saying which.
 2. A group of one response uses mean 0 and std 1, so its advantage is its raw score (verl); the trainer warns
-   when a configuration makes every group a singleton. A group whose rewards are all equal gets advantage 0.
+   when a configuration makes every group a singleton. A group whose rewards are all equal gets advantage 0 only
+   when float32 computes its mean exactly (binary 0/1 rewards do); otherwise the mean's rounding error divided by
+   std + epsilon gives every response the same small advantage (grpo's docstring), as verl's GRPO does.
 3. RLOO keeps the raw score of a singleton group; REINFORCE++-baseline and GAE whiten over the whole batch
    with the unbiased variance and rsqrt(var + 1e-8).
 """
@@ -54,7 +56,13 @@ def group_stats(scores: Tensor, group_ids: Tensor) -> tuple[Tensor, Tensor, Tens
 
 @ADVANTAGES.register("grpo")
 def grpo(scores: Tensor, group_ids: Tensor, *, norm_by_std: bool = True, epsilon: float = 1e-6) -> Tensor:
-    """GRPO, Section 2: (R - mean_G) / (std_G + epsilon); norm_by_std=False gives Dr. GRPO's R - mean_G."""
+    """GRPO, Section 2: (R - mean_G) / (std_G + epsilon); norm_by_std=False gives Dr. GRPO's R - mean_G.
+
+    A group of equal rewards is not exactly 0 when float32 rounds its mean: R - mean_G is then an error of about
+    1e-8 and std_G is of that size too, far below epsilon = 1e-6, so A = error / (std_G + epsilon) is the same
+    for the whole group: +0.056 for three rewards of 0.9 and -0.0074 for seven of 0.1, here and in verl 0.9.1's
+    GRPO. Its value depends on the summation order (sixteen of 0.9: +0.11 here, -0.056 in verl). Binary 0/1
+    rewards give exactly 0."""
     count, mean, std = group_stats(scores, group_ids)
     single = count < 2
     mean = torch.where(single, torch.zeros_like(mean), mean)

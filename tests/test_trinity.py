@@ -1,7 +1,12 @@
 """entropy_rft.integrations.trinity against the real Trinity-RFT 0.6.0 (and its verl 0.8.0) objects on CPU: the
 registry, the authors' advantage functions, DataProto batches, verl's FSDP engine output code and its
-forward_backward_batch, Trinity's VERLTrainer._compute_old_log_prob and TrinityPolicyLoss. Run with
-`make test-trinity` (its own environment); skipped where Trinity-RFT is not installed."""
+forward_backward_batch, Trinity's VERLTrainer._compute_old_log_prob and TrinityPolicyLoss; then Trinity's whole
+trainer step (VERLTrainer.train_step: recompute with E_p[S], reference forward, values, advantage and filter, critic
+update, actor update) on verl's workers and FSDP engine with the tiny Qwen2, where every optimizer step's gradient is
+compared with the token mean written directly, with mutation checks (no write-back, a per-micro-batch denominator,
+a critic that reads the filtered mask). What stands in for the GPU and the cluster is listed where it is built
+(tests/engine_step.py and the fixtures below). Run with `make test-trinity` (its own environment); skipped where
+Trinity-RFT is not installed."""
 
 import numpy as np
 import pytest
@@ -232,7 +237,7 @@ def test_engine_log_p_entropy_and_s_expect_equal_token_stats(remove_padding):
     table = torch.randn(VOCAB, VOCAB, generator=torch.Generator().manual_seed(1)) * 3
     batch = trainer_batch(0)
     td = left_right_2_no_padding(batch.to_tensordict())
-    tu.assign_non_tensor(td, calculate_entropy=True, temperature=TEMPERATURE, entropy_rft_s_expect=True)
+    tu.assign_non_tensor(td, calculate_entropy=True, temperature=TEMPERATURE, **{trinity_adapter._REQUEST: True})
     out = engine_outputs(cpu_engine(), table, td, remove_padding=remove_padding)
     ids = td["input_ids"].values()
     expected = token_stats(table[ids] / TEMPERATURE, torch.roll(ids, -1))
@@ -243,7 +248,7 @@ def test_engine_log_p_entropy_and_s_expect_equal_token_stats(remove_padding):
 def test_engine_refuses_fused_kernels():
     """E_p[S] needs the logits: the hook names use_fused_kernels instead of returning something wrong."""
     td = left_right_2_no_padding(trainer_batch(0).to_tensordict())
-    tu.assign_non_tensor(td, entropy_rft_s_expect=True, use_fused_kernels=True)
+    tu.assign_non_tensor(td, **{trinity_adapter._REQUEST: True}, use_fused_kernels=True)
     output = SimpleNamespace(log_probs=torch.zeros(1, td["input_ids"].values().shape[0]), entropy=None)
     with pytest.raises(NotImplementedError, match="use_fused_kernels"):
         trinity_adapter._s_expect_like_engine(cpu_engine(), output, {}, td)
@@ -392,3 +397,250 @@ def test_trinity_ppo_loss_scales_with_the_number_of_micro_batches(process_group)
     ratio = float(four.norm() / whole_batch_token_mean_gradient(1).norm())
     print(f"Trinity ppo loss, 4 micro-batches: gradient norm x{ratio:.2f} the whole-batch token mean")
     assert ratio > 2.0
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Trinity's whole trainer step on the CPU: VERLTrainer.train_step itself (to_data_proto, batch balancing, Trinity's
+# old-log-prob recompute with the adapter's E_p[S], reference forward, values, KL-in-reward and the advantage step,
+# critic update, actor update, metrics) on verl 0.8's TrinityActorRolloutRefWorker / TrinityCriticWorker,
+# TrainingWorker and FSDP engine code path with the shipped tiny Qwen2, TrinityPolicyLoss and value_loss. Stood in
+# (tests/engine_step.py): the Ray worker groups (one rank, called in this process), FSDP's sharding, the optimizer
+# (it records each mini-batch's gradient and never steps: the oracle), the MFU counter, gloo's ReduceOp.AVG; the
+# explorer's rollout is a list of Experiences.
+
+GROUPS, N, MINI_BATCHES, EPOCHS = 4, 4, 2, 2  # 16 rows, 2 mini-batches x 2 epochs: 4 optimizer steps
+
+
+@pytest.fixture(scope="module")
+def whole_step_env(process_group):
+    """verl's device helpers pointed at the CPU, gloo's AVG, one torch thread (the tiny model's matrices are small:
+    two threads on a shared 2-core machine were several times slower), and the tiny Qwen2 actor, reference copy
+    and value model (weights never change)."""
+    from functools import partial
+    from pathlib import Path
+
+    import torch.distributed as dist
+    import verl.utils.seqlen_balancing as seqlen_balancing
+    import verl.workers.engine.fsdp.transformer_impl as fsdp_impl
+    import verl.workers.engine_workers as engine_workers
+    from engine_step import all_reduce_with_average
+    from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
+
+    import entropy_rft
+
+    tiny = Path(entropy_rft.__file__).parent / "assets" / "countdown-tiny"
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(fsdp_impl, "get_device_id", lambda: "cpu")
+        mp.setattr(fsdp_impl, "get_device_name", lambda: "cpu")
+        mp.setattr(seqlen_balancing, "get_device_name", lambda: "cpu")
+        mp.setattr(engine_workers, "get_torch_device", lambda: SimpleNamespace(
+            max_memory_allocated=lambda: 0, max_memory_reserved=lambda: 0))
+        mp.setattr(dist, "all_reduce", partial(all_reduce_with_average, dist.all_reduce))
+        torch.manual_seed(0)  # the value head is initialised at random
+        critic = AutoModelForTokenClassification.from_pretrained(tiny, num_labels=1).float()
+        critic.dropout.p = 0.0  # the head's dropout would make each gradient random
+        yield SimpleNamespace(actor=AutoModelForCausalLM.from_pretrained(tiny).float(),
+                              ref=AutoModelForCausalLM.from_pretrained(tiny).float(), critic=critic)
+    torch.set_num_threads(threads)
+
+
+def experiences(vocab, seed=0):
+    """GROUPS x N single-turn Experiences as the explorer hands them over: prompt + response tokens, a reward in
+    [0, 1] (graded: every group has positive and negative advantages) and rollout log-probs."""
+    from trinity.common.experience import EID, Experience
+
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for i in range(GROUPS * N):
+        p, r = int(torch.randint(2, 6, (), generator=g)), int(torch.randint(3, 11, (), generator=g))
+        out.append(Experience(eid=EID(batch=0, task=i // N, run=i % N), tokens=torch.randint(2, vocab, (p + r,),
+                   generator=g), prompt_length=p, reward=float(torch.rand((), generator=g)),
+                   logprobs=-torch.rand(r, generator=g)))
+    return out
+
+
+def trinity_trainer(env, method, options, *, ppo=False, policy_loss_fn=LOSS_PATH, micro_batch=None):
+    """VERLTrainer as its __init__ and _init_workers wire it (worker groups, configs, advantage and KL functions),
+    over in-process workers; micro_batch None: dynamic batch sizes (24-token budget), else fixed micro-batches."""
+    import logging
+    from functools import partial
+
+    from engine_step import InProcessWorkerGroup, actor_rollout_ref_worker, fsdp_engine, training_worker
+    from trinity.algorithm import ALGORITHM_TYPE, KL_FN
+    from trinity.common.config import AlgorithmConfig
+    from trinity.trainer.verl.trainer import VERLTrainer
+    from trinity.trainer.verl.workers import TrinityActorRolloutRefWorker, TrinityCriticWorker
+    from verl.workers.config import FSDPEngineConfig
+    from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithValueHead
+    from verl.workers.utils.losses import value_loss
+
+    algo = AlgorithmConfig(
+        algorithm_type="ppo" if ppo else "grpo_verl", advantage_fn=ADV_PATH,
+        advantage_fn_args={"method": method, "base": "ppo" if ppo else "grpo_verl", **options},
+        kl_penalty_fn="none", kl_penalty_fn_args={}, policy_loss_fn=policy_loss_fn,
+        policy_loss_fn_args={"clip_range": 0.2}, kl_loss_fn="none", kl_loss_fn_args={}, entropy_loss_fn="none",
+        entropy_loss_fn_args={"entropy_coef": 0.0}, loss_agg_mode="token-mean", bypass_old_logprobs=False)
+    eng_cfg = FSDPEngineConfig(strategy="fsdp", use_dynamic_bsz=micro_batch is None, max_token_len_per_gpu=24,
+                               infer_max_token_len_per_gpu=24, micro_batch_size_per_gpu=micro_batch,
+                               infer_micro_batch_size_per_gpu=4, use_remove_padding=True, use_torch_compile=False)
+    actor = training_worker(fsdp_engine(FSDPEngineWithLMHead, env.actor, eng_cfg), None, True)
+    ref = training_worker(fsdp_engine(FSDPEngineWithLMHead, env.ref, eng_cfg), None, True)
+    worker = actor_rollout_ref_worker(actor, ref, cls=TrinityActorRolloutRefWorker)
+    worker.set_trinity_config(algo, "vllm", "test")  # Trinity's own wiring of its policy loss into the actor
+    rows = GROUPS * N // MINI_BATCHES
+    trainer = object.__new__(VERLTrainer)
+    trainer.logger, trainer.global_steps = logging.getLogger("trinity-step"), 0
+    trainer.global_config = SimpleNamespace(model=SimpleNamespace(temperature=1.0), algorithm=algo,
+                                            trainer=SimpleNamespace(balance_batch=True, critic_warmup=0))
+    trainer.algorithm_config, trainer.algorithm = algo, ALGORITHM_TYPE.get(algo.algorithm_type)
+    trainer.advantage_fn = ADVANTAGE_FN.get(algo.advantage_fn)(**algo.advantage_fn_args)
+    trainer.kl_fn = KL_FN.get(algo.kl_penalty_fn)(**algo.kl_penalty_fn_args)
+    loop = SimpleNamespace(ppo_mini_batch_size=rows, ppo_epochs=EPOCHS, data_loader_seed=42, shuffle=False)
+    trainer.config = SimpleNamespace(actor=SimpleNamespace(calculate_sum_pi_squared=False, **vars(loop)),
+                                     critic=loop)
+    trainer.actor_rollout_wg = trainer.ref_policy_wg = InProcessWorkerGroup(worker)
+    trainer.use_reference_policy, trainer.ref_in_actor = True, False
+    trainer.use_critic = trainer.algorithm.use_critic
+    if trainer.use_critic:  # verl 0.8's value loss averages each micro-batch: one micro-batch per mini-batch
+        critic_cfg = FSDPEngineConfig(strategy="fsdp", use_dynamic_bsz=False, micro_batch_size_per_gpu=rows,
+                                      infer_micro_batch_size_per_gpu=4, use_remove_padding=True,
+                                      use_torch_compile=False)
+        loss = partial(value_loss, SimpleNamespace(cliprange_value=0.5, loss_agg_mode="token-mean"))
+        trainer.critic_wg = InProcessWorkerGroup(training_worker(
+            fsdp_engine(FSDPEngineWithValueHead, env.critic, critic_cfg), loss, True, cls=TrinityCriticWorker))
+    trainer.tokenizer, trainer.empty_model = SimpleNamespace(pad_token_id=0), SimpleNamespace()
+    trainer.resource_pool_manager = SimpleNamespace(get_n_gpus=lambda: 1)
+    return trainer
+
+
+def run_train_step(trainer):
+    """Trinity's train_step on the experiences; returns the batch after the step (the advantage function's output,
+    kept by a spy; Trinity mutates that DataProto in place), its rows' (ids, response length), and the metrics."""
+    import asyncio
+
+    seen = {}
+    real = trainer.advantage_fn
+
+    def spy(batch, **kwargs):
+        seen["batch"], metrics = real(batch, **kwargs)
+        return seen["batch"], metrics
+
+    trainer.advantage_fn = spy
+    trainer.advantage_fn.needs_s_expect = real.needs_s_expect
+    metrics = asyncio.run(trainer.train_step(experiences(trainer.actor_rollout_wg.worker.actor.engine.module
+                                                         .config.vocab_size)))
+    batch = seen["batch"].batch
+    p = batch["prompts"].shape[1]
+    sequences = [(ids[att.bool()], int(att[p:].sum())) for ids, att in zip(batch["input_ids"], batch["attention_mask"])]
+    return batch, sequences, metrics
+
+
+def step_keep(batch, sequences, env, method, options, *, written_back=True):
+    """The filter over the whole batch, from the statistics Trinity's recompute stored (checked against
+    token_stats of each sequence alone) and the batch's advantages: masks.* called directly."""
+    from entropy_rft.methods import METHODS
+
+    valid = batch[trinity_adapter.VALID_KEY].bool()
+    lp, h = batch["old_log_probs"].float(), batch["entropys"].float()
+    s_star = lp.exp() * (h + lp)
+    s_expect = batch["necs"].float() if "necs" in batch.keys() else torch.zeros_like(s_star)
+    with torch.no_grad():
+        for r, (x, n) in enumerate(sequences):
+            ref = token_stats(env.actor(input_ids=x[None]).logits[0, :-1][-n:], x[1:][-n:])
+            torch.testing.assert_close(s_star[r, :n], ref.s_star, atol=1e-5, rtol=1e-4)
+            if "necs" in batch.keys():
+                torch.testing.assert_close(s_expect[r, :n], ref.s_expect, atol=1e-5, rtol=1e-4)
+    spec = METHODS.get(method)
+    score = s_star - s_expect if spec.score == "s_centered" else s_star
+    keep, _ = spec.filter(score, batch["advantages"].float(), valid, **{**spec.options, **options})
+    dropped = int((valid & ~keep).sum()) / int(valid.sum())
+    assert 0.03 < dropped < 0.75, f"the filter should drop some tokens, not all: {dropped:.2f}"
+    if written_back:
+        assert torch.equal(batch["response_mask"].bool(), valid & keep)  # the authors' write-back
+    return keep & valid
+
+
+def trinity_blocks():
+    rows = GROUPS * N // MINI_BATCHES
+    return [list(range(j * rows, (j + 1) * rows)) for j in range(MINI_BATCHES)] * EPOCHS
+
+
+def check_trinity_actor(trainer, env, batch, sequences, keep):
+    """Every actor optimizer step's gradient = the token mean of A * ratio over the mini-batch's kept tokens."""
+    from engine_step import GRAD_RTOL, policy_gradient, rel_diff
+
+    grads = trainer.actor_rollout_wg.worker.actor.engine.optimizer.grads
+    assert len(grads) == MINI_BATCHES * EPOCHS
+    for k, (rows, got) in enumerate(zip(trinity_blocks(), grads, strict=True)):
+        want = policy_gradient(env.actor, [sequences[r] for r in rows], batch["advantages"][rows].float(),
+                               keep[rows].float(), keep[rows].sum())
+        assert rel_diff(got, want) < GRAD_RTOL, f"actor step {k}: relative difference {rel_diff(got, want):.2e}"
+
+
+def check_trinity_critic(trainer, env, batch, sequences):
+    """Every critic optimizer step's gradient = the value loss's token mean over every valid token of the
+    mini-batch (one micro-batch per mini-batch)."""
+    from engine_step import GRAD_RTOL, rel_diff, value_gradient
+
+    grads = trainer.critic_wg.worker.engine.optimizer.grads
+    valid = batch[trinity_adapter.VALID_KEY].float()
+    assert len(grads) == MINI_BATCHES * EPOCHS
+    for k, (rows, got) in enumerate(zip(trinity_blocks(), grads, strict=True)):
+        want = value_gradient(env.critic, [sequences[r] for r in rows], batch["returns"][rows].float(), valid[rows])
+        assert rel_diff(got, want) < GRAD_RTOL, f"critic step {k}: relative difference {rel_diff(got, want):.2e}"
+
+
+@pytest.mark.parametrize("method,options,micro_batch", [
+    ("clip_b", {"mu": 0.2}, None),
+    ("clip_v", {"mu": 0.5, "max_frac": None}, 2),
+    ("s_sign:mask:neg_s:neg_samples", {}, 2),
+], ids=["clip_b-dynamic_bsz", "clip_v-micro2", "s_sign-micro2"])
+def test_whole_train_step_actor_gradients_are_the_kept_token_mean(whole_step_env, method, options, micro_batch):
+    """Trinity's whole train_step (GRPO in the trainer, recompute on, GlobalTokenMeanPPO, 2 mini-batches x 2
+    epochs): the filter is over the whole batch (Clip_V with the engine's E_p[S]) and every actor optimizer step's
+    gradient is the token mean over the mini-batch's kept tokens."""
+    trainer = trinity_trainer(whole_step_env, method, options, micro_batch=micro_batch)
+    batch, sequences, metrics = run_train_step(trainer)
+    keep = step_keep(batch, sequences, whole_step_env, method, options)
+    check_trinity_actor(trainer, whole_step_env, batch, sequences, keep)
+    assert metrics["advantage/entropy_rft/kept_frac"] == pytest.approx(
+        float(keep.sum() / batch[trinity_adapter.VALID_KEY].sum()))
+
+
+def test_whole_train_step_ppo_critic_learns_on_every_valid_token(whole_step_env):
+    """Trinity's PPO (GAE in the trainer, Table 4) + Clip_B: the critic's every optimizer step is the value loss's
+    token mean over every valid response token, the actor's over the kept tokens."""
+    trainer = trinity_trainer(whole_step_env, "clip_b", {"mu": 0.2}, ppo=True)
+    batch, sequences, _ = run_train_step(trainer)
+    keep = step_keep(batch, sequences, whole_step_env, "clip_b", {"mu": 0.2})
+    check_trinity_critic(trainer, whole_step_env, batch, sequences)
+    check_trinity_actor(trainer, whole_step_env, batch, sequences, keep)
+
+
+@pytest.mark.parametrize("mutation", ["terms and denominator unfiltered", "per-micro-batch denominator",
+                                      "critic sees the filter"])
+def test_mutations_fail_the_train_step_oracle(whole_step_env, monkeypatch, mutation):
+    """Mutation checks: no write-back (the loss keeps every token), Trinity's own ppo loss (a token mean per
+    micro-batch, summed) and a critic that reads the filtered mask each make the oracle checks above fail."""
+    from trinity.trainer.verl.trainer import VERLTrainer
+
+    ppo, loss, micro_batch = False, LOSS_PATH, None
+    if mutation == "terms and denominator unfiltered":
+        monkeypatch.setattr(trinity_adapter, "write_back", lambda batch, keep: None)
+    elif mutation == "per-micro-batch denominator":
+        loss, micro_batch = "ppo", 2
+    else:
+        monkeypatch.setattr(VERLTrainer, "_update_critic", VERLTrainer._update_critic.original)
+        ppo = True
+    trainer = trinity_trainer(whole_step_env, "clip_b", {"mu": 0.2}, ppo=ppo, policy_loss_fn=loss,
+                              micro_batch=micro_batch)
+    batch, sequences, _ = run_train_step(trainer)
+    keep = step_keep(batch, sequences, whole_step_env, "clip_b", {"mu": 0.2},
+                     written_back=mutation != "terms and denominator unfiltered")
+    with pytest.raises(AssertionError, match="relative difference"):
+        if ppo:
+            check_trinity_critic(trainer, whole_step_env, batch, sequences)
+        else:
+            check_trinity_actor(trainer, whole_step_env, batch, sequences, keep)

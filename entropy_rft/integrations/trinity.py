@@ -14,9 +14,11 @@ S* (and, for Clip_V, S_c = S* - E_p[S]) from the batch's log-probs and entropies
 writes `response_mask * keep` back, so the dropped tokens leave the loss and, through `loss_mask` (Trinity copies
 it from `response_mask`), the engine's token count.
 
-E_p[S] for Clip_V: no Trinity or verl release computes it. Importing this module installs two wrappers:
+E_p[S] for Clip_V: no Trinity or verl release computes it. Importing this module installs three wrappers:
 - in the trainer process (which imports it when it resolves advantage_fn), VERLTrainer._compute_old_log_prob asks
-  the workers for E_p[S] when EntropyAdvantageFn's method needs it and stores it as `necs` (the authors' key);
+  the workers for E_p[S] when EntropyAdvantageFn's method needs it (a flag on that request only, named apart from
+  any stored field: Trinity hands every later worker call every field of the batch) and stores it as `necs` (the
+  authors' key); VERLTrainer._update_critic gives the critic the response tokens before the filter (departure 4);
 - in the worker processes (which import it when they resolve policy_loss_fn, hence Clip_V needs
   GlobalTokenMeanPPO or another policy loss from this module), verl's FSDPEngineWithLMHead.prepare_model_outputs
   adds E_p[S] from the logits it already holds (token_stats, after verl's temperature division).
@@ -32,6 +34,23 @@ Departures, numbered, from Trinity 0.6.0 and the authors' ClipB/ClipVAdvantageFn
    per micro-batch (the paper's settings use neither: entropy_loss_fn none, kl_coef 0).
 3. E_p[S] needs the logits: fused kernels, Ulysses sequence parallelism and the Megatron engine are refused with
    an error naming the setting.
+4. The filter applies to the actor's loss only. With a critic (algorithm_type ppo, base ppo: GAE, Table 4) the
+   critic learns on every valid response token, as the built-in trainer's critic does: the advantage function keeps
+   the response_mask it was given as `entropy_rft_valid`, and the critic's update reads that. Trinity's data
+   metrics after the step (response lengths) read the filtered response_mask, as with the authors' clipb.
+   Trinity 0.6.0 has no rollout correction in its trainer (a TODO there), so nothing else rewrites the mask.
+
+What tests/test_trinity.py drives for real, on the CPU: Trinity's registries; the authors' clipb / clipv on the
+same DataProto batches (their fixtures); VERLTrainer.train_step itself (to_data_proto from Experiences, batch
+balancing, the old-log-prob recompute with these wrappers, the reference forward, values, the advantage step with
+the filter, the critic update, the actor update, the metrics) on verl 0.8's TrinityActorRolloutRefWorker /
+TrinityCriticWorker, TrainingWorker and FSDP engine code path with the shipped tiny Qwen2, TrinityPolicyLoss with
+GlobalTokenMeanPPO or Trinity's ppo loss, and verl's value_loss, for Clip_B, Clip_V, an S*-sign filter and PPO
+with GAE: each optimizer step's gradient against the token mean written directly. Stood in: the Ray worker groups
+(one rank, called in-process), the explorer (a list of Experiences), FSDP's sharding (the unwrapped module), the
+optimizer (it records gradients and never steps), verl's device helpers (pointed at the CPU), flash-attn's
+unpadding helpers (verl's pure-PyTorch port), the MFU counter, the offload moves and gloo's missing ReduceOp.AVG.
+Not run: several ranks, Megatron, fused kernels, vLLM rollouts, the explorer/trainer processes, a GPU.
 """
 
 from __future__ import annotations
@@ -58,7 +77,9 @@ except ImportError as err:  # the adapter is an optional extra
                       "pip install 'entropy-rft[trinity]'") from err
 
 S_EXPECT_KEY = "necs"  # E_p[S] in the trainer's batch, the authors' name for it
-_REQUEST = "entropy_rft_s_expect"  # non-tensor flag on the log-prob request that asks the engine for E_p[S]
+VALID_KEY = "entropy_rft_valid"  # the response tokens before the filter, which the critic learns on
+# A name no stored field has: Trinity hands every later worker call every field of the batch.
+_REQUEST = "entropy_rft_want_s_expect"  # non-tensor flag on the log-prob request that asks the engine for E_p[S]
 _BYPASS_HINT = ("set `algorithm.bypass_old_logprobs: false` in the Trinity config (Trinity 0.6.0 defaults to true, "
                 "which skips the recompute that produces `entropys`)")
 
@@ -130,6 +151,7 @@ class EntropyAdvantageFn(AdvantageFn):
         mask = batch["response_mask"].bool()  # (B, T)
         adv = batch["advantages"].float()  # (B, T)
         keep, metrics = self.method.filter(getattr(stats, self.method.score), adv, mask, **self.options)
+        batch[VALID_KEY] = batch["response_mask"].clone()  # for the critic's update (departure 4)
         write_back(batch, keep)
         metrics = {**base_metrics, **{f"entropy_rft/{k}": float(v) for k, v in metrics.items()}}
         metrics.update({
@@ -208,12 +230,32 @@ def _install_engine_hook() -> None:
 
     def prepare_model_outputs(self, output, output_args, micro_batch, logits_processor_func):
         model_output = original(self, output, output_args, micro_batch, logits_processor_func)
-        if tu.get_non_tensor_data(data=micro_batch, key=_REQUEST, default=False):
+        if tu.get_non_tensor_data(data=micro_batch, key=_REQUEST, default=False) is True:
             model_output[S_EXPECT_KEY] = _s_expect_like_engine(self, output, output_args, micro_batch)
         return model_output
 
     prepare_model_outputs._entropy_rft = True
     FSDPEngineWithLMHead.prepare_model_outputs = prepare_model_outputs
+
+
+def _install_critic_hook() -> None:
+    original = VERLTrainer._update_critic
+    if getattr(original, "_entropy_rft", False):
+        return
+
+    def _update_critic(self, batch, metrics):  # the critic learns on every valid token (departure 4)
+        if VALID_KEY not in batch.batch.keys():
+            return original(self, batch, metrics)
+        filtered = batch.batch["response_mask"]
+        batch.batch["response_mask"] = batch.batch[VALID_KEY]
+        try:
+            return original(self, batch, metrics)
+        finally:
+            batch.batch["response_mask"] = filtered
+
+    _update_critic._entropy_rft = True
+    _update_critic.original = original
+    VERLTrainer._update_critic = _update_critic
 
 
 def _install_trainer_hook() -> None:
@@ -253,3 +295,4 @@ def _install_trainer_hook() -> None:
 
 _install_engine_hook()
 _install_trainer_hook()
+_install_critic_hook()

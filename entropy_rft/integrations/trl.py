@@ -17,8 +17,15 @@ Departures from the built-in trainer, numbered:
 1. The dropped tokens ride on TRL's `tool_mask`, a loss-only mask; the forward pass still attends to them.
 2. The statistics come from one extra forward pass per generation batch (no grad), at TRL's temperature and with
    entropy-rft's position ids (from the left padding); TRL's own log-probs are left as TRL computes them.
-3. With TRL's token-count normalisers (loss_type dapo, cispo, vespo), `num_items_in_batch` is recounted over the
-   kept tokens; the per-sequence losses (grpo, bnpo, dr_grpo) normalise by the mask themselves.
+3. The dropped tokens always leave the loss's terms; where they leave its denominator depends on TRL's
+   loss_type (TRL 1.16's GRPOTrainer.compute_loss): dapo, cispo and vespo divide by `num_items_in_batch`, which
+   this trainer recounts over the kept tokens of the whole generation batch (every process), so their loss is
+   the token mean over the kept tokens, as in the authors' code; grpo and sapo take each sequence's mean over its
+   kept tokens, then the mean over sequences (a sequence with every token dropped counts as 0 in that mean);
+   bnpo divides by the kept tokens of the micro-batch on this process only; dr_grpo divides by the constant
+   B x max_completion_length, so dropped tokens leave only the numerator; luspo sums each sequence's kept tokens.
+   With top_entropy_quantile < 1 (forking tokens), TRL takes its entropy quantile over the loss mask, which
+   carries the filter: the quantile is over the kept tokens only.
 4. Only methods that are token filters apply here; the other rows of METHODS are TRL settings or different losses
    (the error for them says which).
 """

@@ -5,35 +5,48 @@ workers and vLLM/SGLang rollouts, with their statistics taken over the whole tra
     VERL_ENGINE_VENDOR=entropy_rft python -m verl.trainer.main_ppo ... \\
         trainer.v1.trainer_mode=entropy_rft +entropy_rft.method=clip_b +entropy_rft.options.mu=2.5
 
-How it plugs in (README, "Scaling out"; recipes/verl/ has complete configs):
-- `import verl` loads this module in every process through the `verl.plugins` entry point of this package. verl
-  swallows a failing plugin import (logged at DEBUG only); `VERL_USE_EXTERNAL_MODULES=entropy_rft.integrations.verl`
-  imports it explicitly and raises on error.
-- EntropyRFTTrainer, registered as V1 trainer "entropy_rft" (`trainer.v1.trainer_mode=entropy_rft`), is verl's sync
-  trainer whose advantage step, after verl's own, filters the whole batch on the driver (which holds every
-  data-parallel rank's rows): it reads old log-probs and entropies (always recomputed by verl's old-log-prob step),
-  computes S* = p_k (H + log p_k), lets the method choose the tokens to keep and writes the keep mask into both
-  `response_mask` and `loss_mask`, so dropped tokens leave the loss and its token-mean denominator (verl's engine
-  divides by `loss_mask.sum()` all-reduced over ranks).
-- Clip_V also needs E_p[S] = sum_i p_i S_i (Theorem 2), which needs the full distribution: EntropyFSDPEngine, a
-  registered subclass of verl's FSDP language-model engine (selected by `VERL_ENGINE_VENDOR=entropy_rft` in the
-  workers' environment), adds it to the old-log-prob forward from the logits it already materialises, packed
-  (use_remove_padding) or padded.
+How it plugs in (README, "Scaling out"; examples/verl/ has complete configs):
+- `import verl` loads this module in every process through the `verl.plugins` entry point of this package (a
+  failing import is logged at DEBUG only; `VERL_USE_EXTERNAL_MODULES=entropy_rft.integrations.verl` raises).
+- EntropyRFTTrainer, V1 trainer "entropy_rft", is verl's sync trainer whose advantage step, after verl's own,
+  filters the whole batch on the driver (which holds every data-parallel rank's rows): S* = p_k (H + log p_k) from
+  the old log-probs and entropies verl always recomputes; the keep mask goes into a TransferQueue field of its own
+  (KEEP). Its actor update multiplies `response_mask` (the loss's terms) and `loss_mask` (verl's engine divides by
+  `loss_mask.sum()` over all ranks) by it for that call only, then puts verl's masks back.
+- Clip_V also needs E_p[S] = sum_i p_i S_i (Theorem 2): EntropyFSDPEngine, a registered subclass of verl's FSDP
+  language-model engine (`VERL_ENGINE_VENDOR=entropy_rft` in the workers' environment), adds it to the
+  old-log-prob forward from the logits it already holds, packed or padded. The request (WANT_S_EXPECT) and the
+  stored output (S_EXPECT) have different names: verl hands every later worker call every stored field, and the
+  reference forward, the critic and the actor update ignore S_EXPECT and KEEP.
 
 Departures and limits, numbered:
 1. The statistics are those of the policy that computed the old log-probs (verl's recompute, at the rollout
-   temperature), as in the authors' code; the filter is chosen once per batch and kept for every mini-batch and
-   epoch of the update.
-2. Clip_V needs the unfused FSDP engine: fused kernels and Megatron never materialise the logits, and are refused
-   at start-up with the reason. Every method is refused with `rollout_correction.bypass_mode` (nothing is
-   recomputed, so there is no entropy).
-3. Clip-Cov here selects over the whole batch on the driver, with the old log-probs, and zeroes the selected
-   tokens' advantages (they stay in the denominator, as in Clip-Cov's loss); verl's own clip_cov loss selects
-   per micro-batch with the current log-probs and skips tokens the PPO clip already clipped, which on an
-   on-policy first mini-batch are none. KL-Cov needs the current log-prob inside the loss, so it stays verl's
-   per-micro-batch loss (verl issue #7829): use `actor.policy_loss.loss_mode=kl_cov` and read the README's note.
-4. The trainer keeps verl's "sync" behaviour (its trainer_mode reads "sync" whatever name selected it); the
-   async V1 trainers are not wrapped.
+   temperature), as in the authors' code; the filter is chosen once per batch for every mini-batch and epoch.
+2. Clip_V needs the unfused FSDP engine (fused kernels and Megatron never materialise the logits): refused at
+   start-up. Every method refuses `rollout_correction.bypass_mode` (no recompute, so no entropy).
+3. Clip-Cov selects over the whole batch on the driver with the old log-probs and zeroes the selected tokens'
+   advantages (they stay in the denominator); verl's clip_cov loss selects per micro-batch with the current
+   log-probs. KL-Cov needs the current log-prob in the loss, so it stays verl's per-micro-batch
+   `actor.policy_loss.loss_mode=kl_cov` (verl issue #7829; README).
+4. The trainer keeps verl's "sync" behaviour (its trainer_mode reads "sync"); the async V1 trainers are not wrapped.
+5. The filter applies to the actor's loss only: PPO's critic (GAE, Table 4) learns on every valid response token,
+   as the built-in trainer's, and verl's metrics read verl's own masks.
+6. The filter's population is every valid response token, `loss_mask` as the rollout wrote it (the authors' batch
+   statistics are over all response tokens of the batch). Under verl's rejection sampling, which rewrites only
+   `response_mask`, the statistics stay over every valid token, with verl's advantages (0 on rejected tokens:
+   Clip_V's zero-advantage rule may drop one); the actor then uses verl's post-rejection response_mask & keep and
+   loss_mask & keep. Only the filter's tokens leave the loss and the denominator (rejected ones stay in it, as in
+   stock verl), and a filter that drops nothing gives stock verl's update.
+
+What tests/test_verl.py drives for real on the CPU: the V1 trainer's `_step_once` (batch balancing, old-log-prob,
+reference forward, values, advantage and filter, critic and actor updates) through TransferQueue on Ray, the
+tqbridge of every worker call, ActorRolloutRefWorker, TrainingWorker, the FSDP engine (packed and padded, dynamic
+and fixed micro-batches; the value-head engine for the critic), `ppo_loss` and `value_loss`, for Clip_B, Clip_V,
+an S*-sign filter, PPO with GAE and rejection sampling, each optimizer step's gradient against the token mean
+written directly. Stood in: the Ray dispatch (one rank, in-process), the rollout (a batch put as verl's agent loop
+puts it), the replay buffer and rollout replicas, FSDP sharding (unwrapped module), the optimizer (records
+gradients, never steps), verl's device helpers (CPU), the MFU counter, gloo's missing ReduceOp.AVG. Not run:
+several ranks, Megatron, fused kernels, vLLM/SGLang, a GPU.
 """
 
 from __future__ import annotations
@@ -67,7 +80,11 @@ except ImportError as err:  # the adapter is an optional extra
 
 TRAINER_NAME = "entropy_rft"  # trainer.v1.trainer_mode
 ENGINE_VENDOR = "entropy_rft"  # VERL_ENGINE_VENDOR in the workers' environment
-S_EXPECT = "entropy_rft_s_expect"  # the engine's request flag and its output / TransferQueue field
+# Two names, never one: verl hands every later worker call every field stored in TransferQueue, so a stored tensor
+# under the request's name would reach the actor update and the reference forward as the request.
+WANT_S_EXPECT = "entropy_rft_want_s_expect"  # non-tensor request on the old-log-prob call: add E_p[S]
+S_EXPECT = "entropy_rft_s_expect"  # the engine's output and its TransferQueue field (nested, full sequence)
+KEEP = "entropy_rft_keep"  # the filter's keep mask, a TransferQueue field of its own (nested, response tokens)
 CLIP_COV = "clip_cov"
 CLIP_COV_DEFAULTS = {"ratio": TrainConfig.clip_cov_ratio, "lb": TrainConfig.clip_cov_lb, "ub": TrainConfig.clip_cov_ub}
 _ROW_ELEMENTS = 1 << 22  # logits elements per chunk of the E_p[S] computation
@@ -193,18 +210,18 @@ class EntropyRFTTrainer(PPOTrainerSync):
 
     def _compute_old_log_prob(self, batch, metrics: dict):
         if self.entropy_rft.needs_s_expect:
-            batch.extra_info[S_EXPECT] = True  # read by EntropyFSDPEngine on every worker
+            batch.extra_info[WANT_S_EXPECT] = True  # read by EntropyFSDPEngine on every worker
         out = batch
         try:
             out = super()._compute_old_log_prob(batch, metrics)
         finally:
             for meta in (batch, out):
-                meta.extra_info.pop(S_EXPECT, None)  # not for the ref and update forwards
+                meta.extra_info.pop(WANT_S_EXPECT, None)  # not for the ref and update forwards
         return out
 
     def _compute_advantage(self, batch, metrics: dict):
         batch = super()._compute_advantage(batch, metrics)
-        fields = ["response_mask", "loss_mask", "old_log_probs", "entropy", "advantages"]
+        fields = ["loss_mask", "old_log_probs", "entropy", "advantages"]
         if self.entropy_rft.needs_s_expect:
             fields.append(S_EXPECT)
         data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=fields)
@@ -212,29 +229,51 @@ class EntropyRFTTrainer(PPOTrainerSync):
         metrics.update({f"entropy_rft/{k}": v for k, v in step_metrics.items()})
         return tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id, fields=output)
 
+    def _update_actor(self, batch, metrics: dict):
+        # The keep mask reaches the actor's loss only: its masks lose the dropped tokens for this call, and the
+        # masks every other reader sees (critic update, metrics) are put back afterwards (departure 5).
+        fields = ["response_mask", "loss_mask", KEEP]
+        data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=fields)
+        tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id, fields=actor_masks(data))
+        try:
+            return super()._update_actor(batch, metrics)
+        finally:
+            tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id,
+                            fields=data.select("response_mask", "loss_mask"))
+
 
 def filter_batch(settings: Settings, data: TensorDict, *, generator=None) -> tuple[TensorDict, dict[str, float]]:
-    """The driver's step on the TransferQueue fields of the whole batch (nested [B, response_len] each): the new
-    response_mask, loss_mask and advantages, as nested tensors to write back, and the metrics."""
+    """The driver's step on the TransferQueue fields of the whole batch (nested [B, response_len] each): the keep
+    mask (KEEP) and the advantages, as nested tensors to write back, and the metrics.
+
+    The population is every valid response token, `loss_mask` (as the rollout wrote it: verl's rejection sampling
+    rewrites only `response_mask`), with verl's advantages (0 on the tokens rejection sampling dropped)."""
     if settings.needs_s_expect and S_EXPECT not in data.keys():
         raise RuntimeError(f"{settings.method} needs E_p[S], but the actor workers did not return {S_EXPECT!r}: "
                            f"start them with VERL_ENGINE_VENDOR={ENGINE_VENDOR} (e.g. "
                            f"+ray_kwargs.ray_init.runtime_env.env_vars.VERL_ENGINE_VENDOR={ENGINE_VENDOR})")
-    nested_mask = data["response_mask"]
-    padded = data.to_padded_tensor()
-    mask = padded["response_mask"].bool()
+    nested_mask = data["loss_mask"]
+    padded = data.exclude(S_EXPECT).to_padded_tensor()
+    valid = padded["loss_mask"].bool()  # (B, T)
     s_expect = None
     if S_EXPECT in data.keys():  # the engine's full-sequence output, cut to the response as verl cuts entropies
         s_expect = torch.nested.to_padded_tensor(response_from_nested(data[S_EXPECT], nested_mask), 0.0)
     stats = stats_from_engine(padded["old_log_probs"], padded["entropy"], s_expect)
-    keep, adv, metrics = whole_batch_step(settings, stats, padded["advantages"], mask, generator=generator)
-    out = {
-        "response_mask": response_to_nested(padded["response_mask"] * keep.to(padded["response_mask"].dtype),
-                                            nested_mask),
-        "loss_mask": response_to_nested(padded["loss_mask"] * keep.to(padded["loss_mask"].dtype), nested_mask),
-        "advantages": response_to_nested(adv.to(padded["advantages"].dtype), nested_mask),
-    }
+    keep, adv, metrics = whole_batch_step(settings, stats, padded["advantages"], valid, generator=generator)
+    out = {KEEP: response_to_nested(keep.to(padded["loss_mask"].dtype), nested_mask),
+           "advantages": response_to_nested(adv.to(padded["advantages"].dtype), nested_mask)}
     return TensorDict(out, batch_size=len(nested_mask)), metrics
+
+
+def actor_masks(data: TensorDict) -> TensorDict:
+    """The masks the actor's loss reads, from TransferQueue's response_mask, loss_mask and KEEP: response_mask (the
+    loss's terms; after verl's rejection sampling, if on) and loss_mask (the engine's token-mean denominator), each
+    times keep, so exactly the tokens the filter dropped leave both."""
+    template = data["loss_mask"]
+    padded = data.to_padded_tensor()
+    keep = padded[KEEP].bool()
+    return TensorDict({key: response_to_nested(padded[key] * keep.to(padded[key].dtype), template)
+                       for key in ("response_mask", "loss_mask")}, batch_size=len(template))
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -254,11 +293,12 @@ def s_expect_of_logits(logits: Tensor, temperature: Tensor) -> Tensor:
 @EngineRegistry.register(model_type="language_model", backend=["fsdp", "fsdp2"], device=["cuda", "npu"],
                          vendor=ENGINE_VENDOR)
 class EntropyFSDPEngine(FSDPEngineWithLMHead):
-    """verl's FSDP language-model engine; when a forward is asked for S_EXPECT (the trainer's old-log-prob step
-    for Clip_V) it also returns E_p[S] per token, laid out as verl's entropy output (nested, full sequence)."""
+    """verl's FSDP language-model engine; when a forward is asked for E_p[S] (WANT_S_EXPECT, the trainer's
+    old-log-prob step for Clip_V) it also returns it as S_EXPECT, laid out as verl's entropy output (nested, full
+    sequence). Other forwards see the stored S_EXPECT field among their inputs and ignore it."""
 
     def prepare_model_outputs(self, output, output_args, micro_batch, logits_processor_func):
-        wanted = tu.get_non_tensor_data(data=micro_batch, key=S_EXPECT, default=False)
+        wanted = tu.get_non_tensor_data(data=micro_batch, key=WANT_S_EXPECT, default=False) is True
         s_expect = self._s_expect(output, output_args, micro_batch) if wanted else None  # before verl reuses logits
         model_output = super().prepare_model_outputs(output, output_args, micro_batch, logits_processor_func)
         if s_expect is not None:
@@ -285,5 +325,6 @@ class EntropyFSDPEngine(FSDPEngineWithLMHead):
         return torch.nested.nested_tensor_from_jagged(s, offsets)
 
 
-__all__ = ["EntropyRFTTrainer", "EntropyFSDPEngine", "Settings", "filter_batch", "whole_batch_step",
-           "stats_from_engine", "s_expect_of_logits", "check_config", "TRAINER_NAME", "ENGINE_VENDOR", "S_EXPECT"]
+__all__ = ["EntropyRFTTrainer", "EntropyFSDPEngine", "Settings", "filter_batch", "actor_masks", "whole_batch_step",
+           "stats_from_engine", "s_expect_of_logits", "check_config", "TRAINER_NAME", "ENGINE_VENDOR",
+           "WANT_S_EXPECT", "S_EXPECT", "KEEP"]
