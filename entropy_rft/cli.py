@@ -246,7 +246,8 @@ def cmd_train(args) -> None:
     from .trainer import train
 
     preflight(cfg)
-    print(f"entropy-rft train: run directory {cfg.out}", file=sys.stderr)
+    if not (out or resume):  # a new directory the user did not name: say where the run goes
+        print(f"entropy-rft train: run directory {cfg.out}", file=sys.stderr)
 
     summary = train(cfg, resume=resume, overwrite=args.overwrite)
     if summary.get("finished_before"):
@@ -352,6 +353,9 @@ def cmd_theory(args) -> None:
 
     if not args.no_model:  # everything the model checks need, before any work
         task = TASKS.get(args.task)
+        if args.data and not Path(args.data).is_file():
+            raise FileNotFoundError(f"--data {args.data}: no such file; pass a problem JSONL of the task, or leave "
+                                    "--data out for the shipped countdown split")
         problems = load_problems(Path(args.data) if args.data else
                                  BUILTIN_MODELS["countdown-tiny"] / "data" / "train.jsonl", task)
         device = pick_device(args.device)

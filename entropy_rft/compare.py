@@ -19,9 +19,7 @@ import time
 from pathlib import Path
 
 from .config import TrainConfig, settings_key
-from .demo import load_demo_config, run_config
 from .logging import read_metrics
-from .report import plot_curves
 from .rundir import RunLock, is_finished
 
 DEFAULT_METHODS = "grpo,clip_b,clip_v,clip_cov,kl_cov,unlikely,forking,entropy_bonus,dapo"
@@ -39,6 +37,8 @@ def keyed(cfg: TrainConfig, parent: Path, stem: str) -> TrainConfig:
 def compare_cells(spec: dict, methods: list[str], seeds: int, out: Path, *, sets: dict | None = None,
                   steps: int | None = None, progress: bool = True) -> dict[str, list[TrainConfig]]:
     """{method: [TrainConfig of each seed]}, each with its keyed run directory."""
+    from .demo import run_config
+
     cells = {}
     for method in methods:
         base = run_config(spec, method, sets=sets, method=method, steps=steps, progress=progress, out=str(out))
@@ -61,6 +61,9 @@ def run_cells(cells: list[TrainConfig], log=print) -> None:
 def run_compare(methods: list[str], seeds: int, out: Path | str, *, steps: int | None = None,
                 config: Path | str | None = None, sets: dict | None = None, progress: bool = True,
                 log=print) -> dict:
+    from .demo import load_demo_config
+    from .report import plot_curves
+
     out = Path(out)
     cells = compare_cells(load_demo_config(config), methods, seeds, out, sets=sets, steps=steps, progress=progress)
     t0 = time.time()
@@ -79,6 +82,8 @@ def run_sweep(method: str, mus: list[float], out: Path | str, *, config: Path | 
               steps: int | None = None, max_frac: float | None = None, sets: dict | None = None,
               progress: bool = True, log=print) -> list[Path]:
     """One run of `method` per mu with the spec's common settings; returns the cells' run directories."""
+    from .demo import load_demo_config, run_config
+
     out = Path(out)
     spec = load_demo_config(config)
     cells = [keyed(run_config({"common": spec["common"]}, None, sets=sets, method=method, mu=mu, steps=steps,

@@ -257,3 +257,37 @@ def test_new_run_dirs_are_unique_and_names_are_one_component(tmp_path):
     assert new_run_dir("x", "mine", root=tmp_path) == tmp_path / "mine"
     with pytest.raises(RunDirError, match="one path component"):
         new_run_dir("x", "a/b", root=tmp_path)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# through train()
+
+
+def test_a_held_directory_refuses_train_before_any_model_loads(tmp_path, monkeypatch):
+    """train() into a directory another run holds is refused at once naming the holder; no model is loaded."""
+    import entropy_rft.trainer as trainer
+
+    monkeypatch.setattr(trainer, "load_policy", lambda *a, **k: pytest.fail("a model was loaded"))
+    with RunLock(tmp_path / "run"):
+        with pytest.raises(RunDirError, match=f"pid {os.getpid()}"):
+            trainer.train(cfg_at(tmp_path / "run", steps=1))
+
+
+def test_a_run_that_fails_at_start_leaves_the_record_untouched(tmp_path, monkeypatch):
+    """--overwrite of a run's record by a run whose W&B sink cannot start (no API key): the error names the fix,
+    and config.yaml, metrics.jsonl and the checkpoints are byte for byte as they were (the issue's run had already
+    emptied metrics.jsonl)."""
+    wandb = pytest.importorskip("wandb")
+
+    def no_key(*args, **kwargs):
+        raise wandb.errors.UsageError("No API key configured. Use `wandb login` to log in.")
+
+    monkeypatch.setattr(wandb, "init", no_key)
+    run = tmp_path / "run"
+    before = fake_record(run, cfg_at(run, steps=5), steps=(2, 4), metrics=5)
+    from entropy_rft.trainer import train
+
+    cfg = cfg_at(run, steps=1, prompts_per_step=2, group_size=2, eval_problems=2, eval_k=1, sinks=("wandb",))
+    with pytest.raises(ValueError, match="wandb sink could not start.*wandb login.*WANDB_MODE=offline"):
+        train(cfg, overwrite=True)
+    assert snapshot(run) == before
