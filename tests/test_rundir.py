@@ -168,6 +168,22 @@ def test_a_failed_start_puts_the_replaced_record_back(tmp_path):
     assert "lr: 0.001" in (run / "config.yaml").read_text()
 
 
+def test_a_sink_that_fails_to_open_leaves_metrics_uncut(tmp_path, monkeypatch):
+    """On resume from step 1, a metric sink that cannot start (opened before metrics.jsonl) stops the logger
+    before metrics.jsonl is cut back: its rows after step 1 are still there."""
+    from entropy_rft.logging import SINKS, MetricLogger
+
+    class Broken:
+        def __init__(self, *args):
+            raise ValueError("cannot start")
+
+    monkeypatch.setitem(SINKS._items, "tensorboard", Broken)
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n{"step": 2}\n{"step": 3}\n')
+    with pytest.raises(ValueError, match="cannot start"):
+        MetricLogger(tmp_path, {}, ("tensorboard",), start_step=1)
+    assert (tmp_path / "metrics.jsonl").read_text().count("step") == 3
+
+
 def test_a_start_killed_midway_is_repaired_by_the_next_claim(tmp_path):
     """A process killed after moving the old record aside but before committing (no new config.yaml): the next
     claim puts the old record back. Killed after committing: the moved-aside record is deleted."""
