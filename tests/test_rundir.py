@@ -143,7 +143,8 @@ def test_settings_key_ignores_bookkeeping_only(tmp_path):
 
 def test_a_failed_start_puts_the_replaced_record_back(tmp_path):
     """overwrite: when opening the sinks fails, the old record is back byte for byte and nothing the failed start
-    wrote remains; when it succeeds, the old record (its checkpoints too) is gone and config.yaml is the new one."""
+    wrote remains; when it succeeds, the old record (its checkpoints too) is gone and config.yaml is the new one.
+    In a new directory, a failed start leaves nothing that reads as a record."""
     run = tmp_path / "run"
     before = fake_record(run, cfg_at(run, lr=1e-4), steps=(2, 4))
 
@@ -151,6 +152,7 @@ def test_a_failed_start_puts_the_replaced_record_back(tmp_path):
         (run / "metrics.jsonl").write_text("")  # what a sink writes before it fails
         (run / "wandb").mkdir()
         raise ValueError("no API key")
+
 
     new = cfg_at(run, lr=1e-3)
     with claim(new, overwrite=True) as c:
@@ -166,6 +168,13 @@ def test_a_failed_start_puts_the_replaced_record_back(tmp_path):
         c.start(new, Logger)
     assert sorted(p.name for p in run.iterdir()) == [".lock", "config.yaml"]
     assert "lr: 0.001" in (run / "config.yaml").read_text()
+
+    run = tmp_path / "fresh"  # a new directory: what the failed start wrote is cleared, so it is not a record
+    with claim(cfg_at(run)) as c:
+        with pytest.raises(ValueError, match="no API key"):
+            c.start(cfg_at(run), failing_sinks)
+    assert record_entries(run) == []
+    claim(cfg_at(run)).release()
 
 
 def test_a_sink_that_fails_to_open_leaves_metrics_uncut(tmp_path, monkeypatch):
@@ -257,8 +266,11 @@ def test_an_ignored_signal_stays_ignored():
     old = signal.signal(signal.SIGHUP, signal.SIG_IGN)
     try:
         with stop_signals_interrupt():
-            os.kill(os.getpid(), signal.SIGHUP)
-            time.sleep(0.05)
+            try:
+                os.kill(os.getpid(), signal.SIGHUP)
+                time.sleep(0.05)
+            except KeyboardInterrupt:
+                pytest.fail("SIGHUP stopped a run started with SIGHUP ignored")
         assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
     finally:
         signal.signal(signal.SIGHUP, old)
