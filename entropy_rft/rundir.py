@@ -240,6 +240,9 @@ def claim(cfg: TrainConfig, *, resume: bool | str = False, overwrite: bool = Fal
     run_dir = Path(cfg.out)
     if run_dir.exists() and not run_dir.is_dir():
         raise RunDirError(f"--out {run_dir} is a file, not a directory; choose another --out/--name")
+    if resume is True and not run_dir.is_dir():  # refused before the lock would create the directory
+        raise RunDirError(f"nothing to resume in {run_dir}: it does not exist. Check the path; to start the run "
+                          "there instead, use --resume-or-start (or drop --resume)")
     lock = RunLock(run_dir).acquire()
     try:
         _repair(run_dir)
@@ -255,7 +258,7 @@ def claim(cfg: TrainConfig, *, resume: bool | str = False, overwrite: bool = Fal
                 raise RunDirError(f"{run_dir} already finished its {cfg.steps} steps (eval.json is written); nothing "
                                   f"to resume. To train it further, resume with more steps (--steps N > {cfg.steps})")
         elif resume is True:
-            what = ("it does not exist or holds no run" if not record else
+            what = ("it holds no run" if not record else
                     "its run stopped before its first checkpoint (a kill before any save)")
             raise RunDirError(f"nothing to resume in {run_dir}: {what}. Check the path; to start the run there "
                               "instead, use --resume-or-start (or drop --resume"

@@ -93,8 +93,12 @@ def test_another_runs_record_is_refused_and_left_untouched(tmp_path):
 def test_nothing_to_resume_is_an_error_unless_asked_to_start(tmp_path):
     """--resume of an empty or mistyped directory, or of a run killed before its first checkpoint, says so and
     stops; resume='auto' starts fresh instead (over a record of the same settings only)."""
-    with pytest.raises(RunDirError, match="nothing to resume .* does not exist or holds no run"):
+    with pytest.raises(RunDirError, match="nothing to resume .* does not exist"):
         claim(cfg_at(tmp_path / "typo"), resume=True)
+    assert not (tmp_path / "typo").exists()  # a mistyped path is not created
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(RunDirError, match="nothing to resume .* holds no run"):
+        claim(cfg_at(tmp_path / "empty"), resume=True)
     run = tmp_path / "run"
     fake_record(run, cfg_at(run), steps=())
     with pytest.raises(RunDirError, match="stopped before its first checkpoint"):
