@@ -231,8 +231,9 @@ def cmd_train(args) -> None:
         from .pipeline import dry_run
 
         cfg = resolve_config(recipe, sets, options)
-        scratch = out or f"runs/dry-run/{Path(args.config).stem if args.config else cfg.method}"
-        print(json.dumps(dry_run(cfg, scratch, overwrite=args.overwrite or out is None), indent=1))
+        given = args.out or (out_dir(args, "") if args.name else None)  # never the recipe's own out: a real run's
+        scratch = given or f"runs/dry-run/{Path(args.config).stem if args.config else cfg.method}"
+        print(json.dumps(dry_run(cfg, scratch, overwrite=args.overwrite or given is None), indent=1))
         print(f"dry run passed: the recipe is valid and ran two steps on the CPU stand-in ({scratch})")
         _print_plan(cfg)
         return

@@ -364,3 +364,17 @@ def test_demo_takes_a_flat_recipe_and_set_and_refuses_an_earlier_demo(tmp_path, 
     main(["demo", "--config", str(flat), "--set", "lr=1e-3", "--out", str(out), "--resume", "--quiet"])
     main(["demo", "--config", str(flat), "--out", str(out), "--overwrite", "--quiet"])
     assert [(r, o) for _, r, o in calls[3:]] == [("auto", False)] * 3 + [(False, True)] * 3
+
+
+def test_dry_run_writes_its_scratch_directory_never_the_recipes_out(tmp_path, monkeypatch):
+    """`train --config R --dry-run` with R naming its real run directory (out:) runs in runs/dry-run/<R>, replaced
+    each time; with --out DIR it runs there under the usual rules (no replacing unless --overwrite)."""
+    calls = []
+    monkeypatch.setattr(pipeline, "dry_run", lambda cfg, out, **kw: calls.append((str(out), kw)) or {"ok": True})
+    monkeypatch.setattr("entropy_rft.cli._print_plan", lambda cfg: None)
+    monkeypatch.chdir(tmp_path)
+    recipe = tmp_path / "paper.yaml"
+    recipe.write_text(f"out: {tmp_path / 'real-run'}\nsteps: 500\n")
+    main(["train", "--config", str(recipe), "--dry-run"])
+    main(["train", "--config", str(recipe), "--dry-run", "--out", str(tmp_path / "mine")])
+    assert calls == [("runs/dry-run/paper", {"overwrite": True}), (str(tmp_path / "mine"), {"overwrite": False})]
