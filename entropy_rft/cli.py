@@ -172,17 +172,15 @@ def given_sets(args, *, reserved: dict[str, str] | None = None) -> dict:
     return sets
 
 
-def run_dir_options(p: argparse.ArgumentParser, what: str) -> None:
+def run_dir_options(p: argparse.ArgumentParser, what: str, default: str, resume_help: str):
+    """--out/--name (one of them) and --resume/--overwrite (one of them); returns the latter group."""
     where = p.add_mutually_exclusive_group()
-    where.add_argument("--out", default=None, metavar="DIR", help=f"{what} directory (default: a new "
-                       "runs/<method>-<YYYYmmdd-HHMMSS>)")
+    where.add_argument("--out", default=None, metavar="DIR", help=f"{what} directory (default: a new {default})")
     where.add_argument("--name", default=None, help=f"{what} directory runs/NAME")
     how = p.add_mutually_exclusive_group()
-    how.add_argument("--resume", action="store_true", help="continue the run in --out/--name from its newest "
-                     "checkpoint, with its own settings (only steps, sinks, progress, save_every, eval_every and "
-                     "keep_checkpoints may change); refused when there is nothing to resume")
-    how.add_argument("--overwrite", action="store_true", help="replace the record of another run in --out/--name "
-                     "(deleted only once the new run is ready to start)")
+    how.add_argument("--resume", action="store_true", help=resume_help)
+    how.add_argument("--overwrite", action="store_true", help="replace the record in --out/--name (deleted only "
+                     "once the new run is ready to start)")
     return how
 
 
@@ -221,7 +219,8 @@ def cmd_train(args) -> None:
     resume = "auto" if args.resume_or_start else args.resume
     recipe = read_recipe(args.config)
     sets = given_sets(args)
-    options = {k: v for k, v in {"method": args.method, "model": args.model, "steps": args.steps}.items() if v is not None}
+    options = {k: v for k, v in {"method": args.method, "model": args.model, "steps": args.steps}.items()
+               if v is not None}
     out = args.out or (out_dir(args, "") if args.name else None) or sets.get("out") or recipe.get("out")
     if resume and out is None:
         raise ValueError("--resume needs the run's directory: --out DIR or --name NAME")
@@ -408,7 +407,8 @@ def build_parser() -> argparse.ArgumentParser:
         return sp
 
     d = command("demo", "train GRPO, Clip_B and Clip_V on countdown on the CPU and report", cmd_demo)
-    run_dir_options(d, "the demo's")
+    run_dir_options(d, "the demo's", "runs/demo-<YYYYmmdd-HHMMSS>", "continue the demo in --out/--name: each "
+                    "method's run resumes from its newest checkpoint, or is kept when it finished with these settings")
     add_settings_options(d, file_kind="demo-style YAML (common + methods sections) or a flat recipe (settings shared "
                                       "by the methods; default: the shipped configs/demo.yaml)")
     d.add_argument("--steps", type=setting("steps"), default=None, help="RL steps of each method (default: the "
@@ -425,7 +425,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--model", default=None, help="policy: shipped name, local directory or hub id (default: the "
                    "recipe's, else countdown-tiny)")
     t.add_argument("--steps", type=setting("steps"), default=None, help="RL steps (default: the recipe's, else 100)")
-    how = run_dir_options(t, "run")
+    how = run_dir_options(t, "run", "runs/<method>-<YYYYmmdd-HHMMSS>", "continue the run in --out/--name from its "
+                          "newest checkpoint with its own settings (only steps, sinks, progress, save_every, "
+                          "eval_every and keep_checkpoints may change); refused when there is nothing to resume")
     how.add_argument("--resume-or-start", action="store_true", help="continue the run in --out/--name if it has a "
                      "checkpoint, else start it there (for job scripts that requeue); never replaces another run")
     t.add_argument("--help-config", action="store_true", help="list every config field with default and help")

@@ -105,7 +105,8 @@ def shared_settings(cells: dict[str, list[TrainConfig]]) -> dict:
     skip = {*BOOKKEEPING, "seed", "method"}
     shared = {k: v for k, v in every[0].items() if k not in skip and all(d[k] == v for d in every)}
     return {"shared": {k: v for k, v in shared.items() if v != defaults.get(k)},
-            "per_method": {m: {k: v for k, v in ds[0].items() if k not in skip and k not in shared} for m, ds in flat.items()},
+            "per_method": {m: {k: v for k, v in ds[0].items() if k not in skip and k not in shared}
+                           for m, ds in flat.items()},
             "seeds": sorted({d["seed"] for d in every}),
             "cells": {m: [f"{Path(c.out).parent.name}/{Path(c.out).name}" for c in cfgs] for m, cfgs in cells.items()}}
 

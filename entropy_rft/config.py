@@ -344,11 +344,13 @@ def _problems(err: ValidationError) -> list[tuple[str | None, str, str]]:
             out.append((name, line, line))
             continue
         kind = TrainConfig.__dataclass_fields__[e["loc"][0]].type
-        out.append((name, msg, f"config field {name}: got {e['input']!r} ({type(e['input']).__name__}); expected {kind}: {msg}"))
+        got = f"got {e['input']!r} ({type(e['input']).__name__})"
+        out.append((name, msg, f"config field {name}: {got}; expected {kind}: {msg}"))
     return out
 
 
-FIX = "fix the value in the recipe YAML, in --set KEY=VALUE or in TrainConfig(...); `entropy-rft train --help-config` lists every field"
+FIX = ("fix the value in the recipe YAML, in --set KEY=VALUE or in TrainConfig(...); `entropy-rft train --help-config` "
+       "lists every field")
 
 
 def _did_you_mean(name: str) -> str:
@@ -554,8 +556,8 @@ def check_device(name: str) -> None:
             raise ConfigError(f"device {name!r}: this PyTorch ({torch.__version__}) is a CPU-only build; use device "
                               "cpu (or auto), or install a CUDA build of PyTorch", [("device", "CPU-only PyTorch")])
         if not torch.cuda.is_available():
-            raise ConfigError(f"device {name!r}: no CUDA device is visible (check nvidia-smi and CUDA_VISIBLE_DEVICES); "
-                              "use device cpu (or auto)", [("device", "no CUDA device")])
+            raise ConfigError(f"device {name!r}: no CUDA device is visible (check nvidia-smi and "
+                              "CUDA_VISIBLE_DEVICES); use device cpu (or auto)", [("device", "no CUDA device")])
         if dev.index is not None and dev.index >= torch.cuda.device_count():
             raise ConfigError(f"device {name!r}: only {torch.cuda.device_count()} CUDA device(s) are visible; use "
                               f"cuda:0 .. cuda:{torch.cuda.device_count() - 1}", [("device", "no such CUDA device")])

@@ -133,7 +133,8 @@ def test_sigterm_saves_where_the_run_stands_and_resume_matches_an_uninterrupted_
     outer = signal.signal(signal.SIGTERM, unhandled)
     run = tmp_path / "run"
     try:
-        with pytest.raises(SystemExit, match="SIGTERM: stopped after 3 steps; saved .*checkpoint-3. Continue with --resume"):
+        with pytest.raises(SystemExit, match="SIGTERM: stopped after 3 steps; saved .*checkpoint-3. Continue with "
+                                             "--resume"):
             train(load_config(None, **SETTINGS, out=str(run)))
         assert signal.getsignal(signal.SIGTERM) is unhandled  # the run's handler is gone with the run
     finally:
