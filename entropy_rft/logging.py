@@ -2,7 +2,8 @@
 options (imported only when asked for; W&B honours WANDB_MODE=offline).
 
 A run that starts at step S (0, or a checkpoint's step on resume) first cuts what the sinks hold after S, so a run
-killed between checkpoints and resumed logs each step once:
+killed between checkpoints and resumed logs each step once (entropy_rft/rundir.py opens the sinks only once the run
+is committed to start, and metrics.jsonl last of them):
 1. metrics.jsonl keeps its lines with step <= S (rewritten atomically; a torn last line is dropped);
 2. TensorBoard purges the events after S (SummaryWriter's purge_step);
 3. W&B resumes the same run id (kept in RUN_DIR/wandb_run_id); W&B itself refuses steps at or below the last one it
@@ -20,6 +21,10 @@ from pathlib import Path
 from .registry import Registry
 
 SINKS: Registry = Registry("metric sink")
+
+
+class SinkError(ValueError):
+    """A metric sink that cannot start here (e.g. W&B without credentials); the message says how to fix it."""
 
 
 def _clean(value):
@@ -70,11 +75,16 @@ class WandbSink:
         except ImportError as err:
             raise ImportError("the wandb sink needs `pip install wandb` (set WANDB_MODE=offline to run without a server)") from err
         id_file = Path(run_dir) / "wandb_run_id"
-        if start_step > 0 and id_file.exists():
-            self.run = wandb.init(project="entropy-rft", dir=str(run_dir), config=config, id=id_file.read_text().strip(),
-                                  resume="allow")
-        else:
-            self.run = wandb.init(project="entropy-rft", dir=str(run_dir), config=config)
+        try:
+            if start_step > 0 and id_file.exists():
+                self.run = wandb.init(project="entropy-rft", dir=str(run_dir), config=config,
+                                      id=id_file.read_text().strip(), resume="allow")
+            else:
+                self.run = wandb.init(project="entropy-rft", dir=str(run_dir), config=config)
+        except Exception as err:  # W&B's own errors (no API key, no server) have no common base class
+            raise SinkError(f"the wandb sink could not start a W&B run ({type(err).__name__}: {err}); log in with "
+                            "`wandb login`, set WANDB_MODE=offline to log locally, or drop wandb from sinks") from err
+        if not (start_step > 0 and id_file.exists()):
             id_file.write_text(self.run.id)
 
     def log(self, metrics: dict) -> None:
@@ -90,11 +100,19 @@ SINKS.register("wandb", WandbSink)
 
 
 class MetricLogger:
-    """Fans one metrics dict out to every sink; JSONL is always on."""
+    """Fans one metrics dict out to every sink; JSONL is always on. The extra sinks open first and metrics.jsonl
+    last, so a sink that fails to open (W&B without an API key) leaves metrics.jsonl as it was; the sinks already
+    opened are closed again."""
 
     def __init__(self, run_dir: Path, config: dict, sinks: tuple[str, ...] = (), start_step: int = 0):
-        names = ["jsonl"] + [s for s in sinks if s != "jsonl"]
-        self.sinks = [SINKS.get(name)(run_dir, config, start_step) for name in names]
+        names = [s for s in dict.fromkeys(sinks) if s != "jsonl"] + ["jsonl"]
+        self.sinks = []
+        try:
+            for name in names:
+                self.sinks.append(SINKS.get(name)(run_dir, config, start_step))
+        except BaseException:
+            self.close()
+            raise
 
     def log(self, metrics: dict) -> None:
         for sink in self.sinks:

@@ -31,13 +31,23 @@ def response_limit(task_name: str, given: int | None) -> int:
 
 
 def parse_data_specs(text: str, k: int) -> list[tuple[str, int]]:
-    """'aime24,aime25,dapo500@8' -> [(spec, K)]: a trailing @K sets that dataset's K (else the common k)."""
+    """'aime24,aime25,dapo500@8' -> [(spec, K)]: a trailing @K sets that dataset's K (else the common k), checked by
+    TrainConfig.eval_k's rule."""
+    from .config import ConfigError, check_values
+
     out = []
     for item in (x.strip() for x in text.split(",")):
         if not item:
             continue
         spec, at, kk = item.rpartition("@")
-        out.append((spec, int(kk)) if at and kk.isdigit() else (item, k))
+        if at and kk.lstrip("+-").isdigit():
+            try:
+                out.append((spec, check_values(eval_k=int(kk))["eval_k"]))
+            except ConfigError as err:
+                raise ValueError(f"--data {item!r}: the K after @ {err.problems[0][1].removeprefix('eval_k ')}; "
+                                 f"write {spec}@8 or leave @K out for --eval-k") from None
+        else:
+            out.append((item, k))
     if not out:
         raise ValueError("--data names no dataset; e.g. --data aime24,aime25,dapo500@8")
     return out
@@ -197,10 +207,11 @@ def validate_recipe(cfg: TrainConfig) -> list[str]:
     return notes
 
 
-def dry_run(cfg: TrainConfig, out: str | Path) -> dict:
+def dry_run(cfg: TrainConfig, out: str | Path, *, overwrite: bool = False) -> dict:
     """Validate a recipe, then run two steps of it on the CPU with the tiny stand-in model and synthetic problems:
     the recipe's task, method, losses, advantage, group size, precision and gradient checkpointing are exercised;
-    its model, engine, data and sizes are replaced (listed in the returned summary)."""
+    its model, engine, data and sizes are replaced (listed in the returned summary). `overwrite` replaces an earlier
+    run's record in `out` (the CLI's scratch directory runs/dry-run/<recipe> is replaced each time)."""
     from .trainer import STAND_IN, train
 
     notes = validate_recipe(cfg)
@@ -216,7 +227,7 @@ def dry_run(cfg: TrainConfig, out: str | Path) -> dict:
         changes["eval_data"] = str(write_jsonl(problems[8:], out / "data" / "eval.jsonl"))
     small = dataclasses.replace(cfg, **changes)
     t0 = time.time()
-    summary = train(small)
+    summary = train(small, overwrite=overwrite)
     history = summary["history"]
     ok = len(history) == 2 and all(math.isfinite(m["loss/policy"]) for m in history)
     if not ok:

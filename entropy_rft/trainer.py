@@ -13,8 +13,10 @@ One process, one device: the reference implementation and the embedded default. 
 
 Departures, numbered:
 1. Old log-probs are recomputed by the trainer's forward pass (as verl does), not taken from generation.
-2. On interruption (Ctrl-C) the current policy is saved as a checkpoint before the run stops; `resume=True`
-   (`entropy-rft train --resume`) continues from the newest complete checkpoint of the run directory. Checkpoints
+2. On interruption (Ctrl-C, SIGTERM, SIGHUP) the current policy is saved as a checkpoint before the run stops;
+   `resume=True` (`entropy-rft train --resume`) continues from the newest complete checkpoint of the run directory,
+   whose settings must match (entropy_rft/rundir.py: one process per run directory, no run over another's record,
+   the newest keep_checkpoints checkpoints and the final one kept). Checkpoints
    are written atomically and hold the whole run state (weights, Adam, sampler, update generator, torch RNG,
    evaluations, the entropy controller or adaptive bonus), so a run killed at any moment (SIGKILL included) and
    resumed ends with the same weights as one never interrupted; the metric sinks are cut back to the checkpoint's
@@ -27,6 +29,7 @@ Departures, numbered:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -37,13 +40,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import yaml
 from safetensors import SafetensorError
 from tqdm import tqdm
 
 from .advantages import (ADVANTAGES, TokenLevel, advantage_reweight, broadcast_advantages, outcome_token_rewards, overlong_penalty,
                          rank_penalty)
-from .config import TrainConfig
+from .config import TrainConfig, check_device, preflight
 from .control import AdaptiveEntropyBonus, MuController
 from .dynamics import TokenStats, batch_covariance, corollary4_entropy_change
 from .evaluate import EvalResult, evaluate_policy
@@ -55,6 +57,8 @@ from .data import load_math
 from .dropout import check_deterministic, disable_dropout, has_active_dropout
 from .forward import EntropyProbe, HeldForward, batch_forward, batch_stats, policy_forward, policy_stats  # noqa: F401
 from .rollout import ENGINES, Rollout
+from .rundir import Claim, finished_summary, find_checkpoint, new_run_dir, prune_checkpoints, stop_signals_interrupt  # noqa: F401
+from .rundir import claim as claim_run_dir
 from .tasks import TASKS, MathTask
 
 BUILTIN_MODELS = {"countdown-tiny": Path(__file__).parent / "assets" / "countdown-tiny"}
@@ -200,6 +204,8 @@ def load_problems(path: Path, task) -> list:
 
 
 def pick_device(name: str) -> torch.device:
+    """The torch device for auto, cpu, cuda[:N] or mps; one this machine lacks raises ConfigError with the fix."""
+    check_device(name)
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(name)
@@ -290,18 +296,6 @@ def save_checkpoint(run_dir: Path, step: int, model, tokenizer, optimizer, sampl
     return ckpt
 
 
-def find_checkpoint(run_dir: Path) -> Path | None:
-    """The checkpoint to resume from: the one latest_checkpoint names if it is complete, else the complete
-    checkpoint-N of highest N (a kill between two renames of save_checkpoint), else None."""
-    latest = run_dir / "latest_checkpoint"
-    if latest.exists():
-        named = run_dir / latest.read_text().strip()
-        if (named / "trainer_state.pt").exists():
-            return named
-    done = [p for p in run_dir.glob("checkpoint-*") if p.name[11:].isdigit() and (p / "trainer_state.pt").exists()]
-    return max(done, key=lambda p: int(p.name[11:]), default=None)
-
-
 def run_eval(engine, task, problems, cfg: TrainConfig, seed: int) -> EvalResult:
     return evaluate_policy(engine, task, problems, k=cfg.eval_k, temperature=cfg.eval_temperature, top_p=cfg.top_p,
                            max_new_tokens=cfg.max_new_tokens, seed=seed)
@@ -311,13 +305,25 @@ def run_eval(engine, task, problems, cfg: TrainConfig, seed: int) -> EvalResult:
 # The loop
 
 
-def train(cfg: TrainConfig, *, resume: bool = False) -> dict:
-    """Run RL fine-tuning as configured; returns a summary with the per-step metrics and evaluations."""
+def train(cfg: TrainConfig, *, resume: bool | str = False, overwrite: bool = False) -> dict:
+    """Run RL fine-tuning as configured; returns a summary with the per-step metrics and evaluations.
+
+    The run directory (cfg.out; None: a new runs/<method>-<time>) follows entropy_rft/rundir.py's rules: held by
+    this process alone; one holding another run's record is refused unless resume=True (continue from its newest
+    checkpoint, with the same settings), resume="auto" (continue if it can, else start) or overwrite=True (replace
+    it once this run is ready to start). SIGINT, SIGTERM and SIGHUP save the run where it stands and stop it."""
+    if cfg.out is None:
+        cfg = dataclasses.replace(cfg, out=str(new_run_dir(cfg.method)))
+    preflight(cfg)  # device, engine and sink packages, before the directory is taken or any model loads
+    with claim_run_dir(cfg, resume=resume, overwrite=overwrite) as claim, stop_signals_interrupt():
+        if claim.finished:
+            return finished_summary(claim.run_dir, cfg)
+        return _train(cfg, claim)
+
+
+def _train(cfg: TrainConfig, claim: Claim) -> dict:
     # --- setup
-    run_dir = Path(cfg.out)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    for stale in run_dir.glob(".checkpoint-*"):  # a checkpoint write cut short by a kill
-        shutil.rmtree(stale, ignore_errors=True)
+    run_dir = claim.run_dir
     torch.manual_seed(cfg.seed)
     device = pick_device(cfg.device)
     resolve_model_path(cfg.model)  # fail on a bad model path before any work
@@ -330,7 +336,7 @@ def train(cfg: TrainConfig, *, resume: bool = False) -> dict:
         eval_problems = eval_problems[: cfg.eval_problems]
     start_step = 0
     model_source = cfg.model
-    checkpoint = find_checkpoint(run_dir) if resume else None
+    checkpoint = claim.checkpoint
     if checkpoint is not None:
         model_source = str(checkpoint)
     model, tokenizer = load_policy(model_source, device, trainable=True)
@@ -368,9 +374,9 @@ def train(cfg: TrainConfig, *, resume: bool = False) -> dict:
             controller.load_state(state["controller"])
         if bonus is not None and state.get("bonus") is not None:
             bonus.load_state(state["bonus"])
-    (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
-    # metrics of steps after the checkpoint (a run killed between checkpoints) are cut: they are logged again
-    logger = MetricLogger(run_dir, cfg.to_dict(), cfg.sinks, start_step=start_step)
+    # the run is committed to start only now (config.yaml written, a replaced record deleted); metrics of steps after
+    # the checkpoint (a run killed between checkpoints) are cut: they are logged again
+    logger = claim.start(cfg, lambda: MetricLogger(run_dir, cfg.to_dict(), cfg.sinks, start_step=start_step))
 
     def run_state() -> dict:  # what a checkpoint holds besides the weights and Adam's state
         return {"sampler": sampler.state(), "update_gen": update_gen.get_state(), "torch_rng": torch.get_rng_state(),
@@ -378,7 +384,10 @@ def train(cfg: TrainConfig, *, resume: bool = False) -> dict:
                 "bonus": bonus.state() if bonus else None}
 
     def save(at: int, state: dict | None = None) -> Path:
-        return save_checkpoint(run_dir, at, model, tokenizer, optimizer, sampler, value_head, state or run_state())
+        ckpt = save_checkpoint(run_dir, at, model, tokenizer, optimizer, sampler, value_head, state or run_state())
+        prune_checkpoints(run_dir, cfg.keep_checkpoints, cfg.steps)  # the newest keep_checkpoints and the final one
+        return ckpt
+
     reuse = reuses_forward(cfg, model)
     probe_every = 1 if controller else cfg.probe_every
     history: list[dict] = []
@@ -458,11 +467,14 @@ def train(cfg: TrainConfig, *, resume: bool = False) -> dict:
                 save(step + 1)
         final = save(cfg.steps)
         evals[cfg.steps] = run_eval(engine, task, eval_problems, cfg, seed=cfg.seed + 10**6).to_json()
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as err:  # Ctrl-C, or SIGTERM / SIGHUP (rundir.Interrupted)
+        why = getattr(err, "name", "SIGINT")
         if final is not None:  # interrupted in the final evaluation: the final checkpoint is saved
-            raise SystemExit(f"interrupted in the final evaluation; the trained policy is saved in {final}") from None
+            raise SystemExit(f"{why} in the final evaluation; the trained policy is saved in {final}. "
+                             "Continue with --resume to evaluate it.") from None
         ckpt = save(completed, step_start if completed == step else None)
-        raise SystemExit(f"interrupted after {completed} steps; saved {ckpt}. Continue with --resume.") from None
+        raise SystemExit(f"{why}: stopped after {completed} steps; saved {ckpt}. Continue with --resume "
+                         f"--out {run_dir}.") from None
     finally:
         engine.close()
         logger.close()

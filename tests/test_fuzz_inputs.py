@@ -80,12 +80,12 @@ def test_config_values_are_coerced_exactly_or_rejected_by_name(name, value):
                                                   ("betas", "[0.9, 0.99]", (0.9, 0.99))])
 def test_recipe_and_set_values_that_yaml_reads_as_text_are_coerced(tmp_path, key, text, expected):
     """The issue's example: YAML reads 1e-5 as a string; from a recipe and from --set it becomes the float."""
-    from entropy_rft.cli import _parse_set
+    from entropy_rft.cli import set_item
 
     recipe = tmp_path / "r.yaml"
     recipe.write_text(f"method: clip_b\n{key}: {text}\n")
     assert getattr(load_config(recipe), key) == expected
-    assert getattr(load_config(None, method="clip_b", **_parse_set([f"{key}={text}"])), key) == expected
+    assert getattr(load_config(None, method="clip_b", **dict([set_item(f"{key}={text}")])), key) == expected
     assert type(getattr(load_config(recipe), key)) is type(expected)
 
 

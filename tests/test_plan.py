@@ -340,7 +340,7 @@ def test_dry_run_prints_the_recipes_plan(tmp_path, capsys, monkeypatch):
     run itself, two steps on the CPU stand-in, is tests/test_pipeline.py's; replaced here to keep this fast)."""
     import entropy_rft.pipeline
 
-    monkeypatch.setattr(entropy_rft.pipeline, "dry_run", lambda cfg, out: {"ok": True})
+    monkeypatch.setattr(entropy_rft.pipeline, "dry_run", lambda cfg, out, **kw: {"ok": True})
     code, out, _ = run_cli(["train", "--config", str(ROOT / "one_gpu" / "qwen2.5-7b-instruct_clip_b_lora.yaml"),
                             "--dry-run", "--out", str(tmp_path)], capsys)
     assert code == 0 and "dry run passed" in out

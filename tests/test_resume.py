@@ -1,5 +1,5 @@
-"""Run state survives SIGKILL at any moment: atomic checkpoints, metrics cut back to the checkpoint on resume, and
-a killed-then-resumed run ends with the same weights as one never interrupted."""
+"""Run state survives SIGKILL at any moment and SIGTERM saves it: atomic checkpoints, metrics cut back to the
+checkpoint on resume, and a killed-then-resumed run ends with the same weights as one never interrupted."""
 
 import json
 import os
@@ -91,8 +91,65 @@ def _steps(out: Path) -> list[int]:
     return [r["step"] for r in read_metrics(out)] if path.exists() else []
 
 
+@pytest.fixture(scope="module")
+def whole_run(tmp_path_factory) -> Path:
+    """The uninterrupted run the interrupted ones are compared with (trained once for this module)."""
+    out = tmp_path_factory.mktemp("whole") / "run"
+    train(load_config(None, **SETTINGS, out=str(out)))
+    return out
+
+
+def _same_run(a: Path, b: Path) -> None:
+    """Final weights bit for bit, and the controller-chosen mu and the rewards of every step, equal."""
+    from safetensors.torch import load_file
+
+    final = f"checkpoint-{SETTINGS['steps']}/model.safetensors"
+    wa, wb = load_file(a / final), load_file(b / final)
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+    pick = lambda rows: [(r["step"], r["filter/mu"], r["reward_mean"]) for r in rows]  # noqa: E731
+    assert pick(read_metrics(a)) == pick(read_metrics(b))
+
+
 @pytest.mark.slow
-def test_sigkill_mid_run_then_resume_matches_an_uninterrupted_run(tmp_path):
+def test_sigterm_saves_where_the_run_stands_and_resume_matches_an_uninterrupted_run(tmp_path, whole_run, monkeypatch):
+    """SIGTERM (what SLURM and Kubernetes send before SIGKILL) right after step 3 is logged: the run saves
+    checkpoint-3 and exits naming --resume. `entropy-rft train --out DIR --resume` (no recipe: the run's own settings
+    come back from its config.yaml) finishes it: each step logged once, and final weights, mu and rewards equal the
+    uninterrupted run's. keep_checkpoints=2 leaves the newest two, as in the uninterrupted run."""
+    from entropy_rft.cli import main
+    from entropy_rft.logging import JsonlSink
+
+    real_log = JsonlSink.log
+
+    def log_then_sigterm(self, metrics):
+        real_log(self, metrics)
+        if metrics["step"] == 3:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    def unhandled(signum, frame):  # what a run that ignored SIGTERM would meet (instead of pytest dying)
+        raise AssertionError("SIGTERM reached the test: the run installed no handler")
+
+    monkeypatch.setattr(JsonlSink, "log", log_then_sigterm)
+    outer = signal.signal(signal.SIGTERM, unhandled)
+    run = tmp_path / "run"
+    try:
+        with pytest.raises(SystemExit, match="SIGTERM: stopped after 3 steps; saved .*checkpoint-3. Continue with "
+                                             "--resume"):
+            train(load_config(None, **SETTINGS, out=str(run)))
+        assert signal.getsignal(signal.SIGTERM) is unhandled  # the run's handler is gone with the run
+    finally:
+        signal.signal(signal.SIGTERM, outer)
+    monkeypatch.undo()
+    assert _steps(run) == [1, 2, 3] and find_checkpoint(run) == run / "checkpoint-3"
+    main(["train", "--out", str(run), "--resume"])
+    assert _steps(run) == list(range(1, SETTINGS["steps"] + 1))
+    _same_run(whole_run, run)
+    assert sorted(p.name for p in run.glob("checkpoint-*")) == ["checkpoint-4", "checkpoint-6"]
+    assert sorted(p.name for p in whole_run.glob("checkpoint-*")) == ["checkpoint-4", "checkpoint-6"]
+
+
+@pytest.mark.slow
+def test_sigkill_mid_run_then_resume_matches_an_uninterrupted_run(tmp_path, whole_run):
     """SIGKILL a real training run (a subprocess) after step 3 is logged, between checkpoints 2 and 4; --resume
     finishes it. metrics.jsonl then holds each step once, in order, and the final weights, the controller-chosen mu
     of every step and the rewards equal those of an uninterrupted run bit for bit."""
@@ -111,12 +168,4 @@ def test_sigkill_mid_run_then_resume_matches_an_uninterrupted_run(tmp_path):
     subprocess.run(_cli(killed, "--resume"), cwd=ROOT, env=env, check=True, stdout=subprocess.DEVNULL)
     assert _steps(killed) == list(range(1, SETTINGS["steps"] + 1))
     assert not list(killed.glob(".checkpoint-*"))  # a write the kill cut short is cleared away
-
-    train(load_config(None, **SETTINGS, out=str(tmp_path / "whole")))
-    from safetensors.torch import load_file
-
-    final = f"checkpoint-{SETTINGS['steps']}/model.safetensors"
-    a, b = load_file(tmp_path / "whole" / final), load_file(killed / final)
-    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-    pick = lambda rows: [(r["step"], r["filter/mu"], r["reward_mean"]) for r in rows]  # noqa: E731
-    assert pick(read_metrics(killed)) == pick(read_metrics(tmp_path / "whole"))
+    _same_run(whole_run, killed)
