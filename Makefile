@@ -18,8 +18,9 @@ $(VENV)/.installed: pyproject.toml
 
 install: $(VENV)/.installed
 
+# `make demo` reproduces the demo, so a second run replaces its own earlier record in $(OUT)
 demo: $(VENV)/.installed
-	$(VENV)/bin/entropy-rft demo --out $(OUT)
+	$(VENV)/bin/entropy-rft demo --out $(OUT) --overwrite
 
 test: $(VENV)/.installed
 	$(PY) -m pytest -q
