@@ -51,6 +51,7 @@ from .data import load_math
 from .forward import (EntropyProbe, HeldForward, batch_forward, batch_stats, disable_dropout, has_active_dropout,  # noqa: F401
                       policy_forward, policy_stats)
 from .rollout import ENGINES, Rollout
+from . import samples
 from .tasks import TASKS, MathTask
 
 BUILTIN_MODELS = {"countdown-tiny": Path(__file__).parent / "assets" / "countdown-tiny"}
@@ -366,6 +367,7 @@ def train(cfg: TrainConfig, *, resume: bool = False) -> dict:
     (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
     # metrics of steps after the checkpoint (a run killed between checkpoints) are cut: they are logged again
     logger = MetricLogger(run_dir, cfg.to_dict(), cfg.sinks, start_step=start_step)
+    samples.cut_after(run_dir, start_step)  # token samples too (entropy_rft/samples.py)
 
     def run_state() -> dict:  # what a checkpoint holds besides the weights and Adam's state
         return {"sampler": sampler.state(), "update_gen": update_gen.get_state(), "torch_rng": torch.get_rng_state(),
@@ -467,6 +469,12 @@ def train(cfg: TrainConfig, *, resume: bool = False) -> dict:
                 metrics["entropy_change/realised"] = masked_mean(after.entropy, mask) - masked_mean(stats.entropy, mask)
                 if controller:  # kappa is fitted on the update's own first-order effect (control.py)
                     controller.observe(metrics["entropy_change/first_order"])
+            t_samples = time.time()  # token-level samples of the step's batch, when due (entropy_rft/samples.py)
+            samples.write_step(run_dir, step + 1, every=cfg.samples_every, groups=cfg.samples_groups, last=cfg.steps,
+                               rollout=rollout, tokenizer=tokenizer, stats=stats, advantages=adv, keep=keep,
+                               rewards=rewards, group_size=cfg.group_size, lr=cfg.lr, method=cfg.method,
+                               num_tokens=loss_denominator(mask, loss_mask, cfg), metrics=metrics)
+            metrics["time/samples"] = time.time() - t_samples
             metrics["seconds"] = time.time() - t0
             # phases: rollout and scoring; statistics (the held forward, or the separate pass); advantages, filter,
             # update (the rest of the forward, backward, optimizer) and probe; diagnostics and the realised change
