@@ -1,4 +1,5 @@
-"""Command line: entropy-rft demo | train | plan | eval | filter | compare | report | theory | sweep | pretrain-toy."""
+"""Command line: entropy-rft demo | train | plan | eval | filter | compare | report | inspect | theory | sweep |
+pretrain-toy."""
 
 from __future__ import annotations
 
@@ -130,6 +131,34 @@ def cmd_report(args) -> None:
     page = build_report(args.runs, args.out)
     print(page.read_text().split("\n## ")[0])
     print(f"wrote {page} and its figures")
+
+
+def cmd_inspect(args) -> None:
+    """`entropy-rft inspect RUN_DIR [RUN_DIR ...]`: the runs' token samples as one self-contained HTML page."""
+    from .inspect_page import MAX_STEPS, build_page, default_out
+
+    steps = None
+    if args.steps:
+        try:
+            steps = [int(s) for s in args.steps.split(",") if s.strip()]
+        except ValueError:
+            raise ValueError(f"--steps takes comma-separated step numbers, e.g. 1,10,150; got {args.steps!r}") from None
+    out = Path(args.out) if args.out else default_out(args.runs)
+    page = build_page(args.runs, out, steps=steps, max_steps=args.max_steps or MAX_STEPS)
+    print(f"wrote {page} ({page.stat().st_size / 1e6:.2f} MB); open it in a browser (it loads nothing from the network)")
+
+
+def add_inspect_parser(sub) -> None:
+    i = sub.add_parser("inspect", help="one HTML page of runs' token samples: each token coloured by H, S*, S_c or "
+                       "its term of the entropy change, clipped tokens marked, runs side by side")
+    i.add_argument("runs", nargs="+", help="run directories with samples/ (written when samples_every > 0)")
+    i.add_argument("--out", default=None, help="the page to write (default: RUN_DIR/inspect.html for one run, "
+                   "inspect.html in the runs' common directory for several)")
+    i.add_argument("--steps", default=None, help="comma-separated steps to show (default: every sampled step, at most "
+                   "--max-steps of them evenly spaced)")
+    i.add_argument("--max-steps", type=int, default=None, help="most steps per page when --steps is not given "
+                   "(default 60)")
+    i.set_defaults(fn=cmd_inspect)
 
 
 def cmd_theory(args) -> None:
@@ -277,6 +306,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("runs", nargs="+", help="run directories written by `entropy-rft train`")
     r.add_argument("--out", default="runs/report")
     r.set_defaults(fn=cmd_report)
+
+    add_inspect_parser(sub)
 
     th = sub.add_parser("theory", help="check Theorems 1-2 and Corollaries 1-4 numerically")
     th.add_argument("--model", default="countdown-tiny", help="model whose logits to check (default: shipped policy)")
