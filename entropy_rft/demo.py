@@ -1,6 +1,7 @@
 """`entropy-rft demo`: GRPO, GRPO+Clip_B and GRPO+Clip_V from the shipped tiny policy on countdown, evaluated
-before and after (Avg@K, Pass@K at temperature 0.7), with a Table-1-shaped report and entropy / clipped-fraction
-plots. Settings: entropy_rft/configs/demo.yaml (TrainConfig overrides)."""
+before and after (Avg@K, Pass@K at temperature 0.7), with a Table-1-shaped report, entropy / clipped-fraction
+plots and the token view of the three runs (inspect.html). Settings: entropy_rft/configs/demo.yaml (TrainConfig
+overrides)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pathlib import Path
 import yaml
 
 from .config import load_config
+from .inspect_page import build_page
 from .report import plot_curves, table1
 from .trainer import train
 
@@ -73,5 +75,9 @@ def run_demo(out: Path | str, *, config: Path | str | None = None, steps: int | 
         f"\nWall time: {summary['wall_seconds']:.0f} s. Plots: entropy.png, clip_fraction.png, reward.png. "
         "Per-step metrics: runs/<method>/metrics.jsonl.\n",
     ]
+    inspector = build_page([r["run_dir"] for r in results.values()], out / "inspect.html",
+                           title="entropy-rft demo: countdown, the same seed under each method")
+    report.append(f"Token view: {inspector.name} (each sampled step's tokens coloured by H, S*, S_c or their term of the "
+                  "entropy change, the tokens each method clipped marked; `entropy-rft inspect`).\n")
     (out / "report.md").write_text("\n".join(report))
     return summary

@@ -76,8 +76,9 @@ def file_name(step: int) -> str:
 def choose_groups(rewards: Tensor, group_size: int, n: int) -> list[int]:
     """Indices of the n groups to write (all of them when n is 0): groups whose rewards differ first, then the
     others, each in batch order. rewards (B,), B a multiple of group_size, rows of group g at [g G, (g+1) G)."""
-    groups = rewards.detach().float().cpu().view(-1, group_size)
-    mixed = (groups.max(-1).values > groups.min(-1).values).tolist()
+    values = rewards.detach().float().cpu().tolist()
+    groups = [values[i:i + group_size] for i in range(0, len(values), group_size)]
+    mixed = [max(g) > min(g) for g in groups]
     order = [g for g, m in enumerate(mixed) if m] + [g for g, m in enumerate(mixed) if not m]
     return order if n <= 0 else order[:n]
 

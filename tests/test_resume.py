@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # the smallest run that exercises every piece of state: the entropy controller (mu chosen each step from its
 # fitted kappa), Adam, the problem sampler; a checkpoint every 2 steps
 SETTINGS = dict(method="clip_b", entropy_target=1.0, steps=6, save_every=2, prompts_per_step=2, group_size=4,
-                max_new_tokens=8, eval_problems=2, eval_k=1, lr=1e-4, progress=False)
+                max_new_tokens=8, eval_problems=2, eval_k=1, lr=1e-4, progress=False, samples_every=1)
 
 
 def _policy_parts(tmp_path):
@@ -95,7 +95,8 @@ def _steps(out: Path) -> list[int]:
 def test_sigkill_mid_run_then_resume_matches_an_uninterrupted_run(tmp_path):
     """SIGKILL a real training run (a subprocess) after step 3 is logged, between checkpoints 2 and 4; --resume
     finishes it. metrics.jsonl then holds each step once, in order, and the final weights, the controller-chosen mu
-    of every step and the rewards equal those of an uninterrupted run bit for bit."""
+    of every step and the rewards equal those of an uninterrupted run bit for bit; so do the token samples files,
+    one per step."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     killed = tmp_path / "killed"
     proc = subprocess.Popen(_cli(killed), cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -120,3 +121,8 @@ def test_sigkill_mid_run_then_resume_matches_an_uninterrupted_run(tmp_path):
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     pick = lambda rows: [(r["step"], r["filter/mu"], r["reward_mean"]) for r in rows]  # noqa: E731
     assert pick(read_metrics(killed)) == pick(read_metrics(tmp_path / "whole"))
+    # token samples (samples_every 1): one file per step, none left over, each the same bytes as the whole run's
+    files = lambda run: sorted(p.name for p in (run / "samples").iterdir())  # noqa: E731
+    assert files(killed) == files(tmp_path / "whole") == [f"step-{s:06d}.json.gz" for s in range(1, SETTINGS["steps"] + 1)]
+    for name in files(killed):
+        assert (killed / "samples" / name).read_bytes() == (tmp_path / "whole" / "samples" / name).read_bytes(), name
