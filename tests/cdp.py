@@ -6,7 +6,8 @@ ended by a NUL byte. `Browser` starts headless Chromium with a new empty profile
 tab: navigate, evaluate JavaScript, send key and mouse events, take a screenshot, and the console errors, uncaught
 exceptions and network requests it saw.
 
-    python tests/cdp.py PAGE.html SHOT.png [WIDTH HEIGHT]   # a screenshot of a page (docs/inspect.png)
+    python tests/cdp.py PAGE.html SHOT.png [WIDTH HEIGHT [SELECTOR]]   # a screenshot (docs/inspect.png), after
+                                                                       # focusing the first SELECTOR match
 """
 
 from __future__ import annotations
@@ -221,13 +222,15 @@ class Page:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) not in (3, 5):
-        raise SystemExit("usage: python tests/cdp.py PAGE.html SHOT.png [WIDTH HEIGHT]")
+    if len(sys.argv) not in (3, 5, 6):
+        raise SystemExit("usage: python tests/cdp.py PAGE.html SHOT.png [WIDTH HEIGHT [SELECTOR]]")
     exe = find_chromium()
     if exe is None:
         raise SystemExit("no chromium on PATH: `make chromium` installs Debian's")
-    size = dict(width=int(sys.argv[3]), height=int(sys.argv[4])) if len(sys.argv) == 5 else {}
+    size = dict(width=int(sys.argv[3]), height=int(sys.argv[4])) if len(sys.argv) >= 5 else {}
     with Browser(exe, **size) as browser:
         page = browser.open(Path(sys.argv[1]).resolve().as_uri())
         page.wait_for("document.body.dataset.ready === '1'")
+        if len(sys.argv) == 6:
+            page.evaluate(f"document.querySelector({json.dumps(sys.argv[5])}).focus({{preventScroll: true}})")
         print(page.screenshot(sys.argv[2]), page.errors() or "no console errors")

@@ -17,6 +17,7 @@
     const a = Math.abs(v);
     return a >= 1e-3 && a < 1e5 ? v.toPrecision(4) : v.toExponential(3);
   }
+  function short(v) { return v === null || v === undefined ? "\u2014" : String(Number(v.toPrecision(4))); }
   function signed(v) { return v === null || v === undefined ? "\u2014" : (v > 0 ? "+" : "") + fmt(v); }
   function statOf(key) { return STATS.find((s) => s.key === key); }
   function scaleOf(step, key) { return (DATA.scales[String(step)] || {})[key] || 0; }
@@ -116,14 +117,14 @@
     }
     out += summaryHtml(rec);
     rec.groups.forEach((g, k) => {
-      const rewards = g.responses.map((x) => fmt(x.reward));
+      const rewards = g.responses.map((x) => short(x.reward));
       out += '<div class="group"><h3>Group ' + (g.index + 1) + " of " + rec.batch.groups + " \u00b7 rewards " +
         esc(rewards.join(", ")) + '</h3><div class="prompt" aria-label="prompt">' + esc(g.prompt) + "</div>";
       g.responses.forEach((resp, j) => {
         const a = resp.advantage;
         const cls = a > 0 ? "pos" : a < 0 ? "neg" : "";
         const cut = resp.length > resp.text.length ? " \u00b7 first " + resp.text.length + " of " + resp.length + " tokens written" : "";
-        out += '<div class="resp"><div class="resp-head">response ' + (j + 1) + " \u00b7 reward " + fmt(resp.reward) +
+        out += '<div class="resp"><div class="resp-head">response ' + (j + 1) + " \u00b7 reward " + short(resp.reward) +
           ' \u00b7 <span class="' + cls + '">A ' + (a === null ? "per token" : signed(a)) + "</span> \u00b7 " + resp.length +
           " tokens \u00b7 " + (resp.finished ? "finished" : "truncated") + cut + '</div><div class="tokens">';
         for (let t = 0; t < resp.text.length; t++) out += tokenHtml(r, k, j, resp, t, stat, scale);
@@ -196,7 +197,7 @@
       ["advantage", "A", signed(advantageAt(resp, pos))],
       ["kept", "in the loss", kept ? "kept" : "clipped (removed by the method's filter)"],
       ["term", "term, eq. 23", term],
-      ["reward", "reward of the response", fmt(resp.reward)],
+      ["reward", "reward of the response", short(resp.reward)],
     ];
     $("detail-body").innerHTML = '<p class="tok-text">\u201c' + esc(shown(resp.text[pos])) + "\u201d</p><dl>" +
       rows.map(([f, k2, val]) => "<dt>" + esc(k2) + '</dt><dd data-field="' + f + '">' + esc(val) + "</dd>").join("") + "</dl>";
