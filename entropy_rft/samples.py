@@ -109,7 +109,7 @@ def token_texts(tokenizer, ids: list[int]) -> list[str]:
         if "\ufffd" not in pieces[i]:
             i += 1
             continue
-        for j in range(i + 2, min(len(ids), i + 8) + 1):  # a UTF-8 character is at most 4 bytes, tokens may hold <1
+        for j in range(i + 2, min(len(ids), i + 8) + 1):  # a character is at most 4 UTF-8 bytes: 8 tokens suffice
             joint = tokenizer.decode(ids[i:j], skip_special_tokens=False, clean_up_tokenization_spaces=False)
             if "\ufffd" not in joint:
                 out[i:j] = [joint] + [""] * (j - i - 1)
@@ -291,7 +291,7 @@ def write_step(run_dir: Path | str, step: int, *, every: int, groups: int, last:
     if not due(step, every, last):
         return None
     info = {"source": "trainer", "method": method, "lr": lr, "num_tokens": num_tokens,
-            "metrics": {k: metrics[k] for k in METRIC_KEYS if k in metrics}}
+            "metrics": {k: _num(v) if isinstance(v, float) else v for k, v in metrics.items() if k in METRIC_KEYS}}
     record = build_record(step=step, prompt_ids=rollout.prompt_ids, prompt_mask=rollout.prompt_mask,
                           response_ids=rollout.response_ids, response_mask=rollout.response_mask,
                           finished=rollout.finished, tokenizer=tokenizer, stats=stats, advantages=advantages, keep=keep,

@@ -194,3 +194,22 @@ def test_numbers_are_rounded_and_finite():
     assert samples._num(1.2345678901) == 1.234568
     assert math.copysign(1, samples._num(-0.0)) == 1
     assert samples._num(float("nan")) is None
+
+
+def test_write_step_writes_due_steps_with_clean_metrics(tmp_path):
+    """write_step writes only due steps (step 1, every 10th, the last), with the step's METRIC_KEYS only, a NaN
+    metric as null (a JSON file cannot hold NaN, and a run must not stop on it), and lr / num_tokens as step size."""
+    from entropy_rft.rollout import Rollout
+
+    b = random_batch()
+    rollout = Rollout(b["prompt_ids"], b["prompt_mask"], b["response_ids"], b["response_mask"], b["finished"],
+                      [""] * len(b["rewards"]))
+    metrics = {"entropy": 0.5, "entropy_change/realised": float("nan"), "loss/policy": 1.0}
+    kw = dict(every=10, groups=2, last=25, rollout=rollout, tokenizer=ListTokenizer("abcde"), stats=b["stats"],
+              advantages=b["advantages"], keep=b["keep"], rewards=b["rewards"], group_size=b["group_size"], lr=1e-3,
+              num_tokens=50.0, method="clip_b", metrics=metrics)
+    written = [s for s in range(1, 26) if samples.write_step(tmp_path, s, **kw) is not None]
+    assert written == [1, 10, 20, 25] == samples.steps_written(tmp_path)
+    rec = samples.read_samples(tmp_path)[25]
+    assert rec["metrics"] == {"entropy": 0.5, "entropy_change/realised": None}
+    assert rec["entropy_change"]["step_size"] == pytest.approx(1e-3 / 50.0) and rec["method"] == "clip_b"
