@@ -13,8 +13,9 @@ data's script element). The page loads nothing: its Content-Security-Policy allo
 script are inline, its data is a JSON script element; it works from disk (file://).
 
 Departures, numbered:
-1. A page holds at most `max_steps` steps per run (default 60, evenly spaced, first and last included): a long run
-   with samples every 10 steps would otherwise make a page of hundreds of megabytes. `--steps` picks others.
+1. A page holds at most `max_steps` steps per run (default 60, evenly spaced, first and last included), and fewer
+   when their data would pass MAX_DATA_BYTES (40 MB; a paper-scale file holds up to a few MB): a long run with
+   samples every 10 steps would otherwise make a page of hundreds of megabytes. `--steps` picks the steps itself.
 2. Colours saturate at the 98th percentile of |value| over the step's tokens on the page (the legend says so), so
    that one outlier does not wash out every other token; the values themselves are shown exactly.
 """
@@ -34,6 +35,7 @@ from . import samples
 
 ASSETS = Path(__file__).parent / "assets" / "inspect"
 MAX_STEPS = 60
+MAX_DATA_BYTES = 40_000_000  # embedded data of one page, beyond which fewer steps are shown (departure 1)
 SCALE_QUANTILE = 0.98
 # the statistics a page can colour by: key in the samples record, label, whether signed (diverging colours), help
 STATISTICS = (
@@ -155,6 +157,12 @@ def build_page(run_dirs: list[Path | str], out: Path | str, *, steps: list[int] 
     if not dirs:
         raise ValueError("inspect needs at least one run directory")
     runs = [load_run(d, steps, max_steps) for d in dirs]
+    size = sum(len(json.dumps(rec)) for run in runs for rec in run["steps"].values())
+    if steps is None and size > MAX_DATA_BYTES:  # departure 1: thin every run's steps in proportion
+        for run in runs:
+            shown = [int(s) for s in run["steps"]]
+            keep = pick_steps(shown, None, max(2, len(shown) * MAX_DATA_BYTES // size))
+            run["steps"] = {str(s): run["steps"][str(s)] for s in keep}
     names = run_names(dirs)
     title = title or f"entropy-rft inspect: {', '.join(names)}"
     page = render_page(page_data(runs, names), title)

@@ -76,6 +76,23 @@ def test_pick_steps_thins_evenly_and_keeps_the_ends():
         inspect_page.pick_steps(available, [15])
 
 
+def test_a_page_over_the_data_budget_shows_fewer_steps(tmp_path, monkeypatch):
+    """When the chosen steps' data pass MAX_DATA_BYTES, the page keeps about the share that fits, first and last
+    step included; asked-for steps (--steps) are all kept."""
+    from test_samples import ListTokenizer, random_batch
+
+    batch = random_batch()
+    for step in range(1, 11):
+        samples.write_record(tmp_path / "run", samples.build_record(step=step, tokenizer=ListTokenizer("abcde"),
+                                                                    step_size=1e-3, groups=0, **batch))
+    one = len(json.dumps(samples.read_samples(tmp_path / "run")[1]))
+    monkeypatch.setattr(inspect_page, "MAX_DATA_BYTES", 3 * one)
+    page = inspect_page.build_page([tmp_path / "run"], tmp_path / "p.html").read_text()
+    assert '"steps":[1,5,10]' in page  # 3 of 10 steps fit: the first, the middle, the last
+    page = inspect_page.build_page([tmp_path / "run"], tmp_path / "p.html", steps=[2, 3, 4, 5]).read_text()
+    assert '"steps":[2,3,4,5]' in page
+
+
 def test_run_names_are_distinct():
     """Runs in different parents with one directory name get their parent names too."""
     names = inspect_page.run_names([Path("/a/x/grpo"), Path("/a/y/grpo"), Path("/a/y/clip_b")])
