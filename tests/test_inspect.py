@@ -86,7 +86,7 @@ def test_a_page_over_the_data_budget_shows_fewer_steps(tmp_path, monkeypatch):
         samples.write_record(tmp_path / "run", samples.build_record(step=step, tokenizer=ListTokenizer("abcde"),
                                                                     step_size=1e-3, groups=0, **batch))
     one = len(json.dumps(samples.read_samples(tmp_path / "run")[1]))
-    monkeypatch.setattr(inspect_page, "MAX_DATA_BYTES", 3 * one)
+    monkeypatch.setattr(inspect_page, "MAX_DATA_BYTES", int(3.5 * one))
     page = inspect_page.build_page([tmp_path / "run"], tmp_path / "p.html").read_text()
     assert '"steps":[1,5,10]' in page  # 3 of 10 steps fit: the first, the middle, the last
     page = inspect_page.build_page([tmp_path / "run"], tmp_path / "p.html", steps=[2, 3, 4, 5]).read_text()
