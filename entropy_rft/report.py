@@ -362,22 +362,24 @@ def write_report_html(lines: list[str], figures: list[tuple[str, Path]], out: Pa
     import base64
     import html
 
-    body, table = [], []
-    for line in lines:
+    body, table, items = [], [], []
+    for line in lines + [""]:
         if line.startswith("|"):
             cells = [c.strip() for c in line.strip().strip("|").split("|")]
             if not all(set(c) <= {"-"} for c in cells):
                 tag = "th" if not table else "td"
                 table.append("<tr>" + "".join(f"<{tag}>{_markdown_line(c)}</{tag}>" for c in cells) + "</tr>")
             continue
+        if line.startswith("- "):
+            items.append(f"<li>{_markdown_line(line[2:])}</li>")
+            continue
         if table:
             body.append("<table>" + "".join(table) + "</table>")
             table = []
-        if line.startswith("# ") or line.startswith("## "):
-            continue
-        if line.startswith("- "):
-            body.append(f"<li>{_markdown_line(line[2:])}</li>")
-        elif line.strip():
+        if items:
+            body.append("<ul>" + "".join(items) + "</ul>")
+            items = []
+        if line.strip() and not line.startswith(("# ", "## ", "![")):  # headings and figures: below, inline
             body.append(f"<p>{_markdown_line(line)}</p>")
     if inspector is not None:
         link = (f'<p class="inspect"><a href="{html.escape(inspector.name)}">Token view</a>: every sampled token of these '

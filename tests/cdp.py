@@ -230,7 +230,7 @@ if __name__ == "__main__":
     size = dict(width=int(sys.argv[3]), height=int(sys.argv[4])) if len(sys.argv) >= 5 else {}
     with Browser(exe, **size) as browser:
         page = browser.open(Path(sys.argv[1]).resolve().as_uri())
-        page.wait_for("document.body.dataset.ready === '1'")
+        page.wait_for("!document.getElementById('samples-data') || document.body.dataset.ready === '1'")  # inspector
         if len(sys.argv) == 6:
             page.evaluate(f"document.querySelector({json.dumps(sys.argv[5])}).focus({{preventScroll: true}})")
         print(page.screenshot(sys.argv[2]), page.errors() or "no console errors")
