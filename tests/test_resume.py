@@ -2,6 +2,7 @@
 a killed-then-resumed run ends with the same weights as one never interrupted."""
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -121,8 +122,24 @@ def test_sigkill_mid_run_then_resume_matches_an_uninterrupted_run(tmp_path):
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     pick = lambda rows: [(r["step"], r["filter/mu"], r["reward_mean"]) for r in rows]  # noqa: E731
     assert pick(read_metrics(killed)) == pick(read_metrics(tmp_path / "whole"))
-    # token samples (samples_every 1): one file per step, none left over, each the same bytes as the whole run's
-    files = lambda run: sorted(p.name for p in (run / "samples").iterdir())  # noqa: E731
-    assert files(killed) == files(tmp_path / "whole") == [f"step-{s:06d}.json.gz" for s in range(1, SETTINGS["steps"] + 1)]
-    for name in files(killed):
-        assert (killed / "samples" / name).read_bytes() == (tmp_path / "whole" / "samples" / name).read_bytes(), name
+    # token samples (samples_every 1): one file per step, none left over, each holding the whole run's record: the
+    # same tokens, kept flags and rows exactly; numbers to 1e-4 (the two runs are different processes, and the probe's
+    # gradient dot product, a metric copied into the record, may sum in another order under other thread counts)
+    from entropy_rft.samples import read_samples
+
+    got, want = read_samples(killed), read_samples(tmp_path / "whole")
+    assert sorted(got) == sorted(want) == list(range(1, SETTINGS["steps"] + 1))
+    assert [p.name for p in (killed / "samples").iterdir() if p.name.startswith(".")] == []
+    for step in got:
+        assert _same(got[step], want[step]), step
+
+
+def _same(a, b) -> bool:
+    """Equal JSON structures, floats to a relative 1e-4."""
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, list):
+        return isinstance(b, list) and len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if isinstance(a, float) and isinstance(b, float):
+        return math.isclose(a, b, rel_tol=1e-4, abs_tol=1e-30)
+    return a == b
