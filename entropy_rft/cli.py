@@ -1,4 +1,5 @@
-"""Command line: entropy-rft demo | train | plan | eval | filter | compare | report | theory | sweep | pretrain-toy.
+"""Command line: entropy-rft demo | train | plan | eval | filter | compare | report | inspect | theory | sweep |
+pretrain-toy.
 
 One grammar for every subcommand:
 1. Settings are TrainConfig fields, layered, later winning per key: a recipe (--config), then --set KEY=VALUE
@@ -121,6 +122,16 @@ def set_item(text: str) -> tuple[str, object]:
         raise argparse.ArgumentTypeError(f"{key}={raw}: {err.problems[0][1]} (`entropy-rft train --help-config` "
                                          "lists every field)") from None
     return key, value
+
+
+def steps_list(text: str) -> list[int]:
+    try:
+        steps = [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"takes comma-separated step numbers, e.g. 1,10,150; got {text!r}") from None
+    if not steps or min(steps) < 1:
+        raise argparse.ArgumentTypeError(f"takes step numbers >= 1, e.g. 1,10,150; got {text!r}")
+    return steps
 
 
 def methods_list(text: str) -> list[str]:
@@ -344,6 +355,15 @@ def cmd_report(args) -> None:
     print(f"wrote {page} and its figures")
 
 
+def cmd_inspect(args) -> None:
+    """`entropy-rft inspect RUN_DIR [RUN_DIR ...]`: the runs' token samples as one self-contained HTML page."""
+    from .inspect_page import MAX_STEPS, build_page, default_out
+
+    out = Path(args.out) if args.out else default_out(args.runs)
+    page = build_page(args.runs, out, steps=args.steps, max_steps=args.max_steps or MAX_STEPS)
+    print(f"wrote {page} ({page.stat().st_size / 1e6:.2f} MB); open it in a browser (it loads nothing from the network)")
+
+
 def cmd_theory(args) -> None:
     import torch
 
@@ -506,6 +526,16 @@ def build_parser() -> argparse.ArgumentParser:
     r = command("report", "the paper's figures from one or more run directories", cmd_report)
     r.add_argument("runs", nargs="+", help="run directories written by `entropy-rft train`")
     r.add_argument("--out", default="runs/report", help="directory for report.md and its figures")
+
+    i = command("inspect", "one HTML page of runs' token samples: each token coloured by H, S*, S_c or its term of "
+                "the entropy change, clipped tokens marked, runs side by side", cmd_inspect)
+    i.add_argument("runs", nargs="+", help="run directories with samples/ (written when samples_every > 0)")
+    i.add_argument("--out", default=None, help="the page to write (default: RUN_DIR/inspect.html for one run, "
+                   "inspect.html in the runs' common directory for several)")
+    i.add_argument("--steps", type=steps_list, default=None, help="comma-separated steps to show (default: every "
+                   "sampled step, at most --max-steps of them evenly spaced)")
+    i.add_argument("--max-steps", type=whole(1), default=None, help="most steps per page when --steps is not given "
+                   "(default: inspect_page.MAX_STEPS, 60)")
 
     th = command("theory", "check Theorems 1-2 and Corollaries 1-4 numerically", cmd_theory)
     th.add_argument("--model", default="countdown-tiny", help="model whose logits to check (default: shipped policy)")

@@ -54,7 +54,8 @@ _AT_LEAST_ONE = ("steps", "prompts_per_step", "group_size", "ppo_epochs", "mini_
 _NON_NEGATIVE = ("lr", "weight_decay", "grad_clip", "eps_low", "eps_high", "kl_coef", "clip_cov_ratio", "kl_cov_ratio",
                  "kl_cov_coef", "overlong_buffer_frac", "overlong_penalty_factor", "rank_penalty_beta", "ar_alpha",
                  "vf_coef", "bonus_delta", "bonus_max", "micro_batch_size", "lora_rank", "eval_every", "eval_problems",
-                 "save_every", "keep_checkpoints", "probe_every", "seed", "mu", "mu_plus", "entropy_target")
+                 "save_every", "keep_checkpoints", "probe_every", "samples_every", "samples_groups", "seed", "mu",
+                 "mu_plus", "entropy_target")
 _POSITIVE = ("max_frac", "forking_frac", "lopti_eta", "critic_lr", "value_clip", "temperature", "top_p",
              "eval_temperature", "lora_alpha", "vllm_gpu_memory", "clip_cov_ub")
 _AT_MOST_ONE = ("clip_cov_ratio", "kl_cov_ratio", "overlong_buffer_frac", "ar_alpha", "forking_frac", "lopti_eta",
@@ -202,6 +203,14 @@ class TrainConfig:
                               "response tokens: its exact first-order change through the network (one extra "
                               "backward) and the realised change (one extra forward); 0: never. An entropy target "
                               "probes every step")
+    samples_every: int = _f(10, "write token-level samples (RUN/samples/step-NNNNNN.json.gz) at step 1, every N steps "
+                                "and the last step: each written token's text, log p, H, S*, S_c, advantage, whether "
+                                "the method kept it, and its term of the step's first-order entropy change (eq. 23); "
+                                "each response's reward and length, each group's prompt. `entropy-rft inspect RUN` "
+                                "shows them. 0: never. Cost on the demo: see entropy_rft/samples.py")
+    samples_groups: int = _f(4, "groups written per sampled step, those with mixed rewards first; 0: every group. A "
+                                "file holds at most samples_groups x group_size responses of 512 tokens "
+                                "(samples.size_bound)")
     seed: int = _f(0, "seed of data order, sampling and updates")
     device: str = _f("auto", "auto, cpu or cuda")
     progress: bool = _f(True, "show a progress bar", bookkeeping=True)

@@ -1,9 +1,10 @@
 """`entropy-rft demo`: GRPO, GRPO+Clip_B and GRPO+Clip_V from the shipped tiny policy on countdown, evaluated
-before and after (Avg@K, Pass@K at temperature 0.7), with a Table-1-shaped report and entropy / clipped-fraction
-plots. Settings: entropy_rft/configs/demo.yaml (TrainConfig overrides: `common`, then each entry of `methods`), or
-another demo-style file, or a flat recipe (shared settings for grpo, clip_b and clip_v); then --set and --steps.
-The demo's directory follows the run-directory rules (entropy_rft/rundir.py): an earlier demo there is continued
-(--resume) or replaced (--overwrite), never silently mixed with a new one."""
+before and after (Avg@K, Pass@K at temperature 0.7), with a Table-1-shaped report, entropy / clipped-fraction
+plots and the token view of the three runs (inspect.html). Settings: entropy_rft/configs/demo.yaml (TrainConfig
+overrides: `common`, then each entry of `methods`), or another demo-style file, or a flat recipe (shared settings
+for grpo, clip_b and clip_v); then --set and --steps. The demo's directory follows the run-directory rules
+(entropy_rft/rundir.py): an earlier demo there is continued (--resume) or replaced (--overwrite), never silently
+mixed with a new one."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import time
 from pathlib import Path
 
 from .config import read_spec, resolve_config
+from .inspect_page import build_page
 from .report import plot_curves, table1
 from .rundir import RunDirError, RunLock, record_entries
 from .trainer import train
@@ -93,5 +95,9 @@ def _run_demo(out: Path, configs: dict, *, resume: bool, overwrite: bool) -> dic
         f"\nWall time: {summary['wall_seconds']:.0f} s. Plots: entropy.png, clip_fraction.png, reward.png. "
         "Per-step metrics: runs/<method>/metrics.jsonl.\n",
     ]
+    inspector = build_page([r["run_dir"] for r in results.values()], out / "inspect.html",
+                           title="entropy-rft demo: countdown, the same seed under each method")
+    report.append(f"Token view: {inspector.name} (each sampled step's tokens coloured by H, S*, S_c or their term of the "
+                  "entropy change, the tokens each method clipped marked; `entropy-rft inspect`).\n")
     (out / "report.md").write_text("\n".join(report))
     return summary

@@ -331,4 +331,74 @@ def build_report(run_dirs: list[Path | str], out: Path | str) -> Path:
     page = out / "report.md"
     page.write_text("\n".join(lines))
     (out / "report.json").write_text(json.dumps({run["name"]: corr[run["name"]] for run in runs}, indent=1) + "\n")
+    write_report_html(lines, figures, out, inspector_page(run_dirs, out))
+    return page
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# report.html: the same report as one self-contained page, its figures inline, with a link to the token view.
+
+
+def inspector_page(run_dirs: list[Path | str], out: Path) -> Path | None:
+    """OUT/inspect.html (`entropy-rft inspect`) of the runs that have token samples; None when none has."""
+    from .inspect_page import build_page
+    from .samples import steps_written
+
+    sampled = [d for d in run_dirs if steps_written(d)]
+    return build_page(sampled, out / "inspect.html") if sampled else None
+
+
+def _markdown_line(line: str) -> str:
+    """One line of report.md as HTML: `code` spans, the rest escaped."""
+    import html
+
+    parts = line.split("`")
+    return "".join(f"<code>{html.escape(p)}</code>" if i % 2 else html.escape(p) for i, p in enumerate(parts))
+
+
+def write_report_html(lines: list[str], figures: list[tuple[str, Path]], out: Path, inspector: Path | None) -> Path:
+    """OUT/report.html: report.md's table and summary lines, each figure inline (a PNG data URI), and a link to the
+    inspector page (or why there is none). No request leaves the page (its Content-Security-Policy allows none)."""
+    import base64
+    import html
+
+    body, table, items = [], [], []
+    for line in lines + [""]:
+        if line.startswith("|"):
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            if not all(set(c) <= {"-"} for c in cells):
+                tag = "th" if not table else "td"
+                table.append("<tr>" + "".join(f"<{tag}>{_markdown_line(c)}</{tag}>" for c in cells) + "</tr>")
+            continue
+        if line.startswith("- "):
+            items.append(f"<li>{_markdown_line(line[2:])}</li>")
+            continue
+        if table:
+            body.append("<table>" + "".join(table) + "</table>")
+            table = []
+        if items:
+            body.append("<ul>" + "".join(items) + "</ul>")
+            items = []
+        if line.strip() and not line.startswith(("# ", "## ", "![")):  # headings and figures: below, inline
+            body.append(f"<p>{_markdown_line(line)}</p>")
+    if inspector is not None:
+        link = (f'<p class="inspect"><a href="{html.escape(inspector.name)}">Token view</a>: every sampled token of these '
+                "runs coloured by H, S*, S_c or its term of the entropy change, the clipped ones marked "
+                "(<code>entropy-rft inspect</code>).</p>")
+    else:
+        link = ('<p class="inspect">No token view: these runs wrote no token samples (train with '
+                "<code>samples_every</code> &gt; 0, the default 10).</p>")
+    for title, path in figures:
+        data = base64.b64encode(Path(path).read_bytes()).decode()
+        body.append(f"<h2>{html.escape(title)}</h2><img src=\"data:image/png;base64,{data}\" alt=\"{html.escape(title)}\">")
+    page = out / "report.html"
+    page.write_text(
+        '<!doctype html><html lang="en"><head><meta charset="utf-8"><meta name="viewport" '
+        'content="width=device-width, initial-scale=1"><meta http-equiv="Content-Security-Policy" '
+        "content=\"default-src 'none'; style-src 'unsafe-inline'; img-src data:\"><title>entropy-rft report</title>"
+        "<style>body{font:14px/1.45 system-ui,sans-serif;margin:1rem 2rem;max-width:80rem}table{border-collapse:"
+        "collapse;font-size:13px}th,td{border:1px solid #ccc;padding:.2rem .4rem;text-align:right}th:first-child,"
+        "td:first-child{text-align:left}img{max-width:100%}li{margin:.2rem 0}.inspect{font-size:15px;padding:.4rem "
+        ".6rem;background:#f3f3f0;border-radius:4px}</style></head><body><h1>entropy-rft report</h1>" + link
+        + "".join(body) + "</body></html>\n", encoding="utf-8")
     return page

@@ -59,6 +59,7 @@ from .forward import EntropyProbe, HeldForward, batch_forward, batch_stats, poli
 from .rollout import ENGINES, Rollout
 from .rundir import Claim, finished_summary, find_checkpoint, new_run_dir, prune_checkpoints, stop_signals_interrupt  # noqa: F401
 from .rundir import claim as claim_run_dir
+from . import samples
 from .tasks import TASKS, MathTask
 
 BUILTIN_MODELS = {"countdown-tiny": Path(__file__).parent / "assets" / "countdown-tiny"}
@@ -375,8 +376,9 @@ def _train(cfg: TrainConfig, claim: Claim) -> dict:
         if bonus is not None and state.get("bonus") is not None:
             bonus.load_state(state["bonus"])
     # the run is committed to start only now (config.yaml written, a replaced record deleted); metrics of steps after
-    # the checkpoint (a run killed between checkpoints) are cut: they are logged again
+    # the checkpoint (a run killed between checkpoints) are cut: they are logged again, and token samples too
     logger = claim.start(cfg, lambda: MetricLogger(run_dir, cfg.to_dict(), cfg.sinks, start_step=start_step))
+    samples.cut_after(run_dir, start_step)
 
     def run_state() -> dict:  # what a checkpoint holds besides the weights and Adam's state
         return {"sampler": sampler.state(), "update_gen": update_gen.get_state(), "torch_rng": torch.get_rng_state(),
@@ -450,6 +452,12 @@ def _train(cfg: TrainConfig, claim: Claim) -> dict:
             metrics.update(after_update_metrics(model, rollout, stats, probe, cfg))
             if controller and probe is not None:  # kappa is fitted on the update's own first-order effect (control.py)
                 controller.observe(metrics["entropy_change/first_order"])
+            t_samples = time.time()  # token-level samples of the step's batch, when due (entropy_rft/samples.py)
+            samples.write_step(run_dir, step + 1, every=cfg.samples_every, groups=cfg.samples_groups, last=cfg.steps,
+                               rollout=rollout, tokenizer=tokenizer, stats=stats, advantages=adv, keep=keep,
+                               rewards=rewards, group_size=cfg.group_size, lr=cfg.lr, method=cfg.method,
+                               num_tokens=loss_denominator(mask, loss_mask, cfg), metrics=metrics)
+            metrics["time/samples"] = time.time() - t_samples
             metrics["seconds"] = time.time() - t0
             # phases: rollout and scoring; statistics (the held forward, or the separate pass); advantages, filter,
             # update (the rest of the forward, backward, optimizer) and probe; diagnostics and the realised change

@@ -353,6 +353,7 @@ def test_demo_takes_a_flat_recipe_and_set_and_refuses_an_earlier_demo(tmp_path, 
     calls = []
     monkeypatch.setattr(demo, "train", fake_train(calls))
     monkeypatch.setattr(demo, "plot_curves", lambda *a, **k: None)
+    monkeypatch.setattr(demo, "build_page", lambda runs, out, **k: out)  # the fake runs wrote no token samples
     flat = tmp_path / "flat.yaml"
     flat.write_text("steps: 2\nprompts_per_step: 4\n")
     out = tmp_path / "d"

@@ -76,6 +76,11 @@ def test_report_writes_every_figure(tmp_path):
         assert png in text
     assert text.count("| clip_b |") == 2
     assert set(json.loads((tmp_path / "rep" / "report.json").read_text())) == {"b1", "b2", "g"}
+    # report.html: the same table, every figure inline, and a link to the token view of the three runs
+    html = (tmp_path / "rep" / "report.html").read_text()
+    assert html.count("data:image/png;base64,") == 7 and html.count("<td>clip_b</td>") == 2 and "![" not in html
+    assert '<a href="inspect.html">' in html and "http" not in html.replace("http-equiv", "")
+    assert "b1" in (tmp_path / "rep" / "inspect.html").read_text()
 
 
 def test_report_rejects_a_directory_without_metrics(tmp_path):

@@ -2,6 +2,7 @@
 checkpoint on resume, and a killed-then-resumed run ends with the same weights as one never interrupted."""
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -20,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # the smallest run that exercises every piece of state: the entropy controller (mu chosen each step from its
 # fitted kappa), Adam, the problem sampler; a checkpoint every 2 steps
 SETTINGS = dict(method="clip_b", entropy_target=1.0, steps=6, save_every=2, prompts_per_step=2, group_size=4,
-                max_new_tokens=8, eval_problems=2, eval_k=1, lr=1e-4, progress=False)
+                max_new_tokens=8, eval_problems=2, eval_k=1, lr=1e-4, progress=False, samples_every=1)
 
 
 def _policy_parts(tmp_path):
@@ -152,7 +153,8 @@ def test_sigterm_saves_where_the_run_stands_and_resume_matches_an_uninterrupted_
 def test_sigkill_mid_run_then_resume_matches_an_uninterrupted_run(tmp_path, whole_run):
     """SIGKILL a real training run (a subprocess) after step 3 is logged, between checkpoints 2 and 4; --resume
     finishes it. metrics.jsonl then holds each step once, in order, and the final weights, the controller-chosen mu
-    of every step and the rewards equal those of an uninterrupted run bit for bit."""
+    of every step and the rewards equal those of an uninterrupted run bit for bit; so do the token samples files,
+    one per step."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     killed = tmp_path / "killed"
     proc = subprocess.Popen(_cli(killed), cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -169,3 +171,24 @@ def test_sigkill_mid_run_then_resume_matches_an_uninterrupted_run(tmp_path, whol
     assert _steps(killed) == list(range(1, SETTINGS["steps"] + 1))
     assert not list(killed.glob(".checkpoint-*"))  # a write the kill cut short is cleared away
     _same_run(whole_run, killed)
+    # token samples (samples_every 1): one file per step, none left over, each holding the whole run's record: the
+    # same tokens, kept flags and rows exactly; numbers to 1e-4 (the two runs are different processes, and the probe's
+    # gradient dot product, a metric copied into the record, may sum in another order under other thread counts)
+    from entropy_rft.samples import read_samples
+
+    got, want = read_samples(killed), read_samples(whole_run)
+    assert sorted(got) == sorted(want) == list(range(1, SETTINGS["steps"] + 1))
+    assert [p.name for p in (killed / "samples").iterdir() if p.name.startswith(".")] == []
+    for step in got:
+        assert _same(got[step], want[step]), step
+
+
+def _same(a, b) -> bool:
+    """Equal JSON structures, floats to a relative 1e-4."""
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, list):
+        return isinstance(b, list) and len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if isinstance(a, float) and isinstance(b, float):
+        return math.isclose(a, b, rel_tol=1e-4, abs_tol=1e-30)
+    return a == b

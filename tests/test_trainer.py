@@ -164,6 +164,9 @@ def test_demo_writes_summary_report_and_plots(tmp_path):
     assert "Avg@" in (tmp_path / "report.md").read_text()
     for png in ("entropy.png", "clip_fraction.png"):
         assert (tmp_path / png).read_bytes()[:4] == b"\x89PNG"
+    page = (tmp_path / "inspect.html").read_text()  # the token view of the three runs, steps 1 and 2 (the last)
+    assert all(f'"name":"{m}"' in page for m in ("grpo", "clip_b", "clip_v")) and '"steps":[1,2]' in page
+    assert "inspect.html" in (tmp_path / "report.md").read_text()
 
 
 def test_cli_reports_bad_model_path(tmp_path, capsys):

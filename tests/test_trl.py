@@ -79,6 +79,30 @@ def test_keep_mask_is_the_methods_over_the_whole_generation_batch(tmp_path):
     assert logged["entropy_rft/entropy"] == pytest.approx(float((stats.entropy * m).sum() / m.sum()), rel=1e-5)
     kept = (want & mask).float()
     assert logged["entropy_rft/entropy_kept"] == pytest.approx(float((stats.entropy * kept).sum() / kept.sum()), rel=1e-5)
+    check_samples(tmp_path / "out", out, stats, want & mask)
+
+
+def check_samples(run_dir, out, stats, kept):
+    """The adapter's samples of the first generation batch (entropy_rft/samples.py's format): every row written
+    (2 groups, samples_groups 4), the kept tokens TRL's loss keeps, and dapo's per-token step lr * steps_per_generation
+    / (grad accumulation * kept tokens): each term is -step A S_c / |T| against the captured statistics (rel 1e-4:
+    stored to 7 digits, statistics from another forward pass of the same weights)."""
+    from entropy_rft import samples
+
+    rec = samples.read_samples(run_dir)[1]
+    assert rec["source"] == "trl" and rec["loss_type"] == "dapo" and rec["lr"] == pytest.approx(1e-3)
+    mask = out["completion_mask"].bool()
+    n = int(kept.sum())
+    step = rec["lr"] * 2 / (2 * n)  # steps_per_generation 2, gradient_accumulation_steps 2 (config above)
+    rows = [r for g in rec["groups"] for r in g["responses"]]
+    assert sorted(r["row"] for r in rows) == list(range(mask.shape[0]))
+    for r in rows:
+        i = r["row"]
+        assert r["length"] == int(mask[i].sum()) and r["kept"] == kept[i, : r["length"]].int().tolist()
+        assert r["advantage"] == pytest.approx(float(out["advantages"][i]), rel=1e-6, abs=1e-7)
+        for t in range(r["length"]):
+            want = -step * float(out["advantages"][i]) * float(stats.s_centered[i, t]) / n if kept[i, t] else 0.0
+            assert r["term"][t] == pytest.approx(want, rel=1e-4, abs=1e-4 * step / n)
 
 
 def test_two_processes_filter_the_batch_they_share(tmp_path):
@@ -96,7 +120,7 @@ def test_two_processes_filter_the_batch_they_share(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     ranks = [torch.load(tmp_path / f"rank{i}.pt", weights_only=False) for i in range(2)]
     assert len(ranks[0]) == len(ranks[1]) == steps
-    alone_differs = []
+    alone_differs, filtered = [], []
     for step in range(steps):
         runs = [r[step] for r in ranks]
         width = max(r["out"]["completion_mask"].shape[1] for r in runs)
@@ -109,6 +133,7 @@ def test_two_processes_filter_the_batch_they_share(tmp_path):
         adv = torch.cat([r["out"]["advantages"] for r in runs])
         keep, _ = METHODS.get("clip_b").apply(stats, adv, mask, mu=1.5)
         assert (mask & ~keep).any()  # Clip_B drops tokens: the check sees a real filter
+        filtered.append((mask, keep))
         for i, r in enumerate(runs):
             m = r["out"]["completion_mask"].bool()
             rows, w = slice(i * m.shape[0], (i + 1) * m.shape[0]), m.shape[1]
@@ -118,6 +143,17 @@ def test_two_processes_filter_the_batch_they_share(tmp_path):
             alone, _ = METHODS.get("clip_b").apply(own, r["out"]["advantages"], m, mu=1.5)
             alone_differs.append(not torch.equal(alone & m, got))
     assert any(alone_differs)  # the batch-level statistics matter here: the check can tell the two apart
+    # the token samples of the first and the last step (samples_every 10): written once, by the main process, with
+    # both processes' rows in their order and the whole batch's keep mask
+    from entropy_rft import samples
+
+    written_steps = samples.read_samples(tmp_path / "trl")
+    assert sorted(written_steps) == [1, steps]
+    for step, (mask, keep) in ((1, filtered[0]), (steps, filtered[-1])):
+        written = {r["row"]: r for g in written_steps[step]["groups"] for r in g["responses"]}
+        assert sorted(written) == list(range(mask.shape[0]))  # 2 groups of 8, within samples_groups (4)
+        for i, r in written.items():
+            assert r["length"] == int(mask[i].sum()) and r["kept"] == (keep & mask)[i, : r["length"]].int().tolist()
 
 
 def test_dropped_tokens_leave_the_loss_and_its_count(tmp_path):

@@ -34,7 +34,9 @@ from __future__ import annotations
 
 import torch
 
+from .. import samples
 from ..advantages import broadcast_advantages
+from ..config import TrainConfig
 from ..dynamics import TokenStats, batch_covariance
 from ..methods import METHODS
 from ..rollout.hf import Rollout
@@ -67,9 +69,15 @@ class EntropyGRPOTrainer(GRPOTrainer):
 
     method: a name in METHODS with a token filter (clip_b, clip_v, s_sign:...); method_options override the
     filter's defaults (e.g. {"mu": 1.5} or {"mu": 8.5, "max_frac": 1e-4}); None values are ignored, and
-    methods.NO_CAP passes None itself ({"max_frac": NO_CAP}: Clip_V clips every violator)."""
+    methods.NO_CAP passes None itself ({"max_frac": NO_CAP}: Clip_V clips every violator).
 
-    def __init__(self, *args, method: str = "clip_b", method_options: dict | None = None, **kwargs):
+    samples_every, samples_groups: token-level samples of the generation batch, in the built-in trainer's format
+    and with its defaults (TrainConfig), written to OUTPUT_DIR/samples (entropy_rft/samples.py; `entropy-rft
+    inspect OUTPUT_DIR` shows them). A file is named by the first optimizer step its generation batch feeds."""
+
+    def __init__(self, *args, method: str = "clip_b", method_options: dict | None = None,
+                 samples_every: int = TrainConfig.samples_every, samples_groups: int = TrainConfig.samples_groups,
+                 **kwargs):
         spec = METHODS.get(method)
         if spec.filter is None:
             hint = TRL_EQUIVALENTS.get(method, "no TRL equivalent here")
@@ -77,6 +85,8 @@ class EntropyGRPOTrainer(GRPOTrainer):
                              f"use {hint}. Filters: {', '.join(n for n in METHODS.names() if METHODS.get(n).filter)}")
         self.entropy_method = spec
         self.method_options = dict(method_options or {})
+        self.samples_every, self.samples_groups = samples_every, samples_groups
+        self._samples_cut = False
         super().__init__(*args, **kwargs)
 
     def _generate_and_score_completions(self, inputs):
@@ -94,7 +104,67 @@ class EntropyGRPOTrainer(GRPOTrainer):
             out["num_items_in_batch"] = self.accelerator.gather((loss_mask & keep).sum()).sum()
         for name, value in metrics.items():
             self._metrics["train"][f"entropy_rft/{name}"].append(value)
+        self._write_samples(out)
         return out
+
+    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        """TRL's rewards per function (every process's rows); keeps their weighted sum, as TRL forms it, for the
+        samples."""
+        per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        self._batch_rewards = (per_func * self.reward_weights.to(per_func.device).unsqueeze(0)).nansum(dim=1)
+        return per_func
+
+    def _write_samples(self, out) -> None:
+        """OUTPUT_DIR/samples/step-N.json.gz of this generation batch, when one of the optimizer steps it feeds is
+        due; every process joins the gathers, the main process writes. The first batch of a run cuts the samples of
+        later steps (a run resumed from a checkpoint writes them again)."""
+        acc, run_dir, done = self.accelerator, self.args.output_dir, self.state.global_step
+        if self.samples_every <= 0:
+            return
+        if not self._samples_cut and acc.is_main_process:
+            samples.cut_after(run_dir, done)
+        self._samples_cut = True
+        span = max(1, self.args.steps_per_generation * self.num_iterations // self.args.gradient_accumulation_steps)
+        if not any(samples.due(s, self.samples_every, self.state.max_steps) for s in range(done + 1, done + span + 1)):
+            return
+        every, adv, mask, keep = self._filtered
+        tokenizer = getattr(self.processing_class, "tokenizer", self.processing_class)
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        prompt_ids, prompt_mask = (acc.gather(acc.pad_across_processes(out[k], dim=1, pad_index=pad if k == "prompt_ids"
+                                                                       else 0, pad_first=True))
+                                   for k in ("prompt_ids", "prompt_mask"))
+        completion_ids = acc.gather(acc.pad_across_processes(out["completion_ids"], dim=1, pad_index=pad))
+        if not acc.is_main_process:
+            return
+        lengths = mask.sum(-1)
+        last = completion_ids.gather(1, (lengths - 1).clamp_min(0)[:, None]).squeeze(1)
+        finished = (lengths > 0) & (last == tokenizer.eos_token_id)
+        lr = self.lr_scheduler.get_last_lr()[0] if self.lr_scheduler is not None else self.args.learning_rate
+        record = samples.build_record(
+            step=done + 1, prompt_ids=prompt_ids, prompt_mask=prompt_mask.bool(), response_ids=completion_ids,
+            response_mask=mask, finished=finished, tokenizer=tokenizer, stats=every, advantages=adv, keep=keep,
+            rewards=self._batch_rewards, group_size=self.num_generations, groups=self.samples_groups,
+            step_size=self._step_size(lr, mask & keep),
+            info={"source": "trl", "method": self.entropy_method.name, "loss_type": self.loss_type, "lr": lr,
+                  "steps": [done + 1, done + span]})
+        samples.write_record(run_dir, record)
+
+    def _step_size(self, lr: float, kept: torch.Tensor):
+        """lr times each token's weight in TRL's loss over the generation batch (global rows): a float for dapo
+        (its token count), (B,) for grpo (each row's kept tokens) and dr_grpo; None where the weight depends on
+        how TRL splits the batch (bnpo) or the loss is not the clipped surrogate at ratio 1 (the others, and
+        sequence-level importance sampling)."""
+        args, world = self.args, self.accelerator.num_processes
+        rows = args.per_device_train_batch_size * args.gradient_accumulation_steps * world  # rows per optimizer step
+        if self.importance_sampling_level != "token":
+            return None
+        if self.loss_type == "dapo":  # TRL's token count spans the generation batch, rescaled per optimizer step
+            return lr * args.steps_per_generation / (args.gradient_accumulation_steps * max(float(kept.sum()), 1.0))
+        if self.loss_type == "grpo":  # each row's token mean, then the mean over rows
+            return lr / (kept.sum(-1).clamp_min(1).double() * rows)
+        if self.loss_type == "dr_grpo":
+            return lr / (rows * self.max_completion_length)
+        return None
 
     @torch.no_grad()
     def _token_stats(self, out) -> TokenStats:
@@ -119,6 +189,7 @@ class EntropyGRPOTrainer(GRPOTrainer):
         mask = mask.bool()
         every = TokenStats(logp, entropy, s_star, s_expect)
         keep, metrics = self.entropy_method.apply(every, adv, mask, **self.method_options)
+        self._filtered = (every, adv, mask, keep)  # the whole batch, for the samples
         rows = slice(self.accelerator.process_index * loss_mask.shape[0],
                      (self.accelerator.process_index + 1) * loss_mask.shape[0])
         metrics = {
