@@ -78,7 +78,7 @@ def wants_chat_template(choice: str, tokenizer, task_name: str) -> bool:
 
 def load_task_datasets(task_name: str, specs: list[tuple[str, int]], *, data_dir: str | None,
                        limit: int = 0) -> dict[str, tuple[list, int]]:
-    from .trainer import BUILTIN_MODELS, load_problems
+    from .trainer import SHIPPED_DATA, load_problems
 
     task = TASKS.get(task_name)
     datasets = {}
@@ -86,8 +86,8 @@ def load_task_datasets(task_name: str, specs: list[tuple[str, int]], *, data_dir
         if isinstance(task, MathTask):
             name, problems = load_math(spec, data_dir=data_dir)
         else:
-            path = BUILTIN_MODELS["countdown-tiny"] / "data" / "eval.jsonl" if spec == "countdown" else Path(spec)
-            name, problems = (spec if spec == "countdown" else path.stem), load_problems(path, task)
+            path = SHIPPED_DATA[spec] / "eval.jsonl" if spec in SHIPPED_DATA else Path(spec)
+            name, problems = (spec if spec in SHIPPED_DATA else path.stem), load_problems(path, task)
         datasets[name] = (problems[:limit] if limit else problems, k)
     return datasets
 
