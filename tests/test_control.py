@@ -146,3 +146,107 @@ def test_mu_controller_state_round_trips_everything_it_learns():
     b.load_state(a.state())
     assert {f.name for f in fields(a) if not f.init} == set(a.state())
     assert all(getattr(a, f.name) == getattr(b, f.name) for f in fields(a)) and a.kappa == b.kappa
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# EntroPIC (Yang et al. 2025): the PI law, the loss term, and tracking on a tabular policy
+
+
+def test_entropic_pi_law_against_a_hand_computation():
+    """alpha_t = clip(K_p e_t + K_i sum_{s<t} e_s, -1, 1) with e_t = H_t - H_tar; the integral takes e_t after alpha_t
+    is computed (as the authors' actor). Target 0.5, K_p 2, K_i 0.5, entropies 0.7, 0.6, 0.1, 0.1, 1.9:
+    e = 0.2, 0.1, -0.4, -0.4, 1.4; alpha = 0.4, 0.2 + 0.1, -0.8 + 0.15, -0.8 - 0.05, clip(2.8 - 0.25) = 1."""
+    from entropy_rft.control import EntroPIC
+
+    pi = EntroPIC(target=0.5, k_p=2.0, k_i=0.5)
+    alphas = [pi.update(h) for h in (0.7, 0.6, 0.1, 0.1, 1.9)]
+    assert alphas == pytest.approx([0.4, 0.3, -0.65, -0.85, 1.0])
+    assert pi.integral == pytest.approx(0.2 + 0.1 - 0.4 - 0.4 + 1.4)
+    low = EntroPIC(target=2.0, alpha_max=0.3)  # far below target: alpha stays at -alpha_max
+    assert [low.update(0.0) for _ in range(3)] == pytest.approx([-0.3] * 3)
+    restored = EntroPIC(target=0.5, k_p=2.0, k_i=0.5)
+    restored.load_state(pi.state())
+    assert restored.update(0.5) == pi.update(0.5)
+
+
+def test_entropic_term_reweights_high_probability_tokens_by_one_plus_minus_alpha():
+    """Policy loss + EntroPIC's term has the gradient of a token-mean loss whose high-probability tokens (p_old > tau)
+    weigh (1 + alpha) in positive samples and (1 - alpha) in negative ones, with the term's own token mean over
+    T_hi: d/dlogp of  -sum_T A r / |T|  +  alpha * sum_{T_hi} -|A| r / |T_hi|. Checked token by token in float64
+    against that hand-built weighting (a loop), and the high-probability set against its definition."""
+    from entropy_rft.control import entropic_adjustment, high_probability_tokens
+
+    g = torch.Generator().manual_seed(3)
+    old = -torch.rand(6, 5, generator=g, dtype=torch.float64) * 0.2  # p_old in (0.82, 1]: some above 0.95
+    logp = (old + 0.01 * torch.randn(6, 5, generator=g, dtype=torch.float64)).requires_grad_()
+    adv = torch.tensor([1.0, -1.0, 0.5, -2.0, 0.0, 1.5], dtype=torch.float64)
+    mask = torch.ones(6, 5, dtype=torch.bool)
+    mask[2, 3:] = False
+    high = high_probability_tokens(old, mask, threshold=0.95)
+    assert all(bool(high[i, j]) == (bool(mask[i, j]) and math.exp(float(old[i, j])) > 0.95)
+               for i in range(6) for j in range(5))
+    assert 0 < int(high.sum()) < int(mask.sum())
+    alpha = 0.3
+    ratio = (logp - old).exp()
+    policy = -(adv[:, None] * ratio * mask).sum() / mask.sum()
+    term, _ = entropic_adjustment(logp, old, adv, high, alpha=alpha, num_tokens=high.sum())
+    (grad,) = torch.autograd.grad(policy + term, logp)
+    n, n_hi = int(mask.sum()), int(high.sum())
+    for i in range(6):
+        for j in range(5):
+            r = math.exp(float(logp[i, j].detach() - old[i, j]))
+            a = float(adv[i])
+            want = 0.0
+            if mask[i, j]:
+                want -= a * r / n
+            if high[i, j]:
+                want -= alpha * abs(a) * r / n_hi  # = -(alpha sign(A)) A r / |T_hi|: (1 +- alpha) on a shared scale
+            assert float(grad[i, j]) == pytest.approx(want, rel=1e-12, abs=1e-15)
+
+
+def _tabular_grpo(target, control, steps=240, contexts=32, actions=8, group=8, lr=30.0, seed=0, k_p=10.0, k_i=0.5):
+    """A tabular softmax policy (one logit row per context, float64) trained by on-policy GRPO with SGD: each step
+    samples `group` actions per context, rewards each with its action's fixed success probability, and updates on
+    the token-mean loss, plus EntroPIC's term when `control`. Returns the mean entropy before each step."""
+    from entropy_rft.control import EntroPIC, entropic_adjustment, high_probability_tokens
+
+    g = torch.Generator().manual_seed(seed)
+    z = (torch.randn(contexts, actions, generator=g, dtype=torch.float64) * 5).requires_grad_()
+    success = torch.rand(contexts, actions, generator=g, dtype=torch.float64) * 0.8 + 0.1
+    pi = EntroPIC(target, k_p=k_p, k_i=k_i) if control else None
+    opt = torch.optim.SGD([z], lr=lr)
+    history = []
+    for _ in range(steps):
+        with torch.no_grad():
+            lp = z.log_softmax(-1)
+            history.append(float(-(lp.exp() * lp).sum(-1).mean()))
+            act = torch.multinomial(lp.exp(), group, replacement=True, generator=g)  # (C, G)
+            r = (torch.rand(contexts, group, generator=g, dtype=torch.float64) < success.gather(1, act)).double()
+            adv = ((r - r.mean(1, keepdim=True)) / (r.std(1, keepdim=True) + 1e-6)).reshape(-1)  # (C G,)
+            old = lp.gather(1, act).reshape(-1, 1)  # each response is one token
+        logp = z.log_softmax(-1).gather(1, act).reshape(-1, 1)
+        loss = -(adv[:, None] * (logp - old).exp()).mean()
+        if pi is not None:
+            high = high_probability_tokens(old, torch.ones_like(old, dtype=torch.bool))
+            term, _ = entropic_adjustment(logp, old, adv, high, alpha=pi.update(history[-1]),
+                                          num_tokens=high.sum().clamp_min(1))
+            loss = loss + term
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return history
+
+
+def test_entropic_tracks_a_target_on_a_tabular_policy():
+    """On a tabular policy GRPO drives entropy from 0.5 towards 0 (it passes 0.3 at step 31 and ends near 0.08);
+    EntroPIC's loop, aimed at 0.3 (reachable: tau = 0.95 leaves a context's entropy free to rise until its mode's
+    probability falls to 0.95, about 0.3 nats for 8 actions), holds the mean |H - 0.3| over the last 100 of 240
+    steps below a third of GRPO's. Gains 10 / 0.5 (the authors' 1 / 0.01 are set for thousands of LLM steps; with
+    them the loop takes hundreds of steps to act here). Float64; a different summation order changes a sample now
+    and then, not the factor (measured: 0.049 against 0.203)."""
+    free = _tabular_grpo(0.3, control=False)
+    held = _tabular_grpo(0.3, control=True)
+    assert free[0] > 0.4 and free[-1] < 0.15
+    err_free = sum(abs(h - 0.3) for h in free[-100:]) / 100
+    err_held = sum(abs(h - 0.3) for h in held[-100:]) / 100
+    assert err_held < err_free / 3, (err_held, err_free)
