@@ -1,18 +1,21 @@
 """`entropy-rft compare`: several methods x seeds on countdown from the shipped policy, in the shape of the
-paper's Table 3: Avg@K and Pass@K (mean and std over seeds), entropy at the start and the end, and the entropy
-curves. Each (method, seed) cell is a run directory; a rerun skips finished cells, so an interrupted comparison
-resumes. Shared settings come from the demo config's `common` section, and a method listed under its `methods`
+paper's Table 3: Avg@K and Pass@K (mean and std over seeds, and a 95% interval over seeds and evaluation problems
+with each method's paired difference against GRPO, entropy_rft/evidence.py), entropy at the start and the end, and
+the entropy curves. Each (method, seed) cell is a run directory; a rerun skips finished cells, so an interrupted
+comparison resumes. Shared settings come from the demo config's `common` section, and a method listed under its `methods`
 section takes its settings from there too (the demo's mu for Clip_B / Clip_V)."""
 
 from __future__ import annotations
 
 import json
-
 import statistics
 import time
 from pathlib import Path
 
+import numpy as np
+
 from .demo import load_demo_config, run_config
+from .evidence import evaluate_grid, markdown_table
 from .logging import read_metrics
 from .report import plot_curves
 
@@ -61,7 +64,9 @@ def summarise(out: Path, methods: list[str], seeds: int) -> dict:
             k = last["k"]
             ent = [m["entropy"] for m in metrics]
             tail = ent[-max(1, len(ent) // 10):]
-            cells.append({"avg": last["avg_at_k"], "pass": last["pass_at_k"], "avg0": first["avg_at_k"],
+            cells.append({"correct": [round(r * last["k"]) for r in last["pass_rates"]],  # of k samples each
+                          "correct0": [round(r * first["k"]) for r in first["pass_rates"]],
+                          "avg": last["avg_at_k"], "pass": last["pass_at_k"], "avg0": first["avg_at_k"],
                           "pass0": first["pass_at_k"], "H0": ent[0], "H": sum(tail) / len(tail), "curve": ent,
                           "clip": sum(m["clip_frac"] for m in metrics) / len(metrics)})
         width = min(len(c["curve"]) for c in cells)
@@ -72,8 +77,13 @@ def summarise(out: Path, methods: list[str], seeds: int) -> dict:
             "entropy_first": _mean_std([c["H0"] for c in cells]), "entropy_final": _mean_std([c["H"] for c in cells]),
             "clip_fraction": _mean_std([c["clip"] for c in cells]),
             "entropy_curve": [sum(c["curve"][i] for c in cells) / len(cells) for i in range(width)],
+            "correct": [c["correct"] for c in cells], "correct0": [c["correct0"] for c in cells],
         }
-    return {"k": k, "seeds": seeds, "methods": table}
+    # intervals over seeds and problems; the initial policy is the same for every method (its seed's evaluation)
+    grids = {"initial policy": np.array(table[methods[0]]["correct0"]),
+             **{m: np.array(r["correct"]) for m, r in table.items()}}
+    evidence = evaluate_grid(grids, k, np.random.default_rng(0), ks=(k,), baseline="grpo")
+    return {"k": k, "seeds": seeds, "methods": table, "evidence": evidence}
 
 
 def results_table(results: dict) -> str:
@@ -87,5 +97,7 @@ def results_table(results: dict) -> str:
     for name, r in results["methods"].items():
         lines.append(f"| {name} | {fmt(r['avg_at_k'])} | {fmt(r['pass_at_k'])} | {fmt(r['entropy_first'], 1)} | "
                      f"{fmt(r['entropy_final'], 1)} | {r['clip_fraction'][0]:.4f} |")
+    if "evidence" in results:
+        lines += ["", "## 95% intervals over seeds and evaluation problems", "", markdown_table(results["evidence"])]
     return "\n".join(lines) + "\n"
 
