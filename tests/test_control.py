@@ -254,3 +254,76 @@ def test_entropic_tracks_a_target_on_a_tabular_policy():
         error = sum(abs(h - target) for h in held[-100:]) / 100
         assert error < 0.04, (target, error)
         assert sum(abs(h - target) for h in free[-100:]) / 100 > 0.1
+
+
+@pytest.fixture(scope="module")
+def shipped_policy():
+    from entropy_rft.trainer import load_policy
+
+    return load_policy("countdown-tiny", torch.device("cpu"), trainable=True)[0]
+
+
+@pytest.mark.parametrize("micro", [0, 5])
+def test_entropic_update_in_the_trainer_is_the_reweighted_gradient(micro, shipped_policy):
+    """update_policy with EntroPIC's (alpha, T_hi) steps along the gradient of sum_t c_t r_t with
+    c_t = -A_t / |T| on every loss token and -alpha |A_t| / |T_hi| more on the high-probability ones, computed here
+    by autograd over the whole batch (SGD at lr 1, no gradient clipping, so the step is minus the gradient); with
+    micro-batches of 5 rows (12 rows in all) the step is the same. float32: tolerances of a few ulps of the
+    gradient's scale, summed over 12 rows."""
+    import copy
+
+    from entropy_rft.config import load_config
+    from entropy_rft.control import high_probability_tokens
+    from entropy_rft.forward import batch_forward, policy_forward
+    from entropy_rft.rollout import Rollout
+    from entropy_rft.trainer import update_policy
+
+    base = shipped_policy
+    g = torch.Generator().manual_seed(5)
+    prompt = torch.randint(3, 22, (12, 6), generator=g)
+    pm = torch.ones(12, 6, dtype=torch.bool)
+    resp = torch.randint(3, 22, (12, 8), generator=g)
+    lengths = torch.randint(2, 9, (12,), generator=g)
+    rm = torch.arange(8)[None] < lengths[:, None]
+    resp[~rm] = 0
+    ro = Rollout(prompt, pm, resp, rm, lengths == 8, [""] * 12)
+    adv = torch.tensor([0.7, -1.2, 0.5, 0.0, 1.1, -0.4, 1.0, -0.3, -1.0, 0.2, 0.9, -0.8])
+    cfg = load_config(None, prompts_per_step=4, group_size=3, probe_every=0, grad_clip=0.0, micro_batch_size=micro)
+    base.eval()
+    old = batch_forward(base, ro, 1.0, 12)[0].logp  # (B, T)
+    valid = ro.response_mask
+    threshold = float(old[valid].exp().median())  # about half the tokens count as high-probability
+    high = high_probability_tokens(old, valid, threshold=threshold)
+    alpha = 0.6
+    ref = copy.deepcopy(base)
+    logp = policy_forward(ref, ro, 1.0)[0].logp
+    coef = (-adv[:, None] / valid.sum()) * valid - alpha * adv.abs()[:, None] / high.sum() * high
+    (coef * (logp - old).exp()).sum().backward()
+    model = copy.deepcopy(base)
+    before = {k: v.detach().clone() for k, v in model.named_parameters()}
+    update_policy(model, torch.optim.SGD(model.parameters(), lr=1.0), ro, adv, old, None, valid, cfg,
+                  torch.Generator().manual_seed(0), entropic=(alpha, high))
+    for name, p in model.named_parameters():
+        want = ref.get_parameter(name).grad
+        scale = float(want.abs().max()) + 1e-12
+        torch.testing.assert_close(before[name] - p.detach(), want, atol=1e-5 * scale, rtol=1e-4)
+
+
+def test_trainer_runs_entropic_with_the_pi_law_on_the_logged_entropy(tmp_path):
+    """entropy_control: pi logs each step's alpha, equal to the PI law on the entropies the trainer logs (the
+    batch's token mean before the update), and its integral; the checkpoint holds the controller's state."""
+    from entropy_rft.config import load_config
+    from entropy_rft.logging import read_metrics
+    from entropy_rft.trainer import train
+
+    cfg = load_config(None, method="grpo", entropy_target=0.5, entropy_control="pi", steps=3, prompts_per_step=4,
+                      group_size=4, lr=1e-4, eval_problems=4, eval_k=2, progress=False, out=str(tmp_path / "pi"))
+    summary = train(cfg)
+    rows = read_metrics(cfg.out)
+    errors = [r["entropy"] - 0.5 for r in rows]
+    want = [min(max(1.0 * e + 0.01 * sum(errors[:i]), -1.0), 1.0) for i, e in enumerate(errors)]
+    assert [r["entropic/alpha"] for r in rows] == pytest.approx(want, rel=1e-9)
+    assert rows[-1]["entropic/integral"] == pytest.approx(sum(errors), rel=1e-9)
+    assert all(0 < r["entropic/high_prob_frac"] < 1 for r in rows)
+    state = torch.load(f"{summary['checkpoint']}/trainer_state.pt", weights_only=False)
+    assert state["pi"]["integral"] == pytest.approx(sum(errors), rel=1e-9)

@@ -77,3 +77,29 @@ def test_shipped_tokenizer_round_trips_through_autotokenizer():
             ids = tok.encode(text, add_special_tokens=False)
             assert len(ids) == len(text)
             assert tok.decode(ids) == text
+
+
+def test_countdown5_ships_a_filtered_split_of_five_number_problems():
+    """task countdown5: the same prompts and reward as countdown over problems of five numbers; its default data is
+    the shipped split (toy.build_split): 200 held-out eval problems, and training problems whose pass rate under
+    the shipped policy lies strictly between 1/16 and 15/16 (the paper's filter), disjoint from eval, each with a
+    known solution the reward scores correct; build.json records the same counts."""
+    import json
+
+    from entropy_rft.config import load_config
+    from entropy_rft.tasks import TASKS
+    from entropy_rft.trainer import default_data, load_problems
+
+    task = TASKS.get("countdown5")
+    cfg = load_config(None, task="countdown5")
+    train_rows = [json.loads(x) for x in default_data(cfg, "train").read_text().splitlines()]
+    eval_set = load_problems(default_data(cfg, "eval"), task)
+    train_set = [Problem.from_json(r) for r in train_rows]
+    assert len(eval_set) == 200 and len({p.key for p in eval_set}) == 200
+    assert all(len(p.numbers) == 5 for p in eval_set + train_set)
+    assert all(1 / 16 < r["pass_rate"] < 15 / 16 for r in train_rows)
+    assert not {p.key for p in train_set} & {p.key for p in eval_set}
+    for p in train_set + eval_set:
+        assert task.score(p.solution.split("=")[0] + f"={p.target}", True, p) == (1.0, True)
+    build = json.loads((BUILTIN_MODELS["countdown-tiny"] / "build.json").read_text())["countdown5"]
+    assert (build["train_after_filter"], build["eval"], build["numbers"]) == (len(train_set), 200, 5)
