@@ -91,7 +91,8 @@ def cmd_plan(args) -> None:
 def cmd_eval(args) -> None:
     from .pipeline import evaluate_to_dir, parse_data_specs
 
-    task = args.task or ("countdown" if args.data is None else "math")
+    task = args.task or (args.data if args.data in ("countdown", "countdown5") else "countdown" if args.data is None
+                         else "math")
     specs = parse_data_specs(args.data or "countdown", args.k)
     report = evaluate_to_dir(model=args.model, task_name=task, specs=specs, out=args.out, n=args.n,
                              temperature=args.temperature, top_p=args.top_p, max_new_tokens=args.max_new_tokens,
@@ -223,8 +224,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     e = sub.add_parser("eval", help="Avg@K, Pass@K and pass-rate distribution of a policy on one or more datasets")
     e.add_argument("--model", default="countdown-tiny", help="local directory, hub id or shipped model name")
-    e.add_argument("--data", default=None, help="comma-separated datasets: names (aime24, aime25, amc23, dapo500), "
-                   "name=path or paths; a trailing @K sets that dataset's K (dapo500@8). Default: shipped countdown")
+    e.add_argument("--data", default=None, help="comma-separated datasets: names (aime24, aime25, amc23, dapo500, "
+                   "countdown, countdown5), name=path or paths; a trailing @K sets that dataset's K (dapo500@8). "
+                   "Default: shipped countdown")
     e.add_argument("--task", default=None, help="task scoring the answers (default: math with --data, else countdown)")
     e.add_argument("--k", type=int, default=32, help="K of Avg@K / Pass@K (paper: 32 on AIME, 8 on DAPO500)")
     e.add_argument("--n", type=int, default=None, help="samples per problem (>= K; default K)")

@@ -23,7 +23,7 @@ from .evaluate import evaluate_datasets, filter_by_pass_rate, results_markdown
 from .report import plot_pass_rates
 from .tasks import TASKS, MathTask
 
-DEFAULT_MAX_NEW_TOKENS = {"countdown": 16}  # other tasks: 7168, the authors' response length
+DEFAULT_MAX_NEW_TOKENS = {"countdown": 16, "countdown5": 16}  # other tasks: 7168, the authors' response length
 
 
 def response_limit(task_name: str, given: int | None) -> int:
@@ -73,7 +73,7 @@ def wants_chat_template(choice: str, tokenizer, task_name: str) -> bool:
         return True
     if choice == "off":
         return False
-    return task_name != "countdown" and bool(getattr(tokenizer, "chat_template", None))
+    return task_name not in DEFAULT_MAX_NEW_TOKENS and bool(getattr(tokenizer, "chat_template", None))
 
 
 def load_task_datasets(task_name: str, specs: list[tuple[str, int]], *, data_dir: str | None,

@@ -103,3 +103,17 @@ def test_countdown5_ships_a_filtered_split_of_five_number_problems():
         assert task.score(p.solution.split("=")[0] + f"={p.target}", True, p) == (1.0, True)
     build = json.loads((BUILTIN_MODELS["countdown-tiny"] / "build.json").read_text())["countdown5"]
     assert (build["train_after_filter"], build["eval"], build["numbers"]) == (len(train_set), 200, 5)
+
+
+def test_eval_cli_reads_the_shipped_countdown5_split(tmp_path, capsys):
+    """`entropy-rft eval --data countdown5` scores the shipped countdown5 eval split with the countdown reward and
+    the countdown budget of 16 new tokens (not the math task's 7168)."""
+    import json
+
+    from entropy_rft.cli import main
+
+    main(["eval", "--data", "countdown5", "--k", "2", "--limit", "6", "--out", str(tmp_path / "ev")])
+    result = json.loads((tmp_path / "ev" / "eval.json").read_text())
+    assert result["meta"]["task"] == "countdown5" and result["results"]["countdown5"]["n_problems"] == 6
+    rows = [json.loads(x) for x in (tmp_path / "ev" / "samples" / "countdown5.jsonl").read_text().splitlines()]
+    assert len(rows[0]["numbers"]) == 5 and max(len(r) for row in rows for r in row["responses"]) <= 16
