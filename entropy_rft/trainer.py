@@ -442,8 +442,9 @@ def train(cfg: TrainConfig, *, resume: bool = False) -> dict:
                 keep, filter_metrics = method.apply(stats, adv, mask, **cfg.method_overrides())
             loss_mask = mask & keep
             entropy_coef = bonus.update(entropy_now) if bonus else cfg.entropy_coef
-            entropic = ((pi.update(entropy_now), high_probability_tokens(old_logp, loss_mask, threshold=cfg.pi_threshold))
-                        if pi else None)  # EntroPIC: this step's alpha and its high-probability tokens, (B, R)
+            entropic = None  # EntroPIC: this step's alpha and its high-probability tokens, (B, R)
+            if pi:
+                entropic = (pi.update(entropy_now), high_probability_tokens(old_logp, loss_mask, threshold=cfg.pi_threshold))
             loss_spec = POLICY_LOSSES.get(cfg.policy_loss)
             selected = loss_spec.select(adv, old_logp, loss_mask, cfg, update_gen) if loss_spec.select else None
             # --- update (on probe steps, measure how it moves the batch's mean entropy)
@@ -461,7 +462,7 @@ def train(cfg: TrainConfig, *, resume: bool = False) -> dict:
             update_metrics["entropy_coef"] = entropy_coef
             if entropic is not None:
                 update_metrics.update({"entropic/alpha": entropic[0], "entropic/integral": pi.integral,
-                                       "entropic/high_prob_frac": float(entropic[1].sum()) / max(float(mask.sum()), 1.0)})
+                                       "entropic/high_prob_frac": float(entropic[1].sum()) / max(float(mask.sum()), 1)})
             # --- diagnostics
             metrics = step_metrics(step, rewards, correct, adv, stats, mask, keep, rollout, cfg, optimizer)
             metrics.update(update_metrics)
@@ -592,8 +593,9 @@ def update_policy(model, optimizer, rollout: Rollout, adv, old_logp, ref_logp, l
                   entropic: tuple[float, torch.Tensor] | None = None) -> dict:
     """ppo_epochs x mini_batches optimizer steps (per Lopti phase); gradient accumulation over micro-batches with
     the mini-batch's global denominators. `held` (strict on-policy) supplies the micro-batches' forward already
-    computed. `entropic` (EntroPIC) is this step's (alpha, high-probability tokens (B, T)). Returns the mean loss metrics, the last grad norm and Corollary 4.1's prediction (eq. 28) summed
-    over the optimizer steps, each with its true ratios and the current policy's S_c."""
+    computed. `entropic` (EntroPIC) is this step's (alpha, high-probability tokens (B, T)). Returns the mean loss
+    metrics, the last grad norm and Corollary 4.1's prediction (eq. 28) summed over the optimizer steps, each with
+    its true ratios and the current policy's S_c."""
     device = next(model.parameters()).device
     n_rows = loss_mask.shape[0]
     model.train()
