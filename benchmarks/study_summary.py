@@ -8,12 +8,14 @@ and problems. Written to DEST:
                       and paired differences against GRPO (entropy_rft/evidence.py); per-run metrics (final entropy,
                       entropy tracking error, clipped fraction, seconds per step, cell wall time) with seed intervals
     study.md          the same as tables
-    entropy_<task>.png, differences_<task>.png
+    entropy_<task>.png, differences_<task>.png, control_<task>.png (mu, alpha or the bonus coefficient per step,
+                      mean over seeds; the mu controller's steps without clipping are left out of its mean)
 """
 
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -61,9 +63,12 @@ def summarise_task(cells: list[dict], task: str, methods: list[str], seeds: int,
                 np.array([r["tracking_error"] for r in runs[m]]), np.array([r["tracking_error"] for r in runs["grpo"]]),
                 gen).to_json()
     curves = {m: np.mean([by[(m, s)]["entropy"] for s in complete], axis=0).tolist() for m in methods}
+    warnings.filterwarnings("ignore", "Mean of empty slice")  # the mu controller left every seed unclipped there
+    controls = {m: np.nanmean([[np.nan if v is None else v for v in by[(m, s)]["control"]] for s in complete],
+                              axis=0).tolist() for m in methods if "entropy_target" in METHODS[m]}
     return {"target": target, "steps": TASKS[task]["steps"], "seeds": complete, "eval_n": n,
             "problems": int(grids["grpo"].shape[1]), "evidence": evidence, "per_run": per_run_est,
-            "entropy_curves": curves, "resumed_cells": sum(by[(m, s)]["resumed"] for m in methods for s in complete)}
+            "entropy_curves": curves, "control_curves": controls, "resumed_cells": sum(by[(m, s)]["resumed"] for m in methods for s in complete)}
 
 
 def task_markdown(task: str, r: dict) -> str:
@@ -105,6 +110,20 @@ def plots(task: str, r: dict, dest: Path) -> None:
     fig.tight_layout()
     fig.savefig(dest / f"entropy_{task}.png")
     plt.close(fig)
+
+    if r["control_curves"]:
+        names = list(r["control_curves"])
+        fig, axes = plt.subplots(1, len(names), figsize=(3.2 * len(names), 2.8), dpi=120)
+        what = {"mu_control": "mu chosen (no clipping: gap)", "bonus": "bonus coefficient"}
+        for ax, m in zip(np.atleast_1d(axes), names):
+            curve = r["control_curves"][m]
+            ax.plot(range(1, len(curve) + 1), curve, linewidth=1.2)
+            ax.set_title(f"{m}: {what.get(m, 'alpha')}", fontsize=8)
+            ax.set_xlabel("step")
+            ax.grid(alpha=0.3)
+        fig.tight_layout()
+        fig.savefig(dest / f"control_{task}.png")
+        plt.close(fig)
 
     metrics = [k for k in next(iter(r["evidence"].values())) if not k.startswith("vs_")]
     others = [m for m in r["evidence"] if "vs_grpo" in r["evidence"][m]]

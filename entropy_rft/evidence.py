@@ -181,7 +181,9 @@ def markdown_table(evidence: dict, *, baseline: str = "grpo", level: float = LEV
                 est = Estimate(**{k: v for k, v in d.items() if k != "excludes_zero"})
                 cells.append(est.text() + (" *" if est.excludes_zero else ""))
             lines.append(f"| {m} | " + " | ".join(cells) + " |")
-    lines += ["", f"Each number rests on {first['seeds']} training seeds x {first['problems']} evaluation problems x "
-              f"{first['samples']} samples per problem; intervals: two-way bootstrap over seeds and problems "
+    plural = lambda n, word: f"{n} {word}" + ("s" if n != 1 else "")  # noqa: E731
+    lines += ["", f"Each number rests on {plural(first['seeds'], 'training seed')} x "
+              f"{plural(first['problems'], 'evaluation problem')} x {plural(first['samples'], 'sample')} per problem; "
+              "intervals: two-way bootstrap over seeds and problems "
               f"(entropy_rft/evidence.py); * marks a paired difference whose {pct} interval excludes 0."]
     return "\n".join(lines) + "\n"
