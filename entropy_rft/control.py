@@ -28,8 +28,9 @@ policy-gradient terms of high-probability tokens with a coefficient set by a pro
     e_t     = H_t - H_tar                                   (H_t: the batch's token-mean entropy before the update)
     alpha_t = clip(K_p e_t + K_i sum_{s<t} e_s, -alpha_max, alpha_max)
     L       = L_policy + alpha_t * mean_{j in T_hi} ( -r_j |A_j| ),   T_hi = {tokens with pi_old(y_j) > tau}
-so a high-probability token of a positive sample weighs (1 + alpha_t) in the update and one of a negative sample
-(1 - alpha_t). In this paper's terms: a token with p > 1/2 is the mode, and H >= -log p_max (Shannon entropy is
+so, against the policy loss's token mean over its N tokens, a high-probability token of a positive sample weighs
+(1 + alpha_t N / N_hi) in the update and one of a negative sample (1 - alpha_t N / N_hi), N_hi = |T_hi| (both terms
+are token means over their own tokens, as in the authors' code). In this paper's terms: a token with p > 1/2 is the mode, and H >= -log p_max (Shannon entropy is
 at least the min-entropy), so its S* = p (H + log p) >= 0 and Theorem 1 (dH = -eps S*) says an update that raises
 it (A > 0) lowers entropy and one that lowers it (A < 0) raises entropy. With entropy above target alpha > 0 leans
 on the sharpening side, below target on the flattening side. Defaults are the authors' (config/entropic.yaml,
@@ -198,9 +199,10 @@ def high_probability_tokens(old_logp: torch.Tensor, mask: torch.Tensor, *, thres
 def entropic_adjustment(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, high: torch.Tensor, *,
                         alpha: float, agg: str = "token-mean", num_tokens=None, num_seqs=None, norm=None):
     """EntroPIC's loss term alpha * agg_{T_hi}(-r |A|), r = exp(log p - old log p); (loss, metrics). Added to the
-    policy loss it weighs a high-probability token by (1 + alpha) in a positive sample and (1 - alpha) in a negative
-    one (its gradient is alpha * -|A| grad r, the policy term's -A grad r times alpha sign(A)). num_tokens /
-    num_seqs are T_hi's counts over the whole mini-batch (departure 4)."""
+    token-mean policy loss over N tokens it weighs a high-probability token by (1 + alpha N / N_hi) in a positive
+    sample and (1 - alpha N / N_hi) in a negative one (its gradient is alpha * -|A| grad r / N_hi, the policy term's
+    -A grad r / N times alpha sign(A) N / N_hi). num_tokens / num_seqs are T_hi's counts over the whole mini-batch
+    (departure 4)."""
     adv = broadcast_advantages(advantages, logp).to(logp.dtype)  # (B, T)
     ratio = (logp - old_logp).exp()
     term = aggregate(-ratio * adv.abs(), high, agg, num_tokens=num_tokens, num_seqs=num_seqs, norm=norm)

@@ -171,8 +171,8 @@ def test_entropic_pi_law_against_a_hand_computation():
 
 def test_entropic_term_reweights_high_probability_tokens_by_one_plus_minus_alpha():
     """Policy loss + EntroPIC's term has the gradient of a token-mean loss whose high-probability tokens (p_old > tau)
-    weigh (1 + alpha) in positive samples and (1 - alpha) in negative ones, with the term's own token mean over
-    T_hi: d/dlogp of  -sum_T A r / |T|  +  alpha * sum_{T_hi} -|A| r / |T_hi|. Checked token by token in float64
+    weigh (1 + alpha |T| / |T_hi|) in positive samples and (1 - alpha |T| / |T_hi|) in negative ones (the term is a
+    token mean over T_hi): d/dlogp of  -sum_T A r / |T|  +  alpha * sum_{T_hi} -|A| r / |T_hi|. Checked token by token in float64
     against that hand-built weighting (a loop), and the high-probability set against its definition."""
     from entropy_rft.control import entropic_adjustment, high_probability_tokens
 
@@ -200,7 +200,7 @@ def test_entropic_term_reweights_high_probability_tokens_by_one_plus_minus_alpha
             if mask[i, j]:
                 want -= a * r / n
             if high[i, j]:
-                want -= alpha * abs(a) * r / n_hi  # = -(alpha sign(A)) A r / |T_hi|: (1 +- alpha) on a shared scale
+                want -= alpha * abs(a) * r / n_hi  # = -(alpha sign(A) n / n_hi) A r / n: weight 1 +- alpha n / n_hi
             assert float(grad[i, j]) == pytest.approx(want, rel=1e-12, abs=1e-15)
 
 
