@@ -316,7 +316,8 @@ def cmd_eval(args) -> None:
     if args.n is not None and args.n < args.eval_k:
         raise ValueError(f"--n {args.n} is below --eval-k {args.eval_k}: Pass@K needs at least K samples per problem; "
                          f"raise --n or lower --eval-k")
-    task = args.task or ("countdown" if args.data is None else "math")
+    task = args.task or (args.data if args.data in ("countdown", "countdown5") else "countdown" if args.data is None
+                         else "math")
     specs = parse_data_specs(args.data or "countdown", args.eval_k)
     _check_machine(args)
     report = evaluate_to_dir(model=args.model, task_name=task, specs=specs, out=args.out, n=args.n,
@@ -466,8 +467,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     e = command("eval", "Avg@K, Pass@K and pass-rate distribution of a policy on one or more datasets", cmd_eval)
     e.add_argument("--model", default="countdown-tiny", help="local directory, hub id or shipped model name")
-    e.add_argument("--data", default=None, help="comma-separated datasets: names (aime24, aime25, amc23, dapo500), "
-                   "name=path or paths; a trailing @K sets that dataset's K (dapo500@8). Default: shipped countdown")
+    e.add_argument("--data", default=None, help="comma-separated datasets: names (aime24, aime25, amc23, dapo500, "
+                   "countdown, countdown5), name=path or paths; a trailing @K sets that dataset's K (dapo500@8). "
+                   "Default: shipped countdown")
     e.add_argument("--task", default=None, help="task scoring the answers (default: math with --data, else countdown)")
     e.add_argument("--eval-k", "--k", type=setting("eval_k"), default=32,
                    help="K of Avg@K / Pass@K (paper: 32 on AIME, 8 on DAPO500)")

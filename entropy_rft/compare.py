@@ -1,6 +1,7 @@
 """`entropy-rft compare`: several methods x seeds on countdown from the shipped policy, in the shape of the
-paper's Table 3: Avg@K and Pass@K (mean and std over seeds), entropy at the start and the end, and the entropy
-curves; and `entropy-rft sweep`, one method over several mu (Figure 2).
+paper's Table 3: Avg@K and Pass@K (mean and std over seeds, and a 95% interval over seeds and evaluation problems
+with each method's paired difference against GRPO, entropy_rft/evidence.py), entropy at the start and the end, and
+the entropy curves; and `entropy-rft sweep`, one method over several mu (Figure 2).
 
 Each cell (method, seed; or mu) is a run directory named by a key of its full resolved settings,
 OUT/runs/<method>/seed<i>-<key> (config.settings_key: a hash of every field that changes what a run computes), and
@@ -18,7 +19,10 @@ import statistics
 import time
 from pathlib import Path
 
+import numpy as np
+
 from .config import TrainConfig, settings_key
+from .evidence import evaluate_grid, markdown_table
 from .logging import read_metrics
 from .rundir import RunLock, is_finished
 
@@ -124,7 +128,9 @@ def summarise(cells: dict[str, list[TrainConfig]]) -> dict:
             k = last["k"]
             ent = [m["entropy"] for m in metrics]
             tail = ent[-max(1, len(ent) // 10):]
-            rows.append({"avg": last["avg_at_k"], "pass": last["pass_at_k"], "avg0": first["avg_at_k"],
+            rows.append({"correct": [round(r * last["k"]) for r in last["pass_rates"]],  # of k samples each
+                         "correct0": [round(r * first["k"]) for r in first["pass_rates"]],
+                         "avg": last["avg_at_k"], "pass": last["pass_at_k"], "avg0": first["avg_at_k"],
                          "pass0": first["pass_at_k"], "H0": ent[0], "H": sum(tail) / len(tail), "curve": ent,
                          "clip": sum(m["clip_frac"] for m in metrics) / len(metrics)})
         width = min(len(c["curve"]) for c in rows)
@@ -135,9 +141,15 @@ def summarise(cells: dict[str, list[TrainConfig]]) -> dict:
             "entropy_first": _mean_std([c["H0"] for c in rows]), "entropy_final": _mean_std([c["H"] for c in rows]),
             "clip_fraction": _mean_std([c["clip"] for c in rows]),
             "entropy_curve": [sum(c["curve"][i] for c in rows) / len(rows) for i in range(width)],
+            "correct": [c["correct"] for c in rows], "correct0": [c["correct0"] for c in rows],
         }
     seeds = len(next(iter(cells.values())))
-    return {"k": k, "seeds": seeds, "methods": table, "settings": shared_settings(cells)}
+    # intervals over seeds and problems; the initial policy is the same for every method (its seed's evaluation)
+    first_method = next(iter(table))
+    grids = {"initial policy": np.array(table[first_method]["correct0"]),
+             **{m: np.array(r["correct"]) for m, r in table.items()}}
+    evidence = evaluate_grid(grids, k, np.random.default_rng(0), ks=(k,), baseline="grpo")
+    return {"k": k, "seeds": seeds, "methods": table, "settings": shared_settings(cells), "evidence": evidence}
 
 
 def results_table(results: dict) -> str:
@@ -158,5 +170,7 @@ def results_table(results: dict) -> str:
                   *[f"- {m}: {show(d)}" for m, d in settings["per_method"].items() if d],
                   f"Seeds {', '.join(map(str, settings['seeds']))}. Each cell's full settings are its config.yaml: "
                   + "; ".join(c for cs in settings["cells"].values() for c in cs) + "."]
+    if "evidence" in results:
+        lines += ["", "## 95% intervals over seeds and evaluation problems", "", markdown_table(results["evidence"])]
     return "\n".join(lines) + "\n"
 

@@ -55,11 +55,11 @@ _NON_NEGATIVE = ("lr", "weight_decay", "grad_clip", "eps_low", "eps_high", "kl_c
                  "kl_cov_coef", "overlong_buffer_frac", "overlong_penalty_factor", "rank_penalty_beta", "ar_alpha",
                  "vf_coef", "bonus_delta", "bonus_max", "micro_batch_size", "lora_rank", "eval_every", "eval_problems",
                  "save_every", "keep_checkpoints", "probe_every", "samples_every", "samples_groups", "seed", "mu",
-                 "mu_plus", "entropy_target")
+                 "mu_plus", "entropy_target", "pi_kp", "pi_ki", "pi_alpha_max")
 _POSITIVE = ("max_frac", "forking_frac", "lopti_eta", "critic_lr", "value_clip", "temperature", "top_p",
-             "eval_temperature", "lora_alpha", "vllm_gpu_memory", "clip_cov_ub")
+             "eval_temperature", "lora_alpha", "vllm_gpu_memory", "clip_cov_ub", "pi_threshold")
 _AT_MOST_ONE = ("clip_cov_ratio", "kl_cov_ratio", "overlong_buffer_frac", "ar_alpha", "forking_frac", "lopti_eta",
-                "gamma", "lam", "top_p", "vllm_gpu_memory", "eps_low")
+                "gamma", "lam", "top_p", "vllm_gpu_memory", "eps_low", "pi_threshold")
 _HINTS = {"mu": " (mu is a multiple of the batch std; 0 clips every token below the mean; the paper uses 2.5 for "
                 "Clip_B and 8.5 for Clip_V)",
           "mu_plus": " (the upper threshold of the two-sided filter, in batch stds)",
@@ -140,9 +140,14 @@ class TrainConfig:
     # entropy target (beyond the paper; entropy_rft/control.py)
     entropy_target: float | None = _f(None, "hold token entropy near this value (nats); None disables")
     entropy_control: str = _f("mu", "how to hold the target: 'mu' sets Clip_B/Clip_V's mu each step from "
-                                    "Corollary 4's prediction; 'bonus' adapts an entropy-bonus coefficient")
+                                    "Corollary 4's prediction; 'bonus' adapts an entropy-bonus coefficient; 'pi' is "
+                                    "EntroPIC (Yang et al. 2025): a PI controller reweights high-probability tokens")
     bonus_delta: float = _f(0.002, "adaptive bonus: coefficient change per step (Skywork-OR1 style)")
     bonus_max: float = _f(0.05, "adaptive bonus: largest coefficient")
+    pi_kp: float = _f(1.0, "EntroPIC: proportional gain K_p per nat of entropy error (authors' default 1)")
+    pi_ki: float = _f(0.01, "EntroPIC: integral gain K_i on the summed error of earlier steps (authors' default 0.01)")
+    pi_threshold: float = _f(0.95, "EntroPIC: a token is high-probability when pi_old(token) > this (authors: 0.95)")
+    pi_alpha_max: float = _f(1.0, "EntroPIC: the reweighting alpha is clipped to [-this, this] (authors: 1)")
 
     # scale: generation engine, precision, memory
     engine: str = _f("hf", "rollout engine (registry ENGINES): hf (transformers generate) or vllm (GPU: "
@@ -318,8 +323,8 @@ class TrainConfig:
             warnings.warn(f"group_size=1: every {self.advantage} group is a singleton, so the advantage is the raw "
                           "reward with no group baseline; use group_size >= 2 (paper: 8 or 16)", stacklevel=2)
         if self.entropy_target is not None:
-            if self.entropy_control not in ("mu", "bonus"):
-                raise ValueError(f"entropy_control must be 'mu' or 'bonus', got {self.entropy_control!r}")
+            if self.entropy_control not in ("mu", "bonus", "pi"):
+                raise ValueError(f"entropy_control must be 'mu', 'bonus' or 'pi', got {self.entropy_control!r}")
             if self.entropy_control == "mu" and self.method not in ("clip_b", "clip_v"):
                 raise ValueError(f"entropy_target with entropy_control='mu' sets Clip_B/Clip_V's mu; use method clip_b or clip_v "
                                  f"(got {self.method!r}) or entropy_control='bonus'")

@@ -23,10 +23,42 @@ AdaptiveEntropyBonus is the usual alternative (Skywork-OR1's adaptive entropy co
 write as a callback): an entropy bonus whose coefficient rises by `delta` while entropy is below the target and
 falls by `delta` (not below 0) while above.
 
+EntroPIC (Yang et al. 2025, arXiv 2511.15248; the authors' code github.com/yk7333/EntroPIC) reweights the
+policy-gradient terms of high-probability tokens with a coefficient set by a proportional-integral controller:
+    e_t     = H_t - H_tar                                   (H_t: the batch's token-mean entropy before the update)
+    alpha_t = clip(K_p e_t + K_i sum_{s<t} e_s, -alpha_max, alpha_max)
+    L       = L_policy + alpha_t * mean_{j in T_hi} ( -r_j |A_j| ),   T_hi = {tokens with pi_old(y_j) > tau}
+so, against the policy loss's token mean over its N tokens, a high-probability token of a positive sample weighs
+(1 + alpha_t N / N_hi) in the update and one of a negative sample (1 - alpha_t N / N_hi), N_hi = |T_hi| (both terms
+are token means over their own tokens, as in the authors' code). In this paper's terms: a token with p > 1/2 is the mode, and H >= -log p_max (Shannon entropy is
+at least the min-entropy), so its S* = p (H + log p) >= 0 and Theorem 1 (dH = -eps S*) says an update that raises
+it (A > 0) lowers entropy and one that lowers it (A < 0) raises entropy. With entropy above target alpha > 0 leans
+on the sharpening side, below target on the flattening side. Defaults are the authors' (config/entropic.yaml,
+core_algos.compute_policy_loss_entropic): K_p = 1, K_i = 0.01, tau = 0.95, alpha_max = 1. The equations above are
+read from the authors' released code and README (the paper's own text was not available to this project); where
+the code and a reading of the paper could differ, the code is followed.
+Departures from the authors' code, numbered:
+1. One alpha per training step, from the entropy of the whole batch (token mean over every valid response token,
+   under the behaviour policy). The authors' actor recomputes alpha for each micro-batch from that micro-batch's
+   entropy and adds each micro-batch's error to the integral at once, so later micro-batches of one step see a
+   larger integral; here micro-batching changes nothing.
+2. The integral gains e_t once per training step (theirs: once per optimizer mini-batch, e_t * rows / mini-batch
+   rows per micro-batch); equal under one mini-batch per step, the strict on-policy setting.
+3. T_hi is chosen with the behaviour policy's log-probabilities over the whole batch, fixed for all epochs, like
+   the other token filters here; theirs compares the current log-probabilities inside the loss (the same on a
+   strict on-policy step, where the ratio is 1).
+4. The adjustment's token mean divides by |T_hi| of the whole mini-batch (theirs: of each micro-batch), so its
+   gradient does not depend on the micro-batch size; with another loss_agg the same aggregation is used, over T_hi.
+5. Tokens a method's filter removes (Clip_B, Clip_V) leave T_hi too; with GRPO (the authors' setting) T_hi is every
+   valid token above tau.
+There is no anti-windup on the integral (as in theirs): a target the policy cannot reach keeps alpha at its clip.
+
 When to use which: the bonus adds a gradient that pushes up the entropy of every token, including tokens the
 task needs to be sure of; the mu controller only removes the updates that the theory says drive entropy
 down, so it cannot raise entropy above where the plain update would leave it, but it never adds a gradient
-of its own. Use the controller to stop collapse; use the bonus when entropy must rise.
+of its own. EntroPIC neither adds a new gradient direction nor removes tokens: it rescales the existing
+policy-gradient terms of confident tokens, up to doubling or cancelling them, so it can move entropy both ways.
+Use the controller to stop collapse; use the bonus or EntroPIC when entropy must rise.
 """
 
 from __future__ import annotations
@@ -37,6 +69,7 @@ from dataclasses import dataclass, field, fields
 import torch
 
 from .advantages import broadcast_advantages
+from .losses import aggregate
 
 
 def unit_entropy_change(advantages: torch.Tensor, s_centered: torch.Tensor, loss_mask: torch.Tensor,
@@ -131,3 +164,46 @@ class AdaptiveEntropyBonus:
 
     def load_state(self, state: dict) -> None:
         self.coef = state["coef"]
+
+
+@dataclass
+class EntroPIC:
+    """EntroPIC's PI controller (module docstring): update(H_t) returns alpha_t for this step's loss."""
+
+    target: float
+    k_p: float = 1.0  # proportional gain (authors' default)
+    k_i: float = 0.01  # integral gain (authors' default)
+    alpha_max: float = 1.0  # alpha is clipped to [-alpha_max, alpha_max] (authors: 1)
+    integral: float = field(default=0.0, init=False)  # sum of the errors of earlier steps
+    alpha: float = field(default=0.0, init=False)  # the last alpha returned
+
+    def update(self, entropy_now: float) -> float:
+        """alpha_t = clip(K_p e_t + K_i sum_{s<t} e_s), then the integral takes e_t."""
+        error = entropy_now - self.target
+        self.alpha = min(max(self.k_p * error + self.k_i * self.integral, -self.alpha_max), self.alpha_max)
+        self.integral += error
+        return self.alpha
+
+    def state(self) -> dict:
+        return {"integral": self.integral, "alpha": self.alpha}
+
+    def load_state(self, state: dict) -> None:
+        self.integral, self.alpha = state["integral"], state["alpha"]
+
+
+def high_probability_tokens(old_logp: torch.Tensor, mask: torch.Tensor, *, threshold: float = 0.95) -> torch.Tensor:
+    """(B, T) bool: valid tokens whose behaviour-policy probability exceeds threshold (EntroPIC's T_hi)."""
+    return mask & (old_logp > math.log(threshold))
+
+
+def entropic_adjustment(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, high: torch.Tensor, *,
+                        alpha: float, agg: str = "token-mean", num_tokens=None, num_seqs=None, norm=None):
+    """EntroPIC's loss term alpha * agg_{T_hi}(-r |A|), r = exp(log p - old log p); (loss, metrics). Added to the
+    token-mean policy loss over N tokens it weighs a high-probability token by (1 + alpha N / N_hi) in a positive
+    sample and (1 - alpha N / N_hi) in a negative one (its gradient is alpha * -|A| grad r / N_hi, the policy term's
+    -A grad r / N times alpha sign(A) N / N_hi). num_tokens / num_seqs are T_hi's counts over the whole mini-batch
+    (departure 4)."""
+    adv = broadcast_advantages(advantages, logp).to(logp.dtype)  # (B, T)
+    ratio = (logp - old_logp).exp()
+    term = aggregate(-ratio * adv.abs(), high, agg, num_tokens=num_tokens, num_seqs=num_seqs, norm=norm)
+    return alpha * term, {"entropic_term": term.detach()}

@@ -23,7 +23,7 @@ from .evaluate import evaluate_datasets, filter_by_pass_rate, results_markdown
 from .report import plot_pass_rates
 from .tasks import TASKS, MathTask
 
-DEFAULT_MAX_NEW_TOKENS = {"countdown": 16}  # other tasks: 7168, the authors' response length
+DEFAULT_MAX_NEW_TOKENS = {"countdown": 16, "countdown5": 16}  # other tasks: 7168, the authors' response length
 
 
 def response_limit(task_name: str, given: int | None) -> int:
@@ -83,12 +83,12 @@ def wants_chat_template(choice: str, tokenizer, task_name: str) -> bool:
         return True
     if choice == "off":
         return False
-    return task_name != "countdown" and bool(getattr(tokenizer, "chat_template", None))
+    return task_name not in DEFAULT_MAX_NEW_TOKENS and bool(getattr(tokenizer, "chat_template", None))
 
 
 def load_task_datasets(task_name: str, specs: list[tuple[str, int]], *, data_dir: str | None,
                        limit: int = 0) -> dict[str, tuple[list, int]]:
-    from .trainer import BUILTIN_MODELS, load_problems
+    from .trainer import SHIPPED_DATA, load_problems
 
     task = TASKS.get(task_name)
     datasets = {}
@@ -96,8 +96,8 @@ def load_task_datasets(task_name: str, specs: list[tuple[str, int]], *, data_dir
         if isinstance(task, MathTask):
             name, problems = load_math(spec, data_dir=data_dir)
         else:
-            path = BUILTIN_MODELS["countdown-tiny"] / "data" / "eval.jsonl" if spec == "countdown" else Path(spec)
-            name, problems = (spec if spec == "countdown" else path.stem), load_problems(path, task)
+            path = SHIPPED_DATA[spec] / "eval.jsonl" if spec in SHIPPED_DATA else Path(spec)
+            name, problems = (spec if spec in SHIPPED_DATA else path.stem), load_problems(path, task)
         datasets[name] = (problems[:limit] if limit else problems, k)
     return datasets
 

@@ -364,7 +364,7 @@ def plan_memory(cfg: TrainConfig, shape: ModelShape, *, device_gib: float = DEFA
         held = {"weights (float32, the master copy)": 4 * (P + head_params)}
     held["gradients (float32)"] = 4 * trainable
     held["Adam exp_avg + exp_avg_sq (float32)"] = 8 * trainable
-    if cfg.probe_every > 0 or cfg.entropy_target is not None:
+    if cfg.probe_every > 0 or (cfg.entropy_target is not None and cfg.entropy_control == "mu"):
         held[f"entropy probe: d(mean H)/d(theta) (every {cfg.probe_every or 1} steps)"] = 4 * trainable
     if cfg.kl_coef > 0:
         held["reference policy (float32, kl_coef > 0)"] = 4 * P

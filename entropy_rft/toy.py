@@ -7,8 +7,12 @@ by supervised training on synthetic solutions, and the pass-rate-filtered proble
     data/train.jsonl   RL training problems with the initial policy's pass rate at 16 samples, filtered as in
                        the paper (Section 5.1): drop problems solved in >= 15/16 or <= 1/16 of the samples
     data/eval.jsonl    the held-out evaluation split (unfiltered, disjoint from train and warm-up problems)
+    data/countdown5/   the harder setting (task `countdown5`): five numbers instead of three, which the policy never
+                       saw in its warm-up; train.jsonl filtered the same way with the same policy, eval.jsonl held out.
+                       The policy solves few of these (Pass@8 about 0.4 at the start), so exploration matters there.
     build.json         the settings and figures of the build
-The build is seeded and deterministic on CPU for a given torch version and thread count.
+The build is seeded and deterministic on CPU for a given torch version and thread count. `build_split` alone
+rebuilds a data split for an existing policy (about 90 s for countdown5 on 2 cores).
 """
 
 from __future__ import annotations
@@ -57,6 +61,9 @@ class ToyConfig:
     filter_samples: int = 16  # samples per problem for the pass-rate filter (paper: 16)
     filter_temperature: float = 1.0  # the rollout temperature
     max_new_tokens: int = 16
+    hard_numbers: int = 5  # countdown5: numbers per problem of the harder split
+    n_hard_pool: int = 1500  # countdown5: candidate RL problems before pass-rate filtering
+    n_hard_eval: int = 200  # countdown5: held-out evaluation problems
 
 
 def build_model(tokenizer, cfg: ToyConfig):
@@ -153,9 +160,39 @@ def pretrain(cfg: ToyConfig, out: Path, *, progress: bool = True) -> dict:
         "dropped_low": sum(r <= 1 / 16 for r in rates), "dropped_high": sum(r >= 15 / 16 for r in rates),
         "seconds": time.time() - t0, "torch": torch.__version__, "threads": torch.get_num_threads(),
     }
+    info["countdown5"] = build_split(engine, out / "data" / "countdown5", cfg)
+    info["seconds"] = time.time() - t0
     (out / "build.json").write_text(json.dumps(info, indent=2) + "\n")
     torch.use_deterministic_algorithms(False)
     return info
+
+
+def build_split(engine, out: Path, cfg: ToyConfig) -> dict:
+    """The countdown5 split for the policy behind `engine`: cfg.n_hard_eval held-out problems of cfg.hard_numbers
+    numbers (eval.jsonl, unfiltered) and a disjoint pool of cfg.n_hard_pool filtered by the policy's pass rate at
+    cfg.filter_samples samples as in the paper (train.jsonl). Returns its figures for build.json."""
+    from .evaluate import filter_by_pass_rate, sample_correctness
+
+    t0 = time.time()
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    eval_set = make_problems(cfg.n_hard_eval, seed=cfg.seed + 11, n_numbers=cfg.hard_numbers)
+    pool = make_problems(cfg.n_hard_pool, seed=cfg.seed + 12, n_numbers=cfg.hard_numbers,
+                         exclude={p.key for p in eval_set})
+    correct, _ = sample_correctness(engine, CountdownTask(), pool, n=cfg.filter_samples,
+                                    temperature=cfg.filter_temperature, max_new_tokens=cfg.max_new_tokens,
+                                    seed=cfg.seed + 13)
+    rates = [sum(c) / cfg.filter_samples for c in correct]
+    kept = filter_by_pass_rate(pool, rates)
+    with open(out / "train.jsonl", "w") as f:
+        for p, r in kept:
+            f.write(json.dumps({**p.to_json(), "pass_rate": r}) + "\n")
+    with open(out / "eval.jsonl", "w") as f:
+        for p in eval_set:
+            f.write(json.dumps(p.to_json()) + "\n")
+    return {"numbers": cfg.hard_numbers, "pool": len(pool), "train_after_filter": len(kept), "eval": len(eval_set),
+            "pool_mean_pass_rate": sum(rates) / len(rates), "dropped_low": sum(r <= 1 / 16 for r in rates),
+            "dropped_high": sum(r >= 15 / 16 for r in rates), "seconds": time.time() - t0}
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -46,7 +46,7 @@ from tqdm import tqdm
 from .advantages import (ADVANTAGES, TokenLevel, advantage_reweight, broadcast_advantages, outcome_token_rewards, overlong_penalty,
                          rank_penalty)
 from .config import TrainConfig, check_device, preflight
-from .control import AdaptiveEntropyBonus, MuController
+from .control import AdaptiveEntropyBonus, EntroPIC, MuController, entropic_adjustment, high_probability_tokens
 from .dynamics import TokenStats, batch_covariance, corollary4_entropy_change
 from .evaluate import EvalResult, evaluate_policy
 from .logging import MetricLogger
@@ -63,6 +63,8 @@ from . import samples
 from .tasks import TASKS, MathTask
 
 BUILTIN_MODELS = {"countdown-tiny": Path(__file__).parent / "assets" / "countdown-tiny"}
+SHIPPED_DATA = {"countdown": BUILTIN_MODELS["countdown-tiny"] / "data",  # task -> directory of train/eval.jsonl
+                "countdown5": BUILTIN_MODELS["countdown-tiny"] / "data" / "countdown5"}
 STAND_IN = "tiny-stand-in"  # a random tiny chat model built on first use (toy.build_stand_in), for dry runs
 
 
@@ -184,8 +186,8 @@ def default_data(cfg: TrainConfig, split: str) -> Path:
     given = cfg.train_data if split == "train" else cfg.eval_data
     if given:
         return Path(given)
-    if cfg.task == "countdown":  # the shipped splits, filtered with the shipped policy
-        return BUILTIN_MODELS["countdown-tiny"] / "data" / f"{split}.jsonl"
+    if cfg.task in SHIPPED_DATA:  # the shipped splits, filtered with the shipped policy
+        return SHIPPED_DATA[cfg.task] / f"{split}.jsonl"
     raise ValueError(f"no {split}_data given: task {cfg.task!r} has no shipped data; set train_data and eval_data")
 
 
@@ -361,6 +363,8 @@ def _train(cfg: TrainConfig, claim: Claim) -> dict:
                   if targeting and cfg.entropy_control == "mu" else None)
     bonus = (AdaptiveEntropyBonus(cfg.entropy_target, cfg.bonus_delta, cfg.entropy_coef, cfg.bonus_max)
              if targeting and cfg.entropy_control == "bonus" else None)
+    pi = (EntroPIC(cfg.entropy_target, cfg.pi_kp, cfg.pi_ki, cfg.pi_alpha_max)
+          if targeting and cfg.entropy_control == "pi" else None)
     evals: dict[int, dict] = {}
     if checkpoint is not None:  # everything that steers the run continues where the checkpoint left it
         state = torch.load(checkpoint / "trainer_state.pt", weights_only=False)
@@ -375,6 +379,8 @@ def _train(cfg: TrainConfig, claim: Claim) -> dict:
             controller.load_state(state["controller"])
         if bonus is not None and state.get("bonus") is not None:
             bonus.load_state(state["bonus"])
+        if pi is not None and state.get("pi") is not None:
+            pi.load_state(state["pi"])
     # the run is committed to start only now (config.yaml written, a replaced record deleted); metrics of steps after
     # the checkpoint (a run killed between checkpoints) are cut: they are logged again, and token samples too
     logger = claim.start(cfg, lambda: MetricLogger(run_dir, cfg.to_dict(), cfg.sinks, start_step=start_step))
@@ -383,7 +389,7 @@ def _train(cfg: TrainConfig, claim: Claim) -> dict:
     def run_state() -> dict:  # what a checkpoint holds besides the weights and Adam's state
         return {"sampler": sampler.state(), "update_gen": update_gen.get_state(), "torch_rng": torch.get_rng_state(),
                 "evals": dict(evals), "controller": controller.state() if controller else None,
-                "bonus": bonus.state() if bonus else None}
+                "bonus": bonus.state() if bonus else None, "pi": pi.state() if pi else None}
 
     def save(at: int, state: dict | None = None) -> Path:
         ckpt = save_checkpoint(run_dir, at, model, tokenizer, optimizer, sampler, value_head, state or run_state())
@@ -430,6 +436,10 @@ def _train(cfg: TrainConfig, claim: Claim) -> dict:
             keep, filter_metrics = choose_tokens(method, controller, stats, adv, mask, entropy_now, cfg)
             loss_mask = mask & keep
             entropy_coef = bonus.update(entropy_now) if bonus else cfg.entropy_coef
+            entropic = None  # EntroPIC: this step's alpha and its high-probability tokens, (B, R)
+            if pi:
+                high = high_probability_tokens(old_logp, loss_mask, threshold=cfg.pi_threshold)
+                entropic = (pi.update(entropy_now), high)
             loss_spec = POLICY_LOSSES.get(cfg.policy_loss)
             selected = loss_spec.select(adv, old_logp, loss_mask, cfg, update_gen) if loss_spec.select else None
             # --- update (on probe steps, measure how it moves the batch's mean entropy)
@@ -437,7 +447,7 @@ def _train(cfg: TrainConfig, claim: Claim) -> dict:
                                   from_hidden=cfg.stats_from_hidden) if probing else None)
             update_metrics = update_policy(model, optimizer, rollout, adv, old_logp, ref_logp, loss_mask, cfg,
                                            update_gen, entropy_coef=entropy_coef, selected=selected,
-                                           critic=(value_head, old_values, returns), held=held)
+                                           critic=(value_head, old_values, returns), held=held, entropic=entropic)
             completed = step + 1
             t_update = time.time()
             engine.sync_weights()  # the next rollout samples from the updated policy
@@ -445,6 +455,9 @@ def _train(cfg: TrainConfig, claim: Claim) -> dict:
             # responses whose forward ran without a graph (advantage 0: their gradient is exactly 0)
             update_metrics["update/frac_rows_no_backward"] = float(frozen.float().mean()) if frozen is not None else 0.0
             update_metrics["entropy_coef"] = entropy_coef
+            if entropic is not None:
+                update_metrics.update({"entropic/alpha": entropic[0], "entropic/integral": pi.integral,
+                                       "entropic/high_prob_frac": float(entropic[1].sum()) / max(float(mask.sum()), 1)})
             # --- diagnostics
             metrics = step_metrics(step, rewards, correct, adv, stats, mask, keep, rollout, cfg, optimizer)
             metrics.update(update_metrics)
@@ -639,11 +652,13 @@ def make_optimizer(groups: list[dict], cfg: TrainConfig) -> torch.optim.Adam:
 
 def update_policy(model, optimizer, rollout: Rollout, adv, old_logp, ref_logp, loss_mask, cfg: TrainConfig,
                   gen: torch.Generator, *, entropy_coef: float = 0.0, selected: torch.Tensor | None = None,
-                  critic: tuple | None = None, held: HeldForward | None = None, observe=None) -> dict:
+                  critic: tuple | None = None, held: HeldForward | None = None, observe=None,
+                  entropic: tuple[float, torch.Tensor] | None = None) -> dict:
     """ppo_epochs x mini_batches optimizer steps (per Lopti phase); gradient accumulation over micro-batches with
     the mini-batch's global denominators. `held` (strict on-policy) supplies the micro-batches' forward already
     computed. `observe(rows, stats, old_logp)`, if given, sees each micro-batch's forward and the old log p its loss
-    used (entropy_rft/invariants.py checks the update against the statistics pass with it). Returns the mean loss
+    used (entropy_rft/invariants.py checks the update against the statistics pass with it). `entropic` (EntroPIC) is
+    this step's (alpha, high-probability tokens (B, T)). Returns the mean loss
     metrics, the last grad norm and Corollary 4.1's prediction (eq. 28) summed over the optimizer steps, each with
     its true ratios and the current policy's S_c."""
     device = next(model.parameters()).device
@@ -673,6 +688,10 @@ def update_policy(model, optimizer, rollout: Rollout, adv, old_logp, ref_logp, l
             n_seqs = (denom_mask.sum(-1) > 0).sum().clamp_min(1).to(device)
             optimizer.zero_grad(set_to_none=True)
             micro = cfg.micro_batch_size or len(rows)
+            if entropic is not None:  # EntroPIC's term: T_hi within the phase's loss tokens, whole-mini-batch counts
+                high = entropic[1] & phase_mask
+                n_high = high[rows].sum().clamp_min(1).to(device)
+                n_high_seqs = (high[rows].sum(-1) > 0).sum().clamp_min(1).to(device)
             for part in rows.split(micro):
                 m = phase_mask[part].to(device)
                 if held is not None:
@@ -706,6 +725,11 @@ def update_policy(model, optimizer, rollout: Rollout, adv, old_logp, ref_logp, l
                     bonus = aggregate(stats.entropy, m, cfg.loss_agg, num_tokens=n_tokens, num_seqs=n_seqs,
                                       norm=cfg.max_new_tokens)
                     loss = loss - entropy_coef * bonus
+                if entropic is not None:
+                    adjust, _ = entropic_adjustment(stats.logp, old, adv[part].to(device),
+                                                    high[part].to(device), alpha=entropic[0], agg=cfg.loss_agg,
+                                                    num_tokens=n_high, num_seqs=n_high_seqs, norm=cfg.max_new_tokens)
+                    loss = loss + adjust
                 if loss.requires_grad or held is None or held.frozen is None:  # a micro-batch of frozen rows only
                     loss.backward()                                            # (advantage 0) has no graph
                 ratio[part] = (stats.logp.detach() - old).exp().cpu()

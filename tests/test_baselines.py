@@ -122,6 +122,13 @@ def test_compare_resumes_and_summarises(tmp_path, capsys):
     mean, std = res["methods"]["grpo"]["avg_at_k"]
     assert 0 <= mean <= 1 and std >= 0
     assert "| clip_b |" in (tmp_path / "results.md").read_text() and (tmp_path / "entropy.png").exists()
+    # intervals over seeds and problems, the paired comparison against GRPO, and what they rest on
+    ev = res["evidence"]
+    assert set(ev) == {"initial policy", "grpo", "clip_b"} and "vs_grpo" in ev["clip_b"] and "vs_grpo" not in ev["grpo"]
+    est = ev["grpo"]["avg"]
+    assert (est["seeds"], est["problems"], est["samples"]) == (2, 8, 2) and est["low"] <= est["value"] <= est["high"]
+    assert est["value"] == pytest.approx(mean)
+    assert "2 training seeds x 8 evaluation problems x 2 samples" in (tmp_path / "results.md").read_text()
 
 
 @pytest.mark.parametrize("method", ["ppo", "ppo_clip_b", "ppo_clip_v"])

@@ -77,3 +77,43 @@ def test_shipped_tokenizer_round_trips_through_autotokenizer():
             ids = tok.encode(text, add_special_tokens=False)
             assert len(ids) == len(text)
             assert tok.decode(ids) == text
+
+
+def test_countdown5_ships_a_filtered_split_of_five_number_problems():
+    """task countdown5: the same prompts and reward as countdown over problems of five numbers; its default data is
+    the shipped split (toy.build_split): 200 held-out eval problems, and training problems whose pass rate under
+    the shipped policy lies strictly between 1/16 and 15/16 (the paper's filter), disjoint from eval, each with a
+    known solution the reward scores correct; build.json records the same counts."""
+    import json
+
+    from entropy_rft.config import load_config
+    from entropy_rft.tasks import TASKS
+    from entropy_rft.trainer import default_data, load_problems
+
+    task = TASKS.get("countdown5")
+    cfg = load_config(None, task="countdown5")
+    train_rows = [json.loads(x) for x in default_data(cfg, "train").read_text().splitlines()]
+    eval_set = load_problems(default_data(cfg, "eval"), task)
+    train_set = [Problem.from_json(r) for r in train_rows]
+    assert len(eval_set) == 200 and len({p.key for p in eval_set}) == 200
+    assert all(len(p.numbers) == 5 for p in eval_set + train_set)
+    assert all(1 / 16 < r["pass_rate"] < 15 / 16 for r in train_rows)
+    assert not {p.key for p in train_set} & {p.key for p in eval_set}
+    for p in train_set + eval_set:
+        assert task.score(p.solution.split("=")[0] + f"={p.target}", True, p) == (1.0, True)
+    build = json.loads((BUILTIN_MODELS["countdown-tiny"] / "build.json").read_text())["countdown5"]
+    assert (build["train_after_filter"], build["eval"], build["numbers"]) == (len(train_set), 200, 5)
+
+
+def test_eval_cli_reads_the_shipped_countdown5_split(tmp_path, capsys):
+    """`entropy-rft eval --data countdown5` scores the shipped countdown5 eval split with the countdown reward and
+    the countdown budget of 16 new tokens (not the math task's 7168)."""
+    import json
+
+    from entropy_rft.cli import main
+
+    main(["eval", "--data", "countdown5", "--k", "2", "--limit", "6", "--out", str(tmp_path / "ev")])
+    result = json.loads((tmp_path / "ev" / "eval.json").read_text())
+    assert result["meta"]["task"] == "countdown5" and result["results"]["countdown5"]["n_problems"] == 6
+    rows = [json.loads(x) for x in (tmp_path / "ev" / "samples" / "countdown5.jsonl").read_text().splitlines()]
+    assert len(rows[0]["numbers"]) == 5 and max(len(r) for row in rows for r in row["responses"]) <= 16

@@ -243,3 +243,6 @@ class CountdownTask:
 
 
 TASKS.register("countdown", CountdownTask())
+# The harder setting: the same prompts and reward over problems of five numbers (entropy_rft/toy.py, build_split);
+# its default data is the shipped countdown5 split.
+TASKS.register("countdown5", CountdownTask(name="countdown5"))

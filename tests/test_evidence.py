@@ -1,0 +1,139 @@
+"""Intervals over seeds and problems (entropy_rft/evidence.py), checked against cases with a known answer: the exact
+bootstrap distribution by enumeration, its variance in closed form, and paired differences that are constant."""
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+
+from entropy_rft.evaluate import pass_at_k
+from entropy_rft.evidence import (Estimate, avg_scores, bootstrap_means, estimate, evaluate_grid, markdown_table,
+                                  paired_difference, pass_at_k_scores, seed_estimate)
+
+
+def exact_bootstrap(x: np.ndarray) -> np.ndarray:
+    """Every equally likely pigeonhole resample of a small grid, enumerated: the mean over rows I and columns J for
+    each tuple of row indices I and column indices J (R^R C^C of them)."""
+    rows, cols = x.shape
+    return np.array([x[np.ix_(i, j)].mean() for i in itertools.product(range(rows), repeat=rows)
+                     for j in itertools.product(range(cols), repeat=cols)])
+
+
+def pigeonhole_variance(x: np.ndarray) -> float:
+    """Closed form of the bootstrap variance of the grid mean when R rows and C columns are resampled independently:
+    E[m^2] sums x[I_i, J_j] x[I_i', J_j'] over index pairs, whose expectation is mean(x^2) when i = i' and j = j',
+    the mean squared row mean when only i = i', the mean squared column mean when only j = j', and mean(x)^2 else."""
+    rows, cols = x.shape
+    m2, a, b, m = (x ** 2).mean(), (x.mean(1) ** 2).mean(), (x.mean(0) ** 2).mean(), x.mean()
+    second = (rows * cols * m2 + rows * cols * (cols - 1) * a + cols * rows * (rows - 1) * b
+              + rows * (rows - 1) * cols * (cols - 1) * m ** 2) / (rows * cols) ** 2
+    return second - m ** 2
+
+
+def test_pass_at_k_scores_equal_the_estimator_and_subset_enumeration():
+    """Per-problem Pass@k from counts equals evaluate.pass_at_k, and the fraction of the C(n, k) k-subsets of n
+    samples (c of them correct) that hold a correct one; Avg is c / n."""
+    n, k = 6, 3
+    counts = np.array([[0, 1, 2], [3, 5, 6]])
+    got = pass_at_k_scores(counts, n, k)
+    for c, v in zip(counts.ravel(), got.ravel()):
+        samples = [True] * int(c) + [False] * (n - int(c))
+        subsets = list(itertools.combinations(samples, k))
+        assert v == pytest.approx(sum(any(s) for s in subsets) / len(subsets), abs=1e-12)
+        assert v == pass_at_k(n, int(c), k)
+    np.testing.assert_array_equal(avg_scores(counts, n), counts / 6)
+
+
+def test_bootstrap_distribution_matches_enumeration():
+    """On a 2 x 3 grid (4 x 27 = 108 equally likely resamples) the Monte Carlo replicates follow the enumerated
+    bootstrap distribution: the largest gap between their CDFs is under 0.02 (DKW: a false failure has probability
+    below 2 exp(-2 B 0.02^2) = 2e-7 at B = 20000), and the closed-form variance equals the enumeration's."""
+    x = np.array([[0.1, 0.7, 0.4], [0.9, 0.2, 0.55]])
+    exact = exact_bootstrap(x)
+    assert pigeonhole_variance(x) == pytest.approx(exact.var(), rel=1e-12)
+    reps = bootstrap_means(x, np.random.default_rng(0), replicates=20000)
+    exact, reps = exact.round(9), reps.round(9)  # the same atoms, summed in another order
+    grid = np.unique(exact)
+    gap = np.max(np.abs(np.searchsorted(np.sort(reps), grid, side="right") / reps.size
+                        - np.searchsorted(np.sort(exact), grid, side="right") / exact.size))
+    assert gap < 0.02
+    assert gap > 0  # Monte Carlo, not the enumeration itself
+
+
+def test_bootstrap_variance_matches_the_closed_form_on_a_larger_grid():
+    """5 seeds x 40 problems: the replicates' mean is the grid mean and their variance the closed form, within
+    Monte Carlo error (B = 40000: relative standard error of a variance about sqrt(2 / B) = 0.7%; allowed 5%)."""
+    g = np.random.default_rng(1)
+    x = g.normal(size=(5, 1)) * 0.3 + g.normal(size=(1, 40)) + g.normal(size=(5, 40)) * 0.5
+    reps = bootstrap_means(x, np.random.default_rng(2), replicates=40000)
+    var = pigeonhole_variance(x)
+    assert abs(reps.mean() - x.mean()) < 5 * math.sqrt(var / reps.size)
+    assert reps.var() == pytest.approx(var, rel=0.05)
+
+
+def test_seed_only_interval_is_the_one_level_bootstrap():
+    """A per-run metric resamples seeds only: its replicates follow the 3^3 enumerated resamples of 3 values, and
+    the estimate reports no problem axis."""
+    values = np.array([0.2, 0.5, 0.6])
+    exact = np.array([values[list(i)].mean() for i in itertools.product(range(3), repeat=3)]).round(9)
+    reps = bootstrap_means(values[:, None], np.random.default_rng(3), replicates=20000).round(9)
+    for q in (0.1, 0.5, 0.9):
+        assert np.mean(reps <= np.quantile(exact, q)) == pytest.approx(np.mean(exact <= np.quantile(exact, q)), abs=0.02)
+    est = seed_estimate(values, np.random.default_rng(3))
+    assert est.seeds == 3 and est.problems == 0 and est.value == pytest.approx(values.mean())
+    assert values.min() <= est.low <= est.value <= est.high <= values.max()
+
+
+def test_paired_difference_known_cases():
+    """A method equal to the baseline differs by exactly 0 with a zero-width interval; one that adds c to every
+    cell differs by exactly c, whatever the spread of the cells themselves; the paired interval of a method that
+    moves with the baseline is narrower than the spread of the baseline's own mean."""
+    g = np.random.default_rng(4)
+    base = g.random((5, 30))
+    same = paired_difference(base, base.copy(), np.random.default_rng(5))
+    assert (same.value, same.low, same.high) == (0.0, 0.0, 0.0) and not same.excludes_zero
+    shifted = paired_difference(base + 0.05, base, np.random.default_rng(5))
+    assert shifted.value == pytest.approx(0.05) and shifted.low == pytest.approx(0.05)
+    assert shifted.high == pytest.approx(0.05) and shifted.excludes_zero
+    close = paired_difference(base + 0.01 * g.standard_normal((5, 30)), base, np.random.default_rng(6))
+    alone = estimate(base, np.random.default_rng(6))
+    assert close.high - close.low < 0.2 * (alone.high - alone.low)
+
+
+def test_constant_data_and_seeded_generators():
+    """Constant values give a zero-width interval at that value; the same generator seed gives the same interval,
+    and the 95% interval holds the mean."""
+    est = estimate(np.full((3, 4), 0.25), np.random.default_rng(0))
+    assert (est.value, est.low, est.high, est.seeds, est.problems) == (0.25, 0.25, 0.25, 3, 4)
+    x = np.random.default_rng(7).random((4, 20))
+    a, b = estimate(x, np.random.default_rng(8)), estimate(x, np.random.default_rng(8))
+    assert a == b and a.low < a.value < a.high
+
+
+def test_bad_inputs_name_the_problem():
+    with pytest.raises(ValueError, match="same seeds and problems"):
+        paired_difference(np.zeros((2, 3)), np.zeros((3, 3)), np.random.default_rng(0))
+    with pytest.raises(ValueError, match=r"\[0, n=4\]"):
+        pass_at_k_scores(np.array([5]), 4, 2)
+    with pytest.raises(ValueError, match="finite"):
+        estimate(np.array([[0.1, np.nan]]), np.random.default_rng(0))
+    with pytest.raises(ValueError, match="shaped"):
+        estimate(np.zeros((2, 2, 2)), np.random.default_rng(0))
+
+
+def test_evaluate_grid_reports_every_metric_and_the_paired_comparison():
+    """Per method: Avg and Pass@k with the counts they rest on; each non-baseline method also has its paired
+    difference against the baseline, equal to the difference of the two means; the table marks an interval that
+    excludes 0."""
+    g = np.random.default_rng(9)
+    grpo = g.integers(0, 9, size=(3, 25))
+    better = np.minimum(grpo + 4, 32)  # more correct samples on every problem and seed
+    ev = evaluate_grid({"grpo": grpo, "clip_b": better}, 32, np.random.default_rng(10), ks=(8, 32), replicates=500)
+    assert set(ev["grpo"]) == {"avg", "pass@8", "pass@32"} and "vs_grpo" in ev["clip_b"]
+    d = ev["clip_b"]["vs_grpo"]["avg"]
+    assert d["value"] == pytest.approx(ev["clip_b"]["avg"]["value"] - ev["grpo"]["avg"]["value"])
+    assert d["excludes_zero"] and d["seeds"] == 3 and d["problems"] == 25 and d["samples"] == 32
+    table = markdown_table(ev)
+    assert "| clip_b |" in table and " *" in table and "3 training seeds x 25 evaluation problems x 32" in table
+    assert Estimate(0.5, 0.4, 0.6, 3).text() == "50.0 [40.0, 60.0]"
