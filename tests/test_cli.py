@@ -270,8 +270,8 @@ def fake_train(calls):
         (run / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict()))
         rows = [{"step": s, "entropy": 0.5, "clip_frac": 0.0, "reward_mean": 0.1} for s in range(1, cfg.steps + 1)]
         (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-        evals = {0: {"k": cfg.eval_k, "avg_at_k": 0.2, "pass_at_k": 0.4},
-                 cfg.steps: {"k": cfg.eval_k, "avg_at_k": 0.3, "pass_at_k": 0.5}}
+        evals = {0: {"k": cfg.eval_k, "avg_at_k": 0.2, "pass_at_k": 0.4, "pass_rates": [0.0, 0.25, 0.375]},
+                 cfg.steps: {"k": cfg.eval_k, "avg_at_k": 0.3, "pass_at_k": 0.5, "pass_rates": [0.125, 0.25, 0.5]}}
         (run / "eval.json").write_text(json.dumps(evals))
         return {"evals": evals, "history": rows, "checkpoint": str(run / f"checkpoint-{cfg.steps}")}
 
@@ -326,6 +326,10 @@ def test_compare_keys_cells_by_settings(tmp_path, monkeypatch, capsys):
     assert "steps=2" in table and "- clip_b: mu=1.5" in table and "Seeds 0, 1" in table
     settings_json = json.loads((tmp_path / "results.json").read_text())["settings"]
     assert settings_json["shared"]["steps"] == 2 and len(settings_json["cells"]["grpo"]) == 2
+    # the intervals rest on every cell's per-problem counts: 2 seeds x 3 problems, and clip_b's paired difference
+    # against GRPO is exactly 0 here (the stand-in evaluates both alike)
+    evidence = json.loads((tmp_path / "results.json").read_text())["evidence"]
+    assert evidence["clip_b"]["vs_grpo"]["avg"]["value"] == 0 and "2 training seeds x 3 evaluation problems" in table
 
 
 def test_sweep_keys_cells_by_settings_and_takes_set(tmp_path, monkeypatch, capsys):
