@@ -29,11 +29,12 @@ policy-gradient terms of high-probability tokens with a coefficient set by a pro
     alpha_t = clip(K_p e_t + K_i sum_{s<t} e_s, -alpha_max, alpha_max)
     L       = L_policy + alpha_t * mean_{j in T_hi} ( -r_j |A_j| ),   T_hi = {tokens with pi_old(y_j) > tau}
 so, against the policy loss's token mean over its N tokens, a high-probability token of a positive sample weighs
-(1 + alpha_t N / N_hi) in the update and one of a negative sample (1 - alpha_t N / N_hi), N_hi = |T_hi| (both terms
-are token means over their own tokens, as in the authors' code). In this paper's terms: a token with p > 1/2 is the mode, and H >= -log p_max (Shannon entropy is
-at least the min-entropy), so its S* = p (H + log p) >= 0 and Theorem 1 (dH = -eps S*) says an update that raises
-it (A > 0) lowers entropy and one that lowers it (A < 0) raises entropy. With entropy above target alpha > 0 leans
-on the sharpening side, below target on the flattening side. Defaults are the authors' (config/entropic.yaml,
+(1 + alpha_t N / N_hi) in the update and one of a negative sample (1 - alpha_t N / N_hi), N_hi = |T_hi| (both
+terms are token means over their own tokens, as in the authors' code). In this paper's terms: a token with p > 1/2
+is the mode, and H >= -log p_max (Shannon entropy is at least the min-entropy), so its S* = p (H + log p) >= 0
+and Theorem 1 (dH = -eps S*) says an update that raises it (A > 0) lowers entropy and one that lowers it (A < 0)
+raises entropy. With entropy above target alpha > 0 leans on the sharpening side, below target on the flattening
+side. Defaults are the authors' (config/entropic.yaml,
 core_algos.compute_policy_loss_entropic): K_p = 1, K_i = 0.01, tau = 0.95, alpha_max = 1. The equations above are
 read from the authors' released code and README (the paper's own text was not available to this project); where
 the code and a reading of the paper could differ, the code is followed.
@@ -57,7 +58,8 @@ When to use which: the bonus adds a gradient that pushes up the entropy of every
 task needs to be sure of; the mu controller only removes the updates that the theory says drive entropy
 down, so it cannot raise entropy above where the plain update would leave it, but it never adds a gradient
 of its own. EntroPIC neither adds a new gradient direction nor removes tokens: it rescales the existing
-policy-gradient terms of confident tokens, up to doubling or cancelling them, so it can move entropy both ways.
+policy-gradient terms of confident tokens (by 1 +- alpha N / N_hi), so it can move entropy both ways; but a token
+with p > tau moves its logits little (d log p / dz = e_k - p, of norm about 1 - p), so its lever is short.
 Use the controller to stop collapse; use the bonus or EntroPIC when entropy must rise.
 """
 
