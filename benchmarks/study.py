@@ -2,8 +2,8 @@
 demo's task (countdown, 150 steps) and the harder one (countdown5, 450 steps), 5 seeds each, from the shipped policy.
 
     python benchmarks/study.py measure                        # one step's and one evaluation's time on each task
-    python benchmarks/study.py run --out /work/study-out --jobs 1   # every cell; rerun to resume
-    python benchmarks/study.py summarise --out /work/study-out --dest benchmarks/study   # tables, JSON, figures
+    python benchmarks/study.py run --out runs/study --jobs 2   # every cell; rerun to resume
+    python benchmarks/study.py summarise --out runs/study --dest benchmarks/study   # tables, JSON, figures
 
 A cell is (task, method, seed), keyed by its full TrainConfig: cells/<task>/<method>/seed<s>-<key>/. A finished cell
 holds cell.json (per-problem correct counts of the initial and final policy at n = 32 samples, the entropy and
