@@ -470,7 +470,8 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--data", default=None, help="comma-separated datasets: names (aime24, aime25, amc23, dapo500, "
                    "countdown, countdown5), name=path or paths; a trailing @K sets that dataset's K (dapo500@8). "
                    "Default: shipped countdown")
-    e.add_argument("--task", default=None, help="task scoring the answers (default: math with --data, else countdown)")
+    e.add_argument("--task", default=None, help="task scoring the answers (default: the task of --data countdown or "
+                   "countdown5, math for other --data, countdown without --data)")
     e.add_argument("--eval-k", "--k", type=setting("eval_k"), default=32,
                    help="K of Avg@K / Pass@K (paper: 32 on AIME, 8 on DAPO500)")
     e.add_argument("--n", type=whole(1), default=None, help="samples per problem (>= K; default K)")
