@@ -247,22 +247,28 @@ def test_prune_keeps_the_newest_n_the_final_and_the_latest(tmp_path_factory, ste
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
 def test_stop_signals_raise_once_and_handlers_come_back(sig):
     """Inside stop_signals_interrupt a stop signal raises Interrupted (a KeyboardInterrupt naming the signal); a
-    repeat while the save runs is ignored; on exit the previous handlers are back."""
-    before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)}
-    saved = []
-    with pytest.raises(Interrupted) as err:
-        with stop_signals_interrupt():
-            try:
-                os.kill(os.getpid(), sig)
-                time.sleep(1)  # the handler runs before this returns
-            except KeyboardInterrupt:
-                os.kill(os.getpid(), sig)  # the save: a second signal must not interrupt it
-                time.sleep(0.05)
-                saved.append(True)
-                raise
-    assert saved == [True]
-    assert err.value.signum == sig and err.value.name == signal.Signals(sig).name
-    assert {s: signal.getsignal(s) for s in before} == before
+    repeat while the save runs is ignored; on exit the previous handlers are back. The signal gets a handler of its
+    own first: a test process started under nohup or in the background inherits SIGHUP / SIGINT ignored, and an
+    ignored signal stays ignored (the next test)."""
+    inherited = signal.signal(sig, lambda signum, frame: None)
+    try:
+        before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)}
+        saved = []
+        with pytest.raises(Interrupted) as err:
+            with stop_signals_interrupt():
+                try:
+                    os.kill(os.getpid(), sig)
+                    time.sleep(1)  # the handler runs before this returns
+                except KeyboardInterrupt:
+                    os.kill(os.getpid(), sig)  # the save: a second signal must not interrupt it
+                    time.sleep(0.05)
+                    saved.append(True)
+                    raise
+        assert saved == [True]
+        assert err.value.signum == sig and err.value.name == signal.Signals(sig).name
+        assert {s: signal.getsignal(s) for s in before} == before
+    finally:
+        signal.signal(sig, inherited)
 
 
 def test_an_ignored_signal_stays_ignored():
