@@ -134,13 +134,19 @@ def steps_list(text: str) -> list[int]:
     return steps
 
 
+def _names(text: str, example: str) -> list[str]:
+    """The non-empty comma-separated names of `text`; at least one."""
+    names = [m.strip() for m in text.split(",") if m.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError(f"names no method, got {text!r}; e.g. {example}")
+    return names
+
+
 def methods_list(text: str) -> list[str]:
     """Comma-separated method names, each known to the METHODS registry."""
     from .methods import METHODS
 
-    names = [m.strip() for m in text.split(",") if m.strip()]
-    if not names:
-        raise argparse.ArgumentTypeError(f"names no method, got {text!r}; e.g. grpo,clip_b,clip_v")
+    names = _names(text, "grpo,clip_b,clip_v")
     unknown = [m for m in names if m not in METHODS]
     if unknown:
         raise argparse.ArgumentTypeError(f"unknown method {unknown[0]!r}; known: {', '.join(METHODS.names())}")
@@ -149,10 +155,7 @@ def methods_list(text: str) -> list[str]:
 
 def entries_list(text: str) -> list[str]:
     """Comma-separated entry names of a demo config (checked against the config once it is read)."""
-    names = [m.strip() for m in text.split(",") if m.strip()]
-    if not names:
-        raise argparse.ArgumentTypeError(f"names no method, got {text!r}; e.g. grpo,clip_b")
-    return names
+    return _names(text, "grpo,clip_b")
 
 
 def mu_list(text: str) -> list[float]:
@@ -312,12 +315,12 @@ def _check_machine(args) -> None:
 
 def cmd_eval(args) -> None:
     from .pipeline import evaluate_to_dir, parse_data_specs
+    from .trainer import SHIPPED_DATA
 
     if args.n is not None and args.n < args.eval_k:
         raise ValueError(f"--n {args.n} is below --eval-k {args.eval_k}: Pass@K needs at least K samples per problem; "
                          f"raise --n or lower --eval-k")
-    task = args.task or (args.data if args.data in ("countdown", "countdown5") else "countdown" if args.data is None
-                         else "math")
+    task = args.task or (args.data if args.data in SHIPPED_DATA else "countdown" if args.data is None else "math")
     specs = parse_data_specs(args.data or "countdown", args.eval_k)
     _check_machine(args)
     report = evaluate_to_dir(model=args.model, task_name=task, specs=specs, out=args.out, n=args.n,
