@@ -5,14 +5,15 @@ demo's task (countdown, 150 steps) and the harder one (countdown5, 450 steps), 5
     python benchmarks/study.py run --out runs/study --jobs 2   # every cell; rerun to resume
     python benchmarks/study.py summarise --out runs/study --dest benchmarks/study   # tables, JSON, figures
 
-A cell is (task, method, seed), keyed by its full TrainConfig: cells/<task>/<method>/seed<s>-<key>/. A finished cell
-holds cell.json (per-problem correct counts of the initial and final policy at n = 32 samples, the entropy and
-control curves, times); a cell killed part-way resumes from its newest checkpoint (save_every 50, exact: see
-trainer.py), and one that never checkpointed starts again. Changed settings give another key, so they never reuse a
-cell trained with other settings. Each cell runs in its own process with one thread (OMP_NUM_THREADS=1,
-torch.set_num_threads(1)), so per-step times are comparable across --jobs. A cell being run holds cell.lock with its
-process id; another runner skips it while that process lives, so a runner may be killed and restarted with more
---jobs at any time (the cells it started finish on their own).
+A cell is (task, method, seed), keyed by its settings (config.settings_key, as compare's cells):
+cells/<task>/<method>/seed<s>-<key>/. A finished cell holds cell.json (per-problem correct counts of the initial
+and final policy at n = 32 samples, the entropy and control curves, times); a cell killed part-way resumes from its
+newest checkpoint (save_every 50, exact: see trainer.py; train's resume="auto"), and one that never checkpointed
+starts again. Changed settings give another key, so they never reuse a cell trained with other settings. Each cell
+runs in its own process with one thread (OMP_NUM_THREADS=1, torch.set_num_threads(1)), so per-step times are
+comparable across --jobs. A cell being run holds its directory's run lock (rundir.RunLock, naming the process);
+another runner skips it while that process lives, so a runner may be killed and restarted with more --jobs at any
+time (the cells it started finish on their own).
 
 Settings: the demo's (entropy_rft/configs/demo.yaml: 32 prompts x 8 rollouts, lr 5e-5, 16 new tokens, rollout
 temperature 1.0, evaluation at 0.7) with evaluation at n = 32 samples per problem on the task's 200 held-out
@@ -27,7 +28,6 @@ gains leave alpha near -0.17 after 150 steps.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import shutil
@@ -76,46 +76,10 @@ def cell_config(task: str, method: str, seed: int, out: Path | None = None, *, s
                       out=str(out) if out else "unset", **extra)
 
 
-def cell_key(cfg) -> str:
-    """10 hex digits of the sha256 of every setting that changes what the cell computes."""
-    settings = {k: v for k, v in cfg.to_dict().items() if k not in ("out", "progress", "sinks", "save_every")}
-    return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:10]
-
-
 def cell_dir(out: Path, task: str, method: str, seed: int, steps: int | None = None) -> Path:
-    return out / "cells" / task / method / f"seed{seed}-{cell_key(cell_config(task, method, seed, steps=steps))}"
+    from entropy_rft.config import settings_key
 
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def take_lock(run_dir: Path) -> bool:
-    """cell.lock holding this process id; False when a live process holds it (a stale lock is replaced)."""
-    run_dir.mkdir(parents=True, exist_ok=True)
-    lock = run_dir / "cell.lock"
-    for _ in range(2):
-        try:
-            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-        except FileExistsError:
-            try:
-                holder = int(lock.read_text().strip() or 0)
-            except (OSError, ValueError):
-                holder = 0
-            if holder and _alive(holder):
-                return False
-            lock.unlink(missing_ok=True)
-            continue
-        os.write(fd, str(os.getpid()).encode())
-        os.close(fd)
-        return True
-    return False
+    return out / "cells" / task / method / f"seed{seed}-{settings_key(cell_config(task, method, seed, steps=steps))}"
 
 
 def run_cell(task: str, method: str, seed: int, out: Path, steps: int | None = None) -> dict | None:
@@ -125,27 +89,29 @@ def run_cell(task: str, method: str, seed: int, out: Path, steps: int | None = N
 
     torch.set_num_threads(1)
     from entropy_rft.logging import read_metrics
+    from entropy_rft.rundir import RunDirError, RunLock
     from entropy_rft.trainer import find_checkpoint, train
 
     run_dir = cell_dir(out, task, method, seed, steps)
     if (run_dir / "cell.json").exists():
         return json.loads((run_dir / "cell.json").read_text())
-    if not take_lock(run_dir):
+    lock = RunLock(run_dir)
+    try:
+        lock.acquire()
+    except RunDirError:  # another runner's process has the cell
         return None
     try:
         cfg = cell_config(task, method, seed, run_dir / "run", steps=steps)
         run = run_dir / "run"
-        resume = run.exists() and find_checkpoint(run) is not None
-        if run.exists() and not resume:  # killed before its first checkpoint: start again
-            shutil.rmtree(run)
+        resumed = run.exists() and find_checkpoint(run) is not None
         t0 = time.time()
-        summary = train(cfg, resume=resume)
+        summary = train(cfg, resume="auto")  # from the newest checkpoint, else from the start
         wall = time.time() - t0
         evals = {int(k): v for k, v in summary["evals"].items()}
         rows = read_metrics(run)
         record = {
             "task": task, "method": method, "seed": seed, "key": run_dir.name.split("-")[-1],
-            "settings": cfg.to_dict(), "resumed": resume, "wall_seconds_this_process": wall,
+            "settings": cfg.to_dict(), "resumed": resumed, "wall_seconds_this_process": wall,
             "eval_n": EVAL_N, "steps": cfg.steps,
             "initial_correct": [round(r * EVAL_N) for r in evals[0]["pass_rates"]],
             "final_correct": [round(r * EVAL_N) for r in evals[cfg.steps]["pass_rates"]],
@@ -162,7 +128,7 @@ def run_cell(task: str, method: str, seed: int, out: Path, steps: int | None = N
         os.replace(tmp, run_dir / "cell.json")
         return record
     finally:
-        (run_dir / "cell.lock").unlink(missing_ok=True)
+        lock.release()
 
 
 def control_value(metrics: dict) -> float | None:
