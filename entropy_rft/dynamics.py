@@ -323,30 +323,44 @@ def batch_covariance(x: Tensor, y: Tensor, mask: Tensor) -> Tensor:
 
 def corollary4_entropy_change(
     advantages: Tensor, s_centered: Tensor, mask: Tensor, *, lr: float, ratio: Tensor | None = None,
-    num_tokens: Tensor | float | None = None,
+    num_tokens: Tensor | float | None = None, step: Tensor | float | None = None,
 ) -> Tensor:
     """Corollary 4, eq. 14 (on-policy) and Corollary 4.1, eq. 28 (with importance ratios r):
     the mean entropy change over the masked tokens of one logit-space step, -lr / |T_B| * Cov_B(A, r * S_c).
 
     num_tokens is |T_B|, the token-mean loss's denominator (module docstring, departure 3); None drops it (each
-    token's logits stepped by lr r A, eq. 7-8 as printed). advantages [B] or [B, T]; s_centered, mask (and
-    ratio) [B, T].
+    token's logits stepped by lr r A, eq. 7-8 as printed). `step`, where given, replaces lr / num_tokens by each
+    token's own step size lr w_t (losses.step_sizes, for the other loss aggregations): then the change is
+    -E_T[step A (r S_c - E_T[r S_c])], which is the covariance form when the step is the same for every token.
+    advantages [B] or [B, T]; s_centered, mask (and ratio, step) [B, T].
     """
     adv = broadcast_advantages(advantages, s_centered)
     score = s_centered if ratio is None else ratio * s_centered
-    step = lr if num_tokens is None else lr / num_tokens
-    return -step * batch_covariance(adv, score, mask)
+    if step is None:
+        step = lr if num_tokens is None else lr / num_tokens
+    if not isinstance(step, Tensor):
+        return -step * batch_covariance(adv, score, mask)
+    m = mask.to(torch.float64)
+    n = m.sum().clamp_min(1.0)
+    score = score.double()
+    centred = score - (score * m).sum() / n
+    return -(step.double() * adv.double() * centred * m).sum() / n
 
 
 def batch_mean_entropy_change(
     advantages: Tensor, s_centered: Tensor, mask: Tensor, *, lr: float, ratio: Tensor | None = None,
-    num_tokens: Tensor | float | None = None,
+    num_tokens: Tensor | float | None = None, step: Tensor | float | None = None,
 ) -> Tensor:
     """Theorem 2 averaged over the batch, eq. 23: -lr / |T_B| * E_B[A r S_c] (num_tokens = |T_B| as in
-    corollary4_entropy_change). Corollary 4 drops from this the term -lr E_B[A] E_B[r S_c], which Corollary 2
-    makes about zero on-policy; on a filtered token set (or off-policy) E_B[r S_c] need not be small."""
+    corollary4_entropy_change; `step` a per-token lr w_t as there). Corollary 4 drops from this the term
+    -lr E_B[A] E_B[r S_c], which Corollary 2 makes about zero on-policy; on a filtered token set (or off-policy)
+    E_B[r S_c] need not be small."""
     adv = broadcast_advantages(advantages, s_centered)
     score = s_centered if ratio is None else ratio * s_centered
     m = mask.to(torch.float32)
-    step = lr if num_tokens is None else lr / num_tokens
+    if step is None:
+        step = lr if num_tokens is None else lr / num_tokens
+    if isinstance(step, Tensor):
+        m = m.double()
+        return -(step.double() * adv.double() * score.double() * m).sum() / m.sum().clamp_min(1.0)
     return -step * (adv.float() * score.float() * m).sum() / m.sum().clamp_min(1.0)

@@ -6,6 +6,9 @@
 - kl_penalty: the k3 ("low-variance") estimator of KL(pi || pi_ref).
 - aggregate: the loss aggregation modes token-mean, seq-mean-token-mean, seq-mean-token-sum and
   seq-mean-token-sum-norm.
+- token_weights, step_sizes: the per-token step-size rule of each aggregation (and of GSPO's sequence-level ratio):
+  how far one optimizer step of plain gradient descent moves each token's log p, the alpha of Theorem 2 (eq. 10).
+  The metrics (entropy_change/*), the token samples, the inspect page and the TRL adapter all take it from here.
 
 All functions take tensors [B, T] and a bool/0-1 loss mask [B, T]; they return (loss, metrics) where metrics
 are 0-dim tensors (no host sync inside loss math). Tokens removed by a method's filter are simply absent from
@@ -44,7 +47,8 @@ from torch import Tensor
 
 from .advantages import broadcast_advantages
 
-__all__ = ["AGG_MODES", "aggregate", "masked_mean", "ppo_clip_loss", "kl_penalty"]
+__all__ = ["AGG_MODES", "aggregate", "masked_mean", "ppo_clip_loss", "kl_penalty", "token_weights", "step_sizes",
+           "token_ratio", "sequence_ratio"]
 
 AggMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
 AGG_MODES: tuple[str, ...] = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
@@ -93,6 +97,61 @@ def aggregate(
     has_tokens = (m.sum(-1) > 0).to(loss_mat.dtype)
     denom = has_tokens.sum() if num_seqs is None else num_seqs
     return (per_seq * has_tokens).sum() / denom
+
+
+def token_weights(mask: Tensor, mode: AggMode = "token-mean", *, num_tokens: Tensor | float | None = None,
+                  num_seqs: Tensor | float | None = None, norm: float | None = None) -> Tensor | float:
+    """Each token's weight w_t in `aggregate(loss_mat, mask, mode, ...)`: d loss / d loss_mat[b, t].
+
+    token-mean: 1 / num_tokens, the same for every token, returned as a float; the other modes (B, T) float64,
+    0 off the mask: seq-mean-token-mean 1 / (num_seqs (|o_b| + 1e-8)), seq-mean-token-sum 1 / num_seqs,
+    seq-mean-token-sum-norm 1 / (num_seqs norm). Defaults of num_tokens and num_seqs as in aggregate."""
+    m = mask.to(torch.float64)
+    if mode == "token-mean":
+        return 1.0 / float(m.sum() if num_tokens is None else num_tokens)
+    has_tokens = (m.sum(-1, keepdim=True) > 0).to(torch.float64)
+    seqs = float(has_tokens.sum() if num_seqs is None else num_seqs)
+    if mode == "seq-mean-token-mean":
+        per_token = 1.0 / (m.sum(-1, keepdim=True) + 1e-8)
+    elif mode == "seq-mean-token-sum":
+        per_token = torch.ones_like(has_tokens)
+    elif mode == "seq-mean-token-sum-norm":
+        if norm is None:
+            raise ValueError("loss aggregation 'seq-mean-token-sum-norm' (Dr. GRPO) needs norm= the generation budget")
+        per_token = torch.full_like(has_tokens, 1.0 / norm)
+    else:
+        raise ValueError(f"unknown loss aggregation {mode!r}; choose one of {', '.join(AGG_MODES)}")
+    return m * per_token * has_tokens / seqs
+
+
+def token_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor) -> Tensor:
+    """The token ratio r_t = exp(log p_t - old log p_t), (B, T): the factor the PPO-clip surrogate -A r_t puts on
+    d log p_t where it is not clipped. (mask is unused: the signature is sequence_ratio's.)"""
+    return (logp - old_logp).exp()
+
+
+def sequence_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor) -> Tensor:
+    """GSPO's sequence ratio s_b = exp(mean over the response's masked tokens of log r_t), broadcast to (B, T):
+    the factor its per-token loss -A s_b puts on d log p_t (gspo_loss's straight-through form)."""
+    m = mask.to(logp.dtype)
+    seq = ((logp - old_logp) * m).sum(-1) / m.sum(-1).clamp_min(1.0)
+    return seq.clamp(max=10.0).exp()[:, None].expand_as(logp)
+
+
+def step_sizes(mask: Tensor, mode: AggMode = "token-mean", *, lr: float, ratio: Tensor | None = None,
+               num_tokens: Tensor | float | None = None, num_seqs: Tensor | float | None = None,
+               norm: float | None = None) -> Tensor | float:
+    """alpha_t / A_t of Theorem 2 (eq. 10) for one gradient step of size lr on the aggregated surrogate -A r:
+    lr w_t r_t, so a token's log p moves (in logit space) by lr w_t r_t A_t. `ratio` is the factor the loss puts
+    on d log p_t: the token ratio r_t (PPO-clip, unclipped), GSPO's sequence ratio s_b (sequence_ratio); None
+    is ratio 1, the strict on-policy step. A float for token-mean without ratios (lr / num_tokens), else
+    (B, T) float64, 0 off the mask."""
+    if mode == "token-mean" and ratio is None:
+        return lr / float(mask.sum() if num_tokens is None else num_tokens)
+    w = token_weights(mask, mode, num_tokens=num_tokens, num_seqs=num_seqs, norm=norm)
+    if ratio is None:
+        return lr * w
+    return lr * w * ratio.detach().to(torch.float64) * mask.to(torch.float64)
 
 
 def ppo_clip_loss(

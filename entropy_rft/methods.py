@@ -126,12 +126,15 @@ class PolicyLoss:
     # every token's loss is A times a function of its ratio, so a response with A = 0 has exactly zero gradient
     # (KL-Cov's |log ratio| penalty on selected tokens is not: its zero gradient on-policy is a subgradient choice)
     linear_in_advantage: bool = True
+    # the factor the loss puts on d log p_t (losses.step_sizes): the token ratio, or GSPO's sequence ratio
+    ratio: Callable = losses.token_ratio
 
 
 POLICY_LOSSES: Registry[PolicyLoss] = Registry("policy loss")
 POLICY_LOSSES.register("ppo", PolicyLoss(losses.ppo_clip_loss, lambda c: {
     "eps_low": c.eps_low, "eps_high": c.eps_high, "dual_clip_c": c.dual_clip_c}))
-POLICY_LOSSES.register("gspo", PolicyLoss(losses.gspo_loss, lambda c: {"eps_low": c.eps_low, "eps_high": c.eps_high}))
+POLICY_LOSSES.register("gspo", PolicyLoss(losses.gspo_loss, lambda c: {"eps_low": c.eps_low, "eps_high": c.eps_high},
+                                          ratio=losses.sequence_ratio))
 POLICY_LOSSES.register("clip_cov", PolicyLoss(
     losses.clip_cov_loss, lambda c: {"eps_low": c.eps_low, "eps_high": c.eps_high},
     lambda adv, logp, mask, c, gen: losses.select_clip_cov(adv, logp, mask, ratio=c.clip_cov_ratio, lb=c.clip_cov_lb,

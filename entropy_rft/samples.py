@@ -143,8 +143,9 @@ def entropy_terms(advantages: Tensor, s_centered: Tensor, loss_mask: Tensor, ste
     """(term, would, totals) of one step, float64 (B, T): eq. 23's term of each token of T (the loss_mask tokens),
     term = -step_size A S_c / |T| there and 0 elsewhere; `would`, the same product at every position (what a clipped
     token would have added had it stayed in the loss); the step's totals: eq. 23's sum, the means of A and S_c over
-    T, |T|, and for a scalar step size Corollary 4's covariance form and the difference of the two (departure 1).
-    advantages (B,) or (B, T); step_size a float or (B,)."""
+    T, |T|, Corollary 4's form -E_T[step A (S_c - E_T[S_c])] (the covariance form for a constant step) and the
+    difference of the two (departure 1). advantages (B,) or (B, T); step_size lr w_t (losses.step_sizes): a float,
+    (B,) per row or (B, T) per token."""
     a = broadcast_advantages(advantages, s_centered).double()
     s, m = s_centered.double(), loss_mask.to(s_centered.device).double()
     size = torch.as_tensor(step_size, dtype=torch.float64, device=s.device)
@@ -153,11 +154,12 @@ def entropy_terms(advantages: Tensor, s_centered: Tensor, loss_mask: Tensor, ste
     would = -size * a * s / n
     term = would * m
     mean_a, mean_s = float((a * m).sum() / n), float((s * m).sum() / n)
-    totals = {"eq23": float(term.sum()), "mean_advantage": mean_a, "mean_s_centered": mean_s,
-              "tokens_in_mean": int(m.sum())}
-    if size.numel() == 1:  # Corollary 4, eq. 14: -lr / |T_B| Cov_T(A, S_c) = eq. 23 + lr / |T_B| E_T[A] E_T[S_c]
-        cov = float(((a - mean_a) * (s - mean_s) * m).sum() / n)
-        totals.update(corollary4=-float(size) * cov, step_size=float(size), dropped_term=float(size) * mean_a * mean_s)
+    eq23 = float(term.sum())
+    corollary4 = float(-(size * a * (s - mean_s) * m).sum() / n)  # eq. 14: -lr / |T_B| Cov_T(A, S_c) for a constant step
+    totals = {"eq23": eq23, "mean_advantage": mean_a, "mean_s_centered": mean_s, "tokens_in_mean": int(m.sum()),
+              "corollary4": corollary4, "dropped_term": corollary4 - eq23}
+    if size.numel() == 1:
+        totals["step_size"] = float(size)
     return term, would, totals
 
 
@@ -167,8 +169,8 @@ def build_record(*, step: int, prompt_ids: Tensor, prompt_mask: Tensor, response
                  info: dict | None = None) -> dict:
     """One step's samples as a JSON-ready dict (module docstring). Shapes: prompt_ids, prompt_mask (B, P) left-padded;
     response_ids, response_mask, keep and the statistics (B, T); finished, rewards (B,); advantages (B,) or (B, T).
-    step_size: lr times the loss's weight of a token, a float (lr / |T_B| for a token-mean loss) or (B,) per row;
-    None when the loss's weights are unknown (terms are then null). info: fields copied into the record (method,
+    step_size: lr times the loss's weight of a token (losses.step_sizes): a float (lr / |T_B| for a token-mean
+    loss), (B,) per row or (B, T) per token (the same within a row: it is taken per row for term_scale); None when the loss's weights are unknown (terms are then null). info: fields copied into the record (method,
     source, the step's metrics, ...). Each response carries term_scale, its step size / |T|: a clipped token would
     have added -term_scale A S_c."""
     mask = response_mask.bool()
@@ -182,8 +184,9 @@ def build_record(*, step: int, prompt_ids: Tensor, prompt_mask: Tensor, response
     scale = torch.zeros(mask.shape[0], dtype=torch.float64)
     if step_size is not None:
         term, would, totals = entropy_terms(adv_t, s_c, loss_mask, step_size)
-        size = torch.as_tensor(step_size, dtype=torch.float64).cpu().expand(mask.shape[0])
-        scale = size / max(totals["tokens_in_mean"], 1)
+        size = torch.as_tensor(step_size, dtype=torch.float64).cpu()
+        size = size.amax(-1) if size.dim() == 2 else size  # per token: the same within a row at ratio 1, 0 off it
+        scale = size.expand(mask.shape[0]) / max(totals["tokens_in_mean"], 1)
     chosen = choose_groups(rewards, group_size, groups)
     rows = [g * group_size + j for g in chosen for j in range(group_size)]
     index = torch.tensor(rows, dtype=torch.long)
@@ -284,18 +287,18 @@ def write_record(run_dir: Path | str, record: dict) -> Path:
 
 def write_step(run_dir: Path | str, step: int, *, every: int, groups: int, last: int | None, rollout, tokenizer,
                stats: TokenStats, advantages: Tensor, keep: Tensor, rewards: Tensor, group_size: int, lr: float,
-               num_tokens: float, method: str, metrics: dict) -> Path | None:
-    """The trainer's call, once per step: when the step is `due`, the record of a token-mean loss (step size
-    lr / num_tokens, num_tokens = |T_B|) written to RUN_DIR/samples, with the step's METRIC_KEYS; None on the other
-    steps."""
+               step_size: float | Tensor, loss_agg: str, method: str, metrics: dict) -> Path | None:
+    """The trainer's call, once per step: when the step is `due`, the record with the loss's per-token step sizes
+    (losses.step_sizes for loss_agg; lr / |T_B| for the token-mean loss) written to RUN_DIR/samples, with the step's
+    METRIC_KEYS; None on the other steps."""
     if not due(step, every, last):
         return None
-    info = {"source": "trainer", "method": method, "lr": lr, "num_tokens": num_tokens,
+    info = {"source": "trainer", "method": method, "lr": lr, "loss_agg": loss_agg,
             "metrics": {k: _num(v) if isinstance(v, float) else v for k, v in metrics.items() if k in METRIC_KEYS}}
     record = build_record(step=step, prompt_ids=rollout.prompt_ids, prompt_mask=rollout.prompt_mask,
                           response_ids=rollout.response_ids, response_mask=rollout.response_mask,
                           finished=rollout.finished, tokenizer=tokenizer, stats=stats, advantages=advantages, keep=keep,
-                          rewards=rewards, group_size=group_size, step_size=lr / num_tokens, groups=groups, info=info)
+                          rewards=rewards, group_size=group_size, step_size=step_size, groups=groups, info=info)
     return write_record(run_dir, record)
 
 

@@ -50,7 +50,7 @@ from .control import AdaptiveEntropyBonus, EntroPIC, MuController, entropic_adju
 from .dynamics import TokenStats, batch_covariance, corollary4_entropy_change
 from .evaluate import EvalResult, evaluate_policy
 from .logging import MetricLogger
-from .losses import aggregate, kl_penalty, value_loss
+from .losses import aggregate, kl_penalty, step_sizes, value_loss
 from .masks import clipped_fractions
 from .methods import METHODS, POLICY_LOSSES
 from .data import load_math
@@ -469,7 +469,8 @@ def _train(cfg: TrainConfig, claim: Claim) -> dict:
             samples.write_step(run_dir, step + 1, every=cfg.samples_every, groups=cfg.samples_groups, last=cfg.steps,
                                rollout=rollout, tokenizer=tokenizer, stats=stats, advantages=adv, keep=keep,
                                rewards=rewards, group_size=cfg.group_size, lr=cfg.lr, method=cfg.method,
-                               num_tokens=loss_denominator(mask, loss_mask, cfg), metrics=metrics)
+                               step_size=loss_step_sizes(mask, loss_mask, cfg), loss_agg=cfg.loss_agg,
+                               metrics=metrics)
             metrics["time/samples"] = time.time() - t_samples
             metrics["seconds"] = time.time() - t0
             # phases: rollout and scoring; statistics (the held forward, or the separate pass); advantages, filter,
@@ -732,7 +733,7 @@ def update_policy(model, optimizer, rollout: Rollout, adv, old_logp, ref_logp, l
                     loss = loss + adjust
                 if loss.requires_grad or held is None or held.frozen is None:  # a micro-batch of frozen rows only
                     loss.backward()                                            # (advantage 0) has no graph
-                ratio[part] = (stats.logp.detach() - old).exp().cpu()
+                ratio[part] = loss_spec.ratio(stats.logp.detach(), old, m).cpu()
                 s_centered[part] = stats.s_centered.cpu()
                 weight = float(m.sum()) / float(n_total) / cfg.ppo_epochs
                 for k, v in pm.items():
@@ -740,9 +741,10 @@ def update_policy(model, optimizer, rollout: Rollout, adv, old_logp, ref_logp, l
                 sums["loss/policy"] = sums.get("loss/policy", 0.0) + float(loss.detach()) * weight
             # Corollary 4.1, eq. 28: this optimizer step's share of the batch, at the policy it is taken from
             share = float(mb_mask.sum()) / float(n_total)
+            step = step_sizes(mb_mask, cfg.loss_agg, lr=cfg.lr, num_tokens=float(n_tokens), num_seqs=float(n_seqs),
+                              norm=cfg.max_new_tokens)
             predicted_off += share * float(corollary4_entropy_change(adv[rows], s_centered[rows], mb_mask,
-                                                                     lr=cfg.lr, ratio=ratio[rows],
-                                                                     num_tokens=float(n_tokens)))
+                                                                     lr=cfg.lr, ratio=ratio[rows], step=step))
             params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
             norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip if cfg.grad_clip > 0 else math.inf)
             grad_norms.append(float(norm))
@@ -753,9 +755,12 @@ def update_policy(model, optimizer, rollout: Rollout, adv, old_logp, ref_logp, l
     return sums
 
 
-def loss_denominator(mask, loss_mask, cfg: TrainConfig) -> float:
-    """|T_B| of the whole batch's token-mean loss: the kept tokens, or every valid token (denominator="all")."""
-    return max(float((mask if cfg.denominator == "all" else loss_mask).sum()), 1.0)
+def loss_step_sizes(mask, loss_mask, cfg: TrainConfig) -> float | torch.Tensor:
+    """lr w_t of every kept token at ratio 1 (losses.step_sizes for cfg.loss_agg): the whole batch's token-mean
+    denominator |T_B| (the kept tokens, or every valid token with denominator="all") and sequence count."""
+    denom = mask if cfg.denominator == "all" else loss_mask
+    return step_sizes(loss_mask, cfg.loss_agg, lr=cfg.lr, num_tokens=max(float(denom.sum()), 1.0),
+                      num_seqs=max(float((denom.sum(-1) > 0).sum()), 1.0), norm=cfg.max_new_tokens)
 
 
 def step_metrics(step, rewards, correct, adv, stats: TokenStats, mask, keep, rollout: Rollout, cfg: TrainConfig,
@@ -777,9 +782,10 @@ def step_metrics(step, rewards, correct, adv, stats: TokenStats, mask, keep, rol
         "s_star_mean": masked_mean(stats.s_star, mask),  # Figure 3
         "s_centered_mean": masked_mean(stats.s_centered, mask),  # Corollary 2: about 0 on-policy
         "cov_a_sc": float(cov),  # Figure 5 plots -Cov_B(A, S_c)
-        # Corollary 4 in logit space for the token-mean loss: its step is lr / |T_B| per token (dynamics, departure 3)
+        # Corollary 4 in logit space, each token stepped by the loss's own lr w_t (losses.step_sizes; lr / |T_B| for
+        # the token-mean loss: dynamics, departure 3)
         "entropy_change/predicted": float(corollary4_entropy_change(adv, stats.s_centered, loss_mask, lr=cfg.lr,
-                                                                    num_tokens=loss_denominator(mask, loss_mask, cfg))),
+                                                                    step=loss_step_sizes(mask, loss_mask, cfg))),
         "response_length": float(mask.sum(-1).float().mean()),
         "truncation_rate": float((~rollout.finished).float().mean()),
         "frac_zero_advantage": float((adv == 0).float().mean()),  # responses (or tokens) with A = 0

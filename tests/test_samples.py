@@ -101,8 +101,14 @@ def test_per_row_step_sizes_and_would_be_terms():
     step = torch.linspace(1e-4, 5e-4, rows, dtype=torch.float64)
     rec = samples.build_record(step=1, tokenizer=ListTokenizer("abcde"), step_size=step, groups=0, **batch)
     n = rec["entropy_change"]["tokens_in_mean"]
-    assert "corollary4" not in rec["entropy_change"]  # Corollary 4's single lr does not exist here
     sc = batch["stats"].s_centered
+    # Corollary 4 with a step per row: -E_T[step A (S_c - E_T[S_c])], by a loop over the kept tokens
+    kept_mask = batch["response_mask"] & batch["keep"]
+    cells = [(i, t) for i in range(rows) for t in range(sc.shape[1]) if kept_mask[i, t]]
+    mean_s = sum(float(sc[i, t]) for i, t in cells) / len(cells)
+    cor4 = -sum(float(step[i]) * float(batch["advantages"][i]) * (float(sc[i, t]) - mean_s) for i, t in cells) / len(cells)
+    assert rec["entropy_change"]["corollary4"] == pytest.approx(cor4, rel=1e-5)
+    assert "step_size" not in rec["entropy_change"]  # no single step size
     for grp in rec["groups"]:
         for resp in grp["responses"]:
             i = resp["row"]
@@ -198,7 +204,7 @@ def test_numbers_are_rounded_and_finite():
 
 def test_write_step_writes_due_steps_with_clean_metrics(tmp_path):
     """write_step writes only due steps (step 1, every 10th, the last), with the step's METRIC_KEYS only, a NaN
-    metric as null (a JSON file cannot hold NaN, and a run must not stop on it), and lr / num_tokens as step size."""
+    metric as null (a JSON file cannot hold NaN, and a run must not stop on it), and the step size it is given."""
     from entropy_rft.rollout import Rollout
 
     b = random_batch()
@@ -207,7 +213,7 @@ def test_write_step_writes_due_steps_with_clean_metrics(tmp_path):
     metrics = {"entropy": 0.5, "entropy_change/realised": float("nan"), "loss/policy": 1.0}
     kw = dict(every=10, groups=2, last=25, rollout=rollout, tokenizer=ListTokenizer("abcde"), stats=b["stats"],
               advantages=b["advantages"], keep=b["keep"], rewards=b["rewards"], group_size=b["group_size"], lr=1e-3,
-              num_tokens=50.0, method="clip_b", metrics=metrics)
+              step_size=1e-3 / 50.0, loss_agg="token-mean", method="clip_b", metrics=metrics)
     written = [s for s in range(1, 26) if samples.write_step(tmp_path, s, **kw) is not None]
     assert written == [1, 10, 20, 25] == samples.steps_written(tmp_path)
     rec = samples.read_samples(tmp_path)[25]

@@ -38,6 +38,7 @@ from .. import samples
 from ..advantages import broadcast_advantages
 from ..config import TrainConfig
 from ..dynamics import TokenStats, batch_covariance
+from ..losses import step_sizes
 from ..methods import METHODS
 from ..rollout.hf import Rollout
 from ..trainer import batch_stats, masked_mean
@@ -150,20 +151,21 @@ class EntropyGRPOTrainer(GRPOTrainer):
         samples.write_record(run_dir, record)
 
     def _step_size(self, lr: float, kept: torch.Tensor):
-        """lr times each token's weight in TRL's loss over the generation batch (global rows): a float for dapo
-        (its token count), (B,) for grpo (each row's kept tokens) and dr_grpo; None where the weight depends on
-        how TRL splits the batch (bnpo) or the loss is not the clipped surrogate at ratio 1 (the others, and
-        sequence-level importance sampling)."""
+        """lr times each token's weight in TRL's loss over the generation batch (global rows), by the shared rule
+        (losses.step_sizes) for the aggregation each loss_type is: dapo the token mean over the kept tokens
+        of the generation batch, rescaled per optimizer step; grpo each row's token mean, then the mean over rows;
+        dr_grpo each row's sum over the constant rows x max_completion_length. At ratio 1 (the step's first
+        optimizer step) a sequence-level importance ratio (GSPO) puts the same factor 1 on every token. None where the
+        weight depends on how TRL splits the batch (bnpo) or the loss is not the clipped surrogate (the others)."""
         args, world = self.args, self.accelerator.num_processes
         rows = args.per_device_train_batch_size * args.gradient_accumulation_steps * world  # rows per optimizer step
-        if self.importance_sampling_level != "token":
-            return None
         if self.loss_type == "dapo":  # TRL's token count spans the generation batch, rescaled per optimizer step
-            return lr * args.steps_per_generation / (args.gradient_accumulation_steps * max(float(kept.sum()), 1.0))
-        if self.loss_type == "grpo":  # each row's token mean, then the mean over rows
-            return lr / (kept.sum(-1).clamp_min(1).double() * rows)
+            tokens = args.gradient_accumulation_steps * max(float(kept.sum()), 1.0) / args.steps_per_generation
+            return step_sizes(kept, "token-mean", lr=lr, num_tokens=tokens)
+        if self.loss_type == "grpo":
+            return step_sizes(kept, "seq-mean-token-mean", lr=lr, num_seqs=rows)
         if self.loss_type == "dr_grpo":
-            return lr / (rows * self.max_completion_length)
+            return step_sizes(kept, "seq-mean-token-sum-norm", lr=lr, num_seqs=rows, norm=self.max_completion_length)
         return None
 
     @torch.no_grad()
