@@ -54,6 +54,7 @@ from .losses import aggregate, kl_penalty, step_sizes, value_loss
 from .masks import clipped_fractions
 from .methods import METHODS, POLICY_LOSSES
 from .data import load_math
+from .diagnostics import masked_mean
 from .dropout import check_deterministic, disable_dropout, has_active_dropout
 from .forward import EntropyProbe, HeldForward, batch_forward, batch_stats, policy_forward, policy_stats  # noqa: F401
 from .rollout import ENGINES, Rollout
@@ -229,11 +230,6 @@ class ValueHead(torch.nn.Module):
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.proj(hidden.float()).squeeze(-1)
-
-
-def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> float:
-    m = mask.float()
-    return float((x.float() * m).sum() / m.sum().clamp_min(1.0))
 
 
 @dataclass

@@ -41,7 +41,8 @@ from ..dynamics import TokenStats, batch_covariance
 from ..losses import step_sizes
 from ..methods import METHODS
 from ..rollout.hf import Rollout
-from ..trainer import batch_stats, masked_mean
+from ..diagnostics import masked_mean
+from ..forward import batch_stats
 
 try:
     from trl import GRPOTrainer

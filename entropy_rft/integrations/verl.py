@@ -63,7 +63,7 @@ from ..config import TrainConfig
 from ..dynamics import TokenStats, batch_covariance, token_stats
 from ..losses import select_clip_cov
 from ..methods import METHODS, NO_CAP
-from ..trainer import masked_mean
+from ..diagnostics import masked_mean
 
 try:
     import transfer_queue as tq
