@@ -61,6 +61,11 @@ of its own. EntroPIC neither adds a new gradient direction nor removes tokens: i
 policy-gradient terms of confident tokens (by 1 +- alpha N / N_hi), so it can move entropy both ways; but a token
 with p > tau moves its logits little (d log p / dz = e_k - p, of norm about 1 - p), so its lever is short.
 Use the controller to stop collapse; use the bonus or EntroPIC when entropy must rise.
+
+The trainer sees each through one interface, `EntropyControl` (chosen by name from CONTROLS: entropy_control, or
+"none" without an entropy target): it may choose the step's keep mask (mu), set the knobs of the objective's terms
+(the bonus's coefficient, EntroPIC's alpha and T_hi), learn from the step's metrics, and carry a state that a
+checkpoint saves.
 """
 
 from __future__ import annotations
@@ -72,6 +77,7 @@ import torch
 
 from .advantages import broadcast_advantages
 from .losses import aggregate
+from .registry import Registry
 
 
 def unit_entropy_change(advantages: torch.Tensor, s_centered: torch.Tensor, loss_mask: torch.Tensor,
@@ -209,3 +215,122 @@ def entropic_adjustment(logp: torch.Tensor, old_logp: torch.Tensor, advantages: 
     ratio = (logp - old_logp).exp()
     term = aggregate(-ratio * adv.abs(), high, agg, num_tokens=num_tokens, num_seqs=num_seqs, norm=norm)
     return alpha * term, {"entropic_term": term.detach()}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# One interface for the trainer
+
+
+@dataclass
+class Knobs:
+    """What a control sets for one step's objective: the entropy bonus's coefficient, EntroPIC's alpha and its
+    high-probability tokens T_hi (B, R) (None: no EntroPIC term this run)."""
+
+    entropy_coef: float = 0.0
+    alpha: float = 0.0
+    high: torch.Tensor | None = None
+
+
+class EntropyControl:
+    """No entropy target: the method's own filter and the fixed entropy_coef. Subclasses override what they steer."""
+
+    probes_every_step = False  # needs the first-order entropy change of every step (EntropyProbe)
+    adds_entropy_bonus = False  # the objective has an entropy-bonus term whatever entropy_coef is
+    adds_entropic_term = False  # the objective has EntroPIC's term
+
+    def __init__(self, cfg):
+        self.cfg = cfg
+
+    def choose_tokens(self, method, stats, advantages, mask, entropy_now: float) -> tuple[torch.Tensor, dict]:
+        """(keep (B, R) bool, filter metrics): the method's filter over the whole batch."""
+        return method.apply(stats, advantages, mask, **self.cfg.method_overrides())
+
+    def knobs(self, entropy_now: float, old_logp: torch.Tensor, loss_mask: torch.Tensor) -> Knobs:
+        return Knobs(entropy_coef=self.cfg.entropy_coef)
+
+    def metrics(self, knobs: Knobs, mask: torch.Tensor) -> dict:
+        return {"entropy_coef": knobs.entropy_coef}
+
+    def observe(self, metrics: dict) -> None:
+        """Learn from the step's logged metrics (after the update)."""
+
+    def state(self) -> dict | None:
+        return None
+
+    def load_state(self, state: dict) -> None:
+        pass
+
+
+class MuControl(EntropyControl):
+    probes_every_step = True
+
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        self.controller = MuController(cfg.entropy_target, denominator=cfg.denominator)
+
+    def choose_tokens(self, method, stats, advantages, mask, entropy_now):
+        mu, keep, metrics = self.controller.choose(method, stats, advantages, mask, entropy_now,
+                                                   self.cfg.method_overrides())
+        return keep, {**metrics, "mu": mu if math.isfinite(mu) else None, "kappa": self.controller.kappa}
+
+    def observe(self, metrics):
+        if "entropy_change/first_order" in metrics:  # kappa is fitted on the update's own first-order effect
+            self.controller.observe(metrics["entropy_change/first_order"])
+
+    def state(self):
+        return self.controller.state()
+
+    def load_state(self, state):
+        self.controller.load_state(state)
+
+
+class BonusControl(EntropyControl):
+    adds_entropy_bonus = True
+
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        self.bonus = AdaptiveEntropyBonus(cfg.entropy_target, cfg.bonus_delta, cfg.entropy_coef, cfg.bonus_max)
+
+    def knobs(self, entropy_now, old_logp, loss_mask):
+        return Knobs(entropy_coef=self.bonus.update(entropy_now))
+
+    def state(self):
+        return self.bonus.state()
+
+    def load_state(self, state):
+        self.bonus.load_state(state)
+
+
+class PIControl(EntropyControl):
+    adds_entropic_term = True
+
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        self.pi = EntroPIC(cfg.entropy_target, cfg.pi_kp, cfg.pi_ki, cfg.pi_alpha_max)
+
+    def knobs(self, entropy_now, old_logp, loss_mask):
+        high = high_probability_tokens(old_logp, loss_mask, threshold=self.cfg.pi_threshold)
+        return Knobs(entropy_coef=self.cfg.entropy_coef, alpha=self.pi.update(entropy_now), high=high)
+
+    def metrics(self, knobs, mask):
+        return {"entropy_coef": knobs.entropy_coef, "entropic/alpha": knobs.alpha, "entropic/integral": self.pi.integral,
+                "entropic/high_prob_frac": float(knobs.high.sum()) / max(float(mask.sum()), 1)}
+
+    def state(self):
+        return self.pi.state()
+
+    def load_state(self, state):
+        self.pi.load_state(state)
+
+
+CONTROLS: Registry[type[EntropyControl]] = Registry("entropy control")
+CONTROLS.register("none", EntropyControl)
+CONTROLS.register("mu", MuControl)
+CONTROLS.register("bonus", BonusControl)
+CONTROLS.register("pi", PIControl)
+LEGACY_STATE_KEYS = {"mu": "controller", "bonus": "bonus", "pi": "pi"}  # checkpoints written before CONTROLS
+
+
+def make_control(cfg) -> EntropyControl:
+    """The run's control: cfg.entropy_control with an entropy target, else none."""
+    return CONTROLS.get("none" if cfg.entropy_target is None else cfg.entropy_control)(cfg)

@@ -132,3 +132,9 @@ def results_markdown(results: dict[str, dict], *, title: str = "Evaluation") -> 
     detail += [f"| {n} | {r['n_problems']} | {r['n']} | {r['mean_reward']:.3f} | {r['response_length']:.1f} | "
                f"{r['truncation_rate']:.3f} |" for n, r in results.items()]
     return "\n".join([f"# {title}", "", head, rule, row, *detail, ""])
+
+
+def run_eval(engine, task, problems, cfg, seed: int) -> EvalResult:
+    """evaluate_policy with a run's settings (eval_k, eval_temperature, top_p, max_new_tokens)."""
+    return evaluate_policy(engine, task, problems, k=cfg.eval_k, temperature=cfg.eval_temperature, top_p=cfg.top_p,
+                           max_new_tokens=cfg.max_new_tokens, seed=seed)

@@ -1,8 +1,9 @@
 """The trainer's guarantees, measured in a recipe's own shape: a random-init model of the recipe's architecture
 with small widths, and the recipe's real settings otherwise (precision, gradient checkpointing, LoRA, micro-batch
 size, loss aggregation, method, policy loss, advantage estimator, mini-batches and epochs). One step runs through
-the trainer's own functions (behaviour_statistics, compute_advantages, choose_tokens, update_policy), and
-`recipe_step` returns what they computed, so the guarantees can be checked:
+the trainer's own step (step.Step: statistics, decide, update, the same calls trainer.py makes, with the recipe's
+reward shaping, frozen zero-advantage rows, reference KL and entropy control), and `recipe_step` returns what it
+computed, so the guarantees can be checked:
 
 1. strict on-policy: the update's forward gives the statistics pass's log p bit for bit (forward.py: one
    construction), and the loss sees ratio exactly 1 (ppo_kl 0, no PPO or GSPO clipping);
@@ -21,7 +22,8 @@ What the scaled-down step stands in for, numbered:
    (right-padded); rewards drawn from the paper's 1 / 0 / -0.1 / -1 with one group all equal (advantage 0). The
    rollout engine's batching and the task's reward are not exercised.
 2. The optimizer (`RecordingOptimizer`) records each step's gradient and does not step, so every micro-batch size
-   sees the same weights and the gradients can be compared element by element. No reference model (KL) is loaded.
+   sees the same weights and the gradients can be compared element by element. A reference model (KL) is whatever
+   the caller passes (another scaled model), none by default.
 3. Widths: hidden 64, 2 layers, 4 heads of 16 (grouped-query as the real model when it is), vocabulary 2304 (two of
    the CPU statistics' 2048-wide vocabulary tiles); initialiser range 0.2 and the LM head scaled by 2.5, so the
    policy is peaked like a trained one (mean entropy about 3 nats of the 7.7 possible) while its trunk stays well
@@ -37,16 +39,14 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .advantages import ADVANTAGES, TokenLevel
 from .config import TrainConfig
 from .dropout import check_deterministic, disable_dropout
 from .dynamics import TokenStats, token_stats
-from .methods import METHODS, POLICY_LOSSES
+from .policy import ValueHead, prepare_policy
 from .rollout import Rollout
 from .rollout.hf import sequence_forward
 from .rollout.sampling import sample
-from .trainer import (ValueHead, behaviour_statistics, choose_tokens, compute_advantages, masked_mean,
-                      prepare_policy, reuses_forward, update_policy)
+from .step import Decision, Scored, Step
 
 SMALL = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "head_dim": 16,
          "vocab_size": 2304, "max_position_embeddings": 512}
@@ -140,39 +140,36 @@ class RecordingOptimizer:
 @dataclass
 class StepRecord:
     stats: TokenStats  # the behaviour policy's statistics over the batch, (B, R) each
-    adv: Tensor  # (B,) or (B, R)
-    returns: Tensor | None  # (B, R) for GAE
-    old_values: Tensor | None
-    keep: Tensor  # (B, R) bool: the filter's decision over the whole batch
+    decision: Decision  # the step's choices over the whole batch: advantages, keep mask, old log p, ...
     grads: list[list[Tensor]]  # per optimizer step, per trainable parameter (float64 copies)
-    metrics: dict  # update_policy's
+    metrics: dict  # the update's
     update_logp: Tensor  # (B, R) the update's forward log p at its first optimizer step (nan where not computed)
     update_old: Tensor  # (B, R) the old log p its loss used there
+    frozen: Tensor | None  # (B,) rows whose forward ran without a graph
+
+    adv = property(lambda self: self.decision.adv)  # (B,) or (B, R)
+    returns = property(lambda self: self.decision.returns)  # (B, R) for GAE
+    old_values = property(lambda self: self.decision.old_values)
+    keep = property(lambda self: self.decision.keep)  # (B, R) bool: the filter's decision over the whole batch
 
 
 def recipe_step(cfg: TrainConfig, model, rollout: Rollout, rewards: Tensor, group_ids: Tensor, *,
-                value_head: ValueHead | None = None, given: StepRecord | None = None, seed: int = 0) -> StepRecord:
-    """One trainer step's statistics, advantages, filter and update (with a RecordingOptimizer). With `given`, its
-    advantages, keep mask and old log p / values are used instead of this step's own, so runs that differ only in
-    micro-batch size feed their updates identical inputs."""
+                value_head: ValueHead | None = None, ref_model=None, given: StepRecord | None = None,
+                seed: int = 0, step: int = 0) -> StepRecord:
+    """One trainer step (step.Step, as trainer.py runs it) with a RecordingOptimizer: its statistics, its decision
+    (or, with `given`, that record's decision: advantages, keep mask, old log p / values, so runs that differ only
+    in micro-batch size feed their updates identical inputs) and its update."""
     mask = rollout.response_mask
-    estimator = ADVANTAGES.get(cfg.advantage)
-    if isinstance(estimator, TokenLevel) and value_head is None:
-        raise ValueError(f"advantage {cfg.advantage!r} needs a value head: pass value_head=ValueHead(hidden_size)")
-    stats, old_values, held = behaviour_statistics(model, rollout, cfg, value_head, reuse=reuses_forward(cfg, model))
-    if given is None:
-        adv, returns = compute_advantages(cfg, estimator, rewards, group_ids, mask, stats.logp, old_values)
-        keep, _ = choose_tokens(METHODS.get(cfg.method), None, stats, adv, mask, masked_mean(stats.entropy, mask), cfg)
-        old_logp = stats.logp
-    else:
-        adv, returns, keep, old_logp, old_values = given.adv, given.returns, given.keep, given.stats.logp, given.old_values
-    spec = POLICY_LOSSES.get(cfg.policy_loss)
-    gen = torch.Generator().manual_seed(seed)
-    selected = spec.select(adv, old_logp, mask & keep, cfg, gen) if spec.select else None
     groups = [{"params": [p for p in model.parameters() if p.requires_grad]}]
     if value_head is not None:
         groups.append({"params": list(value_head.parameters())})
     optimizer = RecordingOptimizer(groups)
+    runner = Step(cfg, model, optimizer, value_head=value_head, ref_model=ref_model,
+                  update_gen=torch.Generator().manual_seed(seed))
+    n_groups = int(group_ids.max()) + 1
+    batch = Scored([None] * n_groups, rollout, rewards, rewards > 0)
+    behaviour = runner.statistics(batch, step)
+    decision = runner.decide(batch, behaviour) if given is None else given.decision
     update_logp = torch.full(mask.shape, math.nan)
     update_old = torch.full(mask.shape, math.nan)
 
@@ -181,10 +178,8 @@ def recipe_step(cfg: TrainConfig, model, rollout: Rollout, rewards: Tensor, grou
             update_logp[rows] = st.logp.detach().float().cpu()
             update_old[rows] = old.detach().float().cpu()
 
-    metrics = update_policy(model, optimizer, rollout, adv, old_logp, None, mask & keep, cfg,
-                            torch.Generator().manual_seed(seed + 1), entropy_coef=cfg.entropy_coef, selected=selected,
-                            critic=(value_head, old_values, returns), held=held, observe=observe)
-    return StepRecord(stats, adv, returns, old_values, keep, optimizer.grads, metrics, update_logp, update_old)
+    metrics = runner.update(rollout, decision, held=behaviour.held, observe=observe)
+    return StepRecord(behaviour.stats, decision, optimizer.grads, metrics, update_logp, update_old, behaviour.frozen)
 
 
 @torch.no_grad()

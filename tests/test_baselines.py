@@ -96,7 +96,8 @@ def test_dynamic_sampling_keeps_only_mixed_groups(tmp_path):
     model, tok = load_policy("countdown-tiny", torch.device("cpu"))
     task = CountdownTask()
     sampler = ProblemSampler(load_problems(default_data(cfg, "train"), task), seed=0)
-    problems, rollout, rewards, correct, info = sample_batch(HFEngine(model, tok), task, sampler, cfg, step=0)
+    scored = sample_batch(HFEngine(model, tok), task, sampler, cfg, step=0)
+    problems, rollout, rewards, correct, info = scored.problems, scored.rollout, scored.rewards, scored.correct, scored.info
     assert len(rollout.texts) == 4 * len(problems) == 4 * info["sampling/groups"]
     per_group = correct.view(-1, 4).sum(-1)
     assert ((per_group > 0) & (per_group < 4)).all()

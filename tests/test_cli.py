@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 import entropy_rft.config as config
 import entropy_rft.demo as demo
 import entropy_rft.pipeline as pipeline
+import entropy_rft.policy as policy
 import entropy_rft.trainer as trainer
 from entropy_rft.cli import build_parser, main
 
@@ -36,7 +37,8 @@ def _model_work(*args, **kwargs):
 def no_model_work(monkeypatch):
     """Any case that gets as far as loading a model or training fails; torch looks like a CPU-only build and vLLM
     like a package that is not installed, whatever this machine has."""
-    for module, name in ((trainer, "load_policy"), (trainer, "_train"), (pipeline, "build_engine")):
+    for module, name in ((trainer, "load_policy"), (policy, "load_policy"), (trainer, "_Run"),
+                         (pipeline, "build_engine")):
         monkeypatch.setattr(module, name, _model_work)
     monkeypatch.setattr(torch.version, "cuda", None)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)

@@ -77,17 +77,17 @@ def test_unknown_randomness_is_refused_naming_the_module():
 
 def test_trainer_refuses_a_random_model(tmp_path, monkeypatch):
     """The trainer runs the check at set-up, before any step: a policy with leftover randomness fails there."""
-    from entropy_rft import trainer
+    from entropy_rft import policy, trainer
     from entropy_rft.config import load_config
 
-    real = trainer.prepare_policy
+    real = policy.prepare_policy
 
     def noisy(model, cfg):
         model = real(model, cfg)
         model.model.layers[0].mlp.act_fn = Noisy()
         return model
 
-    monkeypatch.setattr(trainer, "prepare_policy", noisy)
+    monkeypatch.setattr(policy, "prepare_policy", noisy)  # the set-up's (policy.set_up_policy)
     cfg = load_config(None, steps=1, prompts_per_step=2, group_size=2, eval_problems=1, eval_k=1, progress=False,
                       out=str(tmp_path / "run"))
     with pytest.raises(RuntimeError, match=r"model\.layers\.0\.mlp\.act_fn"):

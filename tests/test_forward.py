@@ -383,25 +383,28 @@ def test_zero_advantage_rows_skip_the_backward_not_the_update(policy, micro):
 
 
 def test_zero_advantage_skip_only_where_the_gradient_is_exactly_zero():
-    """skips_zero_advantage: off under a KL to the reference, an entropy bonus, a value head (PPO), KL-Cov (its
-    |log r| term), advantages that read old log p, a probe step, or when switched off; zero_advantage_rows: None
-    when no row, too few rows (their own passes would cost more than they save) or every row is 0 (then Adam still
-    steps on zero gradients, as without the skip)."""
+    """StepRules.may_freeze: off under a KL to the reference, an entropy bonus (fixed or adaptive), a value head
+    (PPO), KL-Cov (its |log r| term), advantages that read old log p, or when switched off; on with EntroPIC (its
+    -r|A| term vanishes at A = 0); never on a probe step; zero_advantage_rows: None when no row, too few rows (their
+    own passes would cost more than they save) or every row is 0 (then Adam still steps on zero gradients, as
+    without the skip)."""
     from entropy_rft.advantages import ADVANTAGES
-    from entropy_rft.trainer import skips_zero_advantage, zero_advantage_rows
+    from entropy_rft.trainer import StepRules, zero_advantage_rows
+
+    def freezes(**kw) -> bool:
+        return StepRules.of(load_config(None, prompts_per_step=2, group_size=2, **kw)).may_freeze
 
     grpo = ADVANTAGES.get("grpo")
-    base = dict(prompts_per_step=2, group_size=2)
-    assert skips_zero_advantage(load_config(None, **base), grpo, None, None, False)
-    assert not skips_zero_advantage(load_config(None, **base), grpo, None, None, True)
-    assert not skips_zero_advantage(load_config(None, **base), grpo, None, object(), False)
-    assert not skips_zero_advantage(load_config(None, **base, skip_zero_advantage=False), grpo, None, None, False)
-    assert not skips_zero_advantage(load_config(None, **base, entropy_coef=1e-3), grpo, None, None, False)
-    assert not skips_zero_advantage(load_config(None, **base, policy_loss="kl_cov"), grpo, None, None, False)
-    assert skips_zero_advantage(load_config(None, **base, policy_loss="clip_cov"), grpo, None, None, False)
-    assert not skips_zero_advantage(load_config(None, **base, rank_penalty_beta=0.1), grpo, None, None, False)
-    assert not skips_zero_advantage(load_config(None, **base, advantage="gae"), ADVANTAGES.get("gae"), None, None,
-                                    False)
+    assert freezes() and freezes(policy_loss="clip_cov") and freezes(entropy_target=0.5, entropy_control="pi")
+    assert not freezes(kl_coef=0.01)
+    assert not freezes(skip_zero_advantage=False)
+    assert not freezes(entropy_coef=1e-3)
+    assert not freezes(entropy_target=0.5, entropy_control="bonus")
+    assert not freezes(policy_loss="kl_cov")
+    assert not freezes(rank_penalty_beta=0.1)
+    assert not freezes(advantage="gae")
+    rules = StepRules.of(load_config(None, prompts_per_step=2, group_size=2, probe_every=10))
+    assert [s + 1 for s in range(30) if rules.probing(s)] == [10, 20, 30]
     groups = torch.tensor([0, 0, 1, 1])
     assert zero_advantage_rows(grpo, torch.tensor([1.0, 0.0, 1.0, 1.0]), groups).tolist() == [False, False, True,
                                                                                                True]

@@ -199,17 +199,18 @@ def test_invariants_over_batch_shapes(per_mini_batch, group, response, micro, se
 
 
 def test_a_per_micro_batch_filter_is_caught(monkeypatch):
-    """Mutation check: a trainer that filtered each micro-batch on its own (verl #7829's KL-Cov selection) fails
-    the whole-batch keep-mask check of test_invariants_over_batch_shapes on some of a few batch shapes."""
-    import entropy_rft.invariants as inv
+    """Mutation check: a trainer whose step filtered each micro-batch on its own (verl #7829's KL-Cov selection)
+    fails the whole-batch keep-mask check of test_invariants_over_batch_shapes on some of a few batch shapes. The
+    mutation is made in the real step (the control's choose_tokens, which step.Step.decide calls)."""
+    from entropy_rft.control import EntropyControl
 
-    def per_micro_batch(method, controller, stats, adv, mask, entropy_now, cfg):
-        rows = torch.arange(mask.shape[0]).split(cfg.micro_batch_size or mask.shape[0])
-        parts = [method.apply(stats.map(lambda x, r=r: x[r]), adv[r], mask[r], **cfg.method_overrides())
+    def per_micro_batch(self, method, stats, adv, mask, entropy_now):
+        rows = torch.arange(mask.shape[0]).split(self.cfg.micro_batch_size or mask.shape[0])
+        parts = [method.apply(stats.map(lambda x, r=r: x[r]), adv[r], mask[r], **self.cfg.method_overrides())
                  for r in rows]
         return torch.cat([k for k, _ in parts]), {}
 
-    monkeypatch.setattr(inv, "choose_tokens", per_micro_batch)
+    monkeypatch.setattr(EntropyControl, "choose_tokens", per_micro_batch)
     caught = 0
     for seed in range(3):
         cfg = load_config(None, method="clip_b", mu=0.5, prompts_per_step=2, group_size=4, max_new_tokens=6,

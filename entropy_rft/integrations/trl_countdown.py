@@ -29,7 +29,8 @@ import torch
 from ..config import load_config
 from ..demo import load_demo_config, run_config
 from ..tasks import TASKS
-from ..trainer import BUILTIN_MODELS, default_data, load_problems
+from ..policy import BUILTIN_MODELS
+from ..problems import default_data, load_problems
 
 
 def countdown_dataset(split: str = "train"):
