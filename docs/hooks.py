@@ -143,7 +143,41 @@ def config_markdown() -> str:
     return "\n".join(lines)
 
 
-GENERATORS = {"cli": cli_markdown, "config": config_markdown}
+# ---------------------------------------------------------------------------------------------------------------
+# The numbered departures of every module
+
+
+def departures() -> list[tuple[str, str]]:
+    """(module path, its docstring's departures block) for every module of the package that has one, read from the
+    source files (nothing imported), so a new module's departures appear without an edit here. The block is the
+    docstring's first line starting with "Departures" and what follows it up to the next paragraph that is not a
+    numbered item or its continuation."""
+    import ast
+
+    out = []
+    for path in sorted((ROOT / "entropy_rft").rglob("*.py")):
+        doc = ast.get_docstring(ast.parse(path.read_text()), clean=True) or ""
+        lines = doc.splitlines()
+        start = next((i for i, line in enumerate(lines) if line.startswith("Departures")), None)
+        if start is None:
+            continue
+        block = [lines[start]]
+        for line in lines[start + 1:]:
+            if block[-1] == "" and line and not re.match(r"^(\d+\.|\s)", line):
+                break
+            block.append(line)
+        out.append((path.relative_to(ROOT).as_posix(), "\n".join(block).strip()))
+    return out
+
+
+def departures_markdown() -> str:
+    lines = []
+    for path, block in departures():
+        lines += [f"### `{path}`", "", "```text", block, "```", ""]
+    return "\n".join(lines)
+
+
+GENERATORS = {"cli": cli_markdown, "config": config_markdown, "departures": departures_markdown}
 MARKER = re.compile(r"<!-- generated: (\w+) -->")
 
 
