@@ -259,3 +259,12 @@ def test_the_readme_is_a_landing_page():
     assert len(text.splitlines()) <= 150
     assert "](docs/inspect.png)" in text and (ROOT / "docs/inspect.png").exists()
 
+
+
+def test_the_changelog_starts_with_this_release():
+    """Property: CHANGELOG.md's first release heading is the version pyproject.toml builds."""
+    import tomllib
+
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    releases = re.findall(r"^## \[([^\]]+)\]", (ROOT / "CHANGELOG.md").read_text(), flags=re.M)
+    assert releases and releases[0] == version, (releases[:1], version)
