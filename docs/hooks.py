@@ -17,9 +17,13 @@ import argparse
 import dataclasses
 import inspect
 import re
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+# the pages describe this checkout's code, whichever entropy_rft the environment has installed
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
 
 # site path -> repository path of the files published from outside docs/
 PUBLISHED = {"evidence/study.md": "benchmarks/study/study.md", "evidence/gpu.md": "benchmarks/gpu.md"}
