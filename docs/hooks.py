@@ -88,6 +88,10 @@ def cli_markdown() -> str:
 
     parser = build_parser()
     lines = [f"`{parser.prog}` — {parser.description}.", ""]
+    top = [a for a in parser._actions if a.option_strings and not isinstance(a, argparse._HelpAction)]
+    if top:  # options of entropy-rft itself, before the subcommand
+        lines += ["| option | default | what it does |", "|---|---|---|"]
+        lines += [f"| {_usage(a)} | {_default(a)} | {_cell(a.help or '')} |" for a in top] + [""]
     for name, sub in subcommands(parser).items():
         lines += [f"## `{parser.prog} {name}`", "", (sub.description or "").rstrip(".") + ".", ""]
         lines += ["| option | default | what it does |", "|---|---|---|"]

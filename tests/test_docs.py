@@ -215,8 +215,12 @@ def test_the_cli_reference_lists_every_subcommand_and_option():
 
     h = hooks()
     page = h.cli_markdown()
-    subs = h.subcommands(build_parser())
+    parser = build_parser()
+    subs = h.subcommands(parser)
     assert len(subs) >= 11
+    for action in parser._actions:  # entropy-rft's own options (before the subcommand), listed above the sections
+        if action.option_strings and not isinstance(action, argparse._HelpAction):
+            assert f"`{action.option_strings[0]}" in page.split("\n## ", 1)[0], action.option_strings
     for name, sub in subs.items():
         section = page.split(f"## `entropy-rft {name}`", 1)[1].split("\n## ", 1)[0]
         for action in sub._actions:
