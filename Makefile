@@ -1,4 +1,5 @@
-# Two commands a newcomer needs: `make demo` and `make test`. Both create .venv on first use.
+# Two commands a newcomer needs: `make demo` and `make test`. Both create .venv on first use; `make docs` builds the
+# documentation site into site/.
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
@@ -8,7 +9,7 @@ PY     := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 OUT ?= runs/demo
 
-.PHONY: demo test chromium test-vllm test-verl test-trinity install clean
+.PHONY: demo test docs chromium test-vllm test-verl test-trinity install clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv --system-site-packages $(VENV)
@@ -24,6 +25,12 @@ demo: $(VENV)/.installed
 
 test: $(VENV)/.installed
 	$(PY) -m pytest -q
+
+# The documentation site (mkdocs.yml; open site/index.html). --strict: a broken link or anchor, a missing API
+# reference or a page outside the nav fails the build. The reference pages are generated from the code
+# (docs/hooks.py); NO_MKDOCS_2_WARNING silences Material's banner about MkDocs 2.0, which is not a build warning.
+docs: $(VENV)/.installed
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
 
 # Debian's Chromium, for the inspector page's browser test (tests/test_inspect.py drives it headless over the
 # DevTools pipe; without it that test is skipped). apt-get needs root; CI runs this before `make test`.
@@ -75,4 +82,4 @@ test-trinity: $(TRINITY_VENV)/.installed
 	$(TRINITY_VENV)/bin/python -m pytest -q tests/test_trinity.py
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) $(VERL_VENV) $(TRINITY_VENV) runs .pytest_cache
+	rm -rf $(VENV) $(VLLM_VENV) $(VERL_VENV) $(TRINITY_VENV) runs site .pytest_cache

@@ -1,4 +1,5 @@
-"""What the demo's token samples show on countdown: the figures of the README's paragraph on the token view.
+"""What the demo's token samples show on countdown: the figures of the token-view paragraph in
+docs/getting-started.md ("The demo").
 
 Reads DEMO_DIR/runs/{grpo,clip_b,clip_v}/samples (written by `entropy-rft demo`) and prints:
 1. step 1, where the three methods share the policy and the rollouts: per method the tokens in the loss, eq. 23's

@@ -5,7 +5,7 @@ writing samples at every step (samples_every 1, the demo's samples_groups) and o
 Both runs do the same training (the samples only read the step's tensors). Printed: the median step time of each
 (the trainer's `seconds`, step 1 left out as warm-up), the paired difference, the median time of the write itself
 (`time/samples`, measured around the call inside the step), its size on disk, and the share of step time it takes at
-samples_every 1, 5, 10 and 20 (the default, TrainConfig's samples_every, is 10: see the README).
+samples_every 1, 5, 10 and 20 (the default, TrainConfig's samples_every, is 10: see docs/howto/inspect.md).
 
     python benchmarks/samples_overhead.py [--rounds 3] [--steps 20] [--method clip_b]
 """

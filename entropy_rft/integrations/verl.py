@@ -5,7 +5,7 @@ workers and vLLM/SGLang rollouts, with their statistics taken over the whole tra
     VERL_ENGINE_VENDOR=entropy_rft python -m verl.trainer.main_ppo ... \\
         trainer.v1.trainer_mode=entropy_rft +entropy_rft.method=clip_b +entropy_rft.options.mu=2.5
 
-How it plugs in (README, "Scaling out"; examples/verl/ has complete configs):
+How it plugs in (docs/howto/verl.md; examples/verl/ has complete configs):
 - `import verl` loads this module in every process through the `verl.plugins` entry point of this package (a
   failing import is logged at DEBUG only; `VERL_USE_EXTERNAL_MODULES=entropy_rft.integrations.verl` raises).
 - EntropyRFTTrainer, V1 trainer "entropy_rft", is verl's sync trainer whose advantage step, after verl's own,
@@ -27,7 +27,7 @@ Departures and limits, numbered:
 3. Clip-Cov selects over the whole batch on the driver with the old log-probs and zeroes the selected tokens'
    advantages (they stay in the denominator); verl's clip_cov loss selects per micro-batch with the current
    log-probs. KL-Cov needs the current log-prob in the loss, so it stays verl's per-micro-batch
-   `actor.policy_loss.loss_mode=kl_cov` (verl issue #7829; README).
+   `actor.policy_loss.loss_mode=kl_cov` (verl issue #7829; docs/howto/verl.md).
 4. The trainer keeps verl's "sync" behaviour (its trainer_mode reads "sync"); the async V1 trainers are not wrapped.
 5. The filter applies to the actor's loss only: PPO's critic (GAE, Table 4) learns on every valid response token,
    as the built-in trainer's, and verl's metrics read verl's own masks.
@@ -109,7 +109,7 @@ class Settings:
             filters = ", ".join(n for n in METHODS.names() if METHODS.get(n).filter)
             raise ValueError(f"entropy_rft.method={self.method!r} is not a token filter, so it has no driver step in "
                              f"verl; use one of {filters} or {CLIP_COV} (other rows of METHODS are verl settings: "
-                             f"README, 'Scaling out')")
+                             f"docs/howto/verl.md)")
         accepted = set(CLIP_COV_DEFAULTS) if spec.filter is None else set(
             list(inspect.signature(spec.filter).parameters)[3:])  # after (score, advantages, mask)
         if set(self.options) - accepted:

@@ -1,0 +1,281 @@
+"""The documentation: every fenced code block of docs/**/*.md and README.md runs or is validated, and the generated
+reference pages list every command-line option and every TrainConfig field (rules: docs/contributing.md).
+
+- An unmarked block runs on the CPU with the shipped policy, the blocks of one page in order in one fresh directory:
+  bash line by line (`entropy-rft ...` through cli.main in this process, any other line through bash), python
+  executed, yaml built into a TrainConfig (a flat recipe).
+- A block whose title starts with "needs" or "long" (```bash title="needs a GPU"```) is validated only: bash -n, each
+  `entropy-rft ...` line parsed by the real parser, compile() for python, a YAML load for yaml.
+- A `text` block is not code and is not checked. Any other unmarked language fails: it can be neither run nor
+  validated here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import importlib.util
+import re
+import shlex
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+PAGES = sorted((ROOT / "docs").rglob("*.md")) + [ROOT / "README.md"]
+# what a page's directory sees of the repository: the recipes and examples that blocks name by relative path
+LINKED = ("entropy_rft", "examples", "benchmarks")
+SHELL = {"bash", "sh", "shell"}
+FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})([^`]*)$")
+
+
+@dataclasses.dataclass
+class Block:
+    page: str
+    line: int  # 1-based line of the opening fence
+    lang: str
+    title: str
+    text: str
+
+    @property
+    def where(self) -> str:
+        return f"{self.page}:{self.line}"
+
+    @property
+    def marked(self) -> bool:
+        return self.title.startswith(("needs", "long"))
+
+
+def blocks(markdown: str, page: str) -> list[Block]:
+    """The fenced code blocks of a Markdown text, with their language and title (CommonMark's fence rules: a
+    closing fence is the same character, at least as long, with nothing after it)."""
+    out, lines, i = [], markdown.splitlines(), 0
+    while i < len(lines):
+        opening = FENCE.match(lines[i])
+        if not opening:
+            i += 1
+            continue
+        fence, info = opening.group(1), opening.group(2).strip()
+        title = re.search(r'title="([^"]*)"', info)
+        body, j = [], i + 1
+        while j < len(lines) and not re.match(rf"^ {{0,3}}{fence[0]}{{{len(fence)},}}\s*$", lines[j]):
+            body.append(lines[j])
+            j += 1
+        out.append(Block(page, i + 1, info.split()[0] if info else "", title.group(1) if title else "",
+                         "\n".join(body)))
+        i = j + 1
+    return out
+
+
+def commands(script: str) -> list[str]:
+    """The logical lines of a shell block: backslash continuations joined, blank and comment-only lines dropped."""
+    out = []
+    for line in script.replace("\\\n", " ").splitlines():
+        if shlex.split(line, comments=True):
+            out.append(line)
+    return out
+
+
+def parse_cli(argv: list[str], where: str) -> None:
+    """Parse `entropy-rft ARGS` with the real parser; fail naming the block when argparse refuses it."""
+    from entropy_rft.cli import build_parser
+
+    try:
+        build_parser().parse_args(argv)
+    except SystemExit as stop:
+        if stop.code not in (0, None):
+            pytest.fail(f"{where}: `entropy-rft {shlex.join(argv)}` is refused by the parser (exit {stop.code})")
+
+
+def validate(block: Block) -> None:
+    """The checks of a block that does not run here."""
+    if block.lang in SHELL:
+        check = subprocess.run(["bash", "-n"], input=block.text, text=True, capture_output=True)
+        assert check.returncode == 0, f"{block.where}: bash -n: {check.stderr.strip()}"
+        for line in commands(block.text):
+            argv = shlex.split(line, comments=True)
+            if argv[0] == "entropy-rft":
+                parse_cli(argv[1:], block.where)
+    elif block.lang == "python":
+        compile(block.text, block.where, "exec")
+    elif block.lang == "yaml":
+        yaml.safe_load(block.text)
+    else:
+        pytest.fail(f"{block.where}: a {block.lang or 'plain'!r} block can be neither run nor validated; use bash, "
+                    "python or yaml, or text for what is not code")
+
+
+def run(block: Block) -> None:
+    """Run an unmarked block in the current directory (the page's)."""
+    if block.lang in SHELL:
+        validate(block)  # a syntax error fails before anything runs
+        from entropy_rft.cli import main
+
+        for line in commands(block.text):
+            argv = shlex.split(line, comments=True)
+            if argv[0] == "entropy-rft":
+                try:
+                    main(argv[1:])
+                except SystemExit as stop:
+                    if stop.code not in (0, None):
+                        pytest.fail(f"{block.where}: `{line.strip()}` exited with {stop.code}")
+            else:
+                done = subprocess.run(["bash", "-c", line], capture_output=True, text=True)
+                assert done.returncode == 0, f"{block.where}: `{line.strip()}` exited {done.returncode}: {done.stderr}"
+    elif block.lang == "python":
+        exec(compile(block.text, block.where, "exec"), {"__name__": "__docs__"})
+    elif block.lang == "yaml":
+        from entropy_rft.config import TrainConfig
+
+        recipe = yaml.safe_load(block.text)
+        assert isinstance(recipe, dict), f"{block.where}: an unmarked yaml block must be a flat recipe"
+        TrainConfig(**recipe)
+    else:
+        validate(block)  # fails with the reason
+
+
+def check_page(markdown: str, page: str, directory: Path) -> None:
+    """Every block of one page, in order, in `directory` (the repository's recipes and examples linked into it)."""
+    import torch
+
+    for name in LINKED:
+        if not (directory / name).exists():
+            (directory / name).symlink_to(ROOT / name)
+    threads = torch.get_num_threads()
+    # The blocks' model is the 0.8M-parameter shipped policy: one thread does its tiny matmuls as fast, and on a
+    # shared, busy machine it avoids OpenMP threads waiting on each other (measured: 5 ms per linear call, 9x slower)
+    torch.set_num_threads(1)
+    with contextlib.chdir(directory), contextlib.ExitStack() as restore:
+        restore.callback(torch.set_num_threads, threads)
+        for block in blocks(markdown, page):
+            if block.lang == "text":
+                continue
+            try:
+                validate(block) if block.marked else run(block)
+            except Exception as err:  # noqa: BLE001 - any error of a block's code is that block's failure
+                pytest.fail(f"{block.where}: {type(err).__name__}: {err}")
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_every_code_block_of_the_page_runs_or_is_marked_and_validated(page, tmp_path):
+    """Property: each block of the page runs as written (unmarked) or passes its language's validation (marked)."""
+    check_page(page.read_text(), page.relative_to(ROOT).as_posix(), tmp_path)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The checker itself: a failing block must fail it
+
+
+@pytest.mark.parametrize("markdown", [
+    "```bash\nentropy-rft train --steps 0\n```\n",                      # refused value, unmarked: runs and fails
+    "```bash\nfalse\n```\n",                                            # any failing shell line
+    "```python\nraise RuntimeError('stale example')\n```\n",            # python that raises
+    "```yaml\nno_such_field: 1\n```\n",                                 # a recipe key TrainConfig does not have
+    '```bash title="needs a GPU"\nentropy-rft train --stepz 2\n```\n',  # marked, but the parser refuses it
+    '```bash title="needs verl"\nif then fi\n```\n',                    # marked, but not shell
+    '```python title="needs a GPU"\ndef broken(:\n```\n',               # marked, but not python
+    "```toml\na = 1\n```\n",                                            # unmarked language that cannot run here
+], ids=["cli-refused", "shell-fails", "python-raises", "yaml-unknown-key", "marked-cli-refused", "marked-bash-syntax",
+        "marked-python-syntax", "unknown-language"])
+def test_a_failing_block_fails_the_check(markdown, tmp_path):
+    """Property: the checker is not vacuous: each kind of broken block makes it fail, naming the block."""
+    with pytest.raises(pytest.fail.Exception, match="synthetic.md:1"):
+        check_page(markdown, "synthetic.md", tmp_path)
+
+
+def test_passing_blocks_pass_and_text_is_skipped(tmp_path):
+    """Property: valid blocks of each kind pass, and a text block is never run."""
+    markdown = ('```text\nentropy-rft train --stepz nonsense\n```\n'
+                '```bash title="long: minutes of CPU"\nentropy-rft compare --methods grpo,clip_b --seeds 3\n```\n'
+                '```python title="needs a GPU"\nimport torch\n```\n'
+                "```yaml\nmethod: clip_b\nmu: 1.5\n```\n"
+                "```bash\necho ok > made.txt\n```\n")
+    check_page(markdown, "synthetic.md", tmp_path)
+    assert (tmp_path / "made.txt").read_text() == "ok\n"
+
+
+def test_fences_are_parsed_as_commonmark():
+    """Property: language, title, body and line are read from the fence; a longer fence holds a shorter one."""
+    found = blocks('a\n````markdown\n```bash\nx\n```\n````\n\n```bash title="needs a GPU"\nmake demo\n```\n', "p")
+    assert [(b.lang, b.title, b.line) for b in found] == [("markdown", "", 2), ("bash", "needs a GPU", 8)]
+    assert found[0].text == "```bash\nx\n```" and found[1].marked
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The generated reference
+
+
+def hooks():
+    spec = importlib.util.spec_from_file_location("docs_hooks", ROOT / "docs" / "hooks.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_cli_reference_lists_every_subcommand_and_option():
+    """Property: every subcommand of the parser, and every option string of each, is on the generated page."""
+    import argparse
+
+    from entropy_rft.cli import build_parser
+
+    h = hooks()
+    page = h.cli_markdown()
+    parser = build_parser()
+    subs = h.subcommands(parser)
+    assert len(subs) >= 11
+    for action in parser._actions:  # entropy-rft's own options (before the subcommand), listed above the sections
+        if action.option_strings and not isinstance(action, argparse._HelpAction):
+            assert f"`{action.option_strings[0]}" in page.split("\n## ", 1)[0], action.option_strings
+    for name, sub in subs.items():
+        section = page.split(f"## `entropy-rft {name}`", 1)[1].split("\n## ", 1)[0]
+        for action in sub._actions:
+            if isinstance(action, argparse._HelpAction):
+                continue
+            for option in action.option_strings or [action.metavar or action.dest.upper()]:
+                assert f"`{option}" in section, f"{name} {option} missing from the CLI reference"
+            if action.help:
+                assert " ".join(action.help.split())[:40].replace("|", "\\|") in section
+
+
+def test_the_settings_reference_lists_every_field_with_type_default_and_help():
+    """Property: every TrainConfig field appears once, in its row with its type, default and help."""
+    from entropy_rft.config import TrainConfig
+
+    page = hooks().config_markdown()
+    for f in dataclasses.fields(TrainConfig):
+        rows = [r for r in page.splitlines() if r.startswith(f"| `{f.name}`")]
+        assert len(rows) == 1, f.name
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        assert f"`{f.type}`" in rows[0] and f"`{default!r}`" in rows[0], rows[0]
+        assert " ".join(f.metadata["help"].split())[:40].replace("|", "\\|") in rows[0]
+
+
+def test_every_generated_marker_names_a_generator_and_the_reference_pages_have_theirs():
+    """Property: a page cannot ask for a section nobody generates, and the reference pages are generated."""
+    h = hooks()
+    used = {m for page in (ROOT / "docs").rglob("*.md") for m in h.MARKER.findall(page.read_text())}
+    assert used <= set(h.GENERATORS), used - set(h.GENERATORS)
+    assert "<!-- generated: cli -->" in (ROOT / "docs/reference/cli.md").read_text()
+    assert "<!-- generated: config -->" in (ROOT / "docs/reference/config.md").read_text()
+    assert "<!-- generated: departures -->" in (ROOT / "docs/design.md").read_text()
+    modules = dict(h.departures())
+    assert modules["entropy_rft/masks.py"].startswith("Departures") and "\n1. " in modules["entropy_rft/masks.py"]
+
+
+def test_the_readme_is_a_landing_page():
+    """Property: the README stays at most 150 lines (issue 33), with its one picture present."""
+    text = (ROOT / "README.md").read_text()
+    assert len(text.splitlines()) <= 150
+    assert "](docs/inspect.png)" in text and (ROOT / "docs/inspect.png").exists()
+
+
+
+def test_the_changelog_starts_with_this_release():
+    """Property: CHANGELOG.md's first release heading is the version pyproject.toml builds."""
+    import tomllib
+
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    releases = re.findall(r"^## \[([^\]]+)\]", (ROOT / "CHANGELOG.md").read_text(), flags=re.M)
+    assert releases and releases[0] == version, (releases[:1], version)
