@@ -278,4 +278,5 @@ def cmd_summarise(args) -> None:
 
 if __name__ == "__main__":
     sys.path.insert(0, str(Path(__file__).resolve().parent))
+    sys.path.insert(0, str(REPO))  # this checkout's entropy_rft, before an installed one (measure imports it here)
     main()

@@ -64,7 +64,8 @@ from .tasks import TASKS, MathTask
 
 BUILTIN_MODELS = {"countdown-tiny": Path(__file__).parent / "assets" / "countdown-tiny"}
 SHIPPED_DATA = {"countdown": BUILTIN_MODELS["countdown-tiny"] / "data",  # task -> directory of train/eval.jsonl
-                "countdown5": BUILTIN_MODELS["countdown-tiny"] / "data" / "countdown5"}
+                "countdown5": BUILTIN_MODELS["countdown-tiny"] / "data" / "countdown5",
+                "countdown5_large": BUILTIN_MODELS["countdown-tiny"] / "data" / "countdown5_large"}
 STAND_IN = "tiny-stand-in"  # a random tiny chat model built on first use (toy.build_stand_in), for dry runs
 
 
