@@ -22,13 +22,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
 
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # this checkout's entropy_rft, before an installed one
+
 from entropy_rft.evidence import avg_scores, estimate, holm, paired_test, pass_at_k_scores
 
-REPO = Path(__file__).resolve().parents[1]
 TASK = "countdown5_large"
 BASELINE = "grpo"
 METHODS = ("clip_b", "clip_v")  # compared with the baseline, in this order

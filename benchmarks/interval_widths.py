@@ -13,13 +13,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
 
-from entropy_rft.evidence import avg_scores, paired_difference, pass_at_k_scores, seed_estimate
-
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # this checkout's entropy_rft, before an installed one
+
+from entropy_rft.evidence import avg_scores, paired_difference, pass_at_k_scores, seed_estimate
 
 
 def narrower(cells: list[dict], *, seed: int = 0) -> list[dict]:
