@@ -40,6 +40,7 @@ ALPHA = 0.05
 REPLICATES_PRIMARY = 20_000
 REPLICATES = 4_000
 SEED = 31  # the analysis's bootstrap generator
+STRATA = ("unsolved", "hard", "easier")  # toy.STRATA, the order of the by-stratum rows
 
 
 def load_records(path: Path) -> list[dict]:
@@ -125,7 +126,7 @@ def analyse(cells: list[dict], strata: list[str], *, steps: int = STEPS, n: int 
             entropy[m]["vs_grpo"] = {"difference": d.to_json(), "p": p}
     labels = np.array(strata)
     by_stratum = {}
-    for name in dict.fromkeys(strata):  # in order of first appearance
+    for name in sorted(set(strata), key=lambda s: (STRATA.index(s) if s in STRATA else len(STRATA), s)):
         cols = np.flatnonzero(labels == name)
         by_stratum[name] = {"problems": int(cols.size),
                             **{f"{m} {k}": test(k, m, replicates, cols) for m in METHODS for k in ("avg@32", "pass@32")}}

@@ -10,7 +10,7 @@ evaluated every 300 steps on 1,000 problems; docs/prereg_avgk.md, analysed by be
 
 A cell is (task, method, seed), keyed by its settings (config.settings_key, as compare's cells):
 cells/<task>/<method>/seed<s>-<key>/. A finished cell holds cell.json (per-problem correct counts of the initial
-and final policy at n = 32 samples, the entropy and control curves, times); a cell killed part-way resumes from its
+and final policy at n = 32 samples, and of every evaluation in eval_correct; the entropy and control curves, times); a cell killed part-way resumes from its
 newest checkpoint (save_every 50, exact: see trainer.py; train's resume="auto"), and one that never checkpointed
 starts again. Changed settings give another key, so they never reuse a cell trained with other settings. Each cell
 runs in its own process with one thread (OMP_NUM_THREADS=1, torch.set_num_threads(1)), so per-step times are
@@ -265,8 +265,9 @@ def main(argv=None) -> None:
     s.add_argument("--dest", default=str(REPO / "benchmarks" / "study"))
     s.set_defaults(fn=cmd_summarise)
     args = p.parse_args(argv)
-    args.tasks = args.tasks or ",".join(STUDIES[args.study]["tasks"])
-    args.methods = args.methods or ",".join(STUDIES[args.study]["methods"])
+    if hasattr(args, "study"):  # run, measure, summarise (not cell)
+        args.tasks = args.tasks or ",".join(STUDIES[args.study]["tasks"])
+        args.methods = args.methods or ",".join(STUDIES[args.study]["methods"])
     args.fn(args)
 
 

@@ -66,6 +66,9 @@ def test_by_stratum_differences_equal_loops_over_their_problems():
             c["final_correct"] = [min(N, x + (i % 3)) for i, x in enumerate(c["final_correct"])]
             c["eval_correct"][str(STEPS)] = c["final_correct"]
     r = run(cells)
+    from entropy_rft import toy
+
+    assert avgk.STRATA == toy.STRATA and list(r["by_stratum"]) == list(toy.STRATA)  # rows in the builder's order
     by = {(c["method"], c["seed"]): c["final_correct"] for c in cells}
     for name in ("unsolved", "hard", "easier"):
         cols = [i for i, s in enumerate(STRATA) if s == name]
