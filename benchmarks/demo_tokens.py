@@ -3,7 +3,8 @@ docs/getting-started.md ("The demo").
 
 Reads DEMO_DIR/runs/{grpo,clip_b,clip_v}/samples (written by `entropy-rft demo`) and prints:
 1. step 1, where the three methods share the policy and the rollouts: per method the tokens in the loss, eq. 23's
-   total over the whole batch and Corollary 4's (the logged prediction), and what the clipping methods removed in the
+   total over the whole batch (the first-order change of the mean entropy over the kept tokens, entropy_kept) and
+   Corollary 4's (the logged prediction), and what the clipping methods removed in the
    written groups: how many tokens, which kind (countdown responses read `expression=target<eos>`: operand digits,
    operators, parentheses, '=', target digits, EOS), the sign of their advantage and of S_c, their mean p against
    the kept tokens', and the sum of their would-be terms;
@@ -64,7 +65,7 @@ def main() -> None:
     for method, recs in runs.items():
         rec = recs[1]
         ec, b = rec["entropy_change"], rec["batch"]
-        print(f"  {method}: {b['kept_tokens']} of {b['valid_tokens']} tokens in the loss; eq. 23 total {ec['eq23']:+.3e}, "
+        print(f"  {method}: {b['kept_tokens']} of {b['valid_tokens']} tokens in the loss; eq. 23 total (change of entropy_kept) {ec['eq23']:+.3e}, "
               f"Corollary 4 (logged) {ec['corollary4']:+.3e}")
         toks = list(tokens(rec))
         removed = [x for x in toks if not x[2]]

@@ -1,13 +1,16 @@
 """The study of issue 24: GRPO, Clip_B, Clip_V, the mu controller, EntroPIC and the adaptive entropy bonus on the
-demo's task (countdown, 150 steps) and the harder one (countdown5, 450 steps), 5 seeds each, from the shipped policy.
+demo's task (countdown, 150 steps) and the harder one (countdown5, 450 steps), 5 seeds each, from the shipped policy;
+and the pre-registered Avg@K study of issue 31 (--study avgk: GRPO, Clip_B, Clip_V on countdown5_large, 1,500 steps,
+evaluated every 300 steps on 1,000 problems; docs/prereg_avgk.md, analysed by benchmarks/avgk_analysis.py).
 
     python benchmarks/study.py measure                        # one step's and one evaluation's time on each task
     python benchmarks/study.py run --out runs/study --jobs 2   # every cell; rerun to resume
     python benchmarks/study.py summarise --out runs/study --dest benchmarks/study   # tables, JSON, figures
+    python benchmarks/study.py run --study avgk --out runs/study_avgk --jobs 2      # issue 31's 15 cells
 
 A cell is (task, method, seed), keyed by its settings (config.settings_key, as compare's cells):
 cells/<task>/<method>/seed<s>-<key>/. A finished cell holds cell.json (per-problem correct counts of the initial
-and final policy at n = 32 samples, the entropy and control curves, times); a cell killed part-way resumes from its
+and final policy at n = 32 samples, and of every evaluation in eval_correct; the entropy and control curves, times); a cell killed part-way resumes from its
 newest checkpoint (save_every 50, exact: see trainer.py; train's resume="auto"), and one that never checkpointed
 starts again. Changed settings give another key, so they never reuse a cell trained with other settings. Each cell
 runs in its own process with one thread (OMP_NUM_THREADS=1, torch.set_num_threads(1)), so per-step times are
@@ -35,11 +38,15 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from statistics import median
 
 REPO = Path(__file__).resolve().parents[1]
 TASKS = {  # task name -> (steps, entropy target in nats)
     "countdown": {"steps": 150, "target": 0.33},
     "countdown5": {"steps": 450, "target": 0.45},
+    # issue 31: the 25,000-problem pool (1,500 steps x 32 prompts draw each problem at most twice), evaluated every
+    # 300 steps on its 1,000 held-out problems; the target only matters to the target methods, not run there
+    "countdown5_large": {"steps": 1500, "target": 0.45, "eval_every": 300},
 }
 METHODS = {  # study name -> TrainConfig overrides; "TARGET" is replaced by the task's target
     "grpo": {"method": "grpo"},
@@ -53,6 +60,10 @@ METHODS = {  # study name -> TrainConfig overrides; "TARGET" is replaced by the 
                      "pi_ki": 0.5},
     "bonus": {"method": "grpo", "entropy_target": "TARGET", "entropy_control": "bonus", "bonus_delta": 0.005,
               "bonus_max": 0.5},
+}
+STUDIES = {  # study name -> the tasks and methods its run / measure / summarise default to
+    "issue24": {"tasks": ["countdown", "countdown5"], "methods": [m for m in METHODS]},
+    "avgk": {"tasks": ["countdown5_large"], "methods": ["grpo", "clip_b", "clip_v"]},  # docs/prereg_avgk.md
 }
 EVAL_N = 32  # samples per evaluation problem: Pass@8 (unbiased from 32) and Pass@32
 SAVE_EVERY = 50
@@ -73,7 +84,7 @@ def cell_config(task: str, method: str, seed: int, out: Path | None = None, *, s
     settings = {k: (TASKS[task]["target"] if v == "TARGET" else v) for k, v in METHODS[method].items()}
     return run_config({"common": spec["common"]}, None, **settings, task=task, steps=steps or TASKS[task]["steps"],
                       seed=seed, eval_k=EVAL_N, save_every=SAVE_EVERY, progress=False,
-                      out=str(out) if out else "unset", **extra)
+                      eval_every=TASKS[task].get("eval_every", 0), out=str(out) if out else "unset", **extra)
 
 
 def cell_dir(out: Path, task: str, method: str, seed: int, steps: int | None = None) -> Path:
@@ -115,6 +126,7 @@ def run_cell(task: str, method: str, seed: int, out: Path, steps: int | None = N
             "eval_n": EVAL_N, "steps": cfg.steps,
             "initial_correct": [round(r * EVAL_N) for r in evals[0]["pass_rates"]],
             "final_correct": [round(r * EVAL_N) for r in evals[cfg.steps]["pass_rates"]],
+            "eval_correct": {str(s): [round(r * EVAL_N) for r in e["pass_rates"]] for s, e in sorted(evals.items())},
             "step_seconds": [round(m["seconds"], 4) for m in rows],
             "entropy": [round(m["entropy"], 5) for m in rows],
             "clip_frac": [round(m["clip_frac"], 5) for m in rows],
@@ -185,8 +197,9 @@ def cmd_cell(args) -> None:
 
 
 def cmd_measure(args) -> None:
-    """One training step's time (median of 3 after one warm-up step) per method family and one evaluation's
-    (n = 32 on the 200 eval problems) on each task, with one thread; and the study's estimated duration."""
+    """One training step's time (median over --measure-steps steps after one warm-up step) per method and one
+    evaluation's (n = 32 on the task's eval problems: 200, or 1,000 on countdown5_large) on each task, with one
+    thread; and the study's estimated duration (steps x step time + evaluations x evaluation time per cell)."""
     one_thread()
     import torch
 
@@ -199,10 +212,11 @@ def cmd_measure(args) -> None:
     for task in args.tasks.split(","):
         per_method = {}
         for method in args.methods.split(","):
-            cfg = cell_config(task, method, 0, Path(args.scratch) / task / method, steps=4, eval_problems=1)
+            cfg = cell_config(task, method, 0, Path(args.scratch) / task / method, steps=1 + args.measure_steps,
+                              eval_problems=1)
             shutil.rmtree(cfg.out, ignore_errors=True)
             rows = train(cfg)["history"]
-            per_method[method] = sorted(m["seconds"] for m in rows[1:])[1]
+            per_method[method] = float(median(m["seconds"] for m in rows[1:]))
         cfg = cell_config(task, "grpo", 0)
         model, tok = load_policy(cfg.model, torch.device("cpu"))
         engine = HFEngine(model, tok)
@@ -210,9 +224,10 @@ def cmd_measure(args) -> None:
         t0 = time.time()
         run_eval(engine, TASK_REGISTRY.get(task), problems, cfg, seed=10**6)
         eval_s = time.time() - t0
-        steps = TASKS[task]["steps"]
-        cell_s = {m: steps * s + 2 * eval_s for m, s in per_method.items()}
-        report[task] = {"step_seconds": per_method, "eval_seconds": eval_s, "steps": steps,
+        steps, every = TASKS[task]["steps"], TASKS[task].get("eval_every", 0)
+        evals = 2 + ((steps - 1) // every if every else 0)  # before training, every `every` steps, and the last
+        cell_s = {m: steps * s + evals * eval_s for m, s in per_method.items()}
+        report[task] = {"step_seconds": per_method, "eval_seconds": eval_s, "steps": steps, "evals": evals,
                         "cell_seconds": cell_s, "cells_seconds_per_seed": sum(cell_s.values())}
         print(json.dumps({task: report[task]}, indent=1), flush=True)
     total = args.seeds * sum(r["cells_seconds_per_seed"] for r in report.values())
@@ -224,8 +239,10 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--tasks", default=",".join(TASKS))
-    common.add_argument("--methods", default=",".join(METHODS))
+    common.add_argument("--study", choices=list(STUDIES), default="issue24",
+                        help="which study's tasks and methods --tasks / --methods default to")
+    common.add_argument("--tasks", default=None, help="comma-separated tasks (default: the study's)")
+    common.add_argument("--methods", default=None, help="comma-separated methods (default: the study's)")
     common.add_argument("--seeds", type=int, default=5)
     r = sub.add_parser("run", parents=[common], help="train and evaluate every cell not yet done")
     r.add_argument("--out", required=True)
@@ -241,12 +258,16 @@ def main(argv=None) -> None:
     c.set_defaults(fn=cmd_cell)
     m = sub.add_parser("measure", parents=[common], help="one step's and one evaluation's time on each task")
     m.add_argument("--scratch", default="/tmp/study-measure")
+    m.add_argument("--measure-steps", type=int, default=3, help="timed steps per method (after one warm-up step)")
     m.set_defaults(fn=cmd_measure)
     s = sub.add_parser("summarise", parents=[common], help="tables, raw JSON and figures from the finished cells")
     s.add_argument("--out", required=True)
     s.add_argument("--dest", default=str(REPO / "benchmarks" / "study"))
     s.set_defaults(fn=cmd_summarise)
     args = p.parse_args(argv)
+    if hasattr(args, "study"):  # run, measure, summarise (not cell)
+        args.tasks = args.tasks or ",".join(STUDIES[args.study]["tasks"])
+        args.methods = args.methods or ",".join(STUDIES[args.study]["methods"])
     args.fn(args)
 
 
@@ -258,4 +279,5 @@ def cmd_summarise(args) -> None:
 
 if __name__ == "__main__":
     sys.path.insert(0, str(Path(__file__).resolve().parent))
+    sys.path.insert(0, str(REPO))  # this checkout's entropy_rft, before an installed one (measure imports it here)
     main()

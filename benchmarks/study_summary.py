@@ -45,6 +45,30 @@ def per_run(cell: dict, target: float) -> dict:
             "cell_wall_seconds": cell["wall_seconds_this_process"]}
 
 
+def saturation(cells: list[dict]) -> str | None:
+    """One line on EntroPIC cells whose alpha ended at a bound (+-pi_alpha_max, 1 by default): per method, the range
+    over seeds of the first step at that bound and of the fraction of later steps spent there."""
+    parts = []
+    for method in sorted({c["method"] for c in cells if c["settings"].get("entropy_control") == "pi"}):
+        firsts, fracs, edges = [], [], set()
+        for c in (c for c in cells if c["method"] == method):
+            bound = c["settings"].get("pi_alpha_max") or 1.0
+            end = c["control"][-1] or 0.0
+            at = [v is not None and v * (1 if end > 0 else -1) >= bound - 1e-9 for v in c["control"]]
+            if abs(end) >= bound - 1e-9:
+                edges.add(f"{bound if end > 0 else -bound:+g}")
+                first = at.index(True)
+                firsts.append(first + 1)
+                fracs.append(sum(at[first:]) / len(at[first:]))
+        if firsts:
+            n = sum(c["method"] == method for c in cells)
+            parts.append(f"{method}: alpha at its bound {' / '.join(sorted(edges))} from step {min(firsts)} to {max(firsts)} in {len(firsts)} of {n} "
+                         f"seeds, then there for {100 * min(fracs):.0f}% to {100 * max(fracs):.0f}% of the remaining "
+                         "steps")
+    return ("EntroPIC's controller saturated (" + "; ".join(parts) + "): its results here are those of alpha pinned "
+            "at the bound.") if parts else None
+
+
 def summarise_task(cells: list[dict], task: str, methods: list[str], seeds: int, gen: np.random.Generator) -> dict | None:
     by = {(c["method"], c["seed"]): c for c in cells if c["task"] == task}
     complete = [s for s in range(seeds) if all((m, s) in by for m in methods)]
@@ -68,12 +92,14 @@ def summarise_task(cells: list[dict], task: str, methods: list[str], seeds: int,
                               axis=0).tolist() for m in methods if "entropy_target" in METHODS[m]}
     return {"target": target, "steps": TASKS[task]["steps"], "seeds": complete, "eval_n": n,
             "problems": int(grids["grpo"].shape[1]), "evidence": evidence, "per_run": per_run_est,
+            "saturation": saturation([by[(m, s)] for m in methods for s in complete]),
             "entropy_curves": curves, "control_curves": controls, "resumed_cells": sum(by[(m, s)]["resumed"] for m in methods for s in complete)}
 
 
 def task_markdown(task: str, r: dict) -> str:
     lines = [f"## {task}: {r['steps']} steps, entropy target {r['target']} nats, seeds {r['seeds']}", "",
              markdown_table(r["evidence"]).rstrip(), "",
+             *([r["saturation"], ""] if r.get("saturation") else []),
              "| method | entropy, last 10% of steps | tracking error mean abs(H - target), 2nd half | "
              "- GRPO's (paired) | mean clipped fraction | s / step (median) | cell wall s |", "|---|---|---|---|---|---|---|"]
     for m, e in r["per_run"].items():

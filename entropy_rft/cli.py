@@ -410,10 +410,32 @@ def cmd_sweep(args) -> None:
 
 
 def cmd_pretrain_toy(args) -> None:
-    from .toy import ToyConfig, pretrain
+    from .toy import PoolConfig, ToyConfig, pretrain
 
+    if args.split:
+        sizes = {k: v for k, v in (("n_train", args.train_problems), ("n_eval", args.eval_problems)) if v}
+        print(json.dumps(build_pool_split(PoolConfig(seed=args.seed, **sizes), args.policy, Path(args.out)), indent=1))
+        return
     cfg = ToyConfig(seed=args.seed, **({"sft_steps": args.sft_steps} if args.sft_steps else {}))
     print(json.dumps(pretrain(cfg, Path(args.out)), indent=1))
+
+
+def build_pool_split(cfg, policy: str, out: Path) -> dict:
+    """The countdown5_large split (toy.build_pool) for an existing policy, sampled with one thread (the build is
+    deterministic for a given torch version and thread count; one thread is what every machine has)."""
+    import torch
+
+    from .rollout import HFEngine
+    from .toy import build_pool
+    from .trainer import load_policy
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        model, tokenizer = load_policy(policy, torch.device("cpu"))
+        return build_pool(HFEngine(model, tokenizer), out, cfg, progress=True)
+    finally:
+        torch.set_num_threads(threads)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -471,10 +493,10 @@ def build_parser() -> argparse.ArgumentParser:
     e = command("eval", "Avg@K, Pass@K and pass-rate distribution of a policy on one or more datasets", cmd_eval)
     e.add_argument("--model", default="countdown-tiny", help="local directory, hub id or shipped model name")
     e.add_argument("--data", default=None, help="comma-separated datasets: names (aime24, aime25, amc23, dapo500, "
-                   "countdown, countdown5), name=path or paths; a trailing @K sets that dataset's K (dapo500@8). "
+                   "countdown, countdown5, countdown5_large), name=path or paths; a trailing @K sets that dataset's K (dapo500@8). "
                    "Default: shipped countdown")
-    e.add_argument("--task", default=None, help="task scoring the answers (default: the task of --data countdown or "
-                   "countdown5, math for other --data, countdown without --data)")
+    e.add_argument("--task", default=None, help="task scoring the answers (default: the task of --data countdown, "
+                   "countdown5 or countdown5_large, math for other --data, countdown without --data)")
     e.add_argument("--eval-k", "--k", type=setting("eval_k"), default=32,
                    help="K of Avg@K / Pass@K (paper: 32 on AIME, 8 on DAPO500)")
     e.add_argument("--n", type=whole(1), default=None, help="samples per problem (>= K; default K)")
@@ -566,9 +588,20 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("--quiet", action="store_true", help="no progress bars")
 
     pt = command("pretrain-toy", "rebuild the shipped tiny countdown policy and its data splits", cmd_pretrain_toy)
-    pt.add_argument("--out", default="runs/countdown-tiny", help="directory for the policy and data")
+    pt.add_argument("--out", default="runs/countdown-tiny", help="directory for the policy and data (with --split: for "
+                    "the split's train.jsonl, eval.jsonl and build.json)")
     pt.add_argument("--seed", type=setting("seed"), default=0, help="seed of data and training")
     pt.add_argument("--sft-steps", type=whole(1), default=None, help="supervised steps (default: ToyConfig's)")
+    pt.add_argument("--split", choices=["countdown5_large"], default=None,
+                    help="build only this data split into --out, with the existing policy --policy (countdown5_large: "
+                         "25,000 filtered training problems and 1,000 stratified evaluation problems; the shipped copy "
+                         "is entropy_rft/assets/countdown-tiny/data/countdown5_large)")
+    pt.add_argument("--policy", default="countdown-tiny", help="with --split: the policy that filters and stratifies")
+    pt.add_argument("--train-problems", type=whole(1), default=None,
+                    help="with --split: training problems to keep (default 25000; fewer give a prefix of the split)")
+    pt.add_argument("--eval-problems", type=whole(1), default=None,
+                    help="with --split: evaluation problems (default 1000; fewer give a prefix of eval.jsonl, "
+                         "and a train.jsonl that may differ from the full split's)")
     return p
 
 

@@ -210,7 +210,8 @@ class TrainConfig:
                               "probes every step")
     samples_every: int = _f(10, "write token-level samples (RUN/samples/step-NNNNNN.json.gz) at step 1, every N steps "
                                 "and the last step: each written token's text, log p, H, S*, S_c, advantage, whether "
-                                "the method kept it, and its term of the step's first-order entropy change (eq. 23); "
+                                "the method kept it, and its term of the step's first-order change of the kept tokens' mean "
+                                "entropy (entropy_kept, eq. 23); "
                                 "each response's reward and length, each group's prompt. `entropy-rft inspect RUN` "
                                 "shows them. 0: never. Cost on the demo: see entropy_rft/samples.py")
     samples_groups: int = _f(4, "groups written per sampled step, those with mixed rewards first; 0: every group. A "

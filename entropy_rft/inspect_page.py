@@ -40,8 +40,9 @@ SCALE_QUANTILE = 0.98
 # the statistics a page can colour by: key in the samples record, label, whether signed (diverging colours), help
 STATISTICS = (
     {"key": "term", "label": "term of the entropy change (eq. 23)", "signed": True,
-     "help": "-lr w A S_c / |T|: this token's share of the step's first-order change of the batch's mean entropy "
-             "(Theorem 2 averaged as in eq. 23). Positive: the update raises entropy here; 0 for clipped tokens."},
+     "help": "-lr w A S_c / |T|: this token's share of the step's first-order change of the mean entropy over the "
+             "kept tokens T (entropy_kept, not the all-token entropy the run logs; Theorem 2 averaged as in eq. 23). "
+             "Positive: the update raises entropy here; 0 for clipped tokens."},
     {"key": "entropy", "label": "H, entropy of the next-token distribution", "signed": False,
      "help": "H = -sum_i p_i log p_i of the distribution the token was sampled from."},
     {"key": "s_star", "label": "S*, entropy discriminator", "signed": True,

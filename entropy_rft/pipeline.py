@@ -23,7 +23,7 @@ from .evaluate import evaluate_datasets, filter_by_pass_rate, results_markdown
 from .report import plot_pass_rates
 from .tasks import TASKS, MathTask
 
-DEFAULT_MAX_NEW_TOKENS = {"countdown": 16, "countdown5": 16}  # other tasks: 7168, the authors' response length
+DEFAULT_MAX_NEW_TOKENS = {"countdown": 16, "countdown5": 16, "countdown5_large": 16}  # other tasks: 7168, the authors' response length
 
 
 def response_limit(task_name: str, given: int | None) -> int:

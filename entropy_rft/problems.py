@@ -16,7 +16,8 @@ from .step import Scored
 from .tasks import MathTask
 
 SHIPPED_DATA = {"countdown": BUILTIN_MODELS["countdown-tiny"] / "data",  # task -> directory of train/eval.jsonl
-                "countdown5": BUILTIN_MODELS["countdown-tiny"] / "data" / "countdown5"}
+                "countdown5": BUILTIN_MODELS["countdown-tiny"] / "data" / "countdown5",
+                "countdown5_large": BUILTIN_MODELS["countdown-tiny"] / "data" / "countdown5_large"}
 
 
 def task_problems(cfg: TrainConfig, task, split: str) -> list:

@@ -10,13 +10,17 @@ advantage, whether the method kept it in the loss, and its term of the step's fi
 
     term_t = -alpha_t S_c,t / |T|,   alpha_t = lr w_t A_t,   summed over the tokens t of T (the kept tokens),
 
-Theorem 2 (eq. 10: dH_t = -alpha_t S_c,t) averaged over the batch as eq. 21 does. w_t is the token's weight in the
+Theorem 2 (eq. 10: dH_t = -alpha_t S_c,t) averaged over the batch as eq. 21 does. Averaged over T, the terms
+sum to the first-order change of the mean entropy over the kept tokens (the step's `entropy_kept`), not of the
+all-token mean the run logs as `entropy`: in logit space a clipped token gets no gradient, so that mean moves by
+|T| / (valid tokens) times the sum (the same under GRPO, which keeps every token). w_t is the token's weight in the
 loss: 1 / |T_B| for the token-mean loss (the trainer's; dynamics, departure 3), so alpha_t = lr A_t / |T_B|. A
 clipped token is not in T and its term is 0; the file keeps `term_scale` = lr w / |T| so that a reader can show
 what it would have contributed (-term_scale A S_c). Each response also carries its reward, advantage, length and
 whether it finished; each group its prompt (as the model saw it, decoded from the rollout's prompt ids).
 
-Each file also holds, over the whole batch (not only the written groups): eq. 23's sum of every term, Corollary
+Each file also holds, over the whole batch (not only the written groups): eq. 23's sum of every term (the change of
+entropy_kept, as above), Corollary
 4's covariance form -lr / |T_B| Cov_B(A, S_c) (the step's `entropy_change/predicted` metric), the batch means of
 A and S_c that relate the two, and the tokens with the largest terms in each direction and the clipped tokens
 with the largest would-be terms, with a few tokens of context.

@@ -10,9 +10,16 @@ by supervised training on synthetic solutions, and the pass-rate-filtered proble
     data/countdown5/   the harder setting (task `countdown5`): five numbers instead of three, which the policy never
                        saw in its warm-up; train.jsonl filtered the same way with the same policy, eval.jsonl held out.
                        The policy solves few of these (Pass@8 about 0.4 at the start), so exploration matters there.
+    data/countdown5_large/   (task `countdown5_large`, issue 31) 25,000 five-number training problems filtered the
+                       same way with the same policy, and 1,000 held-out evaluation problems, each with the policy's
+                       correct count at 64 samples (temperature 0.7) and its initial-difficulty `stratum`; built by
+                       `build_pool`, not by `pretrain-toy` without --split (see below)
     build.json         the settings and figures of the build
 The build is seeded and deterministic on CPU for a given torch version and thread count. `build_split` alone
-rebuilds a data split for an existing policy (about 90 s for countdown5 on 2 cores).
+rebuilds a data split for an existing policy (about 90 s for countdown5 on 2 cores). `entropy-rft pretrain-toy
+--split countdown5_large --out DIR` runs `build_pool` with the shipped policy on one thread: 61,000 candidates x 16
+samples and 1,000 x 64 took 368 s (6.1 min; 20 s of it the strata) under `nice` on a shared 2-core machine
+(2.2 MB of JSONL); tests/test_pool.py regenerates its first rows and its evaluation file.
 """
 
 from __future__ import annotations
@@ -193,6 +200,103 @@ def build_split(engine, out: Path, cfg: ToyConfig) -> dict:
     return {"numbers": cfg.hard_numbers, "pool": len(pool), "train_after_filter": len(kept), "eval": len(eval_set),
             "pool_mean_pass_rate": sum(rates) / len(rates), "dropped_low": sum(r <= 1 / 16 for r in rates),
             "dropped_high": sum(r >= 15 / 16 for r in rates), "seconds": time.time() - t0}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# countdown5_large (issue 31): a training pool large enough that a 1,500-step run at 32 prompts a step draws no
+# problem more than twice (48,000 draws from 25,000 problems), filtered exactly as build_split filters countdown5,
+# and 1,000 held-out problems, each with a stratum of initial difficulty.
+
+STRATA = ("unsolved", "hard", "easier")  # see stratum()
+
+
+def stratum(correct: int, n: int) -> str:
+    """The initial-difficulty stratum of a problem the initial policy solved in `correct` of n samples: unsolved
+    (0 of n), hard (pass rate in (0, 1/4)), easier ([1/4, 1]). Three, not more: at 64 samples the shipped policy
+    leaves about 28% of countdown5 problems unsolved, 50% hard, and only about 2% at 3/4 or more."""
+    if not 0 <= correct <= n or n < 1:
+        raise ValueError(f"stratum needs 0 <= correct <= n and n >= 1, got correct={correct}, n={n}")
+    rate = correct / n
+    if rate == 0:
+        return "unsolved"
+    return "hard" if rate < 0.25 else "easier"
+
+
+@dataclass
+class PoolConfig:
+    """The countdown5_large build. Defaults are the shipped split's. Candidates come from one seeded stream that
+    skips the evaluation problems, filtered chunk by chunk, each chunk sampled with its own seed: a smaller n_train
+    (same seed, n_eval and chunk) gives a prefix of the training file, a smaller n_eval a prefix of the evaluation
+    file (with a training pool that then may differ)."""
+
+    seed: int = 0
+    n_train: int = 25_000  # filtered training problems kept (the first n_train that pass the filter)
+    n_eval: int = 1_000  # held-out evaluation problems (unfiltered)
+    numbers: int = 5  # numbers per problem, as countdown5
+    chunk: int = 500  # candidates filtered per seeded sampling call
+    filter_samples: int = 16  # as ToyConfig.filter_samples (paper: 16)
+    filter_temperature: float = 1.0  # as ToyConfig.filter_temperature: the rollout temperature
+    strata_samples: int = 64  # samples per evaluation problem behind its stratum
+    strata_temperature: float = 0.7  # the study's evaluation temperature (configs/demo.yaml eval_temperature)
+    max_new_tokens: int = 16
+
+
+def build_pool(engine, out: Path, cfg: PoolConfig, *, progress: bool = False) -> dict:
+    """Write out/train.jsonl (cfg.n_train problems of cfg.numbers numbers whose pass rate under the policy behind
+    `engine`, at cfg.filter_samples samples and the rollout temperature, passes evaluate.filter_by_pass_rate, the
+    paper's Section 5.1 rule that build_split applies to countdown5: 1/16 < rate < 15/16), out/eval.jsonl (cfg.n_eval
+    held-out problems, none among the training candidates, each with the policy's correct count out of
+    cfg.strata_samples at the evaluation temperature and its `stratum`) and out/build.json; returns build.json's
+    figures. Problems are distinct by key (numbers and target) across both files."""
+    from .evaluate import filter_by_pass_rate, sample_correctness
+
+    t0 = time.time()
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    task = CountdownTask(name="countdown5_large")
+    eval_set = make_problems(cfg.n_eval, seed=cfg.seed * 1000 + 31, n_numbers=cfg.numbers)
+    correct, _ = sample_correctness(engine, task, eval_set, n=cfg.strata_samples, temperature=cfg.strata_temperature,
+                                    max_new_tokens=cfg.max_new_tokens, seed=cfg.seed * 1000 + 32)
+    eval_seconds = time.time() - t0
+    counts = [sum(c) for c in correct]
+    seen = {p.key for p in eval_set}
+    rng = random.Random(cfg.seed * 1000 + 33)  # the candidate stream
+    kept, rates, chunks = [], [], 0
+    bar = tqdm(total=cfg.n_train, desc="countdown5_large pool", disable=not progress)
+    while len(kept) < cfg.n_train:
+        candidates = []
+        while len(candidates) < cfg.chunk:
+            p = random_problem(rng, n_numbers=cfg.numbers)
+            if p.key not in seen:
+                seen.add(p.key)
+                candidates.append(p)
+        got, _ = sample_correctness(engine, task, candidates, n=cfg.filter_samples,
+                                    temperature=cfg.filter_temperature, max_new_tokens=cfg.max_new_tokens,
+                                    seed=cfg.seed * 10**6 + 1000 + chunks)
+        chunk_rates = [sum(c) / cfg.filter_samples for c in got]
+        rates += chunk_rates
+        passed = filter_by_pass_rate(candidates, chunk_rates)
+        kept += passed
+        chunks += 1
+        bar.update(min(len(passed), cfg.n_train - bar.n))
+    bar.close()
+    kept = kept[: cfg.n_train]
+    with open(out / "train.jsonl", "w") as f:
+        for p, r in kept:
+            f.write(json.dumps({**p.to_json(), "pass_rate": r}) + "\n")
+    with open(out / "eval.jsonl", "w") as f:
+        for p, c in zip(eval_set, counts):
+            f.write(json.dumps({**p.to_json(), "initial_correct": c, "stratum": stratum(c, cfg.strata_samples)})
+                    + "\n")
+    info = {"config": asdict(cfg), "train": len(kept), "eval": len(eval_set), "candidates": len(rates),
+            "chunks": chunks, "candidate_mean_pass_rate": sum(rates) / len(rates),
+            "dropped_low": sum(r <= 1 / 16 for r in rates), "dropped_high": sum(r >= 15 / 16 for r in rates),
+            "strata": {name: sum(stratum(c, cfg.strata_samples) == name for c in counts) for name in STRATA},
+            "eval_initial_avg": sum(counts) / (len(counts) * cfg.strata_samples),
+            "eval_seconds": round(eval_seconds, 1), "seconds": round(time.time() - t0, 1),
+            "torch": torch.__version__, "threads": torch.get_num_threads()}
+    (out / "build.json").write_text(json.dumps(info, indent=2) + "\n")
+    return info
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -183,6 +183,7 @@ NUMERIC = [
     (["sweep"], "--steps", True, 1, None, True), (["demo"], "--steps", True, 1, None, True),
     (["train"], "--steps", True, 1, None, True), (["plan"], "--device-memory", False, 0, None, False),
     (["plan"], "--prompt-tokens", True, 1, None, True), (["pretrain-toy"], "--sft-steps", True, 1, None, True),
+    (["pretrain-toy"], "--train-problems", True, 1, None, True), (["pretrain-toy"], "--eval-problems", True, 1, None, True),
 ]
 TEXTS = st.one_of(st.integers(-5, 5).map(str), st.integers(-2**40, 2**40).map(str),
                   st.floats(allow_nan=True, allow_infinity=True).map(repr), st.floats(-2, 2).map(str),

@@ -89,7 +89,8 @@
       ["mean reward", fmt(b.reward_mean)],
       ["kept", b.kept_tokens + " tokens (" + clipped + " clipped, " + (100 * clipped / Math.max(b.valid_tokens, 1)).toFixed(1) + "%)"],
     ];
-    if (ec.eq23 !== undefined) rows.push(["\u03a3 terms", signed(ec.eq23) + " (eq. 23, whole batch)"]);
+    if (ec.eq23 !== undefined) rows.push(["\u03a3 terms", signed(ec.eq23) + " (eq. 23, whole batch: change of the mean H over the " + b.kept_tokens +
+      " kept tokens, entropy_kept, not of the all-token mean H)"]);
     if (ec.corollary4 !== undefined) rows.push(["predicted", signed(ec.corollary4) + " (Corollary 4 = eq. 23 " +
       (ec.dropped_term >= 0 ? "+ " : "\u2212 ") + fmt(Math.abs(ec.dropped_term)) + ")"]);
     if (m["entropy_change/first_order"] !== undefined) rows.push(["first order", signed(m["entropy_change/first_order"]) + " (through the network)"]);
