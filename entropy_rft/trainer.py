@@ -124,11 +124,14 @@ class _Run:
                            step_size=loss_step_sizes(mask, decision.loss_mask, cfg), loss_agg=cfg.loss_agg,
                            method=cfg.method, metrics=metrics)
 
+    def eval_due(self, at: int) -> bool:
+        return bool(self.cfg.eval_every) and at % self.cfg.eval_every == 0 and at < self.cfg.steps
+
     def commit(self, pending: dict) -> None:
         """Log a computed step: its evaluation first when due (its Avg@K and Pass@K join the line), then the metrics
         line, then a checkpoint when due. Until the line is written the step is pending (runstate.py)."""
         self.state.pending, metrics, at = pending, dict(pending["metrics"]), pending["step"]
-        if self.cfg.eval_every and at % self.cfg.eval_every == 0 and at < self.cfg.steps:
+        if self.eval_due(at):
             self.state.evals[at] = self.evaluate()
             metrics.update({"eval/avg_at_k": self.state.evals[at]["avg_at_k"],
                             "eval/pass_at_k": self.state.evals[at]["pass_at_k"]})
@@ -168,10 +171,12 @@ def _loop(run: _Run, stops: StopSignals) -> dict:
             metrics.update({"time/samples": time.time() - t[4], "seconds": time.time() - t[0], "time/rollout": t[1] - t[0],
                             "time/stats": t[2] - t[1], "time/update": t[3] - t[2], "time/diagnostics": time.time() - t[3]})
             state.pending = {"step": completed, "metrics": metrics}
-            stopped_at = state.capture()  # from here a stop saves the step as pending, before its evaluation
-            stops.release()  # a stop held since the first optimizer step stops the run here
+            stopped_at = state.capture()  # from here a stop saves the step as pending: resume evaluates and logs it
+            if run.eval_due(completed):
+                stops.release()  # an evaluation may be stopped (a held stop stops here): the step stays pending
             run.commit(state.pending)
             stopped_at = None
+            stops.release()  # a stop held since the first optimizer step stops the run here, the step logged
             bar.set_postfix(reward=f"{metrics['reward_mean']:.2f}", H=f"{metrics['entropy']:.3f}",
                             clip=f"{metrics['clip_frac']:.3f}")
         final = run.save(cfg.steps)
