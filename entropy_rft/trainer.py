@@ -58,6 +58,7 @@ from .dropout import check_deterministic, disable_dropout, has_active_dropout
 from .forward import EntropyProbe, HeldForward, batch_forward, batch_stats, policy_forward, policy_stats  # noqa: F401
 from .rollout import ENGINES, Rollout
 from .rundir import Claim, finished_summary, find_checkpoint, new_run_dir, prune_checkpoints, stop_signals_interrupt  # noqa: F401
+from .rundir import checkpoint_space, load_trainer_state
 from .rundir import claim as claim_run_dir
 from . import samples
 from .tasks import TASKS, MathTask
@@ -367,7 +368,7 @@ def _train(cfg: TrainConfig, claim: Claim) -> dict:
           if targeting and cfg.entropy_control == "pi" else None)
     evals: dict[int, dict] = {}
     if checkpoint is not None:  # everything that steers the run continues where the checkpoint left it
-        state = torch.load(checkpoint / "trainer_state.pt", weights_only=False)
+        state = load_trainer_state(checkpoint)
         optimizer.load_state_dict(state["optimizer"])
         sampler.load(state["sampler"])
         start_step = state["step"]
@@ -392,7 +393,8 @@ def _train(cfg: TrainConfig, claim: Claim) -> dict:
                 "bonus": bonus.state() if bonus else None, "pi": pi.state() if pi else None}
 
     def save(at: int, state: dict | None = None) -> Path:
-        ckpt = save_checkpoint(run_dir, at, model, tokenizer, optimizer, sampler, value_head, state or run_state())
+        with checkpoint_space(run_dir, at):
+            ckpt = save_checkpoint(run_dir, at, model, tokenizer, optimizer, sampler, value_head, state or run_state())
         prune_checkpoints(run_dir, cfg.keep_checkpoints, cfg.steps)  # the newest keep_checkpoints and the final one
         return ckpt
 
@@ -490,6 +492,8 @@ def _train(cfg: TrainConfig, claim: Claim) -> dict:
         evals[cfg.steps] = run_eval(engine, task, eval_problems, cfg, seed=cfg.seed + 10**6).to_json()
     except KeyboardInterrupt as err:  # Ctrl-C, or SIGTERM / SIGHUP (rundir.Interrupted)
         why = getattr(err, "name", "SIGINT")
+        if not claim.committed:  # stopped before the first step: the directory is put back as it was (rundir rule 3)
+            raise
         if final is not None:  # interrupted in the final evaluation: the final checkpoint is saved
             raise SystemExit(f"{why} in the final evaluation; the trained policy is saved in {final}. "
                              "Continue with --resume to evaluate it.") from None
