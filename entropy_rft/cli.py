@@ -287,7 +287,7 @@ def cmd_compare(args) -> None:
 def cmd_report(args) -> None:
     from .report import REPORT_FILES, build_report
 
-    runs = list(dict.fromkeys(args.runs))  # a run given twice is reported once
+    runs = list({Path(r).resolve(): r for r in args.runs}.values())  # a run given twice is reported once
     page = build_report(runs, guard(args, args.out, REPORT_FILES))
     print(page.read_text().split("\n## ")[0])
     print(f"wrote {page} and its figures")

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 import warnings
 from dataclasses import field, fields
 from pathlib import Path
@@ -279,6 +280,17 @@ class TrainConfig:
             except RuntimeError:
                 raise ValueError(f"device must be auto, cpu, cuda or cuda:N, got {value!r}") from None
         return value
+
+    @field_validator("out", mode="before")
+    @classmethod
+    def _out_is_a_path(cls, value):
+        """A directory path: text or a path object, never a number (pydantic would turn out=5 into '5')."""
+        if value is None or isinstance(value, str):
+            return value
+        if isinstance(value, os.PathLike):
+            return os.fspath(value)
+        raise ValueError(f"out is a run directory path (text or a pathlib.Path), got the {type(value).__name__} "
+                         f"{value!r}; write out='{value}' for a directory of that name")
 
     @field_validator("dual_clip_c")
     @classmethod

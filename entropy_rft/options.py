@@ -70,6 +70,11 @@ def set_item(text: str) -> tuple[str, object]:
     except yaml.YAMLError as err:
         raise argparse.ArgumentTypeError(f"{text!r}: the value is not YAML ({' '.join(str(err).split()[:8])}...); "
                                          f"quote text, e.g. {key}='...'") from None
+    from .config import TrainConfig
+
+    field = TrainConfig.__dataclass_fields__.get(key)
+    if field is not None and str(field.type) in ("str", "str | None") and isinstance(value, (int, float)):
+        value = raw.strip()  # a text field: out=5 names the directory 5 (YAML would read a number)
     try:
         value = check_values(**{key: value})[key]
     except ConfigError as err:

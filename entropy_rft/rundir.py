@@ -352,8 +352,13 @@ def claim(cfg: TrainConfig, *, resume: bool | str = False, overwrite: bool = Fal
     if resume and overwrite:
         raise RunDirError("--resume and --overwrite contradict each other: continue the run, or replace it")
     run_dir = Path(cfg.out)
+    if run_dir.is_symlink() and not run_dir.exists():
+        raise RunDirError(f"--out {run_dir} is a symlink to {os.readlink(run_dir)}, which does not exist; remove the "
+                          "link, or choose another --out/--name")
     if run_dir.exists() and not run_dir.is_dir():
-        raise RunDirError(f"--out {run_dir} is a file, not a directory; choose another --out/--name")
+        raise RunDirError(f"--out {run_dir} is not a directory ({'a file' if run_dir.is_file() else 'a device'}); "
+                          "choose another --out/--name")
+    check_output(run_dir, option="--out", command="train")  # never inside another run's record
     if resume is True and not run_dir.is_dir():  # refused before the lock would create the directory
         raise RunDirError(f"nothing to resume in {run_dir}: it does not exist. Check the path; to start the run "
                           "there instead, use --resume-or-start (or drop --resume)")
@@ -477,7 +482,8 @@ def check_output(path: str | Path, *, option: str = "--out", command: str = "", 
     path is refused when it, or what the command writes there, is or lies inside a record entry (config.yaml,
     metrics.jsonl, eval.json, checkpoint-N, samples, ...) of a run directory or of a directory a live run holds;
     and, unless the user named the path (named=False: the command's default), when it lies in such a directory at
-    all. A dangling symlink, or a file where a directory is due (or the reverse), is refused too. Returns path."""
+    all. With no `writes`, the directory itself is checked (a run directory: train's own). A dangling symlink, or a
+    file where a directory is due (or the reverse), is refused too. Returns path."""
     path = Path(path)
     where = f"{option} {path}"
     if path.is_symlink() and not path.exists():
@@ -488,7 +494,7 @@ def check_output(path: str | Path, *, option: str = "--out", command: str = "", 
                           f"{option} takes a directory to write into")
     if path.is_dir() and not directory:
         raise RunDirError(f"{where} is a directory; {option} takes the file to write")
-    targets = [path / name for name in writes] if directory else [path]
+    targets = [path / name for name in writes] if directory and writes else [path]
     for target in targets:
         absolute = Path(os.path.abspath(target))
         for parent in [absolute, *absolute.parents]:
