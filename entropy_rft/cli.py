@@ -1,11 +1,12 @@
 """Command line: entropy-rft demo | train | plan | eval | filter | compare | report | inspect | theory | sweep |
-pretrain-toy.
+pretrain-toy | recipes (and --version).
 
 One grammar for every subcommand:
-1. Settings are TrainConfig fields, layered, later winning per key: a recipe (--config), then --set KEY=VALUE
-   (repeatable, merged), then the subcommand's own options. train and plan take a flat recipe; demo, compare and
-   sweep take a demo-style file (`common` + `methods`) or a flat recipe (their shared settings); a file of the
-   wrong kind is refused naming the subcommands that take it.
+1. Settings are TrainConfig fields, layered, later winning per key: a recipe (--config, a file or a shipped recipe's
+   name), then --set KEY=VALUE (repeatable, merged), then the subcommand's own options. train and plan take a flat
+   recipe; demo, compare and sweep take a demo-style file (`common` + `methods`) or a flat recipe (their shared
+   settings); a file of the wrong kind is refused naming the subcommands that take it. eval, filter, theory and
+   pretrain-toy take no recipe: their --set takes the fields their options mirror (SET_OPTIONS).
 2. An option that mirrors a TrainConfig field carries the field's name (eval --eval-k, --eval-temperature,
    --eval-problems, --vllm-gpu-memory) and the field's own rules (config.check_values). Departure: eval's old
    spellings --k, --temperature, --limit and --vllm-memory (and filter's --vllm-memory) still work, with a note.
@@ -13,7 +14,9 @@ One grammar for every subcommand:
    the device, optional packages (vLLM, TensorBoard, W&B) and the run directory are checked before any model loads.
 4. A run directory is one run's record (entropy_rft/rundir.py): train and demo write a new runs/<method>-<time>
    unless given --out or --name, and refuse another run's record unless told --resume, --resume-or-start or
-   --overwrite. compare and sweep key each cell by its settings, so a rerun continues its own cells only.
+   --overwrite. compare and sweep key each cell by its settings, so a rerun continues its own cells only. Every
+   other output path follows one rule (rundir.check_output): never a file of a run's record, never into a live
+   run's directory or a run's directory at all unless the path was named.
 5. --help shows every option with its default.
 """
 
@@ -155,7 +158,7 @@ def cmd_demo(args) -> None:
 
 
 def cmd_train(args) -> None:
-    from .config import describe, read_recipe, resolve_config
+    from .config import describe, read_recipe, recipe_file, resolve_config
     from .rundir import stored_settings
 
     if args.help_config:
@@ -176,7 +179,7 @@ def cmd_train(args) -> None:
 
         cfg = resolve_config(recipe, sets, options)
         given = args.out or (out_dir(args, "") if args.name else None)  # never the recipe's own out: a real run's
-        scratch = given or f"runs/dry-run/{Path(args.config).stem if args.config else cfg.method}"
+        scratch = given or f"runs/dry-run/{recipe_file(args.config).stem if args.config else cfg.method}"
         print(json.dumps(dry_run(cfg, scratch, overwrite=args.overwrite or given is None), indent=1))
         print(f"dry run passed: the recipe is valid and ran two steps on the CPU stand-in ({scratch})")
         _print_plan(cfg)
