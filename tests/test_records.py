@@ -242,6 +242,9 @@ def test_no_output_path_changes_a_run_record(command, target, live, tmp_path, mo
         pass
     except SystemExit as exc:
         err = capsys.readouterr().err
+        if os.environ.get("ENTROPY_RFT_ERROR_LOG"):
+            with open(os.environ["ENTROPY_RFT_ERROR_LOG"], "a") as f:
+                f.write(err)
         lines = [line for line in err.splitlines() if line.strip()]
         assert exc.code == 2 and len(lines) == 1 and "Traceback" not in err, (argv, exc.code, err)
     finally:
