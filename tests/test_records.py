@@ -462,7 +462,8 @@ print(err(lambda: TrainConfig(out=5)))
 
 def test_shipped_recipes_by_name_version_and_inspect_html_suffix(trained, tmp_path):
     """Item 15 and issue 33's two items: from a directory without the clone's configs/, `--config
-    paper/qwen2.5-7b-instruct_clip_b` reads the shipped recipe and `recipes` lists it; an unknown name points at
+    paper/qwen2.5-7b-instruct_clip_b` reads the shipped recipe and `recipes` lists it, and the README's
+    `entropy_rft/configs/paper/....yaml` works there too; an unknown name points at
     `entropy-rft recipes`. `--version` prints the package's version. `inspect --out NAME` writes NAME.html and says
     so."""
     listed = ok(cli(["recipes"], tmp_path)).stdout
@@ -470,6 +471,8 @@ def test_shipped_recipes_by_name_version_and_inspect_html_suffix(trained, tmp_pa
     plan = cli(["plan", "--config", "paper/qwen2.5-7b-instruct_clip_b", "--json"], tmp_path)
     assert plan.returncode in (0, 1), plan.stderr  # 1: it does not fit the default 80 GiB device
     assert json.loads(plan.stdout)["model"] == "Qwen/Qwen2.5-7B-Instruct"
+    readme = cli(["plan", "--config", "entropy_rft/configs/paper/qwen3-4b-base_grpo.yaml", "--json"], tmp_path)
+    assert json.loads(readme.stdout)["model"] == "Qwen/Qwen3-4B-Base", readme.stderr  # the README's clone path
     one_line(cli(["train", "--config", "paper/no-such-recipe"], tmp_path), "entropy-rft recipes")
     version = next(line.split('"')[1] for line in (ROOT / "pyproject.toml").read_text().splitlines()
                    if line.startswith("version"))
