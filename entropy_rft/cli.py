@@ -360,7 +360,8 @@ def cmd_recipes(args) -> None:
     for name in shipped_recipes():
         data = read_yaml(RECIPES / f"{name}.yaml") or {}
         what = "demo-style (demo, compare, sweep)" if "methods" in data else f"method {data.get('method', 'grpo')}"
-        print(f"{name:45s} {what}, model {data.get('model', (data.get('common') or {}).get('model', 'countdown-tiny'))}")
+        model = data.get("model", (data.get("common") or {}).get("model", "countdown-tiny"))
+        print(f"{name:45s} {what}, model {model}")
 
 
 def package_version() -> str:

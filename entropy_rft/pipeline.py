@@ -116,8 +116,8 @@ def load_task_datasets(task_name: str, specs: list[tuple[str, int]], *, data_dir
     return datasets
 
 
-def evaluate_to_dir(*, model: str, task_name: str | list[str], specs: list[tuple[str, int]], out: str | Path, n: int | None,
-                    temperature: float, top_p: float, max_new_tokens: int | None, engine: str = "hf",
+def evaluate_to_dir(*, model: str, task_name: str | list[str], specs: list[tuple[str, int]], out: str | Path,
+                    n: int | None, temperature: float, top_p: float, max_new_tokens: int | None, engine: str = "hf",
                     device: str = "auto", chat_template: str = "auto", data_dir: str | None = None, limit: int = 0,
                     seed: int = 0, batch_size: int = 512, vllm_memory: float = 0.9) -> dict:
     """Evaluate one policy on several datasets; write eval.json, eval.md, pass_rates.png and samples/*.jsonl.

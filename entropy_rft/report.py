@@ -285,8 +285,9 @@ def prediction_lines(name: str, stats: dict) -> list[str]:
     return out
 
 
+# what build_report writes (checked against run records by the CLI: rundir.check_output)
 REPORT_FILES = ("report.md", "report.json", "report.html", "inspect.html", "entropy.png", "s_means.png", "cov.png",
-                "grad_norm.png", "clip_vs_mu.png", "pass_rates.png", "predicted_vs_realised.png")  # what build_report writes
+                "grad_norm.png", "clip_vs_mu.png", "pass_rates.png", "predicted_vs_realised.png")
 
 
 def build_report(run_dirs: list[Path | str], out: Path | str) -> Path:

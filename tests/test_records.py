@@ -197,7 +197,8 @@ def _fake_run(run: Path) -> None:
     torch.save({"step": 2}, run / "checkpoint-2" / "trainer_state.pt")
     (run / "checkpoint-2" / "model.safetensors").write_bytes(b"weights")
     (run / "latest_checkpoint").write_text("checkpoint-2")
-    (run / "eval.json").write_text('{"0": {"avg_at_k": 0.1, "pass_at_k": 0.2}, "2": {"avg_at_k": 0.3, "pass_at_k": 0.4}}')
+    (run / "eval.json").write_text('{"0": {"avg_at_k": 0.1, "pass_at_k": 0.2}, '
+                                   '"2": {"avg_at_k": 0.3, "pass_at_k": 0.4}}')
     (run / "samples").mkdir()
     (run / "samples" / "step-000001.json.gz").write_bytes(b"not really")
 
