@@ -13,7 +13,8 @@ Rules (entropy_rft/trainer.py's train() calls them; the CLI maps refusals to exi
    writes config.yaml. A new run (in a new directory or over a replaced record) commits when it logs its first
    step: only then is the replaced record deleted. A run that fails or is stopped before that puts the directory
    back as it was (the old record, or nothing that reads as a record), so the same command works again; a resumed
-   run commits at start (its record is its own). A process killed before committing is repaired by the next claim.
+   run commits at start (its record is its own). A process killed before committing is repaired by the next claim:
+   a replaced record comes back, and what a new run wrote before its first step goes.
 4. Resume is exact or refused. The stored config.yaml must equal the new settings in every field except RESUME_SAFE
    (config.py: where and how the run is recorded, and steps); each other difference is named; a config.yaml that is
    not YAML is named with the way out. No checkpoint to resume from is an error (resume=True) or a fresh start
@@ -368,6 +369,10 @@ def claim(cfg: TrainConfig, *, resume: bool | str = False, overwrite: bool = Fal
         for stale in [*run_dir.glob(".checkpoint-*"), *run_dir.glob(".deleting-*")]:  # writes a kill cut short
             shutil.rmtree(stale, ignore_errors=True)
         record = record_entries(run_dir)
+        if _never_stepped(run_dir, record):  # a new run killed (SIGKILL) before its first step: nothing to keep
+            for entry in record:
+                _remove(entry)
+            record = []
         checkpoint = resume_checkpoint(run_dir) if resume else None
         finished = replacing = False
         if checkpoint is not None:
@@ -395,6 +400,14 @@ def claim(cfg: TrainConfig, *, resume: bool | str = False, overwrite: bool = Fal
     except BaseException:
         lock.release()
         raise
+
+
+def _never_stepped(run_dir: Path, record: list[Path]) -> bool:
+    """A record a new run left when killed before its first step (a stop is undone by Claim itself): its start's
+    config.yaml and sinks, and no metrics row, evaluation or checkpoint."""
+    metrics = run_dir / "metrics.jsonl"
+    return bool(record) and all(p.name in ("config.yaml", "metrics.jsonl", "tensorboard", "wandb", "wandb_run_id")
+                                for p in record) and (not metrics.exists() or not metrics.read_text().strip())
 
 
 def _repair(run_dir: Path) -> None:

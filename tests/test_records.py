@@ -146,8 +146,9 @@ def test_eval_into_a_run_is_refused_and_the_run_still_reports(trained, tmp_path)
     assert not (tmp_path / "live" / "eval.json").exists()
 
 
-def _stop_when_started(cmd: list, cwd: Path, config_yaml: Path, steps: int) -> subprocess.CompletedProcess:
-    """Start the CLI, wait until the run has started (its config.yaml says `steps`), then SIGTERM it."""
+def _stop_when_started(cmd: list, cwd: Path, config_yaml: Path, steps: int,
+                       sig: int = signal.SIGTERM) -> subprocess.CompletedProcess:
+    """Start the CLI, wait until the run has started (its config.yaml says `steps`), then send it `sig`."""
     proc = subprocess.Popen([sys.executable, "-m", "entropy_rft.cli", *map(str, cmd)], cwd=cwd, env=env(),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 120
@@ -157,7 +158,7 @@ def _stop_when_started(cmd: list, cwd: Path, config_yaml: Path, steps: int) -> s
         time.sleep(0.1)
     assert proc.poll() is None, proc.communicate()
     time.sleep(0.5)  # inside the initial evaluation (32 samples of every eval problem: minutes)
-    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(sig)
     out, err = proc.communicate(timeout=120)
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
@@ -165,7 +166,7 @@ def _stop_when_started(cmd: list, cwd: Path, config_yaml: Path, steps: int) -> s
 def test_a_run_stopped_before_its_first_step_changes_nothing(trained, tmp_path):
     """Item 2: `train --overwrite` SIGTERMed before its first step exits 128+15 saying no record changed, and the old
     record is byte-identical; a new run stopped so leaves nothing that reads as a record, so the same command is
-    not refused afterwards."""
+    not refused afterwards; one SIGKILLed there leaves its start's files, which the same command clears."""
     run = copy_run(trained, tmp_path)
     before = snapshot(run)
     slow = ["--steps", 3, *SMALL, "eval_k=32", "eval_problems=0"]
@@ -179,6 +180,13 @@ def test_a_run_stopped_before_its_first_step_changes_nothing(trained, tmp_path):
     assert record_entries(tmp_path / "s") == []
     cfg = config.load_config(None, out=str(tmp_path / "s"), steps=3)
     claim(cfg).release()  # what the same command's start does: no refusal
+
+    proc = _stop_when_started(["train", "--out", "k", *slow], tmp_path, tmp_path / "k" / "config.yaml", 3,
+                              signal.SIGKILL)
+    assert proc.returncode == -signal.SIGKILL
+    assert sorted(p.name for p in record_entries(tmp_path / "k")) == ["config.yaml", "metrics.jsonl"]
+    claim(config.load_config(None, out=str(tmp_path / "k"), steps=3)).release()
+    assert record_entries(tmp_path / "k") == []
 
 
 class Work(Exception):
