@@ -377,7 +377,8 @@ def cmd_pretrain_toy(args) -> None:
     from .toy import ToyConfig, pretrain
 
     cfg = ToyConfig(seed=args.seed, **({"sft_steps": args.sft_steps} if args.sft_steps else {}))
-    guard(args, args.out, ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "data"))
+    guard(args, args.out, ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "data",
+                           "build.json"))
     print(json.dumps(pretrain(cfg, Path(args.out)), indent=1))
 
 
