@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -567,6 +568,9 @@ def main(argv: list[str] | None = None) -> None:
     try:
         apply_sets(args, parser._subparsers._group_actions[0].choices[args.command], argv)
         args.fn(args)
+    except BrokenPipeError:  # the reader closed the pipe (`entropy-rft recipes | head`): nothing went wrong here
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error when Python flushes stdout
+        raise SystemExit(0) from None
     except (FileNotFoundError, KeyError, ValueError, OSError, ImportError, RunDirError) as err:
         msg = err.args[0] if isinstance(err, KeyError) and err.args else err
         print(f"entropy-rft {args.command}: error: {' '.join(str(msg).split())}", file=sys.stderr)
