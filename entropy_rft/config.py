@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 import warnings
 from dataclasses import field, fields
 from pathlib import Path
@@ -281,6 +282,17 @@ class TrainConfig:
                 raise ValueError(f"device must be auto, cpu, cuda or cuda:N, got {value!r}") from None
         return value
 
+    @field_validator("out", mode="before")
+    @classmethod
+    def _out_is_a_path(cls, value):
+        """A directory path: text or a path object, never a number (pydantic would turn out=5 into '5')."""
+        if value is None or isinstance(value, str):
+            return value
+        if isinstance(value, os.PathLike):
+            return os.fspath(value)
+        raise ValueError(f"out is a run directory path (text or a pathlib.Path), got the {type(value).__name__} "
+                         f"{value!r}; write out='{value}' for a directory of that name")
+
     @field_validator("dual_clip_c")
     @classmethod
     def _dual_clip(cls, value):
@@ -409,12 +421,34 @@ def _unique_mapping(loader, node, deep=False):
 _UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _unique_mapping)
 
 
-def read_yaml(path: str | Path):
-    """A YAML file's content; a missing file, bad YAML or a duplicate key raise naming the file."""
+RECIPES = Path(__file__).parent / "configs"  # the shipped recipes, installed with the package
+
+
+def shipped_recipes() -> list[str]:
+    """Names of the shipped recipes (`paper/qwen2.5-7b-instruct_clip_b`), as --config takes them."""
+    return sorted(str(p.relative_to(RECIPES).with_suffix("")) for p in RECIPES.rglob("*.yaml"))
+
+
+def recipe_file(path: str | Path) -> Path:
+    """--config's file: the path when it exists, else the shipped recipe of that name (with or without .yaml, or
+    the README's entropy_rft/configs/... path of a clone), else the path as given (read_yaml names it)."""
     path = Path(path)
+    if path.exists():
+        return path
+    name = str(path).removeprefix("entropy_rft/configs/").removesuffix(".yaml")
+    shipped = RECIPES / f"{name}.yaml"
+    return shipped if shipped.is_file() and ".." not in Path(name).parts else path
+
+
+def read_yaml(path: str | Path):
+    """A YAML file's content (a shipped recipe by name too); a missing file, bad YAML or a duplicate key raise naming
+    the file."""
+    path = recipe_file(path)
     if not path.is_file():
-        raise FileNotFoundError(f"config file {path} does not exist" if not path.exists() else
-                                f"config file {path} is a directory; pass a YAML file")
+        raise FileNotFoundError(f"config file {path} does not exist, nor is it a shipped recipe (`entropy-rft recipes` "
+                                "lists them)" if not path.exists() else
+                                f"config file {path} is a directory; pass a YAML file" if path.is_dir() else
+                                f"config file {path} is not a regular file (a device or pipe); pass a YAML file")
     try:
         return yaml.load(path.read_text(), Loader=_UniqueKeyLoader)
     except yaml.YAMLError as err:

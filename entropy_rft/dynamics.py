@@ -35,6 +35,7 @@ Departures:
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields
 
 import torch
@@ -135,8 +136,8 @@ def token_stats(logits: Tensor, tokens: Tensor, *, temperature: float = 1.0, chu
             f"logits of shape {tuple(logits.shape)} do not match tokens of shape {tuple(tokens.shape)}: "
             "logits must be [..., V] with tokens [...] (did you forget to shift logits by one position?)"
         )
-    if temperature <= 0:
-        raise ValueError(f"temperature must be > 0, got {temperature}")
+    if not 0 < temperature < math.inf:  # NaN too: it would make every statistic NaN
+        raise ValueError(f"temperature must be a finite number > 0, got {temperature}")
     vocab = logits.shape[-1]
     _check_tokens(tokens, vocab, logits.shape[:-1], "these logits")
     flat_z = logits.reshape(-1, vocab)
@@ -272,8 +273,8 @@ def token_stats_from_hidden(
             f"hidden {tuple(hidden.shape)} and lm_head_weight {tuple(lm_head_weight.shape)} do not fit: "
             "need hidden [..., D] and weight [V, D] (the LM head's weight, e.g. model.lm_head.weight)."
         )
-    if temperature <= 0:
-        raise ValueError(f"temperature must be > 0, got {temperature}")
+    if not 0 < temperature < math.inf:  # NaN too: it would make every statistic NaN
+        raise ValueError(f"temperature must be a finite number > 0, got {temperature}")
     _check_tokens(tokens, lm_head_weight.shape[0], hidden.shape[:-1], "these hidden states")
     flat_h = hidden.reshape(-1, hidden.shape[-1])
     flat_t = tokens.reshape(-1).long()
@@ -321,6 +322,17 @@ def batch_covariance(x: Tensor, y: Tensor, mask: Tensor) -> Tensor:
     return ((x - mx) * (y - my) * m).sum() / n
 
 
+def step_size(lr: float, num_tokens: Tensor | float | None) -> Tensor | float:
+    """lr / |T_B| (lr when num_tokens is None); a count of 0 or less (a batch with no loss token) is refused by name
+    rather than divided by."""
+    if num_tokens is None:
+        return lr
+    if not isinstance(num_tokens, Tensor) and not num_tokens > 0:
+        raise ValueError(f"num_tokens is |T_B|, the count of the loss's tokens: it must be > 0, got {num_tokens} (a "
+                         "batch with no loss token moves nothing; pass None for the per-token step lr)")
+    return lr / num_tokens
+
+
 def corollary4_entropy_change(
     advantages: Tensor, s_centered: Tensor, mask: Tensor, *, lr: float, ratio: Tensor | None = None,
     num_tokens: Tensor | float | None = None, step: Tensor | float | None = None,
@@ -337,7 +349,7 @@ def corollary4_entropy_change(
     adv = broadcast_advantages(advantages, s_centered)
     score = s_centered if ratio is None else ratio * s_centered
     if step is None:
-        step = lr if num_tokens is None else lr / num_tokens
+        step = step_size(lr, num_tokens)
     if not isinstance(step, Tensor):
         return -step * batch_covariance(adv, score, mask)
     m = mask.to(torch.float64)
@@ -359,7 +371,7 @@ def batch_mean_entropy_change(
     score = s_centered if ratio is None else ratio * s_centered
     m = mask.to(torch.float32)
     if step is None:
-        step = lr if num_tokens is None else lr / num_tokens
+        step = step_size(lr, num_tokens)
     if isinstance(step, Tensor):
         m = m.double()
         return -(step.double() * adv.double() * score.double() * m).sum() / m.sum().clamp_min(1.0)

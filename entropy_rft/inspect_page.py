@@ -94,6 +94,8 @@ def run_names(run_dirs: list[Path]) -> list[str]:
 def load_run(run_dir: Path | str, steps: list[int] | None = None, max_steps: int = MAX_STEPS) -> dict:
     """A run directory's samples (the chosen steps) and the settings the page names (method, mu, seed, lr)."""
     run_dir = Path(run_dir)
+    if run_dir.exists() and not run_dir.is_dir():
+        raise ValueError(f"{run_dir} is a file, not a run directory: pass directories written by `entropy-rft train`")
     if not run_dir.is_dir():
         raise FileNotFoundError(f"run directory {run_dir} does not exist: pass directories written by `entropy-rft "
                                 "train` (or by EntropyGRPOTrainer's output_dir)")

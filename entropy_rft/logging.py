@@ -37,7 +37,7 @@ class JsonlSink:
     def __init__(self, run_dir: Path, config: dict, start_step: int = 0):
         self.path = Path(run_dir) / "metrics.jsonl"
         if self.path.exists():
-            kept = [line for line in _complete_rows(self.path) if json.loads(line).get("step", 0) <= start_step]
+            kept = [line for n, line in _complete_rows(self.path) if _row(self.path, n, line)["step"] <= start_step]
             tmp = self.path.with_name(".metrics.jsonl.tmp")
             tmp.write_text("".join(line + "\n" for line in kept))
             os.replace(tmp, self.path)
@@ -123,8 +123,9 @@ class MetricLogger:
             sink.close()
 
 
-def _complete_rows(path: Path) -> list[str]:
-    """The JSON lines of a metrics file; a last line cut by a kill mid-write (no newline, not JSON) is left out."""
+def _complete_rows(path: Path) -> list[tuple[int, str]]:
+    """(line number, text) of the JSON lines of a metrics file; a last line cut by a kill mid-write (no newline, not
+    JSON) is left out."""
     text = path.read_text(errors="replace")
     lines = text.split("\n")
     if lines and lines[-1].strip():  # no final newline: written whole only if it parses
@@ -132,7 +133,20 @@ def _complete_rows(path: Path) -> list[str]:
             json.loads(lines[-1])
         except json.JSONDecodeError:
             lines = lines[:-1]
-    return [line for line in lines if line.strip()]
+    return [(n, line) for n, line in enumerate(lines, 1) if line.strip()]
+
+
+def _row(path: Path, n: int, line: str) -> dict:
+    """Line n of a metrics file as a row; anything else raises ValueError naming the file and line."""
+    try:
+        row = json.loads(line)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path}:{n} is not a JSON line ({err.msg}); the file is damaged: delete that line (a "
+                         "resumed run logs the steps after its checkpoint again)") from None
+    if not isinstance(row, dict) or not isinstance(row.get("step"), int):
+        raise ValueError(f"{path}:{n} is not a metrics row (a JSON object with an integer 'step'); the file is "
+                         "damaged: delete that line (a resumed run logs the steps after its checkpoint again)")
+    return row
 
 
 def read_metrics(run_dir: Path | str) -> list[dict]:
@@ -141,15 +155,4 @@ def read_metrics(run_dir: Path | str) -> list[dict]:
     path = Path(run_dir) / "metrics.jsonl"
     if not path.exists():
         raise FileNotFoundError(f"{run_dir} has no metrics.jsonl: pass a run directory written by `entropy-rft train`")
-    rows = []
-    for n, line in enumerate(_complete_rows(path), 1):
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{path}:{n} is not a JSON line ({err.msg}); the file is damaged: delete the line, or "
-                             "rerun the run with --resume to rewrite it from its last checkpoint") from None
-        if not isinstance(row, dict) or not isinstance(row.get("step"), int):
-            raise ValueError(f"{path}:{n} is not a metrics row (a JSON object with an integer 'step'); the file is "
-                             "damaged: delete the line, or rerun the run with --resume") from None
-        rows.append(row)
-    return rows
+    return [_row(path, n, line) for n, line in _complete_rows(path)]

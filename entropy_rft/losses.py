@@ -79,6 +79,10 @@ def aggregate(
     max_completion_length; the batch's padded width T would change the loss with the longest response).
     Sequence means divide by num_seqs (default: sequences with at least one valid token here).
     """
+    for name, count in (("num_tokens", num_tokens), ("num_seqs", num_seqs)):
+        if count is not None and not isinstance(count, Tensor) and not count > 0:
+            raise ValueError(f"{name} is a loss denominator (a count of tokens or sequences): it must be > 0, got "
+                             f"{count}; clamp the count to >= 1 (a batch with no loss token has a zero loss)")
     m = mask.to(loss_mat.dtype)
     if mode == "token-mean":
         denom = m.sum() if num_tokens is None else num_tokens

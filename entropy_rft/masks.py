@@ -91,7 +91,8 @@ def _masked_mean_std(x: Tensor, m: Tensor) -> tuple[Tensor, Tensor]:
 def clipped_fractions(mask: Tensor, keep: Tensor, advantages: Tensor, *, empty: float = 0.0) -> dict[str, float]:
     """Fractions of valid tokens removed by a filter: overall, in positive (A > 0) and negative (A < 0) samples.
 
-    `empty` is the value reported for a side with no tokens (the authors' code reports 1.0).
+    `empty` is the value reported for a side with no tokens, and overall for an empty mask (the authors' code
+    reports 1.0).
     """
     adv = broadcast_advantages(advantages, mask)
     m = mask.bool()
@@ -103,9 +104,9 @@ def clipped_fractions(mask: Tensor, keep: Tensor, advantages: Tensor, *, empty: 
             return empty
         return 1.0 - int((kept & sel).sum()) / total
 
-    n = max(int(m.sum()), 1)
+    n = int(m.sum())
     return {
-        "frac_clipped": 1.0 - int(kept.sum()) / n,
+        "frac_clipped": 1.0 - int(kept.sum()) / n if n else empty,  # no valid token: none was clipped
         "frac_clipped_pos": frac(adv > 0),
         "frac_clipped_neg": frac(adv < 0),
     }

@@ -53,6 +53,20 @@ def parse_data_specs(text: str, k: int) -> list[tuple[str, int]]:
     return out
 
 
+def entry_tasks(specs: list[tuple[str, int]], task: str | None) -> list[str]:
+    """The task scoring each --data entry: `task` when given, else the entry's own for a shipped countdown set
+    (countdown, countdown5) and math for any other. Entries whose tasks need different generation settings (the
+    countdown family's short answers without a chat template, math's long ones) are refused: one eval per family."""
+    from .trainer import SHIPPED_DATA
+
+    tasks = [task or (spec if spec in SHIPPED_DATA else "math") for spec, _ in specs]
+    families = {t in DEFAULT_MAX_NEW_TOKENS for t in tasks}
+    if len(families) > 1:
+        raise ValueError(f"--data mixes countdown and math datasets ({', '.join(s for s, _ in specs)}); they need "
+                         "different response lengths and chat templates: evaluate them in two runs")
+    return tasks
+
+
 def build_engine(name: str, model_path: str, *, device: str, chat_template: str, task_name: str,
                  batch_size: int = 512, seed: int = 0, vllm_memory: float = 0.9):
     """An engine for evaluation: HF generate with the model loaded here, or vLLM from the model path (taking
@@ -102,27 +116,33 @@ def load_task_datasets(task_name: str, specs: list[tuple[str, int]], *, data_dir
     return datasets
 
 
-def evaluate_to_dir(*, model: str, task_name: str, specs: list[tuple[str, int]], out: str | Path, n: int | None,
-                    temperature: float, top_p: float, max_new_tokens: int | None, engine: str = "hf",
+def evaluate_to_dir(*, model: str, task_name: str | list[str], specs: list[tuple[str, int]], out: str | Path,
+                    n: int | None, temperature: float, top_p: float, max_new_tokens: int | None, engine: str = "hf",
                     device: str = "auto", chat_template: str = "auto", data_dir: str | None = None, limit: int = 0,
                     seed: int = 0, batch_size: int = 512, vllm_memory: float = 0.9) -> dict:
-    """Evaluate one policy on several datasets; write eval.json, eval.md, pass_rates.png and samples/*.jsonl."""
+    """Evaluate one policy on several datasets; write eval.json, eval.md, pass_rates.png and samples/*.jsonl.
+    `task_name` scores every dataset, or is a list of one task per entry of `specs` (entry_tasks)."""
     out = Path(out)
+    tasks = [task_name] * len(specs) if isinstance(task_name, str) else list(task_name)
+    by_task: dict[str, list] = {}
+    for spec, task in zip(specs, tasks):
+        by_task.setdefault(task, []).append(spec)
+    datasets = {t: load_task_datasets(t, s, data_dir=data_dir, limit=limit) for t, s in by_task.items()}
     (out / "samples").mkdir(parents=True, exist_ok=True)
-    task = TASKS.get(task_name)
-    datasets = load_task_datasets(task_name, specs, data_dir=data_dir, limit=limit)
-    eng = build_engine(engine, model, device=device, chat_template=chat_template, task_name=task_name,
+    eng = build_engine(engine, model, device=device, chat_template=chat_template, task_name=tasks[0],
                        batch_size=batch_size, seed=seed, vllm_memory=vllm_memory)
     torch.manual_seed(seed)
     t0 = time.time()
     samples: dict = {}
+    results: dict = {}
     try:
-        results = evaluate_datasets(eng, task, datasets, n=n, temperature=temperature, top_p=top_p,
-                                    max_new_tokens=response_limit(task_name, max_new_tokens),
-                                    seed=seed, samples=samples)
+        for task, sets in datasets.items():
+            results.update(evaluate_datasets(eng, TASKS.get(task), sets, n=n, temperature=temperature, top_p=top_p,
+                                             max_new_tokens=response_limit(task, max_new_tokens), seed=seed,
+                                             samples=samples))
     finally:
         eng.close()
-    meta = {"model": model, "task": task_name, "temperature": temperature, "top_p": top_p,
+    meta = {"model": model, "task": ",".join(by_task), "temperature": temperature, "top_p": top_p,
             "chat_template": eng.chat_template, "seed": seed, "seconds": time.time() - t0}
     (out / "eval.json").write_text(json.dumps({"meta": meta, "results": results}, indent=1) + "\n")
     (out / "eval.md").write_text(results_markdown(results, title=f"Evaluation of {model} (temperature {temperature})"))

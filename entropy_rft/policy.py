@@ -28,7 +28,14 @@ STAND_IN = "tiny-stand-in"  # a random tiny chat model built on first use (toy.b
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("ENTROPY_RFT_CACHE", Path.home() / ".cache" / "entropy-rft"))
+    """$ENTROPY_RFT_CACHE or ~/.cache/entropy-rft, created; one that cannot be is named with the variable."""
+    path = Path(os.environ.get("ENTROPY_RFT_CACHE", Path.home() / ".cache" / "entropy-rft"))
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise OSError(f"the entropy-rft cache {path} cannot be created ({err.strerror}); set ENTROPY_RFT_CACHE to a "
+                      "writable directory" + (" or unset it" if "ENTROPY_RFT_CACHE" in os.environ else "")) from None
+    return path
 
 
 def resolve_model_path(name: str) -> str:

@@ -67,6 +67,8 @@ from .logging import read_metrics  # noqa: E402
 def load_run(run_dir: Path | str) -> dict:
     """A run directory's config, per-step metrics and evaluations."""
     run_dir = Path(run_dir)
+    if run_dir.exists() and not run_dir.is_dir():
+        raise ValueError(f"{run_dir} is a file, not a run directory: pass directories written by `entropy-rft train`")
     if not run_dir.is_dir():
         raise FileNotFoundError(f"run directory {run_dir} does not exist: pass directories written by `entropy-rft train`")
     if not (run_dir / "metrics.jsonl").exists():
@@ -281,6 +283,11 @@ def prediction_lines(name: str, stats: dict) -> list[str]:
                    f"same sign on {_fmt(s['sign_agreement'], '.0%')} of steps against "
                    f"{_fmt(s['sign_base_rate'], '.0%')} for a constant-sign guess")
     return out
+
+
+# what build_report writes (checked against run records by the CLI: rundir.check_output)
+REPORT_FILES = ("report.md", "report.json", "report.html", "inspect.html", "entropy.png", "s_means.png", "cov.png",
+                "grad_norm.png", "clip_vs_mu.png", "pass_rates.png", "predicted_vs_realised.png")
 
 
 def build_report(run_dirs: list[Path | str], out: Path | str) -> Path:

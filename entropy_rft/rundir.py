@@ -8,19 +8,28 @@ Rules (entropy_rft/trainer.py's train() calls them; the CLI maps refusals to exi
 2. Refusal. A directory holding a run's record (RECORD: config.yaml, metrics.jsonl, checkpoints, ...) is refused to
    a new run unless it is resumed (resume=True), resumed when it can be else started (resume="auto"), or replaced
    (overwrite=True). The default directory is new per run: runs/<method>-<YYYYmmdd-HHMMSS>.
-3. Transaction. Nothing in the directory changes before the run is committed to start (after its model, data and
-   metric sinks are ready): Claim.start() moves a replaced record aside, opens the sinks (cutting metrics back on
-   resume), writes config.yaml, and only then deletes the record it replaced. A start that fails puts the old
-   record back. A process killed half-way is repaired by the next claim (the record comes back unless the new run
-   had committed).
+3. Transaction. Nothing in the directory changes before the run starts (after its model, data and metric sinks
+   are ready): Claim.start() moves a replaced record aside, opens the sinks (cutting metrics back on resume) and
+   writes config.yaml. A new run (in a new directory or over a replaced record) commits when it logs its first
+   step: only then is the replaced record deleted. A run that fails or is stopped before that puts the directory
+   back as it was (the old record, or nothing that reads as a record), so the same command works again; a resumed
+   run commits at start (its record is its own). A process killed before committing is repaired by the next claim:
+   a replaced record comes back, and what a new run wrote before its first step goes.
 4. Resume is exact or refused. The stored config.yaml must equal the new settings in every field except RESUME_SAFE
-   (config.py: where and how the run is recorded, and steps); each other difference is named. No checkpoint to
-   resume from is an error (resume=True) or a fresh start (resume="auto"). A finished run is returned as it is
-   (resume="auto") or refused unless steps grows (resume=True).
+   (config.py: where and how the run is recorded, and steps); each other difference is named; a config.yaml that is
+   not YAML is named with the way out. No checkpoint to resume from is an error (resume=True) or a fresh start
+   (resume="auto"). A finished run is returned as it is (resume="auto") or refused unless steps grows (resume=True).
+   A checkpoint whose trainer_state.pt is damaged (truncated: not a complete torch archive) is skipped: the run
+   resumes from the newest earlier complete checkpoint, with a warning naming the damaged file (the steps after it
+   are trained again, exactly as the first time); with none left, resume is refused naming the file. A checkpoint
+   write that runs out of disk space is one line naming the checkpoint and the way out (free space, --resume).
 5. Retention. After each checkpoint, all but the newest keep_checkpoints complete ones and the final one
    (checkpoint-<steps>) are deleted (renamed to a hidden name first, so a kill mid-delete never leaves a
    half-deleted checkpoint that looks complete).
-6. Signals. SIGINT, SIGTERM (what SLURM and Kubernetes send before SIGKILL) and SIGHUP raise Interrupted (a
+6. Other subcommands' outputs (check_output): eval, report, inspect, compare, sweep, filter, demo, theory and
+   pretrain-toy never write a record entry of a run directory, nor into a directory a live run holds, nor into a
+   run's directory at all unless the user named the path; refused with the reason and the fix.
+7. Signals. SIGINT, SIGTERM (what SLURM and Kubernetes send before SIGKILL) and SIGHUP raise Interrupted (a
    KeyboardInterrupt) in the main thread, so the trainer saves where the run stands and exits; repeats while it
    saves are ignored. A signal whose handler was SIG_IGN when the run started (nohup's SIGHUP) stays ignored.
 """
@@ -28,9 +37,12 @@ Rules (entropy_rft/trainer.py's train() calls them; the CLI maps refusals to exi
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
+import fnmatch
 import json
 import os
+import pickle
 import shutil
 import signal
 import socket
@@ -38,6 +50,7 @@ import sys
 import tempfile
 import threading
 import time
+import zipfile
 from pathlib import Path
 
 import yaml
@@ -56,17 +69,22 @@ class RunDirError(Exception):
 
 
 def new_run_dir(method: str, name: str | None = None, root: str | Path = "runs") -> Path:
-    """runs/NAME, or runs/<method>-<YYYYmmdd-HHMMSS> (with -2, -3, ... if a run started in the same second)."""
+    """runs/NAME, or a new runs/<method>-<YYYYmmdd-HHMMSS> (-2, -3, ... when a run started in the same second),
+    created here with an exclusive mkdir so that two processes starting at once never pick the same one."""
     if name is not None:
         if not name or "/" in name or name in (".", ".."):
             raise RunDirError(f"--name {name!r}: a run name is one path component (no '/'); use --out for a path")
         return Path(root) / name
     base = Path(root) / f"{method.replace(':', '_')}-{time.strftime('%Y%m%d-%H%M%S')}"
+    Path(root).mkdir(parents=True, exist_ok=True)
     path, n = base, 1
-    while path.exists():
-        n += 1
-        path = base.with_name(f"{base.name}-{n}")
-    return path
+    while True:
+        try:
+            path.mkdir()
+            return path
+        except FileExistsError:
+            n += 1
+            path = base.with_name(f"{base.name}-{n}")
 
 
 def record_entries(run_dir: Path) -> list[Path]:
@@ -87,6 +105,69 @@ def find_checkpoint(run_dir: Path) -> Path | None:
     return max(_checkpoints(run_dir, complete=True), key=_step, default=None)
 
 
+def intact_state(ckpt: Path) -> bool:
+    """Whether ckpt/trainer_state.pt is a complete torch archive (torch.save writes a zip, whose directory is at
+    its end: a file cut short by a full disk or a kill mid-copy has none)."""
+    return zipfile.is_zipfile(ckpt / "trainer_state.pt")
+
+
+def resume_checkpoint(run_dir: Path) -> Path | None:
+    """find_checkpoint's choice, or, when its trainer_state.pt is damaged, the newest earlier complete checkpoint
+    with an intact one, after a warning naming the damaged file (rule 4); with none left, RunDirError."""
+    first = find_checkpoint(run_dir)
+    if first is None or intact_state(first):
+        return first
+    damaged = first / "trainer_state.pt"
+    earlier = sorted((c for c in _checkpoints(run_dir, complete=True) if _step(c) < _step(first)), key=_step)
+    for ckpt in reversed(earlier):
+        if intact_state(ckpt):
+            print(f"entropy-rft: warning: {damaged} is damaged (not a complete torch archive: cut short by a full "
+                  f"disk or a copy?); resuming from {ckpt.name}, the newest complete checkpoint before it: steps "
+                  f"{_step(ckpt) + 1}-{_step(first)} are trained again", file=sys.stderr)
+            return ckpt
+    raise RunDirError(f"{damaged} is damaged (not a complete torch archive) and {run_dir} has no earlier complete "
+                      "checkpoint to resume from; restore the file, or start the run again with --overwrite")
+
+
+def load_trainer_state(ckpt: Path) -> dict:
+    """ckpt/trainer_state.pt (the run state besides the weights); a file torch cannot read raises RunDirError naming
+    it and the way out."""
+    import torch
+
+    path = Path(ckpt) / "trainer_state.pt"
+    try:
+        return torch.load(path, weights_only=False)
+    except (RuntimeError, EOFError, OSError, ValueError, pickle.UnpicklingError, zipfile.BadZipFile) as err:
+        raise RunDirError(f"{path} cannot be read ({type(err).__name__}: {' '.join(str(err).split())[:120]}); the "
+                          f"checkpoint is damaged. Move {Path(ckpt).name} out of the run directory and --resume goes "
+                          "on from the checkpoint before it, or restore the file") from None
+
+
+def out_of_space(err: BaseException) -> bool:
+    """An error that says the disk (or the user's quota) is full: OSError ENOSPC / EDQUOT, or safetensors' own
+    SafetensorError wrapping it (`IoError(Os { code: 28, kind: StorageFull, ...`)."""
+    if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    text = str(err)
+    return "No space left on device" in text or "StorageFull" in text or "QuotaExceeded" in text
+
+
+@contextlib.contextmanager
+def checkpoint_space(run_dir: Path, step: int):
+    """Around a checkpoint write: running out of disk space becomes RunDirError naming the checkpoint, the newest
+    complete one left and the way out (free space, --resume: resuming from a complete checkpoint is exact)."""
+    try:
+        yield
+    except Exception as err:
+        if not out_of_space(err):
+            raise
+        left = find_checkpoint(Path(run_dir))
+        raise RunDirError(f"no space left on the device while writing {Path(run_dir) / f'checkpoint-{step}'} (the "
+                          "partial write was removed); free space on that disk, then continue with `entropy-rft train "
+                          f"--resume --out {run_dir}`: it resumes exactly from "
+                          + (f"{left.name}" if left else "the start (no checkpoint was complete)")) from None
+
+
 def _step(ckpt: Path) -> int:
     return int(ckpt.name[11:])
 
@@ -97,11 +178,18 @@ def _checkpoints(run_dir: Path, *, complete: bool) -> list[Path]:
 
 
 def stored_settings(run_dir: Path) -> dict | None:
-    """The run's config.yaml as a dict, or None when there is none."""
+    """The run's config.yaml as a dict, or None when there is none; one that is not YAML raises RunDirError."""
     path = Path(run_dir) / "config.yaml"
     if not path.exists():
         return None
-    data = yaml.safe_load(path.read_text())
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (yaml.YAMLError, UnicodeDecodeError) as err:
+        where = getattr(err, "problem_mark", None)
+        at = f" (line {where.line + 1})" if where is not None else ""
+        raise RunDirError(f"{path} is not valid YAML{at}, so the run's settings cannot be read; the record is damaged. "
+                          "Restore or fix the file (`entropy-rft train --help-config` lists the fields), or replace "
+                          "the run with --overwrite") from None
     if not isinstance(data, dict):
         raise RunDirError(f"{path} is not a mapping of settings; the record is damaged (restore it, or replace the "
                           "run with --overwrite)")
@@ -176,16 +264,18 @@ class Claim:
                  finished: bool):
         self.run_dir, self.lock, self.checkpoint = run_dir, lock, checkpoint
         self.replacing, self.fresh, self.finished = replacing, fresh, finished
-        self.committed = False
+        self.started = self.committed = False
         self._staged: Path | None = None
 
     def start(self, cfg: TrainConfig, open_sinks):
-        """Commit the run: move a replaced record aside, open the sinks (open_sinks() returns the logger), write
-        config.yaml, then delete the replaced record. If anything fails first, the old record is put back."""
+        """Start the run: move a replaced record aside, open the sinks (open_sinks() returns the logger) and write
+        config.yaml. Returns the logger; a new run commits when it logs its first step (rule 3), a resumed one now.
+        If anything fails first, the directory is put back as it was."""
         if self.replacing:
             self._staged = Path(tempfile.mkdtemp(prefix=STAGED, dir=self.run_dir))
             for entry in record_entries(self.run_dir):
                 os.replace(entry, self._staged / entry.name)
+        self.started = True
         try:
             logger = open_sinks()
             try:
@@ -196,26 +286,35 @@ class Claim:
                 logger.close()
                 raise
         except BaseException:
-            if self.fresh:  # what the failed start wrote (a sink's files) would read as a record next time
-                for entry in record_entries(self.run_dir):
-                    _remove(entry)
-            self._restore()
+            self._undo()
             raise
+        if not (self.fresh or self._staged):  # a resume: the record is this run's own
+            self.committed = True
+            return logger
+        return _CommitOnFirstLog(logger, self.commit)
+
+    def commit(self) -> None:
+        """The new run has logged its first step: the record it replaced goes (renamed first, so a kill mid-delete
+        never leaves it to be put back)."""
         self.committed = True
         if self._staged is not None:
-            shutil.rmtree(self._staged, ignore_errors=True)
+            doomed = self.run_dir / f".deleting-{self._staged.name}"
+            os.replace(self._staged, doomed)
             self._staged = None
-        return logger
+            shutil.rmtree(doomed, ignore_errors=True)
 
-    def _restore(self) -> None:
-        if self._staged is None:
-            return
-        for entry in record_entries(self.run_dir):  # what the failed start wrote
-            _remove(entry)
-        for entry in self._staged.iterdir():
-            os.replace(entry, self.run_dir / entry.name)
-        self._staged.rmdir()
-        self._staged = None
+    def _undo(self) -> None:
+        """Back to the directory as it was before start(): what the new run wrote goes (a new directory's, or all of
+        it when a record was moved aside), then the moved-aside record comes back."""
+        if self.fresh or self._staged is not None:
+            for entry in record_entries(self.run_dir):
+                _remove(entry)
+        if self._staged is not None:
+            for entry in self._staged.iterdir():
+                os.replace(entry, self.run_dir / entry.name)
+            self._staged.rmdir()
+            self._staged = None
+        self.started = False
 
     def release(self) -> None:
         self.lock.release()
@@ -225,10 +324,26 @@ class Claim:
 
     def __exit__(self, *exc) -> None:
         try:
-            if not self.committed:
-                self._restore()
+            if self.started and not self.committed:
+                self._undo()
         finally:
             self.release()
+
+
+class _CommitOnFirstLog:
+    """A metric logger whose first log() (the new run's first step) commits the claim."""
+
+    def __init__(self, logger, commit):
+        self._logger, self._commit = logger, commit
+
+    def log(self, metrics: dict) -> None:
+        self._logger.log(metrics)
+        if self._commit is not None:
+            commit, self._commit = self._commit, None
+            commit()
+
+    def __getattr__(self, name):
+        return getattr(self._logger, name)
 
 
 def claim(cfg: TrainConfig, *, resume: bool | str = False, overwrite: bool = False) -> Claim:
@@ -238,8 +353,13 @@ def claim(cfg: TrainConfig, *, resume: bool | str = False, overwrite: bool = Fal
     if resume and overwrite:
         raise RunDirError("--resume and --overwrite contradict each other: continue the run, or replace it")
     run_dir = Path(cfg.out)
+    if run_dir.is_symlink() and not run_dir.exists():
+        raise RunDirError(f"--out {run_dir} is a symlink to {os.readlink(run_dir)}, which does not exist; remove the "
+                          "link, or choose another --out/--name")
     if run_dir.exists() and not run_dir.is_dir():
-        raise RunDirError(f"--out {run_dir} is a file, not a directory; choose another --out/--name")
+        raise RunDirError(f"--out {run_dir} is not a directory ({'a file' if run_dir.is_file() else 'a device'}); "
+                          "choose another --out/--name")
+    check_output(run_dir, option="--out", command="train")  # never inside another run's record
     if resume is True and not run_dir.is_dir():  # refused before the lock would create the directory
         raise RunDirError(f"nothing to resume in {run_dir}: it does not exist. Check the path; to start the run "
                           "there instead, use --resume-or-start (or drop --resume)")
@@ -249,7 +369,11 @@ def claim(cfg: TrainConfig, *, resume: bool | str = False, overwrite: bool = Fal
         for stale in [*run_dir.glob(".checkpoint-*"), *run_dir.glob(".deleting-*")]:  # writes a kill cut short
             shutil.rmtree(stale, ignore_errors=True)
         record = record_entries(run_dir)
-        checkpoint = find_checkpoint(run_dir) if resume else None
+        if _never_stepped(run_dir, record):  # a new run killed (SIGKILL) before its first step: nothing to keep
+            for entry in record:
+                _remove(entry)
+            record = []
+        checkpoint = resume_checkpoint(run_dir) if resume else None
         finished = replacing = False
         if checkpoint is not None:
             _check_resume(run_dir, cfg, checkpoint)
@@ -278,15 +402,22 @@ def claim(cfg: TrainConfig, *, resume: bool | str = False, overwrite: bool = Fal
         raise
 
 
+def _never_stepped(run_dir: Path, record: list[Path]) -> bool:
+    """A record a new run left when killed before its first step (a stop is undone by Claim itself): its start's
+    config.yaml and sinks, and no metrics row, evaluation or checkpoint."""
+    metrics = run_dir / "metrics.jsonl"
+    return bool(record) and all(p.name in ("config.yaml", "metrics.jsonl", "tensorboard", "wandb", "wandb_run_id")
+                                for p in record) and (not metrics.exists() or not metrics.read_text().strip())
+
+
 def _repair(run_dir: Path) -> None:
-    """A process killed inside Claim.start(): if its run had committed (config.yaml written), the record it replaced
-    is garbage; otherwise that record is put back over what the dead start wrote."""
+    """A process killed after Claim.start() moved a record aside and before its run committed (Claim.commit renames
+    the moved-aside record away first): that record is put back over what the dead start wrote."""
     for staged in run_dir.glob(STAGED + "*"):
-        if not (run_dir / "config.yaml").exists():  # staging moved the old config.yaml; the new one marks the commit
-            for entry in record_entries(run_dir):
-                _remove(entry)
-            for entry in staged.iterdir():
-                os.replace(entry, run_dir / entry.name)
+        for entry in record_entries(run_dir):
+            _remove(entry)
+        for entry in staged.iterdir():
+            os.replace(entry, run_dir / entry.name)
         shutil.rmtree(staged, ignore_errors=True)
 
 
@@ -319,6 +450,80 @@ def _remove(path: Path) -> None:
         shutil.rmtree(path)
     else:
         path.unlink(missing_ok=True)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Outputs of other subcommands (rule 6)
+
+
+def is_run_dir(path: Path) -> bool:
+    """Whether `path` holds a run's record: config.yaml with metrics.jsonl (what a run writes as it starts), or a
+    checkpoint pointer."""
+    return path.is_dir() and ((path / "config.yaml").is_file() and (path / "metrics.jsonl").is_file()
+                              or (path / "latest_checkpoint").is_file())
+
+
+def held_by_a_run(path: Path) -> bool:
+    """Whether a live process holds path/.lock (RunLock); probed with a shared lock, never created."""
+    try:
+        fd = os.open(path / LOCK, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return False
+    except OSError:
+        return True
+    finally:
+        os.close(fd)
+
+
+def _shown(path: Path) -> str:
+    """A path as the user would write it: relative to the working directory when it lies below it."""
+    rel = os.path.relpath(path)
+    return str(path) if rel.startswith("..") else rel
+
+
+def _is_record_name(name: str) -> bool:
+    return any(fnmatch.fnmatchcase(name, pattern) for pattern in RECORD)
+
+
+def check_output(path: str | Path, *, option: str = "--out", command: str = "", writes: tuple[str, ...] = (),
+                 named: bool = True, directory: bool = True) -> Path:
+    """Refuse (RunDirError) an output path of a subcommand that would write over a run's record (rule 6). `path` is
+    a directory the command writes `writes` into (directory=True; each name a file or folder of it) or a file. A
+    path is refused when it, or what the command writes there, is or lies inside a record entry (config.yaml,
+    metrics.jsonl, eval.json, checkpoint-N, samples, ...) of a run directory or of a directory a live run holds;
+    and, unless the user named the path (named=False: the command's default), when it lies in such a directory at
+    all. With no `writes`, the directory itself is checked (a run directory: train's own). A dangling symlink, or a
+    file where a directory is due (or the reverse), is refused too. Returns path."""
+    path = Path(path)
+    where = f"{option} {path}"
+    if path.is_symlink() and not path.exists():
+        raise RunDirError(f"{where} is a symlink to {os.readlink(path)}, which does not exist; remove the link or "
+                          f"point {option} at a real path")
+    if path.exists() and directory and not path.is_dir():
+        raise RunDirError(f"{where} is not a directory ({'a device' if not path.is_file() else 'a file'}); "
+                          f"{option} takes a directory to write into")
+    if path.is_dir() and not directory:
+        raise RunDirError(f"{where} is a directory; {option} takes the file to write")
+    targets = [path / name for name in writes] if directory and writes else [path]
+    for target in targets:
+        absolute = Path(os.path.abspath(target))
+        for parent in [absolute, *absolute.parents]:
+            resolved = parent.resolve()
+            if resolved == absolute.resolve() or not (is_run_dir(resolved) or held_by_a_run(resolved)):
+                continue
+            inside = absolute.relative_to(parent)
+            live = " (a live run holds it)" if held_by_a_run(resolved) else ""
+            run = _shown(parent)
+            if _is_record_name(inside.parts[0]):
+                raise RunDirError(f"{where}: {_shown(parent / inside.parts[0])} belongs to the run record in {run}"
+                                  f"{live}; {command or 'this command'} never writes there. Choose another {option}")
+            if not named:
+                raise RunDirError(f"{where}: the default {option} lies in the run directory {run}{live}; name "
+                                  f"another {option} (or this one explicitly to write beside the run's record)")
+    return path
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -39,7 +39,8 @@ from .evaluate import run_eval
 from .logging import MetricLogger
 from .policy import pick_device, resolve_model_path, set_up_policy
 from .problems import ProblemSampler, sample_batch, task_problems
-from .rundir import Claim, StopSignals, finished_summary, new_run_dir, prune_checkpoints, stop_signals_interrupt
+from .rundir import (Claim, StopSignals, checkpoint_space, finished_summary, load_trainer_state, new_run_dir,
+                     prune_checkpoints, stop_signals_interrupt)
 from .rundir import claim as claim_run_dir
 from .runstate import RunState, save_checkpoint
 from .step import Step
@@ -77,7 +78,7 @@ class _Run:
 
     def __init__(self, cfg: TrainConfig, claim: Claim):
         torch.manual_seed(cfg.seed)
-        self.cfg, self.run_dir = cfg, claim.run_dir
+        self.cfg, self.claim, self.run_dir = cfg, claim, claim.run_dir
         device = pick_device(cfg.device)
         resolve_model_path(cfg.model)  # fail on a bad model path before any work
         self.task = TASKS.get(cfg.task)
@@ -94,7 +95,7 @@ class _Run:
                               else cfg.entropy_control)
         self.start = 0
         if claim.checkpoint is not None:  # everything that steers the run continues where the checkpoint left it
-            saved = torch.load(claim.checkpoint / "trainer_state.pt", weights_only=False)
+            saved = load_trainer_state(claim.checkpoint)
             self.policy.optimizer.load_state_dict(saved["optimizer"])
             self.start = self.state.restore(saved)
         # the run is committed to start only now (config.yaml written, a replaced record deleted); metrics of steps
@@ -109,8 +110,9 @@ class _Run:
 
     def save(self, at: int, state: dict | None = None) -> Path:
         p = self.policy
-        ckpt = save_checkpoint(self.run_dir, at, p.model, p.tokenizer, p.optimizer, None, p.value_head,
-                               state or self.state.capture())
+        with checkpoint_space(self.run_dir, at):  # no space left: one line naming the checkpoint (rundir.py)
+            ckpt = save_checkpoint(self.run_dir, at, p.model, p.tokenizer, p.optimizer, None, p.value_head,
+                                   state or self.state.capture())
         prune_checkpoints(self.run_dir, self.cfg.keep_checkpoints, self.cfg.steps)  # the newest few and the final
         return ckpt
 
@@ -183,6 +185,8 @@ def _loop(run: _Run, stops: StopSignals) -> dict:
         state.evals[cfg.steps] = run.evaluate()
     except KeyboardInterrupt as err:  # Ctrl-C, or SIGTERM / SIGHUP (rundir.Interrupted)
         why = getattr(err, "name", "SIGINT")
+        if not run.claim.committed:  # stopped before the first step: the directory is put back as it was (rundir)
+            raise
         if final is not None:  # interrupted in the final evaluation: the final checkpoint is saved
             raise SystemExit(f"{why} in the final evaluation; the trained policy is saved in {final}. "
                              "Continue with --resume to evaluate it.") from None

@@ -68,7 +68,7 @@ def record(tmp_path) -> Path:
     (run / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict()))
     (run / "metrics.jsonl").write_text('{"step": 1}\n{"step": 2}\n')
     (run / "checkpoint-2").mkdir()
-    (run / "checkpoint-2" / "trainer_state.pt").write_bytes(b"x")
+    torch.save({"step": 2}, run / "checkpoint-2" / "trainer_state.pt")
     (run / "latest_checkpoint").write_text("checkpoint-2")
     (run / "eval.json").write_text('{"0": {}, "2": {}}')
     return run

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -34,7 +35,7 @@ def fake_record(run_dir: Path, cfg, steps=(2,), metrics=3) -> dict:
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps({"step": s}) + "\n" for s in range(1, metrics + 1)))
     for s in steps:
         (run_dir / f"checkpoint-{s}").mkdir()
-        (run_dir / f"checkpoint-{s}" / "trainer_state.pt").write_bytes(b"state %d" % s)
+        torch.save({"step": s}, run_dir / f"checkpoint-{s}" / "trainer_state.pt")  # a complete torch archive
     if steps:
         (run_dir / "latest_checkpoint").write_text(f"checkpoint-{max(steps)}")
     return snapshot(run_dir)
@@ -165,11 +166,17 @@ def test_a_failed_start_puts_the_replaced_record_back(tmp_path):
     assert snapshot(run) == before and not list(run.glob(".replaced-*"))
 
     class Logger:
+        def log(self, metrics):
+            pass
+
         def close(self):
             pass
 
-    with claim(new, overwrite=True) as c:
+    with claim(new, overwrite=True) as c:  # started, but stopped before its first step: the old record is back
         c.start(new, Logger)
+    assert snapshot(run) == before and not list(run.glob(".replaced-*"))
+    with claim(new, overwrite=True) as c:
+        c.start(new, Logger).log({"step": 1})  # the first step commits: the old record goes
     assert sorted(p.name for p in run.iterdir()) == [".lock", "config.yaml"]
     assert "lr: 0.001" in (run / "config.yaml").read_text()
 
@@ -198,23 +205,26 @@ def test_a_sink_that_fails_to_open_leaves_metrics_uncut(tmp_path, monkeypatch):
 
 
 def test_a_start_killed_midway_is_repaired_by_the_next_claim(tmp_path):
-    """A process killed after moving the old record aside but before committing (no new config.yaml): the next
-    claim puts the old record back. Killed after committing: the moved-aside record is deleted."""
+    """A process killed after moving the old record aside but before committing (its first step): the next claim
+    puts the old record back, whatever the dead start wrote (config.yaml too). Killed while deleting the replaced
+    record after committing (renamed to .deleting-...): the rest of it is deleted."""
     run = tmp_path / "run"
     before = fake_record(run, cfg_at(run), steps=(2,))
     staged = run / ".replaced-x"
     staged.mkdir()
     for entry in record_entries(run):
         os.replace(entry, staged / entry.name)
-    (run / "metrics.jsonl").write_text("")  # the dead start's sink
+    (run / "metrics.jsonl").write_text("")  # the dead start's sink and config
+    (run / "config.yaml").write_text("lr: 1.0\n")
     with pytest.raises(RunDirError, match="another run's record"):
         claim(cfg_at(run))
     assert snapshot(run) == before
-    staged.mkdir()
-    os.replace(run / "checkpoint-2", staged / "checkpoint-2")  # committed: config.yaml is the new run's
+    doomed = run / ".deleting-.replaced-x"
+    doomed.mkdir()
+    os.replace(run / "checkpoint-2", doomed / "checkpoint-2")  # committed: the replaced record is being deleted
     with pytest.raises(RunDirError):
         claim(cfg_at(run))
-    assert not staged.exists() and not (run / "checkpoint-2").exists()
+    assert not doomed.exists() and not (run / "checkpoint-2").exists()
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -289,8 +299,8 @@ def test_an_ignored_signal_stays_ignored():
 def test_new_run_dirs_are_unique_and_names_are_one_component(tmp_path):
     """The default directory is new per run (a same-second clash gets a suffix); --name is one path component."""
     a = new_run_dir("clip_b", root=tmp_path)
-    a.mkdir()
     b = new_run_dir("clip_b", root=tmp_path)
+    assert a.is_dir() and b.is_dir()  # created at once: a second process never picks the same one
     assert a != b and a.name.startswith("clip_b-") and b.name.startswith(a.name)
     assert new_run_dir("x", "mine", root=tmp_path) == tmp_path / "mine"
     with pytest.raises(RunDirError, match="one path component"):
