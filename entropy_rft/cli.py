@@ -29,6 +29,7 @@ import os
 import sys
 from pathlib import Path
 
+from . import __version__
 from .options import entries_list, methods_list, mu_list, positive, set_item, setting, steps_list, whole  # noqa: F401
 
 # old spellings still accepted (grammar departure 2): subcommand -> {old: new}
@@ -365,44 +366,19 @@ def cmd_recipes(args) -> None:
         print(f"{name:45s} {what}, model {model}")
 
 
-def package_version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("entropy-rft")
-    except PackageNotFoundError:
-        return "unknown (not installed)"
-
-
 def cmd_pretrain_toy(args) -> None:
-    from .toy import PoolConfig, ToyConfig, pretrain
+    from .policy import load_policy
+    from .toy import PoolConfig, ToyConfig, build_pool_split, pretrain
 
     if args.split:
         sizes = {k: v for k, v in (("n_train", args.train_problems), ("n_eval", args.eval_problems)) if v}
-        print(json.dumps(build_pool_split(PoolConfig(seed=args.seed, **sizes), args.policy, Path(args.out)), indent=1))
+        pool = PoolConfig(seed=args.seed, **sizes)
+        print(json.dumps(build_pool_split(pool, *load_policy(args.policy, "cpu"), Path(args.out)), indent=1))
         return
     cfg = ToyConfig(seed=args.seed, **({"sft_steps": args.sft_steps} if args.sft_steps else {}))
     guard(args, args.out, ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "data",
                            "build.json"))
     print(json.dumps(pretrain(cfg, Path(args.out)), indent=1))
-
-
-def build_pool_split(cfg, policy: str, out: Path) -> dict:
-    """The countdown5_large split (toy.build_pool) for an existing policy, sampled with one thread (the build is
-    deterministic for a given torch version and thread count; one thread is what every machine has)."""
-    import torch
-
-    from .rollout import HFEngine
-    from .toy import build_pool
-    from .trainer import load_policy
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        model, tokenizer = load_policy(policy, torch.device("cpu"))
-        return build_pool(HFEngine(model, tokenizer), out, cfg, progress=True)
-    finally:
-        torch.set_num_threads(threads)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -412,7 +388,7 @@ def build_pool_split(cfg, policy: str, out: Path) -> dict:
 def build_parser() -> argparse.ArgumentParser:
     p = Parser(prog="entropy-rft", formatter_class=HelpFormatter, description="Reinforcement fine-tuning with "
                "entropy control (entropy-discriminator clipping, arXiv 2602.03392)")
-    p.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
+    p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = p.add_subparsers(dest="command", required=True, parser_class=Parser)
 
     def command(name: str, help: str, fn) -> argparse.ArgumentParser:

@@ -37,7 +37,7 @@ from contextlib import contextmanager, nullcontext
 import torch
 from torch import Tensor
 
-from .dropout import disable_dropout, has_active_dropout  # noqa: F401  (re-exported: the trainer's set-up)
+from .dropout import has_active_dropout
 from .dynamics import TokenStats, token_stats, token_stats_from_hidden
 from .rollout import Rollout
 from .rollout.hf import sequence_forward

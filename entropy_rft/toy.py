@@ -326,3 +326,16 @@ def build_stand_in(out: Path, *, seed: int = 0, hidden_size: int = 32, layers: i
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
     return out
+
+
+def build_pool_split(cfg, model, tokenizer, out: Path) -> dict:
+    """The countdown5_large split (build_pool) with an existing policy, sampled with one thread (the build is
+    deterministic for a given torch version and thread count; one thread is what every machine has)."""
+    from .rollout import HFEngine
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return build_pool(HFEngine(model, tokenizer), out, cfg, progress=True)
+    finally:
+        torch.set_num_threads(threads)

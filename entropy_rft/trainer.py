@@ -56,6 +56,12 @@ from .rundir import find_checkpoint  # noqa: E402,F401
 from .step import (MIN_FROZEN_SHARE, StepRules, behaviour_statistics, compute_advantages, reuses_forward,  # noqa: E402,F401
                    update_policy, zero_advantage_rows)
 
+__all__ = ["train", "after_update_metrics", "masked_mean", "step_metrics", "EntropyProbe", "HeldForward",
+           "batch_forward", "batch_stats", "policy_forward", "policy_stats", "BUILTIN_MODELS", "STAND_IN", "ValueHead",
+           "cache_dir", "load_policy", "make_optimizer", "prepare_policy", "SHIPPED_DATA", "default_data",
+           "load_problems", "find_checkpoint", "MIN_FROZEN_SHARE", "StepRules", "behaviour_statistics",
+           "compute_advantages", "reuses_forward", "update_policy", "zero_advantage_rows"]
+
 
 def train(cfg: TrainConfig, *, resume: bool | str = False, overwrite: bool = False) -> dict:
     """Run RL fine-tuning as configured; returns a summary with the per-step metrics and evaluations.

@@ -8,8 +8,8 @@ import torch
 
 from entropy_rft.config import load_config
 from entropy_rft.dynamics import token_stats
-from entropy_rft.forward import (EntropyProbe, HeldForward, batch_forward, disable_dropout, has_active_dropout,
-                                 policy_forward, streams_from_hidden)
+from entropy_rft.dropout import disable_dropout, has_active_dropout
+from entropy_rft.forward import EntropyProbe, HeldForward, batch_forward, policy_forward, streams_from_hidden
 from entropy_rft.rollout import Rollout
 from entropy_rft.trainer import load_policy, reuses_forward, train, update_policy
 
