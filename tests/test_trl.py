@@ -202,3 +202,145 @@ def test_nothing_dropped_is_plain_trl(tmp_path):
 def test_a_method_that_is_not_a_filter_names_the_trl_setting(tmp_path):
     with pytest.raises(ValueError, match="loss_type='dapo'"):
         build(tmp_path, method="dapo")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Monitor mode (method "none"): TRL's loss untouched, the entropy_rft metrics, metrics.jsonl and token samples.
+
+
+def watched(tmp_path, **kw):
+    return build(tmp_path, method="none", method_options=None, **kw)
+
+
+@pytest.mark.parametrize("loss_type, level, iterations", [
+    ("grpo", "token", 1), ("dapo", "token", 1), ("bnpo", "token", 1), ("grpo", "sequence", 2)])
+def test_monitor_trains_exactly_as_plain_trl(tmp_path, loss_type, level, iterations):
+    """method "none" on grpo, dapo, bnpo and GSPO (sequence-level ratio, two iterations per generation batch, so the
+    later steps are off-policy): every logged loss and every final weight equal GRPOTrainer's in the same test, bit
+    for bit (the monitor's forward is a no-grad eval pass that draws no random numbers), and the metrics reach TRL's
+    logs at every logging step."""
+    kw = dict(loss_type=loss_type, importance_sampling_level=level, num_iterations=iterations, max_steps=4)
+    ours = watched(tmp_path / "ours", **kw)
+    ours.train()
+    plain = build(tmp_path / "plain", cls=GRPOTrainer, **kw)
+    plain.train()
+    for (name, a), b in zip(ours.model.named_parameters(), plain.model.parameters()):
+        assert torch.equal(a, b), name
+    losses = [(h["step"], h["loss"]) for h in ours.state.log_history if "loss" in h]
+    assert losses == [(h["step"], h["loss"]) for h in plain.state.log_history if "loss" in h] and len(losses) == 4
+    generated = [h for h in ours.state.log_history if "reward" in h]  # the logging steps with a generation batch
+    assert len(generated) == 4 // iterations
+    assert [h for h in ours.state.log_history if "entropy_rft/entropy" in h] == generated
+    for h in generated:
+        assert {"entropy_rft/entropy", "entropy_rft/s_star_mean", "entropy_rft/s_centered_mean", "entropy_rft/cov_a_sc",
+                "entropy_rft/would_clip_b/frac", "entropy_rft/would_clip_v/frac"} <= set(h)
+        assert ("entropy_rft/entropy_change/predicted" in h) == (loss_type != "bnpo")  # departure 5
+        assert "entropy_rft/kept_frac" not in h  # no filter
+
+
+def test_monitor_metrics_against_the_captured_batch(tmp_path):
+    """The first generation batch's metrics on the shipped countdown policy (countdown_trainer: loss_type dapo, one
+    optimizer step per generation batch of 256 rows, so each token's step is lr / n over the n valid tokens): the
+    entropy and S_c means over every valid token; the predicted change -mean_T[step A (S_c - mean_T S_c)] written
+    out by hand in float64; Clip_B's and Clip_V's would-be fractions at their default mu 2.5 and 8.5 (masks.py)
+    and their eq. 23 shares -sum step A S_c / n over the tokens each drops (none, at the default mu, on this batch:
+    tests/test_watch.py checks batches where they drop tokens). Tolerances: rel 1e-4 for numbers
+    computed in float32 from statistics of another forward pass of the same weights (they agree to about 1e-6)."""
+    from entropy_rft import masks
+    from entropy_rft.integrations.trl_countdown import countdown_trainer
+
+    trainer = countdown_trainer(tmp_path / "out", method="none", steps=1, cls=Capturing)
+    trainer.captured = []
+    trainer.train()
+    out, stats = trainer.captured[0]
+    logged = trainer.state.log_history[0]
+    assert "tool_mask" not in out  # the monitor leaves TRL's batch alone
+    mask = out["completion_mask"].bool()
+    adv, lr, n = out["advantages"].double(), trainer.args.learning_rate, int(mask.sum())
+    s_c, a = stats.s_centered.double()[mask], adv[:, None].expand_as(mask)[mask]
+    step = lr / n
+    assert logged["entropy_rft/entropy_change/predicted"] == pytest.approx(
+        float(-(step * a * (s_c - s_c.mean())).mean()), rel=1e-4)
+    assert logged["entropy_rft/entropy"] == pytest.approx(float(stats.entropy.double()[mask].mean()), rel=1e-5)
+    assert logged["entropy_rft/s_centered_mean"] == pytest.approx(float(s_c.mean()), rel=1e-4, abs=1e-7)
+    for name, keep in (("clip_b", masks.clip_b(stats.s_star, out["advantages"], mask, mu=2.5)[0]),
+                       ("clip_v", masks.clip_v(stats.s_centered, out["advantages"], mask, mu=8.5, max_frac=1e-4)[0])):
+        dropped = ~keep[mask]
+        assert logged[f"entropy_rft/would_{name}/frac"] == pytest.approx(float(dropped.sum()) / n, rel=1e-6)
+        share = float(-(step * a * s_c)[dropped].sum() / n)
+        assert logged[f"entropy_rft/would_{name}/entropy_change"] == pytest.approx(share, rel=1e-4, abs=1e-15)
+
+
+@pytest.mark.parametrize("loss_type, level", [
+    ("grpo", "token"), ("dapo", "token"), ("dr_grpo", "token"), ("sapo", "token"), ("luspo", "sequence"),
+    ("cispo", "token"), ("grpo", "sequence")])
+def test_step_sizes_are_trls_own_gradients(tmp_path, loss_type, level):
+    """The per-token step the monitor predicts with is TRL's loss: for one micro-batch of the generation batch (rows
+    0-3 of 8) at ratio 1, d loss / d log p_t from TRL's own _compute_loss under autograd equals -A_t step_t / lr, for
+    each loss_type whose weight the monitor knows (GSPO's sequence ratio as grpo with importance_sampling_level
+    "sequence"). rel 1e-5: float32 gradients against float64 weights."""
+    trainer = watched(tmp_path, loss_type=loss_type, importance_sampling_level=level, max_steps=1)
+    trainer.train()
+    out, _ = trainer.captured[0]
+    step = trainer._step_size(1e-3, out["completion_mask"].bool())
+    held = {}
+    original = trainer._get_per_token_logps_and_entropies
+
+    def keep_logps(*args, **kwargs):
+        logps, entropies, aux = original(*args, **kwargs)
+        logps.retain_grad()
+        held["logps"] = logps
+        return logps, entropies, aux
+
+    trainer._get_per_token_logps_and_entropies = keep_logps
+    rows = slice(0, 4)
+    micro = {k: v[rows] if torch.is_tensor(v) and v.dim() > 0 else v for k, v in out.items()}
+    trainer.model.train()
+    trainer._compute_loss(trainer.model, micro).backward()
+    mask = out["completion_mask"][rows].bool()
+    size = torch.as_tensor(step, dtype=torch.float64)
+    want = -out["advantages"][rows, None].double() * (size[rows] if size.dim() == 2 else size) / 1e-3
+    got = held["logps"].grad.double()
+    torch.testing.assert_close(got * mask, want * mask, rtol=1e-5, atol=1e-9)
+    assert (got * mask).abs().sum() > 0
+
+
+def test_monitor_writes_what_inspect_and_report_read(tmp_path):
+    """A monitored run's OUTPUT_DIR: token samples of steps 1 and the last (samples_every 10), every row of the
+    generation batch, every valid token kept (nothing filtered), the method "none"; metrics.jsonl with one line per
+    logging step named as the built-in trainer's; `entropy-rft inspect` and `entropy-rft report` (the CLI, in a
+    subprocess) build their pages from it."""
+    from entropy_rft import samples
+    from entropy_rft.logging import read_metrics
+
+    trainer = watched(tmp_path, max_steps=3, steps_per_generation=2, gradient_accumulation_steps=2)
+    trainer.train()
+    run = tmp_path / "out"
+    written = samples.read_samples(run)
+    assert sorted(written) == [1, 3]
+    rec = written[1]
+    out, _ = trainer.captured[0]
+    assert rec["method"] == "none" and rec["loss_type"] == "dapo"
+    rows = {r["row"]: r for g in rec["groups"] for r in g["responses"]}
+    assert sorted(rows) == list(range(8))
+    mask = out["completion_mask"].bool()
+    for i, r in rows.items():
+        assert r["kept"] == [1] * int(mask[i].sum())
+    lines = read_metrics(run)
+    assert [m["step"] for m in lines] == [1, 2, 3]
+    logged = [h for h in trainer.state.log_history if "entropy_rft/entropy" in h]
+    assert [m["entropy"] for m in lines] == [h["entropy_rft/entropy"] for h in logged]
+    assert {"reward_mean", "grad_norm", "cov_a_sc", "s_star_mean", "entropy_change/predicted"} <= set(lines[0])
+    root = Path(__file__).parents[1]
+    for cmd in (["inspect", str(run)], ["report", str(run), "--out", str(tmp_path / "report")]):
+        done = subprocess.run([sys.executable, "-m", "entropy_rft.cli", *cmd], capture_output=True, text=True,
+                              cwd=root, timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+    assert (run / "inspect.html").stat().st_size > 0 and (tmp_path / "report" / "report.md").exists()
+
+
+def test_monitor_takes_no_options(tmp_path):
+    with pytest.raises(ValueError, match="no method_options"):
+        build(tmp_path, method="none", method_options={"mu": 1.0})
+    with pytest.raises(ValueError, match="method='none'"):
+        build(tmp_path, method="grpo")
