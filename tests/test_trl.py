@@ -3,6 +3,7 @@
 Checked: the keep mask is the method's over the whole generation batch (not per micro-batch), dropped tokens leave
 the loss and its token count, nothing changes when nothing is dropped, and the metrics reach TRL's logs."""
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -105,19 +106,26 @@ def check_samples(run_dir, out, stats, kept):
             assert r["term"][t] == pytest.approx(want, rel=1e-4, abs=1e-4 * step / n)
 
 
+def launch_two(tmp_path, steps: int, mode: str) -> None:
+    """tests/trl_worker.py in two processes under `accelerate launch --multi_gpu` (CPU processes over gloo)."""
+    cmd = [str(Path(sys.executable).parent / "accelerate"), "launch", "--multi_gpu", "--num_processes", "2",
+           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+           str(Path(__file__).parent / "trl_worker.py"), str(tmp_path), str(steps), mode]
+    if not Path(cmd[0]).exists():
+        cmd[:1] = [sys.executable, "-m", "accelerate.commands.launch"]
+    root = str(Path(__file__).parents[1])  # this checkout's entropy_rft, not the one the environment installed
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=root, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
 def test_two_processes_filter_the_batch_they_share(tmp_path):
     """TRL's own training loop in two processes (`accelerate launch --multi_gpu --num_processes 2`: CPU processes over
     gloo) on countdown with Clip_B, three steps of 8 rows a process: at every step each process's kept tokens are its rows of Clip_B applied
     to both processes' generation batches together, and filtering each process's rows alone would give another
     mask (so the check can tell them apart)."""
     steps = 3
-    cmd = [str(Path(sys.executable).parent / "accelerate"), "launch", "--multi_gpu", "--num_processes", "2",
-           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-           str(Path(__file__).parent / "trl_worker.py"), str(tmp_path), str(steps)]
-    if not Path(cmd[0]).exists():
-        cmd[:1] = [sys.executable, "-m", "accelerate.commands.launch"]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=Path(__file__).parents[1])
-    assert done.returncode == 0, done.stderr[-3000:]
+    launch_two(tmp_path, steps, "clip_b")
     ranks = [torch.load(tmp_path / f"rank{i}.pt", weights_only=False) for i in range(2)]
     assert len(ranks[0]) == len(ranks[1]) == steps
     alone_differs, filtered = [], []
@@ -344,3 +352,39 @@ def test_monitor_takes_no_options(tmp_path):
         build(tmp_path, method="none", method_options={"mu": 1.0})
     with pytest.raises(ValueError, match="method='none'"):
         build(tmp_path, method="grpo")
+
+
+def test_two_processes_monitor_changes_nothing_and_writes_once(tmp_path):
+    """TRL's own loop in two processes on countdown, 3 steps of 8 rows a process, monitored and then plain from the
+    same seed: on each process every logged loss and every final weight are equal bit for bit; the monitor's
+    statistics are over both processes' rows (16, the same gathered batch on each process, and the logged entropy
+    is their mean over every valid token); the token samples of steps 1 and 3 and metrics.jsonl are written once
+    (by the main process: one line per step, not two) with both processes' rows."""
+    from entropy_rft import samples
+    from entropy_rft.logging import read_metrics
+
+    steps = 3
+    launch_two(tmp_path, steps, "monitor")
+    ranks = [torch.load(tmp_path / f"monitor{i}.pt", weights_only=False) for i in range(2)]
+    for rank in ranks:
+        ours, plain = rank["monitor"], rank["plain"]
+        assert ours["losses"] == plain["losses"] and len(ours["losses"]) == steps
+        for name, value in ours["weights"].items():
+            assert torch.equal(value, plain["weights"][name]), name
+    for step in range(steps):
+        seen = [rank["monitor"]["captured"][step]["gathered"] for rank in ranks]
+        assert seen[0]["mask"].shape[0] == 16
+        for key in seen[0]:
+            assert torch.equal(seen[0][key], seen[1][key]), (step, key)
+        mask = seen[0]["mask"]
+        logged = [h for h in ranks[0]["monitor"]["logs"] if "entropy_rft/entropy" in h][step]
+        assert logged["entropy_rft/entropy"] == pytest.approx(float(seen[0]["entropy"][mask].double().mean()), rel=1e-5)
+        # this process's own rows are a part of the gathered batch: the check tells the two apart
+        own = ranks[0]["monitor"]["captured"][step]["out"]["completion_mask"].shape[0]
+        assert own == 8
+    written = samples.read_samples(tmp_path / "monitor")
+    assert sorted(written) == [1, steps]
+    for rec in written.values():
+        rows = sorted(r["row"] for g in rec["groups"] for r in g["responses"])
+        assert rows == list(range(16)) and rec["method"] == "none"
+    assert [m["step"] for m in read_metrics(tmp_path / "monitor")] == list(range(1, steps + 1))
