@@ -47,6 +47,8 @@ Departures from the built-in trainer, numbered:
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
 from .. import samples
@@ -97,6 +99,7 @@ class MetricsFile(TrainerCallback):
 
     def on_train_begin(self, args, state, control, **kwargs):
         if state.is_world_process_zero:
+            Path(args.output_dir).mkdir(parents=True, exist_ok=True)
             self.sink = JsonlSink(args.output_dir, {}, start_step=state.global_step)
 
     def on_log(self, args, state, control, logs=None, **kwargs):
