@@ -388,3 +388,22 @@ def test_two_processes_monitor_changes_nothing_and_writes_once(tmp_path):
         rows = sorted(r["row"] for g in rec["groups"] for r in g["responses"])
         assert rows == list(range(16)) and rec["method"] == "none"
     assert [m["step"] for m in read_metrics(tmp_path / "monitor")] == list(range(1, steps + 1))
+
+
+def test_monitor_forwards_only_for_logged_steps(tmp_path):
+    """logging_steps 2 without samples (samples_every 0), one optimizer step per generation batch: the monitor's extra
+    forward runs for the batches of steps 2 and 4 only, and each of those logs carries the metrics."""
+
+    class Counting(EntropyGRPOTrainer):
+        def _token_stats(self, out):
+            self.forwards.append(self.state.global_step + 1)
+            return super()._token_stats(out)
+
+    path = resolve_model_path(STAND_IN)
+    trainer = Counting(model=path, reward_funcs=reward_a, args=config(tmp_path, max_steps=4, logging_steps=2),
+                       train_dataset=dataset(), method="none", samples_every=0)
+    trainer.forwards = []
+    trainer.train()
+    assert trainer.forwards == [2, 4]
+    logged = [h["step"] for h in trainer.state.log_history if "entropy_rft/entropy" in h]
+    assert logged == [2, 4]

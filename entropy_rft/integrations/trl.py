@@ -27,6 +27,8 @@ Departures from the built-in trainer, numbered:
    entropy-rft's position ids (from the left padding); TRL's own log-probs are left as TRL computes them. TRL 1.16's
    forward cannot serve: its fused LM head returns log p, H and log sum_i p_i^2 per token, not sum_i p_i^2 log p_i,
    so E_p[S] (Theorem 2) and with it S_c need the logits again (benchmarks/monitor_overhead.py measures the cost).
+   The monitor runs that forward only for generation batches that feed a logging step (TRL's logging_steps) or a
+   samples step; a filter needs it for every batch.
 3. The dropped tokens always leave the loss's terms; where they leave its denominator depends on TRL's
    loss_type (TRL 1.16's GRPOTrainer.compute_loss): dapo, cispo and vespo divide by `num_items_in_batch`, which
    this trainer recounts over the kept tokens of the whole generation batch (every process), so their loss is
@@ -162,6 +164,9 @@ class EntropyGRPOTrainer(GRPOTrainer):
         out = super()._generate_and_score_completions(inputs)
         if not self.model.training:
             return out
+        if self.entropy_method is None and not self._watched():  # departure 2: nothing to log or write
+            self._cut_samples()
+            return out
         loss_mask = out["completion_mask"].bool()
         if "tool_mask" in out:
             loss_mask = loss_mask & out["tool_mask"].bool()
@@ -187,6 +192,30 @@ class EntropyGRPOTrainer(GRPOTrainer):
         self._write_samples(out)
         return out
 
+    def _fed_steps(self) -> range:
+        """The optimizer steps (1-based) this generation batch feeds."""
+        args, done = self.args, self.state.global_step
+        span = max(1, args.steps_per_generation * self.num_iterations // args.gradient_accumulation_steps)
+        return range(done + 1, done + span + 1)
+
+    def _watched(self) -> bool:
+        """Whether one of the steps this generation batch feeds logs (TRL's logging_steps, logging_first_step; every
+        batch under another logging strategy than "steps") or writes samples: the monitor's statistics are for them."""
+        args, steps = self.args, self._fed_steps()
+        if any(samples.due(s, self.samples_every, self.state.max_steps) for s in steps):
+            return True
+        if args.logging_strategy != "steps":
+            return args.logging_strategy != "no"
+        every = self.state.logging_steps or 1
+        return any(s % every == 0 or (s == 1 and args.logging_first_step) for s in steps)
+
+    def _cut_samples(self) -> None:
+        """The first batch of a run cuts the samples of later steps (a run resumed from a checkpoint writes them
+        again)."""
+        if not self._samples_cut and self.accelerator.is_main_process and self.samples_every > 0:
+            samples.cut_after(self.args.output_dir, self.state.global_step)
+        self._samples_cut = True
+
     def _lr(self) -> float:
         return self.lr_scheduler.get_last_lr()[0] if self.lr_scheduler is not None else self.args.learning_rate
 
@@ -202,13 +231,9 @@ class EntropyGRPOTrainer(GRPOTrainer):
         due; every process joins the gathers, the main process writes. The first batch of a run cuts the samples of
         later steps (a run resumed from a checkpoint writes them again)."""
         acc, run_dir, done = self.accelerator, self.args.output_dir, self.state.global_step
-        if self.samples_every <= 0:
-            return
-        if not self._samples_cut and acc.is_main_process:
-            samples.cut_after(run_dir, done)
-        self._samples_cut = True
-        span = max(1, self.args.steps_per_generation * self.num_iterations // self.args.gradient_accumulation_steps)
-        if not any(samples.due(s, self.samples_every, self.state.max_steps) for s in range(done + 1, done + span + 1)):
+        self._cut_samples()
+        steps = self._fed_steps()
+        if not any(samples.due(s, self.samples_every, self.state.max_steps) for s in steps):
             return
         every, adv, mask, keep = self._filtered
         tokenizer = getattr(self.processing_class, "tokenizer", self.processing_class)
@@ -229,7 +254,7 @@ class EntropyGRPOTrainer(GRPOTrainer):
             rewards=self._batch_rewards, group_size=self.num_generations, groups=self.samples_groups,
             step_size=self._step_sizes,
             info={"source": "trl", "method": self.method_name, "loss_type": self.loss_type,
-                  "importance_sampling_level": self.importance_sampling_level, "lr": lr, "steps": [done + 1, done + span]})
+                  "importance_sampling_level": self.importance_sampling_level, "lr": lr, "steps": [steps[0], steps[-1]]})
         samples.write_record(run_dir, record)
 
     def _step_size(self, lr: float, kept: torch.Tensor):
