@@ -407,3 +407,48 @@ def test_monitor_forwards_only_for_logged_steps(tmp_path):
     assert trainer.forwards == [2, 4]
     logged = [h["step"] for h in trainer.state.log_history if "entropy_rft/entropy" in h]
     assert logged == [2, 4]
+
+
+def test_inspect_page_of_a_monitored_run_in_chromium(tmp_path):
+    """The inspect page of a monitored TRL run on the shipped countdown policy (countdown_trainer, method "none", one
+    step), in headless Chromium (`make chromium`): no console error and no request but the page; one token element
+    per written token, none clipped (the monitor drops nothing); Tab reaches a token and the panel shows its stored
+    values. A screenshot is written (ENTROPY_RFT_SCREENSHOT: also copied there; docs/watch.png is one)."""
+    import shutil
+
+    from cdp import Browser, find_chromium
+    from test_inspect import _check_details, _check_dom, _token_places
+
+    from entropy_rft import inspect_page, samples
+    from entropy_rft.integrations.trl_countdown import countdown_trainer
+
+    if find_chromium() is None:
+        why = "no chromium on PATH: `make chromium` installs Debian's (apt-get install chromium)"
+        if os.environ.get("CI"):
+            pytest.fail(why)
+        pytest.skip(why)
+    run = tmp_path / "trl-watched"
+    countdown_trainer(run, method="none", steps=1).train()
+    rec = samples.read_samples(run)[1]
+    assert _token_places(rec)[1] == set()  # nothing clipped
+    out = inspect_page.build_page([run], tmp_path / "inspect.html")
+    with Browser(find_chromium()) as browser:
+        page = browser.open(out.resolve().as_uri())
+        page.wait_for("document.body.dataset.ready === '1'")
+        _check_dom(page, [rec])
+        for _ in range(200):
+            page.key("Tab")
+            if page.evaluate("document.activeElement.classList.contains('tok')"):
+                break
+        else:
+            pytest.fail("Tab never reached a token")
+        r, k, j, t = page.evaluate("(e => [+e.dataset.run, +e.dataset.group, +e.dataset.resp, +e.dataset.pos])"
+                                   "(document.activeElement)")
+        _check_details(page, rec, k, j, t)
+        shot = page.screenshot(tmp_path / "inspect.png")
+        browser.pump(0.2)
+        assert page.errors() == []
+        assert page.requests() == [out.resolve().as_uri()]
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 20_000
+    if os.environ.get("ENTROPY_RFT_SCREENSHOT"):
+        shutil.copy(shot, os.environ["ENTROPY_RFT_SCREENSHOT"])
