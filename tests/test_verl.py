@@ -198,11 +198,14 @@ def _verl_config(**over):
     ("algorithm.rollout_correction", {"bypass_mode": True}, "bypass_mode"),
 ])
 def test_clip_v_refuses_configs_without_logits_or_entropies(key, value, match):
-    """Clip_V is refused, naming the setting, with fused kernels, Megatron and bypass mode; Clip_B runs with fused
+    """Clip_V and the monitor are refused, naming the setting, with fused kernels, Megatron and bypass mode; Clip_B runs with fused
     kernels and Megatron (it needs only verl's entropies) but not in bypass mode (no entropies at all)."""
     cfg = _verl_config(**{key: value})
     with pytest.raises(ValueError, match=match):
         check_config(Settings.from_config(cfg), cfg)
+    monitor_cfg = _verl_config(**{key: value, "entropy_rft": {"method": "none", "options": {}}})
+    with pytest.raises(ValueError, match=match):  # the monitor needs E_p[S] too (S_c)
+        check_config(Settings.from_config(monitor_cfg), monitor_cfg)
     clip_b_cfg = _verl_config(**{key: value, "entropy_rft": {"method": "clip_b", "options": {}}})
     if match == "bypass_mode":
         with pytest.raises(ValueError, match=match):
@@ -225,6 +228,9 @@ def test_settings_name_what_is_wrong():
         Settings.from_config(OmegaConf.create({"entropy_rft": {"method": "clip_b", "mu": 2.5}}))
     with pytest.raises(ValueError, match="needs an `entropy_rft` section"):
         Settings.from_config(OmegaConf.create({}))
+    with pytest.raises(ValueError, match="takes no options"):
+        Settings(method="none", options={"mu": 2.5})
+    assert Settings(method="none").monitor and Settings(method="none").needs_s_expect
 
 
 @pytest.mark.parametrize("name,method,options", [
@@ -367,6 +373,8 @@ def test_clip_v_without_engine_output_names_the_fix():
     keys, fields, _ = driver_batch()
     with pytest.raises(RuntimeError, match=f"VERL_ENGINE_VENDOR={ENGINE_VENDOR}"):
         adapter.filter_batch(Settings("clip_v"), fields.exclude(S_EXPECT))
+    with pytest.raises(RuntimeError, match=f"VERL_ENGINE_VENDOR={ENGINE_VENDOR}"):  # the monitor's S_c needs it too
+        adapter.monitor_inputs(fields.exclude(S_EXPECT))
 
 
 def test_engine_adds_nothing_unless_asked_and_refuses_fused_kernels(engine):

@@ -213,13 +213,14 @@ def check_config(settings: Settings, config) -> None:
                          "algorithm.rollout_correction.bypass_mode=true skips that step: set it to false")
     if not settings.needs_s_expect:
         return
+    what = f"the monitor (entropy_rft.method={MONITOR}, for S_c)" if settings.monitor else settings.method
     strategy = config.actor_rollout_ref.actor.get("strategy", "fsdp")
     if strategy not in ("fsdp", "fsdp2"):
-        raise ValueError(f"{settings.method} needs E_p[S] from the full token distribution, which only the FSDP "
+        raise ValueError(f"{what} needs E_p[S] from the full token distribution, which only the FSDP "
                          f"engine computes here; actor strategy {strategy!r} (Megatron and the others) never "
                          "materialises the logits: use actor.strategy=fsdp or fsdp2, or Clip_B")
     if config.actor_rollout_ref.model.get("use_fused_kernels", False):
-        raise ValueError(f"{settings.method} needs E_p[S] from the logits, but actor_rollout_ref.model."
+        raise ValueError(f"{what} needs E_p[S] from the logits, but actor_rollout_ref.model."
                          "use_fused_kernels=true never materialises them: set it to false, or use Clip_B")
 
 
