@@ -3,6 +3,7 @@
 Checked: the keep mask is the method's over the whole generation batch (not per micro-batch), dropped tokens leave
 the loss and its token count, nothing changes when nothing is dropped, and the metrics reach TRL's logs."""
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -105,19 +106,26 @@ def check_samples(run_dir, out, stats, kept):
             assert r["term"][t] == pytest.approx(want, rel=1e-4, abs=1e-4 * step / n)
 
 
+def launch_two(tmp_path, steps: int, mode: str) -> None:
+    """tests/trl_worker.py in two processes under `accelerate launch --multi_gpu` (CPU processes over gloo)."""
+    cmd = [str(Path(sys.executable).parent / "accelerate"), "launch", "--multi_gpu", "--num_processes", "2",
+           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+           str(Path(__file__).parent / "trl_worker.py"), str(tmp_path), str(steps), mode]
+    if not Path(cmd[0]).exists():
+        cmd[:1] = [sys.executable, "-m", "accelerate.commands.launch"]
+    root = str(Path(__file__).parents[1])  # this checkout's entropy_rft, not the one the environment installed
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=root, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
 def test_two_processes_filter_the_batch_they_share(tmp_path):
     """TRL's own training loop in two processes (`accelerate launch --multi_gpu --num_processes 2`: CPU processes over
     gloo) on countdown with Clip_B, three steps of 8 rows a process: at every step each process's kept tokens are its rows of Clip_B applied
     to both processes' generation batches together, and filtering each process's rows alone would give another
     mask (so the check can tell them apart)."""
     steps = 3
-    cmd = [str(Path(sys.executable).parent / "accelerate"), "launch", "--multi_gpu", "--num_processes", "2",
-           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-           str(Path(__file__).parent / "trl_worker.py"), str(tmp_path), str(steps)]
-    if not Path(cmd[0]).exists():
-        cmd[:1] = [sys.executable, "-m", "accelerate.commands.launch"]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=Path(__file__).parents[1])
-    assert done.returncode == 0, done.stderr[-3000:]
+    launch_two(tmp_path, steps, "clip_b")
     ranks = [torch.load(tmp_path / f"rank{i}.pt", weights_only=False) for i in range(2)]
     assert len(ranks[0]) == len(ranks[1]) == steps
     alone_differs, filtered = [], []
@@ -202,3 +210,245 @@ def test_nothing_dropped_is_plain_trl(tmp_path):
 def test_a_method_that_is_not_a_filter_names_the_trl_setting(tmp_path):
     with pytest.raises(ValueError, match="loss_type='dapo'"):
         build(tmp_path, method="dapo")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Monitor mode (method "none"): TRL's loss untouched, the entropy_rft metrics, metrics.jsonl and token samples.
+
+
+def watched(tmp_path, **kw):
+    return build(tmp_path, method="none", method_options=None, **kw)
+
+
+@pytest.mark.parametrize("loss_type, level, iterations", [
+    ("grpo", "token", 1), ("dapo", "token", 1), ("bnpo", "token", 1), ("grpo", "sequence", 2)])
+def test_monitor_trains_exactly_as_plain_trl(tmp_path, loss_type, level, iterations):
+    """method "none" on grpo, dapo, bnpo and GSPO (sequence-level ratio, two iterations per generation batch, so the
+    later steps are off-policy): every logged loss and every final weight equal GRPOTrainer's in the same test, bit
+    for bit (the monitor's forward is a no-grad eval pass that draws no random numbers), and the metrics reach TRL's
+    logs at every logging step."""
+    kw = dict(loss_type=loss_type, importance_sampling_level=level, num_iterations=iterations, max_steps=4)
+    ours = watched(tmp_path / "ours", **kw)
+    ours.train()
+    plain = build(tmp_path / "plain", cls=GRPOTrainer, **kw)
+    plain.train()
+    for (name, a), b in zip(ours.model.named_parameters(), plain.model.parameters()):
+        assert torch.equal(a, b), name
+    losses = [(h["step"], h["loss"]) for h in ours.state.log_history if "loss" in h]
+    assert losses == [(h["step"], h["loss"]) for h in plain.state.log_history if "loss" in h] and len(losses) == 4
+    generated = [h for h in ours.state.log_history if "reward" in h]  # the logging steps with a generation batch
+    assert len(generated) == 4 // iterations
+    assert [h for h in ours.state.log_history if "entropy_rft/entropy" in h] == generated
+    for h in generated:
+        assert {"entropy_rft/entropy", "entropy_rft/s_star_mean", "entropy_rft/s_centered_mean", "entropy_rft/cov_a_sc",
+                "entropy_rft/would_clip_b/frac", "entropy_rft/would_clip_v/frac"} <= set(h)
+        assert ("entropy_rft/entropy_change/predicted" in h) == (loss_type != "bnpo")  # departure 5
+        assert "entropy_rft/kept_frac" not in h  # no filter
+
+
+def test_monitor_metrics_against_the_captured_batch(tmp_path):
+    """The first generation batch's metrics on the shipped countdown policy (countdown_trainer: loss_type dapo, one
+    optimizer step per generation batch of 256 rows, so each token's step is lr / n over the n valid tokens): the
+    entropy and S_c means over every valid token; the predicted change -mean_T[step A (S_c - mean_T S_c)] written
+    out by hand in float64; Clip_B's and Clip_V's would-be fractions at their default mu 2.5 and 8.5 (masks.py)
+    and their eq. 23 shares -sum step A S_c / n over the tokens each drops (none, at the default mu, on this batch:
+    tests/test_watch.py checks batches where they drop tokens). Tolerances: rel 1e-4 for numbers
+    computed in float32 from statistics of another forward pass of the same weights (they agree to about 1e-6)."""
+    from entropy_rft import masks
+    from entropy_rft.integrations.trl_countdown import countdown_trainer
+
+    trainer = countdown_trainer(tmp_path / "out", method="none", steps=1, cls=Capturing)
+    trainer.captured = []
+    trainer.train()
+    out, stats = trainer.captured[0]
+    logged = trainer.state.log_history[0]
+    assert "tool_mask" not in out  # the monitor leaves TRL's batch alone
+    mask = out["completion_mask"].bool()
+    adv, lr, n = out["advantages"].double(), trainer.args.learning_rate, int(mask.sum())
+    s_c, a = stats.s_centered.double()[mask], adv[:, None].expand_as(mask)[mask]
+    step = lr / n
+    assert logged["entropy_rft/entropy_change/predicted"] == pytest.approx(
+        float(-(step * a * (s_c - s_c.mean())).mean()), rel=1e-4)
+    assert logged["entropy_rft/entropy"] == pytest.approx(float(stats.entropy.double()[mask].mean()), rel=1e-5)
+    assert logged["entropy_rft/s_centered_mean"] == pytest.approx(float(s_c.mean()), rel=1e-4, abs=1e-7)
+    for name, keep in (("clip_b", masks.clip_b(stats.s_star, out["advantages"], mask, mu=2.5)[0]),
+                       ("clip_v", masks.clip_v(stats.s_centered, out["advantages"], mask, mu=8.5, max_frac=1e-4)[0])):
+        dropped = ~keep[mask]
+        assert logged[f"entropy_rft/would_{name}/frac"] == pytest.approx(float(dropped.sum()) / n, rel=1e-6)
+        share = float(-(step * a * s_c)[dropped].sum() / n)
+        assert logged[f"entropy_rft/would_{name}/entropy_change"] == pytest.approx(share, rel=1e-4, abs=1e-15)
+
+
+@pytest.mark.parametrize("loss_type, level", [
+    ("grpo", "token"), ("dapo", "token"), ("dr_grpo", "token"), ("sapo", "token"), ("luspo", "sequence"),
+    ("cispo", "token"), ("grpo", "sequence")])
+def test_step_sizes_are_trls_own_gradients(tmp_path, loss_type, level):
+    """The per-token step the monitor predicts with is TRL's loss: for one micro-batch of the generation batch (rows
+    0-3 of 8) at ratio 1, d loss / d log p_t from TRL's own _compute_loss under autograd equals -A_t step_t / lr, for
+    each loss_type whose weight the monitor knows (GSPO's sequence ratio as grpo with importance_sampling_level
+    "sequence"). rel 1e-5: float32 gradients against float64 weights."""
+    trainer = watched(tmp_path, loss_type=loss_type, importance_sampling_level=level, max_steps=1)
+    trainer.train()
+    out, _ = trainer.captured[0]
+    step = trainer._step_size(1e-3, out["completion_mask"].bool())
+    held = {}
+    original = trainer._get_per_token_logps_and_entropies
+
+    def keep_logps(*args, **kwargs):
+        logps, entropies, aux = original(*args, **kwargs)
+        logps.retain_grad()
+        held["logps"] = logps
+        return logps, entropies, aux
+
+    trainer._get_per_token_logps_and_entropies = keep_logps
+    rows = slice(0, 4)
+    micro = {k: v[rows] if torch.is_tensor(v) and v.dim() > 0 else v for k, v in out.items()}
+    trainer.model.train()
+    trainer._compute_loss(trainer.model, micro).backward()
+    mask = out["completion_mask"][rows].bool()
+    size = torch.as_tensor(step, dtype=torch.float64)
+    want = -out["advantages"][rows, None].double() * (size[rows] if size.dim() == 2 else size) / 1e-3
+    got = held["logps"].grad.double()
+    torch.testing.assert_close(got * mask, want * mask, rtol=1e-5, atol=1e-9)
+    assert (got * mask).abs().sum() > 0
+
+
+def test_monitor_writes_what_inspect_and_report_read(tmp_path):
+    """A monitored run's OUTPUT_DIR: token samples of steps 1 and the last (samples_every 10), every row of the
+    generation batch, every valid token kept (nothing filtered), the method "none"; metrics.jsonl with one line per
+    logging step named as the built-in trainer's; `entropy-rft inspect` and `entropy-rft report` (the CLI, in a
+    subprocess) build their pages from it."""
+    from entropy_rft import samples
+    from entropy_rft.logging import read_metrics
+
+    trainer = watched(tmp_path, max_steps=3, steps_per_generation=2, gradient_accumulation_steps=2)
+    trainer.train()
+    run = tmp_path / "out"
+    written = samples.read_samples(run)
+    assert sorted(written) == [1, 3]
+    rec = written[1]
+    out, _ = trainer.captured[0]
+    assert rec["method"] == "none" and rec["loss_type"] == "dapo"
+    rows = {r["row"]: r for g in rec["groups"] for r in g["responses"]}
+    assert sorted(rows) == list(range(8))
+    mask = out["completion_mask"].bool()
+    for i, r in rows.items():
+        assert r["kept"] == [1] * int(mask[i].sum())
+    lines = read_metrics(run)
+    assert [m["step"] for m in lines] == [1, 2, 3]
+    logged = [h for h in trainer.state.log_history if "entropy_rft/entropy" in h]
+    assert [m["entropy"] for m in lines] == [h["entropy_rft/entropy"] for h in logged]
+    assert {"reward_mean", "grad_norm", "cov_a_sc", "s_star_mean", "entropy_change/predicted"} <= set(lines[0])
+    root = Path(__file__).parents[1]
+    for cmd in (["inspect", str(run)], ["report", str(run), "--out", str(tmp_path / "report")]):
+        done = subprocess.run([sys.executable, "-m", "entropy_rft.cli", *cmd], capture_output=True, text=True,
+                              cwd=root, timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+    assert (run / "inspect.html").stat().st_size > 0 and (tmp_path / "report" / "report.md").exists()
+
+
+def test_monitor_takes_no_options(tmp_path):
+    with pytest.raises(ValueError, match="no method_options"):
+        build(tmp_path, method="none", method_options={"mu": 1.0})
+    with pytest.raises(ValueError, match="method='none'"):
+        build(tmp_path, method="grpo")
+
+
+def test_two_processes_monitor_changes_nothing_and_writes_once(tmp_path):
+    """TRL's own loop in two processes on countdown, 3 steps of 8 rows a process, monitored and then plain from the
+    same seed: on each process every logged loss and every final weight are equal bit for bit; the monitor's
+    statistics are over both processes' rows (16, the same gathered batch on each process, and the logged entropy
+    is their mean over every valid token); the token samples of steps 1 and 3 and metrics.jsonl are written once
+    (by the main process: one line per step, not two) with both processes' rows."""
+    from entropy_rft import samples
+    from entropy_rft.logging import read_metrics
+
+    steps = 3
+    launch_two(tmp_path, steps, "monitor")
+    ranks = [torch.load(tmp_path / f"monitor{i}.pt", weights_only=False) for i in range(2)]
+    for rank in ranks:
+        ours, plain = rank["monitor"], rank["plain"]
+        assert ours["losses"] == plain["losses"] and len(ours["losses"]) == steps
+        for name, value in ours["weights"].items():
+            assert torch.equal(value, plain["weights"][name]), name
+    for step in range(steps):
+        seen = [rank["monitor"]["captured"][step]["gathered"] for rank in ranks]
+        assert seen[0]["mask"].shape[0] == 16
+        for key in seen[0]:
+            assert torch.equal(seen[0][key], seen[1][key]), (step, key)
+        mask = seen[0]["mask"]
+        logged = [h for h in ranks[0]["monitor"]["logs"] if "entropy_rft/entropy" in h][step]
+        assert logged["entropy_rft/entropy"] == pytest.approx(float(seen[0]["entropy"][mask].double().mean()), rel=1e-5)
+        # this process's own rows are a part of the gathered batch: the check tells the two apart
+        own = ranks[0]["monitor"]["captured"][step]["out"]["completion_mask"].shape[0]
+        assert own == 8
+    written = samples.read_samples(tmp_path / "monitor")
+    assert sorted(written) == [1, steps]
+    for rec in written.values():
+        rows = sorted(r["row"] for g in rec["groups"] for r in g["responses"])
+        assert rows == list(range(16)) and rec["method"] == "none"
+    assert [m["step"] for m in read_metrics(tmp_path / "monitor")] == list(range(1, steps + 1))
+
+
+def test_monitor_forwards_only_for_logged_steps(tmp_path):
+    """logging_steps 2 without samples (samples_every 0), one optimizer step per generation batch: the monitor's extra
+    forward runs for the batches of steps 2 and 4 only, and each of those logs carries the metrics."""
+
+    class Counting(EntropyGRPOTrainer):
+        def _token_stats(self, out):
+            self.forwards.append(self.state.global_step + 1)
+            return super()._token_stats(out)
+
+    path = resolve_model_path(STAND_IN)
+    trainer = Counting(model=path, reward_funcs=reward_a, args=config(tmp_path, max_steps=4, logging_steps=2),
+                       train_dataset=dataset(), method="none", samples_every=0)
+    trainer.forwards = []
+    trainer.train()
+    assert trainer.forwards == [2, 4]
+    logged = [h["step"] for h in trainer.state.log_history if "entropy_rft/entropy" in h]
+    assert logged == [2, 4]
+
+
+def test_inspect_page_of_a_monitored_run_in_chromium(tmp_path):
+    """The inspect page of a monitored TRL run on the shipped countdown policy (countdown_trainer, method "none", one
+    step), in headless Chromium (`make chromium`): no console error and no request but the page; one token element
+    per written token, none clipped (the monitor drops nothing); Tab reaches a token and the panel shows its stored
+    values. A screenshot is written (ENTROPY_RFT_SCREENSHOT: also copied there; docs/watch.png is one)."""
+    import shutil
+
+    from cdp import Browser, find_chromium
+    from test_inspect import _check_details, _check_dom, _token_places
+
+    from entropy_rft import inspect_page, samples
+    from entropy_rft.integrations.trl_countdown import countdown_trainer
+
+    if find_chromium() is None:
+        why = "no chromium on PATH: `make chromium` installs Debian's (apt-get install chromium)"
+        if os.environ.get("CI"):
+            pytest.fail(why)
+        pytest.skip(why)
+    run = tmp_path / "trl-watched"
+    countdown_trainer(run, method="none", steps=1).train()
+    rec = samples.read_samples(run)[1]
+    assert _token_places(rec)[1] == set()  # nothing clipped
+    out = inspect_page.build_page([run], tmp_path / "inspect.html")
+    with Browser(find_chromium()) as browser:
+        page = browser.open(out.resolve().as_uri())
+        page.wait_for("document.body.dataset.ready === '1'")
+        _check_dom(page, [rec])
+        for _ in range(200):
+            page.key("Tab")
+            if page.evaluate("document.activeElement.classList.contains('tok')"):
+                break
+        else:
+            pytest.fail("Tab never reached a token")
+        r, k, j, t = page.evaluate("(e => [+e.dataset.run, +e.dataset.group, +e.dataset.resp, +e.dataset.pos])"
+                                   "(document.activeElement)")
+        _check_details(page, rec, k, j, t)
+        shot = page.screenshot(tmp_path / "inspect.png")
+        browser.pump(0.2)
+        assert page.errors() == []
+        assert page.requests() == [out.resolve().as_uri()]
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 20_000
+    if os.environ.get("ENTROPY_RFT_SCREENSHOT"):
+        shutil.copy(shot, os.environ["ENTROPY_RFT_SCREENSHOT"])

@@ -33,6 +33,9 @@ from pathlib import Path
 import pytest
 import torch
 
+# the environment before this process imports verl (which sets variables, TORCH_CUDA_ARCH_LIST among them), for the
+# fresh processes of the import-cost test
+ENV_BEFORE_VERL = dict(os.environ)
 pytest.importorskip("verl")
 pytest.importorskip("transfer_queue")
 import ray  # noqa: E402
@@ -77,10 +80,23 @@ def nested(rows):
 # Plugin loading and registries
 
 
-def _run_verl_import(env_extra: dict) -> subprocess.Popen:
-    code = ("import verl\nfrom verl.trainer.ppo.v1 import get_trainer_cls\ntry:\n"
-            "    print(get_trainer_cls('entropy_rft').__module__)\nexcept ValueError:\n    print('unknown')\n")
-    env = {k: v for k, v in os.environ.items() if k not in ("VERL_USE_EXTERNAL_MODULES", "VERL_USE_EXTERNAL_PLUGINS")}
+LOOKUPS = """
+import os
+import verl
+from verl.trainer.ppo.v1 import get_trainer_cls
+import verl.workers.engine
+from verl.workers.engine.base import EngineRegistry
+os.environ.update(VERL_ENGINE_DEVICE="cuda", VERL_ENGINE_VENDOR="entropy_rft")
+try:
+    print(get_trainer_cls("entropy_rft").__module__, EngineRegistry.get_engine_cls("language_model", "fsdp").__name__)
+except ValueError:
+    print("unknown")
+"""
+
+
+def _run_verl_import(env_extra: dict, code: str = LOOKUPS) -> subprocess.Popen:
+    """A fresh python running `code`, in the environment this process had before it imported verl."""
+    env = {k: v for k, v in ENV_BEFORE_VERL.items() if k not in ("VERL_USE_EXTERNAL_MODULES", "VERL_USE_EXTERNAL_PLUGINS")}
     env.update(env_extra)
     return subprocess.Popen([sys.executable, "-W", "ignore", "-c", code], env=env, cwd=ROOT, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -88,8 +104,10 @@ def _run_verl_import(env_extra: dict) -> subprocess.Popen:
 
 @pytest.mark.slow
 def test_plugin_loads_through_verl_entry_point_and_explicit_module():
-    """A fresh `import verl` registers the trainer through the `verl.plugins` entry point alone; with entry points
-    off (VERL_USE_EXTERNAL_PLUGINS=none) it is unknown, and VERL_USE_EXTERNAL_MODULES brings it back."""
+    """A fresh `import verl` registers the trainer and the engine vendor through the `verl.plugins` entry point alone
+    (verl_plugin: verl's own lookups, get_trainer_cls and EngineRegistry.get_engine_cls, import the adapter); with
+    entry points off (VERL_USE_EXTERNAL_PLUGINS=none) the trainer is unknown, and VERL_USE_EXTERNAL_MODULES brings
+    both back."""
     runs = {
         "entry point": _run_verl_import({}),
         "plugins off": _run_verl_import({"VERL_USE_EXTERNAL_PLUGINS": "none"}),
@@ -101,8 +119,51 @@ def test_plugin_loads_through_verl_entry_point_and_explicit_module():
         stdout, stderr = proc.communicate(timeout=300)
         assert proc.returncode == 0, stderr[-2000:]
         out[name] = stdout.strip().splitlines()[-1]
-    assert out == {"entry point": "entropy_rft.integrations.verl", "plugins off": "unknown",
-                   "explicit": "entropy_rft.integrations.verl"}
+    both = "entropy_rft.integrations.verl EntropyFSDPEngine"
+    assert out == {"entry point": both, "plugins off": "unknown", "explicit": both}
+
+
+IMPORT_COST = """
+import contextlib, io, json, os, sys, warnings
+env = dict(os.environ)
+err = io.StringIO()
+with warnings.catch_warnings(record=True) as caught, contextlib.redirect_stderr(err):
+    warnings.simplefilter("always")
+    import verl
+    filters = [repr(f) for f in warnings.filters]  # before catch_warnings restores them
+print(json.dumps({"modules": sorted(sys.modules), "warnings": [str(w.message) for w in caught],
+                  "stderr": err.getvalue(), "filters": filters,
+                  "env": {k: v for k, v in os.environ.items() if env.get(k) != v}}))
+"""
+
+
+@pytest.mark.slow
+def test_import_verl_with_the_plugin_costs_nothing():
+    """`import verl` in a fresh process with the entry point (verl_plugin) against the same with entry points off:
+    the only extra modules are entropy_rft, entropy_rft.integrations and the plugin itself (none of verl's V1 trainer
+    or engine modules, pandas, datasets, fastapi, peft, accelerate, hydra: the adapter imported at once adds about
+    1,500), the same warnings and stderr (none of verl's 'engine is not available'), the same environment changes
+    (no TORCH_CUDA_ARCH_LIST) and warning filters."""
+    import json
+
+    runs = {name: _run_verl_import(env, IMPORT_COST) for name, env in
+            (("plugin", {}), ("off", {"VERL_USE_EXTERNAL_PLUGINS": "none"}),
+             ("adapter", {"VERL_USE_EXTERNAL_PLUGINS": "none", "VERL_USE_EXTERNAL_MODULES": "entropy_rft.integrations.verl"}))}
+    seen = {}
+    for name, proc in runs.items():
+        stdout, stderr = proc.communicate(timeout=300)
+        assert proc.returncode == 0, stderr[-2000:]
+        seen[name] = json.loads(stdout.strip().splitlines()[-1])
+    plugin, off, adapter_on = seen["plugin"], seen["off"], seen["adapter"]
+    extra = set(plugin["modules"]) - set(off["modules"])
+    assert extra == {"entropy_rft", "entropy_rft.integrations", "entropy_rft.integrations.verl_plugin"}
+    assert plugin["warnings"] == off["warnings"] and plugin["stderr"] == off["stderr"]
+    assert plugin["env"] == off["env"] and "TORCH_CUDA_ARCH_LIST" not in plugin["env"]
+    assert plugin["filters"] == off["filters"]
+    # the check can tell: the adapter imported at once pulls in the heavy modules and verl's side effects
+    heavy = set(adapter_on["modules"]) - set(off["modules"])
+    assert {"verl.trainer.ppo.v1.trainer_sync", "pandas", "fastapi"} <= heavy
+    assert adapter_on["env"].get("TORCH_CUDA_ARCH_LIST") == "8.0" and adapter_on["filters"] != off["filters"]
 
 
 def test_trainer_and_engine_registry_lookups(monkeypatch):
@@ -137,11 +198,14 @@ def _verl_config(**over):
     ("algorithm.rollout_correction", {"bypass_mode": True}, "bypass_mode"),
 ])
 def test_clip_v_refuses_configs_without_logits_or_entropies(key, value, match):
-    """Clip_V is refused, naming the setting, with fused kernels, Megatron and bypass mode; Clip_B runs with fused
+    """Clip_V and the monitor are refused, naming the setting, with fused kernels, Megatron and bypass mode; Clip_B runs with fused
     kernels and Megatron (it needs only verl's entropies) but not in bypass mode (no entropies at all)."""
     cfg = _verl_config(**{key: value})
     with pytest.raises(ValueError, match=match):
         check_config(Settings.from_config(cfg), cfg)
+    monitor_cfg = _verl_config(**{key: value, "entropy_rft": {"method": "none", "options": {}}})
+    with pytest.raises(ValueError, match=match):  # the monitor needs E_p[S] too (S_c)
+        check_config(Settings.from_config(monitor_cfg), monitor_cfg)
     clip_b_cfg = _verl_config(**{key: value, "entropy_rft": {"method": "clip_b", "options": {}}})
     if match == "bypass_mode":
         with pytest.raises(ValueError, match=match):
@@ -164,6 +228,9 @@ def test_settings_name_what_is_wrong():
         Settings.from_config(OmegaConf.create({"entropy_rft": {"method": "clip_b", "mu": 2.5}}))
     with pytest.raises(ValueError, match="needs an `entropy_rft` section"):
         Settings.from_config(OmegaConf.create({}))
+    with pytest.raises(ValueError, match="takes no options"):
+        Settings(method="none", options={"mu": 2.5})
+    assert Settings(method="none").monitor and Settings(method="none").needs_s_expect
 
 
 @pytest.mark.parametrize("name,method,options", [
@@ -306,6 +373,8 @@ def test_clip_v_without_engine_output_names_the_fix():
     keys, fields, _ = driver_batch()
     with pytest.raises(RuntimeError, match=f"VERL_ENGINE_VENDOR={ENGINE_VENDOR}"):
         adapter.filter_batch(Settings("clip_v"), fields.exclude(S_EXPECT))
+    with pytest.raises(RuntimeError, match=f"VERL_ENGINE_VENDOR={ENGINE_VENDOR}"):  # the monitor's S_c needs it too
+        adapter.monitor_inputs(fields.exclude(S_EXPECT))
 
 
 def test_engine_adds_nothing_unless_asked_and_refuses_fused_kernels(engine):
@@ -548,9 +617,10 @@ class Step:
 
 
 def whole_step(cfg, models, partition, *, adapter_on=True, critic=False, seed=0, rollout_noise=0.0,
-               remove_padding=True, dynamic_bsz=True) -> Step:
+               remove_padding=True, dynamic_bsz=True, tokenizer=None) -> Step:
     """One _step_once of verl's sync V1 trainer (EntropyRFTTrainer, or verl's own PPOTrainerSync with its own
-    engines when adapter_on is False) on a fresh batch in TransferQueue partition `partition`."""
+    engines when adapter_on is False) on a fresh batch in TransferQueue partition `partition`; `tokenizer` the
+    trainer's (default: a stand-in with the eos id alone, all that batch balancing reads)."""
     from verl.utils.config import omega_conf_to_dataclass
     from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithValueHead
     from verl.workers.utils.losses import value_loss
@@ -580,7 +650,7 @@ def whole_step(cfg, models, partition, *, adapter_on=True, critic=False, seed=0,
     trainer.replay_buffer = types.SimpleNamespace(sample=lambda **kwargs: (meta, {}))  # the rollout's batch
     trainer.reward_loop_manager = types.SimpleNamespace(reward_loop_worker_handles=[])  # scores are in the batch
     trainer.checkpoint_manager = types.SimpleNamespace(sleep_replicas=lambda: None)  # no rollout replicas
-    trainer.tokenizer = types.SimpleNamespace(eos_token_id=models.actor.config.eos_token_id)  # batch balancing
+    trainer.tokenizer = tokenizer or types.SimpleNamespace(eos_token_id=models.actor.config.eos_token_id)
     trainer.curr_step_profile, trainer.global_steps = False, 1
     metrics = {}
     out = trainer._step_once(metrics, {}, len(keys))
@@ -796,3 +866,63 @@ def test_mutations_fail_the_whole_step_oracle(transfer_queue, engine, verl_cfg, 
             check_critic(step, models.critic, valid)
         else:
             check_actor(step, models.actor, step.after["response_mask"].bool() & keep, valid & keep)
+
+
+@pytest.mark.slow
+def test_whole_step_monitor_is_stock_verl_and_writes_what_inspect_reads(transfer_queue, engine, verl_cfg, models,
+                                                                        tmp_path):
+    """entropy_rft.method=none (monitor) with rejection sampling on: every actor optimizer step's gradient equals
+    stock verl's (its own trainer and engines) on the same batch, to float32 rounding (GRAD_RTOL); verl's masks are
+    untouched. The step's metrics over the whole batch: entropy over every valid token; the predicted change
+    -mean_T[step A (S_c - mean_T S_c)] over verl's post-rejection tokens T with step lr / (valid tokens of the
+    token's mini-batch), the first epoch's 2 mini-batches written out by hand (rel 1e-5: float32 statistics, summed
+    in another order); Clip_B's would-be fraction. Token samples of step 1 in the experiment directory
+    (trainer.default_local_dir): every row, grouped by uid, rows rejected tokens marked not kept, its Corollary 4
+    total the logged prediction; metrics.jsonl has the step; the inspect page and the report build from the
+    directory."""
+    from transformers import AutoTokenizer
+
+    from entropy_rft import samples
+    from entropy_rft.inspect_page import build_page
+    from entropy_rft.logging import read_metrics
+    from entropy_rft.report import build_report
+
+    cfg = step_config(verl_cfg, "none", {}, **REJECTION, **{"trainer.default_local_dir": str(tmp_path / "exp")})
+    ours = whole_step(cfg, models, "monitor_ours", rollout_noise=ROLLOUT_NOISE, tokenizer=AutoTokenizer.from_pretrained(TINY))
+    stock = whole_step(cfg, models, "monitor_stock", rollout_noise=ROLLOUT_NOISE, adapter_on=False)
+    assert ours.keys == [k.replace("stock", "ours") for k in stock.keys]
+    for got, want in zip(ours.actor_grads, stock.actor_grads, strict=True):
+        assert rel_diff(got, want) < GRAD_RTOL
+    valid, used = ours.valid, ours.after["response_mask"].bool()
+    assert torch.equal(ours.after["loss_mask"].bool(), valid) and 0 < int((valid & ~used).sum())  # rejection acted
+    assert KEEP not in ours.after.keys()
+
+    stats = stats_from_engine(ours.after["old_log_probs"], ours.after["entropy"], ours.after[S_EXPECT])
+    lr, adv = float(cfg.actor_rollout_ref.actor.optim.lr), ours.after["advantages"].double()
+    step = torch.zeros(valid.shape, dtype=torch.float64)
+    for rows in mini_batches(ours)[:MINI_BATCHES]:  # the first epoch
+        step[rows] = lr / float(valid[rows].sum())
+    s_c = stats.s_centered.double()[used]
+    want = float(-(step[used] * adv[used] * (s_c - s_c.mean())).mean())
+    m = ours.metrics
+    assert m["entropy_rft/entropy_change/predicted"] == pytest.approx(want, rel=1e-5)
+    assert m["entropy_rft/entropy"] == pytest.approx(float(stats.entropy.double()[valid].mean()), rel=1e-5)
+    keep_b, _ = clip_b(stats.s_star, ours.after["advantages"], used)
+    assert m["entropy_rft/would_clip_b/frac"] == pytest.approx(float((used & ~keep_b).sum() / used.sum()), rel=1e-6)
+
+    exp = tmp_path / "exp"
+    rec = samples.read_samples(exp)[1]
+    assert rec["source"] == "verl" and rec["method"] == "none"
+    assert rec["entropy_change"]["corollary4"] == pytest.approx(want, rel=1e-5)
+    rows = [r for g in rec["groups"] for r in g["responses"]]
+    assert sorted(r["row"] for r in rows) == list(range(GROUPS * N))
+    uids = [int(k.split("_")[-3]) for k in ours.keys]  # keys are PARTITION_GROUP_ROLLOUT_0
+    first = {u: j for j, u in reversed(list(enumerate(uids)))}
+    order = sorted(range(len(uids)), key=lambda i: (first[uids[i]], i))  # rows by group, batch order within
+    for r in rows:
+        i = order[r["row"]]
+        assert r["length"] == ours.response_lens[i] and r["kept"] == used[i, : r["length"]].int().tolist()
+    assert sum(r["length"] - sum(r["kept"]) for r in rows) == int((valid & ~used).sum())  # the rejected tokens
+    assert [line["step"] for line in read_metrics(exp)] == [1]
+    assert build_page([exp], tmp_path / "inspect.html").stat().st_size > 0
+    assert build_report([exp], tmp_path / "report").exists()

@@ -76,7 +76,8 @@ def countdown_args(out: str | Path, *, seed: int = 0, steps: int | None = None, 
 def countdown_trainer(out: str | Path, *, method: str | None = "clip_b", method_options: dict | None = None,
                       seed: int = 0, steps: int | None = None, processes: int = 1, cls=None, **overrides):
     """EntropyGRPOTrainer (or GRPOTrainer when method is None, or `cls`) on the shipped countdown policy and task.
-    method_options default to the demo's for the method (Clip_B mu 1.5; Clip_V mu 3.0, max_frac 0.05)."""
+    method_options default to the demo's for the method (Clip_B mu 1.5; Clip_V mu 3.0, max_frac 0.05); method
+    "none" watches TRL's own loss (no options)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOTrainer
 
@@ -89,7 +90,9 @@ def countdown_trainer(out: str | Path, *, method: str | None = "clip_b", method_
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     args = countdown_args(out, seed=seed, steps=steps, processes=processes, **overrides)
     extra = {}
-    if method is not None:  # the demo's options where the demo runs the method (None values: the filter's defaults)
+    if method == "none":
+        extra = {"method": method}
+    elif method is not None:  # the demo's options where the demo runs the method (None values: the filter's defaults)
         options = method_options if method_options is not None else run_config(load_demo_config(), method).method_overrides()
         extra = {"method": method, "method_options": options}
     trainer_cls = cls or (EntropyGRPOTrainer if method is not None else GRPOTrainer)

@@ -1,13 +1,23 @@
-"""entropy-rft's token filters inside verl (`pip install "entropy-rft[verl]"`, written against verl 0.9.1): Clip_B,
-Clip_V, the S*-sign filters of Figure 1 and a whole-batch Clip-Cov run in verl's V1 trainer, on verl's Ray/FSDP
-workers and vLLM/SGLang rollouts, with their statistics taken over the whole training batch.
+"""entropy-rft inside verl (`pip install "entropy-rft[verl]"`, written against verl 0.9.1): watch a GRPO run's
+entropy dynamics with verl's loss untouched (method "none"), or run Clip_B, Clip_V, the S*-sign filters of Figure 1
+and a whole-batch Clip-Cov in verl's V1 trainer, on verl's Ray/FSDP workers and vLLM/SGLang rollouts, with their
+statistics taken over the whole training batch.
 
     VERL_ENGINE_VENDOR=entropy_rft python -m verl.trainer.main_ppo ... \\
         trainer.v1.trainer_mode=entropy_rft +entropy_rft.method=clip_b +entropy_rft.options.mu=2.5
+    # or +entropy_rft.method=none: verl's own loss, watched
 
 How it plugs in (docs/howto/verl.md; examples/verl/ has complete configs):
-- `import verl` loads this module in every process through the `verl.plugins` entry point of this package (a
-  failing import is logged at DEBUG only; `VERL_USE_EXTERNAL_MODULES=entropy_rft.integrations.verl` raises).
+- `import verl` loads entropy_rft.integrations.verl_plugin in every process through the `verl.plugins` entry point
+  of this package: it registers the trainer and the engine by name and imports this module (with verl's V1 trainer
+  and engine modules) only in a process that chooses one of them, so a user who does not ask pays nothing (a
+  failing import is logged at DEBUG only; `VERL_USE_EXTERNAL_MODULES=entropy_rft.integrations.verl` imports this
+  module at once and raises).
+- Monitor (entropy_rft.method=none): the advantage step reads the whole batch's statistics (with E_p[S] from
+  EntropyFSDPEngine, so S_c) and adds diagnostics.watch_metrics to the step's metrics, which verl's tracking logs
+  (entropy, the means of S* and S_c, Cov_B(A, S_c), the predicted entropy change with verl's per-token step
+  sizes, what Clip_B and Clip_V at their default mu would drop and the change those tokens account for); it
+  writes nothing back, and the actor update is verl's own.
 - EntropyRFTTrainer, V1 trainer "entropy_rft", is verl's sync trainer whose advantage step, after verl's own,
   filters the whole batch on the driver (which holds every data-parallel rank's rows): S* = p_k (H + log p_k) from
   the old log-probs and entropies verl always recomputes; the keep mask goes into a TransferQueue field of its own
@@ -37,6 +47,13 @@ Departures and limits, numbered:
    Clip_V's zero-advantage rule may drop one); the actor then uses verl's post-rejection response_mask & keep and
    loss_mask & keep. Only the filter's tokens leave the loss and the denominator (rejected ones stay in it, as in
    stock verl), and a filter that drops nothing gives stock verl's update.
+7. The monitor writes SAMPLES_DIR/metrics.jsonl (its metrics, a line per step) and token samples of every
+   samples_every-th step (entropy_rft/samples.py's format, rows regrouped by uid) to entropy_rft.samples_dir,
+   default verl's experiment directory (trainer.default_local_dir), from the driver, once; `entropy-rft inspect`
+   and `entropy-rft report` read that directory. The per-token step sizes (verl_step_sizes) model verl's
+   token-mean loss with unshuffled mini-batches, at ratio 1 (the first epoch) and the configured lr; for the other
+   loss_agg_modes and shuffled mini-batches the predicted change is left out (not None-logged). The filters still
+   write no token samples.
 
 What tests/test_verl.py drives for real on the CPU: the V1 trainer's `_step_once` (batch balancing, old-log-prob,
 reference forward, values, advantage and filter, critic and actor updates) through TransferQueue on Ray, the
@@ -53,17 +70,20 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+from pathlib import Path
 
 import torch
 from torch import Tensor
 from torch.distributed.tensor import DTensor
 
+from .. import samples
 from ..advantages import broadcast_advantages
 from ..config import TrainConfig
+from ..diagnostics import masked_mean, watch_metrics
 from ..dynamics import TokenStats, batch_covariance, token_stats
-from ..losses import select_clip_cov
+from ..logging import JsonlSink
+from ..losses import select_clip_cov, step_sizes
 from ..methods import METHODS, NO_CAP
-from ..diagnostics import masked_mean
 
 try:
     import transfer_queue as tq
@@ -80,6 +100,7 @@ except ImportError as err:  # the adapter is an optional extra
 
 TRAINER_NAME = "entropy_rft"  # trainer.v1.trainer_mode
 ENGINE_VENDOR = "entropy_rft"  # VERL_ENGINE_VENDOR in the workers' environment
+MONITOR = "none"  # entropy_rft.method: verl's loss unchanged, the statistics, metrics and token samples only
 # Two names, never one: verl hands every later worker call every field stored in TransferQueue, so a stored tensor
 # under the request's name would reach the actor update and the reference forward as the request.
 WANT_S_EXPECT = "entropy_rft_want_s_expect"  # non-tensor request on the old-log-prob call: add E_p[S]
@@ -96,39 +117,57 @@ _ROW_ELEMENTS = 1 << 22  # logits elements per chunk of the E_p[S] computation
 
 @dataclasses.dataclass(frozen=True)
 class Settings:
-    """The `entropy_rft` section of a verl config: method (a METHODS name with a token filter, or clip_cov) and
-    options (the filter's keyword options, e.g. {mu: 2.5}; YAML null passes None, e.g. max_frac: null = no cap)."""
+    """The `entropy_rft` section of a verl config: method (a METHODS name with a token filter, clip_cov, or "none" to
+    watch verl's own loss) and options (the filter's keyword options, e.g. {mu: 2.5}; YAML null passes None, e.g.
+    max_frac: null = no cap); samples_every and samples_groups as TrainConfig's (token samples of every
+    samples_every-th step, 0 for none), written with metrics.jsonl to samples_dir (default: verl's experiment
+    directory, trainer.default_local_dir)."""
 
     method: str = "clip_b"
     options: dict = dataclasses.field(default_factory=dict)
     seed: int = 0  # Clip-Cov's random selection
+    samples_every: int = TrainConfig.samples_every
+    samples_groups: int = TrainConfig.samples_groups
+    samples_dir: str | None = None
 
     def __post_init__(self):
+        if self.method == MONITOR:
+            if self.options:
+                raise ValueError(f"entropy_rft.method={MONITOR} changes nothing in verl's loss, so it takes no "
+                                 f"options (got {dict(self.options)}); pick a filter (clip_b, clip_v, ...) to pass them")
+            return
         spec = METHODS.get(self.method)
         if spec.filter is None and self.method != CLIP_COV:
             filters = ", ".join(n for n in METHODS.names() if METHODS.get(n).filter)
             raise ValueError(f"entropy_rft.method={self.method!r} is not a token filter, so it has no driver step in "
-                             f"verl; use one of {filters} or {CLIP_COV} (other rows of METHODS are verl settings: "
-                             f"docs/howto/verl.md)")
+                             f"verl; use one of {filters} or {CLIP_COV}, or {MONITOR} to watch verl's own loss (other "
+                             f"rows of METHODS are verl settings: docs/howto/verl.md)")
         accepted = set(CLIP_COV_DEFAULTS) if spec.filter is None else set(
             list(inspect.signature(spec.filter).parameters)[3:])  # after (score, advantages, mask)
         if set(self.options) - accepted:
             raise ValueError(f"{self.method} takes options {sorted(accepted)}, got {sorted(self.options)}")
 
     @property
+    def monitor(self) -> bool:
+        return self.method == MONITOR
+
+    @property
     def needs_s_expect(self) -> bool:
-        return self.method != CLIP_COV and METHODS.get(self.method).score == "s_centered"
+        """E_p[S] from the engine: Clip_V's score, and S_c for every metric of the monitor."""
+        return self.monitor or (self.method != CLIP_COV and METHODS.get(self.method).score == "s_centered")
 
     @classmethod
     def from_config(cls, config) -> "Settings":
         section = config.get("entropy_rft", None)
         if section is None:
             raise ValueError(f"trainer.v1.trainer_mode={TRAINER_NAME} needs an `entropy_rft` section, e.g. "
-                             "+entropy_rft.method=clip_b +entropy_rft.options.mu=2.5")
+                             "+entropy_rft.method=clip_b +entropy_rft.options.mu=2.5 (or +entropy_rft.method=none "
+                             "to watch verl's own loss)")
         section = dict(section)
-        unknown = set(section) - {f.name for f in dataclasses.fields(cls)}
+        names = [f.name for f in dataclasses.fields(cls)]
+        unknown = set(section) - set(names)
         if unknown:
-            raise ValueError(f"unknown keys {sorted(unknown)} in entropy_rft; it takes method, options, seed")
+            raise ValueError(f"unknown keys {sorted(unknown)} in entropy_rft; it takes {', '.join(names)}")
         return cls(options=dict(section.pop("options", None) or {}), **section)
 
 
@@ -174,13 +213,14 @@ def check_config(settings: Settings, config) -> None:
                          "algorithm.rollout_correction.bypass_mode=true skips that step: set it to false")
     if not settings.needs_s_expect:
         return
+    what = f"the monitor (entropy_rft.method={MONITOR}, for S_c)" if settings.monitor else settings.method
     strategy = config.actor_rollout_ref.actor.get("strategy", "fsdp")
     if strategy not in ("fsdp", "fsdp2"):
-        raise ValueError(f"{settings.method} needs E_p[S] from the full token distribution, which only the FSDP "
+        raise ValueError(f"{what} needs E_p[S] from the full token distribution, which only the FSDP "
                          f"engine computes here; actor strategy {strategy!r} (Megatron and the others) never "
                          "materialises the logits: use actor.strategy=fsdp or fsdp2, or Clip_B")
     if config.actor_rollout_ref.model.get("use_fused_kernels", False):
-        raise ValueError(f"{settings.method} needs E_p[S] from the logits, but actor_rollout_ref.model."
+        raise ValueError(f"{what} needs E_p[S] from the logits, but actor_rollout_ref.model."
                          "use_fused_kernels=true never materialises them: set it to false, or use Clip_B")
 
 
@@ -224,12 +264,23 @@ class EntropyRFTTrainer(PPOTrainerSync):
         fields = ["loss_mask", "old_log_probs", "entropy", "advantages"]
         if self.entropy_rft.needs_s_expect:
             fields.append(S_EXPECT)
+        if self.entropy_rft.monitor:  # verl's batch stays as verl made it
+            data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id,
+                                   select_fields=[*fields, "response_mask"])
+            stats, valid, used, adv = monitor_inputs(data)
+            step = verl_step_sizes(self.config, valid, used)
+            watched = watch_metrics(stats, adv, valid, used, step)
+            metrics.update({f"entropy_rft/{k}": v for k, v in watched.items() if v is not None})
+            self._entropy_rft_record(batch, stats, adv, valid, used, step, metrics)
+            return batch
         data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=fields)
         output, step_metrics = filter_batch(self.entropy_rft, data, generator=self.entropy_rft_generator)
         metrics.update({f"entropy_rft/{k}": v for k, v in step_metrics.items()})
         return tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id, fields=output)
 
     def _update_actor(self, batch, metrics: dict):
+        if self.entropy_rft.monitor:  # verl's own masks, untouched
+            return super()._update_actor(batch, metrics)
         # The keep mask reaches the actor's loss only: its masks lose the dropped tokens for this call, and the
         # masks every other reader sees (critic update, metrics) are put back afterwards (departure 5).
         fields = ["response_mask", "loss_mask", KEEP]
@@ -240,6 +291,98 @@ class EntropyRFTTrainer(PPOTrainerSync):
         finally:
             tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id,
                             fields=data.select("response_mask", "loss_mask"))
+
+    def _entropy_rft_record(self, batch, stats, adv, valid, used, step, metrics: dict) -> None:
+        """SAMPLES_DIR/metrics.jsonl (a line per step: the entropy_rft metrics, as the built-in trainer names them)
+        and, on the due steps, SAMPLES_DIR/samples/step-N.json.gz (departure 7)."""
+        settings, done = self.entropy_rft, int(self.global_steps)
+        run_dir = settings.samples_dir or self.config.trainer.default_local_dir
+        if getattr(self, "entropy_rft_metrics", None) is None:
+            Path(run_dir).mkdir(parents=True, exist_ok=True)
+            samples.cut_after(run_dir, done - 1)  # a resumed run writes the later steps again
+            self.entropy_rft_metrics = JsonlSink(Path(run_dir), {}, start_step=done - 1)
+        ours = {k.removeprefix("entropy_rft/"): v for k, v in metrics.items() if k.startswith("entropy_rft/")}
+        self.entropy_rft_metrics.log({"step": done, **ours})
+        if not samples.due(done, settings.samples_every, getattr(self, "total_training_steps", None)):
+            return
+        data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id,
+                               select_fields=["prompts", "responses", "uid", "rm_scores"])
+        record = samples_record(data, stats, adv, valid, used, step, tokenizer=self.tokenizer, step_number=done,
+                                group_size=int(self.config.actor_rollout_ref.rollout.n), groups=settings.samples_groups,
+                                info={"source": "verl", "method": settings.method, "lr": actor_lr(self.config),
+                                      "loss_agg": self.config.actor_rollout_ref.actor.loss_agg_mode})
+        samples.write_record(run_dir, record)
+
+
+def monitor_inputs(data: TensorDict) -> tuple[TokenStats, Tensor, Tensor, Tensor]:
+    """(stats, valid, loss tokens, advantages), padded [B, T] in the batch's row order, from TransferQueue's fields:
+    valid = loss_mask as the rollout wrote it (every response token: the statistics' population and the engine's
+    denominator), loss tokens = that & response_mask (verl's rejection sampling removes tokens from the loss's
+    terms only)."""
+    if S_EXPECT not in data.keys():
+        raise RuntimeError(f"entropy_rft.method={MONITOR} needs E_p[S] for S_c, but the actor workers did not return "
+                           f"{S_EXPECT!r}: start them with VERL_ENGINE_VENDOR={ENGINE_VENDOR} (e.g. "
+                           f"+ray_kwargs.ray_init.runtime_env.env_vars.VERL_ENGINE_VENDOR={ENGINE_VENDOR})")
+    nested_mask = data["loss_mask"]
+    padded = data.exclude(S_EXPECT).to_padded_tensor()
+    valid = padded["loss_mask"].bool()
+    s_expect = torch.nested.to_padded_tensor(response_from_nested(data[S_EXPECT], nested_mask), 0.0)
+    stats = stats_from_engine(padded["old_log_probs"], padded["entropy"], s_expect)
+    return stats, valid, valid & padded["response_mask"].bool(), padded["advantages"].float()
+
+
+def actor_lr(config) -> float:
+    return float(config.actor_rollout_ref.actor.optim.lr)
+
+
+def verl_step_sizes(config, denominator: Tensor, used: Tensor) -> Tensor | None:
+    """lr w_t of each token of one pass over the batch (losses.step_sizes), [B, T] float64, for verl's token-mean
+    loss (actor.loss_agg_mode, verl's default and the paper's): the actor's mini-batches are contiguous blocks of
+    ppo_mini_batch_size x rollout.n rows in the batch's order (verl's iterator, shuffle off), and each divides by
+    its own `denominator` tokens (loss_mask, all-reduced over the data-parallel ranks in the engine). At ratio 1,
+    the first epoch's step; lr is the optimizer's configured lr (no warmup schedule). None for the other
+    aggregations and for shuffled mini-batches (not modelled here: departure 7)."""
+    actor = config.actor_rollout_ref.actor
+    if actor.loss_agg_mode != "token-mean" or actor.get("shuffle", False):
+        return None
+    rows = int(actor.ppo_mini_batch_size) * int(config.actor_rollout_ref.rollout.n)
+    step = torch.zeros(used.shape, dtype=torch.float64)
+    for start in range(0, used.shape[0], rows):
+        block = slice(start, start + rows)
+        tokens = max(float(denominator[block].sum()), 1.0)
+        step[block] = step_sizes(used[block], "token-mean", lr=actor_lr(config), num_tokens=tokens) * used[block]
+    return step
+
+
+def samples_record(data: TensorDict, stats: TokenStats, adv: Tensor, valid: Tensor, keep: Tensor, step, *,
+                   tokenizer, step_number: int, group_size: int, groups: int, info: dict) -> dict:
+    """samples.build_record of the batch, its rows regrouped by uid (verl's batch balancing reorders rows; a group's
+    rows keep their batch order), prompts left-padded, rewards the sum of rm_scores over the response."""
+    uids = data["uid"].tolist()
+    first = {}
+    for i, u in enumerate(uids):
+        first.setdefault(u, len(first))
+    order = sorted(range(len(uids)), key=lambda i: first[uids[i]])  # stable: batch order within a group
+    counts = [uids.count(u) for u in first]
+    if any(c != group_size for c in counts):
+        raise ValueError(f"token samples need groups of rollout.n={group_size} rows, got group sizes {sorted(set(counts))}")
+    idx = torch.tensor(order)
+    prompts = [data["prompts"][i] for i in order]
+    width = max(len(p) for p in prompts)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    prompt_ids = torch.stack([torch.cat([torch.full((width - len(p),), pad, dtype=p.dtype), p]) for p in prompts])
+    prompt_mask = torch.arange(width)[None, :] >= torch.tensor([width - len(p) for p in prompts])[:, None]
+    padded = data.select("responses", "rm_scores").to_padded_tensor()
+    responses = padded["responses"][idx]
+    mask = valid[idx]
+    lengths = mask.sum(-1)
+    last = responses.gather(1, (lengths - 1).clamp_min(0)[:, None]).squeeze(1)
+    return samples.build_record(
+        step=step_number, prompt_ids=prompt_ids, prompt_mask=prompt_mask, response_ids=responses, response_mask=mask,
+        finished=(lengths > 0) & (last == tokenizer.eos_token_id), tokenizer=tokenizer,
+        stats=TokenStats(*(t[idx] for t in (stats.logp, stats.entropy, stats.s_star, stats.s_expect))),
+        advantages=adv[idx], keep=keep[idx], rewards=(padded["rm_scores"][idx].float() * mask).sum(-1),
+        group_size=group_size, step_size=None if step is None else step[idx], groups=groups, info=info)
 
 
 def filter_batch(settings: Settings, data: TensorDict, *, generator=None) -> tuple[TensorDict, dict[str, float]]:
@@ -325,6 +468,7 @@ class EntropyFSDPEngine(FSDPEngineWithLMHead):
         return torch.nested.nested_tensor_from_jagged(s, offsets)
 
 
-__all__ = ["EntropyRFTTrainer", "EntropyFSDPEngine", "Settings", "filter_batch", "actor_masks", "whole_batch_step",
+__all__ = ["EntropyRFTTrainer", "EntropyFSDPEngine", "Settings", "filter_batch", "monitor_inputs", "verl_step_sizes",
+           "samples_record", "MONITOR", "actor_masks", "whole_batch_step",
            "stats_from_engine", "s_expect_of_logits", "check_config", "TRAINER_NAME", "ENGINE_VENDOR",
            "WANT_S_EXPECT", "S_EXPECT", "KEEP"]
