@@ -54,12 +54,15 @@ class Term:
     name: str
     tokens: str  # the token set of its mean (TOKEN_SETS)
     vanishes_at_zero_advantage: bool
-    fn: Callable  # (micro, Aggregation over its token set) -> (value with its coefficient, metrics), or None when 0
+    fn: Callable  # (micro, Aggregation over its token set) -> (its value, metrics that are means over its tokens)
+    coef: Callable | None = None  # micro -> its coefficient in the objective (None: 1); a coefficient 0 skips it
 
 
 class Objective:
-    """The run's terms with the aggregation bound once; called on a micro-batch it returns the total loss (the
-    terms summed in order), each term's value and the terms' metrics."""
+    """The run's terms with the aggregation bound once. Called on a micro-batch it returns the total loss (each
+    term times its coefficient, summed in order), each term's value (without its coefficient: the policy loss, the
+    KL estimate, the value loss, the bonus's aggregated entropy, EntroPIC's mean of -r|A|), and each term's metrics
+    with the count of tokens they are means over (so that micro-batches combine into the mini-batch's means)."""
 
     def __init__(self, terms: list[Term], *, agg: str, norm: float, denominator: str = "kept"):
         self.terms, self.agg, self.norm, self.denominator = terms, agg, norm, denominator
@@ -69,13 +72,14 @@ class Objective:
         spec = POLICY_LOSSES.get(cfg.policy_loss)
         terms = [policy_term(spec, spec.kwargs(cfg))]
         if kl:
-            terms.append(Term("kl", "loss", False, lambda mb, agg: _kl(mb, agg, cfg.kl_coef)))
+            terms.append(Term("kl", "loss", False, _kl, lambda mb: cfg.kl_coef))
         if value:
-            terms.append(Term("value", "valid", False, lambda mb, agg: _value(mb, agg, cfg.vf_coef, cfg.value_clip)))
-        if entropy_bonus:
-            terms.append(Term("entropy_bonus", "loss", False, _entropy_bonus))
+            terms.append(Term("value", "valid", False, lambda mb, agg: _value(mb, agg, cfg.value_clip),
+                              lambda mb: cfg.vf_coef))
+        if entropy_bonus:  # minus: the bonus raises entropy
+            terms.append(Term("entropy_bonus", "loss", False, _entropy_bonus, lambda mb: -mb.entropy_coef))
         if entropic:
-            terms.append(Term("entropic", "high", True, _entropic))
+            terms.append(Term("entropic", "high", True, _entropic, lambda mb: mb.alpha))
         return cls(terms + list(extra), agg=cfg.loss_agg, norm=cfg.max_new_tokens, denominator=cfg.denominator)
 
     @property
@@ -100,16 +104,19 @@ class Objective:
         return out
 
     def __call__(self, mb: Micro, counts: dict[str, tuple[Tensor, Tensor]]) -> tuple[Tensor, dict, dict]:
+        """(total, {term: value}, {metric: (mean over the term's tokens here, their count)})."""
         total, values, metrics = None, {}, {}
         for term in self.terms:
-            num_tokens, num_seqs = counts[term.tokens]
-            out = term.fn(mb, Aggregation(self.agg, self.norm, mb.masks[term.tokens], num_tokens, num_seqs))
-            if out is None:  # a term with coefficient 0 this step
+            coef = term.coef(mb) if term.coef is not None else None
+            if coef == 0:  # a term switched off this step (the adaptive bonus at 0)
                 continue
-            value, m = out
-            total = value if total is None else total + value
+            num_tokens, num_seqs = counts[term.tokens]
+            value, m = term.fn(mb, Aggregation(self.agg, self.norm, mb.masks[term.tokens], num_tokens, num_seqs))
+            weighted = value if coef is None else coef * value
+            total = weighted if total is None else total + weighted
             values[term.name] = value.detach()
-            metrics.update(m)
+            n = float(mb.masks[term.tokens].sum())
+            metrics.update({k: (v, n) for k, v in m.items()})
         return total, values, metrics
 
 
@@ -142,24 +149,20 @@ def policy_term(spec: PolicyLoss, kwargs: dict) -> Term:
     return Term("policy", "loss", spec.linear_in_advantage, fn)
 
 
-def _kl(mb: Micro, agg, coef: float) -> tuple[Tensor, dict]:
-    kl = agg(kl_penalty(mb.stats.logp, mb.ref_logp))
-    return coef * kl, {"kl": kl.detach()}
+def _kl(mb: Micro, agg) -> tuple[Tensor, dict]:
+    return agg(kl_penalty(mb.stats.logp, mb.ref_logp)), {}
 
 
-def _value(mb: Micro, agg, coef: float, clip: float | None) -> tuple[Tensor, dict]:
+def _value(mb: Micro, agg, clip: float | None) -> tuple[Tensor, dict]:
     """PPO's clipped value loss on every valid token (the critic learns where the filter drops tokens too)."""
-    vl, metrics = value_loss(mb.values, mb.old_values, mb.returns, agg.mask, clip_range=clip, **agg.keywords)
-    return coef * vl, {**metrics, "value_loss": vl.detach()}
+    return value_loss(mb.values, mb.old_values, mb.returns, agg.mask, clip_range=clip, **agg.keywords)
 
 
-def _entropy_bonus(mb: Micro, agg) -> tuple[Tensor, dict] | None:
-    if not mb.entropy_coef:  # the adaptive bonus at 0
-        return None
-    return -mb.entropy_coef * agg(mb.stats.entropy), {}
+def _entropy_bonus(mb: Micro, agg) -> tuple[Tensor, dict]:
+    return agg(mb.stats.entropy), {}
 
 
 def _entropic(mb: Micro, agg) -> tuple[Tensor, dict]:
-    adjust, _ = entropic_adjustment(mb.stats.logp, mb.old_logp, mb.adv, agg.mask, alpha=mb.alpha, **agg.keywords)
-    return adjust, {}
-
+    """EntroPIC's mean over T_hi of -r|A| (control.entropic_adjustment at alpha 1; alpha is the coefficient)."""
+    term, _ = entropic_adjustment(mb.stats.logp, mb.old_logp, mb.adv, agg.mask, alpha=1.0, **agg.keywords)
+    return term, {}

@@ -293,6 +293,7 @@ def apply_update(model, optimizer, objective: Objective, rollout: Rollout, decis
     n_rows = loss_mask.shape[0]
     model.train()
     sums: dict[str, float] = {}
+    steps: list[dict[str, float]] = []  # per optimizer step: the objective, its terms and their metrics
     grad_norms = []
     ratio = torch.ones_like(old_logp)
     s_centered = torch.zeros_like(old_logp)  # S_c under the policy of the current optimizer step
@@ -315,6 +316,8 @@ def apply_update(model, optimizer, objective: Objective, rollout: Rollout, decis
             mb_mask = phase_mask[rows]
             counts = objective.counts({k: v[rows] for k, v in sets.items()}, valid[rows], device)
             optimizer.zero_grad(set_to_none=True)
+            step_sums: dict[str, float] = {}  # this optimizer step's objective and terms
+            step_means: dict[str, tuple[float, float]] = {}  # its metrics: (sum of mean x tokens, tokens)
             for part in rows.split(cfg.micro_batch_size or len(rows)):
                 if held is not None:
                     stats, values = held.take(part)
@@ -330,7 +333,7 @@ def apply_update(model, optimizer, objective: Objective, rollout: Rollout, decis
                            old_values=old_v, returns=on(decision.returns), ref_logp=on(decision.ref_logp),
                            selected=on(decision.selected), entropy_coef=decision.knobs.entropy_coef,
                            alpha=decision.knobs.alpha)
-                loss, _terms, pm = objective(mb, counts)
+                loss, terms, pm = objective(mb, counts)
                 if observe is not None:
                     observe(part, stats, old)
                 if loss.requires_grad or held is None or held.frozen is None:  # a micro-batch of frozen rows only
@@ -338,10 +341,14 @@ def apply_update(model, optimizer, objective: Objective, rollout: Rollout, decis
                 m = mb.masks["loss"]
                 ratio[part] = ratio_of(stats.logp.detach(), old, m).cpu()
                 s_centered[part] = stats.s_centered.cpu()
-                weight = float(m.sum()) / float(n_total) / cfg.ppo_epochs
-                for k, v in pm.items():
-                    sums[f"loss/{k}"] = sums.get(f"loss/{k}", 0.0) + float(v) * weight
-                sums["loss/policy"] = sums.get("loss/policy", 0.0) + float(loss.detach()) * weight
+                # terms: each micro-batch's value is its share of the mini-batch's (global counts), so they add up;
+                # metrics: means over the micro-batch's tokens, weighted by their count
+                step_sums["total"] = step_sums.get("total", 0.0) + float(loss.detach())
+                for k, v in terms.items():
+                    step_sums[k] = step_sums.get(k, 0.0) + float(v)
+                for k, (v, n) in pm.items():
+                    num, den = step_means.get(k, (0.0, 0.0))
+                    step_means[k] = (num + float(v) * n, den + n)
             # Corollary 4.1, eq. 28: this optimizer step's share of the batch, at the policy it is taken from
             n_tokens, n_seqs = counts["loss"]
             share = float(mb_mask.sum()) / float(n_total)
@@ -356,6 +363,10 @@ def apply_update(model, optimizer, objective: Objective, rollout: Rollout, decis
                 on_first_step()
             optimizer.step()
             first_step = False
+            steps.append({**step_sums, **{k: num / den for k, (num, den) in step_means.items() if den > 0}})
+    # loss/*: the mean over the update's optimizer steps of each step's value, which micro-batching does not change
+    for k in dict.fromkeys(k for st in steps for k in st):
+        sums[f"loss/{k}"] = sum(st.get(k, 0.0) for st in steps) / len(steps)
     sums["grad_norm"] = grad_norms[-1] if grad_norms else 0.0
     sums["entropy_change/predicted_offpolicy"] = predicted_off
     return sums

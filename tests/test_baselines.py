@@ -141,7 +141,7 @@ def test_ppo_with_gae_trains_its_value_head(tmp_path, method):
     assert cfg.advantage == "gae"
     summary = train(cfg)
     rows = read_metrics(tmp_path)
-    assert all(r["loss/value_loss"] > 0 for r in rows)
+    assert all(r["loss/value"] > 0 for r in rows)
     state = torch.load(f"{summary['checkpoint']}/value_head.pt")
     assert state["proj.weight"].abs().sum() > 0
 

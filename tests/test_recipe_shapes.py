@@ -221,3 +221,89 @@ def test_a_per_micro_batch_filter_is_caught(monkeypatch):
         whole = recipe_step(dataclasses.replace(cfg, micro_batch_size=0), model, ro, rewards, gids)
         caught += not torch.equal(a.keep, whole.keep)
     assert caught
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The real step's objective and reward shaping (step.Step through invariants.recipe_step)
+
+_REF = {}
+
+
+def f64_reference_model(cfg):
+    """A second float64 model of f64_model's shape (another seed), the KL term's reference policy."""
+    if "ref" not in _REF:
+        _REF["ref"] = scaled_model("Qwen/Qwen2.5-7B-Instruct", cfg, seed=1, hidden_size=32, intermediate_size=64,
+                                   num_attention_heads=2, head_dim=16, vocab_size=300).double().eval()
+    return _REF["ref"]
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(agg=st.sampled_from(["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]),
+       micro=st.integers(1, 5), seed=st.integers(0, 10**6), mini_batches=st.sampled_from([1, 2]),
+       variant=st.sampled_from(["clip_b", "gspo", "kl", "bonus", "ppo", "entropic"]))
+def test_loss_metrics_do_not_depend_on_the_micro_batch_size(agg, micro, seed, mini_batches, variant):
+    """Every loss/* metric (the objective loss/total, each term's value, the terms' means) is the same for any
+    micro-batch size, for every loss aggregation, with each term of the objective in play: a term's micro-batch
+    values are shares of the mini-batch's (global counts) and add up; its metrics are token-weighted means. Bound:
+    the statistics are float32, so each per-token quantity carries one rounding (2^-24 relative) and a sum of N of
+    them N 2^-24 of its size; ppo_kl and the ratios' rounding-sized values get the same bound absolutely."""
+    kw = {"clip_b": dict(method="clip_b", mu=0.5), "gspo": dict(method="gspo"), "kl": dict(kl_coef=0.05),
+          "bonus": dict(entropy_coef=0.01), "ppo": dict(method="ppo"),
+          "entropic": dict(entropy_target=0.5, entropy_control="pi", pi_threshold=0.05)}[variant]
+    prompts = 2 * mini_batches
+    cfg = load_config(None, **{**kw, "loss_agg": agg}, prompts_per_step=prompts, group_size=3, max_new_tokens=6,
+                      micro_batch_size=micro, mini_batches=mini_batches, grad_clip=0.0, device=DEVICE)
+    model = f64_model(cfg)
+    ro, rewards, gids = synthetic_batch(prompts, 3, vocab=300, max_response=6, seed=seed, model=model)
+    head = ValueHead(32).to(DEVICE) if variant == "ppo" else None
+    ref = f64_reference_model(cfg) if variant == "kl" else None
+    a = recipe_step(cfg, model, ro, rewards, gids, value_head=head, ref_model=ref)
+    whole = recipe_step(dataclasses.replace(cfg, micro_batch_size=0), model, ro, rewards, gids, value_head=head,
+                        ref_model=ref, given=a)
+    keys = {k for k in a.metrics if k.startswith("loss/")}
+    assert keys == {k for k in whole.metrics if k.startswith("loss/")} and "loss/total" in keys
+    assert {"kl": "loss/kl", "bonus": "loss/entropy_bonus", "ppo": "loss/value", "entropic": "loss/entropic"}.get(
+        variant, "loss/policy") in keys
+    n = int(ro.response_mask.sum())
+    for k in keys:
+        x, y = a.metrics[k], whole.metrics[k]
+        assert abs(x - y) <= n * 2.0 ** -24 * (max(abs(x), abs(y)) + 1.0), (k, x, y)
+
+
+def test_the_step_shapes_rewards_with_the_overlong_penalty():
+    """DAPO's soft overlong punishment reaches the real step's advantages: the decision's advantages are GRPO's over
+    the rewards plus the penalty computed here by hand (0 up to max_len - buffer, then falling linearly to -factor at
+    max_len). Mutation check: a step that drops the penalty fails this (responses end at every length here)."""
+    cfg = load_config(None, method="dapo", prompts_per_step=3, group_size=4, max_new_tokens=8, dynamic_sampling=False,
+                      grad_clip=0.0, device=DEVICE)
+    assert cfg.overlong_buffer_frac > 0
+    model = f64_model(cfg)
+    ro, rewards, gids = synthetic_batch(3, 4, vocab=300, max_response=8, seed=3, model=model)
+    rec = recipe_step(cfg, model, ro, rewards, gids)
+    buffer = round(cfg.overlong_buffer_frac * cfg.max_new_tokens)
+    start = cfg.max_new_tokens - buffer
+    penalty = [0.0 if n <= start else -cfg.overlong_penalty_factor * min(n - start, buffer) / buffer
+               for n in ro.response_mask.sum(-1).tolist()]
+    assert any(p < 0 for p in penalty)
+    shaped = rewards + torch.tensor(penalty)
+    want = ADVANTAGES.get(cfg.advantage)(shaped, gids)
+    assert torch.allclose(rec.adv.double(), want.double(), rtol=0, atol=1e-6)
+
+
+def test_rows_without_a_graph_keep_every_term_that_does_not_vanish():
+    """Frozen zero-advantage rows (HeldForward) lose their backward: allowed only when every term of the objective has
+    zero gradient at A = 0. With a KL term to a reference policy they stay in the graph, so the gradient with
+    skip_zero_advantage on equals the one with it off, to float32 rounding of the statistics. Mutation check: a
+    step that froze those rows anyway (the KL term claiming to vanish) fails this."""
+    cfg = load_config(None, kl_coef=0.5, prompts_per_step=3, group_size=4, max_new_tokens=6, grad_clip=0.0,
+                      device=DEVICE)
+    model, ref = f64_model(cfg), f64_reference_model(cfg)
+    ro, rewards, gids = synthetic_batch(3, 4, vocab=300, max_response=6, seed=5, model=model)
+    on = recipe_step(cfg, model, ro, rewards, gids, ref_model=ref)
+    off = recipe_step(dataclasses.replace(cfg, skip_zero_advantage=False), model, ro, rewards, gids, ref_model=ref)
+    assert bool((on.adv == 0).any())  # the first group: all rewards 1
+    tol = int(ro.response_mask.sum()) * 2.0 ** -24
+    assert grad_distance(on.grads[0], off.grads[0]) <= tol * grad_norm(off.grads[0]) + 1e-12
+    # the same batch without the KL term does freeze those rows (the rule is what decides)
+    plain = recipe_step(dataclasses.replace(cfg, kl_coef=0.0), model, ro, rewards, gids)
+    assert plain.frozen is not None and on.frozen is None
