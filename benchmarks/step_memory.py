@@ -3,7 +3,7 @@
 
 A random-init Qwen2 with Qwen2.5-0.5B's widths (hidden 896, intermediate 4864, 14 heads, 2 KV heads) and fewer
 layers (--layers, default 2: the layers' activations do not depend on V, the head's do), vocabulary V, one
-`trainer.update_policy` call (forward, clipped surrogate, backward, Adam step) on B rows of P + R tokens. Each
+`step.update_policy` call (forward, clipped surrogate, backward, Adam step) on B rows of P + R tokens. Each
 configuration runs in its own process; the figure is the growth of peak resident memory during the update, above
 the model, its Adam state and the inputs (which are built and touched first).
 

@@ -15,7 +15,7 @@ settings keys and never mix in) and writes the committed benchmarks/study only w
 A cell is (task, method, seed), keyed by its settings (config.settings_key, as compare's cells):
 cells/<task>/<method>/seed<s>-<key>/. A finished cell holds cell.json (per-problem correct counts of the initial
 and final policy at n = 32 samples, and of every evaluation in eval_correct; the entropy and control curves, times); a cell killed part-way resumes from its
-newest checkpoint (save_every 50, exact: see trainer.py; train's resume="auto"), and one that never checkpointed
+newest checkpoint (save_every 50, exact: see trainer.py and runstate.py; train's resume="auto"), and one that never checkpointed
 starts again. Changed settings give another key, so they never reuse a cell trained with other settings. Each cell
 runs in its own process with one thread (OMP_NUM_THREADS=1, torch.set_num_threads(1)), so per-step times are
 comparable across --jobs. A cell being run holds its directory's run lock (rundir.RunLock, naming the process);

@@ -25,8 +25,8 @@ behaviour policy, the probe's passes) goes through `policy_forward` with the sam
 mode, and `policy_forward` decides its passes (shared prompt prefix or full sequences, length buckets) from the
 model and the precision only, never from whether gradients are recorded or the module's training flag. So at the
 same weights a no-grad pass gives the update's log p bit for bit, in bf16 autocast, under LoRA and gradient
-checkpointing alike (tests/test_on_policy.py). The trainer's first optimizer step of each update also takes its old
-log p from its own forward (trainer.update_policy), so its ratio is exactly 1 by construction.
+checkpointing alike (tests/test_forward.py, tests/test_recipe_shapes.py). The step's first optimizer step of each update
+also takes its old log p from its own forward (step.apply_update), so its ratio is exactly 1 by construction.
 """
 
 from __future__ import annotations

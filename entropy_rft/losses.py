@@ -262,13 +262,6 @@ def select_clip_cov(advantages: Tensor, logp: Tensor, mask: Tensor, *, ratio: fl
     return selected.view_as(m)
 
 
-def ppo_clipped_tokens(logp: Tensor, old_logp: Tensor, advantages: Tensor, *, eps_low: float, eps_high: float) -> Tensor:
-    """Tokens where the PPO clip is active (the clipped term exceeds the unclipped one)."""
-    adv = broadcast_advantages(advantages, logp)
-    ratio = (logp - old_logp).clamp(-20.0, 20.0).exp()
-    return (-adv * ratio.clamp(1.0 - eps_low, 1.0 + eps_high)) > (-adv * ratio)
-
-
 def kl_cov_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, *, selected: Tensor,
                 kl_coef: float = 1.0, agg: AggMode = "token-mean", num_tokens=None, num_seqs=None, norm=None
                 ) -> tuple[Tensor, dict[str, Tensor]]:

@@ -4,7 +4,7 @@ What the built-in trainer holds on its device, row by row (P: parameters, P_t: t
 parameters of the decoder's linear weight matrices, N = rows x T tokens in one pass, T = prompt + max_new_tokens,
 N_r = rows x max_new_tokens response tokens; bytes):
 
-1. weights, 4 P. `trainer.load_policy` loads the policy in float32. precision bf16 is autocast: the float32 weights
+1. weights, 4 P. `policy.load_policy` loads the policy in float32. precision bf16 is autocast: the float32 weights
    are the master weights and there is no second copy (and no bf16 weight storage outside autocast's casts).
 2. gradients, 4 P_t (float32, kept from backward until the next step's zero_grad).
 3. Adam, 8 P_t: torch.optim.Adam's exp_avg and exp_avg_sq in float32. Its `step` counters are 0-dim float32

@@ -6,6 +6,7 @@ from conftest import f32, group_ids, load_fixture
 
 from entropy_rft import advantages as adv_lib
 from entropy_rft import losses
+from entropy_rft.advantages import broadcast_advantages
 from entropy_rft.masks import clip_b, clip_v
 
 CLIP_B = load_fixture("clip_b.json")["cases"]
@@ -143,7 +144,9 @@ def test_clip_cov_matches_verl(case):
     seeded selection is a subset of the candidates of the right size that is reproducible."""
     logp, old, adv, mask = _loss_batch(case)
     p, out = case["params"], case["outputs"]
-    clipped = losses.ppo_clipped_tokens(logp.detach(), old, adv, eps_low=p["clip_ratio_low"], eps_high=p["clip_ratio_high"])
+    # verl's candidates exclude the tokens where the PPO clip is active (the clipped term above the unclipped one)
+    ratio, a = (logp.detach() - old).clamp(-20.0, 20.0).exp(), broadcast_advantages(adv, logp)
+    clipped = (-a * ratio.clamp(1.0 - p["clip_ratio_low"], 1.0 + p["clip_ratio_high"])) > (-a * ratio)
     kw = dict(ratio=p["clip_cov_ratio"], lb=p["clip_cov_lb"], ub=p["clip_cov_ub"], exclude=clipped & mask.bool())
     everything = losses.select_clip_cov(adv, logp, mask, **{**kw, "ratio": 1.0})
     assert _positions(everything) == sorted(out["candidate_positions"])
