@@ -68,7 +68,8 @@ class Objective:
         self.terms, self.agg, self.norm, self.denominator = terms, agg, norm, denominator
 
     @classmethod
-    def of(cls, cfg, *, kl: bool, value: bool, entropy_bonus: bool, entropic: bool, extra: list[Term] = ()) -> "Objective":
+    def of(cls, cfg, *, kl: bool, value: bool, entropy_bonus: bool, entropic: bool,
+           extra: list[Term] = ()) -> "Objective":
         spec = POLICY_LOSSES.get(cfg.policy_loss)
         terms = [policy_term(spec, spec.kwargs(cfg))]
         if kl:

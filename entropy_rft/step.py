@@ -27,7 +27,8 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-from .advantages import ADVANTAGES, TokenLevel, advantage_reweight, outcome_token_rewards, overlong_penalty, rank_penalty
+from .advantages import (ADVANTAGES, TokenLevel, advantage_reweight, outcome_token_rewards, overlong_penalty,
+                         rank_penalty)
 from .config import TrainConfig
 from .control import EntropyControl, Knobs, make_control
 from .diagnostics import after_update_metrics, masked_mean, step_metrics
@@ -228,8 +229,8 @@ class Step:
                   if self.rules.may_freeze and not self.rules.probing(step) else None)
         stats, values, held = behaviour_statistics(self.model, rollout, cfg, self.value_head, reuse=self.rules.reuse,
                                                    frozen=frozen)
-        ref_logp = (batch_forward(self.ref_model, rollout, cfg.temperature, self.rules.rows_per_pass(len(rollout.texts)),
-                                  precision=cfg.precision,
+        rows = self.rules.rows_per_pass(len(rollout.texts))
+        ref_logp = (batch_forward(self.ref_model, rollout, cfg.temperature, rows, precision=cfg.precision,
                                   from_hidden=cfg.stats_from_hidden)[0].logp if self.ref_model is not None else None)
         return Behaviour(rewards, stats, values, ref_logp, held, frozen)
 
@@ -285,9 +286,12 @@ def apply_update(model, optimizer, objective: Objective, rollout: Rollout, decis
     micro-batches with the mini-batch's counts. `held` (strict on-policy) supplies the micro-batches' forward
     already computed. `observe(rows, stats, old_logp)`, if given, sees each micro-batch's forward and the old log p its
     loss used (invariants.py checks the update against the statistics pass with it); `on_first_step()` runs just
-    before the first optimizer step changes the weights (the trainer holds stop signals from there). Returns the mean loss
-    metrics, the last grad norm and Corollary 4.1's prediction (eq. 28) summed over the optimizer steps, each with
-    its true ratios and the current policy's S_c."""
+    before the first optimizer step changes the weights (the trainer holds stop signals from there).
+
+    Returns, averaged over the optimizer steps, loss/total (the objective), loss/<term> (each term's value without
+    its coefficient: loss/policy, loss/kl, loss/value, loss/entropy_bonus, loss/entropic) and the terms' metrics
+    (loss/clipfrac, loss/ppo_kl, ...: means over their tokens); the last grad norm; and Corollary 4.1's prediction
+    (eq. 28) summed over the optimizer steps, each with its true ratios and the current policy's S_c."""
     device = next(model.parameters()).device
     adv, old_logp, loss_mask = decision.adv, decision.old_logp, decision.loss_mask
     n_rows = loss_mask.shape[0]

@@ -112,7 +112,8 @@ class _Run:
         self.history: list[dict] = []
 
     def evaluate(self) -> dict:
-        return run_eval(self.policy.engine, self.task, self.eval_problems, self.cfg, seed=self.cfg.seed + 10**6).to_json()
+        cfg = self.cfg
+        return run_eval(self.policy.engine, self.task, self.eval_problems, cfg, seed=cfg.seed + 10**6).to_json()
 
     def save(self, at: int, state: dict | None = None) -> Path:
         p = self.policy
@@ -150,6 +151,22 @@ class _Run:
             self.save(at)
 
 
+class _Clock:
+    """A step's phase times: mark(name) ends phase `name` (metric time/<name>) and starts the next; `seconds` is
+    the whole step."""
+
+    def __init__(self):
+        self.start = self.last = time.time()
+        self.times: dict[str, float] = {}
+
+    def mark(self, name: str) -> None:
+        now = time.time()
+        self.times[f"time/{name}"], self.last = now - self.last, now
+
+    def metrics(self) -> dict[str, float]:
+        return {**self.times, "seconds": time.time() - self.start}
+
+
 def _loop(run: _Run, stops: StopSignals) -> dict:
     cfg, step_, state = run.cfg, run.step, run.state
     engine, final, completed = run.policy.engine, None, run.start
@@ -162,22 +179,22 @@ def _loop(run: _Run, stops: StopSignals) -> dict:
             stopped_at = state.capture()
             run.commit(state.pending)
         for step in bar:
-            stopped_at, t = state.capture(), [time.time()]  # a stop before the first optimizer step saves this
+            stopped_at, clock = state.capture(), _Clock()  # a stop before the first optimizer step saves this state
             batch = sample_batch(engine, run.task, run.sampler, cfg, step)  # B = groups x group_size rows, scored
-            t.append(time.time())
+            clock.mark("rollout")
             behaviour = step_.statistics(batch, step)  # (B, R) log p, H, S*, S_c (and values) of the behaviour policy
-            t.append(time.time())
-            decision = step_.decide(batch, behaviour)  # the whole batch's advantages, keep mask, knobs
+            clock.mark("stats")
+            decision = step_.decide(batch, behaviour)  # the whole batch's (B,) advantages, (B, R) keep mask, knobs
             probe = step_.probe(batch.rollout, behaviour, step)  # d(mean H)/d(theta) on probe steps
             updated = step_.update(batch.rollout, decision, held=behaviour.held, on_first_step=stops.defer)
             completed = step + 1
-            t.append(time.time())
+            clock.mark("update")
             engine.sync_weights()  # the next rollout samples from the updated policy
             metrics = step_.diagnose(step, batch, behaviour, decision, updated, probe)  # the metrics line
-            t.append(time.time())
-            run.write_samples(step, batch, behaviour, decision, metrics)
-            metrics.update({"time/samples": time.time() - t[4], "seconds": time.time() - t[0], "time/rollout": t[1] - t[0],
-                            "time/stats": t[2] - t[1], "time/update": t[3] - t[2], "time/diagnostics": time.time() - t[3]})
+            clock.mark("diagnostics")
+            run.write_samples(step, batch, behaviour, decision, metrics)  # token samples, when due
+            clock.mark("samples")
+            metrics.update(clock.metrics())
             state.pending = {"step": completed, "metrics": metrics}
             stopped_at = state.capture()  # from here a stop saves the step as pending: resume evaluates and logs it
             if run.eval_due(completed):
