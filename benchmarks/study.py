@@ -252,22 +252,10 @@ def names(known: dict, what: str):
     return parse
 
 
-def at_least(low: int):
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a whole number >= {low}, got {text!r}") from None
-        if value < low:
-            raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
-        return value
-
-    return parse
-
-
 def main(argv=None) -> None:
     sys.path.insert(0, str(REPO))
     from entropy_rft.cli import Parser  # argparse with one-line errors (exit 2)
+    from entropy_rft.options import whole as at_least  # a whole number >= its bound
 
     p = Parser(description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True, parser_class=Parser)

@@ -254,11 +254,15 @@ class EntropyControl:
     def observe(self, metrics: dict) -> None:
         """Learn from the step's logged metrics (after the update)."""
 
+    inner = None  # the controller a subclass steers with (MuController, AdaptiveEntropyBonus, EntroPIC)
+
     def state(self) -> dict | None:
-        return None
+        """What a checkpoint keeps of the control: its controller's learnt state."""
+        return None if self.inner is None else self.inner.state()
 
     def load_state(self, state: dict) -> None:
-        pass
+        if self.inner is not None:
+            self.inner.load_state(state)
 
 
 class MuControl(EntropyControl):
@@ -266,7 +270,7 @@ class MuControl(EntropyControl):
 
     def __init__(self, cfg):
         super().__init__(cfg)
-        self.controller = MuController(cfg.entropy_target, denominator=cfg.denominator)
+        self.controller = self.inner = MuController(cfg.entropy_target, denominator=cfg.denominator)
 
     def choose_tokens(self, method, stats, advantages, mask, entropy_now):
         mu, keep, metrics = self.controller.choose(method, stats, advantages, mask, entropy_now,
@@ -277,28 +281,17 @@ class MuControl(EntropyControl):
         if "entropy_change/first_order" in metrics:  # kappa is fitted on the update's own first-order effect
             self.controller.observe(metrics["entropy_change/first_order"])
 
-    def state(self):
-        return self.controller.state()
-
-    def load_state(self, state):
-        self.controller.load_state(state)
-
 
 class BonusControl(EntropyControl):
     adds_entropy_bonus = True
 
     def __init__(self, cfg):
         super().__init__(cfg)
-        self.bonus = AdaptiveEntropyBonus(cfg.entropy_target, cfg.bonus_delta, cfg.entropy_coef, cfg.bonus_max)
+        self.bonus = self.inner = AdaptiveEntropyBonus(cfg.entropy_target, cfg.bonus_delta, cfg.entropy_coef,
+                                                       cfg.bonus_max)
 
     def knobs(self, entropy_now, old_logp, loss_mask):
         return Knobs(entropy_coef=self.bonus.update(entropy_now))
-
-    def state(self):
-        return self.bonus.state()
-
-    def load_state(self, state):
-        self.bonus.load_state(state)
 
 
 class PIControl(EntropyControl):
@@ -306,7 +299,7 @@ class PIControl(EntropyControl):
 
     def __init__(self, cfg):
         super().__init__(cfg)
-        self.pi = EntroPIC(cfg.entropy_target, cfg.pi_kp, cfg.pi_ki, cfg.pi_alpha_max)
+        self.pi = self.inner = EntroPIC(cfg.entropy_target, cfg.pi_kp, cfg.pi_ki, cfg.pi_alpha_max)
 
     def knobs(self, entropy_now, old_logp, loss_mask):
         high = high_probability_tokens(old_logp, loss_mask, threshold=self.cfg.pi_threshold)
@@ -315,12 +308,6 @@ class PIControl(EntropyControl):
     def metrics(self, knobs, mask):
         return {"entropy_coef": knobs.entropy_coef, "entropic/alpha": knobs.alpha, "entropic/integral": self.pi.integral,
                 "entropic/high_prob_frac": float(knobs.high.sum()) / max(float(mask.sum()), 1)}
-
-    def state(self):
-        return self.pi.state()
-
-    def load_state(self, state):
-        self.pi.load_state(state)
 
 
 CONTROLS: Registry[type[EntropyControl]] = Registry("entropy control")
