@@ -5,7 +5,8 @@ countdown5_large, 5 seeds x 1,500 steps, evaluated every 300 steps on 1,000 held
 
 --cells is the study's run directory (its cells/<task>/<method>/seed<s>-<key>/cell.json, written by
 `benchmarks/study.py run --study avgk`) or a cells.jsonl of those records. Writes to --dest: cells.jsonl (the records
-analysed), avgk.json (every figure below) and avgk.md (the tables). What it computes, as pre-registered:
+analysed), avgk.json (every figure below), avgk.md (the tables) and, through avgk_figures.py, learning_curves.png and
+by_stratum.png. What it computes, as pre-registered:
 - primary: the final Avg@32 difference Clip_B - GRPO and Clip_V - GRPO, paired by seed and problem, with its 95%
   two-way bootstrap interval and two-sided bootstrap p (entropy_rft/evidence.py, paired_test, 20,000 replicates),
   Holm-adjusted over the two; a method "raises Avg@32" when its adjusted p < 0.05 and the difference is > 0;
@@ -209,6 +210,10 @@ def main(argv=None) -> None:
             if c["task"] == TASK and (c["method"], c["seed"]) in used:
                 f.write(json.dumps(c) + "\n")
     (dest / "avgk.json").write_text(json.dumps(result, indent=1) + "\n")
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from avgk_figures import draw  # learning_curves.png, by_stratum.png
+
+    draw(json.loads((dest / "avgk.json").read_text()), dest)
     md = markdown(result)
     (dest / "avgk.md").write_text(md)
     print(md)

@@ -139,3 +139,22 @@ def test_study_configuration_is_the_preregistered_one():
             "countdown5_large", method, avgk.STEPS, 300, avgk.EVAL_N, 0, 2)
         assert (cfg.prompts_per_step, cfg.group_size, cfg.lr, cfg.eval_temperature) == (32, 8, 5e-5, 0.7)
         assert all(getattr(cfg, k) == v for k, v in want.items())
+
+
+def test_figures_plot_the_analysis_numbers(tmp_path):
+    """avgk_figures.draw plots each method's curve at every evaluation step with its interval, the entropy per step
+    with its range over seeds, and the by-stratum differences, exactly the numbers of the analysis (in points)."""
+    spec = importlib.util.spec_from_file_location("avgk_figures", Path(avgk.__file__).parent / "avgk_figures.py")
+    figures = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(figures)
+    r = json.loads(json.dumps(run(synthetic())))  # as read back from avgk.json: evaluation steps become strings
+    plotted = figures.draw(r, tmp_path)
+    assert (tmp_path / "learning_curves.png").stat().st_size > 10_000 and (tmp_path / "by_stratum.png").exists()
+    steps, y, low, high = plotted["avg@32"]["clip_b"]
+    assert steps == [0, 300, STEPS]
+    assert y[-1] == pytest.approx(100 * r["absolute"]["clip_b"]["avg@32"]["value"])
+    assert all(lo <= v <= hi for v, lo, hi in zip(y, low, high))
+    assert plotted["entropy"]["grpo"][1] == r["curves"]["grpo"]["entropy_mean"]
+    strata, diff, _, _ = plotted["stratum avg@32"]["clip_b"]
+    first = r["by_stratum"][strata[0]]["clip_b avg@32"]["value"]
+    assert strata == list(r["by_stratum"]) and diff[0] == pytest.approx(100 * first)
