@@ -60,7 +60,10 @@ __all__ = ["train", "after_update_metrics", "masked_mean", "step_metrics", "Entr
            "batch_forward", "batch_stats", "policy_forward", "policy_stats", "BUILTIN_MODELS", "STAND_IN", "ValueHead",
            "cache_dir", "load_policy", "make_optimizer", "prepare_policy", "SHIPPED_DATA", "default_data",
            "load_problems", "find_checkpoint", "MIN_FROZEN_SHARE", "StepRules", "behaviour_statistics",
-           "compute_advantages", "reuses_forward", "update_policy", "zero_advantage_rows"]
+           "compute_advantages", "reuses_forward", "update_policy", "zero_advantage_rows",
+           # used by the loop and imported from here too
+           "ProblemSampler", "pick_device", "resolve_model_path", "run_eval", "sample_batch", "save_checkpoint",
+           "task_problems"]
 
 
 def train(cfg: TrainConfig, *, resume: bool | str = False, overwrite: bool = False) -> dict:
