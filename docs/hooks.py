@@ -26,8 +26,9 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 # site path -> repository path of the files published from outside docs/
-PUBLISHED = {"evidence/study.md": "benchmarks/study/study.md", "evidence/gpu.md": "benchmarks/gpu.md"}
-PUBLISHED_GLOBS = {"evidence/study": "benchmarks/study/*.png"}
+PUBLISHED = {"evidence/study.md": "benchmarks/study/study.md", "evidence/gpu.md": "benchmarks/gpu.md",
+             "evidence/avgk.md": "benchmarks/study_avgk/avgk.md"}
+PUBLISHED_GLOBS = {"evidence/study": "benchmarks/study/*.png", "evidence/study_avgk": "benchmarks/study_avgk/*.png"}
 
 
 def _cell(text: str) -> str:
