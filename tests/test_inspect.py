@@ -192,6 +192,15 @@ def _token_places(rec: dict) -> tuple[int, set]:
     return n, clipped
 
 
+def _tab_to_token(page) -> None:
+    """Press Tab from the top of the page until a token has keyboard focus (at most 200 presses)."""
+    for _ in range(200):
+        page.key("Tab")
+        if page.evaluate("document.activeElement.classList.contains('tok')"):
+            return
+    pytest.fail("Tab never reached a token")
+
+
 def _check_dom(page, records: list[dict | None]) -> None:
     for r, rec in enumerate(records):
         n, clipped = _token_places(rec)
@@ -242,12 +251,7 @@ def test_page_in_chromium(runs, tmp_path):
         assert page.evaluate("document.querySelector('.tok[data-run=\"2\"][data-pos=\"0\"]').textContent") == NASTY[0]
 
         # keyboard: Tab from the top of the page until a token has focus, then one to the right
-        for _ in range(200):
-            page.key("Tab")
-            if page.evaluate("document.activeElement.classList.contains('tok')"):
-                break
-        else:
-            pytest.fail("Tab never reached a token")
+        _tab_to_token(page)
         index = ("(e => Array.from(document.querySelectorAll(`.tok[data-run=\"${e.dataset.run}\"]`)).indexOf(e))"
                  "(document.activeElement)")
         before = page.evaluate(index)

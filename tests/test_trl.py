@@ -417,7 +417,7 @@ def test_inspect_page_of_a_monitored_run_in_chromium(tmp_path):
     import shutil
 
     from cdp import Browser, find_chromium
-    from test_inspect import _check_details, _check_dom, _token_places
+    from test_inspect import _check_details, _check_dom, _tab_to_token, _token_places
 
     from entropy_rft import inspect_page, samples
     from entropy_rft.integrations.trl_countdown import countdown_trainer
@@ -436,12 +436,7 @@ def test_inspect_page_of_a_monitored_run_in_chromium(tmp_path):
         page = browser.open(out.resolve().as_uri())
         page.wait_for("document.body.dataset.ready === '1'")
         _check_dom(page, [rec])
-        for _ in range(200):
-            page.key("Tab")
-            if page.evaluate("document.activeElement.classList.contains('tok')"):
-                break
-        else:
-            pytest.fail("Tab never reached a token")
+        _tab_to_token(page)
         r, k, j, t = page.evaluate("(e => [+e.dataset.run, +e.dataset.group, +e.dataset.resp, +e.dataset.pos])"
                                    "(document.activeElement)")
         _check_details(page, rec, k, j, t)
