@@ -18,6 +18,7 @@ from .forward import EntropyProbe, batch_forward
 from .losses import step_sizes
 from .masks import clipped_fractions
 from .methods import METHODS
+from .samples import entropy_terms
 
 # the filters whose effect the monitor reports, each at its default options (the authors' mu)
 WOULD_CLIP = ("clip_b", "clip_v")
@@ -110,8 +111,7 @@ def watch_metrics(stats: TokenStats, advantages: Tensor, mask: Tensor, loss_mask
     if step is not None:
         # lr is unused where step is given: step already carries it (lr w_t)
         out["entropy_change/predicted"] = float(corollary4_entropy_change(adv, stats.s_centered, used, lr=0.0, step=step))
-        size = torch.as_tensor(step, dtype=torch.float64, device=adv.device)
-        terms = -size * adv.double() * stats.s_centered.double() * used.double() / used.sum().clamp_min(1)  # eq. 23
+        terms = entropy_terms(adv, stats.s_centered, used, step)[0]  # eq. 23's term of each token, as the samples'
     n = used.sum().clamp_min(1)
     for name in WOULD_CLIP:
         keep, _ = METHODS.get(name).apply(stats, advantages, used)
