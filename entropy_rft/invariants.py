@@ -156,10 +156,11 @@ class StepRecord:
 
 def recipe_step(cfg: TrainConfig, model, rollout: Rollout, rewards: Tensor, group_ids: Tensor, *,
                 value_head: ValueHead | None = None, ref_model=None, given: StepRecord | None = None,
-                seed: int = 0, step: int = 0) -> StepRecord:
+                seed: int = 0, step: int = 0, observe=None) -> StepRecord:
     """One trainer step (step.Step, as trainer.py runs it) with a RecordingOptimizer: its statistics, its decision
     (or, with `given`, that record's decision: advantages, keep mask, old log p / values, so runs that differ only
-    in micro-batch size feed their updates identical inputs) and its update."""
+    in micro-batch size feed their updates identical inputs) and its update. `observe(rows, stats, old_logp, i)`, if
+    given, sees every micro-batch's forward too, i its optimizer step (0, 1, ...)."""
     mask = rollout.response_mask
     groups = [{"params": [p for p in model.parameters() if p.requires_grad]}]
     if value_head is not None:
@@ -174,12 +175,14 @@ def recipe_step(cfg: TrainConfig, model, rollout: Rollout, rewards: Tensor, grou
     update_logp = torch.full(mask.shape, math.nan)
     update_old = torch.full(mask.shape, math.nan)
 
-    def observe(rows: Tensor, st: TokenStats, old: Tensor) -> None:
+    def record(rows: Tensor, st: TokenStats, old: Tensor) -> None:
         if not optimizer.grads:  # the first optimizer step: the weights are the behaviour policy's
             update_logp[rows] = st.logp.detach().float().cpu()
             update_old[rows] = old.detach().float().cpu()
+        if observe is not None:
+            observe(rows, st, old, len(optimizer.grads))
 
-    metrics = runner.update(rollout, decision, held=behaviour.held, observe=observe)
+    metrics = runner.update(rollout, decision, held=behaviour.held, observe=record)
     return StepRecord(behaviour.stats, decision, optimizer.grads, metrics, update_logp, update_old, behaviour.frozen)
 
 

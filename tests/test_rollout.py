@@ -130,3 +130,36 @@ def test_generation_config_processors_are_not_inherited():
     freq = torch.bincount(out.response_ids[:, 0], minlength=8).float() / 4000
     assert (probs > 0.05).sum() >= 3  # the check has several likely tokens to tell apart
     assert (freq - probs).abs().max() < 0.03
+
+
+def test_a_training_step_uses_no_deprecated_transformers_name(tmp_path):
+    """One `train` step of the shipped policy (sampling with the KV cache, the update's shared-prefix forward, the
+    evaluation) raises no FutureWarning or DeprecationWarning and logs no deprecation through transformers' logger:
+    the cache goes under the name the installed transformers gives it (rollout/cache.py). transformers 5 warns that
+    `past_key_values` "will be removed in version 5.40.0"."""
+    import logging
+    import warnings
+
+    from entropy_rft.config import load_config
+    from entropy_rft.trainer import train
+
+    said: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            said.append(record.getMessage())
+
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.warning_once.cache_clear()  # said once per process: an earlier test may have said it already
+    handler = Keep(level=logging.WARNING)
+    logging.getLogger("transformers").addHandler(handler)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", FutureWarning)
+            warnings.simplefilter("error", DeprecationWarning)
+            train(load_config(None, steps=1, prompts_per_step=2, group_size=2, max_new_tokens=8, eval_problems=2,
+                              eval_k=1, progress=False, out=str(tmp_path / "run")))
+    finally:
+        logging.getLogger("transformers").removeHandler(handler)
+    assert not [m for m in said if "deprecat" in m.lower()], said
