@@ -163,3 +163,45 @@ def test_a_training_step_uses_no_deprecated_transformers_name(tmp_path):
     finally:
         logging.getLogger("transformers").removeHandler(handler)
     assert not [m for m in said if "deprecat" in m.lower()], said
+
+
+def test_a_generator_on_another_device_than_the_model_is_refused():
+    """sample() refuses a generator that lives elsewhere than the model (a CPU generator with a CUDA model fails deep
+    in torch.multinomial otherwise), naming both devices; checked on a CPU machine through the check itself."""
+    import pytest
+
+    from entropy_rft.rollout.sampling import check_generator
+
+    check_generator(torch.Generator(), torch.device("cpu"))
+    check_generator(None, torch.device("cuda"))
+    with pytest.raises(ValueError, match="generator is on cpu but the model samples on cuda"):
+        check_generator(torch.Generator(), torch.device("cuda"))
+
+
+def test_synthetic_batches_draw_on_the_models_device(monkeypatch):
+    """invariants.synthetic_batch creates its sampling generator on the device of the model's parameters (the GPU
+    guarantee suite failed at its first test when it handed a CUDA model a CPU generator): the generator sample()
+    receives was created with the model's device named."""
+    from entropy_rft import invariants
+    from entropy_rft.config import load_config
+
+    created, received = [], []
+    real = torch.Generator
+
+    def recording(*args, **kwargs):
+        created.append(kwargs.get("device", args[0] if args else None))
+        return real(*args, **kwargs)
+
+    def fake_sample(model, ids, mask, *, n, generator, max_new_tokens, **kw):
+        received.append(generator)
+        return torch.zeros(ids.shape[0] * n, max_new_tokens, dtype=torch.long), None
+
+    cfg = load_config(None)
+    model = invariants.scaled_model("Qwen/Qwen2.5-7B-Instruct", cfg, hidden_size=16, intermediate_size=32,
+                                    num_attention_heads=2, head_dim=8, vocab_size=50)
+    monkeypatch.setattr(invariants.torch, "Generator", recording)
+    monkeypatch.setattr(invariants, "sample", fake_sample)
+    invariants.synthetic_batch(2, 2, vocab=50, max_response=3, model=model)
+    assert len(received) == 1
+    device = next(model.parameters()).device
+    assert received[0].device == device and device in [torch.device(d) for d in created if d is not None]
