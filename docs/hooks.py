@@ -27,7 +27,7 @@ if str(ROOT) not in sys.path:
 
 # site path -> repository path of the files published from outside docs/
 PUBLISHED = {"evidence/study.md": "benchmarks/study/study.md", "evidence/gpu.md": "benchmarks/gpu.md",
-             "evidence/avgk.md": "benchmarks/study_avgk/avgk.md"}
+             "evidence/avgk.md": "benchmarks/study_avgk/avgk.md", "changelog.md": "CHANGELOG.md"}
 PUBLISHED_GLOBS = {"evidence/study": "benchmarks/study/*.png", "evidence/study_avgk": "benchmarks/study_avgk/*.png"}
 
 
@@ -265,8 +265,22 @@ def lists_extension():
 # MkDocs events
 
 
+def project() -> dict:
+    """pyproject.toml's [project] table: the version and the URLs the site shows."""
+    import tomllib
+
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+
+
 def on_config(config):
     config.markdown_extensions.append(lists_extension())
+    meta = project()
+    # the version and licence in every page's footer, from pyproject.toml (the version the package builds)
+    config.copyright = f"entropy-rft {meta['version']} · {meta.get('license', {}).get('text', '')} licence"
+    # the repository link in the header, where pyproject.toml records one ([project.urls] Repository)
+    repository = meta.get("urls", {}).get("Repository")
+    if repository and not config.repo_url:
+        config.repo_url = repository
     return config
 
 
