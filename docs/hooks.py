@@ -277,11 +277,30 @@ def on_config(config):
     meta = project()
     # the version and licence in every page's footer, from pyproject.toml (the version the package builds)
     config.copyright = f"entropy-rft {meta['version']} · {meta.get('license', {}).get('text', '')} licence"
-    # the repository link in the header, where pyproject.toml records one ([project.urls] Repository)
-    repository = meta.get("urls", {}).get("Repository")
+    # the repository link in the header: pyproject.toml's [project.urls] Repository, else the clone's origin
+    repository = meta.get("urls", {}).get("Repository") or origin_url()
     if repository and not config.repo_url:
         config.repo_url = repository
     return config
+
+
+def origin_url(remote: str | None = None) -> str | None:
+    """The web address of the clone's `origin` remote (git@host:o/r.git and https://host/o/r.git alike), or None
+    where there is none; `remote` is the remote's URL as git stores it (read from git when not given)."""
+    import subprocess
+
+    if remote is None:
+        try:
+            done = subprocess.run(["git", "-C", str(ROOT), "config", "--get", "remote.origin.url"],
+                                  capture_output=True, text=True, timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        remote = done.stdout.strip() if done.returncode == 0 else ""
+    ssh = re.match(r"^(?:ssh://)?git@([^:/]+)[:/](.+?)(?:\.git)?/?$", remote)
+    if ssh:
+        return f"https://{ssh.group(1)}/{ssh.group(2)}"
+    web = re.match(r"^(https?://)(?:[^@/]+@)?(.+?)(?:\.git)?/?$", remote)
+    return f"https://{web.group(2)}" if web else None
 
 
 

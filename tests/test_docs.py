@@ -444,3 +444,13 @@ def test_a_list_after_a_paragraph_line_is_given_its_blank_line():
     assert h.blank_before_lists(["in 2026", "2. not a list"]) == ["in 2026", "2. not a list"]
     assert h.blank_before_lists(["- a", "  more", "- b"]) == ["- a", "  more", "- b"]
     assert h.blank_before_lists(["```", "x", "- y", "```"]) == ["```", "x", "- y", "```"]
+
+
+def test_the_repository_link_is_the_clones_origin_as_a_web_address():
+    """Property: an ssh or https remote becomes the https address the site's header links to (no credentials kept);
+    anything else (a local path) gives no link."""
+    h = hooks()
+    assert h.origin_url("git@github.com:owner/entropy-rft.git") == "https://github.com/owner/entropy-rft"
+    assert h.origin_url("https://user:token@github.com/owner/entropy-rft.git") == "https://github.com/owner/entropy-rft"
+    assert h.origin_url("ssh://git@gitlab.com/group/entropy-rft") == "https://gitlab.com/group/entropy-rft"
+    assert h.origin_url("/srv/git/entropy-rft") is None and h.origin_url("") is None
