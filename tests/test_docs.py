@@ -38,7 +38,7 @@ SHELL = {"bash", "sh", "shell"}
 FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})([^`]*)$")
 # what only a GPU runs (or only a machine with the hub and a GPU): CUDA, hub models, vLLM, multi-GPU launchers
 GPU_SIGNS = re.compile(r"cuda|\bbf16=True|--engine[ =]vllm|engine: vllm|accelerate launch|torchrun|deepspeed|"
-                       r"nvidia-smi|[\"' ](Qwen|meta-llama|mistralai|deepseek-ai|google)/[\w.-]+", re.I)
+                       r"nvidia-smi|[\"' ](Qwen|meta-llama|mistralai|deepseek-ai|google)/[\w.-]+", re.IGNORECASE)
 
 
 @dataclasses.dataclass
