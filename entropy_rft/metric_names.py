@@ -7,7 +7,8 @@ says which recorders write it: "trainer" (entropy-rft train), "trl" (EntropyGRPO
 `entropy_rft/` (docs/watch.md). Departures:
 1. The filter's own fractions (`filter/frac_clipped`, ...) are the authors' float32 formulas, kept for parity; the
    trainer's `clip_frac` counts the same removed tokens over every valid token. They agree to float32 rounding on
-   an ordinary batch and differ where a side has no token (the filter's formula then reads 0 by its clamp).
+   an ordinary batch and differ where a side has no token: the filter's `_pos` / `_neg` then read 1 (the authors'
+   formula), the trainer's 0 (masks.clipped_fractions).
 2. The engines write a filter's metrics without the `filter/` prefix (`frac_clipped`, `ES`, ...), as their own
    logs name them; the list holds both spellings.
 """
