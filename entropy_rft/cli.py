@@ -43,7 +43,27 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message: str):
         hint = "" if "--help" in message else f" (`{self.prog} --help` lists every option)"
-        self.exit(2, f"{self.prog}: error: {message}{hint}\n")
+        self.exit(2, f"{self.prog}: error: {suggest(self, message)}{hint}\n")
+
+
+def suggest(parser: argparse.ArgumentParser, message: str) -> str:
+    """argparse's message with the close match of a mistyped choice or option: `invalid choice: 'trian'` and
+    `unrecognized arguments: --metod` gain "(did you mean ...?)" (registry.did_you_mean, the one rule)."""
+    import re
+
+    from .registry import did_you_mean
+
+    choice = re.match(r"argument (\S+): invalid choice: '([^']*)' \(choose from (.*)\)$", message)
+    if choice:
+        known = [c.strip(" '") for c in choice.group(3).split(",")]
+        return message + did_you_mean(choice.group(2), known)
+    if message.startswith("unrecognized arguments: "):
+        options = [o for a in parser._actions for o in a.option_strings]
+        # options share their leading "--", so a closer match is asked of them than of names
+        hints = [arg + (did_you_mean(arg.split("=", 1)[0], options, cutoff=0.75) if arg.startswith("-") else "")
+                 for arg in message.split(": ", 1)[1].split()]
+        return "unrecognized arguments: " + " ".join(hints)
+    return message
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -571,7 +591,12 @@ def main(argv: list[str] | None = None) -> None:
 
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser()
-    args = parser.parse_args(argv)
+    if not argv:  # a bare `entropy-rft`: what it can do, not an error
+        parser.print_help()
+        raise SystemExit(0)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # refused by the subcommand's parser, so that the error names its options and its --help
+        parser._subparsers._group_actions[0].choices[args.command].error(f"unrecognized arguments: {' '.join(unknown)}")
     args.argv = argv
     _note_renamed(args.command, argv)
     try:

@@ -91,6 +91,18 @@ def run_names(run_dirs: list[Path]) -> list[str]:
     return [str(p) for p in run_dirs]
 
 
+def runs_inside(folder: Path, depth: int = 3) -> list[Path]:
+    """The run directories with token samples under `folder`, at most `depth` levels down, sorted; a run's own
+    subdirectories are not searched."""
+    found = []
+    for child in sorted(p for p in folder.iterdir() if p.is_dir() and not p.name.startswith(".")):
+        if samples.steps_written(child):
+            found.append(child)
+        elif depth > 1:
+            found += runs_inside(child, depth - 1)
+    return found
+
+
 def load_run(run_dir: Path | str, steps: list[int] | None = None, max_steps: int = MAX_STEPS) -> dict:
     """A run directory's samples (the chosen steps) and the settings the page names (method, mu, seed, lr)."""
     run_dir = Path(run_dir)
@@ -100,6 +112,12 @@ def load_run(run_dir: Path | str, steps: list[int] | None = None, max_steps: int
         raise FileNotFoundError(f"run directory {run_dir} does not exist: pass directories written by `entropy-rft "
                                 "train` (or by EntropyGRPOTrainer's output_dir)")
     available = samples.steps_written(run_dir)
+    inside = [] if available else runs_inside(run_dir)
+    if inside:  # a folder of runs (runs/, a demo's or a compare's directory): name them rather than fail on it
+        shown = " ".join(str(d) for d in inside[:8]) + (" ..." if len(inside) > 8 else "")
+        raise FileNotFoundError(f"{run_dir} is a folder of runs, not a run: it holds {len(inside)} with token samples "
+                                f"({shown}); pass the ones to show, e.g. `entropy-rft inspect "
+                                f"{' '.join(str(d) for d in inside[:3])}`")
     if not available:
         raise FileNotFoundError(f"{run_dir} has no token samples ({samples.SAMPLES_DIR}/step-NNNNNN.json.gz): train "
                                 "with samples_every > 0 (the default is 10; `--set samples_every=1` samples every step)")

@@ -273,6 +273,17 @@ def _scatter_plot(runs: list[dict], path: Path) -> tuple[Path, dict]:
     return path, stats
 
 
+def _mu_cell(cfg: dict) -> str:
+    """The run's mu: its setting, else its method's default (marked), else n/a for a method without one."""
+    if cfg.get("mu") is not None:
+        return str(cfg["mu"])
+    from .methods import METHODS
+
+    method = cfg.get("method")
+    default = METHODS.get(method).options.get("mu") if method in METHODS else None
+    return f"{default} (default)" if default is not None else "n/a"
+
+
 def prediction_lines(name: str, stats: dict) -> list[str]:
     """The report's summary line for each predictor of a run."""
     out = []
@@ -313,25 +324,35 @@ def build_report(run_dirs: list[Path | str], out: Path | str) -> Path:
     scatter, corr = _scatter_plot(runs, out / "predicted_vs_realised.png")
     figures.append(("Predicted against realised entropy change", scatter))
 
+    probed = any(corr[run["name"]]["first_order"]["n"] for run in runs)
     lines = ["# entropy-rft report\n", "| run | method | mu | steps | entropy first -> last | mean clip frac | "
-             "Avg@K before -> after | Pass@K before -> after | corr(first order, realised) | "
-             "realised / first order | sign agreement (constant-sign base rate) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "Avg@K before -> after | Pass@K before -> after |" + (" corr(first order, realised) | realised / first "
+             "order | sign agreement (constant-sign base rate) |" if probed else ""),
+             "|---|---|---|---|---|---|---|---|" + ("---|---|---|" if probed else "")]
     for run in runs:
         cfg, ent = run["config"], [v for v in series(run, "entropy") if math.isfinite(v)]
         clip = [v for v in series(run, "clip_frac") if math.isfinite(v)]
         ev = run["evals"]
-        a = f"{ev[min(ev)]['avg_at_k']:.3f} -> {ev[max(ev)]['avg_at_k']:.3f}" if ev else "-"
-        p = f"{ev[min(ev)]['pass_at_k']:.3f} -> {ev[max(ev)]['pass_at_k']:.3f}" if ev else "-"
+        a = f"{ev[min(ev)]['avg_at_k']:.3f} -> {ev[max(ev)]['avg_at_k']:.3f}" if ev else "not evaluated"
+        p = f"{ev[min(ev)]['pass_at_k']:.3f} -> {ev[max(ev)]['pass_at_k']:.3f}" if ev else "not evaluated"
         fo = corr[run["name"]]["first_order"]
-        lines.append(f"| {run['name']} | {cfg.get('method', '?')} | {cfg.get('mu') if cfg.get('mu') is not None else '-'} | {len(run['metrics'])} | "
-                     f"{f'{ent[0]:.4f} -> {ent[-1]:.4f}' if ent else '-'} | {sum(clip) / max(len(clip), 1):.4f} | {a} | {p} | {_fmt(fo['corr'])} | "
-                     f"{_fmt(fo['median_ratio'], '.3g')} | {_fmt(fo['sign_agreement'], '.2f')} ({_fmt(fo['sign_base_rate'], '.2f')}) |")
+        row = (f"| {run['name']} | {cfg.get('method', '?')} | {_mu_cell(cfg)} | {len(run['metrics'])} | "
+               f"{f'{ent[0]:.4f} -> {ent[-1]:.4f}' if ent else 'not logged'} | {sum(clip) / max(len(clip), 1):.4f} | "
+               f"{a} | {p} |")
+        if probed:
+            row += (f" {_fmt(fo['corr'])} | {_fmt(fo['median_ratio'], '.3g')} | {_fmt(fo['sign_agreement'], '.2f')} "
+                    f"({_fmt(fo['sign_base_rate'], '.2f')}) |" if fo["n"] else " not probed | not probed | not probed |")
+        lines.append(row)
     lines += ["", "Entropy change per probed step (`probe_every`): the exact first-order change through the network and "
               "Corollary 4's logit-space prediction, each against the realised change of the batch's mean entropy. A "
               "sign agreement means something only above the constant-sign base rate.", ""]
     for run in runs:
-        lines += prediction_lines(run["name"], corr[run["name"]])
+        if corr[run["name"]]["first_order"]["n"]:
+            lines += prediction_lines(run["name"], corr[run["name"]])
+        else:
+            every = run["config"].get("probe_every")
+            lines.append(f"- {run['name']}: no probed step (probe_every {every}, {len(run['metrics'])} steps logged; a "
+                         "run probes every probe_every-th step: the 10th, 20th, ... at 10)")
     lines.append("")
     for title, path in figures:
         lines += [f"## {title}\n", f"![{title}]({Path(path).name})\n"]

@@ -339,6 +339,9 @@ def test_monitor_writes_what_inspect_and_report_read(tmp_path):
     logged = [h for h in trainer.state.log_history if "entropy_rft/entropy" in h]
     assert [m["entropy"] for m in lines] == [h["entropy_rft/entropy"] for h in logged]
     assert {"reward_mean", "grad_norm", "cov_a_sc", "s_star_mean", "entropy_change/predicted"} <= set(lines[0])
+    from entropy_rft.metric_names import undocumented
+
+    assert undocumented(set().union(*lines), "trl") == []  # every key is in the metrics reference (issue 43)
     root = Path(__file__).parents[1]
     for cmd in (["inspect", str(run)], ["report", str(run), "--out", str(tmp_path / "report")]):
         done = subprocess.run([sys.executable, "-m", "entropy_rft.cli", *cmd], capture_output=True, text=True,

@@ -924,5 +924,8 @@ def test_whole_step_monitor_is_stock_verl_and_writes_what_inspect_reads(transfer
         assert r["length"] == ours.response_lens[i] and r["kept"] == used[i, : r["length"]].int().tolist()
     assert sum(r["length"] - sum(r["kept"]) for r in rows) == int((valid & ~used).sum())  # the rejected tokens
     assert [line["step"] for line in read_metrics(exp)] == [1]
+    from entropy_rft.metric_names import undocumented
+
+    assert undocumented(set().union(*read_metrics(exp)), "verl") == []  # in the metrics reference (issue 43)
     assert build_page([exp], tmp_path / "inspect.html").stat().st_size > 0
     assert build_report([exp], tmp_path / "report").exists()
