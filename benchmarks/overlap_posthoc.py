@@ -122,16 +122,16 @@ def _ci(e: dict) -> str:
 
 def markdown(r: dict) -> str:
     lines = ["# Post hoc: evaluation problems that overlapped training (issue 39)", "",
-             f"Not pre-registered. Pools as shipped at commit {r['pool_commit']}; a puzzle is its sorted numbers and "
-             "target. Made by `python benchmarks/overlap_posthoc.py`.", "",
-             "| pool | training rows / distinct puzzles | evaluation rows / distinct | distinct evaluation puzzles also "
-             "in training | evaluation rows also in training |", "|---|---|---|---|---|"]
+             (f"Not pre-registered. Pools as shipped at commit {r['pool_commit']}; a puzzle is its sorted numbers and "
+              "target. Made by `python benchmarks/overlap_posthoc.py`."), "",
+             ("| pool | training rows / distinct puzzles | evaluation rows / distinct | distinct evaluation puzzles also "
+              "in training | evaluation rows also in training |"), "|---|---|---|---|---|"]
     for task, s in r["pools"].items():
         lines.append(f"| {task} | {s['train_rows']:,} / {s['train_distinct']:,} | {s['eval_rows']:,} / "
                      f"{s['eval_distinct']:,} | {s['eval_distinct_in_train']} | {s['eval_rows_in_train']} |")
     a = r["avgk"]
-    lines += ["", f"## The Avg@K study (countdown5_large; {a['overlapping']} of {a['problems']} evaluation problems "
-              f"overlap training, {a['clean']} do not)", "",
+    lines += ["", (f"## The Avg@K study (countdown5_large; {a['overlapping']} of {a['problems']} evaluation problems "
+                   f"overlap training, {a['clean']} do not)"), "",
               "| method | final Avg@32, overlapping | final Avg@32, clean | Pass@32, clean |", "|---|---|---|---|"]
     for m, v in a["avg@32"].items():
         lines.append(f"| {m} | {100 * v['overlapping']:.1f} | {100 * v['clean']:.1f} | "
@@ -150,9 +150,10 @@ def markdown(r: dict) -> str:
                   "|---|---|---|"]
         for m, v in res["methods"].items():
             lines.append(f"| {m} | {_ci(v['avg@32'])} | {_ci(v['pass@32'])} |")
-    lines += ["", "Intervals: 95%, two-way bootstrap over seeds and problems (entropy_rft/evidence.py). The three-number "
-              "countdown policy's supervised warm-up also saw every three-number evaluation puzzle in some ordering "
-              "(toy.py, departure 2); the five-number pools' evaluation puzzles were never in the warm-up.", ""]
+    lines += ["", ("Intervals: 95%, two-way bootstrap over seeds and problems (entropy_rft/evidence.py). The "
+                   "three-number countdown policy's supervised warm-up also saw every three-number evaluation puzzle "
+                   "in some ordering (toy.py, departure 2); the five-number pools' evaluation puzzles were never in "
+                   "the warm-up."), ""]
     return "\n".join(lines)
 
 

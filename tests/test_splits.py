@@ -55,7 +55,7 @@ def test_split_overlaps_matches_a_brute_force_count():
     for _ in range(30):
         base = [random_problem(rng, max_number=3, max_target=9) for _ in range(12)]
 
-        def draw(n):
+        def draw(n, base=base):
             out = []
             for _ in range(n):
                 p = rng.choice(base)

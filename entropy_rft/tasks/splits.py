@@ -9,7 +9,7 @@ checks the files (tests/test_splits.py).
 from __future__ import annotations
 
 from collections import Counter
-from typing import Iterable
+from collections.abc import Iterable
 
 
 def split_overlaps(train: Iterable, evaluation: Iterable, *, warmup: Iterable = ()) -> dict[str, int]:
