@@ -27,7 +27,8 @@ if str(ROOT) not in sys.path:
 
 # site path -> repository path of the files published from outside docs/
 PUBLISHED = {"evidence/study.md": "benchmarks/study/study.md", "evidence/gpu.md": "benchmarks/gpu.md",
-             "evidence/avgk.md": "benchmarks/study_avgk/avgk.md", "changelog.md": "CHANGELOG.md"}
+             "evidence/avgk.md": "benchmarks/study_avgk/avgk.md", "changelog.md": "CHANGELOG.md",
+             "evidence/avgk_overlap.md": "benchmarks/study_avgk/overlap_posthoc.md"}
 PUBLISHED_GLOBS = {"evidence/study": "benchmarks/study/*.png", "evidence/study_avgk": "benchmarks/study_avgk/*.png"}
 
 
