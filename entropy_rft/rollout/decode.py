@@ -1,5 +1,7 @@
 """A hand-written decode step for the Llama family (Qwen2, Qwen3, Llama, Mistral), used by the sampling loop of
-rollout/sampling.py on the CPU.
+rollout/sampling.py: on the CPU with finished rows leaving the batch (HandSteps), on CUDA at fixed shapes so that
+one CUDA graph replays the whole step (FixedSteps: every buffer allocated once per rollout, the column and the
+positions index tensors, nothing read back to the host).
 
 Why: decoding one token runs the whole model on a [rows, 1] input. At the demo's sizes most of that time is not the
 matmuls but the machinery around them: transformers rebuilds the attention mask and the rotary cos/sin on every

@@ -7,7 +7,25 @@ temperature and top-p, and it is faster on GRPO batches:
 - each distinct prompt is prefilled once and its keys and values are repeated to its n samples;
 - rows that have finished (sampled any EOS id) leave the batch, so the model runs only on live rows;
 - after the prefill, on the CPU, tokens go through rollout/decode.py's hand-written step for the model families it
-  reads exactly (Qwen2, Qwen3, Llama, Mistral): the same arithmetic without transformers' per-call work.
+  reads exactly (Qwen2, Qwen3, Llama, Mistral): the same arithmetic without transformers' per-call work;
+- on CUDA, the same step runs at fixed shapes (`sample_static`, decode="static"): rows stay in place to the end
+  (finished rows masked), every buffer is allocated once per rollout, the step is captured once in a CUDA graph
+  and replayed, and "every row done" is read back every check_every steps only. Measured on an H200 before this
+  path (issue 45): the row-dropping loop spent 19.0 ms a step at 32 rows of the Qwen2.5-0.5B shape, bound by
+  kernel launches and host round-trips; this path has not been timed on a GPU yet (benchmarks/gpu.py decode).
+
+Departures of the fixed-shape path:
+1. Sampling is the exponential race argmax(p / E), E ~ Exp(1) per token (`draw`), which is what torch.multinomial
+   computes for one sample (and what it draws), without multinomial's validity check that reads a flag back to
+   the host every step. On the CPU the noise is the very stream the row-dropping loop draws (`stream_noise`), so
+   the tokens are the same; on a GPU each rollout draws from its own generator seeded from the caller's
+   (`device_noise`), so a GPU's tokens differ from the eager path's under the same seed, while both sample the
+   same distribution.
+2. Its log-probs are not bit-identical to the "hand" path's, on the CPU either: MKL's sgemm gives a row another
+   rounding when fewer rows share the call (1-7, 9-11 of 40 measured), and softmax and the value product over all
+   columns (hidden ones at -inf and 0) sum in another order than over the written ones. The gaps are a few float32
+   ulps (<= 5e-7 on tests/test_decode.py's families, about 1e-5 on the demo's batch; the hf path's gap to "hand"
+   is the same size), so "auto" keeps the "hand" path on the CPU and the recorded golden runs do not move.
 
 Top-p is the nucleus of Holtzman et al. as transformers' TopPLogitsWarper computes it: sort by probability,
 keep the smallest prefix whose mass reaches top_p (a token is kept when the mass strictly before it is below
@@ -280,11 +298,13 @@ def captured(state: StaticRollout, warmup: int = 2):
 def sample_static(model, decoder: HandDecoder, prompt_ids: Tensor, prompt_mask: Tensor, *, n: int,
                   temperature: float, top_p: float, max_new_tokens: int, eos_ids: list[int], pad_id: int,
                   generator: torch.Generator | None, dtype: torch.dtype | None = None,
-                  check_every: int | None = None, capture: bool = False) -> tuple[Tensor, Tensor]:
+                  check_every: int | None = None, capture: bool = False, noise: str | None = None,
+                  ) -> tuple[Tensor, Tensor]:
     """`sample`'s "static" path (call it through `sample`): the prefill as in the other paths, then one
     StaticRollout step per token, captured in a CUDA graph and replayed when `capture`, with every row in place
     to the end; the loop stops at max_new_tokens or when a look, every check_every steps, finds every row done.
-    Noise: `stream_noise` on the CPU (the tokens of the "hand" path), `device_noise` elsewhere."""
+    noise: "stream" (`stream_noise`: the tokens of the "hand" path) or "device" (`device_noise`: no host read);
+    None: "stream" on the CPU, "device" elsewhere."""
     device = prompt_ids.device
     check_every = check_every or check_every_default(device)
     if check_every < 1:
@@ -298,7 +318,8 @@ def sample_static(model, decoder: HandDecoder, prompt_ids: Tensor, prompt_mask: 
     del out
     state = StaticRollout(steps, len(prompt_of), logits.shape[-1], max_new_tokens, eos_ids=eos_ids, pad_id=pad_id,
                           temperature=temperature, top_p=top_p, device=device)
-    noise = stream_noise(generator) if device.type == "cpu" else device_noise(generator, device)
+    noise = noise or ("stream" if device.type == "cpu" else "device")
+    noise = stream_noise(generator) if noise == "stream" else device_noise(generator, device)
     noise(state)
     state.record(logits)  # column 0, from the prefill
     # the warm-up's steps write response columns 1, 2: within the buffers when max_new_tokens > 2
