@@ -263,12 +263,15 @@ def test_device_noise_samples_the_policy():
 def test_static_decode_in_bfloat16():
     """dtype=bfloat16 (the engine's choice when the policy trains under bf16 autocast): the float32 model decodes
     with bfloat16 copies of its weights and cache; its log-probs stay within bfloat16 rounding of float32 decoding
-    where the tokens agree, and most rows agree."""
+    where the tokens agree, and most rows agree; sampling under bf16 autocast takes the same path, bit for bit."""
     model = _model("qwen2")
     ids, mask = _prompts(model.config.vocab_size, torch.Generator().manual_seed(3))
     tokens32, logp32 = _static(model, ids, mask, 3, max_new_tokens=6)
     tokens16, logp16 = _static(model, ids, mask, 3, max_new_tokens=6, dtype=torch.bfloat16)
     assert next(model.parameters()).dtype == torch.float32  # the policy itself is untouched
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # a caller generating under bf16 autocast gets the same path
+        autocast = _static(model, ids, mask, 3, max_new_tokens=6)
+    assert torch.equal(autocast[0], tokens16) and torch.equal(autocast[1], logp16)
     width = min(tokens32.shape[1], tokens16.shape[1])
     same = (tokens32[:, :width] == tokens16[:, :width]).all(1)
     assert same.sum() >= 10

@@ -309,25 +309,28 @@ def sample_static(model, decoder: HandDecoder, prompt_ids: Tensor, prompt_mask: 
     check_every = check_every or check_every_default(device)
     if check_every < 1:
         raise ValueError(f"check_every must be >= 1, got {check_every}")
-    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
+    if dtype is None and torch.is_autocast_enabled(device.type):  # a caller generating under autocast
+        dtype = torch.get_autocast_dtype(device.type)
+    with torch.autocast(device.type, dtype=dtype or torch.bfloat16, enabled=dtype in (torch.bfloat16, torch.float16)):
         out = model(input_ids=prompt_ids, attention_mask=prompt_mask.long(), position_ids=position_ids(prompt_mask),
                     use_cache=True, logits_to_keep=1)
     prompt_of = torch.arange(prompt_ids.shape[0], device=device).repeat_interleave(n)  # (rows,)
     logits = out.logits[prompt_of, -1]
     steps = FixedSteps(decoder, out.past_key_values, prompt_of, prompt_mask, max_new_tokens, dtype=dtype)
-    del out
+    del out  # the prefill's cache, copied into the step's buffers
     state = StaticRollout(steps, len(prompt_of), logits.shape[-1], max_new_tokens, eos_ids=eos_ids, pad_id=pad_id,
                           temperature=temperature, top_p=top_p, device=device)
     noise = noise or ("stream" if device.type == "cpu" else "device")
     noise = stream_noise(generator) if noise == "stream" else device_noise(generator, device)
-    noise(state)
-    state.record(logits)  # column 0, from the prefill
-    # the warm-up's steps write response columns 1, 2: within the buffers when max_new_tokens > 2
-    step = captured(state) if capture and max_new_tokens > 2 else state.step
-    for t in range(1, max_new_tokens):
-        if t % check_every == 0 and bool(state.done.all()):
-            break
+    with torch.autocast(device.type, enabled=False):  # the step's dtypes are its own (dtype), not autocast's
         noise(state)
-        step()
+        state.record(logits)  # column 0, from the prefill
+        # the warm-up's steps write response columns 1, 2: within the buffers when max_new_tokens > 2
+        step = captured(state) if capture and max_new_tokens > 2 else state.step
+        for t in range(1, max_new_tokens):
+            if t % check_every == 0 and bool(state.done.all()):
+                break
+            noise(state)
+            step()
     width = int(state.length.max())
     return state.response[:, :width], state.logp[:, :width]
