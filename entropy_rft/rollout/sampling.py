@@ -5,7 +5,8 @@ ships (Qwen2.5-Instruct: repetition_penalty 1.05, top_k 20) silently change the 
 rollouts stop being on-policy for the policy the trainer differentiates. This loop applies no processor but
 temperature and top-p, and it is faster on GRPO batches:
 - each distinct prompt is prefilled once and its keys and values are repeated to its n samples;
-- rows that have finished (sampled any EOS id) leave the batch, so the model runs only on live rows;
+- on the CPU, rows that have finished (sampled any EOS id) leave the batch, so the model runs only on live
+  rows;
 - after the prefill, on the CPU, tokens go through rollout/decode.py's hand-written step for the model families it
   reads exactly (Qwen2, Qwen3, Llama, Mistral): the same arithmetic without transformers' per-call work;
 - on CUDA, the same step runs at fixed shapes (`sample_static`, decode="static"): rows stay in place to the end
@@ -21,9 +22,10 @@ Departures of the fixed-shape path:
    the tokens are the same; on a GPU each rollout draws from its own generator seeded from the caller's
    (`device_noise`), so a GPU's tokens differ from the eager path's under the same seed, while both sample the
    same distribution.
-2. Its log-probs are not bit-identical to the "hand" path's, on the CPU either: MKL's sgemm gives a row another
-   rounding when fewer rows share the call (1-7, 9-11 of 40 measured), and softmax and the value product over all
-   columns (hidden ones at -inf and 0) sum in another order than over the written ones. The gaps are a few float32
+2. Its log-probs are not bit-identical to the "hand" path's, on the CPU either: MKL's sgemm rounds a row
+   otherwise when fewer rows share the call (measured here: calls of 1-3, 5-7 or 9-11 rows against one of 32),
+   and softmax and the value product over all columns (hidden ones at -inf and 0) sum in another order than over
+   the written ones only. The gaps are a few float32
    ulps (<= 5e-7 on tests/test_decode.py's families, about 1e-5 on the demo's batch; the hf path's gap to "hand"
    is the same size), so "auto" keeps the "hand" path on the CPU and the recorded golden runs do not move.
 
@@ -254,8 +256,8 @@ def stream_noise(generator: torch.Generator | None):
     def fill(state: StaticRollout) -> None:
         live = (~state.done).nonzero().squeeze(1)
         if len(live):
-            values = torch.empty(len(live), state.noise.shape[1], dtype=state.noise.dtype).exponential_(
-                1, generator=generator)
+            values = torch.empty(len(live), state.noise.shape[1], dtype=state.noise.dtype, device=state.noise.device)
+            values.exponential_(1, generator=generator)
             state.noise.index_copy_(0, live, values)
     return fill
 
