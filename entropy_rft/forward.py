@@ -41,6 +41,7 @@ from .dropout import has_active_dropout
 from .dynamics import TokenStats, token_stats, token_stats_from_hidden
 from .rollout import Rollout
 from .rollout.hf import sequence_forward
+from .rollout.cache import cache_arg, cache_of
 from .rollout.sampling import position_ids
 
 _LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier_scale")
@@ -171,7 +172,7 @@ class _SharedPrefix:
         out = decoder(input_ids=p_ids, attention_mask=self.p_mask.long(), position_ids=position_ids(self.p_mask),
                       use_cache=True)
         self.decoder, self.rollout, self.device = decoder, rollout, device
-        self.groups, self.cache, self.last = groups.to(device), out.past_key_values, out.last_hidden_state[:, -1:]
+        self.groups, self.cache, self.last = groups.to(device), cache_of(out), out.last_hidden_state[:, -1:]
 
     def hidden(self, rows: Tensor, width: int) -> Tensor:
         """(n, width, D) states that predict response tokens [0, width) of these rows: the prompt's last state, then
@@ -182,7 +183,7 @@ class _SharedPrefix:
         r_pos = self.p_mask.long().sum(-1)[prompt_of, None] + torch.arange(width - 1, device=self.device)[None]
         attn = torch.cat([ro.prompt_mask[rows], ro.response_mask[rows, : width - 1]], dim=1).to(self.device)
         out = self.decoder(input_ids=ro.response_ids[rows, : width - 1].to(self.device), attention_mask=attn.long(),
-                           position_ids=r_pos, past_key_values=_cache_rows(self.cache, prompt_of), use_cache=True)
+                           position_ids=r_pos, **cache_arg(_cache_rows(self.cache, prompt_of)), use_cache=True)
         return torch.cat([self.last[prompt_of], out.last_hidden_state], dim=1)
 
 

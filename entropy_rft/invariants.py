@@ -107,9 +107,10 @@ def synthetic_batch(n_prompts: int, group: int, *, vocab: int, max_prompt: int =
     if model is None:
         responses = torch.randint(3, vocab, (rows, max_response), generator=gen)
     else:
-        device = next(model.parameters()).device
+        device = next(model.parameters()).device  # the draws come from a generator on the model's device
+        draws = torch.Generator(device=device).manual_seed(seed)
         responses, _ = sample(model, p_ids.to(device), p_mask.to(device), n=group, temperature=temperature, top_p=1.0,
-                              max_new_tokens=max_response, eos_ids=[vocab + 1], pad_id=0, generator=gen)
+                              max_new_tokens=max_response, eos_ids=[vocab + 1], pad_id=0, generator=draws)
         responses = responses.cpu()  # no id ends a response: every row runs max_response tokens before the cut
     rollout = Rollout(p_ids.repeat_interleave(group, 0), p_mask.repeat_interleave(group, 0),
                       responses.masked_fill(~response_mask, 0), response_mask, lengths < max_response, [""] * rows)

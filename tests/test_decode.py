@@ -298,6 +298,7 @@ def test_auto_takes_the_captured_path_on_cuda():
 def _static_state(model, max_new: int = 6):
     """A StaticRollout after its first token (from the prefill), as sample_static builds it, for stepping by hand."""
     from entropy_rft.rollout.decode import FixedSteps, HandDecoder
+    from entropy_rft.rollout.cache import cache_of
     from entropy_rft.rollout.sampling import StaticRollout, position_ids, stream_noise
 
     ids, mask = _prompts(model.config.vocab_size, torch.Generator().manual_seed(3))
@@ -305,7 +306,7 @@ def _static_state(model, max_new: int = 6):
     with torch.no_grad():
         out = model(input_ids=ids, attention_mask=mask.long(), position_ids=position_ids(mask), use_cache=True,
                     logits_to_keep=1)
-    steps = FixedSteps(HandDecoder(model), out.past_key_values, rows, mask, max_new)
+    steps = FixedSteps(HandDecoder(model), cache_of(out), rows, mask, max_new)
     state = StaticRollout(steps, len(rows), model.config.vocab_size, max_new, eos_ids=[3], pad_id=0,
                           temperature=0.8, top_p=0.9, device=torch.device("cpu"))
     stream_noise(torch.Generator().manual_seed(0))(state)

@@ -168,8 +168,8 @@ _F64 = {}
 def f64_model(cfg):
     key = cfg.gradient_checkpointing
     if key not in _F64:
-        _F64[key] = scaled_model("Qwen/Qwen2.5-7B-Instruct", cfg, hidden_size=32, intermediate_size=64,
-                                 num_attention_heads=2, head_dim=16, vocab_size=300).double()
+        _F64[key] = scaled_model("Qwen/Qwen2.5-7B-Instruct", cfg, device=DEVICE, hidden_size=32,
+                                 intermediate_size=64, num_attention_heads=2, head_dim=16, vocab_size=300).double()
     return _F64[key]
 
 
@@ -236,8 +236,9 @@ _REF = {}
 def f64_reference_model(cfg):
     """A second float64 model of f64_model's shape (another seed), the KL term's reference policy."""
     if "ref" not in _REF:
-        _REF["ref"] = scaled_model("Qwen/Qwen2.5-7B-Instruct", cfg, seed=1, hidden_size=32, intermediate_size=64,
-                                   num_attention_heads=2, head_dim=16, vocab_size=300).double().eval()
+        _REF["ref"] = scaled_model("Qwen/Qwen2.5-7B-Instruct", cfg, seed=1, device=DEVICE, hidden_size=32,
+                                   intermediate_size=64, num_attention_heads=2, head_dim=16,
+                                   vocab_size=300).double().eval()
     return _REF["ref"]
 
 

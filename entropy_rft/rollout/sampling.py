@@ -40,6 +40,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from .cache import cache_arg, cache_of
 from .decode import FixedSteps, HandDecoder, HandSteps, unsupported
 
 
@@ -77,6 +78,14 @@ def check_every_default(device: torch.device) -> int:
     return 1 if device.type == "cpu" else 8
 
 
+def check_generator(generator: torch.Generator | None, device: torch.device) -> None:
+    """A sampling generator must live on the device the model samples on (torch.multinomial draws there): a CPU
+    generator with a CUDA model fails deep inside multinomial, so it is refused here naming both devices."""
+    if generator is not None and generator.device.type != torch.device(device).type:
+        raise ValueError(f"the sampling generator is on {generator.device} but the model samples on {device}: "
+                         f"create it with torch.Generator(device={str(device)!r})")
+
+
 def sample(model, prompt_ids: Tensor, prompt_mask: Tensor, *, n: int, temperature: float, top_p: float,
            max_new_tokens: int, eos_ids: list[int], pad_id: int, generator: torch.Generator | None = None,
            decode: str = "auto", dtype: torch.dtype | None = None, check_every: int | None = None,
@@ -99,6 +108,7 @@ def sample(model, prompt_ids: Tensor, prompt_mask: Tensor, *, n: int, temperatur
     every row is done (None: `check_every_default`); the tokens do not depend on it.
     """
     check_decode(decode)
+    check_generator(generator, prompt_ids.device)
     was_training = model.training
     model.eval()  # the policy itself (no dropout), and a cache: gradient checkpointing turns it off in training mode
     try:
@@ -154,8 +164,8 @@ class _ForwardSteps:
     def __call__(self, token: Tensor) -> Tensor:
         self.attn = torch.cat([self.attn, self.attn.new_ones(self.attn.shape[0], 1)], dim=1)
         out = self.model(input_ids=token[:, None], attention_mask=self.attn, position_ids=self.position[:, None],
-                         past_key_values=self.cache, use_cache=True, logits_to_keep=1)
-        self.cache = out.past_key_values
+                         **cache_arg(self.cache), use_cache=True, logits_to_keep=1)
+        self.cache = cache_of(out)
         self.position = self.position + 1
         return out.logits[:, -1]
 
@@ -175,8 +185,8 @@ def _sample(model, prompt_ids: Tensor, prompt_mask: Tensor, *, n: int, temperatu
                 use_cache=True, logits_to_keep=1)
     prompt_of = torch.arange(prompt_ids.shape[0], device=device).repeat_interleave(n)  # (rows,)
     logits = out.logits[prompt_of, -1]
-    steps = (HandSteps(hand, out.past_key_values, prompt_of, prompt_mask, max_new_tokens) if hand is not None
-             else _ForwardSteps(model, out.past_key_values, prompt_of, prompt_mask))
+    steps = (HandSteps(hand, cache_of(out), prompt_of, prompt_mask, max_new_tokens) if hand is not None
+             else _ForwardSteps(model, cache_of(out), prompt_of, prompt_mask))
     del out
     live = torch.arange(rows, device=device)
     response = torch.full((rows, max_new_tokens), pad_id, dtype=torch.long, device=device)
@@ -318,7 +328,7 @@ def sample_static(model, decoder: HandDecoder, prompt_ids: Tensor, prompt_mask: 
                     use_cache=True, logits_to_keep=1)
     prompt_of = torch.arange(prompt_ids.shape[0], device=device).repeat_interleave(n)  # (rows,)
     logits = out.logits[prompt_of, -1]
-    steps = FixedSteps(decoder, out.past_key_values, prompt_of, prompt_mask, max_new_tokens, dtype=dtype)
+    steps = FixedSteps(decoder, cache_of(out), prompt_of, prompt_mask, max_new_tokens, dtype=dtype)
     del out  # the prefill's cache, copied into the step's buffers
     state = StaticRollout(steps, len(prompt_of), logits.shape[-1], max_new_tokens, eos_ids=eos_ids, pad_id=pad_id,
                           temperature=temperature, top_p=top_p, device=device)
