@@ -24,10 +24,10 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=20)
     args = parser.parse_args()
     from entropy_rft.config import load_config
+    from entropy_rft.rollout.hf import HFEngine
     from entropy_rft.rollout.sampling import sample
     from entropy_rft.tasks import TASKS
     from entropy_rft.trainer import default_data, load_policy, load_problems
-    from entropy_rft.rollout.hf import HFEngine
 
     model, tokenizer = load_policy("countdown-tiny", torch.device("cpu"))
     model.eval()
@@ -54,7 +54,7 @@ def main() -> None:
             if i and a.shape == b.shape and torch.equal(a, b):
                 same[path] += 1
                 gap[path] = max(gap[path], float((la - lb).abs().max()))
-    print("per rollout (medians of %d): " % args.rounds
+    print(f"per rollout (medians of {args.rounds}): "
           + ", ".join(f"{path} {statistics.median(times[path]):.4f} s" for path in paths))
     for path in ("hf", "static"):
         ratios = [x / h for x, h in zip(times[path], times["hand"])]

@@ -325,8 +325,8 @@ def bench_decode(shapes: list[str], args) -> list[dict]:
     for shape in shapes:
         config = AutoConfig.from_pretrained(Path(args.shapes) / shape)
         if args.smoke:  # the script's own check on a CPU: a two-layer model of the shape's family, small vocab
-            config.update(dict(num_hidden_layers=2, vocab_size=1000, hidden_size=64, intermediate_size=128,
-                               num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True))
+            config.update({"num_hidden_layers": 2, "vocab_size": 1000, "hidden_size": 64, "intermediate_size": 128,
+                           "num_attention_heads": 4, "num_key_value_heads": 2, "tie_word_embeddings": True})
             config.head_dim = 16
         torch.manual_seed(0)
         with torch.device(DEVICE):
@@ -340,14 +340,14 @@ def bench_decode(shapes: list[str], args) -> list[dict]:
                 ids = torch.randint(100, config.vocab_size - 100, (rows, prompt_tokens), device=DEVICE)
                 mask = torch.ones_like(ids, dtype=torch.bool)
 
-                def ours(tokens: int, seed: int = 0):
-                    return sample(model32, ids, mask, n=1, temperature=1.0, top_p=1.0, max_new_tokens=tokens,
+                def ours(tokens: int, seed: int = 0, model=model32, ids=ids, mask=mask, dtype=dtype):
+                    return sample(model, ids, mask, n=1, temperature=1.0, top_p=1.0, max_new_tokens=tokens,
                                   eos_ids=[-1], pad_id=0, generator=torch.Generator(DEVICE).manual_seed(seed),
                                   dtype=dtype if dtype == torch.bfloat16 else None, decode="auto")
 
-                def theirs(tokens: int, seed: int = 0):
+                def theirs(tokens: int, seed: int = 0, model=hf_model, ids=ids, mask=mask):
                     torch.manual_seed(seed)
-                    return hf_model.generate(input_ids=ids, attention_mask=mask.long(), do_sample=True,
+                    return model.generate(input_ids=ids, attention_mask=mask.long(), do_sample=True,
                                              temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=tokens,
                                              min_new_tokens=tokens, eos_token_id=None, pad_token_id=0,
                                              cache_implementation="static")
@@ -368,7 +368,7 @@ def bench_decode(shapes: list[str], args) -> list[dict]:
                                 sync()
                                 reps.append(time.perf_counter() - t0)
                             times[tokens] = statistics.median(reps)
-                    except Exception as e:  # one path failing (memory, a transformers change) leaves the other
+                    except Exception as e:  # noqa: BLE001  one path failing (memory, a transformers change) leaves the other
                         row[f"{name}_error"] = f"{type(e).__name__}: {e}"[:300]
                         continue
                     step_s = (times[new] - times[half]) / (new - half)

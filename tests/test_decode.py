@@ -221,8 +221,8 @@ def test_static_tokens_do_not_depend_on_check_every(noise):
     """The loop looks at "every row done" every k steps and runs finished rows masked in between: the tokens, the
     log-probs and the state the caller's generator is left in are the same bits whatever k (1, 2, 5, 16), with
     either noise source; a rollout that stops early returns the same width."""
-    from entropy_rft.rollout.sampling import sample_static
     from entropy_rft.rollout.decode import HandDecoder
+    from entropy_rft.rollout.sampling import sample_static
 
     model = _model("qwen2")
     ids, mask = _prompts(model.config.vocab_size, torch.Generator().manual_seed(3))
@@ -242,8 +242,8 @@ def test_static_tokens_do_not_depend_on_check_every(noise):
 def test_device_noise_samples_the_policy():
     """With the GPU's noise source (each rollout's own generator, Exp(1) for every row each step), every recorded
     log-prob is the policy's own: log softmax(z / T) of a full forward at that token."""
-    from entropy_rft.rollout.sampling import sample_static
     from entropy_rft.rollout.decode import HandDecoder
+    from entropy_rft.rollout.sampling import sample_static
 
     model = _model("llama")
     ids, mask = _prompts(model.config.vocab_size, torch.Generator().manual_seed(4))
@@ -297,8 +297,8 @@ def test_auto_takes_the_captured_path_on_cuda():
 
 def _static_state(model, max_new: int = 6):
     """A StaticRollout after its first token (from the prefill), as sample_static builds it, for stepping by hand."""
-    from entropy_rft.rollout.decode import FixedSteps, HandDecoder
     from entropy_rft.rollout.cache import cache_of
+    from entropy_rft.rollout.decode import FixedSteps, HandDecoder
     from entropy_rft.rollout.sampling import StaticRollout, position_ids, stream_noise
 
     ids, mask = _prompts(model.config.vocab_size, torch.Generator().manual_seed(3))
@@ -368,9 +368,8 @@ def test_static_step_reads_nothing_back(leak, monkeypatch):
     state = _to_meta(_static_state(model))
     if leak is not None:
         monkeypatch.setattr(sampling, "draw", _leak(leak))
-        with pytest.raises((RuntimeError, NotImplementedError), match="meta|nonzero"):
-            with torch.inference_mode():
-                state.step()
+        with pytest.raises((RuntimeError, NotImplementedError), match="meta|nonzero"), torch.inference_mode():
+            state.step()
         return
     with torch.inference_mode():
         for _ in range(3):
