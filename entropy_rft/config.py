@@ -151,8 +151,14 @@ class TrainConfig:
     decode: str = _f("auto", "hf engine: how each token after the prompt goes through the model. auto: the "
                              "hand-written decode step (rollout/decode.py: the same arithmetic without transformers' "
                              "per-call work, 0.86x the rollout time on the demo) on the CPU for Qwen2, Qwen3, Llama "
-                             "and Mistral models it can read exactly, else the model's forward; hand: always that "
-                             "step (an error where it cannot); hf: always the model's forward")
+                             "and Mistral models it can read exactly, and on CUDA the same step at fixed shapes "
+                             "captured in a CUDA graph (static), else the model's forward; hand: always that step, "
+                             "finished rows leaving the batch (an error where it cannot); static: always the "
+                             "fixed-shape step (graph-captured on CUDA, eager elsewhere; the weights in bfloat16 "
+                             "when precision is bf16); hf: always the model's forward")
+    decode_check_every: int = _f(0, "static decode: steps between two looks at whether every row has finished "
+                                    "(each look waits for the GPU; the tokens do not depend on it). 0: 1 on the "
+                                    "CPU, 8 on a GPU")
     precision: str = _f("fp32", "fp32, or bf16: forward and backward under bfloat16 autocast with float32 master "
                                 "weights and Adam state (pure bf16 weights would lose updates of lr 4e-7)")
     gradient_checkpointing: bool = _f(False, "recompute activations in the backward pass (less memory, ~30% slower)")
@@ -319,6 +325,8 @@ class TrainConfig:
         from .rollout.sampling import check_decode
 
         check_decode(self.decode)
+        if self.decode_check_every < 0:
+            raise ValueError(f"decode_check_every must be >= 0, got {self.decode_check_every}")
         if self.precision not in ("fp32", "bf16"):
             raise ValueError(f"precision must be fp32 or bf16, got {self.precision!r}")
         from .rollout import ENGINES
