@@ -17,9 +17,13 @@ before it trusts them (rundir.py's rules, rule 4 above all, say what follows fro
 4. A record an --overwrite set aside (RUN/.replaced-*) and a kill left there is the run's (the next claim puts it
    back): its settings are read from there (`record_dir`).
 
-Departure: config.yaml and config.digest are two files, each replaced atomically but not together; a kill between
-the two renames (microseconds, while a resume rewrites both) can leave a setting that may change on resume (steps,
-bookkeeping) looking hand-edited, which is refused with its way out (give it on the command line), never trained.
+Departures, numbered:
+1. config.yaml and config.digest are two files, each replaced atomically but not together; a kill between the two
+   renames (microseconds, while a resume rewrites both) can leave a setting that may change on resume (steps,
+   bookkeeping) looking hand-edited, which is refused with its way out (give it on the command line), never trained.
+2. Every samples file up to the checkpoint is read whole on each resume (gzip and JSON: milliseconds per file), not
+   only the newest; a damaged old one with no checkpoint before it refuses the resume, naming the file (delete it to
+   resume without that step's samples).
 """
 
 from __future__ import annotations

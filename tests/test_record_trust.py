@@ -223,7 +223,7 @@ def test_an_overwrite_killed_while_the_old_record_is_aside_resumes_the_old_run(t
     start's."""
     run = copy_run(trained3, tmp_path)
     proc = subprocess.Popen([sys.executable, "-m", "entropy_rft.cli", "train", "--out", "r", "--overwrite", "--steps",
-                             3, "--set", "prompts_per_step=4", "group_size=4", "progress=false", "eval_k=32"],
+                             "3", "--set", "prompts_per_step=4", "group_size=4", "progress=false", "eval_k=32"],
                             cwd=tmp_path, env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 120
     while time.time() < deadline and not list(run.glob(".replaced-*")):
