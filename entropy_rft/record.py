@@ -131,17 +131,19 @@ def trusted_checkpoint(run_dir: Path, first: Path | None) -> Path | None:
         raise RunDirError(str(err)) from None
     if gap is None:
         return first
-    step, what = gap
+    step, kind, what = gap
     earlier = sorted((c for c in checkpoint_dirs(run_dir, complete=True) if step_of(c) < step and intact_state(c)),
                      key=step_of)
     if earlier:
         ckpt = earlier[-1]
         print(f"entropy-rft: warning: {what}; resuming from {ckpt.name}, the newest checkpoint before step {step}: "
-              f"steps {step_of(ckpt) + 1}-{step_of(first)} are trained again, exactly as the first time", file=sys.stderr)
+              f"steps {step_of(ckpt) + 1}-{step_of(first)} are trained again, exactly as the first time",
+              file=sys.stderr)
         return ckpt
     raise RunDirError(f"{what}, and {run_dir} has no checkpoint before step {step} to train it again from; a resume "
-                      f"from {first.name} would leave step {step} out of the record. Restore the file, or start the "
-                      "run again with --overwrite")
+                      f"from {first.name} would leave step {step} out of the record. "
+                      + ("Delete that file to resume without the step's samples, or restore it" if kind == "samples"
+                         else "Restore the file, or start the run again with --overwrite"))
 
 
 def step_of(ckpt: Path) -> int:
@@ -218,18 +220,18 @@ def check_hand_edits(run_dir: Path, given: set[str] | frozenset[str] = frozenset
              for k in edited}
     unsafe = [k for k in edited if k not in RESUME_SAFE and k not in given]
     if unsafe:
+        it, verb = ("it", "differs") if len(unsafe) == 1 else ("them", "differ")
         raise RunDirError(f"{path} was edited by hand since the run wrote it: {', '.join(shown[k] for k in unsafe)} "
-                          f"{'differs' if len(unsafe) == 1 else 'differ'} from the settings the run trained with "
-                          f"({DIGEST}); a resumed run would train its later steps with "
-                          f"{'it' if len(unsafe) == 1 else 'them'} while its record claims "
-                          f"{'it' if len(unsafe) == 1 else 'them'} for every step. Put the file back as it was, or "
-                          f"train {'it' if len(unsafe) == 1 else 'them'} as a new run (--name NAME --config {path})")
+                          f"{verb} from the settings the run trained with ({DIGEST}); a resumed run would train its "
+                          f"later steps with {it} while its record claims {it} for every step. Put the file back as it "
+                          f"was, or train {it} as a new run (--name NAME --config {path})")
     unconfirmed = [k for k in edited if k not in given]
     if unconfirmed:
-        raise RunDirError(f"{path} was edited by hand since the run wrote it ({', '.join(shown[k] for k in unconfirmed)})"
-                          f"; {'this' if len(unconfirmed) == 1 else 'these'} may change on resume: to accept, give "
-                          f"{'it' if len(unconfirmed) == 1 else 'them'} on the command line too (--set "
-                          f"{' '.join(shown[k] for k in unconfirmed)}), or put the file back as it was")
+        it, this = ("it", "this") if len(unconfirmed) == 1 else ("them", "these")
+        listed = " ".join(shown[k] for k in unconfirmed)
+        raise RunDirError(f"{path} was edited by hand since the run wrote it ({listed}); {this} may change on resume: "
+                          f"to accept, give {it} on the command line too (--set {listed}), or put the file back as it "
+                          "was")
 
 
 def _yaml_value(value) -> str:
@@ -302,11 +304,11 @@ def _readable(path: Path) -> bool:
         return False
 
 
-def first_gap(run_dir: Path, step: int, pending: Callable[[], bool]) -> tuple[int, str] | None:
-    """The first step <= `step` that the record lacks, with what is wrong: no complete line in metrics.jsonl (the
-    line of `step` itself may be missing when `pending()`: the checkpoint holds that step unlogged), or a samples
-    file that does not read whole. None when the record holds every step. A damaged line before the last raises
-    ValueError naming it (logging.read_metrics)."""
+def first_gap(run_dir: Path, step: int, pending: Callable[[], bool]) -> tuple[int, str, str] | None:
+    """(the first step <= `step` the record lacks, "metrics" or "samples", what is wrong), or None when it holds
+    every step: a step with no complete line in metrics.jsonl (the line of `step` itself may be missing when
+    `pending()`: the checkpoint holds that step unlogged), or a samples file that does not read whole. A damaged line
+    before the last raises ValueError naming it (logging.read_metrics)."""
     from .logging import read_metrics
     from .samples import SAMPLES_DIR, file_name, steps_written
 
@@ -317,12 +319,12 @@ def first_gap(run_dir: Path, step: int, pending: Callable[[], bool]) -> tuple[in
     missing = next((s for s in range(1, step + 1) if s not in logged), None)
     if missing is not None and not (missing == step and pending()):
         torn = _torn_line(path) if path.exists() else None
-        gaps.append((missing, f"{path}:{torn} is cut off (a crash while it was written?), so step {missing} has no "
-                              "metrics line" if torn else
-                              f"{path} holds no line for step {missing}" + ("" if path.exists() else
-                                                                            " (the file is missing)")))
+        what = (f"{path}:{torn} is cut off (a crash while it was written?), so step {missing} has no metrics line"
+                if torn else f"{path} holds no line for step {missing}" + ("" if path.exists() else " (it is missing)"))
+        gaps.append((missing, "metrics", what))
     for s in steps_written(run_dir):
         if s <= step and not _readable(run_dir / SAMPLES_DIR / file_name(s)):
-            gaps.append((s, f"{run_dir / SAMPLES_DIR / file_name(s)} does not read whole (cut off or damaged)"))
+            gaps.append((s, "samples", f"{run_dir / SAMPLES_DIR / file_name(s)} does not read whole (cut off or "
+                                       "damaged)"))
             break
     return min(gaps, default=None)

@@ -10,11 +10,12 @@ Rules (entropy_rft/trainer.py's train() calls them; the CLI maps refusals to exi
    (overwrite=True). The default directory is new per run: runs/<method>-<YYYYmmdd-HHMMSS>.
 3. Transaction. Nothing in the directory changes before the run starts (after its model, data and metric sinks
    are ready): Claim.start() moves a replaced record aside, opens the sinks (cutting metrics back on resume) and
-   writes config.yaml with its settings digest, config.digest (record.py). A new run (in a new directory or over a replaced record) commits when it logs its first
-   step: only then is the replaced record deleted. A run that fails or is stopped before that puts the directory
-   back as it was (the old record, or nothing that reads as a record), so the same command works again; a resumed
-   run commits at start (its record is its own). A process killed before committing is repaired by the next claim:
-   a replaced record comes back, and what a new run wrote before its first step goes.
+   writes config.yaml with its settings digest, config.digest (record.py). A new run (in a new directory or over a
+   replaced record) commits when it logs its first step: only then is the replaced record deleted. A run that fails
+   or is stopped before that puts the directory back as it was (the old record, or nothing that reads as a record),
+   so the same command works again; a resumed run commits at start (its record is its own). A process killed
+   before committing is repaired by the next claim: a replaced record comes back, and what a new run wrote before
+   its first step goes.
 4. Resume is exact or refused. The run's settings must equal the new settings in every field except RESUME_SAFE
    (config.py: where and how the run is recorded, and steps); each other difference is named; a config.yaml that is
    not YAML is named with the way out. The run's settings are those its digest recorded (record.py), so a hand edit
@@ -23,8 +24,8 @@ Rules (entropy_rft/trainer.py's train() calls them; the CLI maps refusals to exi
    The record must hold every step up to the checkpoint (record.first_gap): a metrics line cut off by a crash, or a
    samples file that does not read whole, sends the resume back to the newest checkpoint before that step, whose
    later steps are trained again (with a warning naming the file and line), or, with none, refuses it naming them:
-   never a silent gap. No checkpoint to resume from is an error (resume=True) or a fresh start
-   (resume="auto"). A finished run is returned as it is (resume="auto") or refused unless steps grows (resume=True).
+   never a silent gap. No checkpoint to resume from is an error (resume=True) or a fresh start (resume="auto"). A
+   finished run is returned as it is (resume="auto") or refused unless steps grows (resume=True).
    A checkpoint whose trainer_state.pt is damaged (truncated: not a complete torch archive) is skipped: the run
    resumes from the newest earlier complete checkpoint, with a warning naming the damaged file (the steps after it
    are trained again, exactly as the first time); with none left, resume is refused naming the file. A checkpoint
@@ -68,9 +69,9 @@ from .stops import STOP_SIGNALS, Interrupted, StopSignals, stop_signals_interrup
 
 LOCK = ".lock"
 # what a run writes into its directory (anything else there, e.g. a dry run's data/, is left alone)
-RECORD = ("config.yaml", DIGEST, "metrics.jsonl", "eval.json", "latest_checkpoint", "checkpoint-*", "tensorboard", "wandb",
-          "wandb_run_id", "samples", ".checkpoint-*", ".deleting-*", ".latest_checkpoint.tmp", ".metrics.jsonl.tmp",
-          f".{DIGEST}.tmp")
+RECORD = ("config.yaml", DIGEST, "metrics.jsonl", "eval.json", "latest_checkpoint", "checkpoint-*", "tensorboard",
+          "wandb", "wandb_run_id", "samples", ".checkpoint-*", ".deleting-*", ".latest_checkpoint.tmp",
+          ".metrics.jsonl.tmp", f".{DIGEST}.tmp")
 
 
 def new_run_dir(method: str, name: str | None = None, root: str | Path = "runs") -> Path:
