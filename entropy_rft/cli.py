@@ -300,7 +300,6 @@ def cmd_compare(args) -> None:
 
 def cmd_report(args) -> None:
     from .report import REPORT_FILES, build_report
-
     from .rundir import set_aside_note
 
     runs = list({Path(r).resolve(): r for r in args.runs}.values())  # a run given twice is reported once

@@ -40,9 +40,9 @@ from .control import make_control
 from .diagnostics import loss_step_sizes
 from .evaluate import run_eval
 from .logging import MetricLogger
+from .plan import check_fits
 from .policy import pick_device, resolve_model_path, set_up_policy
 from .problems import ProblemSampler, sample_batch, task_problems
-from .plan import check_fits
 from .rundir import (Claim, StopSignals, checkpoint_space, finished_summary, load_trainer_state, new_run_dir,
                      prune_checkpoints, stop_signals_interrupt)
 from .rundir import claim as claim_run_dir

@@ -263,3 +263,33 @@ def test_clip_frac_clipped_is_zero_on_an_empty_mask():
     s = torch.tensor([[0.0, 0.0, -10.0], [0.0, 0.0, 0.0]])
     keep, metrics = clip_b(s, torch.tensor([-1.0, -1.0]), torch.ones(2, 3, dtype=torch.bool), mu=1.0)
     assert metrics["frac_clipped"] == pytest.approx(1 / 6) and not keep[0, 2]
+
+
+def test_the_python_api_checks_the_digest_not_the_edited_file(tmp_path):
+    """train(cfg, resume=True) from Python: after a hand edit of config.yaml (group_size 4 -> 8) the run's own
+    settings still resume (the digest is the run's record; start() writes config.yaml back), and settings equal to
+    the edited file are refused naming group_size and the hand edit. A record without config.digest (older) is
+    checked against config.yaml as before."""
+    import yaml
+
+    from entropy_rft.config import load_config
+    from entropy_rft.record import write_digest
+    from entropy_rft.rundir import RunDirError, claim
+
+    run = tmp_path / "r"
+    cfg = load_config(None, out=str(run), progress=False, group_size=4, steps=3)
+    run.mkdir()
+    (run / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+    write_digest(run, cfg)
+    (run / "metrics.jsonl").write_text("".join(json.dumps({"step": s}) + "\n" for s in (1, 2)))
+    (run / "checkpoint-2").mkdir()
+    torch.save({"step": 2}, run / "checkpoint-2" / "trainer_state.pt")
+    (run / "config.yaml").write_text((run / "config.yaml").read_text().replace("group_size: 4\n", "group_size: 8\n"))
+    with claim(cfg, resume=True) as c:
+        assert c.checkpoint == run / "checkpoint-2"
+    edited = load_config(None, out=str(run), progress=False, group_size=8, steps=3)
+    with pytest.raises(RunDirError, match="group_size: 8, but config.yaml was edited by hand there"):
+        claim(edited, resume=True)
+    (run / "config.digest").unlink()
+    with claim(edited, resume=True) as c:  # no digest: config.yaml (edited) is all there is to compare with
+        assert c.checkpoint == run / "checkpoint-2"

@@ -1,0 +1,323 @@
+"""Entropy targets (beyond the paper): hold the policy's token entropy near a value the user gives.
+
+MuController sets Clip_B's or Clip_V's mu each step. For each candidate mu it computes the filter's keep mask and
+the first-order logit-space change of the policy's mean entropy that an update on the kept tokens K would make,
+per unit step: d(mu) = -sum_K A S_c / N, with N the loss's token-mean denominator (|K|, or every valid token with
+denominator="all"). That is eq. 23 (Theorem 2 summed over K) with the token mean's 1/N (dynamics, departure 3),
+not Corollary 4's -Cov_K(A, S_c): Corollary 4 drops E_K[A] E_K[S_c], which Corollary 2 makes small on the whole
+on-policy batch but not on the kept set, whose S_c is biased by the filter and whose advantages need not average
+to 0. The step's real change is kappa * d(mu): kappa (the network's tangent kernel and Adam's scaling, unknown a
+priori) is fitted online by least squares through the origin on the pairs (d of the chosen mu, the step's
+first-order change through the network, forward.EntropyProbe), with exponential forgetting. The first-order change
+is the update's own effect without the second-order remainder, so the fit is not fed sampling noise of the
+realised change. The controller picks the mu whose predicted entropy H + kappa * d(mu) lands nearest the target,
+preferring the largest mu (the fewest clipped tokens) among equals, and no clipping at all (mu = inf) when that is
+nearest.
+
+Guards on the scale estimate: a step whose |d| is below min_unit_frac of the running RMS of accepted |d| (or is 0)
+is ignored (its ratio would be noise over a tiny denominator); kappa is clamped to [0, kappa_max] (a negative fit
+means the prediction has no usable sign yet, and kappa 0 then leaves the update unclipped); until min_observations
+steps are accepted kappa is kappa_prior.
+
+AdaptiveEntropyBonus is the usual alternative (Skywork-OR1's adaptive entropy control, the style TRL users
+write as a callback): an entropy bonus whose coefficient rises by `delta` while entropy is below the target and
+falls by `delta` (not below 0) while above.
+
+EntroPIC (Yang et al. 2025, arXiv 2511.15248; the authors' code github.com/yk7333/EntroPIC) reweights the
+policy-gradient terms of high-probability tokens with a coefficient set by a proportional-integral controller:
+    e_t     = H_t - H_tar                                   (H_t: the batch's token-mean entropy before the update)
+    alpha_t = clip(K_p e_t + K_i sum_{s<t} e_s, -alpha_max, alpha_max)
+    L       = L_policy + alpha_t * mean_{j in T_hi} ( -r_j |A_j| ),   T_hi = {tokens with pi_old(y_j) > tau}
+so, against the policy loss's token mean over its N tokens, a high-probability token of a positive sample weighs
+(1 + alpha_t N / N_hi) in the update and one of a negative sample (1 - alpha_t N / N_hi), N_hi = |T_hi| (both
+terms are token means over their own tokens, as in the authors' code). In this paper's terms: a token with p > 1/2
+is the mode, and H >= -log p_max (Shannon entropy is at least the min-entropy), so its S* = p (H + log p) >= 0
+and Theorem 1 (dH = -eps S*) says an update that raises it (A > 0) lowers entropy and one that lowers it (A < 0)
+raises entropy. With entropy above target alpha > 0 leans on the sharpening side, below target on the flattening
+side. Defaults are the authors' (config/entropic.yaml,
+core_algos.compute_policy_loss_entropic): K_p = 1, K_i = 0.01, tau = 0.95, alpha_max = 1. The equations above are
+read from the authors' released code and README (the paper's own text was not available to this project); where
+the code and a reading of the paper could differ, the code is followed.
+Departures from the authors' code, numbered:
+1. One alpha per training step, from the entropy of the whole batch (token mean over every valid response token,
+   under the behaviour policy). The authors' actor recomputes alpha for each micro-batch from that micro-batch's
+   entropy and adds each micro-batch's error to the integral at once, so later micro-batches of one step see a
+   larger integral; here micro-batching changes nothing.
+2. The integral gains e_t once per training step (theirs: once per optimizer mini-batch, e_t * rows / mini-batch
+   rows per micro-batch); equal under one mini-batch per step, the strict on-policy setting.
+3. T_hi is chosen with the behaviour policy's log-probabilities over the whole batch, fixed for all epochs, like
+   the other token filters here; theirs compares the current log-probabilities inside the loss (the same on a
+   strict on-policy step, where the ratio is 1).
+4. The adjustment's token mean divides by |T_hi| of the whole mini-batch (theirs: of each micro-batch), so its
+   gradient does not depend on the micro-batch size; with another loss_agg the same aggregation is used, over T_hi.
+5. Tokens a method's filter removes (Clip_B, Clip_V) leave T_hi too; with GRPO (the authors' setting) T_hi is every
+   valid token above tau.
+There is no anti-windup on the integral (as in theirs): a target the policy cannot reach keeps alpha at its clip.
+
+When to use which: the bonus adds a gradient that pushes up the entropy of every token, including tokens the
+task needs to be sure of; the mu controller only removes the updates that the theory says drive entropy
+down, so it cannot raise entropy above where the plain update would leave it, but it never adds a gradient
+of its own. EntroPIC neither adds a new gradient direction nor removes tokens: it rescales the existing
+policy-gradient terms of confident tokens (by 1 +- alpha N / N_hi), so it can move entropy both ways; but a token
+with p > tau moves its logits little (d log p / dz = e_k - p, of norm about 1 - p), so its lever is short.
+Use the controller to stop collapse; use the bonus or EntroPIC when entropy must rise.
+
+The trainer sees each through one interface, `EntropyControl` (chosen by name from CONTROLS: entropy_control, or
+"none" without an entropy target): it may choose the step's keep mask (mu), set the knobs of the objective's terms
+(the bonus's coefficient, EntroPIC's alpha and T_hi), learn from the step's metrics, and carry a state that a
+checkpoint saves.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, fields
+
+import torch
+
+from .advantages import broadcast_advantages
+from .losses import aggregate
+from .registry import Registry
+
+
+def unit_entropy_change(advantages: torch.Tensor, s_centered: torch.Tensor, loss_mask: torch.Tensor,
+                        num_tokens: float | None = None) -> float:
+    """Eq. 23 on the loss tokens K per unit step, with the token mean's 1/N: -sum_K A S_c / N, N = num_tokens
+    (default |K|, i.e. -E_K[A S_c]). Unlike -Cov_K(A, S_c) (Corollary 4) it keeps the term E_K[A] E_K[S_c]."""
+    adv = broadcast_advantages(advantages, s_centered).double()
+    m = loss_mask.double()
+    n = float(m.sum()) if num_tokens is None else float(num_tokens)
+    return -float((adv * s_centered.double() * m).sum()) / max(n, 1.0)
+
+
+@dataclass
+class MuController:
+    target: float
+    grid: tuple[float, ...] = (0.5, 0.75, 1.0, 1.5, 2.0, 2.5, 3.0, 4.0, 6.0, 8.5)
+    forget: float = 0.9  # weight of the past in the least-squares fit of kappa
+    kappa_prior: float = 0.0  # until min_observations steps are accepted: no prediction, no clipping
+    denominator: str = "kept"  # the loss's token-mean denominator: "kept" (|K|) or "all" (every valid token)
+    min_unit_frac: float = 1e-3  # ignore steps whose |d| is below this fraction of the running RMS of |d|
+    kappa_max: float = math.inf  # upper clamp of kappa
+    min_observations: int = 1
+    _sxy: float = field(default=0.0, init=False)
+    _sxx: float = field(default=0.0, init=False)
+    _n: int = field(default=0, init=False)
+    _unit_ms: float = field(default=0.0, init=False)  # exponential mean of d^2 over accepted steps
+    last_unit: float = field(default=0.0, init=False)
+
+    @property
+    def kappa(self) -> float:
+        if self._n < self.min_observations or self._sxx <= 0:
+            return self.kappa_prior
+        return min(max(self._sxy / self._sxx, 0.0), self.kappa_max)
+
+    def choose(self, method, stats, advantages, mask, entropy_now: float, overrides: dict):
+        """(mu, keep, filter metrics) for this step."""
+        candidates = [math.inf] + sorted(self.grid, reverse=True)
+        n_valid = float(mask.sum())
+        best = None
+        for mu in candidates:
+            if math.isinf(mu):
+                keep, metrics = mask.clone(), {}
+            else:
+                keep, metrics = method.apply(stats, advantages, mask, **{**overrides, "mu": mu})
+            unit = unit_entropy_change(advantages, stats.s_centered, mask & keep,
+                                       num_tokens=n_valid if self.denominator == "all" else None)
+            gap = abs(entropy_now + self.kappa * unit - self.target)
+            if best is None or gap < best[0] - 1e-12:
+                best = (gap, mu, keep, metrics, unit)
+        _, mu, keep, metrics, unit = best
+        self.last_unit = unit
+        return mu, keep, metrics
+
+    def observe(self, change: float) -> bool:
+        """Fit kappa with this step's measured change (the first-order change through the network) against the
+        chosen mu's unit prediction; returns False when the step is ignored (non-finite, or |d| tiny)."""
+        x = self.last_unit
+        if not (math.isfinite(x) and math.isfinite(change)) or x == 0:
+            return False
+        if self._n > 0 and x * x < (self.min_unit_frac ** 2) * self._unit_ms:
+            return False
+        self._sxy = self.forget * self._sxy + x * change
+        self._sxx = self.forget * self._sxx + x * x
+        self._unit_ms = x * x if self._n == 0 else self.forget * self._unit_ms + (1 - self.forget) * x * x
+        self._n += 1
+        return True
+
+    def state(self) -> dict:
+        """What the controller has learnt (every field not set at construction), for a checkpoint; the settings
+        come from the config."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if not f.init}
+
+    def load_state(self, state: dict) -> None:
+        for name, value in state.items():
+            setattr(self, name, value)
+
+
+@dataclass
+class AdaptiveEntropyBonus:
+    target: float
+    delta: float = 0.002  # coefficient change per step
+    coef: float = 0.0
+    max_coef: float = 0.05
+
+    def update(self, entropy_now: float) -> float:
+        step = self.delta if entropy_now < self.target else -self.delta
+        self.coef = min(max(self.coef + step, 0.0), self.max_coef)
+        return self.coef
+
+    def state(self) -> dict:
+        return {"coef": self.coef}
+
+    def load_state(self, state: dict) -> None:
+        self.coef = state["coef"]
+
+
+@dataclass
+class EntroPIC:
+    """EntroPIC's PI controller (module docstring): update(H_t) returns alpha_t for this step's loss."""
+
+    target: float
+    k_p: float = 1.0  # proportional gain (authors' default)
+    k_i: float = 0.01  # integral gain (authors' default)
+    alpha_max: float = 1.0  # alpha is clipped to [-alpha_max, alpha_max] (authors: 1)
+    integral: float = field(default=0.0, init=False)  # sum of the errors of earlier steps
+    alpha: float = field(default=0.0, init=False)  # the last alpha returned
+
+    def update(self, entropy_now: float) -> float:
+        """alpha_t = clip(K_p e_t + K_i sum_{s<t} e_s), then the integral takes e_t."""
+        error = entropy_now - self.target
+        self.alpha = min(max(self.k_p * error + self.k_i * self.integral, -self.alpha_max), self.alpha_max)
+        self.integral += error
+        return self.alpha
+
+    def state(self) -> dict:
+        return {"integral": self.integral, "alpha": self.alpha}
+
+    def load_state(self, state: dict) -> None:
+        self.integral, self.alpha = state["integral"], state["alpha"]
+
+
+def high_probability_tokens(old_logp: torch.Tensor, mask: torch.Tensor, *, threshold: float = 0.95) -> torch.Tensor:
+    """(B, T) bool: valid tokens whose behaviour-policy probability exceeds threshold (EntroPIC's T_hi)."""
+    return mask & (old_logp > math.log(threshold))
+
+
+def entropic_adjustment(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, high: torch.Tensor, *,
+                        alpha: float, agg: str = "token-mean", num_tokens=None, num_seqs=None, norm=None):
+    """EntroPIC's loss term alpha * agg_{T_hi}(-r |A|), r = exp(log p - old log p); (loss, metrics). Added to the
+    token-mean policy loss over N tokens it weighs a high-probability token by (1 + alpha N / N_hi) in a positive
+    sample and (1 - alpha N / N_hi) in a negative one (its gradient is alpha * -|A| grad r / N_hi, the policy term's
+    -A grad r / N times alpha sign(A) N / N_hi). num_tokens / num_seqs are T_hi's counts over the whole mini-batch
+    (departure 4)."""
+    adv = broadcast_advantages(advantages, logp).to(logp.dtype)  # (B, T)
+    ratio = (logp - old_logp).exp()
+    term = aggregate(-ratio * adv.abs(), high, agg, num_tokens=num_tokens, num_seqs=num_seqs, norm=norm)
+    return alpha * term, {"entropic_term": term.detach()}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# One interface for the trainer
+
+
+@dataclass
+class Knobs:
+    """What a control sets for one step's objective: the entropy bonus's coefficient, EntroPIC's alpha and its
+    high-probability tokens T_hi (B, R) (None: no EntroPIC term this run)."""
+
+    entropy_coef: float = 0.0
+    alpha: float = 0.0
+    high: torch.Tensor | None = None
+
+
+class EntropyControl:
+    """No entropy target: the method's own filter and the fixed entropy_coef. Subclasses override what they steer."""
+
+    probes_every_step = False  # needs the first-order entropy change of every step (EntropyProbe)
+    adds_entropy_bonus = False  # the objective has an entropy-bonus term whatever entropy_coef is
+    adds_entropic_term = False  # the objective has EntroPIC's term
+
+    def __init__(self, cfg):
+        self.cfg = cfg
+
+    def choose_tokens(self, method, stats, advantages, mask, entropy_now: float) -> tuple[torch.Tensor, dict]:
+        """(keep (B, R) bool, filter metrics): the method's filter over the whole batch."""
+        return method.apply(stats, advantages, mask, **self.cfg.method_overrides())
+
+    def knobs(self, entropy_now: float, old_logp: torch.Tensor, loss_mask: torch.Tensor) -> Knobs:
+        return Knobs(entropy_coef=self.cfg.entropy_coef)
+
+    def metrics(self, knobs: Knobs, mask: torch.Tensor) -> dict:
+        return {"entropy_coef": knobs.entropy_coef}
+
+    def observe(self, metrics: dict) -> None:
+        """Learn from the step's logged metrics (after the update)."""
+
+    inner = None  # the controller a subclass steers with (MuController, AdaptiveEntropyBonus, EntroPIC)
+
+    def state(self) -> dict | None:
+        """What a checkpoint keeps of the control: its controller's learnt state."""
+        return None if self.inner is None else self.inner.state()
+
+    def load_state(self, state: dict) -> None:
+        if self.inner is not None:
+            self.inner.load_state(state)
+
+
+class MuControl(EntropyControl):
+    probes_every_step = True
+
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        self.controller = self.inner = MuController(cfg.entropy_target, denominator=cfg.denominator)
+
+    def choose_tokens(self, method, stats, advantages, mask, entropy_now):
+        mu, keep, metrics = self.controller.choose(method, stats, advantages, mask, entropy_now,
+                                                   self.cfg.method_overrides())
+        return keep, {**metrics, "mu": mu if math.isfinite(mu) else None, "kappa": self.controller.kappa}
+
+    def observe(self, metrics):
+        if "entropy_change/first_order" in metrics:  # kappa is fitted on the update's own first-order effect
+            self.controller.observe(metrics["entropy_change/first_order"])
+
+
+class BonusControl(EntropyControl):
+    adds_entropy_bonus = True
+
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        self.bonus = self.inner = AdaptiveEntropyBonus(cfg.entropy_target, cfg.bonus_delta, cfg.entropy_coef,
+                                                       cfg.bonus_max)
+
+    def knobs(self, entropy_now, old_logp, loss_mask):
+        return Knobs(entropy_coef=self.bonus.update(entropy_now))
+
+
+class PIControl(EntropyControl):
+    adds_entropic_term = True
+
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        self.pi = self.inner = EntroPIC(cfg.entropy_target, cfg.pi_kp, cfg.pi_ki, cfg.pi_alpha_max)
+
+    def knobs(self, entropy_now, old_logp, loss_mask):
+        high = high_probability_tokens(old_logp, loss_mask, threshold=self.cfg.pi_threshold)
+        return Knobs(entropy_coef=self.cfg.entropy_coef, alpha=self.pi.update(entropy_now), high=high)
+
+    def metrics(self, knobs, mask):
+        return {"entropy_coef": knobs.entropy_coef, "entropic/alpha": knobs.alpha, "entropic/integral": self.pi.integral,
+                "entropic/high_prob_frac": float(knobs.high.sum()) / max(float(mask.sum()), 1)}
+
+
+CONTROLS: Registry[type[EntropyControl]] = Registry("entropy control")
+CONTROLS.register("none", EntropyControl)
+CONTROLS.register("mu", MuControl)
+CONTROLS.register("bonus", BonusControl)
+CONTROLS.register("pi", PIControl)
+LEGACY_STATE_KEYS = {"mu": "controller", "bonus": "bonus", "pi": "pi"}  # checkpoints written before CONTROLS
+
+
+def make_control(cfg) -> EntropyControl:
+    """The run's control: cfg.entropy_control with an entropy target, else none."""
+    return CONTROLS.get("none" if cfg.entropy_target is None else cfg.entropy_control)(cfg)

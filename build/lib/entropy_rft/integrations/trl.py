@@ -1,0 +1,313 @@
+"""entropy-rft inside TRL's GRPOTrainer (`pip install "entropy-rft[trl]"`): watch any GRPO run's entropy dynamics
+with TRL's own loss untouched (method "none"), or run Clip_B, Clip_V and the S*-sign updates wherever TRL runs
+(accelerate, DeepSpeed, several GPUs, TRL's vLLM rollouts).
+
+    from entropy_rft.integrations.trl import EntropyGRPOTrainer
+    trainer = EntropyGRPOTrainer(model=..., reward_funcs=..., args=GRPOConfig(...), train_dataset=...,
+                                 method="none")            # or "clip_b", "clip_v", "s_sign:mask:pos_s:neg_samples", ...
+    trainer.train()
+
+After TRL generates and scores a batch, the trainer computes the token statistics (S*, S_c, H) of the whole
+generation batch under the current policy and gathers them from every process. With a filter (clip_b, ...), the
+method chooses the tokens to keep over that whole batch (Clip_B's mean and std are batch statistics: never per
+micro-batch or per process), and the loss then ignores the dropped tokens, in its terms and in its token count, as in
+the authors' code. With method "none" (monitor mode) the generation batch TRL's loss reads is left exactly as TRL
+made it. Each logging step adds `entropy_rft/*` metrics to TRL's own logs (so W&B, TensorBoard and trackio show
+them), over the generation batch (diagnostics.watch_metrics): entropy over every valid completion token, the means
+of S* and S_c, Cov_B(A, S_c), the logit-space predicted entropy change with the loss's own per-token step sizes
+(entropy_change/predicted), and what Clip_B and Clip_V at their default mu would drop (would_clip_b/frac, ...)
+and the predicted entropy change those tokens account for; a filter adds its own (clip fractions, kept_frac,
+entropy_kept). OUTPUT_DIR gets token samples (OUTPUT_DIR/samples, entropy_rft/samples.py's format) and the
+entropy_rft metrics of each logging step in metrics.jsonl (MetricsFile), so `entropy-rft inspect OUTPUT_DIR` and
+`entropy-rft report OUTPUT_DIR` read it as they read a run of the built-in trainer.
+
+Departures from the built-in trainer, numbered:
+1. The dropped tokens ride on TRL's `tool_mask`, a loss-only mask; the forward pass still attends to them.
+2. The statistics come from one extra forward pass per generation batch (no grad), at TRL's temperature and with
+   entropy-rft's position ids (from the left padding); TRL's own log-probs are left as TRL computes them. TRL 1.16's
+   forward cannot serve: its fused LM head returns log p, H and log sum_i p_i^2 per token, not sum_i p_i^2 log p_i,
+   so E_p[S] (Theorem 2) and with it S_c need the logits again (benchmarks/monitor_overhead.py measures the cost).
+   The monitor runs that forward only for generation batches that feed a logging step (TRL's logging_steps) or a
+   samples step; a filter needs it for every batch.
+3. The dropped tokens always leave the loss's terms; where they leave its denominator depends on TRL's
+   loss_type (TRL 1.16's GRPOTrainer.compute_loss): dapo, cispo and vespo divide by `num_items_in_batch`, which
+   this trainer recounts over the kept tokens of the whole generation batch (every process), so their loss is
+   the token mean over the kept tokens, as in the authors' code; grpo and sapo take each sequence's mean over its
+   kept tokens, then the mean over sequences (a sequence with every token dropped counts as 0 in that mean);
+   bnpo divides by the kept tokens of the micro-batch on this process only; dr_grpo divides by the constant
+   B x max_completion_length, so dropped tokens leave only the numerator; luspo sums each sequence's kept tokens.
+   With top_entropy_quantile < 1 (forking tokens), TRL takes its entropy quantile over the loss mask, which
+   carries the filter: the quantile is over the kept tokens only.
+4. Only methods that are token filters apply here; the other rows of METHODS are TRL settings or different losses
+   (the error for them says which).
+5. The predicted entropy change is that of the policy-gradient term at ratio 1 (the first optimizer step of each
+   generation batch) over every optimizer step the batch feeds (`_step_size`): TRL's KL term, entropy bonus and
+   vLLM importance-sampling correction are not in it, and it is None for bnpo (its weights depend on TRL's random
+   split into micro-batches), vespo (its sequence weights) and top_entropy_quantile < 1 (a quantile per
+   micro-batch).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from .. import samples
+from ..config import TrainConfig
+from ..diagnostics import masked_mean, watch_metrics
+from ..dynamics import TokenStats
+from ..forward import batch_stats
+from ..logging import JsonlSink
+from ..losses import step_sizes
+from ..methods import METHODS
+from ..rollout.hf import Rollout
+
+try:
+    from transformers import TrainerCallback
+    from trl import GRPOTrainer
+except ImportError as err:  # the adapter is an optional extra
+    raise ImportError("entropy_rft.integrations.trl needs TRL: pip install 'entropy-rft[trl]'") from err
+
+MONITOR = "none"  # method: TRL's loss unchanged, the statistics only
+TRL_EQUIVALENTS = {
+    "grpo": f"method={MONITOR!r} (TRL's own loss, watched)",
+    "dapo": "GRPOConfig(loss_type='dapo', epsilon_high=0.28)",
+    "dr_grpo": "GRPOConfig(loss_type='dr_grpo', scale_rewards='none')",
+    "gspo": "GRPOConfig(importance_sampling_level='sequence', epsilon=3e-4, epsilon_high=4e-4)",
+    "forking": "GRPOConfig(top_entropy_quantile=0.2)",
+    "entropy_bonus": "GRPOConfig's entropy bonus options",
+}
+
+
+def rollout_of(out: dict) -> Rollout:
+    """A generation batch of GRPOTrainer (prompt/completion ids and masks) as entropy-rft's Rollout."""
+    b = out["completion_ids"].shape[0]
+    return Rollout(out["prompt_ids"], out["prompt_mask"].bool(), out["completion_ids"], out["completion_mask"].bool(),
+                   torch.ones(b, dtype=torch.bool), [""] * b)
+
+
+class MetricsFile(TrainerCallback):
+    """OUTPUT_DIR/metrics.jsonl (entropy_rft/logging.py's JsonlSink, the built-in trainer's file) from TRL's logs:
+    one line per logging step that carries entropy_rft/* metrics, named as the built-in trainer names them
+    (the prefix dropped; TRL's reward as reward_mean, grad_norm, learning_rate as lr, a filter's frac_clipped as
+    clip_frac), so `entropy-rft report OUTPUT_DIR` plots them. The main process writes; a run resumed at step S
+    first drops the lines after S."""
+
+    RENAMED = {"reward": "reward_mean", "grad_norm": "grad_norm", "learning_rate": "lr"}
+
+    def __init__(self):
+        self.sink = None
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        if state.is_world_process_zero:
+            Path(args.output_dir).mkdir(parents=True, exist_ok=True)
+            self.sink = JsonlSink(args.output_dir, {}, start_step=state.global_step)
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        ours = {k.removeprefix("entropy_rft/"): v for k, v in (logs or {}).items() if k.startswith("entropy_rft/")}
+        if self.sink is None or not ours:
+            return
+        if "frac_clipped" in ours:
+            ours["clip_frac"] = ours["frac_clipped"]
+        theirs = {new: logs[old] for old, new in self.RENAMED.items() if old in logs}
+        self.sink.log({"step": state.global_step, **theirs, **ours})
+
+    def on_train_end(self, args, state, control, **kwargs):
+        if self.sink is not None:
+            self.sink.close()
+            self.sink = None
+
+
+class EntropyGRPOTrainer(GRPOTrainer):
+    """GRPOTrainer that reports what moves its entropy and, with a filter, whose loss keeps only the tokens an
+    entropy-rft method keeps (module docstring).
+
+    method: "none" (MONITOR): TRL's loss exactly as GRPOTrainer computes it, for any loss_type and
+    importance_sampling_level, with the entropy_rft/* metrics, metrics.jsonl and the token samples; or a name in
+    METHODS with a token filter (clip_b, clip_v, s_sign:...), whose method_options override the filter's defaults
+    (e.g. {"mu": 1.5} or {"mu": 8.5, "max_frac": 1e-4}); None values are ignored, and methods.NO_CAP passes None
+    itself ({"max_frac": NO_CAP}: Clip_V clips every violator).
+
+    samples_every, samples_groups: token-level samples of the generation batch, in the built-in trainer's format
+    and with its defaults (TrainConfig), written to OUTPUT_DIR/samples (entropy_rft/samples.py; `entropy-rft
+    inspect OUTPUT_DIR` shows them). A file is named by the first optimizer step its generation batch feeds."""
+
+    def __init__(self, *args, method: str = "clip_b", method_options: dict | None = None,
+                 samples_every: int = TrainConfig.samples_every, samples_groups: int = TrainConfig.samples_groups,
+                 **kwargs):
+        if method == MONITOR:
+            if method_options:
+                raise ValueError(f"method {MONITOR!r} changes nothing in the loss, so it takes no method_options "
+                                 f"(got {method_options}); pick a filter (clip_b, clip_v, ...) to pass options")
+            spec = None
+        else:
+            spec = METHODS.get(method)
+            if spec.filter is None:
+                hint = TRL_EQUIVALENTS.get(method, "no TRL equivalent here")
+                raise ValueError(f"method {method!r} is not a token filter, so EntropyGRPOTrainer has nothing to add: "
+                                 f"use {hint}. Filters: "
+                                 f"{', '.join(n for n in METHODS.names() if METHODS.get(n).filter)}; "
+                                 f"method={MONITOR!r} watches TRL's own loss")
+        self.entropy_method = spec
+        self.method_options = dict(method_options or {})
+        self.samples_every, self.samples_groups = samples_every, samples_groups
+        self._samples_cut = False
+        super().__init__(*args, **kwargs)
+        self.add_callback(MetricsFile())
+
+    @property
+    def method_name(self) -> str:
+        return MONITOR if self.entropy_method is None else self.entropy_method.name
+
+    def _generate_and_score_completions(self, inputs):
+        out = super()._generate_and_score_completions(inputs)
+        if not self.model.training:
+            return out
+        if self.entropy_method is None and not self._watched():  # departure 2: nothing to log or write
+            self._cut_samples()
+            return out
+        loss_mask = out["completion_mask"].bool()
+        if "tool_mask" in out:
+            loss_mask = loss_mask & out["tool_mask"].bool()
+        every, adv, mask = self._gather(self._token_stats(out), out["advantages"], loss_mask)
+        metrics = {}
+        if self.entropy_method is None:  # monitor mode: `out` stays exactly as TRL made it
+            keep = mask
+        else:
+            keep, metrics = self._whole_batch_filter(every, adv, mask)
+            rows = slice(self.accelerator.process_index * loss_mask.shape[0],
+                         (self.accelerator.process_index + 1) * loss_mask.shape[0])
+            mine = keep[rows, :loss_mask.shape[1]].to(loss_mask.device)
+            base = out["tool_mask"] if "tool_mask" in out else torch.ones_like(out["completion_mask"])
+            out["tool_mask"] = base * mine.to(base.dtype)
+            if "num_items_in_batch" in out:  # departure 3
+                out["num_items_in_batch"] = self.accelerator.gather((loss_mask & mine).sum()).sum()
+        self._filtered = (every, adv, mask, keep)  # the whole batch, for the samples
+        self._step_sizes = self._step_size(self._lr(), mask & keep)
+        metrics.update(watch_metrics(every, adv, mask, mask & keep, self._step_sizes))
+        for name, value in metrics.items():
+            if value is not None:
+                self._metrics["train"][f"entropy_rft/{name}"].append(value)
+        self._write_samples(out)
+        return out
+
+    def _fed_steps(self) -> range:
+        """The optimizer steps (1-based) this generation batch feeds."""
+        args, done = self.args, self.state.global_step
+        span = max(1, args.steps_per_generation * self.num_iterations // args.gradient_accumulation_steps)
+        return range(done + 1, done + span + 1)
+
+    def _watched(self) -> bool:
+        """Whether one of the steps this generation batch feeds logs (TRL's logging_steps, logging_first_step; every
+        batch under another logging strategy than "steps") or writes samples: the monitor's statistics are for them."""
+        args, steps = self.args, self._fed_steps()
+        if any(samples.due(s, self.samples_every, self.state.max_steps) for s in steps):
+            return True
+        if args.logging_strategy != "steps":
+            return args.logging_strategy != "no"
+        every = self.state.logging_steps or 1
+        return any(s % every == 0 or (s == 1 and args.logging_first_step) for s in steps)
+
+    def _cut_samples(self) -> None:
+        """The first batch of a run cuts the samples of later steps (a run resumed from a checkpoint writes them
+        again)."""
+        if not self._samples_cut and self.accelerator.is_main_process and self.samples_every > 0:
+            samples.cut_after(self.args.output_dir, self.state.global_step)
+        self._samples_cut = True
+
+    def _lr(self) -> float:
+        return self.lr_scheduler.get_last_lr()[0] if self.lr_scheduler is not None else self.args.learning_rate
+
+    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        """TRL's rewards per function (every process's rows); keeps their weighted sum, as TRL forms it, for the
+        samples."""
+        per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        self._batch_rewards = (per_func * self.reward_weights.to(per_func.device).unsqueeze(0)).nansum(dim=1)
+        return per_func
+
+    def _write_samples(self, out) -> None:
+        """OUTPUT_DIR/samples/step-N.json.gz of this generation batch, when one of the optimizer steps it feeds is
+        due; every process joins the gathers, the main process writes. The first batch of a run cuts the samples of
+        later steps (a run resumed from a checkpoint writes them again)."""
+        acc, run_dir, done = self.accelerator, self.args.output_dir, self.state.global_step
+        self._cut_samples()
+        steps = self._fed_steps()
+        if not any(samples.due(s, self.samples_every, self.state.max_steps) for s in steps):
+            return
+        every, adv, mask, keep = self._filtered
+        tokenizer = getattr(self.processing_class, "tokenizer", self.processing_class)
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        prompt_ids, prompt_mask = (acc.gather(acc.pad_across_processes(out[k], dim=1, pad_index=pad if k == "prompt_ids"
+                                                                       else 0, pad_first=True))
+                                   for k in ("prompt_ids", "prompt_mask"))
+        completion_ids = acc.gather(acc.pad_across_processes(out["completion_ids"], dim=1, pad_index=pad))
+        if not acc.is_main_process:
+            return
+        lengths = mask.sum(-1)
+        last = completion_ids.gather(1, (lengths - 1).clamp_min(0)[:, None]).squeeze(1)
+        finished = (lengths > 0) & (last == tokenizer.eos_token_id)
+        lr = self._lr()
+        record = samples.build_record(
+            step=done + 1, prompt_ids=prompt_ids, prompt_mask=prompt_mask.bool(), response_ids=completion_ids,
+            response_mask=mask, finished=finished, tokenizer=tokenizer, stats=every, advantages=adv, keep=keep,
+            rewards=self._batch_rewards, group_size=self.num_generations, groups=self.samples_groups,
+            step_size=self._step_sizes,
+            info={"source": "trl", "method": self.method_name, "loss_type": self.loss_type,
+                  "importance_sampling_level": self.importance_sampling_level, "lr": lr, "steps": [steps[0], steps[-1]]})
+        samples.write_record(run_dir, record)
+
+    def _step_size(self, lr: float, kept: torch.Tensor):
+        """lr times each token's weight in TRL's loss over the generation batch (global rows), by the shared rule
+        (losses.step_sizes) for the aggregation each loss_type is (TRL 1.16's compute_loss): dapo and cispo the token
+        mean over the kept tokens of the generation batch, rescaled per optimizer step; grpo and sapo each row's
+        token mean, then the mean over rows; dr_grpo each row's sum over the constant rows x
+        max_completion_length; luspo each row's sum, then the mean over rows. At ratio 1 (the step's first
+        optimizer step) every one of these losses puts the factor 1 on d log p_t, with a token-level or a
+        sequence-level (GSPO) importance ratio alike (sapo: sigmoid'(0) x 4 = 1), except cispo, whose factor is
+        min(1, epsilon_high). None where the weight depends on how TRL splits the batch (bnpo, top_entropy_quantile
+        < 1) or the loss is not of this form (vespo): departure 5."""
+        args, world = self.args, self.accelerator.num_processes
+        rows = args.per_device_train_batch_size * args.gradient_accumulation_steps * world  # rows per optimizer step
+        if self.top_entropy_quantile < 1.0:
+            return None
+        if self.loss_type in ("dapo", "cispo"):  # TRL's token count spans the generation batch, rescaled per step
+            tokens = args.gradient_accumulation_steps * max(float(kept.sum()), 1.0) / args.steps_per_generation
+            step = step_sizes(kept, "token-mean", lr=lr, num_tokens=tokens)
+            return step if self.loss_type == "dapo" else step * min(1.0, self.epsilon_high)
+        if self.loss_type in ("grpo", "sapo"):
+            return step_sizes(kept, "seq-mean-token-mean", lr=lr, num_seqs=rows)
+        if self.loss_type == "dr_grpo":
+            return step_sizes(kept, "seq-mean-token-sum-norm", lr=lr, num_seqs=rows, norm=self.max_completion_length)
+        if self.loss_type == "luspo":
+            return step_sizes(kept, "seq-mean-token-sum", lr=lr, num_seqs=rows)
+        return None
+
+    @torch.no_grad()
+    def _token_stats(self, out) -> TokenStats:
+        """TokenStats of the completion tokens under the current policy, (B, T) each, on the CPU (departure 2)."""
+        was_training = self.model.training
+        self.model.eval()  # no dropout in the statistics
+        try:
+            return batch_stats(self.model, rollout_of(out), self.temperature, self.args.per_device_train_batch_size)
+        finally:
+            self.model.train(was_training)
+
+    def _gather(self, stats: TokenStats, advantages, loss_mask) -> tuple[TokenStats, torch.Tensor, torch.Tensor]:
+        """(stats, advantages, loss mask) of every process's generation batch, rows in process order, each padded to
+        the widest process's completions: [world * B, T]."""
+        device = loss_mask.device
+        local = [stats.logp, stats.entropy, stats.s_star, stats.s_expect, loss_mask.float().cpu()]
+        padded = [self.accelerator.pad_across_processes(t.to(device), dim=1) for t in local]
+        logp, entropy, s_star, s_expect, mask = (self.accelerator.gather(t).float() for t in padded)
+        adv = self.accelerator.gather(advantages.float())
+        return TokenStats(logp, entropy, s_star, s_expect), adv, mask.bool()
+
+    def _whole_batch_filter(self, every: TokenStats, adv, mask):
+        """(keep, metrics): the method's bool keep mask over every process's generation batch, and its metrics."""
+        keep, metrics = self.entropy_method.apply(every, adv, mask, **self.method_options)
+        return keep, {
+            **{k: float(v) for k, v in metrics.items()},
+            "entropy_kept": masked_mean(every.entropy, keep & mask),  # over the tokens the filter keeps
+            "kept_frac": masked_mean(keep & mask, mask),
+        }

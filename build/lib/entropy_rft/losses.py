@@ -1,0 +1,328 @@
+"""Policy losses, regularisers and loss aggregation.
+
+- ppo_clip_loss: the clipped surrogate of GRPO/PPO (paper eq. 1) with asymmetric clipping (eps_low,
+  eps_high; DAPO's clip-higher is eps_high = 0.28) and dual clip for negative advantages (constant c).
+  In strict on-policy training the ratio is 1 and no clipping is active (Section 2).
+- kl_penalty: the k3 ("low-variance") estimator of KL(pi || pi_ref).
+- aggregate: the loss aggregation modes token-mean, seq-mean-token-mean, seq-mean-token-sum and
+  seq-mean-token-sum-norm.
+- token_weights, step_sizes: the per-token step-size rule of each aggregation (and of GSPO's sequence-level ratio):
+  how far one optimizer step of plain gradient descent moves each token's log p, the alpha of Theorem 2 (eq. 10).
+  The metrics (entropy_change/*), the token samples, the inspect page and the TRL adapter all take it from here.
+
+All functions take tensors [B, T] and a bool/0-1 loss mask [B, T]; they return (loss, metrics) where metrics
+are 0-dim tensors (no host sync inside loss math). Tokens removed by a method's filter are simply absent from
+the mask, so they leave both the numerator and the token-mean denominator (the authors' Clip_B/Clip_V code
+edits the response mask the same way).
+
+Denominators are explicit: for gradient accumulation over micro-batches, pass num_tokens / num_seqs of the
+whole mini-batch and the sum of the micro-batch losses equals the full-batch loss (tested).
+
+Departures, numbered, from verl 0.9.1 (compute_policy_loss_vanilla and agg_loss, checked against
+tests/fixtures/verl_policy_losses.json):
+1. The token-mean denominator is num_tokens exactly (verl adds no epsilon either when the count is global);
+   the per-sequence mean of seq-mean-token-mean divides by (count + 1e-8), as verl does.
+2. Metrics also report the high and low clip fractions separately (clipfrac_high for A > 0 and ratio above
+   1 + eps_high, clipfrac_low for A < 0 and ratio below 1 - eps_low).
+3. Clip-Cov and KL-Cov (Cui et al. 2025; verl compute_policy_loss_clip_cov / _kl_cov, parity-tested on verl's
+   cases): the token selection is a separate function run once per training batch over all its tokens, with the
+   behaviour policy's log-probs, from a seeded torch.Generator. verl selects inside the loss, per micro-batch,
+   with the current log-probs (so the selection changes with the micro-batch size, verl #7829). For a single
+   on-policy update the two log-probs are equal and no token is PPO-clipped, so Clip-Cov's exclusion of
+   clipped tokens is empty in both.
+4. GSPO matches verl's compute_policy_loss_gspo (sequence ratio from the length-normalised log-ratio, clamped
+   at 10 in log space, no dual clip); the default clip range is the GSPO paper's (3e-4, 4e-4).
+5. seq-mean-token-sum-norm (Dr. GRPO) needs its constant norm passed (the trainer passes max_new_tokens); verl
+   defaults it to the response tensor's width, which is the budget there only because verl pads every batch to
+   max_response_length. Here batches are padded to their longest response, so that default would make the loss
+   depend on the batch.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+from .advantages import broadcast_advantages
+
+__all__ = ["AGG_MODES", "aggregate", "masked_mean", "ppo_clip_loss", "kl_penalty", "token_weights", "step_sizes",
+           "token_ratio", "sequence_ratio"]
+
+AggMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
+AGG_MODES: tuple[str, ...] = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
+
+
+def masked_mean(x: Tensor, mask: Tensor) -> Tensor:
+    """Mean of x over mask with denominator sum(mask) + 1e-8 (verl's masked_mean)."""
+    m = mask.to(x.dtype)
+    return (x * m).sum() / (m.sum() + 1e-8)
+
+
+def aggregate(
+    loss_mat: Tensor,
+    mask: Tensor,
+    mode: AggMode = "token-mean",
+    *,
+    num_tokens: Tensor | float | None = None,
+    num_seqs: Tensor | float | None = None,
+    norm: float | None = None,
+) -> Tensor:
+    """Reduce a per-token loss [B, T] to a scalar.
+
+    token-mean: sum over valid tokens / num_tokens (default: valid tokens here).
+    seq-mean-token-mean: mean over sequences of each sequence's token mean.
+    seq-mean-token-sum: mean over sequences of each sequence's token sum.
+    seq-mean-token-sum-norm: as seq-mean-token-sum with each sum divided by the constant norm, Dr. GRPO
+    (required: the generation budget, max_new_tokens, as verl's loss_scale_factor and TRL's
+    max_completion_length; the batch's padded width T would change the loss with the longest response).
+    Sequence means divide by num_seqs (default: sequences with at least one valid token here).
+    """
+    for name, count in (("num_tokens", num_tokens), ("num_seqs", num_seqs)):
+        if count is not None and not isinstance(count, Tensor) and not count > 0:
+            raise ValueError(f"{name} is a loss denominator (a count of tokens or sequences): it must be > 0, got "
+                             f"{count}; clamp the count to >= 1 (a batch with no loss token has a zero loss)")
+    m = mask.to(loss_mat.dtype)
+    if mode == "token-mean":
+        denom = m.sum() if num_tokens is None else num_tokens
+        return (loss_mat * m).sum() / denom
+    if mode == "seq-mean-token-mean":
+        per_seq = (loss_mat * m).sum(-1) / (m.sum(-1) + 1e-8)
+    elif mode == "seq-mean-token-sum":
+        per_seq = (loss_mat * m).sum(-1)
+    elif mode == "seq-mean-token-sum-norm":
+        if norm is None:
+            raise ValueError("loss aggregation 'seq-mean-token-sum-norm' (Dr. GRPO) divides each sequence's sum by a "
+                             "constant: pass norm= the generation budget (max_new_tokens), not the padded width")
+        per_seq = (loss_mat * m).sum(-1) / norm
+    else:
+        raise ValueError(f"unknown loss aggregation {mode!r}; choose one of {', '.join(AGG_MODES)}")
+    has_tokens = (m.sum(-1) > 0).to(loss_mat.dtype)
+    denom = has_tokens.sum() if num_seqs is None else num_seqs
+    return (per_seq * has_tokens).sum() / denom
+
+
+def token_weights(mask: Tensor, mode: AggMode = "token-mean", *, num_tokens: Tensor | float | None = None,
+                  num_seqs: Tensor | float | None = None, norm: float | None = None) -> Tensor | float:
+    """Each token's weight w_t in `aggregate(loss_mat, mask, mode, ...)`: d loss / d loss_mat[b, t].
+
+    token-mean: 1 / num_tokens, the same for every token, returned as a float; the other modes (B, T) float64,
+    0 off the mask: seq-mean-token-mean 1 / (num_seqs (|o_b| + 1e-8)), seq-mean-token-sum 1 / num_seqs,
+    seq-mean-token-sum-norm 1 / (num_seqs norm). Defaults of num_tokens and num_seqs as in aggregate."""
+    m = mask.to(torch.float64)
+    if mode == "token-mean":
+        return 1.0 / float(m.sum() if num_tokens is None else num_tokens)
+    has_tokens = (m.sum(-1, keepdim=True) > 0).to(torch.float64)
+    seqs = float(has_tokens.sum() if num_seqs is None else num_seqs)
+    if mode == "seq-mean-token-mean":
+        per_token = 1.0 / (m.sum(-1, keepdim=True) + 1e-8)
+    elif mode == "seq-mean-token-sum":
+        per_token = torch.ones_like(has_tokens)
+    elif mode == "seq-mean-token-sum-norm":
+        if norm is None:
+            raise ValueError("loss aggregation 'seq-mean-token-sum-norm' (Dr. GRPO) needs norm= the generation budget")
+        per_token = torch.full_like(has_tokens, 1.0 / norm)
+    else:
+        raise ValueError(f"unknown loss aggregation {mode!r}; choose one of {', '.join(AGG_MODES)}")
+    return m * per_token * has_tokens / seqs
+
+
+def token_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor) -> Tensor:
+    """The token ratio r_t = exp(log p_t - old log p_t), (B, T): the factor the PPO-clip surrogate -A r_t puts on
+    d log p_t where it is not clipped. (mask is unused: the signature is sequence_ratio's.)"""
+    return (logp - old_logp).exp()
+
+
+def sequence_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor) -> Tensor:
+    """GSPO's sequence ratio s_b = exp(mean over the response's masked tokens of log r_t), broadcast to (B, T):
+    the factor its per-token loss -A s_b puts on d log p_t (gspo_loss's straight-through form)."""
+    m = mask.to(logp.dtype)
+    seq = ((logp - old_logp) * m).sum(-1) / m.sum(-1).clamp_min(1.0)
+    return seq.clamp(max=10.0).exp()[:, None].expand_as(logp)
+
+
+def step_sizes(mask: Tensor, mode: AggMode = "token-mean", *, lr: float, ratio: Tensor | None = None,
+               num_tokens: Tensor | float | None = None, num_seqs: Tensor | float | None = None,
+               norm: float | None = None) -> Tensor | float:
+    """alpha_t / A_t of Theorem 2 (eq. 10) for one gradient step of size lr on the aggregated surrogate -A r:
+    lr w_t r_t, so a token's log p moves (in logit space) by lr w_t r_t A_t. `ratio` is the factor the loss puts
+    on d log p_t: the token ratio r_t (PPO-clip, unclipped), GSPO's sequence ratio s_b (sequence_ratio); None
+    is ratio 1, the strict on-policy step. A float for token-mean without ratios (lr / num_tokens), else
+    (B, T) float64, 0 off the mask."""
+    if mode == "token-mean" and ratio is None:
+        return lr / float(mask.sum() if num_tokens is None else num_tokens)
+    w = token_weights(mask, mode, num_tokens=num_tokens, num_seqs=num_seqs, norm=norm)
+    if ratio is None:
+        return lr * w
+    return lr * w * ratio.detach().to(torch.float64) * mask.to(torch.float64)
+
+
+def ppo_clip_loss(
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    eps_low: float = 0.2,
+    eps_high: float = 0.2,
+    dual_clip_c: float | None = 3.0,
+    agg: AggMode = "token-mean",
+    num_tokens: Tensor | float | None = None,
+    num_seqs: Tensor | float | None = None,
+    norm: float | None = None,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """Clipped surrogate, eq. 1: -min(r A, clip(r, 1 - eps_low, 1 + eps_high) A), with dual clip: for A < 0
+    the per-token loss is at most -c A. advantages [B] or [B, T]; logp, old_logp, mask [B, T].
+
+    Metrics: clipfrac (tokens where the clipped term is the active one), clipfrac_high, clipfrac_low,
+    clipfrac_dual (tokens capped by the dual clip), ppo_kl (mean of old_logp - logp), ratio_mean.
+    """
+    if dual_clip_c is not None and dual_clip_c <= 1.0:
+        raise ValueError(f"dual_clip_c must be > 1 (or None to disable), got {dual_clip_c}")
+    adv = broadcast_advantages(advantages, logp)
+    log_ratio = (logp - old_logp).clamp(-20.0, 20.0)
+    ratio = log_ratio.exp()
+    unclipped = -adv * ratio
+    clipped = -adv * ratio.clamp(1.0 - eps_low, 1.0 + eps_high)
+    loss_mat = torch.maximum(unclipped, clipped)
+    dual = torch.zeros_like(loss_mat, dtype=torch.bool)
+    if dual_clip_c is not None:
+        cap = -adv * dual_clip_c
+        dual = (adv < 0) & (loss_mat > cap)
+        loss_mat = torch.where(adv < 0, torch.minimum(loss_mat, cap), loss_mat)
+    loss = aggregate(loss_mat, mask, agg, num_tokens=num_tokens, num_seqs=num_seqs, norm=norm)
+    with torch.no_grad():
+        metrics = {
+            "clipfrac": masked_mean((clipped > unclipped).float(), mask),
+            "clipfrac_high": masked_mean(((adv > 0) & (ratio > 1.0 + eps_high)).float(), mask),
+            "clipfrac_low": masked_mean(((adv < 0) & (ratio < 1.0 - eps_low)).float(), mask),
+            "clipfrac_dual": masked_mean(dual.float(), mask),
+            "ppo_kl": masked_mean(-log_ratio, mask),
+            "ratio_mean": masked_mean(ratio, mask),
+        }
+    return loss, metrics
+
+
+def kl_penalty(logp: Tensor, ref_logp: Tensor, *, kind: Literal["k1", "k3"] = "k3") -> Tensor:
+    """Per-token KL(pi || pi_ref) estimate from sampled-token log-probs. k3 (Schulman's low-variance estimator,
+    verl's low_var_kl): exp(ref - logp) - (ref - logp) - 1, clamped to [-10, 10]; k1: logp - ref."""
+    if kind == "k1":
+        return logp - ref_logp
+    if kind == "k3":
+        d = (ref_logp - logp).clamp(-20.0, 20.0)
+        return (d.exp() - d - 1.0).clamp(-10.0, 10.0)
+    raise ValueError(f"unknown KL estimator {kind!r}; choose k1 or k3")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Baselines' policy losses: GSPO (Zheng et al. 2025), Clip-Cov and KL-Cov (Cui et al. 2025).
+# Token selections are separate functions over the whole batch; the losses take the selection as input, so
+# splitting a batch into micro-batches never changes which tokens are selected (verl selects per micro-batch).
+
+
+def token_covariance(advantages: Tensor, logp: Tensor, mask: Tensor) -> Tensor:
+    """Per-token centred cross product (A - mean A)(log p - mean log p), means over valid tokens; 0 at pads.
+    Cui et al. 2025's per-token covariance term, the quantity Clip-Cov and KL-Cov select by."""
+    adv = broadcast_advantages(advantages, logp)
+    m = mask.bool()
+    a, lp = adv.detach().float(), logp.detach().float()
+    cov = (a - a[m].mean()) * (lp - lp[m].mean())
+    return torch.where(m, cov, torch.zeros_like(cov))
+
+
+def select_kl_cov(advantages: Tensor, logp: Tensor, mask: Tensor, *, ratio: float = 2e-4) -> Tensor:
+    """KL-Cov's selection: the k = max(1, int(ratio * n_valid)) valid tokens with the largest covariance.
+    `ratio` is a fraction (verl's kl_cov_ratio, default 2e-4); the authors' PRIME code calls the same quantity
+    k_percent and gives it in percent (0.2 there = 0.002 here)."""
+    cov = token_covariance(advantages, logp, mask)
+    m = mask.bool()
+    k = max(1, int(int(m.sum()) * ratio))
+    ranked = torch.where(m, cov, torch.full_like(cov, -torch.inf)).flatten()
+    selected = torch.zeros(ranked.shape[0], dtype=torch.bool, device=cov.device)
+    selected[torch.topk(ranked, k).indices] = True
+    return selected.view_as(m) & m
+
+
+def select_clip_cov(advantages: Tensor, logp: Tensor, mask: Tensor, *, ratio: float = 2e-4, lb: float = 1.0,
+                    ub: float = 5.0, exclude: Tensor | None = None, generator: torch.Generator | None = None) -> Tensor:
+    """Clip-Cov's selection: among valid tokens not in `exclude` (verl: tokens the PPO clip already clipped)
+    with lb < cov < ub, a random subset of min(max(int(ratio * n_valid), 1), #candidates) tokens, drawn with
+    torch.randperm from `generator`. Defaults are verl's (clip_cov_ratio 2e-4, lb 1, ub 5)."""
+    cov = token_covariance(advantages, logp, mask)
+    m = mask.bool()
+    candidates = m & (cov > lb) & (cov < ub)
+    if exclude is not None:
+        candidates = candidates & ~exclude.bool()
+    clip_num = max(int(ratio * int(m.sum())), 1)
+    idx = candidates.flatten().nonzero().squeeze(-1)
+    take = idx[torch.randperm(idx.numel(), generator=generator, device=idx.device)[: min(clip_num, idx.numel())]]
+    selected = torch.zeros(m.numel(), dtype=torch.bool, device=m.device)
+    selected[take] = True
+    return selected.view_as(m)
+
+
+def kl_cov_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, *, selected: Tensor,
+                kl_coef: float = 1.0, agg: AggMode = "token-mean", num_tokens=None, num_seqs=None, norm=None
+                ) -> tuple[Tensor, dict[str, Tensor]]:
+    """KL-Cov: the unclipped surrogate -A r, plus kl_coef |log r| on the selected tokens (no ratio clipping)."""
+    adv = broadcast_advantages(advantages, logp)
+    log_ratio = logp - old_logp
+    loss_mat = -adv * log_ratio.exp() + torch.where(selected, kl_coef * log_ratio.abs(), torch.zeros_like(log_ratio))
+    loss = aggregate(loss_mat, mask, agg, num_tokens=num_tokens, num_seqs=num_seqs, norm=norm)
+    with torch.no_grad():
+        metrics = {"ppo_kl": masked_mean(log_ratio.abs(), mask), "cov_selected_frac": masked_mean(selected.float(), mask)}
+    return loss, metrics
+
+
+def clip_cov_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, *, selected: Tensor,
+                  eps_low: float = 0.2, eps_high: float = 0.2, agg: AggMode = "token-mean", num_tokens=None,
+                  num_seqs=None, norm=None) -> tuple[Tensor, dict[str, Tensor]]:
+    """Clip-Cov: the PPO-clipped surrogate (no dual clip), with the loss of the selected tokens set to 0."""
+    adv = broadcast_advantages(advantages, logp)
+    log_ratio = (logp - old_logp).clamp(-20.0, 20.0)
+    ratio = log_ratio.exp()
+    loss_mat = torch.maximum(-adv * ratio, -adv * ratio.clamp(1.0 - eps_low, 1.0 + eps_high))
+    loss_mat = loss_mat * (~selected).to(loss_mat.dtype)
+    loss = aggregate(loss_mat, mask, agg, num_tokens=num_tokens, num_seqs=num_seqs, norm=norm)
+    with torch.no_grad():
+        metrics = {"clipfrac": masked_mean(selected.float(), mask), "ppo_kl": masked_mean(-log_ratio, mask)}
+    return loss, metrics
+
+
+def gspo_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, *, eps_low: float = 3e-4,
+              eps_high: float = 4e-4, agg: AggMode = "seq-mean-token-mean", num_tokens=None, num_seqs=None, norm=None
+              ) -> tuple[Tensor, dict[str, Tensor]]:
+    """GSPO (Zheng et al. 2025): the sequence-level ratio s = exp(mean_t log r_t) (length-normalised), clipped
+    at the sequence level; per token exp(log p - sg(log p) + sg(log s)) carries the gradient. Defaults are the
+    GSPO paper's clip range (3e-4, 4e-4)."""
+    adv = broadcast_advantages(advantages, logp)
+    m = mask.to(logp.dtype)
+    log_ratio = logp - old_logp
+    seq_log_ratio = (log_ratio * m).sum(-1) / m.sum(-1).clamp_min(1.0)
+    log_s = (logp - logp.detach() + seq_log_ratio.detach().unsqueeze(-1)).clamp(max=10.0)
+    s = log_s.exp()
+    unclipped, clipped = -adv * s, -adv * s.clamp(1.0 - eps_low, 1.0 + eps_high)
+    loss = aggregate(torch.maximum(unclipped, clipped), mask, agg, num_tokens=num_tokens, num_seqs=num_seqs, norm=norm)
+    with torch.no_grad():
+        metrics = {"clipfrac": masked_mean((clipped > unclipped).float(), mask), "ppo_kl": masked_mean(-log_ratio, mask)}
+    return loss, metrics
+
+
+def value_loss(values: Tensor, old_values: Tensor, returns: Tensor, mask: Tensor, *, clip_range: float | None = 0.5,
+               agg: AggMode = "token-mean", num_tokens=None, num_seqs=None, norm=None) -> tuple[Tensor, dict[str, Tensor]]:
+    """PPO's clipped value loss (verl compute_value_loss): 0.5 * agg(max((v - R)^2, (clip(v, v_old +- c) - R)^2)).
+    clip_range None disables clipping (verl's default clip is 0.5)."""
+    unclipped = (values - returns) ** 2
+    if clip_range is None:
+        per_token = unclipped
+        clipfrac = torch.zeros((), device=values.device)
+    else:
+        clipped = (old_values + (values - old_values).clamp(-clip_range, clip_range) - returns) ** 2
+        per_token = torch.maximum(unclipped, clipped)
+        with torch.no_grad():
+            clipfrac = masked_mean((clipped > unclipped).float(), mask)
+    loss = 0.5 * aggregate(per_token, mask, agg, num_tokens=num_tokens, num_seqs=num_seqs, norm=norm)
+    with torch.no_grad():
+        metrics = {"vf_clipfrac": clipfrac, "value_mean": masked_mean(values.detach(), mask)}
+    return loss, metrics

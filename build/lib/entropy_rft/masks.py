@@ -1,0 +1,255 @@
+"""Token filters: which tokens of a batch keep their gradient.
+
+Every filter has one signature: `fn(score, advantages, mask, **options) -> (keep, metrics)` where score is the
+per-token statistic it reads ([B, T]: S* for Clip_B and the S-sign filters, S_c for Clip_V), advantages are [B]
+or [B, T], mask and keep are bool [B, T] (keep is False at padded positions) and metrics is a dict of floats.
+Masked tokens leave the loss and its token-mean denominator (the trainer multiplies the loss mask by keep).
+
+Implements:
+- clip_b: Algorithm 1 (Clip_B), eq. 15: keep tokens with -mu_minus sigma <= S* - mean(S*) <= mu_plus sigma.
+- clip_v: Algorithm 2 (Clip_V), eq. 16: keep tokens with -mu_minus sigma' <= S_c <= mu_plus sigma'.
+- s_sign: the selective updates of Figure 1 (retain only, or mask, tokens with S* > 0 or S* < 0 in positive or
+  negative samples).
+- top_entropy: forking tokens (Wang et al. 2025), the highest-entropy 20% of the batch's tokens.
+Statistics (mean, std) are always taken over all valid tokens of the whole batch passed in, never per
+micro-batch.
+
+Departures, numbered, from the paper and from the authors' code (Trinity-RFT 0.6.0, ClipBAdvantageFn and
+ClipVAdvantageFn, reproduced exactly by the defaults; tests/fixtures/clip_b.json and clip_v.json):
+1. Defaults follow the authors' code, not eq. 15/16 as printed: one-sided (mu_plus = inf, only the lower tail
+   is clipped) and applied to negative-advantage tokens only (side="negative"), the setting of the paper's
+   Section 5.3. Pass mu_plus and side="all" for the two-sided form of eq. 15/16.
+2. Clip_V, as the authors' code, does not centre S_c by its batch mean (Corollary 2 says it is about 0), and
+   also filters zero-advantage tokens (clip_zero_advantage=True), which Clip_B does not.
+3. Clip_V caps the clipped count as the authors' code does (max_frac): when more than max_frac of the tokens
+   violate, only the k = max(int(max_frac n), 1) violators with non-zero advantage and the largest |S_c| are
+   clipped, plus every zero-advantage violator. The cap is therefore not a hard global cap.
+4. Std is the population std over valid tokens; if it is below 1e-12 every token is kept. mu = 0 is accepted,
+   as in the authors' code: every token on the filtered side below the mean (Clip_B) or below 0 (Clip_V) is
+   clipped. A non-finite score at a valid token raises (a NaN compares false, so it would keep every token).
+6. top_entropy (forking tokens) keeps exactly round(frac n) tokens by torch.topk; TRL's top_entropy_quantile
+   keeps the tokens at or above the quantile, which can keep more on ties.
+5. The metrics frac_clipped_pos / _neg follow the authors' definition 1 - kept / max(total, 1), which reads 1.0
+   when a batch has no positive (negative) token. `clipped_fractions` gives the same fractions with 0.0 for an
+   empty side; the trainer logs those. frac_clipped over a mask with no valid token is 0.0 (none was clipped), where
+   the authors' formula reads 1.0.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+from .advantages import broadcast_advantages
+
+Side = Literal["negative", "positive", "all"]
+
+__all__ = ["clip_b", "clip_v", "s_sign", "top_entropy", "clipped_fractions", "broadcast_advantages"]
+
+_STD_FLOOR = 1e-12
+
+
+def _check(score: Tensor, mask: Tensor, **mus: float | None) -> None:
+    """Shapes match; every threshold is a number >= 0 (0 clips every token below the mean on the filtered side);
+    the score is finite at every valid token (a NaN would fail every comparison and so keep every token)."""
+    if score.shape != mask.shape:
+        raise ValueError(f"score {tuple(score.shape)} and mask {tuple(mask.shape)} must have the same shape [B, T]")
+    for name, value in mus.items():
+        if value is not None and not value >= 0:  # also rejects NaN
+            raise ValueError(f"{name} must be >= 0 (a multiple of the batch std), got {value}; "
+                             "the paper uses mu = 2.5 for Clip_B and 8.5 for Clip_V")
+    bad = mask.bool() & ~torch.isfinite(score)
+    if bad.any():
+        where = bad.nonzero().tolist()
+        shown = ", ".join(f"({b}, {t})" for b, t in where[:8]) + (", ..." if len(where) > 8 else "")
+        raise ValueError(f"the filter's score is not finite at {len(where)} valid token(s), (row, position): {shown}; "
+                         "S* and S_c are finite for finite logits, so check the policy's logits (NaN or inf from "
+                         "an overflow, a bad checkpoint or a -inf logit mask)")
+
+
+def _side_mask(adv: Tensor, side: Side, zero: bool) -> Tensor:
+    if side == "negative":
+        return adv <= 0 if zero else adv < 0
+    if side == "positive":  # A = 0 counts as negative (clip_zero_advantage), never as positive
+        return adv > 0
+    if side == "all":
+        return torch.ones_like(adv, dtype=torch.bool)
+    raise ValueError(f"side must be 'negative', 'positive' or 'all', got {side!r}")
+
+
+def _masked_mean_std(x: Tensor, m: Tensor) -> tuple[Tensor, Tensor]:
+    """Batch mean and population std of x over m (float32 0/1), the authors' float32 formulas."""
+    x = torch.where(m > 0, x, 0.0)  # a NaN at a padded position must not reach the sums
+    n = m.sum().clamp_min(1.0)
+    mean = (x * m).sum() / n
+    var = ((x - mean) ** 2 * m).sum() / n
+    return mean, var.sqrt()
+
+
+def clipped_fractions(mask: Tensor, keep: Tensor, advantages: Tensor, *, empty: float = 0.0) -> dict[str, float]:
+    """Fractions of valid tokens removed by a filter: overall, in positive (A > 0) and negative (A < 0) samples.
+
+    `empty` is the value reported for a side with no tokens, and overall for an empty mask (the authors' code
+    reports 1.0).
+    """
+    adv = broadcast_advantages(advantages, mask)
+    m = mask.bool()
+    kept = keep.bool() & m
+
+    def frac(sel: Tensor) -> float:
+        total = int((m & sel).sum())
+        if total == 0:
+            return empty
+        return 1.0 - int((kept & sel).sum()) / total
+
+    n = int(m.sum())
+    return {
+        "frac_clipped": 1.0 - int(kept.sum()) / n if n else empty,  # no valid token: none was clipped
+        "frac_clipped_pos": frac(adv > 0),
+        "frac_clipped_neg": frac(adv < 0),
+    }
+
+
+def _reference_fractions(mask: Tensor, keep: Tensor, adv: Tensor) -> dict[str, float]:
+    """The authors' float32 metric formulas (departure 5), kept bit-for-bit for parity."""
+    m = mask.to(torch.float32)
+    new = m * keep.to(torch.float32)
+    n = m.sum().clamp_min(1.0)
+    pos, neg = (adv > 0).to(torch.float32), (adv < 0).to(torch.float32)
+    return {
+        "frac_clipped": float(1.0 - new.sum() / n) if m.any() else 0.0,  # no valid token: none was clipped (dep. 5)
+        "frac_clipped_pos": float(1.0 - (new * pos).sum() / (m * pos).sum().clamp_min(1.0)),
+        "frac_clipped_neg": float(1.0 - (new * neg).sum() / (m * neg).sum().clamp_min(1.0)),
+    }
+
+
+def clip_b(
+    s_star: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    mu: float = 2.5,
+    mu_minus: float | None = None,
+    mu_plus: float | None = None,
+    side: Side = "negative",
+) -> tuple[Tensor, dict[str, float]]:
+    """Clip_B, Algorithm 1 / eq. 15: batch-normalised entropy-discriminator clipping.
+
+    A token on the filtered side is clipped when S* - mean_B(S*) < -mu_minus * std_B(S*) (mu_minus defaults to
+    mu) or, if mu_plus is given, when S* - mean_B(S*) > mu_plus * std_B(S*). side picks the tokens the filter
+    applies to by the sign of their advantage: "negative" (A < 0, the authors' default), "positive" (A > 0) or
+    "all". Metrics: frac_clipped, frac_clipped_pos, frac_clipped_neg (authors' definitions), ES, varS.
+    """
+    _check(s_star, mask, mu=mu, mu_minus=mu_minus, mu_plus=mu_plus)
+    adv = broadcast_advantages(advantages, mask)
+    m = mask.to(torch.float32)
+    s = s_star.float()
+    mean, std = _masked_mean_std(s, m)
+    lower = -(mu if mu_minus is None else mu_minus) * std
+    outlier = (s - mean) < lower
+    if mu_plus is not None:
+        outlier = outlier | ((s - mean) > mu_plus * std)
+    clipped = outlier & _side_mask(adv, side, zero=False) & (std >= _STD_FLOOR)
+    keep = mask.bool() & ~clipped
+    metrics = _reference_fractions(mask, keep, adv)
+    metrics.update(ES=float(mean), varS=float(std * std))
+    return keep, metrics
+
+
+def clip_v(
+    s_centered: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    mu: float = 8.5,
+    max_frac: float | None = 1e-4,
+    mu_minus: float | None = None,
+    mu_plus: float | None = None,
+    side: Side = "negative",
+    clip_zero_advantage: bool = True,
+) -> tuple[Tensor, dict[str, float]]:
+    """Clip_V, Algorithm 2 / eq. 16: vocabulary-normalised entropy-discriminator clipping.
+
+    A token on the filtered side is a violator when S_c < -mu_minus * std_B(S_c) (mu_minus defaults to mu) or,
+    if mu_plus is given, S_c > mu_plus * std_B(S_c). With clip_zero_advantage, tokens with A = 0 count as on
+    the negative side, as in the authors' code. max_frac caps the clipped count (module docstring, departure
+    3); None clips every violator. Metrics: frac_clipped, frac_clipped_pos, frac_clipped_neg, stdD.
+    """
+    _check(s_centered, mask, mu=mu, mu_minus=mu_minus, mu_plus=mu_plus)
+    if max_frac is not None and not 0 < max_frac <= 1:
+        raise ValueError(f"max_frac must be in (0, 1] or None, got {max_frac}; the paper uses 1e-4")
+    adv = broadcast_advantages(advantages, mask)
+    valid = mask.bool()
+    m = valid.to(torch.float32)
+    d = -s_centered.float()  # D = E_p[S] - S*, the authors' variable
+    _, std = _masked_mean_std(d, m)
+    violator = d > (mu if mu_minus is None else mu_minus) * std
+    if mu_plus is not None:
+        violator = violator | (-d > mu_plus * std)
+    violator = violator & valid & _side_mask(adv, side, zero=clip_zero_advantage)
+    if float(std) < _STD_FLOOR:
+        violator = torch.zeros_like(violator)
+    n = max(int(valid.sum()), 1)
+    n_violators = int(violator.sum())
+    clipped = violator
+    if max_frac is not None and n_violators / n > max_frac:
+        k = max(int(max_frac * n), 1)
+        signed = violator & (adv != 0)
+        if int(signed.sum()) > k:
+            rank = torch.where(signed, d.abs(), torch.full_like(d, -math.inf)).flatten()
+            top = torch.zeros(rank.shape[0], dtype=torch.bool, device=rank.device)
+            top[torch.topk(rank, k).indices] = True
+            clipped = top.view_as(violator) | (violator & (adv == 0))
+    keep = valid & ~clipped
+    metrics = _reference_fractions(mask, keep, adv)
+    metrics["stdD"] = float(std)
+    return keep, metrics
+
+
+def s_sign(
+    s_star: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    action: Literal["retain", "mask"] = "retain",
+    sign: Literal["positive", "negative"] = "positive",
+    samples: Literal["positive", "negative"] = "positive",
+) -> tuple[Tensor, dict[str, float]]:
+    """Figure 1's selective updates: the tokens with S* of the given sign in samples of the given advantage
+    sign are selected; action="retain" keeps only them (every other token is masked, so the step shows their
+    own entropy effect), action="mask" removes them and keeps all others.
+
+    Theorem 1 predicts sign(dH) = -sign(A) * sign(S*) for the selected tokens.
+    """
+    if s_star.shape != mask.shape:
+        raise ValueError(f"s_star {tuple(s_star.shape)} and mask {tuple(mask.shape)} must have the same shape")
+    if action not in ("retain", "mask") or sign not in ("positive", "negative") or samples not in ("positive", "negative"):
+        raise ValueError(f"s_sign takes action in retain/mask, sign and samples in positive/negative; got "
+                         f"{action!r}, {sign!r}, {samples!r}")
+    adv = broadcast_advantages(advantages, mask)
+    in_samples = adv > 0 if samples == "positive" else adv < 0
+    by_sign = s_star > 0 if sign == "positive" else s_star < 0
+    selected = in_samples & by_sign
+    keep = mask.bool() & (selected if action == "retain" else ~selected)
+    return keep, clipped_fractions(mask, keep, adv)
+
+
+def top_entropy(entropy: Tensor, advantages: Tensor, mask: Tensor, *, frac: float = 0.2) -> tuple[Tensor, dict[str, float]]:
+    """Forking tokens (Wang et al. 2025, "Beyond the 80/20 rule"): keep the gradient of the k = max(1,
+    round(frac * n)) valid tokens of the batch with the highest entropy (frac 0.2 in the paper), whatever the
+    advantage sign. Ties at the threshold are broken by position (torch.topk), so the count is exact."""
+    if entropy.shape != mask.shape:
+        raise ValueError(f"entropy {tuple(entropy.shape)} and mask {tuple(mask.shape)} must have the same shape")
+    if not 0 < frac <= 1:
+        raise ValueError(f"frac must be in (0, 1], got {frac}; the forking-tokens paper keeps the top 0.2")
+    valid = mask.bool()
+    n = int(valid.sum())
+    keep = torch.zeros(valid.numel(), dtype=torch.bool, device=valid.device)
+    if n:
+        ranked = torch.where(valid, entropy.float(), torch.full_like(entropy, -math.inf, dtype=torch.float32)).flatten()
+        keep[torch.topk(ranked, max(1, round(frac * n))).indices] = True
+    keep = keep.view_as(valid) & valid
+    return keep, clipped_fractions(mask, keep, advantages)

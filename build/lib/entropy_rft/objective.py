@@ -1,0 +1,169 @@
+"""The objective an update minimises: a sum of named terms, each aggregated over its own tokens.
+
+    L = L_policy (eq. 1, or the method's policy loss)  +  kl_coef KL(pi || pi_ref)  +  vf_coef L_value
+        -  c H (entropy bonus)  +  alpha mean_{T_hi}(-r |A|) (EntroPIC)
+
+Which terms a run has is fixed at set-up (`Objective.of`): the KL term with a reference model (kl_coef > 0), the
+value term with a critic (GAE), the bonus with a fixed coefficient or the adaptive bonus, EntroPIC's term with its
+controller. The aggregation (cfg.loss_agg, with Dr. GRPO's constant norm) is bound once here; each term is a mean
+over one token set of the whole mini-batch (`TOKEN_SETS`), so the micro-batch losses sum to the mini-batch's.
+
+Each term says whether its gradient on a response with advantage exactly 0 vanishes
+(`vanishes_at_zero_advantage`): the policy terms linear in A and EntroPIC's -r|A| do, the KL, value and entropy
+terms do not. `Objective.vanishes_at_zero_advantage` is the rule that lets such rows run without a graph
+(forward.HeldForward's frozen rows): it is derived from the terms, so a term added here carries its own answer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from torch import Tensor
+
+from .control import entropic_adjustment
+from .dynamics import TokenStats
+from .losses import aggregate, kl_penalty, value_loss
+from .methods import POLICY_LOSSES, PolicyLoss
+
+# the token sets a term is a mean over: the step's loss tokens (the filter's, in the current Lopti phase), every
+# valid response token, EntroPIC's high-probability tokens among the loss tokens
+TOKEN_SETS = ("loss", "valid", "high")
+
+
+@dataclass
+class Micro:
+    """One micro-batch's inputs to the objective, on the model's device: the forward's statistics (and values), the
+    old log p (and values) its ratios are against, and the step's decisions for these rows."""
+
+    stats: TokenStats  # (b, R) each, log p and H with gradients
+    values: Tensor | None  # (b, R) the critic's, with gradients
+    old_logp: Tensor  # (b, R)
+    adv: Tensor  # (b,) or (b, R)
+    masks: dict[str, Tensor]  # token set -> (b, R) bool
+    old_values: Tensor | None = None
+    returns: Tensor | None = None
+    ref_logp: Tensor | None = None
+    selected: Tensor | None = None  # (b, R) Clip-Cov / KL-Cov's tokens
+    entropy_coef: float = 0.0
+    alpha: float = 0.0  # EntroPIC's
+
+
+@dataclass(frozen=True)
+class Term:
+    name: str
+    tokens: str  # the token set of its mean (TOKEN_SETS)
+    vanishes_at_zero_advantage: bool
+    fn: Callable  # (micro, Aggregation over its token set) -> (its value, metrics that are means over its tokens)
+    coef: Callable | None = None  # micro -> its coefficient in the objective (None: 1); a coefficient 0 skips it
+
+
+class Objective:
+    """The run's terms with the aggregation bound once. Called on a micro-batch it returns the total loss (each
+    term times its coefficient, summed in order), each term's value (without its coefficient: the policy loss, the
+    KL estimate, the value loss, the bonus's aggregated entropy, EntroPIC's mean of -r|A|), and each term's metrics
+    with the count of tokens they are means over (so that micro-batches combine into the mini-batch's means)."""
+
+    def __init__(self, terms: list[Term], *, agg: str, norm: float, denominator: str = "kept"):
+        self.terms, self.agg, self.norm, self.denominator = terms, agg, norm, denominator
+
+    @classmethod
+    def of(cls, cfg, *, kl: bool, value: bool, entropy_bonus: bool, entropic: bool,
+           extra: list[Term] = ()) -> "Objective":
+        spec = POLICY_LOSSES.get(cfg.policy_loss)
+        terms = [policy_term(spec, spec.kwargs(cfg))]
+        if kl:
+            terms.append(Term("kl", "loss", False, _kl, lambda mb: cfg.kl_coef))
+        if value:
+            terms.append(Term("value", "valid", False, lambda mb, agg: _value(mb, agg, cfg.value_clip),
+                              lambda mb: cfg.vf_coef))
+        if entropy_bonus:  # minus: the bonus raises entropy
+            terms.append(Term("entropy_bonus", "loss", False, _entropy_bonus, lambda mb: -mb.entropy_coef))
+        if entropic:
+            terms.append(Term("entropic", "high", True, _entropic, lambda mb: mb.alpha))
+        return cls(terms + list(extra), agg=cfg.loss_agg, norm=cfg.max_new_tokens, denominator=cfg.denominator)
+
+    @property
+    def names(self) -> list[str]:
+        return [t.name for t in self.terms]
+
+    @property
+    def vanishes_at_zero_advantage(self) -> bool:
+        """Whether every term's gradient is exactly 0 on a response whose advantage is 0."""
+        return all(t.vanishes_at_zero_advantage for t in self.terms)
+
+    def token_sets(self) -> set[str]:
+        return {t.tokens for t in self.terms}
+
+    def counts(self, masks: dict[str, Tensor], valid: Tensor, device) -> dict[str, tuple[Tensor, Tensor]]:
+        """(num_tokens, num_seqs) of each token set over the whole mini-batch: masks (n, R) of its rows. The loss
+        set's denominator is every valid token with denominator="all"."""
+        out = {}
+        for name in self.token_sets():
+            m = valid if name == "loss" and self.denominator == "all" else masks[name]
+            out[name] = (m.sum().clamp_min(1).to(device), (m.sum(-1) > 0).sum().clamp_min(1).to(device))
+        return out
+
+    def __call__(self, mb: Micro, counts: dict[str, tuple[Tensor, Tensor]]) -> tuple[Tensor, dict, dict]:
+        """(total, {term: value}, {metric: (mean over the term's tokens here, their count)})."""
+        total, values, metrics = None, {}, {}
+        for term in self.terms:
+            coef = term.coef(mb) if term.coef is not None else None
+            if coef == 0:  # a term switched off this step (the adaptive bonus at 0)
+                continue
+            num_tokens, num_seqs = counts[term.tokens]
+            value, m = term.fn(mb, Aggregation(self.agg, self.norm, mb.masks[term.tokens], num_tokens, num_seqs))
+            weighted = value if coef is None else coef * value
+            total = weighted if total is None else total + weighted
+            values[term.name] = value.detach()
+            n = float(mb.masks[term.tokens].sum())
+            metrics.update({k: (v, n) for k, v in m.items()})
+        return total, values, metrics
+
+
+@dataclass(frozen=True)
+class Aggregation:
+    """cfg.loss_agg over one token set of a micro-batch with the whole mini-batch's counts: agg(x) reduces a
+    per-token (b, R) loss; agg.keywords are the same arguments for the loss functions that aggregate themselves."""
+
+    mode: str
+    norm: float
+    mask: Tensor
+    num_tokens: Tensor
+    num_seqs: Tensor
+
+    def __call__(self, x: Tensor) -> Tensor:
+        return aggregate(x, self.mask, self.mode, num_tokens=self.num_tokens, num_seqs=self.num_seqs, norm=self.norm)
+
+    @property
+    def keywords(self) -> dict:
+        return {"agg": self.mode, "num_tokens": self.num_tokens, "num_seqs": self.num_seqs, "norm": self.norm}
+
+
+def policy_term(spec: PolicyLoss, kwargs: dict) -> Term:
+    """The method's policy loss (eq. 1's clipped surrogate, GSPO, Clip-Cov, KL-Cov) over the loss tokens."""
+
+    def fn(mb: Micro, agg: Aggregation) -> tuple[Tensor, dict]:
+        extra = {"selected": mb.selected} if mb.selected is not None else {}
+        return spec.fn(mb.stats.logp, mb.old_logp, mb.adv, agg.mask, **agg.keywords, **kwargs, **extra)
+
+    return Term("policy", "loss", spec.linear_in_advantage, fn)
+
+
+def _kl(mb: Micro, agg) -> tuple[Tensor, dict]:
+    return agg(kl_penalty(mb.stats.logp, mb.ref_logp)), {}
+
+
+def _value(mb: Micro, agg, clip: float | None) -> tuple[Tensor, dict]:
+    """PPO's clipped value loss on every valid token (the critic learns where the filter drops tokens too)."""
+    return value_loss(mb.values, mb.old_values, mb.returns, agg.mask, clip_range=clip, **agg.keywords)
+
+
+def _entropy_bonus(mb: Micro, agg) -> tuple[Tensor, dict]:
+    return agg(mb.stats.entropy), {}
+
+
+def _entropic(mb: Micro, agg) -> tuple[Tensor, dict]:
+    """EntroPIC's mean over T_hi of -r|A| (control.entropic_adjustment at alpha 1; alpha is the coefficient)."""
+    term, _ = entropic_adjustment(mb.stats.logp, mb.old_logp, mb.adv, agg.mask, alpha=1.0, **agg.keywords)
+    return term, {}

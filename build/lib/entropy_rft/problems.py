@@ -1,0 +1,113 @@
+"""A run's problems: the task's training and evaluation problems (shipped splits, math datasets, JSONL files),
+their seeded order, and each step's batch of scored responses (DAPO's dynamic sampling included)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from .config import TrainConfig
+from .data import load_math
+from .policy import BUILTIN_MODELS
+from .rollout import Rollout
+from .step import Scored
+from .tasks import MathTask
+
+SHIPPED_DATA = {"countdown": BUILTIN_MODELS["countdown-tiny"] / "data",  # task -> directory of train/eval.jsonl
+                "countdown5": BUILTIN_MODELS["countdown-tiny"] / "data" / "countdown5",
+                "countdown5_large": BUILTIN_MODELS["countdown-tiny"] / "data" / "countdown5_large"}
+
+
+def task_problems(cfg: TrainConfig, task, split: str) -> list:
+    """Training or evaluation problems: math dataset specs through entropy_rft.data, else task JSONL."""
+    if isinstance(task, MathTask):
+        spec = cfg.train_data if split == "train" else cfg.eval_data
+        if not spec:
+            raise ValueError(f"task {cfg.task!r} needs {split}_data: a dataset name (dapo_train, dapo500, aime24), "
+                             "name=path or a path")
+        return load_math(spec, data_dir=cfg.data_dir)[1]
+    return load_problems(default_data(cfg, split), task)
+
+
+def default_data(cfg: TrainConfig, split: str) -> Path:
+    given = cfg.train_data if split == "train" else cfg.eval_data
+    if given:
+        return Path(given)
+    if cfg.task in SHIPPED_DATA:  # the shipped splits, filtered with the shipped policy
+        return SHIPPED_DATA[cfg.task] / f"{split}.jsonl"
+    raise ValueError(f"no {split}_data given: task {cfg.task!r} has no shipped data; set train_data and eval_data")
+
+
+def load_problems(path: Path, task) -> list:
+    if not path.exists():
+        raise FileNotFoundError(f"no problem file at {path}")
+    problems = []
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        if line.strip():
+            try:
+                problems.append(task.parse_row(json.loads(line)))
+            except ValueError as err:
+                raise ValueError(f"{path}:{n}: {err}") from None
+    if not problems:
+        raise ValueError(f"{path} holds no problems")
+    return problems
+
+
+class ProblemSampler:
+    """Epochs over the training problems in a seeded random order."""
+
+    def __init__(self, problems: list, seed: int):
+        self.problems = problems
+        self.gen = torch.Generator().manual_seed(seed)
+        self.order: list[int] = []
+
+    def next(self, n: int) -> list:
+        out = []
+        while len(out) < n:
+            if not self.order:
+                self.order = torch.randperm(len(self.problems), generator=self.gen).tolist()
+            out.append(self.problems[self.order.pop()])
+        return out
+
+    def state(self) -> dict:
+        return {"gen": self.gen.get_state(), "order": list(self.order)}
+
+    def load(self, state: dict) -> None:
+        self.gen.set_state(state["gen"])
+        self.order = list(state["order"])
+
+
+def sample_batch(engine, task, sampler: ProblemSampler, cfg: TrainConfig, step: int) -> Scored:
+    """prompts_per_step groups of group_size responses with their rewards. With dynamic sampling (DAPO), groups
+    whose responses are all correct or all wrong are dropped and more prompts are sampled, for at most
+    max_sampling_rounds rounds; the batch may then hold fewer groups (never none: an all-uniform last round is
+    kept as it is, and its zero advantages make the update a no-op)."""
+    G = cfg.group_size
+    kept_problems, parts, rewards, correct = [], [], [], []
+    rounds = cfg.max_sampling_rounds if cfg.dynamic_sampling else 1
+    for rnd in range(rounds):
+        problems = sampler.next(cfg.prompts_per_step)
+        ro = engine.generate([task.prompt(p) for p in problems], n=G, temperature=cfg.temperature, top_p=cfg.top_p,
+                             max_new_tokens=cfg.max_new_tokens, seed=cfg.seed * 100003 + step + 7919 * rnd)
+        scored = task.score_batch(ro.texts, ro.finished.tolist(), [problems[j // G] for j in range(len(ro.texts))])
+        r = torch.tensor([x for x, _ in scored], dtype=torch.float32)
+        c = torch.tensor([y for _, y in scored])
+        for i, problem in enumerate(problems):
+            rows = slice(i * G, (i + 1) * G)
+            n_correct = int(c[rows].sum())
+            if cfg.dynamic_sampling and n_correct in (0, G):
+                continue
+            if len(kept_problems) < cfg.prompts_per_step:
+                kept_problems.append(problem)
+                parts.append(ro.select(rows))
+                rewards.append(r[rows])
+                correct.append(c[rows])
+        if len(kept_problems) >= cfg.prompts_per_step:
+            break
+    info = {"sampling/rounds": rnd + 1, "sampling/groups": len(kept_problems)}
+    if not kept_problems:
+        return Scored(problems, ro, r, c, info)
+    return Scored(kept_problems, Rollout.concat(parts, engine.tokenizer.pad_token_id), torch.cat(rewards),
+                  torch.cat(correct), info)

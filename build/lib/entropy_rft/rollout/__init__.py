@@ -1,0 +1,26 @@
+"""Generation engines, chosen by name through ENGINES: `hf` (transformers generate, CPU or GPU; the default) and
+`vllm` (optional extra, imported only when built). Every engine has `generate(...) -> Rollout`,
+`sync_weights()` (called after each optimizer step) and `close()`."""
+
+from ..registry import Registry
+from .batch import Rollout
+from .hf import HFEngine
+
+ENGINES: Registry = Registry("engine")
+
+
+@ENGINES.register("hf")
+def build_hf(model, tokenizer, cfg, model_path: str):
+    return HFEngine(model, tokenizer, chat_template=cfg.chat_template, decode=cfg.decode)
+
+
+@ENGINES.register("vllm")
+def build_vllm(model, tokenizer, cfg, model_path: str):
+    from .vllm import VLLMEngine
+
+    return VLLMEngine(model, tokenizer, model_path=model_path, chat_template=cfg.chat_template,
+                      gpu_memory=cfg.vllm_gpu_memory, dtype="bfloat16" if cfg.precision == "bf16" else "float32",
+                      seed=cfg.seed, llm_args=cfg.vllm_args)
+
+
+__all__ = ["ENGINES", "HFEngine", "Rollout"]

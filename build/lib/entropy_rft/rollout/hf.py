@@ -1,0 +1,131 @@
+"""Rollouts with a Hugging Face causal LM: sampling from exactly softmax(z / T) with top-p (the loop of
+rollout/sampling.py: each prompt prefilled once per group, finished rows dropped, no processor inherited from the
+model's generation_config; tokens after the prompt decoded by rollout/decode.py's step where it applies), up to
+max_new_tokens, stop at any EOS id.
+
+The response mask comes from generated lengths: a response runs up to and including its first EOS token, or
+to max_new_tokens when it has none (truncated). Positions after that are masked whatever token they hold; the
+pad token is never used to infer the mask.
+
+Prompts are left-padded so every response starts at the same column; the trainer's forward pass uses the same
+position ids as generation (cumulative sum of the attention mask).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from .batch import Rollout
+from .sampling import check_decode, position_ids, sample
+
+
+def response_mask_from_lengths(response_ids: Tensor, eos_token_id: int | list[int]) -> tuple[Tensor, Tensor]:
+    """(mask, finished): mask covers each response up to and including its first EOS (any of the given ids)."""
+    eos = torch.tensor([eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id))
+    is_eos = torch.isin(response_ids, eos.to(response_ids.device))
+    finished = is_eos.any(dim=1)
+    first = torch.where(finished, is_eos.int().argmax(dim=1) + 1, torch.full_like(finished, response_ids.shape[1], dtype=torch.long))
+    mask = torch.arange(response_ids.shape[1], device=response_ids.device).unsqueeze(0) < first.unsqueeze(1)
+    return mask, finished
+
+
+def eos_ids(model, tokenizer) -> list[int]:
+    """Every id that ends a response: the tokenizer's EOS and each one the model's generation_config lists
+    (Qwen2.5-Instruct's lists both <|im_end|> and <|endoftext|>)."""
+    ids = set() if tokenizer.eos_token_id is None else {int(tokenizer.eos_token_id)}
+    listed = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if listed is not None:
+        ids.update(int(i) for i in ([listed] if isinstance(listed, int) else listed))
+    if not ids:
+        raise ValueError("neither the tokenizer nor the model's generation_config names an EOS token; set "
+                         "tokenizer.eos_token (responses would never end)")
+    return sorted(ids)
+
+
+def render_prompts(tokenizer, prompts: list[str], chat_template: bool) -> list[str]:
+    """Prompt texts as the model reads them: each wrapped as one user turn of the tokenizer's chat template (with
+    the assistant turn opened) when chat_template is set, else unchanged."""
+    if not chat_template:
+        return list(prompts)
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError("chat_template=True but the tokenizer has no chat template; set chat_template: false "
+                         "for a base model without one")
+    return [tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True)
+            for p in prompts]
+
+
+class HFEngine:
+    """Generation with a transformers causal LM and its tokenizer."""
+
+    def __init__(self, model, tokenizer, *, batch_size: int = 512, chat_template: bool = False,
+                 progress: bool = False, decode: str = "auto"):
+        self.model = model
+        self.decode = check_decode(decode)
+        self.tokenizer = tokenizer
+        self.batch_size = batch_size
+        self.chat_template = chat_template
+        self.progress = progress
+        if tokenizer.pad_token_id is None:
+            raise ValueError("the tokenizer has no pad token; set tokenizer.pad_token (e.g. to the EOS token) first")
+        self.eos_ids = eos_ids(model, tokenizer)
+        self.eos_id = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else self.eos_ids[0]
+
+    def sync_weights(self) -> None:
+        """Nothing to do: HF generation samples from the trained model itself (the vLLM engine copies weights)."""
+
+    def close(self) -> None:
+        """Nothing to release: the model belongs to the caller."""
+
+    def encode_prompts(self, prompts: list[str]) -> tuple[Tensor, Tensor]:
+        self.tokenizer.padding_side = "left"
+        texts = render_prompts(self.tokenizer, prompts, self.chat_template)
+        enc = self.tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+        return enc["input_ids"], enc["attention_mask"].bool()
+
+    @torch.no_grad()
+    def generate(self, prompts: list[str], *, n: int = 1, temperature: float = 1.0, top_p: float = 1.0,
+                 max_new_tokens: int = 32, seed: int | None = None) -> Rollout:
+        """n samples of each prompt, grouped: rows [i * n, (i + 1) * n) belong to prompts[i]. sampler_logp holds
+        each token's log-probability under the distribution it was drawn from (softmax(z / T) on the nucleus)."""
+        if temperature <= 0:
+            raise ValueError(f"temperature must be > 0 for sampling, got {temperature}")
+        if not 0 < top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+        device = self.model.device
+        generator = None
+        if seed is not None:
+            generator = torch.Generator(device=device).manual_seed(seed)
+        per_pass = max(1, self.batch_size // n)
+        parts = []
+        starts = range(0, len(prompts), per_pass)
+        if self.progress and len(starts) > 1:
+            from tqdm import tqdm
+
+            starts = tqdm(starts, desc="generate", unit="batch", leave=False)
+        for start in starts:  # sample() runs the model in eval mode: the rollouts come from the policy itself
+            ids, mask = self.encode_prompts(prompts[start : start + per_pass])
+            response_ids, sampler_logp = sample(
+                self.model, ids.to(device), mask.to(device), n=n, temperature=temperature, top_p=top_p,
+                max_new_tokens=max_new_tokens, eos_ids=self.eos_ids, pad_id=self.tokenizer.pad_token_id,
+                generator=generator, decode=self.decode,
+            )
+            response_ids, sampler_logp = response_ids.cpu(), sampler_logp.cpu()
+            response_mask, finished = response_mask_from_lengths(response_ids, self.eos_ids)
+            shown = (response_mask & ~torch.isin(response_ids, torch.tensor(self.eos_ids))).tolist()
+            texts = [self.tokenizer.decode([t for t, keep in zip(r, k) if keep], skip_special_tokens=False)
+                     for r, k in zip(response_ids.tolist(), shown)]
+            rows = torch.arange(ids.shape[0]).repeat_interleave(n)
+            parts.append(Rollout(ids[rows], mask[rows], response_ids, response_mask, finished, texts, sampler_logp))
+        return Rollout.concat(parts, self.tokenizer.pad_token_id)
+
+
+def sequence_forward(model, rollout: Rollout, *, hidden: bool = False) -> tuple[Tensor, Tensor | None]:
+    """Logits that predict each response token, (B, R, V), and optionally the last hidden states at the same
+    positions, (B, R, D): one forward pass over prompt + response with the position ids generation used."""
+    input_ids = rollout.input_ids().to(model.device)
+    attn = rollout.attention_mask().to(model.device)
+    out = model(input_ids=input_ids, attention_mask=attn.long(), position_ids=position_ids(attn),
+                output_hidden_states=hidden)
+    p = rollout.prompt_ids.shape[1]
+    return out.logits[:, p - 1 : -1], (out.hidden_states[-1][:, p - 1 : -1] if hidden else None)

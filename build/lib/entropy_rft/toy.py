@@ -1,0 +1,341 @@
+"""The shipped tiny policy for countdown: a character-level Qwen2 causal LM of about 0.8M parameters, warm-started
+by supervised training on synthetic solutions, and the pass-rate-filtered problem splits that go with it.
+
+`entropy-rft pretrain-toy --out DIR` rebuilds everything the package ships under assets/countdown-tiny:
+    config.json, model.safetensors, generation_config.json   the policy (save_pretrained format)
+    tokenizer.json, tokenizer_config.json                    a character-level tokenizers.WordLevel vocabulary
+    data/train.jsonl   RL training problems with the initial policy's pass rate at 16 samples, filtered as in
+                       the paper (Section 5.1): drop problems solved in >= 15/16 or <= 1/16 of the samples
+    data/eval.jsonl    the held-out evaluation split (unfiltered, disjoint from train and warm-up problems)
+    data/countdown5/   the harder setting (task `countdown5`): five numbers instead of three, which the policy never
+                       saw in its warm-up; train.jsonl filtered the same way with the same policy, eval.jsonl held out.
+                       The policy solves few of these (Pass@8 about 0.4 at the start), so exploration matters there.
+    data/countdown5_large/   (task `countdown5_large`, issue 31) 25,000 five-number training problems filtered the
+                       same way with the same policy, and 1,000 held-out evaluation problems, each with the policy's
+                       correct count at 64 samples (temperature 0.7) and its initial-difficulty `stratum`; built by
+                       `build_pool`, not by `pretrain-toy` without --split (see below)
+    build.json         the settings and figures of the build
+The build is seeded and deterministic on CPU for a given torch version and thread count. `build_split` alone
+rebuilds a data split for an existing policy (about 90 s for countdown5 on 2 cores). `entropy-rft pretrain-toy
+--split countdown5_large --out DIR` runs `build_pool` with the shipped policy on one thread: 61,000 candidates x 16
+samples and 1,000 x 64 took 368 s (6.1 min; 20 s of it the strata) under `nice` on a shared 2-core machine
+(2.2 MB of JSONL); tests/test_pool.py regenerates its first rows and its evaluation file.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from .tasks.countdown import CountdownTask, Problem, make_problems, random_problem
+
+ASSET_DIR = Path(__file__).parent / "assets" / "countdown-tiny"
+SPECIALS = ["<pad>", "<eos>", "<unk>"]
+CHARS = list("0123456789+-*()=>:,")
+
+
+def build_tokenizer(chars: list[str] = CHARS):
+    """A character-level fast tokenizer: one token per character, <pad>, <eos>, <unk>."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {tok: i for i, tok in enumerate(SPECIALS + chars)}
+    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    core.pre_tokenizer = pre_tokenizers.Split(pattern="", behavior="isolated")
+    core.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(tokenizer_object=core, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>")
+
+
+@dataclass
+class ToyConfig:
+    seed: int = 0
+    hidden_size: int = 128  # width of the Qwen2 policy
+    layers: int = 4
+    heads: int = 4
+    kv_heads: int = 2
+    sft_steps: int = 300  # supervised warm-up steps; fewer leaves a weaker, higher-entropy policy
+    sft_batch: int = 256
+    sft_lr: float = 3e-3
+    n_train_pool: int = 1500  # candidate RL problems before pass-rate filtering
+    n_eval: int = 200  # held-out evaluation problems
+    filter_samples: int = 16  # samples per problem for the pass-rate filter (paper: 16)
+    filter_temperature: float = 1.0  # the rollout temperature
+    max_new_tokens: int = 16
+    hard_numbers: int = 5  # countdown5: numbers per problem of the harder split
+    n_hard_pool: int = 1500  # countdown5: candidate RL problems before pass-rate filtering
+    n_hard_eval: int = 200  # countdown5: held-out evaluation problems
+
+
+def build_model(tokenizer, cfg: ToyConfig):
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(
+        vocab_size=len(tokenizer), hidden_size=cfg.hidden_size, intermediate_size=3 * cfg.hidden_size,
+        num_hidden_layers=cfg.layers, num_attention_heads=cfg.heads, num_key_value_heads=cfg.kv_heads,
+        max_position_embeddings=64, tie_word_embeddings=True, pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id, bos_token_id=None,
+    )
+    return Qwen2ForCausalLM(config)
+
+
+def _sft_batch(tokenizer, problems: list[Problem]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Right-padded prompt + solution + EOS, with labels only on the completion."""
+    task = CountdownTask()
+    rows, label_rows = [], []
+    for p in problems:
+        prompt_ids = tokenizer.encode(task.prompt(p), add_special_tokens=False)
+        comp_ids = tokenizer.encode(p.solution, add_special_tokens=False) + [tokenizer.eos_token_id]
+        rows.append(prompt_ids + comp_ids)
+        label_rows.append([-100] * len(prompt_ids) + comp_ids)
+    width = max(map(len, rows))
+    ids = torch.full((len(rows), width), tokenizer.pad_token_id)
+    labels = torch.full((len(rows), width), -100)
+    for i, (r, lab) in enumerate(zip(rows, label_rows)):
+        ids[i, : len(r)] = torch.tensor(r)
+        labels[i, : len(lab)] = torch.tensor(lab)
+    return ids, (ids != tokenizer.pad_token_id) | (labels != -100), labels
+
+
+def pretrain(cfg: ToyConfig, out: Path, *, progress: bool = True) -> dict:
+    """Build the tokenizer, warm up the policy on synthetic solutions, filter problems, save everything."""
+    from .rollout import HFEngine
+    from .evaluate import filter_by_pass_rate, sample_correctness
+
+    t0 = time.time()
+    torch.manual_seed(cfg.seed)
+    torch.use_deterministic_algorithms(True)
+    out = Path(out)
+    (out / "data").mkdir(parents=True, exist_ok=True)
+    tokenizer = build_tokenizer()
+    model = build_model(tokenizer, cfg)
+    n_params = sum(p.numel() for p in model.parameters())
+
+    eval_set = make_problems(cfg.n_eval, seed=cfg.seed + 1)
+    pool = make_problems(cfg.n_train_pool, seed=cfg.seed + 2, exclude={p.key for p in eval_set})
+    held_out = {p.key for p in eval_set} | {p.key for p in pool}
+    rng = random.Random(cfg.seed + 3)
+
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.sft_lr, betas=(0.9, 0.98), weight_decay=0.01)
+    model.train()
+    bar = tqdm(range(cfg.sft_steps), desc="warm-up (SFT)", disable=not progress)
+    for step in bar:
+        lr = cfg.sft_lr * min(1.0, (step + 1) / 100) * 0.5 * (1 + math.cos(math.pi * step / cfg.sft_steps))
+        for group in opt.param_groups:
+            group["lr"] = lr
+        batch = []
+        while len(batch) < cfg.sft_batch:
+            p = random_problem(rng)
+            if p.key not in held_out:
+                batch.append(p)
+        ids, attn, labels = _sft_batch(tokenizer, batch)
+        loss = model(input_ids=ids, attention_mask=attn.long(), labels=labels).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        if step % 50 == 0:
+            bar.set_postfix(loss=f"{loss.item():.3f}")
+    model.eval()
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+
+    engine = HFEngine(model, tokenizer)
+    task = CountdownTask()
+    correct, _ = sample_correctness(engine, task, pool, n=cfg.filter_samples, temperature=cfg.filter_temperature,
+                                    max_new_tokens=cfg.max_new_tokens, seed=cfg.seed + 4)
+    rates = [sum(c) / cfg.filter_samples for c in correct]
+    kept = filter_by_pass_rate(pool, rates)  # paper: drop pass rates <= 1/16 and >= 15/16
+    with open(out / "data" / "train.jsonl", "w") as f:
+        for p, r in kept:
+            f.write(json.dumps({**p.to_json(), "pass_rate": r}) + "\n")
+    with open(out / "data" / "eval.jsonl", "w") as f:
+        for p in eval_set:
+            f.write(json.dumps(p.to_json()) + "\n")
+    info = {
+        "config": asdict(cfg), "parameters": n_params, "final_sft_loss": float(loss.detach()),
+        "pool": len(pool), "train_after_filter": len(kept), "eval": len(eval_set),
+        "pool_mean_pass_rate": sum(rates) / len(rates),
+        "dropped_low": sum(r <= 1 / 16 for r in rates), "dropped_high": sum(r >= 15 / 16 for r in rates),
+        "seconds": time.time() - t0, "torch": torch.__version__, "threads": torch.get_num_threads(),
+    }
+    info["countdown5"] = build_split(engine, out / "data" / "countdown5", cfg)
+    info["seconds"] = time.time() - t0
+    (out / "build.json").write_text(json.dumps(info, indent=2) + "\n")
+    torch.use_deterministic_algorithms(False)
+    return info
+
+
+def build_split(engine, out: Path, cfg: ToyConfig) -> dict:
+    """The countdown5 split for the policy behind `engine`: cfg.n_hard_eval held-out problems of cfg.hard_numbers
+    numbers (eval.jsonl, unfiltered) and a disjoint pool of cfg.n_hard_pool filtered by the policy's pass rate at
+    cfg.filter_samples samples as in the paper (train.jsonl). Returns its figures for build.json."""
+    from .evaluate import filter_by_pass_rate, sample_correctness
+
+    t0 = time.time()
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    eval_set = make_problems(cfg.n_hard_eval, seed=cfg.seed + 11, n_numbers=cfg.hard_numbers)
+    pool = make_problems(cfg.n_hard_pool, seed=cfg.seed + 12, n_numbers=cfg.hard_numbers,
+                         exclude={p.key for p in eval_set})
+    correct, _ = sample_correctness(engine, CountdownTask(), pool, n=cfg.filter_samples,
+                                    temperature=cfg.filter_temperature, max_new_tokens=cfg.max_new_tokens,
+                                    seed=cfg.seed + 13)
+    rates = [sum(c) / cfg.filter_samples for c in correct]
+    kept = filter_by_pass_rate(pool, rates)
+    with open(out / "train.jsonl", "w") as f:
+        for p, r in kept:
+            f.write(json.dumps({**p.to_json(), "pass_rate": r}) + "\n")
+    with open(out / "eval.jsonl", "w") as f:
+        for p in eval_set:
+            f.write(json.dumps(p.to_json()) + "\n")
+    return {"numbers": cfg.hard_numbers, "pool": len(pool), "train_after_filter": len(kept), "eval": len(eval_set),
+            "pool_mean_pass_rate": sum(rates) / len(rates), "dropped_low": sum(r <= 1 / 16 for r in rates),
+            "dropped_high": sum(r >= 15 / 16 for r in rates), "seconds": time.time() - t0}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# countdown5_large (issue 31): a training pool large enough that a 1,500-step run at 32 prompts a step draws no
+# problem more than twice (48,000 draws from 25,000 problems), filtered exactly as build_split filters countdown5,
+# and 1,000 held-out problems, each with a stratum of initial difficulty.
+
+STRATA = ("unsolved", "hard", "easier")  # see stratum()
+
+
+def stratum(correct: int, n: int) -> str:
+    """The initial-difficulty stratum of a problem the initial policy solved in `correct` of n samples: unsolved
+    (0 of n), hard (pass rate in (0, 1/4)), easier ([1/4, 1]). Three, not more: at 64 samples the shipped policy
+    leaves about 28% of countdown5 problems unsolved, 50% hard, and only about 2% at 3/4 or more."""
+    if not 0 <= correct <= n or n < 1:
+        raise ValueError(f"stratum needs 0 <= correct <= n and n >= 1, got correct={correct}, n={n}")
+    rate = correct / n
+    if rate == 0:
+        return "unsolved"
+    return "hard" if rate < 0.25 else "easier"
+
+
+@dataclass
+class PoolConfig:
+    """The countdown5_large build. Defaults are the shipped split's. Candidates come from one seeded stream that
+    skips the evaluation problems, filtered chunk by chunk, each chunk sampled with its own seed: a smaller n_train
+    (same seed, n_eval and chunk) gives a prefix of the training file, a smaller n_eval a prefix of the evaluation
+    file (with a training pool that then may differ)."""
+
+    seed: int = 0
+    n_train: int = 25_000  # filtered training problems kept (the first n_train that pass the filter)
+    n_eval: int = 1_000  # held-out evaluation problems (unfiltered)
+    numbers: int = 5  # numbers per problem, as countdown5
+    chunk: int = 500  # candidates filtered per seeded sampling call
+    filter_samples: int = 16  # as ToyConfig.filter_samples (paper: 16)
+    filter_temperature: float = 1.0  # as ToyConfig.filter_temperature: the rollout temperature
+    strata_samples: int = 64  # samples per evaluation problem behind its stratum
+    strata_temperature: float = 0.7  # the study's evaluation temperature (configs/demo.yaml eval_temperature)
+    max_new_tokens: int = 16
+
+
+def build_pool(engine, out: Path, cfg: PoolConfig, *, progress: bool = False) -> dict:
+    """Write out/train.jsonl (cfg.n_train problems of cfg.numbers numbers whose pass rate under the policy behind
+    `engine`, at cfg.filter_samples samples and the rollout temperature, passes evaluate.filter_by_pass_rate, the
+    paper's Section 5.1 rule that build_split applies to countdown5: 1/16 < rate < 15/16), out/eval.jsonl (cfg.n_eval
+    held-out problems, none among the training candidates, each with the policy's correct count out of
+    cfg.strata_samples at the evaluation temperature and its `stratum`) and out/build.json; returns build.json's
+    figures. Problems are distinct by key (numbers and target) across both files."""
+    from .evaluate import filter_by_pass_rate, sample_correctness
+
+    t0 = time.time()
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    task = CountdownTask(name="countdown5_large")
+    eval_set = make_problems(cfg.n_eval, seed=cfg.seed * 1000 + 31, n_numbers=cfg.numbers)
+    correct, _ = sample_correctness(engine, task, eval_set, n=cfg.strata_samples, temperature=cfg.strata_temperature,
+                                    max_new_tokens=cfg.max_new_tokens, seed=cfg.seed * 1000 + 32)
+    eval_seconds = time.time() - t0
+    counts = [sum(c) for c in correct]
+    seen = {p.key for p in eval_set}
+    rng = random.Random(cfg.seed * 1000 + 33)  # the candidate stream
+    kept, rates, chunks = [], [], 0
+    bar = tqdm(total=cfg.n_train, desc="countdown5_large pool", disable=not progress)
+    while len(kept) < cfg.n_train:
+        candidates = []
+        while len(candidates) < cfg.chunk:
+            p = random_problem(rng, n_numbers=cfg.numbers)
+            if p.key not in seen:
+                seen.add(p.key)
+                candidates.append(p)
+        got, _ = sample_correctness(engine, task, candidates, n=cfg.filter_samples,
+                                    temperature=cfg.filter_temperature, max_new_tokens=cfg.max_new_tokens,
+                                    seed=cfg.seed * 10**6 + 1000 + chunks)
+        chunk_rates = [sum(c) / cfg.filter_samples for c in got]
+        rates += chunk_rates
+        passed = filter_by_pass_rate(candidates, chunk_rates)
+        kept += passed
+        chunks += 1
+        bar.update(min(len(passed), cfg.n_train - bar.n))
+    bar.close()
+    kept = kept[: cfg.n_train]
+    with open(out / "train.jsonl", "w") as f:
+        for p, r in kept:
+            f.write(json.dumps({**p.to_json(), "pass_rate": r}) + "\n")
+    with open(out / "eval.jsonl", "w") as f:
+        for p, c in zip(eval_set, counts):
+            f.write(json.dumps({**p.to_json(), "initial_correct": c, "stratum": stratum(c, cfg.strata_samples)})
+                    + "\n")
+    info = {"config": asdict(cfg), "train": len(kept), "eval": len(eval_set), "candidates": len(rates),
+            "chunks": chunks, "candidate_mean_pass_rate": sum(rates) / len(rates),
+            "dropped_low": sum(r <= 1 / 16 for r in rates), "dropped_high": sum(r >= 15 / 16 for r in rates),
+            "strata": {name: sum(stratum(c, cfg.strata_samples) == name for c in counts) for name in STRATA},
+            "eval_initial_avg": sum(counts) / (len(counts) * cfg.strata_samples),
+            "eval_seconds": round(eval_seconds, 1), "seconds": round(time.time() - t0, 1),
+            "torch": torch.__version__, "threads": torch.get_num_threads()}
+    (out / "build.json").write_text(json.dumps(info, indent=2) + "\n")
+    return info
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# A stand-in for a real chat model: random weights, a character tokenizer over printable ASCII, a chat template.
+# `entropy-rft train --config RECIPE --dry-run` runs a recipe's pipeline on it (prompt template, chat template,
+# math reward, losses) in seconds on a CPU; it learns nothing.
+
+STAND_IN_CHAT_TEMPLATE = ("{% for message in messages %}<|{{ message['role'] }}|>\n{{ message['content'] }}\n"
+                          "{% endfor %}{% if add_generation_prompt %}<|assistant|>\n{% endif %}")
+
+
+def build_stand_in(out: Path, *, seed: int = 0, hidden_size: int = 32, layers: int = 2) -> Path:
+    """Write a random tiny Qwen2 chat model (save_pretrained format) to out and return out."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    tokenizer = build_tokenizer([chr(c) for c in range(32, 127)] + ["\n"])
+    tokenizer.chat_template = STAND_IN_CHAT_TEMPLATE
+    torch.manual_seed(seed)
+    config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=2 * hidden_size,
+                         num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=8192, tie_word_embeddings=True, pad_token_id=tokenizer.pad_token_id,
+                         eos_token_id=tokenizer.eos_token_id, bos_token_id=None)
+    model = Qwen2ForCausalLM(config)
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    out = Path(out)
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+def build_pool_split(cfg, model, tokenizer, out: Path) -> dict:
+    """The countdown5_large split (build_pool) with an existing policy, sampled with one thread (the build is
+    deterministic for a given torch version and thread count; one thread is what every machine has)."""
+    from .rollout import HFEngine
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return build_pool(HFEngine(model, tokenizer), out, cfg, progress=True)
+    finally:
+        torch.set_num_threads(threads)

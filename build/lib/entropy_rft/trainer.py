@@ -1,0 +1,242 @@
+"""The RL loop, top to bottom: sample -> statistics -> decide -> update -> diagnostics -> commit.
+
+One process, one device: the reference implementation and the embedded default. The loop only orders the phases;
+each lives in the module that owns it:
+- policy.py: the model, tokenizer, LoRA / checkpointing, value head, optimizer, reference policy, rollout engine;
+- problems.py: the training and evaluation problems, their seeded order and each step's scored batch;
+- step.py: a step over the batch: the behaviour policy's statistics, the decision over the whole batch (advantages,
+  keep mask, selections, the entropy control's knobs) and the update on the objective (objective.py); its rules;
+- diagnostics.py: the step's metrics line; samples.py: token-level samples; evaluate.py: Avg@K and Pass@K;
+- runstate.py: what a checkpoint holds; rundir.py: the run directory's rules and the stop signals.
+
+Departures, numbered:
+1. On a stop (Ctrl-C, SIGTERM, SIGHUP) the run is saved as a checkpoint before it ends, and `resume=True`
+   (`entropy-rft train --resume`) continues from the newest complete checkpoint of the run directory, whose settings
+   must match (rundir.py). A step commits whole: a stop before its first optimizer step saves the state the step
+   began from; a stop after it waits until the step's metrics are computed (rundir.StopSignals); a stop during the
+   step's evaluation or its logging leaves the step pending in the checkpoint (runstate.py), and resume evaluates
+   and logs it. Checkpoints are atomic and hold the whole run state, so a run killed at any moment (SIGKILL
+   included) and resumed ends with the same weights as one never interrupted, with every step logged once: the
+   metric sinks and samples are cut back to the checkpoint's step first (logging.py, samples.py).
+2. A step whose loss, gradient norm or sampled logits are not finite (stops.NonFinite) is not committed: no metrics
+   line, no checkpoint; the run stops with one line and its newest checkpoint stays the last good one. Settings that
+   cannot run (config.py's float32 rules, plan.check_fits's memory) are refused before the run directory is taken.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from . import samples
+from .advantages import ADVANTAGES, TokenLevel
+from .config import TrainConfig, preflight
+from .control import make_control
+from .diagnostics import loss_step_sizes
+from .evaluate import run_eval
+from .logging import MetricLogger
+from .policy import pick_device, resolve_model_path, set_up_policy
+from .problems import ProblemSampler, sample_batch, task_problems
+from .plan import check_fits
+from .rundir import (Claim, StopSignals, checkpoint_space, finished_summary, load_trainer_state, new_run_dir,
+                     prune_checkpoints, stop_signals_interrupt)
+from .rundir import claim as claim_run_dir
+from .runstate import RunState, save_checkpoint
+from .step import Step
+from .stops import NonFinite, finite_sampling
+from .tasks import TASKS
+
+# The names tests, benchmarks and users import from entropy_rft.trainer, re-exported from their modules (one list).
+from .diagnostics import after_update_metrics, masked_mean, step_metrics  # noqa: E402,F401
+from .forward import EntropyProbe, HeldForward, batch_forward, batch_stats, policy_forward, policy_stats  # noqa: E402,F401
+from .policy import (BUILTIN_MODELS, STAND_IN, ValueHead, cache_dir, load_policy, make_optimizer,  # noqa: E402,F401
+                     prepare_policy)
+from .problems import SHIPPED_DATA, default_data, load_problems  # noqa: E402,F401
+from .rundir import find_checkpoint  # noqa: E402,F401
+from .step import (MIN_FROZEN_SHARE, StepRules, behaviour_statistics, compute_advantages, reuses_forward,  # noqa: E402,F401
+                   update_policy, zero_advantage_rows)
+
+__all__ = ["train", "after_update_metrics", "masked_mean", "step_metrics", "EntropyProbe", "HeldForward",
+           "batch_forward", "batch_stats", "policy_forward", "policy_stats", "BUILTIN_MODELS", "STAND_IN", "ValueHead",
+           "cache_dir", "load_policy", "make_optimizer", "prepare_policy", "SHIPPED_DATA", "default_data",
+           "load_problems", "find_checkpoint", "MIN_FROZEN_SHARE", "StepRules", "behaviour_statistics",
+           "compute_advantages", "reuses_forward", "update_policy", "zero_advantage_rows",
+           # used by the loop and imported from here too
+           "ProblemSampler", "pick_device", "resolve_model_path", "run_eval", "sample_batch", "save_checkpoint",
+           "task_problems"]
+
+
+def train(cfg: TrainConfig, *, resume: bool | str = False, overwrite: bool = False) -> dict:
+    """Run RL fine-tuning as configured; returns a summary with the per-step metrics and evaluations.
+
+    The run directory (cfg.out; None: a new runs/<method>-<time>) follows entropy_rft/rundir.py's rules: held by
+    this process alone; one holding another run's record is refused unless resume=True (continue from its newest
+    checkpoint, with the same settings), resume="auto" (continue if it can, else start) or overwrite=True (replace
+    it once this run is ready to start). SIGINT, SIGTERM and SIGHUP save the run where it stands and stop it."""
+    preflight(cfg)  # device, engine and sink packages, before the directory is taken or any model loads
+    check_fits(cfg, pick_device(cfg.device))  # lengths and batches that cannot be allocated: one line naming the field
+    if cfg.out is None:
+        cfg = dataclasses.replace(cfg, out=str(new_run_dir(cfg.method)))
+    with claim_run_dir(cfg, resume=resume, overwrite=overwrite) as claim, stop_signals_interrupt() as stops:
+        if claim.finished:
+            return finished_summary(claim.run_dir, cfg)
+        return _loop(_Run(cfg, claim), stops)
+
+
+class _Run:
+    """What the loop works with, set up from the config and the claimed run directory (resumed from its checkpoint)."""
+
+    def __init__(self, cfg: TrainConfig, claim: Claim):
+        torch.manual_seed(cfg.seed)
+        self.cfg, self.claim, self.run_dir = cfg, claim, claim.run_dir
+        device = pick_device(cfg.device)
+        resolve_model_path(cfg.model)  # fail on a bad model path before any work
+        self.task = TASKS.get(cfg.task)
+        train_problems = task_problems(cfg, self.task, "train")
+        self.eval_problems = task_problems(cfg, self.task, "eval")[: cfg.eval_problems or None]
+        self.policy = set_up_policy(cfg, device, claim.checkpoint,
+                                    critic=isinstance(ADVANTAGES.get(cfg.advantage), TokenLevel))
+        control = make_control(cfg)
+        update_gen = torch.Generator().manual_seed(cfg.seed + 1)
+        self.step = Step(cfg, self.policy.model, self.policy.optimizer, value_head=self.policy.value_head,
+                         ref_model=self.policy.ref_model, control=control, update_gen=update_gen)
+        self.sampler = ProblemSampler(train_problems, cfg.seed)
+        self.state = RunState(self.sampler, update_gen, control, "none" if cfg.entropy_target is None
+                              else cfg.entropy_control)
+        self.start = 0
+        if claim.checkpoint is not None:  # everything that steers the run continues where the checkpoint left it
+            saved = load_trainer_state(claim.checkpoint)
+            self.policy.optimizer.load_state_dict(saved["optimizer"])
+            self.start = self.state.restore(saved)
+        # the run is committed to start only now (config.yaml written, a replaced record deleted); metrics of steps
+        # after the checkpoint (and of a pending step) are cut: they are logged again, and token samples too
+        kept = self.start - (self.state.pending is not None)
+        self.logger = claim.start(cfg, lambda: MetricLogger(self.run_dir, cfg.to_dict(), cfg.sinks, start_step=kept))
+        samples.cut_after(self.run_dir, self.start)
+        self.history: list[dict] = []
+
+    def evaluate(self) -> dict:
+        cfg = self.cfg
+        with finite_sampling():
+            return run_eval(self.policy.engine, self.task, self.eval_problems, cfg, seed=cfg.seed + 10**6).to_json()
+
+    def save(self, at: int, state: dict | None = None) -> Path:
+        p = self.policy
+        with checkpoint_space(self.run_dir, at):  # no space left: one line naming the checkpoint (rundir.py)
+            ckpt = save_checkpoint(self.run_dir, at, p.model, p.tokenizer, p.optimizer, None, p.value_head,
+                                   state or self.state.capture())
+        prune_checkpoints(self.run_dir, self.cfg.keep_checkpoints, self.cfg.steps)  # the newest few and the final
+        return ckpt
+
+    def write_samples(self, step: int, batch, behaviour, decision, metrics: dict) -> None:
+        """Token-level samples of the step's batch, when due (samples.py)."""
+        cfg, mask = self.cfg, batch.rollout.response_mask
+        samples.write_step(self.run_dir, step + 1, every=cfg.samples_every, groups=cfg.samples_groups,
+                           last=cfg.steps, rollout=batch.rollout, tokenizer=self.policy.tokenizer,
+                           stats=behaviour.stats, advantages=decision.adv, keep=decision.keep,
+                           rewards=behaviour.rewards, group_size=cfg.group_size, lr=cfg.lr,
+                           step_size=loss_step_sizes(mask, decision.loss_mask, cfg), loss_agg=cfg.loss_agg,
+                           method=cfg.method, metrics=metrics)
+
+    def eval_due(self, at: int) -> bool:
+        return bool(self.cfg.eval_every) and at % self.cfg.eval_every == 0 and at < self.cfg.steps
+
+    def commit(self, pending: dict) -> None:
+        """Log a computed step: its evaluation first when due (its Avg@K and Pass@K join the line), then the metrics
+        line, then a checkpoint when due. Until the line is written the step is pending (runstate.py)."""
+        self.state.pending, metrics, at = pending, dict(pending["metrics"]), pending["step"]
+        if self.eval_due(at):
+            self.state.evals[at] = self.evaluate()
+            metrics.update({"eval/avg_at_k": self.state.evals[at]["avg_at_k"],
+                            "eval/pass_at_k": self.state.evals[at]["pass_at_k"]})
+        self.logger.log(metrics)
+        self.history.append(metrics)
+        self.state.pending = None
+        if self.cfg.save_every and at % self.cfg.save_every == 0:
+            self.save(at)
+
+
+class _Clock:
+    """A step's phase times: mark(name) ends phase `name` (metric time/<name>) and starts the next; `seconds` is
+    the whole step."""
+
+    def __init__(self):
+        self.start = self.last = time.time()
+        self.times: dict[str, float] = {}
+
+    def mark(self, name: str) -> None:
+        now = time.time()
+        self.times[f"time/{name}"], self.last = now - self.last, now
+
+    def metrics(self) -> dict[str, float]:
+        return {**self.times, "seconds": time.time() - self.start}
+
+
+def _loop(run: _Run, stops: StopSignals) -> dict:
+    cfg, step_, state = run.cfg, run.step, run.state
+    engine, final, completed = run.policy.engine, None, run.start
+    bar = tqdm(range(run.start, cfg.steps), desc=cfg.method, disable=not cfg.progress, initial=run.start,
+               total=cfg.steps)
+    doing, stopped_at = "the evaluation before step 1", None  # what runs now (for a NonFinite's line)
+    try:
+        if run.start == 0:
+            state.evals[0] = run.evaluate()
+        if state.pending is not None:  # a stop cut this step's evaluation or logging short
+            stopped_at = state.capture()
+            run.commit(state.pending)
+        for step in bar:
+            stopped_at, clock = state.capture(), _Clock()  # a stop before the first optimizer step saves this state
+            doing = f"step {step + 1}"
+            with finite_sampling():  # logits that are not finite: NonFinite, not the sampler's own error
+                batch = sample_batch(engine, run.task, run.sampler, cfg, step)  # B = groups x group_size rows, scored
+            clock.mark("rollout")
+            behaviour = step_.statistics(batch, step)  # (B, R) log p, H, S*, S_c (and values) of the behaviour policy
+            clock.mark("stats")
+            decision = step_.decide(batch, behaviour)  # the whole batch's (B,) advantages, (B, R) keep mask, knobs
+            probe = step_.probe(batch.rollout, behaviour, step)  # d(mean H)/d(theta) on probe steps
+            updated = step_.update(batch.rollout, decision, held=behaviour.held, on_first_step=stops.defer)
+            completed = step + 1
+            clock.mark("update")
+            engine.sync_weights()  # the next rollout samples from the updated policy
+            metrics = step_.diagnose(step, batch, behaviour, decision, updated, probe)  # the metrics line
+            clock.mark("diagnostics")
+            run.write_samples(step, batch, behaviour, decision, metrics)  # token samples, when due
+            clock.mark("samples")
+            metrics.update(clock.metrics())
+            state.pending = {"step": completed, "metrics": metrics}
+            stopped_at = state.capture()  # from here a stop saves the step as pending: resume evaluates and logs it
+            if run.eval_due(completed):
+                stops.release()  # an evaluation may be stopped (a held stop stops here): the step stays pending
+            run.commit(state.pending)
+            stopped_at = None
+            stops.release()  # a stop held since the first optimizer step stops the run here, the step logged
+            bar.set_postfix(reward=f"{metrics['reward_mean']:.2f}", H=f"{metrics['entropy']:.3f}",
+                            clip=f"{metrics['clip_frac']:.3f}")
+        final, doing = run.save(cfg.steps), "the final evaluation"
+        state.evals[cfg.steps] = run.evaluate()
+    except KeyboardInterrupt as err:  # Ctrl-C, or SIGTERM / SIGHUP (rundir.Interrupted)
+        why = getattr(err, "name", "SIGINT")
+        if not run.claim.committed:  # stopped before the first step: the directory is put back as it was (rundir)
+            raise
+        if final is not None:  # interrupted in the final evaluation: the final checkpoint is saved
+            raise SystemExit(f"{why} in the final evaluation; the trained policy is saved in {final}. "
+                             "Continue with --resume to evaluate it.") from None
+        ckpt = run.save(completed, stopped_at)
+        raise SystemExit(f"{why}: stopped after {completed} steps; saved {ckpt}. Continue with --resume "
+                         f"--out {run.run_dir}.") from None
+    except NonFinite as err:  # nothing of the step is committed (departure 2)
+        kept = (f"{run.run_dir} is left as it was before the run" if not run.claim.committed else
+                f"its newest checkpoint stays {find_checkpoint(run.run_dir) or 'none (none was saved)'}, and "
+                f"metrics.jsonl ends at step {completed}")
+        raise NonFinite(f"{doing}: {err}; it is not committed and the run stops: {kept}. Start again with a smaller "
+                        f"lr (now {cfg.lr:g}) or other settings (a resume would meet the same step)") from None
+    finally:
+        engine.close()
+        run.logger.close()
+    (run.run_dir / "eval.json").write_text(json.dumps(state.evals, indent=1) + "\n")
+    return {"config": cfg.to_dict(), "evals": state.evals, "checkpoint": str(final), "history": run.history}
