@@ -278,9 +278,13 @@ def edited_fields(folder: Path, stored: dict) -> tuple[list[str], TrainConfig | 
     digests = read_digest(folder)
     if digests is None:
         return [], None
+    import warnings
+
     from .config import resolve_config
 
-    now = resolve_config(stored)
+    with warnings.catch_warnings():  # the run's own settings: their warnings came when it started
+        warnings.simplefilter("ignore")
+        now = resolve_config(stored)
     return differing_fields(digests, now), now
 
 
