@@ -275,11 +275,11 @@ class TrainConfig:
         numbers = value if isinstance(value, tuple) else (value,)
         for x in numbers:
             if isinstance(x, float) and x != 0 and not FLOAT32_TINY <= abs(x) <= FLOAT32_MAX:
-                raise ValueError(f"{info.field_name}={x:g} is outside float32's range ({FLOAT32_TINY:.2g} to "
-                                 f"{FLOAT32_MAX:.2g} in size): the float32 tensors it scales would hold it as "
+                raise ValueError(f"{info.field_name}={x:g} must be 0 or within float32's range ({FLOAT32_TINY:.2g} "
+                                 f"to {FLOAT32_MAX:.2g} in size): the float32 tensors it scales would hold it as "
                                  f"{'inf' if abs(x) > 1 else '0'}")
         if info.field_name in _LEARNING_RATES and value is not None and value > MAX_LR:
-            raise ValueError(f"{info.field_name}={value:g} is above {MAX_LR:g}: Adam moves every weight by about "
+            raise ValueError(f"{info.field_name}={value:g} must be at most {MAX_LR:g}: Adam moves every weight by about "
                              f"{info.field_name} per step, so each step would outweigh the trained weights and the "
                              "logits leave float32's range within steps (paper: 4e-7; tiny models ~1e-4)")
         return value

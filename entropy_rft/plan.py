@@ -564,11 +564,15 @@ def check_fits(cfg: TrainConfig, device) -> None:
     """Refuse, with ConfigError naming the field, a run whose memory plan (module docstring) exceeds the device's
     memory even at its smallest: a 1-token prompt, no headroom, no CUDA row on a CPU. So only lengths and batch
     sizes that cannot be allocated at all stop here (`--set max_new_tokens=1000000000` would ask 2 TB); a plan near
-    the limit is the `plan` subcommand's to judge. A model whose shape the plan cannot read is not checked."""
+    the limit is the `plan` subcommand's to judge. A model whose shape the plan cannot read is not checked, nor the
+    dry run's stand-in before it is built (building it here would print its own progress before any refusal)."""
     import warnings
 
     from .config import ConfigError
+    from .policy import STAND_IN, cache_dir
 
+    if cfg.model == STAND_IN and not (cache_dir() / STAND_IN / "config.json").exists():
+        return
     try:
         config, source = find_model_config(cfg.model)
         shape = ModelShape.from_config(config, source=source)

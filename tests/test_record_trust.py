@@ -166,8 +166,8 @@ def test_settings_that_cannot_run_are_one_line_before_the_directory_is_taken(tmp
     """lr 1e30 (the issue: a committed step of weights near 1e30, then a traceback), a learning rate below float32's
     range, max_new_tokens 1e9 (the issue: a 2 TB allocation) and a batch of 1e8 prompts: exit 2, one line naming the
     field, and no run directory."""
-    for setting, fragments in (("lr=1e30", ("lr=1e+30 is above 1", "float32")),
-                               ("lr=1e-45", ("lr=1e-45 is outside float32's range",)),
+    for setting, fragments in (("lr=1e30", ("lr=1e+30 must be at most 1", "float32")),
+                               ("lr=1e-45", ("lr=1e-45 must be 0 or within float32's range",)),
                                ("max_new_tokens=1000000000", ("max_new_tokens=1000000000 cannot be allocated",
                                                               "lower max_new_tokens")),
                                ("prompts_per_step=100000000", ("prompts_per_step=100000000 cannot be allocated",))):
