@@ -15,6 +15,13 @@ KEY=VALUE, then the subcommand's own options. A recipe with a key given twice is
 Fields marked bookkeeping (where and how a run is recorded: out, sinks, progress, save_every, keep_checkpoints,
 eval_every) never change what a run computes: `settings_key` leaves them out, and they (and steps) may change on
 `--resume` (RESUME_SAFE).
+
+Scales a run cannot train with are refused like any bad value, naming the field: every real-valued field that is
+not 0 lies within float32's normal range (FLOAT32_TINY to FLOAT32_MAX: the float32 tensors it scales would hold it as 0
+or inf), and a learning rate (lr, critic_lr) is at most MAX_LR = 1: Adam moves every weight by about lr per step, so
+above 1 one step moves each weight by more than its own size (weights of trained LLMs are of order 0.01-1) and the
+logits leave float32's range within steps (`--set lr=1e30` committed a step of weights near 1e30, then crashed).
+Lengths that cannot be allocated are refused against the memory plan before a run starts (plan.check_fits).
 """
 
 from __future__ import annotations
@@ -55,6 +62,10 @@ _POSITIVE = ("max_frac", "forking_frac", "lopti_eta", "critic_lr", "value_clip",
              "eval_temperature", "lora_alpha", "vllm_gpu_memory", "clip_cov_ub", "pi_threshold")
 _AT_MOST_ONE = ("clip_cov_ratio", "kl_cov_ratio", "overlong_buffer_frac", "ar_alpha", "forking_frac", "lopti_eta",
                 "gamma", "lam", "top_p", "vllm_gpu_memory", "eps_low", "pi_threshold")
+FLOAT32_MAX = 3.4028234663852886e38  # torch.finfo(torch.float32).max
+FLOAT32_TINY = 1.1754943508222875e-38  # torch.finfo(torch.float32).tiny: the smallest normal float32
+MAX_LR = 1.0  # module docstring
+_LEARNING_RATES = ("lr", "critic_lr")
 _HINTS = {"mu": " (mu is a multiple of the batch std; 0 clips every token below the mean; the paper uses 2.5 for "
                 "Clip_B and 8.5 for Clip_V)",
           "mu_plus": " (the upper threshold of the two-sided filter, in batch stds)",
@@ -263,6 +274,22 @@ class TrainConfig:
             raise ValueError(f"{info.field_name} is a fraction: it must be <= 1, got {value}")
         return value
 
+    @field_validator("*")
+    @classmethod
+    def _float32_scale(cls, value, info):
+        """A real number a float32 tensor can hold (module docstring); learning rates at most MAX_LR."""
+        numbers = value if isinstance(value, tuple) else (value,)
+        for x in numbers:
+            if isinstance(x, float) and x != 0 and not FLOAT32_TINY <= abs(x) <= FLOAT32_MAX:
+                raise ValueError(f"{info.field_name}={x:g} must be 0 or within float32's range ({FLOAT32_TINY:.2g} "
+                                 f"to {FLOAT32_MAX:.2g} in size): the float32 tensors it scales would hold it as "
+                                 f"{'inf' if abs(x) > 1 else '0'}")
+        if info.field_name in _LEARNING_RATES and value is not None and value > MAX_LR:
+            raise ValueError(f"{info.field_name}={value:g} must be at most {MAX_LR:g}: Adam moves every weight by about "
+                             f"{info.field_name} per step, so each step would outweigh the trained weights and the "
+                             "logits leave float32's range within steps (paper: 4e-7; tiny models ~1e-4)")
+        return value
+
     @field_validator("betas")
     @classmethod
     def _betas(cls, value):
@@ -373,6 +400,14 @@ def _problems(err: ValidationError) -> list[tuple[str | None, str, str]]:
             out.append((name, line, line))
             continue
         kind = TrainConfig.__dataclass_fields__[e["loc"][0]].type
+        if str(kind).startswith("tuple[") and "..." not in str(kind) and (
+                e["type"] in ("too_long", "too_short") or e["type"] == "missing" and len(e["loc"]) > 1):
+            n = str(kind).count(",") + 1  # a tuple of n fixed items (betas: two)
+            line = (f"config field {e['loc'][0]} takes {n} numbers ({kind}), got {e['input']!r}"
+                    + (" (Adam's beta1 and beta2, e.g. [0.9, 0.999])" if e["loc"][0] == "betas" else ""))
+            if all(o[0] != e["loc"][0] for o in out):
+                out.append((str(e["loc"][0]), line, line))
+            continue
         got = f"got {e['input']!r} ({type(e['input']).__name__})"
         out.append((name, msg, f"config field {name}: {got}; expected {kind}: {msg}"))
     return out
@@ -471,6 +506,16 @@ def settings_key(cfg: TrainConfig) -> str:
 
     d = {k: v for k, v in _plain(cfg.to_dict()).items() if k not in BOOKKEEPING}
     return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def settings_digests(settings: dict) -> dict[str, str]:
+    """16 hex digits of sha256 per field of a settings dict, as config.yaml stores it: what the run record keeps
+    beside config.yaml to tell a hand edit (rundir.py rule 4) and name the fields it changed."""
+    import hashlib
+    import json
+
+    return {k: hashlib.sha256(json.dumps(v, sort_keys=True).encode()).hexdigest()[:16]
+            for k, v in _plain(settings).items()}
 
 
 def setting_differences(stored: dict, cfg: TrainConfig, *, allowed: tuple[str, ...] = RESUME_SAFE) -> list[str]:

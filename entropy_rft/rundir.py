@@ -10,19 +10,30 @@ Rules (entropy_rft/trainer.py's train() calls them; the CLI maps refusals to exi
    (overwrite=True). The default directory is new per run: runs/<method>-<YYYYmmdd-HHMMSS>.
 3. Transaction. Nothing in the directory changes before the run starts (after its model, data and metric sinks
    are ready): Claim.start() moves a replaced record aside, opens the sinks (cutting metrics back on resume) and
-   writes config.yaml. A new run (in a new directory or over a replaced record) commits when it logs its first
-   step: only then is the replaced record deleted. A run that fails or is stopped before that puts the directory
-   back as it was (the old record, or nothing that reads as a record), so the same command works again; a resumed
-   run commits at start (its record is its own). A process killed before committing is repaired by the next claim:
-   a replaced record comes back, and what a new run wrote before its first step goes.
-4. Resume is exact or refused. The stored config.yaml must equal the new settings in every field except RESUME_SAFE
+   writes config.yaml with its settings digest, config.digest (record.py). A new run (in a new directory or over a
+   replaced record) commits when it logs its first step: only then is the replaced record deleted. A run that fails
+   or is stopped before that puts the directory back as it was (the old record, or nothing that reads as a record),
+   so the same command works again; a resumed run commits at start (its record is its own). A process killed
+   before committing is repaired by the next claim: a replaced record comes back, and what a new run wrote before
+   its first step goes.
+4. Resume is exact or refused. The run's settings must equal the new settings in every field except RESUME_SAFE
    (config.py: where and how the run is recorded, and steps); each other difference is named; a config.yaml that is
-   not YAML is named with the way out. No checkpoint to resume from is an error (resume=True) or a fresh start
-   (resume="auto"). A finished run is returned as it is (resume="auto") or refused unless steps grows (resume=True).
+   not YAML is named with the way out. The run's settings are those its digest recorded (record.py), so a hand edit
+   of config.yaml is refused as --set is, naming the fields (check_hand_edits: a field that may change on resume is
+   accepted when the command line gives it too); a record without a digest (older) is checked against config.yaml.
+   The record must hold every step up to the checkpoint (record.first_gap): a metrics line cut off by a crash, or a
+   samples file that does not read whole, sends the resume back to the newest checkpoint before that step, whose
+   later steps are trained again (with a warning naming the file and line), or, with none, refuses it naming them:
+   never a silent gap. No checkpoint to resume from is an error (resume=True) or a fresh start (resume="auto"). A
+   finished run is returned as it is (resume="auto") or refused unless steps grows (resume=True).
    A checkpoint whose trainer_state.pt is damaged (truncated: not a complete torch archive) is skipped: the run
    resumes from the newest earlier complete checkpoint, with a warning naming the damaged file (the steps after it
    are trained again, exactly as the first time); with none left, resume is refused naming the file. A checkpoint
-   write that runs out of disk space is one line naming the checkpoint and the way out (free space, --resume).
+   write that runs out of disk space is one line naming the checkpoint and the way out (free space, then --resume,
+   or --resume-or-start when no checkpoint was complete). A trainer_state.pt that lacks a part of the run state
+   (written by something else) is one line naming the file and the parts.
+   A record an --overwrite set aside and a kill left there (rule 3) is the run's: its settings are read from there
+   (stored_settings), as the next claim puts it back.
 5. Retention. After each checkpoint, all but the newest keep_checkpoints complete ones and the final one
    (checkpoint-<steps>) are deleted (renamed to a hidden name first, so a kill mid-delete never leaves a
    half-deleted checkpoint that looks complete).
@@ -42,29 +53,25 @@ import fcntl
 import fnmatch
 import json
 import os
-import pickle
 import shutil
 import socket
-import sys
 import tempfile
 import time
-import zipfile
 from pathlib import Path
 
 import yaml
 
-from .config import RESUME_SAFE, TrainConfig, setting_differences
+from .config import RESUME_SAFE, TrainConfig, setting_differences  # noqa: F401  (setting_differences: its old home)
+from .record import (DIGEST, STAGED, RunDirError, check_hand_edits, checkpoint_dirs, differences,  # noqa: F401
+                     find_checkpoint, intact_state, load_trainer_state, record_dir, resume_checkpoint, set_aside_note,
+                     step_of, stored_settings, trusted_checkpoint, write_digest)
 from .stops import STOP_SIGNALS, Interrupted, StopSignals, stop_signals_interrupt  # noqa: F401  (their old home)
 
 LOCK = ".lock"
-STAGED = ".replaced-"  # a replaced record, moved aside until the new run commits
 # what a run writes into its directory (anything else there, e.g. a dry run's data/, is left alone)
-RECORD = ("config.yaml", "metrics.jsonl", "eval.json", "latest_checkpoint", "checkpoint-*", "tensorboard", "wandb",
-          "wandb_run_id", "samples", ".checkpoint-*", ".deleting-*", ".latest_checkpoint.tmp", ".metrics.jsonl.tmp")
-
-
-class RunDirError(Exception):
-    """A run directory that may not be used as asked; the message names the directory and the fix."""
+RECORD = ("config.yaml", DIGEST, "metrics.jsonl", "eval.json", "latest_checkpoint", "checkpoint-*", "tensorboard",
+          "wandb", "wandb_run_id", "samples", ".checkpoint-*", ".deleting-*", ".latest_checkpoint.tmp",
+          ".metrics.jsonl.tmp", f".{DIGEST}.tmp")
 
 
 def new_run_dir(method: str, name: str | None = None, root: str | Path = "runs") -> Path:
@@ -93,55 +100,6 @@ def record_entries(run_dir: Path) -> list[Path]:
     return sorted({p for pattern in RECORD for p in run_dir.glob(pattern)})
 
 
-def find_checkpoint(run_dir: Path) -> Path | None:
-    """The checkpoint to resume from: the one latest_checkpoint names if it is complete, else the complete
-    checkpoint-N of highest N (a kill between two renames of save_checkpoint), else None."""
-    latest = run_dir / "latest_checkpoint"
-    if latest.exists():
-        named = run_dir / latest.read_text().strip()
-        if (named / "trainer_state.pt").exists():
-            return named
-    return max(_checkpoints(run_dir, complete=True), key=_step, default=None)
-
-
-def intact_state(ckpt: Path) -> bool:
-    """Whether ckpt/trainer_state.pt is a complete torch archive (torch.save writes a zip, whose directory is at
-    its end: a file cut short by a full disk or a kill mid-copy has none)."""
-    return zipfile.is_zipfile(ckpt / "trainer_state.pt")
-
-
-def resume_checkpoint(run_dir: Path) -> Path | None:
-    """find_checkpoint's choice, or, when its trainer_state.pt is damaged, the newest earlier complete checkpoint
-    with an intact one, after a warning naming the damaged file (rule 4); with none left, RunDirError."""
-    first = find_checkpoint(run_dir)
-    if first is None or intact_state(first):
-        return first
-    damaged = first / "trainer_state.pt"
-    earlier = sorted((c for c in _checkpoints(run_dir, complete=True) if _step(c) < _step(first)), key=_step)
-    for ckpt in reversed(earlier):
-        if intact_state(ckpt):
-            print(f"entropy-rft: warning: {damaged} is damaged (not a complete torch archive: cut short by a full "
-                  f"disk or a copy?); resuming from {ckpt.name}, the newest complete checkpoint before it: steps "
-                  f"{_step(ckpt) + 1}-{_step(first)} are trained again", file=sys.stderr)
-            return ckpt
-    raise RunDirError(f"{damaged} is damaged (not a complete torch archive) and {run_dir} has no earlier complete "
-                      "checkpoint to resume from; restore the file, or start the run again with --overwrite")
-
-
-def load_trainer_state(ckpt: Path) -> dict:
-    """ckpt/trainer_state.pt (the run state besides the weights); a file torch cannot read raises RunDirError naming
-    it and the way out."""
-    import torch
-
-    path = Path(ckpt) / "trainer_state.pt"
-    try:
-        return torch.load(path, weights_only=False)
-    except (RuntimeError, EOFError, OSError, ValueError, pickle.UnpicklingError, zipfile.BadZipFile) as err:
-        raise RunDirError(f"{path} cannot be read ({type(err).__name__}: {' '.join(str(err).split())[:120]}); the "
-                          f"checkpoint is damaged. Move {Path(ckpt).name} out of the run directory and --resume goes "
-                          "on from the checkpoint before it, or restore the file") from None
-
-
 def out_of_space(err: BaseException) -> bool:
     """An error that says the disk (or the user's quota) is full: OSError ENOSPC / EDQUOT, or safetensors' own
     SafetensorError wrapping it (`IoError(Os { code: 28, kind: StorageFull, ...`)."""
@@ -161,38 +119,11 @@ def checkpoint_space(run_dir: Path, step: int):
         if not out_of_space(err):
             raise
         left = find_checkpoint(Path(run_dir))
+        how = (f"continue with `entropy-rft train --resume --out {run_dir}`: it resumes exactly from {left.name}"
+               if left else f"run the same command with --resume-or-start (`entropy-rft train --resume-or-start --out "
+               f"{run_dir}` and its settings): no checkpoint was complete, so the run starts again")
         raise RunDirError(f"no space left on the device while writing {Path(run_dir) / f'checkpoint-{step}'} (the "
-                          "partial write was removed); free space on that disk, then continue with `entropy-rft train "
-                          f"--resume --out {run_dir}`: it resumes exactly from "
-                          + (f"{left.name}" if left else "the start (no checkpoint was complete)")) from None
-
-
-def _step(ckpt: Path) -> int:
-    return int(ckpt.name[11:])
-
-
-def _checkpoints(run_dir: Path, *, complete: bool) -> list[Path]:
-    return [p for p in run_dir.glob("checkpoint-*") if p.name[11:].isdigit()
-            and (not complete or (p / "trainer_state.pt").exists())]
-
-
-def stored_settings(run_dir: Path) -> dict | None:
-    """The run's config.yaml as a dict, or None when there is none; one that is not YAML raises RunDirError."""
-    path = Path(run_dir) / "config.yaml"
-    if not path.exists():
-        return None
-    try:
-        data = yaml.safe_load(path.read_text())
-    except (yaml.YAMLError, UnicodeDecodeError) as err:
-        where = getattr(err, "problem_mark", None)
-        at = f" (line {where.line + 1})" if where is not None else ""
-        raise RunDirError(f"{path} is not valid YAML{at}, so the run's settings cannot be read; the record is damaged. "
-                          "Restore or fix the file (`entropy-rft train --help-config` lists the fields), or replace "
-                          "the run with --overwrite") from None
-    if not isinstance(data, dict):
-        raise RunDirError(f"{path} is not a mapping of settings; the record is damaged (restore it, or replace the "
-                          "run with --overwrite)")
-    return data
+                          f"partial write was removed); free space on that disk, then {how}") from None
 
 
 def is_finished(run_dir: Path, steps: int) -> bool:
@@ -281,6 +212,7 @@ class Claim:
                 tmp = self.run_dir / ".config.yaml.tmp"
                 tmp.write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
                 os.replace(tmp, self.run_dir / "config.yaml")
+                write_digest(self.run_dir, cfg)
             except BaseException:
                 logger.close()
                 raise
@@ -372,11 +304,11 @@ def claim(cfg: TrainConfig, *, resume: bool | str = False, overwrite: bool = Fal
             for entry in record:
                 _remove(entry)
             record = []
-        checkpoint = resume_checkpoint(run_dir) if resume else None
+        checkpoint = trusted_checkpoint(run_dir, resume_checkpoint(run_dir)) if resume else None
         finished = replacing = False
         if checkpoint is not None:
             _check_resume(run_dir, cfg, checkpoint)
-            finished = is_finished(run_dir, cfg.steps) and _step(checkpoint) == cfg.steps
+            finished = is_finished(run_dir, cfg.steps) and step_of(checkpoint) == cfg.steps
             if finished and resume is True:
                 raise RunDirError(f"{run_dir} already finished its {cfg.steps} steps (eval.json is written); nothing "
                                   f"to resume. To train it further, resume with more steps (--steps N > {cfg.steps})")
@@ -405,7 +337,8 @@ def _never_stepped(run_dir: Path, record: list[Path]) -> bool:
     """A record a new run left when killed before its first step (a stop is undone by Claim itself): its start's
     config.yaml and sinks, and no metrics row, evaluation or checkpoint."""
     metrics = run_dir / "metrics.jsonl"
-    return bool(record) and all(p.name in ("config.yaml", "metrics.jsonl", "tensorboard", "wandb", "wandb_run_id")
+    return bool(record) and all(p.name in ("config.yaml", DIGEST, "metrics.jsonl", "tensorboard", "wandb",
+                                           "wandb_run_id")
                                 for p in record) and (not metrics.exists() or not metrics.read_text().strip())
 
 
@@ -425,19 +358,19 @@ def _check_resume(run_dir: Path, cfg: TrainConfig, checkpoint: Path) -> None:
     if stored is None:
         raise RunDirError(f"{run_dir} has checkpoints but no config.yaml, so its settings cannot be checked; resume "
                           "is refused. Restore config.yaml, or start anew with --overwrite")
-    diff = setting_differences(stored, cfg)
+    diff = differences(run_dir, stored, cfg)
     if diff:
         raise RunDirError(f"--resume of {run_dir} with other settings than the run's own would not continue that run: "
                           + "; ".join(diff) + f". Only {', '.join(RESUME_SAFE)} may change on resume; drop the "
                           "other changes, or start a new run (--name NAME) for them")
-    if _step(checkpoint) > cfg.steps:
-        raise RunDirError(f"{run_dir}'s newest checkpoint is at step {_step(checkpoint)}, beyond steps={cfg.steps}; "
-                          f"resume with --steps {_step(checkpoint)} or more")
+    if step_of(checkpoint) > cfg.steps:
+        raise RunDirError(f"{run_dir}'s newest checkpoint is at step {step_of(checkpoint)}, beyond steps={cfg.steps}; "
+                          f"resume with --steps {step_of(checkpoint)} or more")
 
 
 def _check_same_run(run_dir: Path, cfg: TrainConfig) -> None:
     stored = stored_settings(run_dir)
-    diff = setting_differences(stored, cfg) if stored is not None else ["(no config.yaml)"]
+    diff = differences(run_dir, stored, cfg) if stored is not None else ["(no config.yaml)"]
     if diff:
         raise RunDirError(f"{run_dir} holds a run with other settings and no checkpoint ({'; '.join(diff)}); "
                           "--resume-or-start only restarts the same run. Replace it with --overwrite, or choose a new "
@@ -535,7 +468,7 @@ def prune_checkpoints(run_dir: Path, keep: int, final_step: int) -> list[str]:
     names deleted."""
     if keep <= 0:
         return []
-    ckpts = sorted(_checkpoints(run_dir, complete=False), key=_step)
+    ckpts = sorted(checkpoint_dirs(run_dir, complete=False), key=step_of)
     spared = set(ckpts[-keep:]) | {run_dir / f"checkpoint-{final_step}", find_checkpoint(run_dir)}
     gone = []
     for ckpt in ckpts:

@@ -39,6 +39,7 @@ from .losses import step_sizes
 from .methods import METHODS, POLICY_LOSSES
 from .objective import Micro, Objective
 from .rollout import Rollout
+from .stops import check_finite
 
 MIN_FROZEN_SHARE = 0.2  # below it the frozen rows' own passes cost more than their backward saves (demo policy:
 #                        12% of rows frozen 1.01x the time of none, 25% 0.95x)
@@ -363,6 +364,7 @@ def apply_update(model, optimizer, objective: Objective, rollout: Rollout, decis
             params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
             norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip if cfg.grad_clip > 0 else math.inf)
             grad_norms.append(float(norm))
+            check_finite(loss=step_sums["total"], gradient_norm=grad_norms[-1])  # else no optimizer step: NonFinite
             if first_step and on_first_step is not None:
                 on_first_step()
             optimizer.step()

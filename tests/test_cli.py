@@ -25,6 +25,7 @@ import entropy_rft.pipeline as pipeline
 import entropy_rft.policy as policy
 import entropy_rft.trainer as trainer
 from entropy_rft.cli import build_parser, main
+from entropy_rft.config import FLOAT32_MAX, FLOAT32_TINY
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -191,6 +192,7 @@ NUMERIC = [
     (["plan"], "--prompt-tokens", True, 1, None, True), (["pretrain-toy"], "--sft-steps", True, 1, None, True),
     (["pretrain-toy"], "--train-problems", True, 1, None, True), (["pretrain-toy"], "--eval-problems", True, 1, None, True),
 ]
+FLOAT32_FIELDS = {"--eval-temperature", "--top-p", "--vllm-gpu-memory", "--temperature", "--max-frac"}  # setting(...)
 TEXTS = st.one_of(st.integers(-5, 5).map(str), st.integers(-2**40, 2**40).map(str),
                   st.floats(allow_nan=True, allow_infinity=True).map(repr), st.floats(-2, 2).map(str),
                   st.sampled_from(["", "x", "1e400", "-0", "0.0", "1.0", "2.5", "1,2", "nan", "inf", "1_0", " 3",
@@ -218,6 +220,8 @@ def test_any_value_of_a_numeric_option_is_taken_exactly_or_refused_in_one_line(c
     number = _number(text)
     finite = number is not None and number.is_finite() and (integer or math.isfinite(float(number)))
     in_range = finite and (number >= low if low_ok else number > low) and (high is None or number <= high)
+    if in_range and option in FLOAT32_FIELDS and number != 0:  # a setting's float32 range (config.py)
+        in_range = FLOAT32_TINY <= abs(float(text)) <= FLOAT32_MAX
     plain = in_range and (text.strip().lstrip("+-").isdigit() if integer else True) and text.isascii()
     try:
         args = build_parser().parse_args(argv)

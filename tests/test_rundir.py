@@ -177,7 +177,7 @@ def test_a_failed_start_puts_the_replaced_record_back(tmp_path):
     assert snapshot(run) == before and not list(run.glob(".replaced-*"))
     with claim(new, overwrite=True) as c:
         c.start(new, Logger).log({"step": 1})  # the first step commits: the old record goes
-    assert sorted(p.name for p in run.iterdir()) == [".lock", "config.yaml"]
+    assert sorted(p.name for p in run.iterdir()) == [".lock", "config.digest", "config.yaml"]
     assert "lr: 0.001" in (run / "config.yaml").read_text()
 
     run = tmp_path / "fresh"  # a new directory: what the failed start wrote is cleared, so it is not a record
