@@ -56,6 +56,11 @@ def build(tmp_path, cls=Capturing, **kw):
     method = kw.pop("method", "clip_b")
     path = resolve_model_path(STAND_IN)
     extra = {"method": method, "method_options": options} if issubclass(cls, EntropyGRPOTrainer) else {}
+    for name in ("probe_every", "samples_every"):  # the trainer's own settings, not GRPOConfig's
+        if name in kw:
+            value = kw.pop(name)
+            if extra:
+                extra[name] = value
     trainer = cls(model=path, reward_funcs=reward_a, args=config(tmp_path, **kw), train_dataset=dataset(), **extra)
     trainer.captured = []
     return trainer
@@ -220,15 +225,16 @@ def watched(tmp_path, **kw):
     return build(tmp_path, method="none", method_options=None, **kw)
 
 
-@pytest.mark.parametrize("loss_type, level, iterations", [
-    ("grpo", "token", 1), ("dapo", "token", 1), ("bnpo", "token", 1), ("grpo", "sequence", 2)])
-def test_monitor_trains_exactly_as_plain_trl(tmp_path, loss_type, level, iterations):
+@pytest.mark.parametrize("loss_type, level, iterations, probe", [
+    ("grpo", "token", 1, 0), ("dapo", "token", 1, 1), ("bnpo", "token", 1, 0), ("grpo", "sequence", 2, 1)])
+def test_monitor_trains_exactly_as_plain_trl(tmp_path, loss_type, level, iterations, probe):
     """method "none" on grpo, dapo, bnpo and GSPO (sequence-level ratio, two iterations per generation batch, so the
     later steps are off-policy): every logged loss and every final weight equal GRPOTrainer's in the same test, bit
-    for bit (the monitor's forward is a no-grad eval pass that draws no random numbers), and the metrics reach TRL's
-    logs at every logging step."""
+    for bit (the monitor's forward is a no-grad pass that draws no random numbers; the probe's gradient is taken
+    with torch.autograd.grad, so TRL's .grad is untouched), and the metrics reach TRL's logs at every logging step;
+    with probe_every 1 the probe's two changes are logged at each generation batch's last optimizer step."""
     kw = dict(loss_type=loss_type, importance_sampling_level=level, num_iterations=iterations, max_steps=4)
-    ours = watched(tmp_path / "ours", **kw)
+    ours = watched(tmp_path / "ours", probe_every=probe, **kw)
     ours.train()
     plain = build(tmp_path / "plain", cls=GRPOTrainer, **kw)
     plain.train()
@@ -244,6 +250,9 @@ def test_monitor_trains_exactly_as_plain_trl(tmp_path, loss_type, level, iterati
                 "entropy_rft/would_clip_b/frac", "entropy_rft/would_clip_v/frac"} <= set(h)
         assert ("entropy_rft/entropy_change/predicted" in h) == (loss_type != "bnpo")  # departure 5
         assert "entropy_rft/kept_frac" not in h  # no filter
+    probed = [h["step"] for h in ours.state.log_history if "entropy_rft/entropy_change/first_order" in h]
+    assert probed == ([] if not probe else list(range(iterations, 5, iterations)))
+    assert probed == [h["step"] for h in ours.state.log_history if "entropy_rft/entropy_change/realised" in h]
 
 
 def test_monitor_metrics_against_the_captured_batch(tmp_path):
@@ -447,3 +456,46 @@ def test_inspect_page_of_a_monitored_run_in_chromium(tmp_path):
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 20_000
     if os.environ.get("ENTROPY_RFT_SCREENSHOT"):
         shutil.copy(shot, os.environ["ENTROPY_RFT_SCREENSHOT"])
+
+
+@pytest.mark.slow
+def test_probe_first_order_predicts_the_realised_change(tmp_path):
+    """The monitor's probe (probe_every 1) on 12 steps of TRL's own loop (dapo, Adam, lr 5e-3 with TRL's linear
+    decay): every logged step carries first_order and realised, the median of first_order / realised is within
+    [0.5, 2], and the signs agree on at least 80% of the steps whose realised change exceeds 1e-4 (of which there are
+    at least 6, so the check has steps to judge). Both reach metrics.jsonl under the built-in trainer's names."""
+    import statistics
+
+    from entropy_rft.logging import read_metrics
+
+    trainer = watched(tmp_path, max_steps=12, learning_rate=5e-3, probe_every=1)
+    trainer.train()
+    logged = [h for h in trainer.state.log_history if "entropy_rft/entropy" in h]
+    assert [h["step"] for h in logged] == list(range(1, 13))
+    pairs = [(h["entropy_rft/entropy_change/first_order"], h["entropy_rft/entropy_change/realised"]) for h in logged]
+    assert 0.5 <= statistics.median(f / r for f, r in pairs) <= 2.0
+    moved = [(f, r) for f, r in pairs if abs(r) > 1e-4]
+    assert len(moved) >= 6
+    assert sum((f > 0) == (r > 0) for f, r in moved) >= 0.8 * len(moved)
+    lines = read_metrics(tmp_path / "out")
+    assert [(m["entropy_change/first_order"], m["entropy_change/realised"]) for m in lines] == pairs
+
+
+def test_probe_every_rejects_a_negative_cadence(tmp_path):
+    with pytest.raises(ValueError, match="probe_every"):
+        watched(tmp_path, probe_every=-1)
+
+
+def test_logged_monitor_values_are_the_logged_steps_batch(tmp_path):
+    """logging_steps 3 over 6 steps, samples at steps 1 and 6 (samples_every 10), one optimizer step per generation
+    batch: the monitor's statistics are computed for the batches of steps 1 (samples), 3 and 6, and each log line's
+    entropy_rft/entropy is that of the logged step's own batch (step 3's: not averaged with step 1's, which was
+    computed only for its samples)."""
+    trainer = watched(tmp_path, max_steps=6, logging_steps=3)
+    trainer.train()
+    logged = {h["step"]: h["entropy_rft/entropy"] for h in trainer.state.log_history if "entropy_rft/entropy" in h}
+    assert sorted(logged) == [3, 6]
+    for step, (out, stats) in enumerate(trainer.captured, start=1):
+        if step in logged:
+            mask = out["completion_mask"].bool()
+            assert logged[step] == pytest.approx(float(stats.entropy[mask].double().mean()), rel=1e-5)

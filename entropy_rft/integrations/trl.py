@@ -57,7 +57,7 @@ from .. import samples
 from ..config import TrainConfig
 from ..diagnostics import masked_mean, watch_metrics
 from ..dynamics import TokenStats
-from ..forward import batch_stats
+from ..forward import EntropyProbe, batch_stats
 from ..logging import JsonlSink
 from ..losses import step_sizes
 from ..methods import METHODS
@@ -119,6 +119,32 @@ class MetricsFile(TrainerCallback):
             self.sink = None
 
 
+def mean_entropy(stats: TokenStats, mask: torch.Tensor) -> float:
+    """The mean entropy over the mask's tokens, summed in float64 (a probe's realised change is a difference of
+    two of these, about 1e-5 of their size)."""
+    m = mask.to(stats.entropy.device).double()
+    return float((stats.entropy.double() * m).sum() / m.sum().clamp_min(1.0))
+
+
+def sharded(accelerator) -> bool:
+    """Whether each process holds a shard of the weights (FSDP, Megatron-LM, DeepSpeed ZeRO-3), not the whole model."""
+    kind = accelerator.distributed_type.value
+    if kind == "DEEPSPEED":
+        return getattr(accelerator.state.deepspeed_plugin, "zero_stage", 0) == 3
+    return kind in ("FSDP", "MEGATRON_LM")
+
+
+class ProbeCallback(TrainerCallback):
+    """Ends the trainer's entropy probe after TRL's optimizer step (on_step_end: the weights are the new ones, the
+    step's log line is still to come)."""
+
+    def __init__(self, trainer: "EntropyGRPOTrainer"):
+        self.trainer = trainer
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.trainer._finish_probe(state.global_step)
+
+
 class EntropyGRPOTrainer(GRPOTrainer):
     """GRPOTrainer that reports what moves its entropy and, with a filter, whose loss keeps only the tokens an
     entropy-rft method keeps (module docstring).
@@ -131,11 +157,22 @@ class EntropyGRPOTrainer(GRPOTrainer):
 
     samples_every, samples_groups: token-level samples of the generation batch, in the built-in trainer's format
     and with its defaults (TrainConfig), written to OUTPUT_DIR/samples (entropy_rft/samples.py; `entropy-rft
-    inspect OUTPUT_DIR` shows them). A file is named by the first optimizer step its generation batch feeds."""
+    inspect OUTPUT_DIR` shows them). A file is named by the first optimizer step its generation batch feeds.
+
+    probe_every: N > 0 probes the generation batches that feed an optimizer step divisible by N (0: never; the
+    default is the built-in trainer's, TrainConfig.probe_every, 10, which is also TRL's default logging_steps, so
+    each default log line carries one probe): the gradient of the batch's mean entropy over its valid completion
+    tokens at the weights that generated it (one extra forward and backward), TRL's own optimizer steps on the
+    batch, then that mean entropy on the same tokens at the new weights (one extra forward), logged at the batch's
+    last optimizer step as entropy_rft/entropy_change/first_order (gradient . parameter change, the change to
+    first order through the network of the step Adam really took) and entropy_rft/entropy_change/realised
+    (departure 6)."""
 
     def __init__(self, *args, method: str = "clip_b", method_options: dict | None = None,
                  samples_every: int = TrainConfig.samples_every, samples_groups: int = TrainConfig.samples_groups,
-                 **kwargs):
+                 probe_every: int = TrainConfig.probe_every, **kwargs):
+        if probe_every < 0:
+            raise ValueError(f"probe_every must be >= 0 (0: never probe), got {probe_every}")
         if method == MONITOR:
             if method_options:
                 raise ValueError(f"method {MONITOR!r} changes nothing in the loss, so it takes no method_options "
@@ -153,8 +190,13 @@ class EntropyGRPOTrainer(GRPOTrainer):
         self.method_options = dict(method_options or {})
         self.samples_every, self.samples_groups = samples_every, samples_groups
         self._samples_cut = False
+        self.probe_every, self._probe = probe_every, None
         super().__init__(*args, **kwargs)
+        if probe_every and sharded(self.accelerator):
+            raise ValueError(f"probe_every={probe_every} needs every process to hold the whole model; this run shards "
+                             f"it ({self.accelerator.distributed_type.value}): set probe_every=0")
         self.add_callback(MetricsFile())
+        self.add_callback(ProbeCallback(self))
 
     @property
     def method_name(self) -> str:
@@ -170,7 +212,10 @@ class EntropyGRPOTrainer(GRPOTrainer):
         loss_mask = out["completion_mask"].bool()
         if "tool_mask" in out:
             loss_mask = loss_mask & out["tool_mask"].bool()
-        every, adv, mask = self._gather(self._token_stats(out), out["advantages"], loss_mask)
+        local = self._token_stats(out)
+        if self._probing():
+            self._start_probe(out, local)
+        every, adv, mask = self._gather(local, out["advantages"], loss_mask)
         metrics = {}
         if self.entropy_method is None:  # monitor mode: `out` stays exactly as TRL made it
             keep = mask
@@ -186,9 +231,10 @@ class EntropyGRPOTrainer(GRPOTrainer):
         self._filtered = (every, adv, mask, keep)  # the whole batch, for the samples
         self._step_sizes = self._step_size(self._lr(), mask & keep)
         metrics.update(watch_metrics(every, adv, mask, mask & keep, self._step_sizes))
-        for name, value in metrics.items():
-            if value is not None:
-                self._metrics["train"][f"entropy_rft/{name}"].append(value)
+        if self._feeds_log():  # the batch of a logged step (not one computed only for samples or a probe): departure 7
+            for name, value in metrics.items():
+                if value is not None:
+                    self._metrics["train"][f"entropy_rft/{name}"].append(value)
         self._write_samples(out)
         return out
 
@@ -199,15 +245,50 @@ class EntropyGRPOTrainer(GRPOTrainer):
         return range(done + 1, done + span + 1)
 
     def _watched(self) -> bool:
+        """Whether one of the steps this generation batch feeds logs, writes samples or is probed: the monitor's
+        statistics are for them."""
+        steps = self._fed_steps()
+        return self._feeds_log() or self._probing() or any(samples.due(s, self.samples_every, self.state.max_steps)
+                                                     for s in steps)
+
+    def _feeds_log(self) -> bool:
         """Whether one of the steps this generation batch feeds logs (TRL's logging_steps, logging_first_step; every
-        batch under another logging strategy than "steps") or writes samples: the monitor's statistics are for them."""
+        batch under another logging strategy than "steps")."""
         args, steps = self.args, self._fed_steps()
-        if any(samples.due(s, self.samples_every, self.state.max_steps) for s in steps):
-            return True
         if args.logging_strategy != "steps":
             return args.logging_strategy != "no"
         every = self.state.logging_steps or 1
         return any(s % every == 0 or (s == 1 and args.logging_first_step) for s in steps)
+
+    def _probing(self) -> bool:
+        """Whether this generation batch feeds an optimizer step divisible by probe_every."""
+        return self.probe_every > 0 and any(s % self.probe_every == 0 for s in self._fed_steps())
+
+    def _start_probe(self, out, before: TokenStats) -> None:
+        """The gradient of this process's rows' mean entropy at the behaviour weights (forward.EntropyProbe, in the
+        statistics pass's module mode, so no random number is drawn), kept until the batch's last optimizer step."""
+        rollout = rollout_of(out)
+        probe = EntropyProbe(self.model, rollout, self.temperature, self.args.per_device_train_batch_size,
+                             in_update_mode=True)
+        self._probe = (probe, rollout, mean_entropy(before, rollout.response_mask), float(rollout.response_mask.sum()),
+                       self._fed_steps()[-1])
+
+    def _finish_probe(self, step: int) -> None:
+        """After the optimizer step `step`: if it is the probed batch's last, the first-order and the realised change
+        of the mean entropy over every process's valid completion tokens (each process's weighted by its tokens:
+        the parameter step is the same on every process, the gradient is of its own rows)."""
+        if self._probe is None or self._probe[-1] != step:
+            return
+        probe, rollout, before, n, _ = self._probe
+        self._probe = None
+        after = mean_entropy(batch_stats(self.model, rollout, self.temperature, self.args.per_device_train_batch_size),
+                             rollout.response_mask)
+        local = torch.tensor([n, n * probe.first_order(), n * (after - before)], dtype=torch.float64,
+                             device=self.accelerator.device)
+        total = self.accelerator.gather(local[None]).sum(0).cpu()
+        tokens = max(float(total[0]), 1.0)
+        self._metrics["train"]["entropy_rft/entropy_change/first_order"].append(float(total[1]) / tokens)
+        self._metrics["train"]["entropy_rft/entropy_change/realised"].append(float(total[2]) / tokens)
 
     def _cut_samples(self) -> None:
         """The first batch of a run cuts the samples of later steps (a run resumed from a checkpoint writes them
