@@ -236,6 +236,18 @@ def build_record(*, step: int, prompt_ids: Tensor, prompt_mask: Tensor, response
     }
 
 
+def mark_tokens(record: dict, name: str, mask: Tensor, label: str) -> dict:
+    """Adds a per-token 0/1 field `name` to every written response of a record (its row of `mask`, (B, T), cut as the
+    response's tokens are) and lists it in record["marks"] as {"key": name, "label": label}: what the inspect page
+    underlines (the monitor marks the tokens Clip_B and Clip_V would drop). Returns the record."""
+    rows = mask.detach().bool().cpu()
+    for group in record["groups"]:
+        for resp in group["responses"]:
+            resp[name] = [int(x) for x in rows[resp["row"], :len(resp["text"])].tolist()]
+    record.setdefault("marks", []).append({"key": name, "label": label})
+    return record
+
+
 def top_tokens(term: Tensor, would: Tensor, adv_t: Tensor, stats: TokenStats, mask: Tensor, loss_mask: Tensor,
                response_ids: Tensor, tokenizer, group_size: int, written: set[int], k: int = TOP_TOKENS) -> dict:
     """The batch's k tokens with the largest terms (`raise`: they push entropy up), the k with the smallest

@@ -421,8 +421,11 @@ def test_monitor_forwards_only_for_logged_steps(tmp_path):
 def test_inspect_page_of_a_monitored_run_in_chromium(tmp_path):
     """The inspect page of a monitored TRL run on the shipped countdown policy (countdown_trainer, method "none", one
     step), in headless Chromium (`make chromium`): no console error and no request but the page; one token element
-    per written token, none clipped (the monitor drops nothing); Tab reaches a token and the panel shows its stored
-    values. A screenshot is written (ENTROPY_RFT_SCREENSHOT: also copied there; docs/watch.png is one)."""
+    per written token, none clipped (the monitor drops nothing), the tokens Clip_B and Clip_V would drop marked
+    exactly as the file's marks (Clip_B drops some at step 1); Tab reaches a token and the panel shows its stored
+    values. The same record without terms (a bnpo loss: step sizes unknown) opens coloured by -A S_c, its legend no
+    "-0 ... +0" ramp. A screenshot is written (ENTROPY_RFT_SCREENSHOT: also copied there; docs/watch.png is one)."""
+    import copy
     import shutil
 
     from cdp import Browser, find_chromium
@@ -440,11 +443,31 @@ def test_inspect_page_of_a_monitored_run_in_chromium(tmp_path):
     countdown_trainer(run, method="none", steps=1).train()
     rec = samples.read_samples(run)[1]
     assert _token_places(rec)[1] == set()  # nothing clipped
+    marked = {m["key"]: {(k, j, t) for k, g in enumerate(rec["groups"]) for j, resp in enumerate(g["responses"])
+                         for t, x in enumerate(resp[m["key"]]) if x} for m in rec["marks"]}
+    assert list(marked) == ["would_clip_b", "would_clip_v"] and marked["would_clip_b"]  # Clip_B would drop some
+    # the same record as a loss whose step sizes are unknown (bnpo): no terms, coloured by -A S_c instead
+    blind, unknown = tmp_path / "trl-bnpo", copy.deepcopy(rec)
+    for g in unknown["groups"]:
+        for resp in g["responses"]:
+            resp["term"], resp["term_scale"] = [None] * len(resp["text"]), None
+    samples.write_record(blind, {**unknown, "loss_type": "bnpo", "top": {}, "entropy_change": {}})
     out = inspect_page.build_page([run], tmp_path / "inspect.html")
     with Browser(find_chromium()) as browser:
+        bnpo = browser.open(inspect_page.build_page([blind], tmp_path / "bnpo.html").resolve().as_uri())
+        bnpo.wait_for("document.body.dataset.ready === '1'")
+        assert bnpo.evaluate("document.getElementById('stat').value") == "push"
+        coloured = bnpo.evaluate("Array.from(document.querySelectorAll('.tok')).filter(e => e.style.background).length")
+        assert coloured > 0.5 * _token_places(rec)[0]
+        assert "\u22120 " not in bnpo.evaluate("document.getElementById('legend').textContent")
         page = browser.open(out.resolve().as_uri())
         page.wait_for("document.body.dataset.ready === '1'")
         _check_dom(page, [rec])
+        for i, places in enumerate(marked.values()):
+            got = page.evaluate(f"Array.from(document.querySelectorAll('.tok.mark-{i}'))"
+                                ".map(e => [+e.dataset.group, +e.dataset.resp, +e.dataset.pos])")
+            assert {tuple(x) for x in got} == places
+        assert "Clip_B (mu 2.5) would drop it" in page.evaluate("document.getElementById('legend').textContent")
         _tab_to_token(page)
         r, k, j, t = page.evaluate("(e => [+e.dataset.run, +e.dataset.group, +e.dataset.resp, +e.dataset.pos])"
                                    "(document.activeElement)")
@@ -479,6 +502,21 @@ def test_probe_first_order_predicts_the_realised_change(tmp_path):
     assert sum((f > 0) == (r > 0) for f, r in moved) >= 0.8 * len(moved)
     lines = read_metrics(tmp_path / "out")
     assert [(m["entropy_change/first_order"], m["entropy_change/realised"]) for m in lines] == pairs
+    # `entropy-rft report` on it: what was watched, the would-clip metrics, the probe's figures, no clip column
+    from entropy_rft.report import build_report
+
+    text = build_report([tmp_path / "out"], tmp_path / "report").read_text()
+    table = text[text.index("| run | engine"):].split("\n")
+    head, row = table[0], dict(zip(table[0].strip("|").split(" | "), table[2].strip("|").split(" | ")))
+    assert "mean clip frac" not in head and "| run | method | mu |" not in text  # the built-in runs' table
+    assert row["engine"].strip() == "trl 1.16.0" and row["method"] == "none" and row["loss watched"] == "dapo"
+    assert row["steps"] == "12" and row["probed steps"] == "12"
+    for name in ("clip_b", "clip_v"):
+        mean = statistics.mean(m[f"would_{name}/frac"] for m in lines)
+        assert float(row[f"{name} would drop (mean frac)"]) == pytest.approx(mean, abs=1e-4)
+    ratio = statistics.median(r / f for f, r in pairs)
+    assert float(row["realised / first order (median)"]) == pytest.approx(ratio, rel=1e-2)
+    assert (tmp_path / "report" / "would_clip.png").stat().st_size > 0
 
 
 def test_probe_every_rejects_a_negative_cadence(tmp_path):
@@ -499,3 +537,17 @@ def test_logged_monitor_values_are_the_logged_steps_batch(tmp_path):
         if step in logged:
             mask = out["completion_mask"].bool()
             assert logged[step] == pytest.approx(float(stats.entropy[mask].double().mean()), rel=1e-5)
+
+
+def test_an_untested_trl_release_is_refused_with_the_tested_range():
+    """check_trl_version: TRL 1.16.x passes; 1.17, 1.18.1 and 1.15 are refused with an error naming the tested range
+    and what the release notes say changed (AsyncGRPOTrainer), or only warned about when the user allows it."""
+    from entropy_rft.integrations.trl import check_trl_version
+
+    check_trl_version("1.16.0")
+    check_trl_version("1.16.3.dev0")
+    for version in ("1.17.0", "1.18.1", "1.15.2"):
+        with pytest.raises(RuntimeError, match=r"TRL >= 1\.16, < 1\.17.*AsyncGRPOTrainer"):
+            check_trl_version(version)
+        with pytest.warns(UserWarning, match=r"TRL >= 1\.16, < 1\.17"):
+            check_trl_version(version, allow_untested=True)

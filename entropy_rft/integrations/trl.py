@@ -14,9 +14,11 @@ micro-batch or per process), and the loss then ignores the dropped tokens, in it
 the authors' code. With method "none" (monitor mode) the generation batch TRL's loss reads is left exactly as TRL
 made it. Each logging step adds `entropy_rft/*` metrics to TRL's own logs (so W&B, TensorBoard and trackio show
 them), over the generation batch (diagnostics.watch_metrics): entropy over every valid completion token, the means
-of S* and S_c, Cov_B(A, S_c), the logit-space predicted entropy change with the loss's own per-token step sizes
-(entropy_change/predicted), and what Clip_B and Clip_V at their default mu would drop (would_clip_b/frac, ...)
-and the predicted entropy change those tokens account for; a filter adds its own (clip fractions, kept_frac,
+of S* and S_c, Cov_B(A, S_c), eq. 23's logit-space entropy change with SGD step sizes, the loss's own per-token
+lr w_t (entropy_change/predicted: not the size, nor reliably the sign, of the change Adam's step makes; docs/watch.md),
+and what Clip_B and Clip_V at their default mu would drop (would_clip_b/frac, ...) and those tokens' share of that
+logit-space change; with probe_every, the real step's change to first order through the network and as measured
+(entropy_change/first_order, entropy_change/realised); a filter adds its own (clip fractions, kept_frac,
 entropy_kept). OUTPUT_DIR gets token samples (OUTPUT_DIR/samples, entropy_rft/samples.py's format) and the
 entropy_rft metrics of each logging step in metrics.jsonl (MetricsFile), so `entropy-rft inspect OUTPUT_DIR` and
 `entropy-rft report OUTPUT_DIR` read it as they read a run of the built-in trainer.
@@ -27,8 +29,8 @@ Departures from the built-in trainer, numbered:
    entropy-rft's position ids (from the left padding); TRL's own log-probs are left as TRL computes them. TRL 1.16's
    forward cannot serve: its fused LM head returns log p, H and log sum_i p_i^2 per token, not sum_i p_i^2 log p_i,
    so E_p[S] (Theorem 2) and with it S_c need the logits again (benchmarks/monitor_overhead.py measures the cost).
-   The monitor runs that forward only for generation batches that feed a logging step (TRL's logging_steps) or a
-   samples step; a filter needs it for every batch.
+   The monitor runs that forward only for generation batches that feed a logging step (TRL's logging_steps), a
+   samples step or a probe; a filter needs it for every batch.
 3. The dropped tokens always leave the loss's terms; where they leave its denominator depends on TRL's
    loss_type (TRL 1.16's GRPOTrainer.compute_loss): dapo, cispo and vespo divide by `num_items_in_batch`, which
    this trainer recounts over the kept tokens of the whole generation batch (every process), so their loss is
@@ -40,36 +42,93 @@ Departures from the built-in trainer, numbered:
    carries the filter: the quantile is over the kept tokens only.
 4. Only methods that are token filters apply here; the other rows of METHODS are TRL settings or different losses
    (the error for them says which).
-5. The predicted entropy change is that of the policy-gradient term at ratio 1 (the first optimizer step of each
-   generation batch) over every optimizer step the batch feeds (`_step_size`): TRL's KL term, entropy bonus and
-   vLLM importance-sampling correction are not in it, and it is None for bnpo (its weights depend on TRL's random
-   split into micro-batches), vespo (its sequence weights) and top_entropy_quantile < 1 (a quantile per
-   micro-batch).
+5. The logit-space entropy change (entropy_change/predicted) is that of the policy-gradient term at ratio 1 (the
+   first optimizer step of each generation batch) over every optimizer step the batch feeds (`_step_size`), each
+   token's logits moved by SGD with step lr w_t: TRL's optimizer (Adam), KL term, entropy bonus and vLLM
+   importance-sampling correction are not in it, and it is None for bnpo (its weights depend on TRL's random split
+   into micro-batches), vespo (its sequence weights) and top_entropy_quantile < 1 (a quantile per micro-batch).
+6. The probe (probe_every) takes the gradient of each process's own rows' mean entropy, in the statistics pass's
+   module mode (forward.update_mode: no random number drawn, so TRL's run is unchanged), with
+   torch.autograd.grad (TRL's .grad untouched), at the weights that generated the batch, and keeps it until the
+   batch's last optimizer step (span: steps_per_generation x num_iterations / gradient_accumulation_steps); then
+   first_order = g . (theta_after - theta_before) over every step the batch fed (forward.EntropyProbe) and realised
+   = the mean entropy on the same tokens after minus before, each combined over processes weighted by their valid
+   completion tokens. The entropy is over every valid completion token (completion_mask; TRL's tool_mask not
+   applied), at TRL's temperature; the probe needs each process to hold the whole model (refused under FSDP,
+   DeepSpeed ZeRO-3, Megatron) and one gradient's memory between generation and the batch's last step.
+7. Which steps a log line covers: TRL averages its own metrics over every step of the logging window. A filter
+   computes its statistics for every batch, so its entropy_rft/* values are the window's mean too. The monitor
+   computes them only for batches that feed a logged step, a samples step or a probe, and logs them only for
+   those that feed a logged step: with logging_steps L a log line's entropy_rft/* values are those of the logged
+   step's batch, not the window's mean (the probe's two values are appended at its batch's last step and averaged
+   with any other probe of the window).
 """
 
 from __future__ import annotations
 
+import os
+import re
 from pathlib import Path
 
 import torch
 
 from .. import samples
 from ..config import TrainConfig
-from ..diagnostics import masked_mean, watch_metrics
+from ..diagnostics import WOULD_CLIP, masked_mean, watch_metrics, would_clip_label
 from ..dynamics import TokenStats
 from ..forward import EntropyProbe, batch_stats
-from ..logging import JsonlSink
+from ..logging import JsonlSink, write_engine_run
 from ..losses import step_sizes
 from ..methods import METHODS
 from ..rollout.hf import Rollout
 
 try:
+    import trl
     from transformers import TrainerCallback
     from trl import GRPOTrainer
 except ImportError as err:  # the adapter is an optional extra
     raise ImportError("entropy_rft.integrations.trl needs TRL: pip install 'entropy-rft[trl]'") from err
 
 MONITOR = "none"  # method: TRL's loss unchanged, the statistics only
+# The TRL releases this adapter is tested against (tests/test_trl.py; the newest this project's package index
+# serves is 1.16.0). It overrides GRPOTrainer._generate_and_score_completions and _calculate_rewards and reads
+# their outputs' keys, TRL's loss_type / importance_sampling_level / top_entropy_quantile and its _metrics.
+TRL_TESTED = ((1, 16), (1, 17))  # [lowest, first untested)
+# What TRL's release notes say changed after the tested range, where it touches this adapter (docs/howto/trl.md).
+TRL_KNOWN_CHANGES = (
+    "1.17: vLLM log-probs renormalised under top-k/top-p/min-p for the importance-sampling correction (not in "
+    "the monitor's step sizes either way); 1.18: AsyncGRPOTrainer stable, a separate trainer with its own rollout "
+    "worker and loss path, which EntropyGRPOTrainer does not wrap")
+OUT_KEYS = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "advantages")  # what we read
+UNTESTED_TRL = "ENTROPY_RFT_ALLOW_UNTESTED_TRL"  # set to 1: warn instead of refusing an untested TRL release
+
+
+def check_trl_version(version: str, allow_untested: bool = False) -> None:
+    """Refuses a TRL release outside TRL_TESTED with an error naming the tested range and what is known to differ
+    (a warning instead with allow_untested: ENTROPY_RFT_ALLOW_UNTESTED_TRL=1)."""
+    import warnings
+
+    parts = tuple(int(p) for p in re.findall(r"\d+", version)[:2])
+    lo, hi = TRL_TESTED
+    if lo <= parts < hi:
+        return
+    message = (f"entropy_rft.integrations.trl is tested with TRL >= {lo[0]}.{lo[1]}, < {hi[0]}.{hi[1]}; this is TRL "
+               f"{version}. It overrides GRPOTrainer internals (_generate_and_score_completions, _calculate_rewards, "
+               f"the loss_type aggregations) that may differ there. Known since: {TRL_KNOWN_CHANGES}. Install "
+               f"'trl>={lo[0]}.{lo[1]},<{hi[0]}.{hi[1]}', or set {UNTESTED_TRL}=1 to run untested")
+    if not allow_untested:
+        raise RuntimeError(message)
+    warnings.warn(message, stacklevel=3)
+
+
+def check_trl_internals(trainer_cls) -> None:
+    """The GRPOTrainer methods and settings this adapter uses exist (a clear error before training, not a wrong
+    statistic after)."""
+    missing = [name for name in ("_generate_and_score_completions", "_calculate_rewards", "_compute_loss")
+               if not callable(getattr(trainer_cls, name, None))]
+    if missing:
+        raise RuntimeError(f"this TRL's GRPOTrainer has no {', '.join(missing)}: entropy_rft.integrations.trl needs "
+                           f"TRL >= {TRL_TESTED[0][0]}.{TRL_TESTED[0][1]}, < {TRL_TESTED[1][0]}.{TRL_TESTED[1][1]}")
 TRL_EQUIVALENTS = {
     "grpo": f"method={MONITOR!r} (TRL's own loss, watched)",
     "dapo": "GRPOConfig(loss_type='dapo', epsilon_high=0.28)",
@@ -96,12 +155,14 @@ class MetricsFile(TrainerCallback):
 
     RENAMED = {"reward": "reward_mean", "grad_norm": "grad_norm", "learning_rate": "lr"}
 
-    def __init__(self):
-        self.sink = None
+    def __init__(self, about: dict | None = None):
+        self.sink, self.about = None, about
 
     def on_train_begin(self, args, state, control, **kwargs):
         if state.is_world_process_zero:
             Path(args.output_dir).mkdir(parents=True, exist_ok=True)
+            if self.about is not None:  # what `entropy-rft report` names in its table
+                write_engine_run(args.output_dir, self.about)
             self.sink = JsonlSink(args.output_dir, {}, start_step=state.global_step)
 
     def on_log(self, args, state, control, logs=None, **kwargs):
@@ -173,6 +234,8 @@ class EntropyGRPOTrainer(GRPOTrainer):
                  probe_every: int = TrainConfig.probe_every, **kwargs):
         if probe_every < 0:
             raise ValueError(f"probe_every must be >= 0 (0: never probe), got {probe_every}")
+        check_trl_version(trl.__version__, os.environ.get(UNTESTED_TRL) == "1")
+        check_trl_internals(GRPOTrainer)
         if method == MONITOR:
             if method_options:
                 raise ValueError(f"method {MONITOR!r} changes nothing in the loss, so it takes no method_options "
@@ -195,8 +258,19 @@ class EntropyGRPOTrainer(GRPOTrainer):
         if probe_every and sharded(self.accelerator):
             raise ValueError(f"probe_every={probe_every} needs every process to hold the whole model; this run shards "
                              f"it ({self.accelerator.distributed_type.value}): set probe_every=0")
-        self.add_callback(MetricsFile())
+        self.add_callback(MetricsFile(self._about()))
         self.add_callback(ProbeCallback(self))
+
+    def _about(self) -> dict:
+        """The settings `entropy-rft report` names for this run (diagnostics.write_engine_run)."""
+        args = self.args
+        return {"source": "trl", "trl_version": trl.__version__, "method": self.method_name,
+                "method_options": self.method_options, "loss_type": self.loss_type,
+                "importance_sampling_level": self.importance_sampling_level, "num_generations": self.num_generations,
+                "learning_rate": args.learning_rate,
+                "lr_scheduler_type": getattr(args.lr_scheduler_type, "value", args.lr_scheduler_type),
+                "logging_steps": args.logging_steps, "probe_every": self.probe_every,
+                "samples_every": self.samples_every}
 
     @property
     def method_name(self) -> str:
@@ -209,6 +283,10 @@ class EntropyGRPOTrainer(GRPOTrainer):
         if self.entropy_method is None and not self._watched():  # departure 2: nothing to log or write
             self._cut_samples()
             return out
+        missing = [k for k in OUT_KEYS if k not in out]
+        if missing:
+            raise RuntimeError(f"TRL's generation batch has no {', '.join(missing)}: this TRL ({trl.__version__}) "
+                               f"differs from the tested range {TRL_TESTED} (check_trl_version)")
         loss_mask = out["completion_mask"].bool()
         if "tool_mask" in out:
             loss_mask = loss_mask & out["tool_mask"].bool()
@@ -231,7 +309,7 @@ class EntropyGRPOTrainer(GRPOTrainer):
         self._filtered = (every, adv, mask, keep)  # the whole batch, for the samples
         self._step_sizes = self._step_size(self._lr(), mask & keep)
         metrics.update(watch_metrics(every, adv, mask, mask & keep, self._step_sizes))
-        if self._feeds_log():  # the batch of a logged step (not one computed only for samples or a probe): departure 7
+        if self.entropy_method is not None or self._feeds_log():  # departure 7
             for name, value in metrics.items():
                 if value is not None:
                     self._metrics["train"][f"entropy_rft/{name}"].append(value)
@@ -336,6 +414,10 @@ class EntropyGRPOTrainer(GRPOTrainer):
             step_size=self._step_sizes,
             info={"source": "trl", "method": self.method_name, "loss_type": self.loss_type,
                   "importance_sampling_level": self.importance_sampling_level, "lr": lr, "steps": [steps[0], steps[-1]]})
+        if self.entropy_method is None:  # what the filters would drop (watch_metrics' would_<name>/frac)
+            for name in WOULD_CLIP:
+                dropped = mask & ~METHODS.get(name).apply(every, adv, mask)[0]
+                samples.mark_tokens(record, f"would_{name}", dropped, would_clip_label(name))
         samples.write_record(run_dir, record)
 
     def _step_size(self, lr: float, kept: torch.Tensor):

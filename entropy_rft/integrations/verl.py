@@ -81,12 +81,13 @@ from ..advantages import broadcast_advantages
 from ..config import TrainConfig
 from ..diagnostics import masked_mean, watch_metrics
 from ..dynamics import TokenStats, batch_covariance, token_stats
-from ..logging import JsonlSink
+from ..logging import JsonlSink, write_engine_run
 from ..losses import select_clip_cov, step_sizes
 from ..methods import METHODS, NO_CAP
 
 try:
     import transfer_queue as tq
+    import verl
     from tensordict import TensorDict
     from verl.trainer.ppo.v1.trainer_base import register_trainer
     from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
@@ -301,6 +302,12 @@ class EntropyRFTTrainer(PPOTrainerSync):
             Path(run_dir).mkdir(parents=True, exist_ok=True)
             samples.cut_after(run_dir, done - 1)  # a resumed run writes the later steps again
             self.entropy_rft_metrics = JsonlSink(Path(run_dir), {}, start_step=done - 1)
+            actor = self.config.actor_rollout_ref.actor
+            write_engine_run(run_dir, {"source": "verl", "verl_version": getattr(verl, "__version__", None),
+                                       "method": settings.method, "loss_agg_mode": actor.loss_agg_mode,
+                                       "policy_loss": actor.get("policy_loss", {}).get("loss_mode"),
+                                       "rollout_n": int(self.config.actor_rollout_ref.rollout.n),
+                                       "lr": actor_lr(self.config), "samples_every": settings.samples_every})
         ours = {k.removeprefix("entropy_rft/"): v for k, v in metrics.items() if k.startswith("entropy_rft/")}
         self.entropy_rft_metrics.log({"step": done, **ours})
         if not samples.due(done, settings.samples_every, getattr(self, "total_training_steps", None)):
