@@ -17,7 +17,9 @@ all-token mean the run logs as `entropy`: in logit space a clipped token gets no
 loss: 1 / |T_B| for the token-mean loss (the trainer's; dynamics, departure 3), so alpha_t = lr A_t / |T_B|. A
 clipped token is not in T and its term is 0; the file keeps `term_scale` = lr w / |T| so that a reader can show
 what it would have contributed (-term_scale A S_c). Each response also carries its reward, advantage, length and
-whether it finished; each group its prompt (as the model saw it, decoded from the rollout's prompt ids).
+whether it finished; each group its prompt (as the model saw it, decoded from the rollout's prompt ids). A record
+may also mark tokens (`mark_tokens`: a 0/1 field per response, listed in the record's `marks` with a label): a
+monitored engine run marks what Clip_B and Clip_V would drop.
 
 Each file also holds, over the whole batch (not only the written groups): eq. 23's sum of every term (the change of
 entropy_kept, as above), Corollary

@@ -220,9 +220,9 @@ class EntropyGRPOTrainer(GRPOTrainer):
     and with its defaults (TrainConfig), written to OUTPUT_DIR/samples (entropy_rft/samples.py; `entropy-rft
     inspect OUTPUT_DIR` shows them). A file is named by the first optimizer step its generation batch feeds.
 
-    probe_every: N > 0 probes the generation batches that feed an optimizer step divisible by N (0: never; the
-    default is the built-in trainer's, TrainConfig.probe_every, 10, which is also TRL's default logging_steps, so
-    each default log line carries one probe): the gradient of the batch's mean entropy over its valid completion
+    probe_every: N > 0 probes the generation batches that feed an optimizer step divisible by N (0: never; None,
+    the default, is the built-in trainer's TrainConfig.probe_every, 10, which is also TRL's default logging_steps,
+    so each default log line carries one probe, and 0 where the weights are sharded): the gradient of the batch's mean entropy over its valid completion
     tokens at the weights that generated it (one extra forward and backward), TRL's own optimizer steps on the
     batch, then that mean entropy on the same tokens at the new weights (one extra forward), logged at the batch's
     last optimizer step as entropy_rft/entropy_change/first_order (gradient . parameter change, the change to
@@ -231,8 +231,8 @@ class EntropyGRPOTrainer(GRPOTrainer):
 
     def __init__(self, *args, method: str = "clip_b", method_options: dict | None = None,
                  samples_every: int = TrainConfig.samples_every, samples_groups: int = TrainConfig.samples_groups,
-                 probe_every: int = TrainConfig.probe_every, **kwargs):
-        if probe_every < 0:
+                 probe_every: int | None = None, **kwargs):
+        if probe_every is not None and probe_every < 0:
             raise ValueError(f"probe_every must be >= 0 (0: never probe), got {probe_every}")
         check_trl_version(trl.__version__, os.environ.get(UNTESTED_TRL) == "1")
         check_trl_internals(GRPOTrainer)
@@ -253,11 +253,13 @@ class EntropyGRPOTrainer(GRPOTrainer):
         self.method_options = dict(method_options or {})
         self.samples_every, self.samples_groups = samples_every, samples_groups
         self._samples_cut = False
-        self.probe_every, self._probe = probe_every, None
+        self.probe_every, self._probe = TrainConfig.probe_every if probe_every is None else probe_every, None
         super().__init__(*args, **kwargs)
-        if probe_every and sharded(self.accelerator):
-            raise ValueError(f"probe_every={probe_every} needs every process to hold the whole model; this run shards "
-                             f"it ({self.accelerator.distributed_type.value}): set probe_every=0")
+        if self.probe_every and sharded(self.accelerator):
+            if probe_every is not None:
+                raise ValueError(f"probe_every={probe_every} needs every process to hold the whole model; this run "
+                                 f"shards it ({self.accelerator.distributed_type.value}): set probe_every=0")
+            self.probe_every = 0  # the default probes only where it can
         self.add_callback(MetricsFile(self._about()))
         self.add_callback(ProbeCallback(self))
 
