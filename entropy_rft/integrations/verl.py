@@ -420,7 +420,7 @@ def verl_step_sizes(config, denominator: Tensor, used: Tensor, step: int | None 
     out = torch.zeros(used.shape, dtype=torch.float64)
     for block in actor_mini_batches(used.shape[0], min(rows, used.shape[0]), actor_dp_size(config)):
         tokens = max(float(denominator[block].sum()), 1.0)
-        out[block] = step_sizes(used[block], "token-mean", lr=lr, num_tokens=tokens) * used[block]
+        out[block] = (step_sizes(used[block], "token-mean", lr=lr, num_tokens=tokens) * used[block]).double()
     return out
 
 
