@@ -445,12 +445,16 @@ def test_inspect_page_of_a_monitored_run_in_chromium(tmp_path):
     assert _token_places(rec)[1] == set()  # nothing clipped
     marked = {m["key"]: {(k, j, t) for k, g in enumerate(rec["groups"]) for j, resp in enumerate(g["responses"])
                          for t, x in enumerate(resp[m["key"]]) if x} for m in rec["marks"]}
-    assert list(marked) == ["would_clip_b", "would_clip_v"] and marked["would_clip_b"]  # Clip_B would drop some
-    # the same record as a loss whose step sizes are unknown (bnpo): no terms, coloured by -A S_c instead
+    assert list(marked) == ["would_clip_b", "would_clip_v"]  # which tokens: the written groups may hold none
+    # the same record as a loss whose step sizes are unknown (bnpo): no terms, coloured by -A S_c instead; three
+    # tokens of its first response marked as Clip_B's, so the underlining is checked on tokens that are marked
     blind, unknown = tmp_path / "trl-bnpo", copy.deepcopy(rec)
     for g in unknown["groups"]:
         for resp in g["responses"]:
             resp["term"], resp["term_scale"] = [None] * len(resp["text"]), None
+    first = unknown["groups"][0]["responses"][0]
+    first["would_clip_b"] = [1, 1, 1] + first["would_clip_b"][3:]
+    planted = {(0, 0, t) for t, x in enumerate(first["would_clip_b"]) if x}
     samples.write_record(blind, {**unknown, "loss_type": "bnpo", "top": {}, "entropy_change": {}})
     out = inspect_page.build_page([run], tmp_path / "inspect.html")
     with Browser(find_chromium()) as browser:
@@ -460,6 +464,10 @@ def test_inspect_page_of_a_monitored_run_in_chromium(tmp_path):
         coloured = bnpo.evaluate("Array.from(document.querySelectorAll('.tok')).filter(e => e.style.background).length")
         assert coloured > 0.5 * _token_places(rec)[0]
         assert "\u22120 " not in bnpo.evaluate("document.getElementById('legend').textContent")
+        got = bnpo.evaluate("Array.from(document.querySelectorAll('.tok.mark-0'))"
+                            ".map(e => [+e.dataset.group, +e.dataset.resp, +e.dataset.pos])")
+        assert {tuple(x) for x in got} == planted | marked["would_clip_b"]
+        assert "Clip_B (mu 2.5) would drop it" in bnpo.evaluate("document.getElementById('legend').textContent")
         page = browser.open(out.resolve().as_uri())
         page.wait_for("document.body.dataset.ready === '1'")
         _check_dom(page, [rec])

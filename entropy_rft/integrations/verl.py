@@ -67,8 +67,10 @@ and fixed micro-batches; the value-head engine for the critic), `ppo_loss` and `
 an S*-sign filter, PPO with GAE and rejection sampling, each optimizer step's gradient against the token mean
 written directly. Stood in: the Ray dispatch (one rank, in-process), the rollout (a batch put as verl's agent loop
 puts it), the replay buffer and rollout replicas, FSDP sharding (unwrapped module), the optimizer (records
-gradients, never steps), verl's device helpers (CPU), the MFU counter, gloo's missing ReduceOp.AVG. Not run:
-several ranks, Megatron, fused kernels, vLLM/SGLang, a GPU.
+gradients, never steps), verl's device helpers (CPU), the MFU counter, gloo's missing ReduceOp.AVG. With two
+data-parallel ranks (gloo, two processes) only the choice of each optimizer step's rows and token count is run
+(verl's dispatch chunking and per-rank iterator): the whole step is not. Not run: Megatron, fused kernels,
+vLLM/SGLang, a GPU.
 """
 
 from __future__ import annotations
