@@ -464,7 +464,7 @@ def test_inspect_page_of_a_monitored_run_in_chromium(tmp_path):
         coloured = bnpo.evaluate("Array.from(document.querySelectorAll('.tok')).filter(e => e.style.background).length")
         assert coloured > 0.5 * _token_places(rec)[0]
         assert "\u22120 " not in bnpo.evaluate("document.getElementById('legend').textContent")
-        got = bnpo.evaluate("Array.from(document.querySelectorAll('.tok.mark-0'))"
+        got = bnpo.evaluate("Array.from(document.querySelectorAll('#runs .tok.mark-0'))"
                             ".map(e => [+e.dataset.group, +e.dataset.resp, +e.dataset.pos])")
         assert {tuple(x) for x in got} == planted | marked["would_clip_b"]
         assert "Clip_B (mu 2.5) would drop it" in bnpo.evaluate("document.getElementById('legend').textContent")
@@ -472,7 +472,7 @@ def test_inspect_page_of_a_monitored_run_in_chromium(tmp_path):
         page.wait_for("document.body.dataset.ready === '1'")
         _check_dom(page, [rec])
         for i, places in enumerate(marked.values()):
-            got = page.evaluate(f"Array.from(document.querySelectorAll('.tok.mark-{i}'))"
+            got = page.evaluate(f"Array.from(document.querySelectorAll('#runs .tok.mark-{i}'))"
                                 ".map(e => [+e.dataset.group, +e.dataset.resp, +e.dataset.pos])")
             assert {tuple(x) for x in got} == places
         assert "Clip_B (mu 2.5) would drop it" in page.evaluate("document.getElementById('legend').textContent")

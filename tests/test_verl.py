@@ -537,7 +537,10 @@ def verl_cfg():
             "actor_rollout_ref.actor.use_kl_loss=false", "algorithm.use_kl_in_reward=false",
             "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2", "critic.ppo_micro_batch_size_per_gpu=2",
             "actor_rollout_ref.rollout.calculate_log_probs=false", "algorithm.adv_estimator=grpo",
-            "trainer.critic_warmup=0"])
+            "trainer.critic_warmup=0",
+            # one data-parallel rank, as the in-process stand-in of verl's dispatch runs (the monitor's step sizes
+            # compose mini-batches over trainer.nnodes x n_gpus_per_node ranks: adapter.actor_dp_size)
+            "trainer.nnodes=1", "trainer.n_gpus_per_node=1"])
 
 
 @pytest.fixture(scope="module")
