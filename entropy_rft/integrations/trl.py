@@ -199,7 +199,7 @@ class ProbeCallback(TrainerCallback):
     """Ends the trainer's entropy probe after TRL's optimizer step (on_step_end: the weights are the new ones, the
     step's log line is still to come)."""
 
-    def __init__(self, trainer: "EntropyGRPOTrainer"):
+    def __init__(self, trainer: EntropyGRPOTrainer):
         self.trainer = trainer
 
     def on_step_end(self, args, state, control, **kwargs):

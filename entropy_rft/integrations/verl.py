@@ -361,7 +361,10 @@ def actor_lr(config, step: int | None = None) -> float:
     lr = float(optim.lr)
     if step is None:
         return lr
-    from verl.utils.torch_functional import get_constant_schedule_with_warmup, get_cosine_schedule_with_warmup
+    from verl.utils.torch_functional import (
+        get_constant_schedule_with_warmup,
+        get_cosine_schedule_with_warmup,
+    )
 
     total = int(optim.get("total_training_steps", -1))
     warmup = int(optim.get("lr_warmup_steps", -1) or -1)
