@@ -44,10 +44,6 @@ STATISTICS = (
      "help": "-lr w A S_c / |T|: this token's share of the step's first-order change of the mean entropy over the "
              "kept tokens T (entropy_kept, not the all-token entropy the run logs; Theorem 2 averaged as in eq. 23). "
              "Positive: the update raises entropy here; 0 for clipped tokens."},
-    {"key": "push", "label": "-A S_c (the term's direction, any loss)", "signed": True,
-     "help": "-A S_c: the token's term without its positive step size lr w / |T|, so defined for every loss, also "
-             "where w depends on how the engine splits the batch (TRL's bnpo, vespo). Within one response (one A) it "
-             "orders the tokens as the terms do. Positive: the update raises entropy here; not 0 for clipped tokens."},
     {"key": "entropy", "label": "H, entropy of the next-token distribution", "signed": False,
      "help": "H = -sum_i p_i log p_i of the distribution the token was sampled from."},
     {"key": "s_star", "label": "S*, entropy discriminator", "signed": True,
@@ -56,6 +52,10 @@ STATISTICS = (
      "help": "The centred score of Theorem 2: a step with advantage A changes this token's entropy by -alpha S_c."},
     {"key": "logp", "label": "log p of the sampled token", "signed": False,
      "help": "Darker: less likely under the policy that sampled it."},
+    {"key": "push", "label": "-A S_c (the term's direction, any loss)", "signed": True,
+     "help": "-A S_c: the token's term without its positive step size lr w / |T|, so defined for every loss, also "
+             "where w depends on how the engine splits the batch (TRL's bnpo, vespo). Within one response (one A) it "
+             "orders the tokens as the terms do. Positive: the update raises entropy here; not 0 for clipped tokens."},
 )
 
 
