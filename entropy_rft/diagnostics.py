@@ -22,6 +22,10 @@ from .samples import entropy_terms
 
 # the filters whose effect the monitor reports, each at its default options (the authors' mu)
 WOULD_CLIP = ("clip_b", "clip_v")
+def would_clip_label(name: str) -> str:
+    """How the inspect page names a WOULD_CLIP filter's mark: 'Clip_B (mu 2.5) would drop it'."""
+    options = ", ".join(f"{k} {v}" for k, v in METHODS.get(name).options.items() if v is not None)
+    return f"{name.replace('clip_', 'Clip_').replace('_b', '_B').replace('_v', '_V')} ({options}) would drop it"
 
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> float:

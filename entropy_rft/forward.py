@@ -342,10 +342,12 @@ class EntropyProbe:
     of the parameter step actually applied (Adam's, clipped, over every mini-batch and epoch). It is computed as
     g . theta_after - g . theta_before in float64, so no copy of the parameters is kept (products of float32
     numbers are exact in float64). realised: Hbar after the update minus Hbar before, both on the same rollouts.
+    Without `held`, the passes run in training mode (the built-in trainer's update), or with in_update_mode in
+    update_mode (the mode of batch_forward's statistics, restored after: an engine's own loop, integrations/trl.py).
     """
 
     def __init__(self, model, rollout: Rollout, temperature: float, rows_per_pass: int, precision: str = "fp32",
-                 *, held: HeldForward | None = None, from_hidden: bool = True):
+                 *, held: HeldForward | None = None, from_hidden: bool = True, in_update_mode: bool = False):
         self.model = model
         valid = rollout.response_mask
         n_valid = valid.sum().clamp_min(1)
@@ -356,15 +358,17 @@ class EntropyProbe:
                         for r, (s, _) in zip(held.rows, held.parts))
             grads = list(torch.autograd.grad(total, params, retain_graph=True, allow_unused=True))
         else:
-            model.train()
-            for i in range(0, len(rollout.texts), rows_per_pass):
-                part = slice(i, i + rows_per_pass)
-                stats, _ = policy_forward(model, rollout.select(part), temperature, precision=precision,
-                                          from_hidden=from_hidden)
-                h = (stats.entropy * valid[part].to(stats.entropy.device)).sum() / n_valid
-                for j, g in enumerate(torch.autograd.grad(h, params, allow_unused=True)):
-                    if g is not None:
-                        grads[j] = g if grads[j] is None else grads[j] + g
+            if not in_update_mode:
+                model.train()
+            with (update_mode(model) if in_update_mode else nullcontext()), torch.enable_grad():
+                for i in range(0, len(rollout.texts), rows_per_pass):
+                    part = slice(i, i + rows_per_pass)
+                    stats, _ = policy_forward(model, rollout.select(part), temperature, precision=precision,
+                                              from_hidden=from_hidden)
+                    h = (stats.entropy * valid[part].to(stats.entropy.device)).sum() / n_valid
+                    for j, g in enumerate(torch.autograd.grad(h, params, allow_unused=True)):
+                        if g is not None:
+                            grads[j] = g if grads[j] is None else grads[j] + g
         self.pairs = [(p, g.detach()) for p, g in zip(params, grads) if g is not None]
         self.before = self._dot()
 

@@ -2,7 +2,8 @@
 
 The page (template, style and script in entropy_rft/assets/inspect/) shows, for a chosen step, every written
 response of each run side by side, each token coloured by a chosen statistic (H, S*, S_c, its term of the step's
-entropy change, or log p) with the tokens the method clipped struck through and boxed; a token's values on hover
+entropy change, -A S_c, or log p) with the tokens the method clipped struck through and boxed and the tokens a record
+marks (a monitored run: what Clip_B and Clip_V would drop) underlined; a token's values on hover
 or keyboard focus; each response's reward and advantage; per run and step, the tokens with the largest terms in
 each direction and the clipped tokens that would have weighed most (entropy_rft/samples.py writes all of these).
 
@@ -51,6 +52,10 @@ STATISTICS = (
      "help": "The centred score of Theorem 2: a step with advantage A changes this token's entropy by -alpha S_c."},
     {"key": "logp", "label": "log p of the sampled token", "signed": False,
      "help": "Darker: less likely under the policy that sampled it."},
+    {"key": "push", "label": "-A S_c (the term's direction, any loss)", "signed": True,
+     "help": "-A S_c: the token's term without its positive step size lr w / |T|, so defined for every loss, also "
+             "where w depends on how the engine splits the batch (TRL's bnpo, vespo). Within one response (one A) it "
+             "orders the tokens as the terms do. Positive: the update raises entropy here; not 0 for clipped tokens."},
 )
 
 
@@ -137,6 +142,15 @@ def load_run(run_dir: Path | str, steps: list[int] | None = None, max_steps: int
             "steps": {str(s): r for s, r in records.items()}, "available": available}
 
 
+def token_values(resp: dict, key: str) -> list[float | None]:
+    """A written response's values of a statistic: its stored column, or for "push" -A S_c from its advantage (per
+    response, or per token under GAE) and S_c (the page computes the same, page.js tokenValue)."""
+    if key != "push":
+        return resp.get(key, [])
+    adv = resp.get("advantage_t") or [resp.get("advantage")] * len(resp["s_centered"])
+    return [None if a is None or s is None else -a * s for a, s in zip(adv, resp["s_centered"])]
+
+
 def page_data(runs: list[dict], names: list[str]) -> dict:
     """What the page embeds: the runs, the union of their steps, the statistics, and each step's colour scales
     (over every written token of every run at that step)."""
@@ -146,7 +160,7 @@ def page_data(runs: list[dict], names: list[str]) -> dict:
         records = [run["steps"][str(step)] for run in runs if str(step) in run["steps"]]
         scales[str(step)] = {
             st["key"]: colour_scale([v for rec in records for g in rec["groups"] for resp in g["responses"]
-                                     for v in resp.get(st["key"], [])])
+                                     for v in token_values(resp, st["key"])])
             for st in STATISTICS}
     return {"runs": [{"name": name, **run} for name, run in zip(names, runs)], "steps": steps,
             "statistics": list(STATISTICS), "scales": scales, "scale_quantile": SCALE_QUANTILE}

@@ -58,7 +58,7 @@ def test_report_shows_first_order_beside_realised(tmp_path):
     text = page.read_text()
     assert ("r, first-order change against realised over 6 probed steps: r = 1.000, realised / predicted median 0.9 "
             "(slope 0.9), same sign on 100% of steps against 67% for a constant-sign guess") in text
-    assert "Corollary 4 (logit space) against realised over 6 probed steps: r = -1.000" in text
+    assert "Corollary 4 (logit space, SGD step sizes) against realised over 6 probed steps: r = -1.000" in text
     got = json.loads((tmp_path / "rep" / "report.json").read_text())["r"]
     assert got["first_order"]["median_ratio"] == pytest.approx(0.9) and got["logit_space"]["sign_agreement"] == 0.0
 
