@@ -6,6 +6,9 @@
 - kl_penalty: the k3 ("low-variance") estimator of KL(pi || pi_ref).
 - aggregate: the loss aggregation modes token-mean, seq-mean-token-mean, seq-mean-token-sum,
   seq-mean-token-sum-norm and token-sum.
+- the losses engines ship beyond the paper, under verl 0.9.1's names: cispo_loss, sapo_loss, dppo_tv_loss,
+  dppo_kl_loss, geo_mean_loss, and erc_loss (Kwai-Klear/ERC); each has a `*_ratio` function, the factor it puts on
+  d log p_t, which step_sizes takes as `ratio` (1 at ratio 1 for all of them).
 - token_weights, step_sizes: the per-token step-size rule of each aggregation (and of GSPO's sequence-level ratio):
   how far one optimizer step of plain gradient descent moves each token's log p, the alpha of Theorem 2 (eq. 10).
   The metrics (entropy_change/*), the token samples, the inspect page and the TRL adapter all take it from here.
@@ -19,7 +22,7 @@ Denominators are explicit: for gradient accumulation over micro-batches, pass nu
 whole mini-batch and the sum of the micro-batch losses equals the full-batch loss (tested).
 
 Departures, numbered, from verl 0.9.1 (compute_policy_loss_vanilla and agg_loss, checked against
-tests/fixtures/verl_policy_losses.json):
+tests/fixtures/verl_policy_losses.json; the engines' losses against engine_policy_losses.json):
 1. The token-mean denominator is num_tokens exactly (verl adds no epsilon either when the count is global);
    the per-sequence mean of seq-mean-token-mean divides by (count + 1e-8), as verl does.
 2. Metrics also report the high and low clip fractions separately (clipfrac_high for A > 0 and ratio above
@@ -32,7 +35,12 @@ tests/fixtures/verl_policy_losses.json):
    clipped tokens is empty in both.
 4. GSPO matches verl's compute_policy_loss_gspo (sequence ratio from the length-normalised log-ratio, clamped
    at 10 in log space, no dual clip); the default clip range is the GSPO paper's (3e-4, 4e-4).
-5. seq-mean-token-sum-norm (Dr. GRPO) needs its constant norm passed (the trainer passes max_new_tokens); verl
+5. verl's SAPO always aggregates seq-mean-token-mean and its GMPO always the mean over rows, whatever
+   loss_agg_mode says; sapo_loss takes agg (default that), the registry fixes it (methods.PolicyLoss.agg), and
+   geo_mean_loss refuses another agg. GMPO's mean counts the sequences with a loss token (num_seqs), verl's every row
+   of the micro-batch. CISPO's upper_only option is TRL 1.16's different loss of the same name.
+6. token-sum is the sum at one rank: verl multiplies it by its data-parallel size (DDP then averages gradients).
+7. seq-mean-token-sum-norm (Dr. GRPO) needs its constant norm passed (the trainer passes max_new_tokens); verl
    defaults it to the response tensor's width, which is the budget there only because verl pads every batch to
    max_response_length. Here batches are padded to their longest response, so that default would make the loss
    depend on the batch.
@@ -48,7 +56,8 @@ from torch import Tensor
 from .advantages import broadcast_advantages
 
 __all__ = ["AGG_MODES", "aggregate", "masked_mean", "ppo_clip_loss", "kl_penalty", "token_weights", "step_sizes",
-           "token_ratio", "sequence_ratio"]
+           "token_ratio", "sequence_ratio", "cispo_loss", "sapo_loss", "dppo_tv_loss", "dppo_kl_loss", "geo_mean_loss",
+           "erc_loss"]
 
 AggMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm", "token-sum"]
 AGG_MODES: tuple[str, ...] = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm",

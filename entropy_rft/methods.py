@@ -23,6 +23,9 @@ Registered here:
 - baselines the paper compares against (Tables 3-4, Section 4.2), each with its published defaults:
   dapo, dr_grpo, gspo, clip_cov, kl_cov, unlikely (and unlikely_2ep), forking (and forking_all),
   entropy_bonus, ar, lopti. docs/paper_index.md maps each to its paper.
+- the losses engines ship (verl 0.9.1's names, its ActorConfig defaults): cispo, sapo, dppo_tv, dppo_kl, geo_mean,
+  erc (Kwai-Klear/ERC), each a method that sets policy_loss; and qae (advantage "qae"). A filter composes with any
+  of them: `--method clip_b --set policy_loss=cispo`.
 """
 
 from __future__ import annotations

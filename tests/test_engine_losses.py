@@ -142,7 +142,7 @@ def test_erc_fixture_exercises_the_band():
     """The fixture's entropies put tokens on both sides of the band, and its gradient is zero exactly there (so the
     parity above tests the band, not only the PPO part)."""
     case = next(c for c in _cases("erc") if c["name"] == "erc-mixed-token-mean")
-    logp, old, adv, mask, h, h_old = _batch(case)
+    _, _, adv, mask, h, h_old = _batch(case)
     band = losses.erc_keep(h, h_old)
     valid = mask.bool() & (adv != 0)
     assert (valid & band).any() and (valid & ~band).any()

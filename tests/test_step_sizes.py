@@ -7,9 +7,20 @@ import math
 import pytest
 import torch
 
-from entropy_rft.dynamics import batch_covariance, batch_mean_entropy_change, corollary4_entropy_change
 from entropy_rft import losses as losses_mod
-from entropy_rft.losses import AGG_MODES, gspo_loss, ppo_clip_loss, sequence_ratio, step_sizes, token_weights
+from entropy_rft.dynamics import (
+    batch_covariance,
+    batch_mean_entropy_change,
+    corollary4_entropy_change,
+)
+from entropy_rft.losses import (
+    AGG_MODES,
+    gspo_loss,
+    ppo_clip_loss,
+    sequence_ratio,
+    step_sizes,
+    token_weights,
+)
 
 # two responses: three valid tokens, and one valid token then padding
 MASK = torch.tensor([[True, True, True], [True, False, False]])

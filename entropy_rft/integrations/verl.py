@@ -341,9 +341,11 @@ def verl_step_sizes(config, denominator: Tensor, used: Tensor) -> Tensor | None:
     ppo_mini_batch_size x rollout.n rows in the batch's order (verl's iterator, shuffle off), and each divides by
     its own `denominator` tokens (loss_mask, all-reduced over the data-parallel ranks in the engine). At ratio 1,
     the first epoch's step; lr is the optimizer's configured lr (no warmup schedule). None for the other
-    aggregations and for shuffled mini-batches (not modelled here: departure 7)."""
+    aggregations, for sapo and geo_mean (verl aggregates those its own way, whatever loss_agg_mode says) and for
+    shuffled mini-batches (not modelled here: departure 7)."""
     actor = config.actor_rollout_ref.actor
-    if actor.loss_agg_mode != "token-mean" or actor.get("shuffle", False):
+    own_aggregation = actor.get("policy_loss", {}).get("loss_mode", "vanilla") in ("sapo", "geo_mean")
+    if actor.loss_agg_mode != "token-mean" or actor.get("shuffle", False) or own_aggregation:
         return None
     rows = int(actor.ppo_mini_batch_size) * int(config.actor_rollout_ref.rollout.n)
     step = torch.zeros(used.shape, dtype=torch.float64)
