@@ -31,6 +31,7 @@ MASK = torch.tensor([[True, True, True], [True, False, False]])
     ("seq-mean-token-mean", [[1 / 6, 1 / 6, 1 / 6], [1 / 2, 0, 0]]),  # 1 / (2 sequences x |o_b|)
     ("seq-mean-token-sum", [[1 / 2, 1 / 2, 1 / 2], [1 / 2, 0, 0]]),  # 1 / 2 sequences
     ("seq-mean-token-sum-norm", [[1 / 16, 1 / 16, 1 / 16], [1 / 16, 0, 0]]),  # 1 / (2 sequences x norm 8)
+    ("token-sum", [[1, 1, 1], [1, 0, 0]]),  # no denominator (verl's token-sum at one rank)
 ])
 def test_token_weights_by_hand(mode, want):
     """Each mode's weight of a token, computed by hand for a 3-token and a 1-token response (norm 8)."""
