@@ -314,6 +314,9 @@ def apply_update(model, optimizer, objective: Objective, rollout: Rollout, decis
     predicted_off = 0.0
     n_total = loss_mask.sum().clamp_min(1)
     spec = POLICY_LOSSES.get(cfg.policy_loss)
+    if spec.entropy and decision.old_entropy is None:
+        raise ValueError(f"policy loss {cfg.policy_loss!r} reads the behaviour policy's per-token entropies: give the "
+                         "Decision its old_entropy (Step.decide does)")
     valid = rollout.response_mask
     first_step = True  # until the first optimizer.step(), the weights are the behaviour policy's
     phases = [loss_mask]
