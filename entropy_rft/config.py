@@ -94,7 +94,7 @@ class TrainConfig:
     max_frac: float | None = _f(None, "Clip_V cap on the clipped fraction; None = method default 1e-4. The "
                                       "paper's batches hold ~1e6 tokens: scale it up for small batches")
     side: str | None = _f(None, "which advantage sign the filter applies to: negative (default), positive, all")
-    advantage: str = _f("grpo", "advantage estimator (registry ADVANTAGES): grpo, dr_grpo, rloo")
+    advantage: str = _f("grpo", "advantage estimator (registry ADVANTAGES): grpo, dr_grpo, rloo, qae")
 
     # batch and optimisation
     steps: int = _f(100, "RL steps (one rollout batch each)")
@@ -112,12 +112,14 @@ class TrainConfig:
     eps_high: float = _f(0.2, "PPO clip 1 + eps_high for A > 0 (DAPO clip-higher: 0.28)")
     dual_clip_c: float | None = _f(3.0, "dual-clip constant for A < 0 (verl default 3); None disables")
     loss_agg: str = _f("token-mean", "token-mean (paper eq. 1), seq-mean-token-mean, seq-mean-token-sum, "
-                                     "seq-mean-token-sum-norm")
+                                     "seq-mean-token-sum-norm, token-sum")
     kl_coef: float = _f(0.0, "weight of the k3 KL penalty to the initial policy (paper: 0, omitted)")
     entropy_coef: float = _f(0.0, "entropy bonus weight (0: none, the paper's assumption (ii))")
 
     # baselines (entropy_rft/methods.py sets these per method; docs/paper_index.md)
-    policy_loss: str = _f("ppo", "policy loss (registry POLICY_LOSSES): ppo, gspo, clip_cov, kl_cov")
+    policy_loss: str = _f("ppo", "policy loss (registry POLICY_LOSSES): ppo, gspo, clip_cov, kl_cov, "
+                                         "cispo, sapo, dppo_tv, dppo_kl, geo_mean, erc; composes with any method's "
+                                         "filter (--method clip_b --set policy_loss=cispo)")
     clip_cov_ratio: float = _f(2e-4, "Clip-Cov: fraction of valid tokens whose gradient is detached (verl default)")
     clip_cov_lb: float = _f(1.0, "Clip-Cov: lower covariance bound of candidates (verl default)")
     clip_cov_ub: float = _f(5.0, "Clip-Cov: upper covariance bound of candidates (verl default)")
@@ -135,6 +137,15 @@ class TrainConfig:
     rank_penalty_beta: float = _f(0.0, "rewarding the unlikely: beta_rank of R(1 - beta rank / G) (paper 0.25)")
     ar_alpha: float = _f(0.0, "advantage reweighting: A (alpha pi_old + 1 - alpha) (Yang et al. 2025: 0.3)")
     lopti_eta: float | None = _f(None, "Lopti: update tokens with pi_old < eta first, then the rest (paper 0.5)")
+    cispo_upper_only: bool = _f(False, "CISPO: TRL's form, the weight min(r, eps_high) capped from above only at the "
+                                       "absolute eps_high (e.g. 5), instead of verl's clip(r, 1 - eps_low, 1 + eps_high)")
+    tau_pos: float = _f(1.0, "SAPO: gate temperature for A > 0 (verl ActorConfig tau_pos)")
+    tau_neg: float = _f(1.05, "SAPO: gate temperature for A <= 0 (verl ActorConfig tau_neg)")
+    erc_low: float = _f(0.95, "ERC: lower bound of the entropy ratio H / H_old that keeps a token's gradient "
+                              "(the authors' scripts; their config default 0.8)")
+    erc_high: float = _f(1.05, "ERC: upper bound of the entropy ratio (the authors' scripts; their config default 1.2)")
+    quantile_k: float = _f(0.4, "QAE: the quantile of the group's rewards used as the baseline (the authors' "
+                                "scripts: 0.4); read by advantage 'qae' only")
 
     gamma: float = _f(1.0, "PPO/GAE discount (verl default 1.0)")
     lam: float = _f(1.0, "PPO/GAE lambda (verl default 1.0)")

@@ -20,6 +20,7 @@ Departures, numbered:
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import Callable
@@ -121,6 +122,14 @@ class StepRules:
         return self.reuse and self.rows_per_pass(n_rows) < n_rows
 
 
+def estimator_of(cfg: TrainConfig):
+    """cfg's advantage estimator with the options it reads from cfg (QAE's quantile_k)."""
+    estimator = ADVANTAGES.get(cfg.advantage)
+    if cfg.advantage == "qae":
+        return functools.partial(estimator, quantile_k=cfg.quantile_k)
+    return estimator
+
+
 def zero_advantage_rows(estimator, rewards, group_ids, min_share: float = MIN_FROZEN_SHARE) -> Tensor | None:
     """(B,) rows whose advantage is exactly 0 (the step's own estimator on the same rewards), or None when fewer than
     min_share of the rows are, or every row is (then the backward runs as usual, so Adam steps on zero gradients
@@ -201,6 +210,7 @@ class Decision:
     knobs: Knobs = field(default_factory=Knobs)
     entropy: float = 0.0  # the batch's mean entropy over every valid response token
     filter_metrics: dict = field(default_factory=dict)
+    old_entropy: Tensor | None = None  # (B, R) the behaviour policy's per-token entropy, for losses that read it (ERC)
 
 
 class Step:
@@ -211,7 +221,7 @@ class Step:
                  control: EntropyControl | None = None, update_gen: torch.Generator | None = None):
         self.cfg, self.model, self.optimizer = cfg, model, optimizer
         self.value_head, self.ref_model = value_head, ref_model
-        self.method, self.estimator = METHODS.get(cfg.method), ADVANTAGES.get(cfg.advantage)
+        self.method, self.estimator = METHODS.get(cfg.method), estimator_of(cfg)
         if isinstance(self.estimator, TokenLevel) and value_head is None:
             raise ValueError(f"advantage {cfg.advantage!r} needs a value head: pass value_head=ValueHead(hidden_size)")
         self.loss = POLICY_LOSSES.get(cfg.policy_loss)
@@ -247,7 +257,7 @@ class Step:
         knobs = self.control.knobs(entropy, old_logp, loss_mask)
         selected = self.loss.select(adv, old_logp, loss_mask, cfg, self.update_gen) if self.loss.select else None
         return Decision(adv, returns, old_logp, behaviour.old_values, behaviour.ref_logp, keep, loss_mask, selected,
-                        knobs, entropy, filter_metrics)
+                        knobs, entropy, filter_metrics, stats.entropy if self.loss.entropy else None)
 
     def probe(self, rollout: Rollout, behaviour: Behaviour, step: int) -> EntropyProbe | None:
         """On probe steps, d(mean H)/d(theta) before the update (forward.EntropyProbe)."""
@@ -304,7 +314,10 @@ def apply_update(model, optimizer, objective: Objective, rollout: Rollout, decis
     s_centered = torch.zeros_like(old_logp)  # S_c under the policy of the current optimizer step
     predicted_off = 0.0
     n_total = loss_mask.sum().clamp_min(1)
-    ratio_of = POLICY_LOSSES.get(cfg.policy_loss).ratio
+    spec = POLICY_LOSSES.get(cfg.policy_loss)
+    if spec.entropy and decision.old_entropy is None:
+        raise ValueError(f"policy loss {cfg.policy_loss!r} reads the behaviour policy's per-token entropies: give the "
+                         "Decision its old_entropy (Step.decide does)")
     valid = rollout.response_mask
     first_step = True  # until the first optimizer.step(), the weights are the behaviour policy's
     phases = [loss_mask]
@@ -334,17 +347,21 @@ def apply_update(model, optimizer, objective: Objective, rollout: Rollout, decis
                 old = stats.logp.detach() if first_step else old_logp[part].to(device)
                 on = lambda t: None if t is None else t[part].to(device)  # noqa: E731
                 old_v = None if values is None else (values.detach() if first_step else on(decision.old_values))
+                old_h = None
+                if decision.old_entropy is not None:  # ERC: the behaviour policy's entropy, exactly on the first step
+                    old_h = stats.entropy.detach() if first_step else on(decision.old_entropy)
                 mb = Micro(stats, values, old, adv[part].to(device), {k: v[part].to(device) for k, v in sets.items()},
                            old_values=old_v, returns=on(decision.returns), ref_logp=on(decision.ref_logp),
                            selected=on(decision.selected), entropy_coef=decision.knobs.entropy_coef,
-                           alpha=decision.knobs.alpha)
+                           alpha=decision.knobs.alpha, old_entropy=old_h)
                 loss, terms, pm = objective(mb, counts)
                 if observe is not None:
                     observe(part, stats, old)
                 if loss.requires_grad or held is None or held.frozen is None:  # a micro-batch of frozen rows only
                     loss.backward()                                            # (advantage 0) has no graph
                 m = mb.masks["loss"]
-                ratio[part] = ratio_of(stats.logp.detach(), old, m).cpu()
+                ratio[part] = spec.factor(stats.logp.detach(), old, m, cfg, advantages=mb.adv,
+                                          entropy=stats.entropy.detach(), old_entropy=old_h).cpu()
                 s_centered[part] = stats.s_centered.cpu()
                 # terms: each micro-batch's value is its share of the mini-batch's (global counts), so they add up;
                 # metrics: means over the micro-batch's tokens, weighted by their count
@@ -357,7 +374,7 @@ def apply_update(model, optimizer, objective: Objective, rollout: Rollout, decis
             # Corollary 4.1, eq. 28: this optimizer step's share of the batch, at the policy it is taken from
             n_tokens, n_seqs = counts["loss"]
             share = float(mb_mask.sum()) / float(n_total)
-            step = step_sizes(mb_mask, cfg.loss_agg, lr=cfg.lr, num_tokens=float(n_tokens), num_seqs=float(n_seqs),
+            step = step_sizes(mb_mask, spec.aggregation(cfg), lr=cfg.lr, num_tokens=float(n_tokens), num_seqs=float(n_seqs),
                               norm=cfg.max_new_tokens)
             predicted_off += share * float(corollary4_entropy_change(adv[rows], s_centered[rows], mb_mask,
                                                                      lr=cfg.lr, ratio=ratio[rows], step=step))

@@ -201,6 +201,43 @@ def test_dropped_tokens_leave_the_loss_and_its_count(tmp_path):
     assert int(out["num_items_in_batch"]) == int(kept) < int(out["completion_mask"].sum())
 
 
+@pytest.mark.parametrize("loss_type", ["cispo", "sapo"])
+def test_clip_b_on_trls_cispo_and_sapo(tmp_path, loss_type):
+    """Clip_B on TRL's own cispo and sapo losses, in TRL's training loop: advantages on dropped tokens do not move the
+    gradient, those on kept tokens do; cispo's token count (num_items_in_batch) is the kept count; sapo's loss at ratio
+    1 is each sequence's mean over its kept tokens of -A g(1) = -2 A / tau (tau_pos where A > 0, tau_neg elsewhere),
+    then the mean over sequences (a sequence with every token dropped counts 0)."""
+    trainer = build(tmp_path, loss_type=loss_type)
+    trainer.train()
+    dropped = [o for o, _ in trainer.captured if (o["completion_mask"].bool() & ~o["tool_mask"].bool()).any()]
+    assert dropped, "Clip_B (mu 0.5) dropped no token in any generation batch"
+    out = dropped[-1]
+    valid = out["completion_mask"].bool()
+    keep = out["tool_mask"].bool() & valid
+    model = trainer.model
+    model.train()
+
+    def grads(adv):
+        model.zero_grad()
+        loss = trainer._compute_loss(model, {**out, "advantages": adv})
+        loss.backward()
+        return loss.detach(), torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+
+    adv = out["advantages"][:, None].expand_as(keep).clone()
+    loss, g = grads(adv)
+    _, g_dropped = grads(torch.where(keep, adv, adv + 100.0))
+    torch.testing.assert_close(g_dropped, g)
+    _, g_kept = grads(torch.where(keep, adv + 1.0, adv))
+    assert not torch.allclose(g_kept, g)
+    if loss_type == "cispo":
+        assert int(out["num_items_in_batch"]) == int(keep.sum())
+    else:
+        args = trainer.args
+        tau = torch.where(adv > 0, args.sapo_temperature_pos, args.sapo_temperature_neg)
+        per_seq = (-2.0 * adv / tau * keep).sum(-1) / keep.sum(-1).clamp(min=1)
+        torch.testing.assert_close(loss * trainer.current_gradient_accumulation_steps, per_seq.mean())
+
+
 def test_nothing_dropped_is_plain_trl(tmp_path):
     """With a threshold no token reaches, the adapter trains exactly as GRPOTrainer does."""
     ours = build(tmp_path, method_options={"mu": 1e9})

@@ -754,6 +754,32 @@ def test_whole_step_actor_gradients_are_the_kept_token_mean(transfer_queue, engi
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("loss_mode", ["cispo", "dppo_tv", "sapo", "geo_mean"])
+def test_whole_step_clip_b_on_verls_engine_losses(transfer_queue, engine, verl_cfg, models, loss_mode):
+    """Clip_B on verl's own cispo, dppo_tv, sapo and geo_mean (actor.policy_loss.loss_mode), verl's whole step with
+    fixed micro-batches of 2 rows: the keep mask is the whole-batch filter and every actor optimizer step's gradient is
+    that loss's over the kept tokens at ratio 1 (the weights never move): cispo and dppo_tv the token mean over the
+    mini-batch's kept tokens (weight clip(1) = min(1, c) = 1, every token inside DPPO's region); sapo the mean over
+    the mini-batch's rows (verl's global_batch_size counts every row) of each row's mean over its kept tokens (the
+    gate's slope is 1 at r = 1); geo_mean each row's mean over its kept tokens, summed over the micro-batches with
+    each divided by its own 2 rows (verl's torch.mean per micro-batch, which nothing rescales)."""
+    cfg = step_config(verl_cfg, "clip_b", {"mu": 0.5}, **{"actor_rollout_ref.actor.policy_loss.loss_mode": loss_mode})
+    step = whole_step(cfg, models, f"loss_{loss_mode}", dynamic_bsz=False)
+    keep = whole_batch_keep(step, models.actor, "clip_b", {"mu": 0.5})
+    if loss_mode in ("cispo", "dppo_tv"):
+        check_actor(step, models.actor, keep, keep)
+        return
+    per_row = keep.float() / keep.sum(-1, keepdim=True).clamp(min=1)  # each row's mean over its kept tokens
+    adv = step.after["advantages"]
+    assert len(step.actor_grads) == MINI_BATCHES * EPOCHS
+    for k, (rows, got) in enumerate(zip(mini_batches(step), step.actor_grads, strict=True)):
+        count = len(rows) if loss_mode == "sapo" else 2
+        want = policy_gradient(models.actor, [(step.ids[r], step.response_lens[r]) for r in rows], adv[rows],
+                               per_row[rows], count)
+        assert rel_diff(got, want) < GRAD_RTOL, f"actor step {k}: relative difference {rel_diff(got, want):.2e}"
+
+
+@pytest.mark.slow
 def test_example_clip_v_config_runs_the_whole_step(transfer_queue, engine, models):
     """examples/verl/qwen2.5-7b-instruct_clip_v.yaml (issue 21: it died at its first update) with only the model and
     the batch shrunk to the tiny policy: verl's whole step runs, and the actor's gradients are the token mean over

@@ -135,6 +135,8 @@ TRL_EQUIVALENTS = {
     "dr_grpo": "GRPOConfig(loss_type='dr_grpo', scale_rewards='none')",
     "gspo": "GRPOConfig(importance_sampling_level='sequence', epsilon=3e-4, epsilon_high=4e-4)",
     "forking": "GRPOConfig(top_entropy_quantile=0.2)",
+    "cispo": "GRPOConfig(loss_type='cispo') (TRL's CISPO caps r at epsilon_high only; Clip_B / Clip_V apply on top)",
+    "sapo": "GRPOConfig(loss_type='sapo') (Clip_B / Clip_V apply on top)",
     "entropy_bonus": "GRPOConfig's entropy bonus options",
 }
 

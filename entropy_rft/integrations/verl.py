@@ -415,10 +415,12 @@ def verl_step_sizes(config, denominator: Tensor, used: Tensor, step: int | None 
     loss (actor.loss_agg_mode, verl's default and the paper's): the actor's mini-batches as verl forms them over
     its data-parallel ranks (actor_mini_batches, shuffle off), each dividing by its own `denominator` tokens
     (loss_mask, all-reduced over the data-parallel ranks in the engine), at the lr verl's scheduler applies at
-    global step `step` (actor_lr). At ratio 1, the first epoch's step. None for the other aggregations and for
+    global step `step` (actor_lr). At ratio 1, the first epoch's step. None for the other aggregations, for sapo
+    and geo_mean (verl aggregates those its own way, whatever loss_agg_mode says) and for
     shuffled mini-batches (not modelled here: departure 7)."""
     actor = config.actor_rollout_ref.actor
-    if actor.loss_agg_mode != "token-mean" or actor.get("shuffle", False):
+    own_aggregation = actor.get("policy_loss", {}).get("loss_mode", "vanilla") in ("sapo", "geo_mean")
+    if actor.loss_agg_mode != "token-mean" or actor.get("shuffle", False) or own_aggregation:
         return None
     rows = int(actor.ppo_mini_batch_size) * int(config.actor_rollout_ref.rollout.n)
     lr = actor_lr(config, step)
