@@ -162,20 +162,52 @@ def test_hand_decode_is_exact_on_smollm2_in_float32(policy):
     torch.testing.assert_close(logp, hf_logp, atol=1e-4, rtol=0)
 
 
+def _decode_error(model, tokenizer, ids, mask, tokens, logp):
+    """The largest |sampled log-prob - that of one full forward over prompt and response| over response tokens."""
+    rmask, finished = response_mask_from_lengths(tokens, tokenizer.eos_token_id)
+    rows = torch.arange(len(ids)).repeat_interleave(len(tokens) // len(ids))
+    with torch.no_grad():
+        logits, _ = sequence_forward(model, Rollout(ids[rows], mask[rows], tokens, rmask, finished, [""] * len(rows)))
+    return float((logp - token_stats(logits, tokens, temperature=1.0).logp).abs()[rmask].max())
+
+
 @pytest.mark.real_lm
 @needs_wheel
-def test_hand_decode_is_exact_on_smollm2_in_bfloat16(policy):
-    """The model in bfloat16: the hand step and the model's forward sample the same tokens and their log-probs
-    agree within bfloat16 rounding."""
+def test_hand_decode_is_exact_on_smollm2_in_bfloat16_against_eager_attention(policy):
+    """The model in bfloat16 with transformers' eager attention (whose arithmetic decode.py mirrors): the hand step
+    samples the same tokens as the model's forward and the same log-probs, bit for bit."""
     model, tokenizer = policy
     model = model.to(torch.bfloat16)
+    implementation = model.config._attn_implementation
+    model.set_attn_implementation("eager")
     try:
         _, _, runs = _both(model, tokenizer, new=12)
     finally:
+        model.set_attn_implementation(implementation)
         model.float()
     (hf_tokens, hf_logp), (tokens, logp) = runs["hf"], runs["hand"]
     assert torch.equal(tokens, hf_tokens)
-    torch.testing.assert_close(logp, hf_logp, atol=0.05, rtol=0)
+    assert torch.equal(logp, hf_logp)
+
+
+@pytest.mark.real_lm
+@needs_wheel
+def test_hand_decode_on_smollm2_in_bfloat16_is_as_close_as_the_models_own(policy):
+    """In bfloat16 no two orders of this 30-layer model's arithmetic agree: the model's own cached decode differs
+    from its full forward by tenths of a logit (measured at 0.2-0.6), so a near-tie can sample differently and
+    exact equality with the default (sdpa) attention is not the property (with eager attention it is, above). The
+    property: the hand step's sampled log-probs are as close to a full bfloat16 forward over its sequences as the
+    model's own decode's are to it over its own (within twice that error plus 0.05 nats)."""
+    model, tokenizer = policy
+    model = model.to(torch.bfloat16)
+    try:
+        ids, mask, runs = _both(model, tokenizer, new=12)
+        (hf_tokens, hf_logp), (tokens, logp) = runs["hf"], runs["hand"]
+        hf_error = _decode_error(model, tokenizer, ids, mask, hf_tokens, hf_logp)
+        hand_error = _decode_error(model, tokenizer, ids, mask, tokens, logp)
+    finally:
+        model.float()
+    assert hand_error <= 2 * hf_error + 0.05, (hand_error, hf_error)
 
 
 SMALL_RUN = {"steps": 1, "prompts_per_step": 2, "group_size": 2, "max_new_tokens": 8, "eval_every": 0,
