@@ -120,6 +120,27 @@ def test_conversion_writes_a_model_card_recording_the_dequantisation(converted):
     assert (converted / "model.safetensors").stat().st_mtime_ns == modified
 
 
+@pytest.mark.real_lm
+@needs_wheel
+def test_math_and_countdown_prompts_render_as_chat_turns(converted):
+    """Both tasks' prompts as a run with chat_template true renders them: one user turn of SmolLM2's template (after
+    its default system turn) holding the task's text as is (math: the paper's DAPO prompt), the assistant turn
+    opened."""
+    from transformers import AutoTokenizer
+
+    from entropy_rft.data import synthetic_problems
+    from entropy_rft.tasks.math import DAPO_PREFIX, DAPO_SUFFIX
+
+    tokenizer = AutoTokenizer.from_pretrained(converted)
+    problem = synthetic_problems(1)[0]
+    math = TASKS.get("math").prompt(problem)
+    assert math == f"{DAPO_PREFIX}{problem.question}{DAPO_SUFFIX}"
+    for text in (math, TASKS.get("countdown_chat").prompt(PROBLEM)):
+        rendered = render_prompts(tokenizer, [text], True)[0]
+        assert rendered.startswith("<|im_start|>system\n")
+        assert rendered.endswith(f"<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n")
+
+
 def _chat_prompts(tokenizer, problems):
     """Chat-templated countdown prompts, left-padded to one width (their lengths differ by the numbers' digits)."""
     texts = render_prompts(tokenizer, [TASKS.get("countdown_chat").prompt(p) for p in problems], True)
