@@ -69,7 +69,7 @@ def gguf_file(name: str) -> Path:
     found = importlib.util.find_spec(spec.module)
     if found is None or not found.submodule_search_locations:
         raise FileNotFoundError(missing(name))
-    return Path(list(found.submodule_search_locations)[0]) / spec.gguf
+    return Path(next(iter(found.submodule_search_locations))) / spec.gguf
 
 
 def sha256(path: Path) -> str:

@@ -19,8 +19,8 @@ from pathlib import Path
 import torch
 from safetensors import SafetensorError
 
-from .config import TrainConfig, check_device
 from . import packaged
+from .config import TrainConfig, check_device
 from .dropout import check_deterministic, disable_dropout
 from .packaged import PACKAGED
 from .rollout import ENGINES
