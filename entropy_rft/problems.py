@@ -16,6 +16,7 @@ from .step import Scored
 from .tasks import MathTask
 
 SHIPPED_DATA = {"countdown": BUILTIN_MODELS["countdown-tiny"] / "data",  # task -> directory of train/eval.jsonl
+                "countdown_chat": BUILTIN_MODELS["countdown-tiny"] / "data",  # the same problems, in words
                 "countdown5": BUILTIN_MODELS["countdown-tiny"] / "data" / "countdown5",
                 "countdown5_large": BUILTIN_MODELS["countdown-tiny"] / "data" / "countdown5_large"}
 
