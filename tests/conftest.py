@@ -34,5 +34,12 @@ def group_ids(uids: list) -> torch.Tensor:
 
 @pytest.fixture(autouse=True)
 def _deterministic():
+    """Every test starts from seed 0 and ends with torch's thread count as it found it: the thread count decides how
+    float32 reductions are split, so a test that left it changed (tests/test_docs.py runs blocks on one thread) would
+    move the bits of every later test that compares against a fresh process (the golden test's bit-exact tier, a
+    resumed run against an uninterrupted one)."""
+    threads = torch.get_num_threads()
     torch.manual_seed(0)
     yield
+    if torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
