@@ -1,5 +1,6 @@
-"""A run directory is one run's record: who may write it, when a run may start there, resume checks, checkpoint
-retention and the signals that stop a run cleanly.
+"""A run directory is one run's record: who may write it, when a run may start there, resume checks, when checkpoints
+are kept, and the signals that stop a run cleanly. The checkpoint itself (its files, finding, loading and pruning
+them) is runstate.py's.
 
 Rules (entropy_rft/trainer.py's train() calls them; the CLI maps refusals to exit code 2):
 1. Ownership. A process writing a run directory holds an exclusive fcntl.flock on RUN/.lock, which holds its pid,
@@ -23,7 +24,7 @@ Rules (entropy_rft/trainer.py's train() calls them; the CLI maps refusals to exi
    resumes from the newest earlier complete checkpoint, with a warning naming the damaged file (the steps after it
    are trained again, exactly as the first time); with none left, resume is refused naming the file. A checkpoint
    write that runs out of disk space is one line naming the checkpoint and the way out (free space, --resume).
-5. Retention. After each checkpoint, all but the newest keep_checkpoints complete ones and the final one
+5. Retention (runstate.prune_checkpoints). After each checkpoint, all but the newest keep_checkpoints complete ones and the final one
    (checkpoint-<steps>) are deleted (renamed to a hidden name first, so a kill mid-delete never leaves a
    half-deleted checkpoint that looks complete).
 6. Other subcommands' outputs (check_output): eval, report, inspect, compare, sweep, filter, demo, theory and
@@ -36,24 +37,21 @@ Rules (entropy_rft/trainer.py's train() calls them; the CLI maps refusals to exi
 
 from __future__ import annotations
 
-import contextlib
-import errno
 import fcntl
 import fnmatch
 import json
 import os
-import pickle
 import shutil
 import socket
-import sys
 import tempfile
 import time
-import zipfile
 from pathlib import Path
 
 import yaml
 
 from .config import RESUME_SAFE, TrainConfig, setting_differences
+from .runstate import (RunDirError, checkpoint_space, checkpoint_step, find_checkpoint,  # noqa: F401  (their
+                       load_trainer_state, prune_checkpoints, resume_checkpoint)  # old home, and rundir's own use)
 from .stops import STOP_SIGNALS, Interrupted, StopSignals, stop_signals_interrupt  # noqa: F401  (their old home)
 
 LOCK = ".lock"
@@ -61,10 +59,6 @@ STAGED = ".replaced-"  # a replaced record, moved aside until the new run commit
 # what a run writes into its directory (anything else there, e.g. a dry run's data/, is left alone)
 RECORD = ("config.yaml", "metrics.jsonl", "eval.json", "latest_checkpoint", "checkpoint-*", "tensorboard", "wandb",
           "wandb_run_id", "samples", ".checkpoint-*", ".deleting-*", ".latest_checkpoint.tmp", ".metrics.jsonl.tmp")
-
-
-class RunDirError(Exception):
-    """A run directory that may not be used as asked; the message names the directory and the fix."""
 
 
 def new_run_dir(method: str, name: str | None = None, root: str | Path = "runs") -> Path:
@@ -91,89 +85,6 @@ def record_entries(run_dir: Path) -> list[Path]:
     if not run_dir.is_dir():
         return []
     return sorted({p for pattern in RECORD for p in run_dir.glob(pattern)})
-
-
-def find_checkpoint(run_dir: Path) -> Path | None:
-    """The checkpoint to resume from: the one latest_checkpoint names if it is complete, else the complete
-    checkpoint-N of highest N (a kill between two renames of save_checkpoint), else None."""
-    latest = run_dir / "latest_checkpoint"
-    if latest.exists():
-        named = run_dir / latest.read_text().strip()
-        if (named / "trainer_state.pt").exists():
-            return named
-    return max(_checkpoints(run_dir, complete=True), key=_step, default=None)
-
-
-def intact_state(ckpt: Path) -> bool:
-    """Whether ckpt/trainer_state.pt is a complete torch archive (torch.save writes a zip, whose directory is at
-    its end: a file cut short by a full disk or a kill mid-copy has none)."""
-    return zipfile.is_zipfile(ckpt / "trainer_state.pt")
-
-
-def resume_checkpoint(run_dir: Path) -> Path | None:
-    """find_checkpoint's choice, or, when its trainer_state.pt is damaged, the newest earlier complete checkpoint
-    with an intact one, after a warning naming the damaged file (rule 4); with none left, RunDirError."""
-    first = find_checkpoint(run_dir)
-    if first is None or intact_state(first):
-        return first
-    damaged = first / "trainer_state.pt"
-    earlier = sorted((c for c in _checkpoints(run_dir, complete=True) if _step(c) < _step(first)), key=_step)
-    for ckpt in reversed(earlier):
-        if intact_state(ckpt):
-            print(f"entropy-rft: warning: {damaged} is damaged (not a complete torch archive: cut short by a full "
-                  f"disk or a copy?); resuming from {ckpt.name}, the newest complete checkpoint before it: steps "
-                  f"{_step(ckpt) + 1}-{_step(first)} are trained again", file=sys.stderr)
-            return ckpt
-    raise RunDirError(f"{damaged} is damaged (not a complete torch archive) and {run_dir} has no earlier complete "
-                      "checkpoint to resume from; restore the file, or start the run again with --overwrite")
-
-
-def load_trainer_state(ckpt: Path) -> dict:
-    """ckpt/trainer_state.pt (the run state besides the weights); a file torch cannot read raises RunDirError naming
-    it and the way out."""
-    import torch
-
-    path = Path(ckpt) / "trainer_state.pt"
-    try:
-        return torch.load(path, weights_only=False)
-    except (RuntimeError, EOFError, OSError, ValueError, pickle.UnpicklingError, zipfile.BadZipFile) as err:
-        raise RunDirError(f"{path} cannot be read ({type(err).__name__}: {' '.join(str(err).split())[:120]}); the "
-                          f"checkpoint is damaged. Move {Path(ckpt).name} out of the run directory and --resume goes "
-                          "on from the checkpoint before it, or restore the file") from None
-
-
-def out_of_space(err: BaseException) -> bool:
-    """An error that says the disk (or the user's quota) is full: OSError ENOSPC / EDQUOT, or safetensors' own
-    SafetensorError wrapping it (`IoError(Os { code: 28, kind: StorageFull, ...`)."""
-    if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
-        return True
-    text = str(err)
-    return "No space left on device" in text or "StorageFull" in text or "QuotaExceeded" in text
-
-
-@contextlib.contextmanager
-def checkpoint_space(run_dir: Path, step: int):
-    """Around a checkpoint write: running out of disk space becomes RunDirError naming the checkpoint, the newest
-    complete one left and the way out (free space, --resume: resuming from a complete checkpoint is exact)."""
-    try:
-        yield
-    except Exception as err:
-        if not out_of_space(err):
-            raise
-        left = find_checkpoint(Path(run_dir))
-        raise RunDirError(f"no space left on the device while writing {Path(run_dir) / f'checkpoint-{step}'} (the "
-                          "partial write was removed); free space on that disk, then continue with `entropy-rft train "
-                          f"--resume --out {run_dir}`: it resumes exactly from "
-                          + (f"{left.name}" if left else "the start (no checkpoint was complete)")) from None
-
-
-def _step(ckpt: Path) -> int:
-    return int(ckpt.name[11:])
-
-
-def _checkpoints(run_dir: Path, *, complete: bool) -> list[Path]:
-    return [p for p in run_dir.glob("checkpoint-*") if p.name[11:].isdigit()
-            and (not complete or (p / "trainer_state.pt").exists())]
 
 
 def stored_settings(run_dir: Path) -> dict | None:
@@ -376,7 +287,7 @@ def claim(cfg: TrainConfig, *, resume: bool | str = False, overwrite: bool = Fal
         finished = replacing = False
         if checkpoint is not None:
             _check_resume(run_dir, cfg, checkpoint)
-            finished = is_finished(run_dir, cfg.steps) and _step(checkpoint) == cfg.steps
+            finished = is_finished(run_dir, cfg.steps) and checkpoint_step(checkpoint) == cfg.steps
             if finished and resume is True:
                 raise RunDirError(f"{run_dir} already finished its {cfg.steps} steps (eval.json is written); nothing "
                                   f"to resume. To train it further, resume with more steps (--steps N > {cfg.steps})")
@@ -430,9 +341,9 @@ def _check_resume(run_dir: Path, cfg: TrainConfig, checkpoint: Path) -> None:
         raise RunDirError(f"--resume of {run_dir} with other settings than the run's own would not continue that run: "
                           + "; ".join(diff) + f". Only {', '.join(RESUME_SAFE)} may change on resume; drop the "
                           "other changes, or start a new run (--name NAME) for them")
-    if _step(checkpoint) > cfg.steps:
-        raise RunDirError(f"{run_dir}'s newest checkpoint is at step {_step(checkpoint)}, beyond steps={cfg.steps}; "
-                          f"resume with --steps {_step(checkpoint)} or more")
+    if checkpoint_step(checkpoint) > cfg.steps:
+        raise RunDirError(f"{run_dir}'s newest checkpoint is at step {checkpoint_step(checkpoint)}, beyond "
+                          f"steps={cfg.steps}; resume with --steps {checkpoint_step(checkpoint)} or more")
 
 
 def _check_same_run(run_dir: Path, cfg: TrainConfig) -> None:
@@ -523,28 +434,6 @@ def check_output(path: str | Path, *, option: str = "--out", command: str = "", 
                 raise RunDirError(f"{where}: the default {option} lies in the run directory {run}{live}; name "
                                   f"another {option} (or this one explicitly to write beside the run's record)")
     return path
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Checkpoint retention
-
-
-def prune_checkpoints(run_dir: Path, keep: int, final_step: int) -> list[str]:
-    """Delete all checkpoints but the newest `keep` and checkpoint-<final_step> (keep 0: delete none); the one
-    latest_checkpoint names is never deleted. Each is renamed to a hidden name before its files go. Returns the
-    names deleted."""
-    if keep <= 0:
-        return []
-    ckpts = sorted(_checkpoints(run_dir, complete=False), key=_step)
-    spared = set(ckpts[-keep:]) | {run_dir / f"checkpoint-{final_step}", find_checkpoint(run_dir)}
-    gone = []
-    for ckpt in ckpts:
-        if ckpt not in spared:
-            doomed = run_dir / f".deleting-{ckpt.name}"
-            os.replace(ckpt, doomed)
-            shutil.rmtree(doomed, ignore_errors=True)
-            gone.append(ckpt.name)
-    return gone
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -7,7 +7,8 @@ each lives in the module that owns it:
 - step.py: a step over the batch: the behaviour policy's statistics, the decision over the whole batch (advantages,
   keep mask, selections, the entropy control's knobs) and the update on the objective (objective.py); its rules;
 - diagnostics.py: the step's metrics line; samples.py: token-level samples; evaluate.py: Avg@K and Pass@K;
-- runstate.py: what a checkpoint holds; rundir.py: the run directory's rules and the stop signals.
+- runstate.py: what a checkpoint holds, its files, finding, loading and pruning them; rundir.py: the run
+  directory's rules and the stop signals.
 
 Departures, numbered:
 1. On a stop (Ctrl-C, SIGTERM, SIGHUP) the run is saved as a checkpoint before it ends, and `resume=True`
@@ -39,10 +40,9 @@ from .evaluate import run_eval
 from .logging import MetricLogger
 from .policy import pick_device, resolve_model_path, set_up_policy
 from .problems import ProblemSampler, sample_batch, task_problems
-from .rundir import (Claim, StopSignals, checkpoint_space, finished_summary, load_trainer_state, new_run_dir,
-                     prune_checkpoints, stop_signals_interrupt)
+from .rundir import Claim, StopSignals, finished_summary, new_run_dir, stop_signals_interrupt
 from .rundir import claim as claim_run_dir
-from .runstate import RunState, save_checkpoint
+from .runstate import RunState, checkpoint_space, load_trainer_state, prune_checkpoints, save_checkpoint
 from .step import Step
 from .tasks import TASKS
 
@@ -52,7 +52,7 @@ from .forward import EntropyProbe, HeldForward, batch_forward, batch_stats, poli
 from .policy import (BUILTIN_MODELS, STAND_IN, ValueHead, cache_dir, load_policy, make_optimizer,  # noqa: E402,F401
                      prepare_policy)
 from .problems import SHIPPED_DATA, default_data, load_problems  # noqa: E402,F401
-from .rundir import find_checkpoint  # noqa: E402,F401
+from .runstate import find_checkpoint  # noqa: E402,F401
 from .step import (MIN_FROZEN_SHARE, StepRules, behaviour_statistics, compute_advantages, reuses_forward,  # noqa: E402,F401
                    update_policy, zero_advantage_rows)
 
@@ -120,7 +120,7 @@ class _Run:
 
     def save(self, at: int, state: dict | None = None) -> Path:
         p = self.policy
-        with checkpoint_space(self.run_dir, at):  # no space left: one line naming the checkpoint (rundir.py)
+        with checkpoint_space(self.run_dir, at):  # no space left: one line naming the checkpoint (runstate.py)
             ckpt = save_checkpoint(self.run_dir, at, p.model, p.tokenizer, p.optimizer, None, p.value_head,
                                    state or self.state.capture())
         prune_checkpoints(self.run_dir, self.cfg.keep_checkpoints, self.cfg.steps)  # the newest few and the final
