@@ -46,7 +46,9 @@ from .policy import ValueHead, prepare_policy
 from .rollout import Rollout
 from .rollout.hf import sequence_forward
 from .rollout.sampling import sample
-from .step import Decision, Scored, Step
+from .problems import Scored
+from .rules import StepRules
+from .step import Decision, Step
 
 SMALL = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "head_dim": 16,
          "vocab_size": 2304, "max_position_embeddings": 512}
@@ -146,6 +148,7 @@ class StepRecord:
     update_logp: Tensor  # (B, R) the update's forward log p at its first optimizer step (nan where not computed)
     update_old: Tensor  # (B, R) the old log p its loss used there
     frozen: Tensor | None  # (B,) rows whose forward ran without a graph
+    rules: StepRules  # the step's shape: rows per pass, optimizer steps (rules.StepRules.of, as the trainer's)
 
     adv = property(lambda self: self.decision.adv)  # (B,) or (B, R)
     returns = property(lambda self: self.decision.returns)  # (B, R) for GAE
@@ -179,7 +182,8 @@ def recipe_step(cfg: TrainConfig, model, rollout: Rollout, rewards: Tensor, grou
             update_old[rows] = old.detach().float().cpu()
 
     metrics = runner.update(rollout, decision, held=behaviour.held, observe=observe)
-    return StepRecord(behaviour.stats, decision, optimizer.grads, metrics, update_logp, update_old, behaviour.frozen)
+    return StepRecord(behaviour.stats, decision, optimizer.grads, metrics, update_logp, update_old, behaviour.frozen,
+                      runner.rules)
 
 
 @torch.no_grad()

@@ -32,9 +32,8 @@ import torch
 from tqdm import tqdm
 
 from . import samples
-from .advantages import ADVANTAGES, TokenLevel
 from .config import TrainConfig, preflight
-from .control import make_control
+from .control import control_name, make_control
 from .diagnostics import loss_step_sizes
 from .evaluate import run_eval
 from .logging import MetricLogger
@@ -43,27 +42,11 @@ from .problems import ProblemSampler, sample_batch, task_problems
 from .rundir import Claim, StopSignals, finished_summary, new_run_dir, stop_signals_interrupt
 from .rundir import claim as claim_run_dir
 from .runstate import RunState, checkpoint_space, load_trainer_state, prune_checkpoints, save_checkpoint
+from .rules import StepRules
 from .step import Step
 from .tasks import TASKS
 
-# The names tests, benchmarks and users import from entropy_rft.trainer, re-exported from their modules (one list).
-from .diagnostics import after_update_metrics, masked_mean, step_metrics  # noqa: E402,F401
-from .forward import EntropyProbe, HeldForward, batch_forward, batch_stats, policy_forward, policy_stats  # noqa: E402,F401
-from .policy import (BUILTIN_MODELS, STAND_IN, ValueHead, cache_dir, load_policy, make_optimizer,  # noqa: E402,F401
-                     prepare_policy)
-from .problems import SHIPPED_DATA, default_data, load_problems  # noqa: E402,F401
-from .runstate import find_checkpoint  # noqa: E402,F401
-from .step import (MIN_FROZEN_SHARE, StepRules, behaviour_statistics, compute_advantages, reuses_forward,  # noqa: E402,F401
-                   update_policy, zero_advantage_rows)
-
-__all__ = ["train", "after_update_metrics", "masked_mean", "step_metrics", "EntropyProbe", "HeldForward",
-           "batch_forward", "batch_stats", "policy_forward", "policy_stats", "BUILTIN_MODELS", "STAND_IN", "ValueHead",
-           "cache_dir", "load_policy", "make_optimizer", "prepare_policy", "SHIPPED_DATA", "default_data",
-           "load_problems", "find_checkpoint", "MIN_FROZEN_SHARE", "StepRules", "behaviour_statistics",
-           "compute_advantages", "reuses_forward", "update_policy", "zero_advantage_rows",
-           # used by the loop and imported from here too
-           "ProblemSampler", "pick_device", "resolve_model_path", "run_eval", "sample_batch", "save_checkpoint",
-           "task_problems"]
+__all__ = ["train"]  # what users import from here; every other name from the module that owns it
 
 
 def train(cfg: TrainConfig, *, resume: bool | str = False, overwrite: bool = False) -> dict:
@@ -93,15 +76,14 @@ class _Run:
         self.task = TASKS.get(cfg.task)
         train_problems = task_problems(cfg, self.task, "train")
         self.eval_problems = task_problems(cfg, self.task, "eval")[: cfg.eval_problems or None]
-        self.policy = set_up_policy(cfg, device, claim.checkpoint,
-                                    critic=isinstance(ADVANTAGES.get(cfg.advantage), TokenLevel))
+        needs = StepRules.of(cfg)  # a critic (GAE), a reference policy (kl_coef > 0)
+        self.policy = set_up_policy(cfg, device, claim.checkpoint, critic=needs.critic, reference=needs.reference)
         control = make_control(cfg)
         update_gen = torch.Generator().manual_seed(cfg.seed + 1)
         self.step = Step(cfg, self.policy.model, self.policy.optimizer, value_head=self.policy.value_head,
                          ref_model=self.policy.ref_model, control=control, update_gen=update_gen)
         self.sampler = ProblemSampler(train_problems, cfg.seed)
-        self.state = RunState(self.sampler, update_gen, control, "none" if cfg.entropy_target is None
-                              else cfg.entropy_control)
+        self.state = RunState(self.sampler, update_gen, control, control_name(cfg))
         self.start = 0
         if claim.checkpoint is not None:  # everything that steers the run continues where the checkpoint left it
             saved = load_trainer_state(claim.checkpoint)
