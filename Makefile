@@ -9,7 +9,7 @@ PY     := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 OUT ?= runs/demo
 
-.PHONY: demo test docs chromium test-vllm test-verl test-trinity install clean
+.PHONY: demo test lint docs chromium test-vllm test-verl test-trinity install clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv --system-site-packages $(VENV)
@@ -23,8 +23,15 @@ install: $(VENV)/.installed
 demo: $(VENV)/.installed
 	$(VENV)/bin/entropy-rft demo --out $(OUT) --overwrite
 
+# the tests, then the branch coverage of the core modules (pyproject.toml [tool.coverage])
 test: $(VENV)/.installed
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --cov --cov-report=term-missing
+
+# ruff's lint rules and format check over the tree, mypy over the core modules (pyproject.toml)
+lint: $(VENV)/.installed
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
 
 # The documentation site (mkdocs.yml; open site/index.html). --strict: a broken link or anchor, a missing API
 # reference or a page outside the nav fails the build. The reference pages are generated from the code

@@ -50,8 +50,13 @@ from pathlib import Path
 import yaml
 
 from .config import RESUME_SAFE, TrainConfig, setting_differences
-from .runstate import (RunDirError, checkpoint_space, checkpoint_step, find_checkpoint,  # noqa: F401  (their
-                       load_trainer_state, prune_checkpoints, resume_checkpoint)  # old home, and rundir's own use)
+from .runstate import RunDirError, checkpoint_step, resume_checkpoint
+
+# moved to runstate.py (the checkpoint's module); importable from here as before
+from .runstate import checkpoint_space as checkpoint_space
+from .runstate import find_checkpoint as find_checkpoint
+from .runstate import load_trainer_state as load_trainer_state
+from .runstate import prune_checkpoints as prune_checkpoints
 from .stops import STOP_SIGNALS, Interrupted, StopSignals, stop_signals_interrupt  # noqa: F401  (their old home)
 
 LOCK = ".lock"
