@@ -16,8 +16,8 @@ terms do not. `Objective.vanishes_at_zero_advantage` is the rule that lets such 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from torch import Tensor
 
