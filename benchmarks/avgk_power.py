@@ -15,6 +15,12 @@ with 80% probability, by simulation with variance components estimated from the 
    Bonferroni does) and with p < 0.05 (Holm's best case, when the other comparison is rejected as well).
 3. The minimum detectable effect at 80% is read off by linear interpolation between grid points; the normal-theory
    figure (z_{1-a/2} + z_0.8) x SE, SE^2 = s_a^2 / S + s_b^2 / P + s_e^2 / (S P), is printed beside it.
+4. The amendment (issue 39, docs/prereg_avgk.md): `--amendment` takes the components from the first Avg@K run's own
+   records instead (benchmarks/study_avgk/cells.jsonl: 5 seeds x 1,000 problems, 1,500 steps; also on its 561
+   problems that did not overlap training, benchmarks/study_avgk/overlap_posthoc.json) and finds, for each, the
+   power at --delta for each seed count of --seed-grid and the smallest seed count with 80% power.
+
+    python benchmarks/avgk_power.py --amendment --out benchmarks/study_avgk/power_amendment.json
 Limits: the components come from 450-step runs on a 614-problem pool, not from the study's regime. On countdown5
 the seed component of both differences is estimated at 0 (the seeds' mean differences spread no more than the
 per-problem noise explains), which the longer runs need not repeat; so a second scenario uses the largest seed
@@ -67,6 +73,57 @@ def observed_components(cells_path: Path, task: str = "countdown5") -> dict:
             "largest_seed": {"variance": float(largest[0]), "task": largest[1], "method": largest[2]}}
 
 
+def avgk_components(cells_path: Path, clean: list[bool] | None = None) -> dict:
+    """Components of Clip_B - GRPO and Clip_V - GRPO final Avg@32 in the first Avg@K run's records, each and their
+    mean, on all problems or on the columns where `clean` is true."""
+    cells = [json.loads(line) for line in cells_path.read_text().splitlines() if line.strip()]
+    by = {(c["method"], c["seed"]): c for c in cells if c["task"] == "countdown5_large"}
+    seeds = sorted(s for m, s in by if m == "grpo")
+    n = by[("grpo", seeds[0])]["eval_n"]
+    cols = np.flatnonzero(clean) if clean is not None else slice(None)
+    grid = {m: avg_scores(np.array([by[(m, s)]["final_correct"] for s in seeds]), n)[:, cols]
+            for m in ("grpo", "clip_b", "clip_v")}
+    each = {m: components(grid[m] - grid["grpo"]) for m in ("clip_b", "clip_v")}
+    mean = {k: float(np.mean([e[k] for e in each.values()])) for k in ("seed", "problem", "residual")}
+    return {"seeds": len(seeds), "problems": int(grid["grpo"].shape[1]), "each": each, "mean": mean}
+
+
+def amendment(args) -> dict:
+    """Power of the clean-pool re-run at args.delta for each seed count of args.seed_grid (module docstring, 4)."""
+    overlap = json.loads((REPO / "benchmarks" / "study_avgk" / "overlap_posthoc.json").read_text())
+    clean = [s == 0 for s in overlap["orderings_seen"]["countdown5_large"]]
+    cells = REPO / "benchmarks" / "study_avgk" / "cells.jsonl"
+    gen = np.random.default_rng(2026)
+    seeds_grid = [int(x) for x in args.seed_grid.split(",")] if args.seed_grid else []
+    result = {"delta": args.delta, "problems": args.problems, "sims": args.sims, "replicates": args.replicates,
+              "scenarios": {}}
+    for name, obs in (("first run, all 1,000 problems", avgk_components(cells)),
+                      ("first run, 561 clean problems", avgk_components(cells, clean))):
+        comp = obs["mean"]
+        rows = {}
+        for s in seeds_grid:
+            rows[s] = power(args.delta, comp, seeds=s, problems=args.problems, sims=args.sims, gen=gen,
+                            replicates=args.replicates)
+            print(f"{name}: {s} seeds, delta {100 * args.delta:.1f} points: power {rows[s]['bonferroni']:.2f} at "
+                  f"p < 0.025, {rows[s]['unadjusted']:.2f} at p < 0.05; normal theory MDE "
+                  f"{100 * normal_mde(comp, s, args.problems, 0.025):.2f} points", flush=True)
+        enough = [s for s in seeds_grid if rows[s]["bonferroni"] >= 0.8]
+        scen = {"observed": obs, "components": comp, "power": rows,
+                "fewest_seeds_80_bonferroni": min(enough) if enough else None,
+                "normal_mde_80_alpha_0.025": {s: normal_mde(comp, s, args.problems, 0.025) for s in seeds_grid}}
+        if args.mde_seeds:  # the smallest difference detected with 80% power by a design of --mde-seeds seeds
+            grid = [float(x) for x in args.grid.split(",")]
+            at = [power(d, comp, seeds=args.mde_seeds, problems=args.problems, sims=args.sims, gen=gen,
+                        replicates=args.replicates) for d in grid]
+            scen["mde"] = {"seeds": args.mde_seeds, "grid": grid, "power": at,
+                           "mde_80_bonferroni": mde(grid, [r["bonferroni"] for r in at]),
+                           "mde_80_unadjusted": mde(grid, [r["unadjusted"] for r in at])}
+            print(f"{name}: {args.mde_seeds} seeds: 80% power at {scen['mde']['mde_80_bonferroni']} (p < 0.025), "
+                  f"{scen['mde']['mde_80_unadjusted']} (p < 0.05)", flush=True)
+        result["scenarios"][name] = scen
+    return result
+
+
 def differences(cells: list[dict]):
     """(task, method, d) for each task of the study and method Clip_B / Clip_V: d the (seeds, problems) grid of final
     Avg@32 minus GRPO's."""
@@ -114,7 +171,18 @@ def main() -> None:
     p.add_argument("--replicates", type=int, default=1000, help="bootstrap replicates per simulated test")
     p.add_argument("--grid", default="0,0.005,0.01,0.015,0.02,0.03,0.04", help="true differences (Avg@32, 0-1)")
     p.add_argument("--out", default=None, help="write the figures as JSON here")
+    p.add_argument("--amendment", action="store_true", help="issue 39: components from the first Avg@K run, power "
+                   "at --delta over --seed-grid (module docstring, 4)")
+    p.add_argument("--delta", type=float, default=0.015, help="with --amendment: the true difference (Avg@32, 0-1)")
+    p.add_argument("--seed-grid", default="5,8,10,12,15,20", help="with --amendment: seed counts ('' for none)")
+    p.add_argument("--mde-seeds", type=int, default=0, help="with --amendment: also the 80%%-power difference over "
+                   "--grid for a design of this many seeds")
     args = p.parse_args()
+    if args.amendment:
+        result = amendment(args)
+        if args.out:
+            Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+        return
     obs = observed_components(Path(args.cells))
     print(json.dumps(obs, indent=1))
     gen = np.random.default_rng(2026)

@@ -3,6 +3,7 @@
     python benchmarks/gpu.py stats                 # token statistics from hidden states against TRL's chunked kernel
     python benchmarks/gpu.py trainer SHAPE [...]   # trainer steps on a random-init model of a real shape
     python benchmarks/gpu.py trl SHAPE             # a few steps of the TRL adapter
+    python benchmarks/gpu.py decode [SHAPE ...]    # the decode step against transformers' static-cache generate
 
 `stats`: N 8192 tokens, D 3584, V 151936 (Qwen2.5-7B's head), bf16 autocast on float32 weights as the trainer
 runs it. Forward (log p and H) and forward + backward of sum(g1 log p + g2 H), against TRL's
@@ -13,6 +14,18 @@ two backward). CUDA events, median of 10 after 3 warm-ups; peak memory above the
 the model is built at random from it on the GPU. One warm-up step with 8 new tokens, then `--steps` measured
 steps of the real trainer parts in the trainer's order (HF engine rollout, statistics pass, GRPO advantages of
 random rewards, Clip_B filter, step.Step.update), with `torch.cuda.max_memory_allocated` per step.
+
+`decode` (issue 45): each SHAPE (default the Qwen2.5-0.5B and 1.5B shapes) at random init, rows 32 and 256
+(`--rows`), weights float32 and bfloat16, `--prompt-tokens` random prompt tokens (one prompt per row) and no EOS,
+so every row decodes to the end. This trainer's rollout (rollout/sampling.py `sample`, decode="auto": on CUDA the
+fixed-shape step captured in a CUDA graph; bf16 means float32 weights decoded with bfloat16 copies, as a policy
+trained under bf16 autocast is) beside transformers' `generate(cache_implementation="static")` on a model in the
+same dtype, sampling at temperature 1 with no top-k/top-p, in the same run. A rollout of N and one of N/2 new
+tokens are timed (median of `--reps` after one warm-up each); ms per step = (T(N) - T(N/2)) / (N/2), which
+leaves out the prefill, the capture and other per-rollout work (reported as rollout_s at N). tokens/s = rows / step
+time; weight_read_frac = (bytes of the weights one step reads: every layer, the final norm and the LM head, the
+embedding rows aside) / the card's memory bandwidth (`--bandwidth` GB/s, else a table by name) / step time;
+with_kv_frac adds the key/value reads at the mean sequence length. On a machine without CUDA it says so and exits.
 """
 
 from __future__ import annotations
@@ -274,31 +287,150 @@ def bench_trl(shape: str, args) -> list[dict]:
     return [row]
 
 
+BANDWIDTH_GBS = {"H200": 4800, "H100 PCIe": 2000, "H100": 3350, "A100": 2039, "L40S": 864, "A10": 600}  # spec sheets
+
+
+def bandwidth_gbs(name: str, given: float | None) -> float | None:
+    if given:
+        return given
+    return next((bw for key, bw in BANDWIDTH_GBS.items() if key in name), None)
+
+
+def step_bytes(model, dtype: torch.dtype) -> int:
+    """Bytes of the weights one decode step reads in dtype: all but the embedding table (one row per token), which
+    counts once when the LM head shares it."""
+    size = torch.empty((), dtype=dtype).element_size()
+    embed = model.get_input_embeddings().weight
+    head = model.get_output_embeddings().weight
+    total = sum(p.numel() for p in model.parameters())
+    if head.data_ptr() != embed.data_ptr():
+        total -= embed.numel()
+    return total * size
+
+
+def kv_bytes(config, rows: int, columns: float, dtype: torch.dtype) -> float:
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    size = torch.empty((), dtype=dtype).element_size()
+    return 2 * config.num_hidden_layers * rows * config.num_key_value_heads * columns * head_dim * size
+
+
+def bench_decode(shapes: list[str], args) -> list[dict]:
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from entropy_rft.rollout.sampling import decode_path, sample
+
+    out = []
+    gbs = bandwidth_gbs(torch.cuda.get_device_name() if CUDA else "cpu", args.bandwidth)
+    new, half = args.response or 256, (args.response or 256) // 2
+    prompt_tokens = args.prompt_tokens or 128
+    for shape in shapes:
+        config = AutoConfig.from_pretrained(Path(args.shapes) / shape)
+        if args.smoke:  # the script's own check on a CPU: a two-layer model of the shape's family, small vocab
+            config.update({"num_hidden_layers": 2, "vocab_size": 1000, "hidden_size": 64, "intermediate_size": 128,
+                           "num_attention_heads": 4, "num_key_value_heads": 2, "tie_word_embeddings": True})
+            config.head_dim = 16
+        torch.manual_seed(0)
+        with torch.device(DEVICE):
+            model32 = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+        for dtype in (torch.float32, torch.bfloat16):
+            hf_model = model32 if dtype == torch.float32 else AutoModelForCausalLM.from_config(
+                config, dtype=torch.bfloat16).to(DEVICE).eval()
+            if dtype == torch.bfloat16:
+                hf_model.load_state_dict(model32.state_dict())
+            for rows in args.rows:
+                ids = torch.randint(100, config.vocab_size - 100, (rows, prompt_tokens), device=DEVICE)
+                mask = torch.ones_like(ids, dtype=torch.bool)
+
+                def ours(tokens: int, seed: int = 0, model=model32, ids=ids, mask=mask, dtype=dtype):
+                    return sample(model, ids, mask, n=1, temperature=1.0, top_p=1.0, max_new_tokens=tokens,
+                                  eos_ids=[-1], pad_id=0, generator=torch.Generator(DEVICE).manual_seed(seed),
+                                  dtype=dtype if dtype == torch.bfloat16 else None, decode="auto")
+
+                def theirs(tokens: int, seed: int = 0, model=hf_model, ids=ids, mask=mask):
+                    torch.manual_seed(seed)
+                    return model.generate(input_ids=ids, attention_mask=mask.long(), do_sample=True,
+                                             temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=tokens,
+                                             min_new_tokens=tokens, eos_token_id=None, pad_token_id=0,
+                                             cache_implementation="static")
+
+                row = {"shape": shape, "dtype": str(dtype).removeprefix("torch."), "rows": rows,
+                       "prompt_tokens": prompt_tokens, "new_tokens": new,
+                       "ours_path": decode_path(model32, "auto", prompt_tokens + new, ids.device)[0]}
+                for name, fn in (("ours", ours), ("hf_static", theirs)):
+                    try:
+                        times = {}
+                        for tokens in (half, new):
+                            fn(tokens)  # warm-up: capture, compilation, allocator
+                            reps = []
+                            for r in range(args.reps):
+                                sync()
+                                t0 = time.perf_counter()
+                                fn(tokens, seed=r + 1)
+                                sync()
+                                reps.append(time.perf_counter() - t0)
+                            times[tokens] = statistics.median(reps)
+                    except Exception as e:  # noqa: BLE001  one path failing (memory, a transformers change) leaves the other
+                        row[f"{name}_error"] = f"{type(e).__name__}: {e}"[:300]
+                        continue
+                    step_s = (times[new] - times[half]) / (new - half)
+                    row[f"{name}_ms_per_step"] = step_s * 1e3
+                    row[f"{name}_tok_per_s"] = rows / step_s
+                    row[f"{name}_rollout_s"] = times[new]
+                    if gbs:
+                        limit = step_bytes(model32, dtype) / (gbs * 1e9)
+                        with_kv = limit + kv_bytes(config, rows, prompt_tokens + 0.75 * new, dtype) / (gbs * 1e9)
+                        row[f"{name}_weight_read_frac"] = limit / step_s
+                        row[f"{name}_with_kv_frac"] = with_kv / step_s
+                if "ours_ms_per_step" in row and "hf_static_ms_per_step" in row:
+                    row["hf_static_over_ours"] = row["hf_static_ms_per_step"] / row["ours_ms_per_step"]
+                print(json.dumps(row), flush=True)
+                out.append(row)
+            del hf_model
+        del model32
+        if CUDA:
+            torch.cuda.empty_cache()
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("what", choices=["stats", "trainer", "trl"])
-    parser.add_argument("shape", nargs="?", default="Qwen--Qwen2.5-0.5B-Instruct")
+    parser.add_argument("what", choices=["stats", "trainer", "trl", "decode"])
+    parser.add_argument("shape", nargs="*", default=None,
+                        help="shape folder(s) (trainer, trl: one; default Qwen2.5-0.5B; decode: 0.5B and 1.5B)")
     parser.add_argument("--n", type=int, default=8192)
     parser.add_argument("--d", type=int, default=3584)
     parser.add_argument("--v", type=int, default=151936)
     parser.add_argument("--prompts", type=int, default=8)
     parser.add_argument("--group", type=int, default=4)
-    parser.add_argument("--prompt-tokens", type=int, default=512)
-    parser.add_argument("--response", type=int, default=2048)
+    parser.add_argument("--prompt-tokens", type=int, default=None, help="trainer: 512; decode: 128")
+    parser.add_argument("--response", type=int, default=None, help="new tokens (trainer: 2048; decode: 256)")
     parser.add_argument("--micro", type=int, default=4)
     parser.add_argument("--lora-rank", type=int, default=0)
     parser.add_argument("--steps", type=int, default=1)
     parser.add_argument("--generate-bf16", action="store_true", help="generate under bf16 autocast")
+    parser.add_argument("--rows", type=int, nargs="+", default=[32, 256], help="decode: rows per rollout")
+    parser.add_argument("--reps", type=int, default=3, help="decode: timed rollouts per length")
+    parser.add_argument("--bandwidth", type=float, default=None, help="decode: memory bandwidth, GB/s")
+    parser.add_argument("--smoke", action="store_true", help="decode: run a tiny model on the CPU (checks the script)")
     parser.add_argument("--shapes", default=str(SHAPES), help="folder of shape folders (config.json each)")
     parser.add_argument("--out", default=None, help="append the JSON results to this file")
     args = parser.parse_args()
+    if args.what == "decode" and not CUDA and not args.smoke:
+        print("benchmarks/gpu.py decode needs CUDA (it times the CUDA-graph decode step); no CUDA device here")
+        return
     print(json.dumps({"gpu": torch.cuda.get_device_name() if CUDA else "none", "torch": torch.__version__}), flush=True)
+    shapes = args.shape or (["Qwen--Qwen2.5-0.5B-Instruct", "Qwen--Qwen2.5-1.5B-Instruct"] if args.what == "decode"
+                            else ["Qwen--Qwen2.5-0.5B-Instruct"])
     if args.what == "stats":
         results = bench_stats(args.n, args.d, args.v)
     elif args.what == "trainer":
-        results = bench_trainer(args.shape, args)
+        args.prompt_tokens, args.response = args.prompt_tokens or 512, args.response or 2048
+        results = bench_trainer(shapes[0], args)
+    elif args.what == "decode":
+        results = bench_decode(shapes, args)
     else:
-        results = bench_trl(args.shape, args)
+        args.response = args.response or 2048
+        results = bench_trl(shapes[0], args)
     if args.out:
         with open(args.out, "a") as f:
             for r in results:

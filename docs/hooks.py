@@ -27,7 +27,8 @@ if str(ROOT) not in sys.path:
 
 # site path -> repository path of the files published from outside docs/
 PUBLISHED = {"evidence/study.md": "benchmarks/study/study.md", "evidence/gpu.md": "benchmarks/gpu.md",
-             "evidence/avgk.md": "benchmarks/study_avgk/avgk.md"}
+             "evidence/avgk.md": "benchmarks/study_avgk/avgk.md", "changelog.md": "CHANGELOG.md",
+             "evidence/avgk_overlap.md": "benchmarks/study_avgk/overlap_posthoc.md"}
 PUBLISHED_GLOBS = {"evidence/study": "benchmarks/study/*.png", "evidence/study_avgk": "benchmarks/study_avgk/*.png"}
 
 
@@ -186,12 +187,122 @@ def departures_markdown() -> str:
     return "\n".join(lines)
 
 
-GENERATORS = {"cli": cli_markdown, "config": config_markdown, "departures": departures_markdown}
+# ---------------------------------------------------------------------------------------------------------------
+# The metrics
+
+
+def metrics_markdown() -> str:
+    """Every key of metrics.jsonl from entropy_rft.metric_names.METRICS: name, meaning, unit, when logged, writers."""
+    from entropy_rft.metric_names import METRICS
+
+    lines = ["| key | meaning | unit | when logged | written by |", "|---|---|---|---|---|"]
+    for m in METRICS:
+        lines.append(f"| {_code(m.name)} | {_cell(m.meaning)} | {_cell(m.unit)} | {_cell(m.when)} | "
+                     f"{', '.join(m.writers)} |")
+    return "\n".join(lines) + "\n"
+
+
+GENERATORS = {"cli": cli_markdown, "config": config_markdown, "departures": departures_markdown,
+              "metrics": metrics_markdown}
 MARKER = re.compile(r"<!-- generated: (\w+) -->")
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# Lists that follow a paragraph line: CommonMark (GitHub, the README) starts a list there, Python-Markdown (this site)
+# folds it into the paragraph. The preprocessor gives the site CommonMark's reading, for the pages and for the
+# docstrings mkdocstrings renders (tests/test_docs.py checks the built HTML for list markers left in a paragraph).
+
+LIST_ITEM = re.compile(r"^( {0,3})([-*+]|\d{1,9}[.)])[ \t]+\S")
+
+
+def blank_before_lists(lines: list[str]) -> list[str]:
+    """The lines with a blank line inserted where a list item interrupts a paragraph (CommonMark: any bullet item, an
+    ordered one only when it starts at 1), outside fenced code; items of a list already open are left alone."""
+    out: list[str] = []
+    fence, in_list, in_paragraph = None, False, False
+    for line in lines:
+        opening = re.match(r"^ {0,3}(`{3,}|~{3,})", line)
+        if fence is None and opening:
+            fence = opening.group(1)
+        elif fence is not None:
+            if re.match(rf"^ {{0,3}}{re.escape(fence[0])}{{{len(fence)},}}\s*$", line):
+                fence = None
+            out.append(line)
+            continue
+        item = LIST_ITEM.match(line)
+        if not line.strip():
+            in_list = in_paragraph = False
+        elif item and not in_list:
+            marker = item.group(2)
+            if in_paragraph and (marker in "-*+" or marker[:-1] == "1"):
+                out.append("")
+                in_list = True
+            elif not in_paragraph:
+                in_list = True
+        elif not line.startswith(("|", "#", "<", "    ", "\t")):
+            in_paragraph = True
+        out.append(line)
+    return out
+
+
+def lists_extension():
+    """A Python-Markdown extension running blank_before_lists before the block parser (after fenced code is held
+    aside by superfences and raw HTML by Python-Markdown)."""
+    from markdown import Extension
+    from markdown.preprocessors import Preprocessor
+
+    class Lists(Preprocessor):
+        def run(self, lines):
+            return blank_before_lists(lines)
+
+    class ListsAfterParagraphs(Extension):
+        def extendMarkdown(self, md):
+            md.preprocessors.register(Lists(md), "entropy_rft_lists", 19)
+
+    return ListsAfterParagraphs()
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # MkDocs events
+
+
+def project() -> dict:
+    """pyproject.toml's [project] table: the version and the URLs the site shows."""
+    import tomllib
+
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+
+
+def on_config(config):
+    config.markdown_extensions.append(lists_extension())
+    meta = project()
+    # the version and licence in every page's footer, from pyproject.toml (the version the package builds)
+    config.copyright = f"entropy-rft {meta['version']} · {meta.get('license', {}).get('text', '')} licence"
+    # the repository link in the header: pyproject.toml's [project.urls] Repository, else the clone's origin
+    repository = meta.get("urls", {}).get("Repository") or origin_url()
+    if repository and not config.repo_url:
+        config.repo_url = repository
+    return config
+
+
+def origin_url(remote: str | None = None) -> str | None:
+    """The web address of the clone's `origin` remote (git@host:o/r.git and https://host/o/r.git alike), or None
+    where there is none; `remote` is the remote's URL as git stores it (read from git when not given)."""
+    import subprocess
+
+    if remote is None:
+        try:
+            done = subprocess.run(["git", "-C", str(ROOT), "config", "--get", "remote.origin.url"],
+                                  capture_output=True, text=True, timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        remote = done.stdout.strip() if done.returncode == 0 else ""
+    ssh = re.match(r"^(?:ssh://)?git@([^:/]+)[:/](.+?)(?:\.git)?/?$", remote)
+    if ssh:
+        return f"https://{ssh.group(1)}/{ssh.group(2)}"
+    web = re.match(r"^(https?://)(?:[^@/]+@)?(.+?)(?:\.git)?/?$", remote)
+    return f"https://{web.group(2)}" if web else None
+
 
 
 def on_files(files, config):

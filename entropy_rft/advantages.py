@@ -1,4 +1,4 @@
-"""Advantage estimators: group-relative outcome advantages (GRPO, Dr. GRPO, RLOO, REINFORCE++-baseline) and GAE.
+"""Advantage estimators: group-relative outcome advantages (GRPO, Dr. GRPO, QAE, RLOO, REINFORCE++-baseline) and GAE.
 
 Outcome estimators take one scalar score per response, scores [B], and the group (prompt) id of each
 response, group_ids [B] (int), and return one advantage per response [B]; the trainer broadcasts it over the
@@ -23,7 +23,7 @@ from torch import Tensor
 
 from .registry import Registry
 
-__all__ = ["ADVANTAGES", "TokenLevel", "broadcast_advantages", "grpo", "rloo", "reinforce_pp_baseline", "gae", "masked_whiten", "group_stats"]
+__all__ = ["ADVANTAGES", "TokenLevel", "broadcast_advantages", "grpo", "qae", "rloo", "reinforce_pp_baseline", "gae", "masked_whiten", "group_stats"]
 
 ADVANTAGES: Registry = Registry("advantage estimator")
 
@@ -86,6 +86,28 @@ def rloo(scores: Tensor, group_ids: Tensor) -> Tensor:
     x = scores.float()
     scale = count / (count - 1).clamp_min(1.0)
     return torch.where(count > 1, x * scale - mean * scale, x)
+
+
+@ADVANTAGES.register("qae")
+def qae(scores: Tensor, group_ids: Tensor, *, quantile_k: float = 0.4, norm_by_std: bool = True,
+        epsilon: float = 1e-6) -> Tensor:
+    """QAE, quantile advantage estimation (Wu et al., arXiv 2509.22611): GRPO with the group's K-quantile as the
+    baseline in place of its mean, (R - Q_K(R_G)) / (std_G + epsilon), as the authors' README states the change to
+    verl's compute_grpo_outcome_advantage (`torch.quantile(scores, quantile_k)` for groups of two or more, linear
+    interpolation; the unbiased std and the singleton rule of grpo unchanged; 0 < quantile_k < 1, else the mean as in
+    their code). quantile_k 0.4 is their training scripts'. With binary rewards a group with a low success rate gets
+    baseline 0 (only its successes move), one with a high success rate baseline 1 (only its failures move); between
+    the two, linear interpolation gives a baseline in (0, 1). Computed in the scores' precision, group by group."""
+    x = scores if scores.is_floating_point() else scores.float()  # (B,) in the scores' precision, as verl
+    baseline, std = torch.zeros_like(x), torch.ones_like(x)  # a singleton keeps baseline 0 and std 1 (grpo's rule)
+    for g in torch.unique(group_ids):
+        rows = group_ids == g
+        if int(rows.sum()) > 1:
+            group = x[rows]
+            baseline[rows] = torch.quantile(group, quantile_k) if 0 < quantile_k < 1 else group.mean()
+            std[rows] = group.std()
+    centred = x - baseline
+    return centred / (std + epsilon) if norm_by_std else centred
 
 
 def masked_whiten(values: Tensor, mask: Tensor, *, shift_mean: bool = True) -> Tensor:

@@ -43,7 +43,27 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message: str):
         hint = "" if "--help" in message else f" (`{self.prog} --help` lists every option)"
-        self.exit(2, f"{self.prog}: error: {message}{hint}\n")
+        self.exit(2, f"{self.prog}: error: {suggest(self, message)}{hint}\n")
+
+
+def suggest(parser: argparse.ArgumentParser, message: str) -> str:
+    """argparse's message with the close match of a mistyped choice or option: `invalid choice: 'trian'` and
+    `unrecognized arguments: --metod` gain "(did you mean ...?)" (registry.did_you_mean, the one rule)."""
+    import re
+
+    from .registry import did_you_mean
+
+    choice = re.match(r"argument (\S+): invalid choice: '([^']*)' \(choose from (.*)\)$", message)
+    if choice:
+        known = [c.strip(" '") for c in choice.group(3).split(",")]
+        return message + did_you_mean(choice.group(2), known)
+    if message.startswith("unrecognized arguments: "):
+        options = [o for a in parser._actions for o in a.option_strings]
+        # options share their leading "--", so a closer match is asked of them than of names
+        hints = [arg + (did_you_mean(arg.split("=", 1)[0], options, cutoff=0.75) if arg.startswith("-") else "")
+                 for arg in message.split(": ", 1)[1].split()]
+        return "unrecognized arguments: " + " ".join(hints)
+    return message
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -161,7 +181,7 @@ def cmd_demo(args) -> None:
 
 def cmd_train(args) -> None:
     from .config import describe, read_recipe, recipe_file, resolve_config
-    from .rundir import stored_settings
+    from .rundir import check_hand_edits, stored_settings
 
     if args.help_config:
         print(describe())
@@ -186,12 +206,17 @@ def cmd_train(args) -> None:
         print(f"dry run passed: the recipe is valid and ran two steps on the CPU stand-in ({scratch})")
         _print_plan(cfg)
         return
+    if resume:  # a config.yaml edited by hand since the run wrote it is refused, or accepted field by field
+        check_hand_edits(Path(out), given={*recipe, *sets, *options, "out"})
     base = (stored_settings(Path(out)) or {}) if resume else {}  # resume: the run's own settings, then the changes
     cfg = resolve_config(base, recipe, sets, options, {"out": out} if out else {})
     from .config import preflight
+    from .plan import check_fits
+    from .policy import pick_device
     from .trainer import train
 
     preflight(cfg)
+    check_fits(cfg, pick_device(cfg.device))  # before a new directory is made for the run
     if cfg.out is None:  # a new directory, created at once (two runs started in the same second get two)
         from .rundir import new_run_dir
 
@@ -252,10 +277,14 @@ def _check_machine(args) -> None:
 def cmd_eval(args) -> None:
     from .pipeline import entry_tasks, evaluate_to_dir, parse_data_specs
 
-    if args.n is not None and args.n < args.eval_k:
-        raise ValueError(f"--n {args.n} is below --eval-k {args.eval_k}: Pass@K needs at least K samples per problem; "
-                         f"raise --n or lower --eval-k")
-    specs = parse_data_specs(args.data or "countdown", args.eval_k)
+    data = args.data or "countdown"
+    specs = parse_data_specs(data, args.eval_k)
+    own = {x.strip().rpartition("@")[0] for x in data.split(",") if x.strip().rpartition("@")[2].isdigit()}
+    for spec, k in specs:  # every entry's K, its own (@K) or --eval-k, needs n >= K samples per problem
+        if args.n is not None and args.n < k:
+            whose, fix = (f"--data {spec}@{k}", "the K after @") if spec in own else (f"--eval-k {k}", "--eval-k")
+            raise ValueError(f"--n {args.n} is below {whose}: Pass@K needs at least K samples per problem; raise --n "
+                             f"or lower {fix}")
     tasks = entry_tasks(specs, args.task)
     guard(args, args.out, ("eval.json", "eval.md", "pass_rates.png", "samples"))
     _check_machine(args)
@@ -291,8 +320,13 @@ def cmd_compare(args) -> None:
 
 def cmd_report(args) -> None:
     from .report import REPORT_FILES, build_report
+    from .rundir import set_aside_note
 
     runs = list({Path(r).resolve(): r for r in args.runs}.values())  # a run given twice is reported once
+    for run in runs:  # an --overwrite killed before its first step: the run's record is set aside, not in view
+        note = set_aside_note(Path(run))
+        if note:
+            print(f"entropy-rft report: note: {note}", file=sys.stderr)
     page = build_report(runs, guard(args, args.out, REPORT_FILES))
     print(page.read_text().split("\n## ")[0])
     print(f"wrote {page} and its figures")
@@ -605,10 +639,16 @@ def _note_renamed(command: str, argv: list[str]) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     from .rundir import RunDirError
+    from .stops import NonFinite
 
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser()
-    args = parser.parse_args(argv)
+    if not argv:  # a bare `entropy-rft`: what it can do, not an error
+        parser.print_help()
+        raise SystemExit(0)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # refused by the subcommand's parser, so that the error names its options and its --help
+        parser._subparsers._group_actions[0].choices[args.command].error(f"unrecognized arguments: {' '.join(unknown)}")
     args.argv = argv
     _note_renamed(args.command, argv)
     try:
@@ -617,7 +657,7 @@ def main(argv: list[str] | None = None) -> None:
     except BrokenPipeError:  # the reader closed the pipe (`entropy-rft recipes | head`): nothing went wrong here
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error when Python flushes stdout
         raise SystemExit(0) from None
-    except (FileNotFoundError, KeyError, ValueError, OSError, ImportError, RunDirError) as err:
+    except (FileNotFoundError, KeyError, ValueError, OSError, ImportError, RunDirError, NonFinite) as err:
         msg = err.args[0] if isinstance(err, KeyError) and err.args else err
         print(f"entropy-rft {args.command}: error: {' '.join(str(msg).split())}", file=sys.stderr)
         raise SystemExit(2) from None

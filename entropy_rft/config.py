@@ -15,6 +15,13 @@ KEY=VALUE, then the subcommand's own options. A recipe with a key given twice is
 Fields marked bookkeeping (where and how a run is recorded: out, sinks, progress, save_every, keep_checkpoints,
 eval_every) never change what a run computes: `settings_key` leaves them out, and they (and steps) may change on
 `--resume` (RESUME_SAFE).
+
+Scales a run cannot train with are refused like any bad value, naming the field: every real-valued field that is
+not 0 lies within float32's normal range (FLOAT32_TINY to FLOAT32_MAX: the float32 tensors it scales would hold it as 0
+or inf), and a learning rate (lr, critic_lr) is at most MAX_LR = 1: Adam moves every weight by about lr per step, so
+above 1 one step moves each weight by more than its own size (weights of trained LLMs are of order 0.01-1) and the
+logits leave float32's range within steps (`--set lr=1e30` committed a step of weights near 1e30, then crashed).
+Lengths that cannot be allocated are refused against the memory plan before a run starts (plan.check_fits).
 """
 
 from __future__ import annotations
@@ -31,8 +38,16 @@ import yaml
 from pydantic import ConfigDict, ValidationError, field_validator
 from pydantic.dataclasses import dataclass
 
-from .recipes import (RECIPES, ConfigError, is_multi_method, read_recipe, read_spec, read_yaml,  # noqa: F401
-                      recipe_file, shipped_recipes)
+from .recipes import (  # noqa: F401
+    RECIPES,
+    ConfigError,
+    is_multi_method,
+    read_recipe,
+    read_spec,
+    read_yaml,
+    recipe_file,
+    shipped_recipes,
+)
 
 
 def _f(default, help: str, *, bookkeeping: bool = False):
@@ -56,6 +71,10 @@ _POSITIVE = ("max_frac", "forking_frac", "lopti_eta", "critic_lr", "value_clip",
              "eval_temperature", "lora_alpha", "vllm_gpu_memory", "clip_cov_ub", "pi_threshold")
 _AT_MOST_ONE = ("clip_cov_ratio", "kl_cov_ratio", "overlong_buffer_frac", "ar_alpha", "forking_frac", "lopti_eta",
                 "gamma", "lam", "top_p", "vllm_gpu_memory", "eps_low", "pi_threshold")
+FLOAT32_MAX = 3.4028234663852886e38  # torch.finfo(torch.float32).max
+FLOAT32_TINY = 1.1754943508222875e-38  # torch.finfo(torch.float32).tiny: the smallest normal float32
+MAX_LR = 1.0  # module docstring
+_LEARNING_RATES = ("lr", "critic_lr")
 _HINTS = {"mu": " (mu is a multiple of the batch std; 0 clips every token below the mean; the paper uses 2.5 for "
                 "Clip_B and 8.5 for Clip_V)",
           "mu_plus": " (the upper threshold of the two-sided filter, in batch stds)",
@@ -84,8 +103,8 @@ class TrainConfig:
     max_frac: float | None = _f(None, "Clip_V cap on the clipped fraction; None = method default 1e-4. The "
                                       "paper's batches hold ~1e6 tokens: scale it up for small batches")
     side: Literal["negative", "positive", "all"] | None = _f(None, "which advantage sign the filter applies to: negative (default), positive, all")
-    advantage: str = _f("grpo", "advantage estimator (registry ADVANTAGES): grpo, dr_grpo, rloo, gae (PPO's, with a "
-                                "value head)")
+    advantage: str = _f("grpo", "advantage estimator (registry ADVANTAGES): grpo, dr_grpo, rloo, qae, gae (PPO's, "
+                                "with a value head)")
 
     # batch and optimisation
     steps: int = _f(100, "RL steps (one rollout batch each)")
@@ -103,12 +122,14 @@ class TrainConfig:
     eps_high: float = _f(0.2, "PPO clip 1 + eps_high for A > 0 (DAPO clip-higher: 0.28)")
     dual_clip_c: float | None = _f(3.0, "dual-clip constant for A < 0 (verl default 3); None disables")
     loss_agg: str = _f("token-mean", "token-mean (paper eq. 1), seq-mean-token-mean, seq-mean-token-sum, "
-                                     "seq-mean-token-sum-norm")
+                                     "seq-mean-token-sum-norm, token-sum")
     kl_coef: float = _f(0.0, "weight of the k3 KL penalty to the initial policy (paper: 0, omitted)")
     entropy_coef: float = _f(0.0, "entropy bonus weight (0: none, the paper's assumption (ii))")
 
     # baselines (entropy_rft/methods.py sets these per method; docs/paper_index.md)
-    policy_loss: str = _f("ppo", "policy loss (registry POLICY_LOSSES): ppo, gspo, clip_cov, kl_cov")
+    policy_loss: str = _f("ppo", "policy loss (registry POLICY_LOSSES): ppo, gspo, clip_cov, kl_cov, "
+                                         "cispo, sapo, dppo_tv, dppo_kl, geo_mean, erc; composes with any method's "
+                                         "filter (--method clip_b --set policy_loss=cispo)")
     clip_cov_ratio: float = _f(2e-4, "Clip-Cov: fraction of valid tokens whose gradient is detached (verl default)")
     clip_cov_lb: float = _f(1.0, "Clip-Cov: lower covariance bound of candidates (verl default)")
     clip_cov_ub: float = _f(5.0, "Clip-Cov: upper covariance bound of candidates (verl default)")
@@ -126,6 +147,15 @@ class TrainConfig:
     rank_penalty_beta: float = _f(0.0, "rewarding the unlikely: beta_rank of R(1 - beta rank / G) (paper 0.25)")
     ar_alpha: float = _f(0.0, "advantage reweighting: A (alpha pi_old + 1 - alpha) (Yang et al. 2025: 0.3)")
     lopti_eta: float | None = _f(None, "Lopti: update tokens with pi_old < eta first, then the rest (paper 0.5)")
+    cispo_upper_only: bool = _f(False, "CISPO: TRL's form, the weight min(r, eps_high) capped from above only at the "
+                                       "absolute eps_high (e.g. 5), instead of verl's clip(r, 1 - eps_low, 1 + eps_high)")
+    tau_pos: float = _f(1.0, "SAPO: gate temperature for A > 0 (verl ActorConfig tau_pos)")
+    tau_neg: float = _f(1.05, "SAPO: gate temperature for A <= 0 (verl ActorConfig tau_neg)")
+    erc_low: float = _f(0.95, "ERC: lower bound of the entropy ratio H / H_old that keeps a token's gradient "
+                              "(the authors' scripts; their config default 0.8)")
+    erc_high: float = _f(1.05, "ERC: upper bound of the entropy ratio (the authors' scripts; their config default 1.2)")
+    quantile_k: float = _f(0.4, "QAE: the quantile of the group's rewards used as the baseline (the authors' "
+                                "scripts: 0.4); read by advantage 'qae' only")
 
     gamma: float = _f(1.0, "PPO/GAE discount (verl default 1.0)")
     lam: float = _f(1.0, "PPO/GAE lambda (verl default 1.0)")
@@ -153,8 +183,14 @@ class TrainConfig:
     decode: str = _f("auto", "hf engine: how each token after the prompt goes through the model. auto: the "
                              "hand-written decode step (rollout/decode.py: the same arithmetic without transformers' "
                              "per-call work, 0.86x the rollout time on the demo) on the CPU for Qwen2, Qwen3, Llama "
-                             "and Mistral models it can read exactly, else the model's forward; hand: always that "
-                             "step (an error where it cannot); hf: always the model's forward")
+                             "and Mistral models it can read exactly, and on CUDA the same step at fixed shapes "
+                             "captured in a CUDA graph (static), else the model's forward; hand: always that step, "
+                             "finished rows leaving the batch (an error where it cannot); static: always the "
+                             "fixed-shape step (graph-captured on CUDA, eager elsewhere; the weights in bfloat16 "
+                             "when precision is bf16); hf: always the model's forward")
+    decode_check_every: int = _f(0, "static decode: steps between two looks at whether every row has finished "
+                                    "(each look waits for the GPU; the tokens do not depend on it). 0: 1 on the "
+                                    "CPU, 8 on a GPU")
     precision: Literal["fp32", "bf16"] = _f("fp32", "fp32, or bf16: forward and backward under bfloat16 autocast with float32 master "
                                 "weights and Adam state (pure bf16 weights would lose updates of lr 4e-7)")
     gradient_checkpointing: bool = _f(False, "recompute activations in the backward pass (less memory, ~30% slower)")
@@ -259,6 +295,22 @@ class TrainConfig:
             raise ValueError(f"{info.field_name} is a fraction: it must be <= 1, got {value}")
         return value
 
+    @field_validator("*")
+    @classmethod
+    def _float32_scale(cls, value, info):
+        """A real number a float32 tensor can hold (module docstring); learning rates at most MAX_LR."""
+        numbers = value if isinstance(value, tuple) else (value,)
+        for x in numbers:
+            if isinstance(x, float) and x != 0 and not FLOAT32_TINY <= abs(x) <= FLOAT32_MAX:
+                raise ValueError(f"{info.field_name}={x:g} must be 0 or within float32's range ({FLOAT32_TINY:.2g} "
+                                 f"to {FLOAT32_MAX:.2g} in size): the float32 tensors it scales would hold it as "
+                                 f"{'inf' if abs(x) > 1 else '0'}")
+        if info.field_name in _LEARNING_RATES and value is not None and value > MAX_LR:
+            raise ValueError(f"{info.field_name}={value:g} must be at most {MAX_LR:g}: Adam moves every weight by about "
+                             f"{info.field_name} per step, so each step would outweigh the trained weights and the "
+                             "logits leave float32's range within steps (paper: 4e-7; tiny models ~1e-4)")
+        return value
+
     @field_validator("betas")
     @classmethod
     def _betas(cls, value):
@@ -315,6 +367,10 @@ class TrainConfig:
         from .rollout.sampling import check_decode
 
         check_decode(self.decode)
+        if self.decode_check_every < 0:
+            raise ValueError(f"decode_check_every must be >= 0, got {self.decode_check_every}")
+        if self.precision not in ("fp32", "bf16"):
+            raise ValueError(f"precision must be fp32 or bf16, got {self.precision!r}")
         from .rollout import ENGINES
 
         ENGINES.get(self.engine)
@@ -363,6 +419,14 @@ def _problems(err: ValidationError) -> list[tuple[str | None, str, str]]:
             out.append((name, line, line))
             continue
         kind = TrainConfig.__dataclass_fields__[e["loc"][0]].type
+        if str(kind).startswith("tuple[") and "..." not in str(kind) and (
+                e["type"] in ("too_long", "too_short") or e["type"] == "missing" and len(e["loc"]) > 1):
+            n = str(kind).count(",") + 1  # a tuple of n fixed items (betas: two)
+            line = (f"config field {e['loc'][0]} takes {n} numbers ({kind}), got {e['input']!r}"
+                    + (" (Adam's beta1 and beta2, e.g. [0.9, 0.999])" if e["loc"][0] == "betas" else ""))
+            if all(o[0] != e["loc"][0] for o in out):
+                out.append((str(e["loc"][0]), line, line))
+            continue
         got = f"got {e['input']!r} ({type(e['input']).__name__})"
         out.append((name, msg, f"config field {name}: {got}; expected {kind}: {msg}"))
     return out
@@ -461,6 +525,16 @@ def settings_key(cfg: TrainConfig) -> str:
 
     d = {k: v for k, v in _plain(cfg.to_dict()).items() if k not in BOOKKEEPING}
     return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def settings_digests(settings: dict) -> dict[str, str]:
+    """16 hex digits of sha256 per field of a settings dict, as config.yaml stores it: what the run record keeps
+    beside config.yaml to tell a hand edit (rundir.py rule 4) and name the fields it changed."""
+    import hashlib
+    import json
+
+    return {k: hashlib.sha256(json.dumps(v, sort_keys=True).encode()).hexdigest()[:16]
+            for k, v in _plain(settings).items()}
 
 
 def setting_differences(stored: dict, cfg: TrainConfig, *, allowed: tuple[str, ...] = RESUME_SAFE) -> list[str]:

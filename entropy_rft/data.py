@@ -11,8 +11,8 @@ Schemas read (detected from the columns of the first row):
     problem     HuggingFaceH4/aime_2024 (id, problem, solution, answer, ...), math-ai/aime25 (problem, answer, id),
                 AMC23 copies (question or problem, answer; answers may be floats such as 27.0)
     entropy_rft this project's JSONL (question, answer, id, source, and extra keys such as pass_rate)
-Problems are deduplicated by question text (first occurrence kept) and the template is stripped, so the same
-problem reads the same from every copy.
+Problems are deduplicated by identity (`MathProblem.identity`: the question text with whitespace normalised; first
+occurrence kept) and the template is stripped, so the same problem reads the same from every copy.
 
 DAPO500 (Section 5.1: "we exclude 500 questions from the training set to form the validation set"): the paper does
 not publish its split. Ours is deterministic and independent of row order and schema: the deduplicated problems
@@ -148,7 +148,8 @@ def row_to_problem(row: dict, schema: str, source: str) -> MathProblem:
 
 
 def to_problems(rows: Iterable[dict], source: str) -> list[MathProblem]:
-    """Problems from raw rows, schema detected from the first row, deduplicated by question text."""
+    """Problems from raw rows, schema detected from the first row, deduplicated by identity (normalised question
+    text)."""
     rows = list(rows)
     if not rows:
         raise ValueError(f"{source}: the dataset is empty")
@@ -166,8 +167,8 @@ def to_problems(rows: Iterable[dict], source: str) -> list[MathProblem]:
             raise ValueError(f"{source}: row {n} does not fit the {schema!r} schema of the first row "
                              f"({type(err).__name__}: {err}); row keys: {sorted(row)}. Fix or drop the row "
                              "(schemas: entropy_rft.data)") from None
-        if problem.question not in seen:
-            seen.add(problem.question)
+        if problem.identity not in seen:
+            seen.add(problem.identity)
             out.append(problem)
     return out
 

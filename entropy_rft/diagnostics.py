@@ -17,11 +17,15 @@ from .dynamics import TokenStats, batch_covariance, corollary4_entropy_change
 from .forward import EntropyProbe, batch_forward
 from .losses import step_sizes
 from .masks import clipped_fractions
-from .methods import METHODS
+from .methods import METHODS, POLICY_LOSSES
 from .samples import entropy_terms
 
 # the filters whose effect the monitor reports, each at its default options (the authors' mu)
 WOULD_CLIP = ("clip_b", "clip_v")
+def would_clip_label(name: str) -> str:
+    """How the inspect page names a WOULD_CLIP filter's mark: 'Clip_B (mu 2.5) would drop it'."""
+    options = ", ".join(f"{k} {v}" for k, v in METHODS.get(name).options.items() if v is not None)
+    return f"{name.replace('clip_', 'Clip_').replace('_b', '_B').replace('_v', '_V')} ({options}) would drop it"
 
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> float:
@@ -31,10 +35,12 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> float:
 
 
 def loss_step_sizes(mask, loss_mask, cfg) -> float | torch.Tensor:
-    """lr w_t of every kept token at ratio 1 (losses.step_sizes for cfg.loss_agg): the whole batch's token-mean
-    denominator |T_B| (the kept tokens, or every valid token with denominator="all") and sequence count."""
+    """lr w_t of every kept token at ratio 1 (losses.step_sizes for the policy loss's aggregation: cfg.loss_agg, or
+    SAPO's and GMPO's own): the whole batch's token-mean denominator |T_B| (the kept tokens, or every valid token with
+    denominator="all") and sequence count. Every policy loss's factor on d log p is 1 at ratio 1."""
     denom = mask if cfg.denominator == "all" else loss_mask
-    return step_sizes(loss_mask, cfg.loss_agg, lr=cfg.lr, num_tokens=max(float(denom.sum()), 1.0),
+    agg = POLICY_LOSSES.get(cfg.policy_loss).aggregation(cfg)
+    return step_sizes(loss_mask, agg, lr=cfg.lr, num_tokens=max(float(denom.sum()), 1.0),
                       num_seqs=max(float((denom.sum(-1) > 0).sum()), 1.0), norm=cfg.max_new_tokens)
 
 

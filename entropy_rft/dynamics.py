@@ -6,7 +6,7 @@ For a next-token distribution p = softmax(z / T) and a sampled token k (paper, S
 - its policy expectation E_{i~p}[S_i] = sum_i p_i S_i = H sum_i p_i^2 + sum_i p_i^2 log p_i (Theorem 2);
 - the centred score S_c = S* - E_{i~p}[S_i] (Algorithm 2).
 
-Two identities make this cheap (shared/notes/streaming-token-stats.md, checked here in tests): with
+Two identities make this cheap (derived here; checked against the direct formulas in tests/test_dynamics.py): with
 zbar = sum_i p_i z_i the p-weighted mean logit, S* = p_k (z_k - zbar) and E_p[S] = sum_i p_i^2 (z_i - zbar).
 Both follow from H + log p_i = z_i - zbar. So all four statistics come from running sums over the vocabulary,
 centred at the running maximum, and never need a stored [N, V] probability tensor.

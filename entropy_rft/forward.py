@@ -40,6 +40,7 @@ from torch import Tensor
 from .dropout import has_active_dropout
 from .dynamics import TokenStats, token_stats, token_stats_from_hidden
 from .rollout import Rollout
+from .rollout.cache import cache_arg, cache_of
 from .rollout.hf import sequence_forward
 from .rollout.sampling import position_ids
 from .rules import passes
@@ -172,7 +173,7 @@ class _SharedPrefix:
         out = decoder(input_ids=p_ids, attention_mask=self.p_mask.long(), position_ids=position_ids(self.p_mask),
                       use_cache=True)
         self.decoder, self.rollout, self.device = decoder, rollout, device
-        self.groups, self.cache, self.last = groups.to(device), out.past_key_values, out.last_hidden_state[:, -1:]
+        self.groups, self.cache, self.last = groups.to(device), cache_of(out), out.last_hidden_state[:, -1:]
 
     def hidden(self, rows: Tensor, width: int) -> Tensor:
         """(n, width, D) states that predict response tokens [0, width) of these rows: the prompt's last state, then
@@ -183,7 +184,7 @@ class _SharedPrefix:
         r_pos = self.p_mask.long().sum(-1)[prompt_of, None] + torch.arange(width - 1, device=self.device)[None]
         attn = torch.cat([ro.prompt_mask[rows], ro.response_mask[rows, : width - 1]], dim=1).to(self.device)
         out = self.decoder(input_ids=ro.response_ids[rows, : width - 1].to(self.device), attention_mask=attn.long(),
-                           position_ids=r_pos, past_key_values=_cache_rows(self.cache, prompt_of), use_cache=True)
+                           position_ids=r_pos, **cache_arg(_cache_rows(self.cache, prompt_of)), use_cache=True)
         return torch.cat([self.last[prompt_of], out.last_hidden_state], dim=1)
 
 
@@ -341,10 +342,12 @@ class EntropyProbe:
     of the parameter step actually applied (Adam's, clipped, over every mini-batch and epoch). It is computed as
     g . theta_after - g . theta_before in float64, so no copy of the parameters is kept (products of float32
     numbers are exact in float64). realised: Hbar after the update minus Hbar before, both on the same rollouts.
+    Without `held`, the passes run in training mode (the built-in trainer's update), or with in_update_mode in
+    update_mode (the mode of batch_forward's statistics, restored after: an engine's own loop, integrations/trl.py).
     """
 
     def __init__(self, model, rollout: Rollout, temperature: float, rows_per_pass: int, precision: str = "fp32",
-                 *, held: HeldForward | None = None, from_hidden: bool = True):
+                 *, held: HeldForward | None = None, from_hidden: bool = True, in_update_mode: bool = False):
         self.model = model
         valid = rollout.response_mask
         n_valid = valid.sum().clamp_min(1)
@@ -355,14 +358,16 @@ class EntropyProbe:
                         for r, (s, _) in zip(held.rows, held.parts))
             grads = list(torch.autograd.grad(total, params, retain_graph=True, allow_unused=True))
         else:
-            model.train()
-            for part in passes(len(rollout.texts), rows_per_pass):
-                stats, _ = policy_forward(model, rollout.select(part), temperature, precision=precision,
-                                          from_hidden=from_hidden)
-                h = (stats.entropy * valid[part].to(stats.entropy.device)).sum() / n_valid
-                for j, g in enumerate(torch.autograd.grad(h, params, allow_unused=True)):
-                    if g is not None:
-                        grads[j] = g if grads[j] is None else grads[j] + g
+            if not in_update_mode:
+                model.train()
+            with (update_mode(model) if in_update_mode else nullcontext()), torch.enable_grad():
+                for part in passes(len(rollout.texts), rows_per_pass):
+                    stats, _ = policy_forward(model, rollout.select(part), temperature, precision=precision,
+                                              from_hidden=from_hidden)
+                    h = (stats.entropy * valid[part].to(stats.entropy.device)).sum() / n_valid
+                    for j, g in enumerate(torch.autograd.grad(h, params, allow_unused=True)):
+                        if g is not None:
+                            grads[j] = g if grads[j] is None else grads[j] + g
         self.pairs = [(p, g.detach()) for p, g in zip(params, grads) if g is not None]
         self.before = self._dot()
 

@@ -2,7 +2,8 @@
 
 The page (template, style and script in entropy_rft/assets/inspect/) shows, for a chosen step, every written
 response of each run side by side, each token coloured by a chosen statistic (H, S*, S_c, its term of the step's
-entropy change, or log p) with the tokens the method clipped struck through and boxed; a token's values on hover
+entropy change, -A S_c, or log p) with the tokens the method clipped struck through and boxed and the tokens a record
+marks (a monitored run: what Clip_B and Clip_V would drop) underlined; a token's values on hover
 or keyboard focus; each response's reward and advantage; per run and step, the tokens with the largest terms in
 each direction and the clipped tokens that would have weighed most (entropy_rft/samples.py writes all of these).
 
@@ -51,6 +52,10 @@ STATISTICS = (
      "help": "The centred score of Theorem 2: a step with advantage A changes this token's entropy by -alpha S_c."},
     {"key": "logp", "label": "log p of the sampled token", "signed": False,
      "help": "Darker: less likely under the policy that sampled it."},
+    {"key": "push", "label": "-A S_c (the term's direction, any loss)", "signed": True,
+     "help": "-A S_c: the token's term without its positive step size lr w / |T|, so defined for every loss, also "
+             "where w depends on how the engine splits the batch (TRL's bnpo, vespo). Within one response (one A) it "
+             "orders the tokens as the terms do. Positive: the update raises entropy here; not 0 for clipped tokens."},
 )
 
 
@@ -91,6 +96,18 @@ def run_names(run_dirs: list[Path]) -> list[str]:
     return [str(p) for p in run_dirs]
 
 
+def runs_inside(folder: Path, depth: int = 3) -> list[Path]:
+    """The run directories with token samples under `folder`, at most `depth` levels down, sorted; a run's own
+    subdirectories are not searched."""
+    found = []
+    for child in sorted(p for p in folder.iterdir() if p.is_dir() and not p.name.startswith(".")):
+        if samples.steps_written(child):
+            found.append(child)
+        elif depth > 1:
+            found += runs_inside(child, depth - 1)
+    return found
+
+
 def load_run(run_dir: Path | str, steps: list[int] | None = None, max_steps: int = MAX_STEPS) -> dict:
     """A run directory's samples (the chosen steps) and the settings the page names (method, mu, seed, lr)."""
     run_dir = Path(run_dir)
@@ -100,6 +117,12 @@ def load_run(run_dir: Path | str, steps: list[int] | None = None, max_steps: int
         raise FileNotFoundError(f"run directory {run_dir} does not exist: pass directories written by `entropy-rft "
                                 "train` (or by EntropyGRPOTrainer's output_dir)")
     available = samples.steps_written(run_dir)
+    inside = [] if available else runs_inside(run_dir)
+    if inside:  # a folder of runs (runs/, a demo's or a compare's directory): name them rather than fail on it
+        shown = " ".join(str(d) for d in inside[:8]) + (" ..." if len(inside) > 8 else "")
+        raise FileNotFoundError(f"{run_dir} is a folder of runs, not a run: it holds {len(inside)} with token samples "
+                                f"({shown}); pass the ones to show, e.g. `entropy-rft inspect "
+                                f"{' '.join(str(d) for d in inside[:3])}`")
     if not available:
         raise FileNotFoundError(f"{run_dir} has no token samples ({samples.SAMPLES_DIR}/step-NNNNNN.json.gz): train "
                                 "with samples_every > 0 (the default is 10; `--set samples_every=1` samples every step)")
@@ -119,6 +142,15 @@ def load_run(run_dir: Path | str, steps: list[int] | None = None, max_steps: int
             "steps": {str(s): r for s, r in records.items()}, "available": available}
 
 
+def token_values(resp: dict, key: str) -> list[float | None]:
+    """A written response's values of a statistic: its stored column, or for "push" -A S_c from its advantage (per
+    response, or per token under GAE) and S_c (the page computes the same, page.js tokenValue)."""
+    if key != "push":
+        return resp.get(key, [])
+    adv = resp.get("advantage_t") or [resp.get("advantage")] * len(resp["s_centered"])
+    return [None if a is None or s is None else -a * s for a, s in zip(adv, resp["s_centered"])]
+
+
 def page_data(runs: list[dict], names: list[str]) -> dict:
     """What the page embeds: the runs, the union of their steps, the statistics, and each step's colour scales
     (over every written token of every run at that step)."""
@@ -128,7 +160,7 @@ def page_data(runs: list[dict], names: list[str]) -> dict:
         records = [run["steps"][str(step)] for run in runs if str(step) in run["steps"]]
         scales[str(step)] = {
             st["key"]: colour_scale([v for rec in records for g in rec["groups"] for resp in g["responses"]
-                                     for v in resp.get(st["key"], [])])
+                                     for v in token_values(resp, st["key"])])
             for st in STATISTICS}
     return {"runs": [{"name": name, **run} for name, run in zip(names, runs)], "steps": steps,
             "statistics": list(STATISTICS), "scales": scales, "scale_quantile": SCALE_QUANTILE}

@@ -43,10 +43,10 @@ from .config import TrainConfig
 from .dropout import check_deterministic, disable_dropout
 from .dynamics import TokenStats, token_stats
 from .policy import ValueHead, prepare_policy
+from .problems import Scored
 from .rollout import Rollout
 from .rollout.hf import sequence_forward
 from .rollout.sampling import sample
-from .problems import Scored
 from .rules import StepRules
 from .step import Decision, Step
 
@@ -109,9 +109,10 @@ def synthetic_batch(n_prompts: int, group: int, *, vocab: int, max_prompt: int =
     if model is None:
         responses = torch.randint(3, vocab, (rows, max_response), generator=gen)
     else:
-        device = next(model.parameters()).device
+        device = next(model.parameters()).device  # the draws come from a generator on the model's device
+        draws = torch.Generator(device=device).manual_seed(seed)
         responses, _ = sample(model, p_ids.to(device), p_mask.to(device), n=group, temperature=temperature, top_p=1.0,
-                              max_new_tokens=max_response, eos_ids=[vocab + 1], pad_id=0, generator=gen)
+                              max_new_tokens=max_response, eos_ids=[vocab + 1], pad_id=0, generator=draws)
         responses = responses.cpu()  # no id ends a response: every row runs max_response tokens before the cut
     rollout = Rollout(p_ids.repeat_interleave(group, 0), p_mask.repeat_interleave(group, 0),
                       responses.masked_fill(~response_mask, 0), response_mask, lengths < max_response, [""] * rows)
@@ -158,10 +159,11 @@ class StepRecord:
 
 def recipe_step(cfg: TrainConfig, model, rollout: Rollout, rewards: Tensor, group_ids: Tensor, *,
                 value_head: ValueHead | None = None, ref_model=None, given: StepRecord | None = None,
-                seed: int = 0, step: int = 0) -> StepRecord:
+                seed: int = 0, step: int = 0, observe=None) -> StepRecord:
     """One trainer step (step.Step, as trainer.py runs it) with a RecordingOptimizer: its statistics, its decision
     (or, with `given`, that record's decision: advantages, keep mask, old log p / values, so runs that differ only
-    in micro-batch size feed their updates identical inputs) and its update."""
+    in micro-batch size feed their updates identical inputs) and its update. `observe(rows, stats, old_logp, i)`, if
+    given, sees every micro-batch's forward too, i its optimizer step (0, 1, ...)."""
     mask = rollout.response_mask
     groups = [{"params": [p for p in model.parameters() if p.requires_grad]}]
     if value_head is not None:
@@ -176,12 +178,14 @@ def recipe_step(cfg: TrainConfig, model, rollout: Rollout, rewards: Tensor, grou
     update_logp = torch.full(mask.shape, math.nan)
     update_old = torch.full(mask.shape, math.nan)
 
-    def observe(rows: Tensor, st: TokenStats, old: Tensor) -> None:
+    def record(rows: Tensor, st: TokenStats, old: Tensor) -> None:
         if not optimizer.grads:  # the first optimizer step: the weights are the behaviour policy's
             update_logp[rows] = st.logp.detach().float().cpu()
             update_old[rows] = old.detach().float().cpu()
+        if observe is not None:
+            observe(rows, st, old, len(optimizer.grads))
 
-    metrics = runner.update(rollout, decision, held=behaviour.held, observe=observe)
+    metrics = runner.update(rollout, decision, held=behaviour.held, observe=record)
     return StepRecord(behaviour.stats, decision, optimizer.grads, metrics, update_logp, update_old, behaviour.frozen,
                       runner.rules)
 

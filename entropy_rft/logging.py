@@ -156,3 +156,15 @@ def read_metrics(run_dir: Path | str) -> list[dict]:
     if not path.exists():
         raise FileNotFoundError(f"{run_dir} has no metrics.jsonl: pass a run directory written by `entropy-rft train`")
     return [_row(path, n, line) for n, line in _complete_rows(path)]
+
+
+# what an engine adapter (TRL, verl) writes beside metrics.jsonl: which engine, method and loss it watched or ran
+ENGINE_RUN_FILE = "entropy_rft_run.json"
+
+
+def write_engine_run(run_dir: Path | str, about: dict) -> None:
+    """RUN_DIR/entropy_rft_run.json: the engine's settings that `entropy-rft report` names (source, method, the
+    engine's loss, lr, group size, probe_every, ...), so its table says what was watched."""
+    path = Path(run_dir)
+    path.mkdir(parents=True, exist_ok=True)
+    (path / ENGINE_RUN_FILE).write_text(json.dumps(about, indent=1, default=str) + "\n")

@@ -4,8 +4,11 @@
   eps_high; DAPO's clip-higher is eps_high = 0.28) and dual clip for negative advantages (constant c).
   In strict on-policy training the ratio is 1 and no clipping is active (Section 2).
 - kl_penalty: the k3 ("low-variance") estimator of KL(pi || pi_ref).
-- aggregate: the loss aggregation modes token-mean, seq-mean-token-mean, seq-mean-token-sum and
-  seq-mean-token-sum-norm.
+- aggregate: the loss aggregation modes token-mean, seq-mean-token-mean, seq-mean-token-sum,
+  seq-mean-token-sum-norm and token-sum.
+- the losses engines ship beyond the paper, under verl 0.9.1's names: cispo_loss, sapo_loss, dppo_tv_loss,
+  dppo_kl_loss, geo_mean_loss, and erc_loss (Kwai-Klear/ERC); each has a `*_ratio` function, the factor it puts on
+  d log p_t, which step_sizes takes as `ratio` (1 at ratio 1 for all of them).
 - token_weights, step_sizes: the per-token step-size rule of each aggregation (and of GSPO's sequence-level ratio):
   how far one optimizer step of plain gradient descent moves each token's log p, the alpha of Theorem 2 (eq. 10).
   The metrics (entropy_change/*), the token samples, the inspect page and the TRL adapter all take it from here.
@@ -19,7 +22,7 @@ Denominators are explicit: for gradient accumulation over micro-batches, pass nu
 whole mini-batch and the sum of the micro-batch losses equals the full-batch loss (tested).
 
 Departures, numbered, from verl 0.9.1 (compute_policy_loss_vanilla and agg_loss, checked against
-tests/fixtures/verl_policy_losses.json):
+tests/fixtures/verl_policy_losses.json; the engines' losses against engine_policy_losses.json):
 1. The token-mean denominator is num_tokens exactly (verl adds no epsilon either when the count is global);
    the per-sequence mean of seq-mean-token-mean divides by (count + 1e-8), as verl does.
 2. Metrics also report the high and low clip fractions separately (clipfrac_high for A > 0 and ratio above
@@ -32,7 +35,12 @@ tests/fixtures/verl_policy_losses.json):
    clipped tokens is empty in both.
 4. GSPO matches verl's compute_policy_loss_gspo (sequence ratio from the length-normalised log-ratio, clamped
    at 10 in log space, no dual clip); the default clip range is the GSPO paper's (3e-4, 4e-4).
-5. seq-mean-token-sum-norm (Dr. GRPO) needs its constant norm passed (the trainer passes max_new_tokens); verl
+5. verl's SAPO always aggregates seq-mean-token-mean and its GMPO always the mean over rows, whatever
+   loss_agg_mode says; sapo_loss takes agg (default that), the registry fixes it (methods.PolicyLoss.agg), and
+   geo_mean_loss refuses another agg. GMPO's mean counts the sequences with a loss token (num_seqs), verl's every row
+   of the micro-batch. CISPO's upper_only option is TRL 1.16's different loss of the same name.
+6. token-sum is the sum at one rank: verl multiplies it by its data-parallel size (DDP then averages gradients).
+7. seq-mean-token-sum-norm (Dr. GRPO) needs its constant norm passed (the trainer passes max_new_tokens); verl
    defaults it to the response tensor's width, which is the budget there only because verl pads every batch to
    max_response_length. Here batches are padded to their longest response, so that default would make the loss
    depend on the batch.
@@ -48,10 +56,12 @@ from torch import Tensor
 from .advantages import broadcast_advantages
 
 __all__ = ["AGG_MODES", "aggregate", "masked_mean", "ppo_clip_loss", "kl_penalty", "token_weights", "step_sizes",
-           "token_ratio", "sequence_ratio"]
+           "token_ratio", "sequence_ratio", "cispo_loss", "sapo_loss", "dppo_tv_loss", "dppo_kl_loss", "geo_mean_loss",
+           "erc_loss"]
 
-AggMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
-AGG_MODES: tuple[str, ...] = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
+AggMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm", "token-sum"]
+AGG_MODES: tuple[str, ...] = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm",
+                              "token-sum")
 
 
 def masked_mean(x: Tensor, mask: Tensor) -> Tensor:
@@ -77,6 +87,7 @@ def aggregate(
     seq-mean-token-sum-norm: as seq-mean-token-sum with each sum divided by the constant norm, Dr. GRPO
     (required: the generation budget, max_new_tokens, as verl's loss_scale_factor and TRL's
     max_completion_length; the batch's padded width T would change the loss with the longest response).
+    token-sum: the sum over valid tokens (verl 0.9.1's token-sum at one data-parallel rank; no denominator).
     Sequence means divide by num_seqs (default: sequences with at least one valid token here).
     """
     for name, count in (("num_tokens", num_tokens), ("num_seqs", num_seqs)):
@@ -87,6 +98,8 @@ def aggregate(
     if mode == "token-mean":
         denom = m.sum() if num_tokens is None else num_tokens
         return (loss_mat * m).sum() / denom
+    if mode == "token-sum":
+        return (loss_mat * m).sum()
     if mode == "seq-mean-token-mean":
         per_seq = (loss_mat * m).sum(-1) / (m.sum(-1) + 1e-8)
     elif mode == "seq-mean-token-sum":
@@ -108,11 +121,13 @@ def token_weights(mask: Tensor, mode: AggMode = "token-mean", *, num_tokens: Ten
     """Each token's weight w_t in `aggregate(loss_mat, mask, mode, ...)`: d loss / d loss_mat[b, t].
 
     token-mean: 1 / num_tokens, the same for every token, returned as a float; the other modes (B, T) float64,
-    0 off the mask: seq-mean-token-mean 1 / (num_seqs (|o_b| + 1e-8)), seq-mean-token-sum 1 / num_seqs,
+    0 off the mask: token-sum 1, seq-mean-token-mean 1 / (num_seqs (|o_b| + 1e-8)), seq-mean-token-sum 1 / num_seqs,
     seq-mean-token-sum-norm 1 / (num_seqs norm). Defaults of num_tokens and num_seqs as in aggregate."""
     m = mask.to(torch.float64)
     if mode == "token-mean":
         return 1.0 / float(m.sum() if num_tokens is None else num_tokens)
+    if mode == "token-sum":
+        return m
     has_tokens = (m.sum(-1, keepdim=True) > 0).to(torch.float64)
     seqs = float(has_tokens.sum() if num_seqs is None else num_seqs)
     if mode == "seq-mean-token-mean":
@@ -180,6 +195,14 @@ def ppo_clip_loss(
     """
     if dual_clip_c is not None and dual_clip_c <= 1.0:
         raise ValueError(f"dual_clip_c must be > 1 (or None to disable), got {dual_clip_c}")
+    loss_mat, metrics = _ppo_clip_terms(logp, old_logp, advantages, mask, eps_low=eps_low, eps_high=eps_high,
+                                        dual_clip_c=dual_clip_c)
+    return aggregate(loss_mat, mask, agg, num_tokens=num_tokens, num_seqs=num_seqs, norm=norm), metrics
+
+
+def _ppo_clip_terms(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, *, eps_low: float,
+                    eps_high: float, dual_clip_c: float | None) -> tuple[Tensor, dict[str, Tensor]]:
+    """ppo_clip_loss's per-token loss (B, T) before aggregation, and its metrics."""
     adv = broadcast_advantages(advantages, logp)
     log_ratio = (logp - old_logp).clamp(-20.0, 20.0)
     ratio = log_ratio.exp()
@@ -191,7 +214,6 @@ def ppo_clip_loss(
         cap = -adv * dual_clip_c
         dual = (adv < 0) & (loss_mat > cap)
         loss_mat = torch.where(adv < 0, torch.minimum(loss_mat, cap), loss_mat)
-    loss = aggregate(loss_mat, mask, agg, num_tokens=num_tokens, num_seqs=num_seqs, norm=norm)
     with torch.no_grad():
         metrics = {
             "clipfrac": masked_mean((clipped > unclipped).float(), mask),
@@ -201,7 +223,7 @@ def ppo_clip_loss(
             "ppo_kl": masked_mean(-log_ratio, mask),
             "ratio_mean": masked_mean(ratio, mask),
         }
-    return loss, metrics
+    return loss_mat, metrics
 
 
 def kl_penalty(logp: Tensor, ref_logp: Tensor, *, kind: Literal["k1", "k3"] = "k3") -> Tensor:
@@ -339,3 +361,245 @@ def entropic_adjustment(logp: Tensor, old_logp: Tensor, advantages: Tensor, high
     ratio = (logp - old_logp).exp()
     term = aggregate(-ratio * adv.abs(), high, agg, num_tokens=num_tokens, num_seqs=num_seqs, norm=norm)
     return alpha * term, {"entropic_term": term.detach()}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The policy losses engines ship beyond the paper (verl 0.9.1 core_algos names): CISPO, SAPO, DPPO's binary
+# trust-region masks, GMPO (geo_mean) and ERC (Kwai-Klear/ERC). Each `*_ratio` function is the factor its loss puts
+# on d log p_t (for step_sizes): d loss / d log p_t = -A_t w_t factor_t, w_t the aggregation's token weight.
+
+
+def _log_ratio(logp: Tensor, old_logp: Tensor) -> Tensor:
+    """log r clamped to [-20, 20] (verl's negative_approx_kl)."""
+    return (logp - old_logp).clamp(-20.0, 20.0)
+
+
+def cispo_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor, *, eps_low: float = 0.2, eps_high: float = 0.2,
+                upper_only: bool = False) -> Tensor:
+    """CISPO's stop-gradient weight on log p_t: clip(r, 1 - eps_low, 1 + eps_high) of the clamped log-ratio (verl);
+    upper_only: min(r, eps_high) of the unclamped ratio (TRL 1.16's loss_type 'cispo')."""
+    if upper_only:
+        return (logp - old_logp).exp().clamp(max=eps_high).detach()
+    return _log_ratio(logp, old_logp).exp().clamp(1.0 - eps_low, 1.0 + eps_high).detach()
+
+
+def cispo_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, *, eps_low: float = 0.2,
+               eps_high: float = 0.2, upper_only: bool = False, agg: AggMode = "token-mean", num_tokens=None,
+               num_seqs=None, norm=None) -> tuple[Tensor, dict[str, Tensor]]:
+    """CISPO (MiniMax-M1, arXiv 2506.13585; verl 0.9.1 compute_policy_loss_cispo): -sg(clip(r, 1 - eps_low,
+    1 + eps_high)) A log p. Every token keeps a gradient; the clipped ratio only weighs it. Defaults are verl's
+    ActorConfig clip_ratio_low / clip_ratio_high (0.2, 0.2).
+
+    upper_only=True is TRL 1.16's form of the same name: -sg(min(r, eps_high)) A log p, capped from above only, at
+    the absolute value eps_high (TRL's epsilon_high), without the [-20, 20] clamp of log r. Metric clipfrac: tokens
+    whose weight differs from r."""
+    adv = broadcast_advantages(advantages, logp)
+    ratio = ((logp - old_logp) if upper_only else _log_ratio(logp, old_logp)).detach().exp()
+    weight = cispo_ratio(logp, old_logp, mask, eps_low=eps_low, eps_high=eps_high, upper_only=upper_only)
+    loss = aggregate(-weight * adv * logp, mask, agg, num_tokens=num_tokens, num_seqs=num_seqs, norm=norm)
+    with torch.no_grad():
+        metrics = {"clipfrac": masked_mean((ratio != weight).float(), mask),
+                   "ppo_kl": masked_mean(-_log_ratio(logp, old_logp), mask)}
+    return loss, metrics
+
+
+def _sapo_tau(adv: Tensor, tau_pos: float, tau_neg: float, dtype) -> Tensor:
+    """tau_pos where A > 0, tau_neg elsewhere, in the loss's precision (1.05 in float32 is not 1.05 in float64)."""
+    return torch.where(adv > 0, torch.tensor(tau_pos, dtype=dtype, device=adv.device),
+                       torch.tensor(tau_neg, dtype=dtype, device=adv.device))
+
+
+def sapo_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor, *, advantages: Tensor, tau_pos: float = 1.0,
+               tau_neg: float = 1.05) -> Tensor:
+    """SAPO's factor on d log p_t: d g(r) / d log p = 4 sigma (1 - sigma) r with sigma = sigmoid(tau (r - 1)); 0 where
+    the log-ratio is past the [-20, 20] clamp (no gradient there). 1 at r = 1."""
+    adv = broadcast_advantages(advantages, logp)
+    log_r = (logp - old_logp).detach()
+    r = log_r.clamp(-20.0, 20.0).exp()
+    sig = torch.sigmoid(_sapo_tau(adv, tau_pos, tau_neg, r.dtype) * (r - 1.0))
+    return 4.0 * sig * (1.0 - sig) * r * (log_r.abs() < 20.0).to(r.dtype)
+
+
+def sapo_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, *, tau_pos: float = 1.0,
+              tau_neg: float = 1.05, agg: AggMode = "seq-mean-token-mean", num_tokens=None, num_seqs=None, norm=None
+              ) -> tuple[Tensor, dict[str, Tensor]]:
+    """SAPO (arXiv 2511.20347; verl 0.9.1 compute_policy_loss_sapo): -A g(r), g(r) = sigmoid(tau (r - 1)) 4 / tau, a
+    smooth gate in place of the hard clip, tau = tau_pos where A > 0 and tau_neg elsewhere (verl ActorConfig: 1.0,
+    1.05). verl aggregates SAPO seq-mean-token-mean whatever loss_agg_mode says; the registry (methods.POLICY_LOSSES)
+    does the same, and agg here is that default (TRL 1.16's 'sapo' takes the same per-sequence mean)."""
+    adv = broadcast_advantages(advantages, logp)
+    log_ratio = _log_ratio(logp, old_logp)
+    tau = _sapo_tau(adv, tau_pos, tau_neg, logp.dtype)
+    gate = torch.sigmoid(tau * (log_ratio.exp() - 1.0)) * (4.0 / tau)
+    loss = aggregate(-gate * adv, mask, agg, num_tokens=num_tokens, num_seqs=num_seqs, norm=norm)
+    with torch.no_grad():
+        metrics = {"ppo_kl": masked_mean(-log_ratio, mask)}
+    return loss, metrics
+
+
+def dppo_tv_keep(logp: Tensor, old_logp: Tensor, advantages: Tensor, *, eps_low: float = 0.2,
+                 eps_high: float = 0.2) -> Tensor:
+    """DPPO-Binary-TV's trust region (arXiv 2602.04879): keep a token unless its probability moved past the bound in
+    the advantage's direction: p - p_old <= eps_high where A > 0, p - p_old >= -eps_low elsewhere. (B, T) bool."""
+    adv = broadcast_advantages(advantages, logp)
+    change = logp.detach().exp() - old_logp.exp()
+    return torch.where(adv > 0, change <= eps_high, change >= -eps_low)
+
+
+def dppo_kl_keep(logp: Tensor, old_logp: Tensor, advantages: Tensor, *, eps_low: float = 0.2,
+                 eps_high: float = 0.2) -> Tensor:
+    """DPPO-Binary-KL's trust region: the binary KL between Bernoulli(p_old) and Bernoulli(p) of the token,
+    p_old log(p_old / p) + (1 - p_old) log((1 - p_old + 1e-8) / (1 - p + 1e-8)), at most eps_high where A > 0 (or
+    p fell), at most eps_low elsewhere (or p rose). (B, T) bool."""
+    adv = broadcast_advantages(advantages, logp)
+    lp = logp.detach()
+    p, p_old = lp.exp(), old_logp.exp()
+    kl = p_old * (old_logp - lp) + (1 - p_old) * torch.log((1.0 - p_old + 1e-8) / (1.0 - p + 1e-8))
+    return torch.where(adv > 0, (kl <= eps_high) | (p <= p_old), (kl <= eps_low) | (p >= p_old))
+
+
+def _dppo_ratio(keep, logp, old_logp, clip_ratio_c):
+    ratio = _log_ratio(logp, old_logp).detach().exp()
+    return (ratio if clip_ratio_c is None else ratio.clamp(max=clip_ratio_c)) * keep.to(ratio.dtype)
+
+
+def dppo_tv_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor, *, advantages: Tensor, eps_low: float = 0.2,
+                  eps_high: float = 0.2, clip_ratio_c: float | None = 3.0) -> Tensor:
+    """DPPO-TV's factor on d log p_t: min(r, clip_ratio_c) inside the trust region, 0 outside."""
+    keep = dppo_tv_keep(logp, old_logp, advantages, eps_low=eps_low, eps_high=eps_high)
+    return _dppo_ratio(keep, logp, old_logp, clip_ratio_c)
+
+
+def dppo_kl_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor, *, advantages: Tensor, eps_low: float = 0.2,
+                  eps_high: float = 0.2, clip_ratio_c: float | None = 3.0) -> Tensor:
+    """DPPO-KL's factor on d log p_t: min(r, clip_ratio_c) inside the trust region, 0 outside."""
+    keep = dppo_kl_keep(logp, old_logp, advantages, eps_low=eps_low, eps_high=eps_high)
+    return _dppo_ratio(keep, logp, old_logp, clip_ratio_c)
+
+
+def _dppo_loss(keep, logp, old_logp, advantages, mask, clip_ratio_c, agg, num_tokens, num_seqs, norm):
+    adv = broadcast_advantages(advantages, logp)
+    weight = _dppo_ratio(keep, logp, old_logp, clip_ratio_c)
+    loss = aggregate(-adv * weight * logp, mask, agg, num_tokens=num_tokens, num_seqs=num_seqs, norm=norm)
+    with torch.no_grad():
+        log_ratio = _log_ratio(logp, old_logp)
+        truncated = torch.zeros_like(keep) if clip_ratio_c is None else log_ratio.exp() > clip_ratio_c
+        metrics = {"clipfrac": masked_mean((~keep).float(), mask),
+                   "clipfrac_trunc": masked_mean((truncated & keep).float(), mask),
+                   "ppo_kl": masked_mean(-log_ratio, mask)}
+    return loss, metrics
+
+
+def dppo_tv_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, *, eps_low: float = 0.2,
+                 eps_high: float = 0.2, clip_ratio_c: float | None = 3.0, agg: AggMode = "token-mean",
+                 num_tokens=None, num_seqs=None, norm=None) -> tuple[Tensor, dict[str, Tensor]]:
+    """DPPO-Binary-TV (arXiv 2602.04879; verl 0.9.1 compute_policy_loss_dppo_tv; prime-rl's default loss):
+    -A sg(min(r, clip_ratio_c)) log p on the tokens inside dppo_tv_keep's trust region, 0 (no gradient) outside.
+    eps_low / eps_high are the probability-change bounds (verl's clip_ratio_low / clip_ratio_high, 0.2 each).
+    clip_ratio_c truncates the importance weight (None: no truncation): 3.0 is what verl trains with, because its
+    ActorConfig sets clip_ratio_c = 3.0 for every loss, though the function falls back to 20 without that field and
+    the DPPO paper recommends a large threshold. Metrics: clipfrac (outside the region), clipfrac_trunc (verl's
+    pg_clipfrac_lower: inside it and r > clip_ratio_c)."""
+    keep = dppo_tv_keep(logp, old_logp, advantages, eps_low=eps_low, eps_high=eps_high)
+    return _dppo_loss(keep, logp, old_logp, advantages, mask, clip_ratio_c, agg, num_tokens, num_seqs, norm)
+
+
+def dppo_kl_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, *, eps_low: float = 0.2,
+                 eps_high: float = 0.2, clip_ratio_c: float | None = 3.0, agg: AggMode = "token-mean",
+                 num_tokens=None, num_seqs=None, norm=None) -> tuple[Tensor, dict[str, Tensor]]:
+    """DPPO-Binary-KL (verl 0.9.1 compute_policy_loss_dppo_kl): dppo_tv_loss with dppo_kl_keep's trust region (the
+    binary KL bounded by eps_high / eps_low, verl's clip_ratio_high / clip_ratio_low)."""
+    keep = dppo_kl_keep(logp, old_logp, advantages, eps_low=eps_low, eps_high=eps_high)
+    return _dppo_loss(keep, logp, old_logp, advantages, mask, clip_ratio_c, agg, num_tokens, num_seqs, norm)
+
+
+def _geo_mean_log_ratio(logp, old_logp, advantages, eps_low, eps_high):
+    """GMPO's per-token log-ratio clipped on the advantage's side: sign(A) min(sign(A) x, sign(A) clip(x))."""
+    sign = torch.sign(broadcast_advantages(advantages, logp))
+    log_ratio = logp - old_logp
+    return sign * torch.minimum(sign * log_ratio, sign * log_ratio.clamp(-eps_low, eps_high))
+
+
+def geo_mean_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor, *, advantages: Tensor, eps_low: float = 0.2,
+                   eps_high: float = 0.2) -> Tensor:
+    """GMPO's factor on d log p_t: the sequence's geometric-mean ratio R_b, 0 on tokens whose log-ratio is clipped
+    (log r > eps_high with A > 0, log r < -eps_low with A < 0)."""
+    adv = broadcast_advantages(advantages, logp)
+    m = mask.to(logp.dtype)
+    lp = logp.detach()
+    clipped_log = _geo_mean_log_ratio(lp, old_logp, adv, eps_low, eps_high)
+    seq = ((clipped_log * m).sum(-1) / (m.sum(-1) + 1e-8)).exp()[:, None]
+    log_ratio = lp - old_logp
+    clipped = ((adv > 0) & (log_ratio > eps_high)) | ((adv < 0) & (log_ratio < -eps_low))
+    return seq * (~clipped).to(lp.dtype)
+
+
+def geo_mean_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, *, eps_low: float = 0.2,
+                  eps_high: float = 0.2, agg: AggMode = "seq-mean-token-mean", num_tokens=None, num_seqs=None,
+                  norm=None) -> tuple[Tensor, dict[str, Tensor]]:
+    """GMPO, geometric-mean policy optimisation (arXiv 2507.20673; verl 0.9.1 compute_policy_loss_geo_mean): per
+    sequence -A_b R_b, R_b = exp(mean over its tokens of the log-ratio clipped to [-eps_low, eps_high] on the
+    advantage's side), A_b the mean of its token advantages (+1e-8 in both denominators, as verl); the mean over
+    sequences. GMPO aggregates its own way (verl ignores loss_agg_mode): the gradient's token weights are those of
+    seq-mean-token-mean, the only agg accepted. The sequences' count is num_seqs (default: sequences with a loss
+    token, as aggregate; verl takes the mean over every row of the micro-batch, empty ones included, and no log-ratio
+    clamp). Metrics clipfrac (A > 0, clipped above), clipfrac_low (A < 0, clipped below) as verl's."""
+    if agg != "seq-mean-token-mean":
+        raise ValueError(f"geo_mean aggregates per sequence (the weights of seq-mean-token-mean), got agg={agg!r}")
+    adv = broadcast_advantages(advantages, logp)
+    m = mask.to(logp.dtype)
+    length = m.sum(-1) + 1e-8
+    seq_ratio = ((_geo_mean_log_ratio(logp, old_logp, adv, eps_low, eps_high) * m).sum(-1) / length).exp()
+    seq_adv = (adv * m).sum(-1) / length
+    has_tokens = (m.sum(-1) > 0).to(logp.dtype)
+    denom = has_tokens.sum() if num_seqs is None else num_seqs
+    loss = (-seq_adv * seq_ratio * has_tokens).sum() / denom
+    with torch.no_grad():
+        log_ratio = logp - old_logp
+        clipped = log_ratio != log_ratio.clamp(-eps_low, eps_high)
+        metrics = {"clipfrac": masked_mean((clipped & (adv > 0)).float(), mask),
+                   "clipfrac_low": masked_mean((clipped & (adv < 0)).float(), mask),
+                   "ppo_kl": masked_mean(-log_ratio, mask)}
+    return loss, metrics
+
+
+def erc_keep(entropy: Tensor, old_entropy: Tensor, *, erc_low: float = 0.95, erc_high: float = 1.05) -> Tensor:
+    """ERC's band (Kwai-Klear/ERC compute_policy_loss_grpo_erc): erc_low < (H + 1e-8) / (H_old + 1e-8) < erc_high,
+    H the update's per-token entropy and H_old the behaviour policy's. (B, T) bool."""
+    ratio = (entropy.detach() + 1e-8) / (old_entropy + 1e-8)
+    return (ratio > erc_low) & (ratio < erc_high)
+
+
+def erc_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor, *, advantages: Tensor, entropy: Tensor,
+              old_entropy: Tensor, eps_low: float = 0.2, eps_high: float = 0.2, dual_clip_c: float | None = 3.0,
+              erc_low: float = 0.95, erc_high: float = 1.05) -> Tensor:
+    """ERC's factor on d log p_t: r where the dual-clip PPO term is the unclipped one and the entropy ratio is in the
+    band, 0 elsewhere (clipped, dual-clipped, past the log-ratio clamp, or outside the band)."""
+    adv = broadcast_advantages(advantages, logp)
+    log_r = (logp - old_logp).detach()
+    r = log_r.clamp(-20.0, 20.0).exp()
+    active = (-adv * r.clamp(1.0 - eps_low, 1.0 + eps_high) <= -adv * r) & (log_r.abs() < 20.0)
+    if dual_clip_c is not None:
+        active &= ~((adv < 0) & (-adv * r > -adv * dual_clip_c))
+    band = erc_keep(entropy, old_entropy, erc_low=erc_low, erc_high=erc_high)
+    return r * (active & band).to(r.dtype)
+
+
+def erc_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, *, entropy: Tensor,
+             old_entropy: Tensor, eps_low: float = 0.2, eps_high: float = 0.2, dual_clip_c: float | None = 3.0,
+             erc_low: float = 0.95, erc_high: float = 1.05, agg: AggMode = "token-mean", num_tokens=None,
+             num_seqs=None, norm=None) -> tuple[Tensor, dict[str, Tensor]]:
+    """ERC, entropy ratio clipping (arXiv 2512.05591; Kwai-Klear/ERC compute_policy_loss_grpo_erc): ppo_clip_loss,
+    with the gradient of every token outside erc_keep's entropy-ratio band detached (its loss still counts in the
+    value and the denominator, as in the authors' code). entropy and old_entropy (B, T): the update's forward and
+    the behaviour policy's per-token entropies. erc_low / erc_high 0.95 / 1.05 are the authors' training scripts'
+    (their actor config's defaults are 0.8 / 1.2, their names entropy_mask_low / entropy_mask_high). Departure: the
+    authors' verl fork aggregates with the older agg_loss (no global counts; seq-mean-token-sum-norm without the
+    mean over sequences); this uses `aggregate`. Metric erc_kept_frac: valid tokens inside the band."""
+    loss_mat, metrics = _ppo_clip_terms(logp, old_logp, advantages, mask, eps_low=eps_low, eps_high=eps_high,
+                                        dual_clip_c=dual_clip_c)
+    band = erc_keep(entropy, old_entropy, erc_low=erc_low, erc_high=erc_high)
+    loss_mat = torch.where(band, loss_mat, loss_mat.detach())
+    with torch.no_grad():
+        metrics["erc_kept_frac"] = masked_mean(band.float(), mask)
+    return aggregate(loss_mat, mask, agg, num_tokens=num_tokens, num_seqs=num_seqs, norm=norm), metrics

@@ -31,7 +31,8 @@ ClipVAdvantageFn, reproduced exactly by the defaults; tests/fixtures/clip_b.json
    keeps the tokens at or above the quantile, which can keep more on ties.
 5. The metrics frac_clipped_pos / _neg follow the authors' definition 1 - kept / max(total, 1), which reads 1.0
    when a batch has no positive (negative) token. `clipped_fractions` gives the same fractions with 0.0 for an
-   empty side; the trainer logs those.
+   empty side; the trainer logs those. frac_clipped over a mask with no valid token is 0.0 (none was clipped), where
+   the authors' formula reads 1.0.
 """
 
 from __future__ import annotations
@@ -119,7 +120,7 @@ def _reference_fractions(mask: Tensor, keep: Tensor, adv: Tensor) -> dict[str, f
     n = m.sum().clamp_min(1.0)
     pos, neg = (adv > 0).to(torch.float32), (adv < 0).to(torch.float32)
     return {
-        "frac_clipped": float(1.0 - new.sum() / n),
+        "frac_clipped": float(1.0 - new.sum() / n) if m.any() else 0.0,  # no valid token: none was clipped (dep. 5)
         "frac_clipped_pos": float(1.0 - (new * pos).sum() / (m * pos).sum().clamp_min(1.0)),
         "frac_clipped_neg": float(1.0 - (new * neg).sum() / (m * neg).sum().clamp_min(1.0)),
     }

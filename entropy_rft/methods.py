@@ -23,6 +23,9 @@ Registered here:
 - baselines the paper compares against (Tables 3-4, Section 4.2), each with its published defaults:
   dapo, dr_grpo, gspo, clip_cov, kl_cov, unlikely (and unlikely_2ep), forking (and forking_all),
   entropy_bonus, ar, lopti. docs/paper_index.md maps each to its paper.
+- the losses engines ship (verl 0.9.1's names, its ActorConfig defaults): cispo, sapo, dppo_tv, dppo_kl, geo_mean,
+  erc (Kwai-Klear/ERC), each a method that sets policy_loss; and qae (advantage "qae"). A filter composes with any
+  of them: `--method clip_b --set policy_loss=cispo`.
 """
 
 from __future__ import annotations
@@ -114,6 +117,16 @@ METHODS.register("ppo_clip_b", Method("ppo_clip_b", masks.clip_b, "s_star", {"mu
 METHODS.register("ppo_clip_v", Method("ppo_clip_v", masks.clip_v, "s_centered", {"mu": 8.5, "max_frac": 1e-4},
                                       "Clip_V on PPO, each token's GAE advantage as its direction (Table 4)",
                                       config={"advantage": "gae"}))
+for _loss, _summary in (("cispo", "CISPO: clipped importance weight, stop-gradient, on every token's log p (verl)"),
+                       ("sapo", "SAPO: a smooth sigmoid gate in place of the hard clip (verl)"),
+                       ("dppo_tv", "DPPO-TV: no gradient where p moved past a bound in A's direction (verl)"),
+                       ("dppo_kl", "DPPO-KL: no gradient where the binary KL passed a bound in A's direction (verl)"),
+                       ("geo_mean", "GMPO: geometric mean of the clipped token ratios per sequence (verl geo_mean)"),
+                       ("erc", "ERC: no gradient where the entropy ratio H / H_old leaves (0.95, 1.05)")):
+    METHODS.register(_loss, Method(_loss, summary=_summary, config={
+        "policy_loss": _loss, **({"loss_agg": "seq-mean-token-mean"} if _loss in ("sapo", "geo_mean") else {})}))
+METHODS.register("qae", Method("qae", summary="QAE: the group's K-quantile (K 0.4) as the baseline instead of its mean",
+                               config={"advantage": "qae"}))
 METHODS.register("lopti", Method("lopti", summary="Lopti: low-probability tokens updated first (Yang et al. 2025)",
                                  config={"lopti_eta": 0.5}))
 
@@ -126,20 +139,50 @@ class PolicyLoss:
     # every token's loss is A times a function of its ratio, so a response with A = 0 has exactly zero gradient
     # (KL-Cov's |log ratio| penalty on selected tokens is not: its zero gradient on-policy is a subgradient choice)
     linear_in_advantage: bool = True
-    # the factor the loss puts on d log p_t (losses.step_sizes): the token ratio, or GSPO's sequence ratio
+    # the factor the loss puts on d log p_t (losses.step_sizes): (logp, old_logp, mask, **keywords) with the keywords
+    # it names among fn's options, advantages, entropy and old_entropy; 1 at ratio 1 for every loss here
     ratio: Callable = losses.token_ratio
+    agg: str | None = None  # the aggregation the loss always uses (verl's SAPO and GMPO); None: cfg.loss_agg
+    entropy: bool = False  # takes the update's and the behaviour policy's per-token entropies (ERC)
+
+    def aggregation(self, cfg) -> str:
+        return self.agg or cfg.loss_agg
+
+    def factor(self, logp, old_logp, mask, cfg, *, advantages, entropy=None, old_entropy=None):
+        """`ratio` with the options it takes from kwargs(cfg) and the step's tensors."""
+        given = {**self.kwargs(cfg), "advantages": advantages, "entropy": entropy, "old_entropy": old_entropy}
+        accepted = set(inspect.signature(self.ratio).parameters)
+        return self.ratio(logp, old_logp, mask, **{k: v for k, v in given.items() if k in accepted})
+
+
+def _clip_range(c) -> dict:
+    return {"eps_low": c.eps_low, "eps_high": c.eps_high}
 
 
 POLICY_LOSSES: Registry[PolicyLoss] = Registry("policy loss")
 POLICY_LOSSES.register("ppo", PolicyLoss(losses.ppo_clip_loss, lambda c: {
     "eps_low": c.eps_low, "eps_high": c.eps_high, "dual_clip_c": c.dual_clip_c}))
-POLICY_LOSSES.register("gspo", PolicyLoss(losses.gspo_loss, lambda c: {"eps_low": c.eps_low, "eps_high": c.eps_high},
-                                          ratio=losses.sequence_ratio))
+POLICY_LOSSES.register("gspo", PolicyLoss(losses.gspo_loss, _clip_range, ratio=losses.sequence_ratio))
 POLICY_LOSSES.register("clip_cov", PolicyLoss(
-    losses.clip_cov_loss, lambda c: {"eps_low": c.eps_low, "eps_high": c.eps_high},
+    losses.clip_cov_loss, _clip_range,
     lambda adv, logp, mask, c, gen: losses.select_clip_cov(adv, logp, mask, ratio=c.clip_cov_ratio, lb=c.clip_cov_lb,
                                                            ub=c.clip_cov_ub, generator=gen)))
 POLICY_LOSSES.register("kl_cov", PolicyLoss(
     losses.kl_cov_loss, lambda c: {"kl_coef": c.kl_cov_coef},
     lambda adv, logp, mask, c, gen: losses.select_kl_cov(adv, logp, mask, ratio=c.kl_cov_ratio),
     linear_in_advantage=False))
+# verl 0.9.1's names; eps_low / eps_high are verl's clip_ratio_low / clip_ratio_high for each (DPPO: probability or
+# binary-KL bounds; GMPO: log-ratio bounds), dual_clip_c its clip_ratio_c (DPPO: the importance-weight truncation)
+POLICY_LOSSES.register("cispo", PolicyLoss(losses.cispo_loss, lambda c: {**_clip_range(c), "upper_only": c.cispo_upper_only},
+                                           ratio=losses.cispo_ratio))
+POLICY_LOSSES.register("sapo", PolicyLoss(losses.sapo_loss, lambda c: {"tau_pos": c.tau_pos, "tau_neg": c.tau_neg},
+                                          ratio=losses.sapo_ratio, agg="seq-mean-token-mean"))
+POLICY_LOSSES.register("dppo_tv", PolicyLoss(losses.dppo_tv_loss, lambda c: {**_clip_range(c), "clip_ratio_c": c.dual_clip_c},
+                                             ratio=losses.dppo_tv_ratio))
+POLICY_LOSSES.register("dppo_kl", PolicyLoss(losses.dppo_kl_loss, lambda c: {**_clip_range(c), "clip_ratio_c": c.dual_clip_c},
+                                             ratio=losses.dppo_kl_ratio))
+POLICY_LOSSES.register("geo_mean", PolicyLoss(losses.geo_mean_loss, _clip_range, ratio=losses.geo_mean_ratio,
+                                              agg="seq-mean-token-mean"))
+POLICY_LOSSES.register("erc", PolicyLoss(losses.erc_loss, lambda c: {
+    **_clip_range(c), "dual_clip_c": c.dual_clip_c, "erc_low": c.erc_low, "erc_high": c.erc_high},
+    ratio=losses.erc_ratio, entropy=True))

@@ -46,6 +46,7 @@ class Micro:
     selected: Tensor | None = None  # (b, R) Clip-Cov / KL-Cov's tokens
     entropy_coef: float = 0.0
     alpha: float = 0.0  # EntroPIC's
+    old_entropy: Tensor | None = None  # (b, R) the behaviour policy's, for losses that read it (ERC)
 
 
 @dataclass(frozen=True)
@@ -143,11 +144,15 @@ class Aggregation:
 
 
 def policy_term(spec: PolicyLoss, kwargs: dict) -> Term:
-    """The method's policy loss (eq. 1's clipped surrogate, GSPO, Clip-Cov, KL-Cov) over the loss tokens."""
+    """The method's policy loss (eq. 1's clipped surrogate, GSPO, Clip-Cov, KL-Cov, CISPO, ...) over the loss tokens,
+    aggregated as cfg.loss_agg says unless the loss has its own (spec.agg: verl's SAPO and GMPO)."""
 
     def fn(mb: Micro, agg: Aggregation) -> tuple[Tensor, dict]:
         extra = {"selected": mb.selected} if mb.selected is not None else {}
-        return spec.fn(mb.stats.logp, mb.old_logp, mb.adv, agg.mask, **agg.keywords, **kwargs, **extra)
+        if spec.entropy:
+            extra.update(entropy=mb.stats.entropy, old_entropy=mb.old_entropy)
+        keywords = {**agg.keywords, "agg": spec.agg or agg.mode}
+        return spec.fn(mb.stats.logp, mb.old_logp, mb.adv, agg.mask, **keywords, **kwargs, **extra)
 
     return Term("policy", "loss", spec.linear_in_advantage, fn)
 

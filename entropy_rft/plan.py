@@ -559,3 +559,74 @@ def plan_for_config(cfg: TrainConfig, *, model: str | None = None, device_gib: f
     kw = {"device_gib": device_gib, "prompt_tokens": prompt_tokens, "model": model or cfg.model, "source": source,
           "device_note": note}
     return plan_memory(cfg, shape, **kw), shape, kw
+
+
+def device_memory(device) -> tuple[float | None, str]:
+    """(bytes, name) of a torch device's memory: a GPU's total, or a CPU's physical memory; (None, name) when
+    unknown (mps)."""
+    import os
+
+    import torch
+
+    device = torch.device(device)
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device.index or 0)
+        return float(props.total_memory), props.name
+    if device.type == "cpu":
+        try:
+            return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")), "this machine's memory"
+        except (ValueError, OSError, AttributeError):
+            return None, "cpu"
+    return None, device.type
+
+
+def check_fits(cfg: TrainConfig, device) -> None:
+    """Refuse, with ConfigError naming the field, a run whose memory plan (module docstring) exceeds the device's
+    memory even at its smallest: a 1-token prompt, no headroom, no CUDA row on a CPU. So only lengths and batch
+    sizes that cannot be allocated at all stop here (`--set max_new_tokens=1000000000` would ask 2 TB); a plan near
+    the limit is the `plan` subcommand's to judge. A model whose shape the plan cannot read is not checked, nor the
+    dry run's stand-in before it is built (building it here would print its own progress before any refusal)."""
+    import warnings
+
+    from .config import ConfigError
+    from .policy import STAND_IN, cache_dir
+
+    if cfg.model == STAND_IN and not (cache_dir() / STAND_IN / "config.json").exists():
+        return
+    try:
+        config, source = find_model_config(cfg.model)
+        shape = ModelShape.from_config(config, source=source)
+    except (FileNotFoundError, ValueError, OSError):
+        return
+    total, where = device_memory(device)
+    if total is None:
+        return
+    cuda = str(device).startswith("cuda")
+
+    def need(c: TrainConfig) -> float:
+        p = plan_memory(c, shape, device_gib=total / GIB, prompt_tokens=1, kernel="triton" if cuda else "torch")
+        return p.training_bytes + p.vllm_bytes - (0 if cuda else CUDA_CONTEXT_BYTES)
+
+    bytes_needed = need(cfg)
+    if bytes_needed <= total:
+        return
+    culprit = "model"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for name in ("max_new_tokens", "prompts_per_step", "group_size", "micro_batch_size"):
+            try:
+                smaller = dataclasses.replace(cfg, **{name: 1, **({"mini_batches": 1} if name == "prompts_per_step"
+                                                                   else {})})
+            except ValueError:
+                continue
+            if need(smaller) <= total:
+                culprit = name
+                break
+    fix = {"model": "the model's weights, gradients and Adam state alone exceed it: use LoRA (lora_rank), a smaller "
+                    "model or a larger device",
+           "max_new_tokens": "lower max_new_tokens"}.get(
+        culprit, f"lower {culprit}, or set micro_batch_size to a few rows (gradients accumulate over smaller passes)")
+    what = f"model={cfg.model}" if culprit == "model" else f"{culprit}={getattr(cfg, culprit)}"
+    raise ConfigError(f"{what} cannot be allocated: the run needs about {bytes_needed / GIB:.3g} GiB (the memory plan "
+                      f"of `entropy-rft plan`, at its smallest: a 1-token prompt) and {where} ({device}) holds "
+                      f"{total / GIB:,.1f} GiB; {fix}", [(culprit, "cannot be allocated")])

@@ -6,9 +6,20 @@ the known names listed, so a typo in a config fails at start-up with the fix in 
 
 from __future__ import annotations
 
-from typing import Callable, Generic, Iterator, TypeVar
+import difflib
+from typing import Callable, Generic, Iterable, Iterator, TypeVar
 
 T = TypeVar("T")
+
+
+def did_you_mean(name: str, known: Iterable[str], cutoff: float = 0.6) -> str:
+    """' (did you mean 'x'?)' naming the closest known name (difflib, and a match ignoring case, '-' and '_'), or ''
+    when none is close: the one suggestion rule of registries, options and settings."""
+    known = list(known)
+    squash = {k.lower().replace("-", "").replace("_", ""): k for k in known}
+    close = [squash[n] for n in [name.lower().replace("-", "").replace("_", "")] if n in squash]
+    close = close or difflib.get_close_matches(name, known, n=1, cutoff=cutoff)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 class Registry(Generic[T]):
@@ -32,7 +43,8 @@ class Registry(Generic[T]):
             return self._items[name]
         except KeyError:
             known = ", ".join(sorted(self._items)) or "(none)"
-            raise KeyError(f"unknown {self.kind} {name!r}; known {self.kind}s: {known}") from None
+            hint = did_you_mean(name, self._items)
+            raise KeyError(f"unknown {self.kind} {name!r}{hint}; known {self.kind}s: {known}") from None
 
     def __contains__(self, name: object) -> bool:
         return name in self._items

@@ -61,7 +61,7 @@ import math  # noqa: E402
 
 import yaml  # noqa: E402
 
-from .logging import read_metrics  # noqa: E402
+from .logging import ENGINE_RUN_FILE, read_metrics  # noqa: E402
 
 
 def load_run(run_dir: Path | str) -> dict:
@@ -91,6 +91,14 @@ def load_run(run_dir: Path | str) -> dict:
             for k, v in evals.items()):
         raise ValueError(f"{run_dir}/eval.json is not a mapping of step -> evaluation (avg_at_k, pass_at_k, "
                          f"pass_rates); {damaged}")
+    engine = None
+    if (run_dir / ENGINE_RUN_FILE).exists():  # written by the TRL or verl adapter: what it watched or ran
+        try:
+            engine = json.loads((run_dir / ENGINE_RUN_FILE).read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            engine = None
+        if not isinstance(engine, dict):
+            raise ValueError(f"{run_dir}/{ENGINE_RUN_FILE} is not a mapping of the engine's settings; {damaged}")
     metrics = read_metrics(run_dir)
     if not metrics:
         raise ValueError(f"{run_dir}/metrics.jsonl holds no steps (the run stopped before its first step); rerun it "
@@ -101,7 +109,7 @@ def load_run(run_dir: Path | str) -> dict:
             raise ValueError(f"{run_dir}/metrics.jsonl step {row['step']}: {bad[0]} is {row[bad[0]]!r}, not a number; "
                              f"{damaged}")
     return {"name": run_dir.name, "dir": str(run_dir), "config": config, "metrics": metrics,
-            "evals": {int(k): v for k, v in evals.items()}}
+            "evals": {int(k): v for k, v in evals.items()}, "engine": engine}
 
 
 def series(run: dict, key: str) -> list[float]:
@@ -242,7 +250,8 @@ def _pass_rate_plot(runs: list[dict], path: Path) -> Path | None:
 
 
 PREDICTORS = (("first_order", "entropy_change/first_order", "first-order change through the network"),
-              ("logit_space", "entropy_change/predicted", "Corollary 4 in logit space: -lr/|T_B| Cov_B(A, S_c)"))
+              ("logit_space", "entropy_change/predicted",
+               "eq. 23 (Corollary 4) with SGD step sizes on the logits: -lr/|T_B| Cov_B(A, S_c)"))
 
 
 def _scatter_plot(runs: list[dict], path: Path) -> tuple[Path, dict]:
@@ -273,10 +282,22 @@ def _scatter_plot(runs: list[dict], path: Path) -> tuple[Path, dict]:
     return path, stats
 
 
+def _mu_cell(cfg: dict) -> str:
+    """The run's mu: its setting, else its method's default (marked), else n/a for a method without one."""
+    if cfg.get("mu") is not None:
+        return str(cfg["mu"])
+    from .methods import METHODS
+
+    method = cfg.get("method")
+    default = METHODS.get(method).options.get("mu") if method in METHODS else None
+    return f"{default} (default)" if default is not None else "n/a"
+
+
 def prediction_lines(name: str, stats: dict) -> list[str]:
     """The report's summary line for each predictor of a run."""
     out = []
-    for key, label_ in (("first_order", "first-order change"), ("logit_space", "Corollary 4 (logit space)")):
+    for key, label_ in (("first_order", "first-order change"),
+                        ("logit_space", "Corollary 4 (logit space, SGD step sizes)")):
         s = stats[key]
         out.append(f"- {name}, {label_} against realised over {s['n']} probed steps: r = {_fmt(s['corr'])}, "
                    f"realised / predicted median {_fmt(s['median_ratio'], '.3g')} (slope {_fmt(s['slope'], '.3g')}), "
@@ -285,9 +306,60 @@ def prediction_lines(name: str, stats: dict) -> list[str]:
     return out
 
 
+def _mean(xs: list[float]) -> float:
+    finite = [x for x in xs if math.isfinite(x)]
+    return sum(finite) / len(finite) if finite else math.nan
+
+
+def would_clip_filters(runs: list[dict]) -> list[str]:
+    """The filters whose would_<name>/frac a monitored run logged (diagnostics.WOULD_CLIP), in order of appearance."""
+    names: list[str] = []
+    for run in runs:
+        for m in run["metrics"]:
+            for key in m:
+                if key.startswith("would_") and key.endswith("/frac") and key[6:-5] not in names:
+                    names.append(key[6:-5])
+    return names
+
+
+def engine_table(runs: list[dict], corr: dict) -> list[str]:
+    """The table of runs from the TRL or verl adapter (diagnostics.ENGINE_RUN_FILE): what was watched (engine,
+    method, the engine's loss), entropy, what Clip_B and Clip_V would drop (mean fraction, and the mean of their
+    share of eq. 23's logit-space sum), the probe's first order against realised. A filter's clipped fraction is a
+    column only when some run ran a filter (method "none" clips nothing by design)."""
+    filtered = any(run["engine"].get("method") not in (None, "none") for run in runs)
+    would = would_clip_filters(runs)
+    head = ["run", "engine", "method", "loss watched", "steps", "entropy first -> last"]
+    head += ["mean clip frac"] if filtered else []
+    head += [f"{n} would drop (mean frac)" for n in would]
+    head += [f"their share of eq. 23, {' / '.join(would)} (mean)"] if would else []
+    head += ["probed steps", "realised / first order (median)", "sign agreement (constant-sign base rate)"]
+    lines = ["Runs of an engine (TRL, verl) watched or filtered by entropy-rft:", "",
+             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for run in runs:
+        eng, ent = run["engine"], [v for v in series(run, "entropy") if math.isfinite(v)]
+        loss = eng.get("loss_type") or eng.get("loss_agg_mode") or "?"
+        if eng.get("importance_sampling_level") == "sequence":
+            loss += " (sequence-level ratio, GSPO)"
+        version = eng.get("trl_version") or eng.get("verl_version")
+        fo = corr[run["name"]]["first_order"]
+        row = [run["name"], f"{eng.get('source', '?')} {version}" if version else eng.get("source", "?"),
+               str(eng.get("method", "?")), loss, str(len(run["metrics"])),
+               f"{ent[0]:.4f} -> {ent[-1]:.4f}" if ent else "-"]
+        if filtered:
+            row.append(_fmt(_mean(series(run, "clip_frac")), ".4f") if eng.get("method") != "none" else "-")
+        row += [_fmt(_mean(series(run, f"would_{n}/frac")), ".4f") for n in would]
+        if would:
+            row.append(" / ".join(_fmt(_mean(series(run, f"would_{n}/entropy_change")), ".3g") for n in would))
+        row += [str(fo["n"]), _fmt(fo["median_ratio"], ".3g"),
+                f"{_fmt(fo['sign_agreement'], '.2f')} ({_fmt(fo['sign_base_rate'], '.2f')})"]
+        lines.append("| " + " | ".join(row) + " |")
+    return lines
+
+
 # what build_report writes (checked against run records by the CLI: rundir.check_output)
 REPORT_FILES = ("report.md", "report.json", "report.html", "inspect.html", "entropy.png", "s_means.png", "cov.png",
-                "grad_norm.png", "clip_vs_mu.png", "pass_rates.png", "predicted_vs_realised.png")
+                "grad_norm.png", "clip_vs_mu.png", "pass_rates.png", "predicted_vs_realised.png", "would_clip.png")
 
 
 def build_report(run_dirs: list[Path | str], out: Path | str) -> Path:
@@ -310,28 +382,48 @@ def build_report(run_dirs: list[Path | str], out: Path | str) -> Path:
     pass_fig = _pass_rate_plot(runs, out / "pass_rates.png")
     if pass_fig:
         figures.append(("Pass-rate distribution (Figure 4)", pass_fig))
+    watched = [run for run in runs if run["engine"] is not None]
+    if would_clip_filters(watched):
+        figures.append(("What Clip_B and Clip_V would drop (monitored runs)", _panel_plot(
+            watched, [(f"would_{name}/frac", f"fraction {name} would drop") for name in would_clip_filters(watched)],
+            out / "would_clip.png", "Tokens the filters would drop at their default mu")))
     scatter, corr = _scatter_plot(runs, out / "predicted_vs_realised.png")
     figures.append(("Predicted against realised entropy change", scatter))
 
-    lines = ["# entropy-rft report\n", "| run | method | mu | steps | entropy first -> last | mean clip frac | "
-             "Avg@K before -> after | Pass@K before -> after | corr(first order, realised) | "
-             "realised / first order | sign agreement (constant-sign base rate) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for run in runs:
+    lines = ["# entropy-rft report\n"]
+    if watched:
+        lines += engine_table(watched, corr) + [""]
+    builtin = [run for run in runs if run["engine"] is None]
+    probed = any(corr[run["name"]]["first_order"]["n"] for run in builtin)
+    if builtin:
+        lines += ["| run | method | mu | steps | entropy first -> last | mean clip frac | Avg@K before -> after | "
+                  "Pass@K before -> after |" + (" corr(first order, realised) | realised / first order | sign "
+                                                "agreement (constant-sign base rate) |" if probed else ""),
+                  "|---|---|---|---|---|---|---|---|" + ("---|---|---|" if probed else "")]
+    for run in builtin:
         cfg, ent = run["config"], [v for v in series(run, "entropy") if math.isfinite(v)]
         clip = [v for v in series(run, "clip_frac") if math.isfinite(v)]
         ev = run["evals"]
-        a = f"{ev[min(ev)]['avg_at_k']:.3f} -> {ev[max(ev)]['avg_at_k']:.3f}" if ev else "-"
-        p = f"{ev[min(ev)]['pass_at_k']:.3f} -> {ev[max(ev)]['pass_at_k']:.3f}" if ev else "-"
+        a = f"{ev[min(ev)]['avg_at_k']:.3f} -> {ev[max(ev)]['avg_at_k']:.3f}" if ev else "not evaluated"
+        p = f"{ev[min(ev)]['pass_at_k']:.3f} -> {ev[max(ev)]['pass_at_k']:.3f}" if ev else "not evaluated"
         fo = corr[run["name"]]["first_order"]
-        lines.append(f"| {run['name']} | {cfg.get('method', '?')} | {cfg.get('mu') if cfg.get('mu') is not None else '-'} | {len(run['metrics'])} | "
-                     f"{f'{ent[0]:.4f} -> {ent[-1]:.4f}' if ent else '-'} | {sum(clip) / max(len(clip), 1):.4f} | {a} | {p} | {_fmt(fo['corr'])} | "
-                     f"{_fmt(fo['median_ratio'], '.3g')} | {_fmt(fo['sign_agreement'], '.2f')} ({_fmt(fo['sign_base_rate'], '.2f')}) |")
+        row = (f"| {run['name']} | {cfg.get('method', '?')} | {_mu_cell(cfg)} | {len(run['metrics'])} | "
+               f"{f'{ent[0]:.4f} -> {ent[-1]:.4f}' if ent else 'not logged'} | {sum(clip) / max(len(clip), 1):.4f} | "
+               f"{a} | {p} |")
+        if probed:
+            row += (f" {_fmt(fo['corr'])} | {_fmt(fo['median_ratio'], '.3g')} | {_fmt(fo['sign_agreement'], '.2f')} "
+                    f"({_fmt(fo['sign_base_rate'], '.2f')}) |" if fo["n"] else " not probed | not probed | not probed |")
+        lines.append(row)
     lines += ["", "Entropy change per probed step (`probe_every`): the exact first-order change through the network and "
               "Corollary 4's logit-space prediction, each against the realised change of the batch's mean entropy. A "
               "sign agreement means something only above the constant-sign base rate.", ""]
     for run in runs:
-        lines += prediction_lines(run["name"], corr[run["name"]])
+        if corr[run["name"]]["first_order"]["n"]:
+            lines += prediction_lines(run["name"], corr[run["name"]])
+        else:
+            every = run["config"].get("probe_every")
+            lines.append(f"- {run['name']}: no probed step (probe_every {every}, {len(run['metrics'])} steps logged; a "
+                         "run probes every probe_every-th step: the 10th, 20th, ... at 10)")
     lines.append("")
     for title, path in figures:
         lines += [f"## {title}\n", f"![{title}]({Path(path).name})\n"]

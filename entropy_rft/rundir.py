@@ -11,19 +11,30 @@ Rules (entropy_rft/trainer.py's train() calls them; the CLI maps refusals to exi
    (overwrite=True). The default directory is new per run: runs/<method>-<YYYYmmdd-HHMMSS>.
 3. Transaction. Nothing in the directory changes before the run starts (after its model, data and metric sinks
    are ready): Claim.start() moves a replaced record aside, opens the sinks (cutting metrics back on resume) and
-   writes config.yaml. A new run (in a new directory or over a replaced record) commits when it logs its first
-   step: only then is the replaced record deleted. A run that fails or is stopped before that puts the directory
-   back as it was (the old record, or nothing that reads as a record), so the same command works again; a resumed
-   run commits at start (its record is its own). A process killed before committing is repaired by the next claim:
-   a replaced record comes back, and what a new run wrote before its first step goes.
-4. Resume is exact or refused. The stored config.yaml must equal the new settings in every field except RESUME_SAFE
+   writes config.yaml with its settings digest, config.digest (record.py). A new run (in a new directory or over a
+   replaced record) commits when it logs its first step: only then is the replaced record deleted. A run that fails
+   or is stopped before that puts the directory back as it was (the old record, or nothing that reads as a record),
+   so the same command works again; a resumed run commits at start (its record is its own). A process killed
+   before committing is repaired by the next claim: a replaced record comes back, and what a new run wrote before
+   its first step goes.
+4. Resume is exact or refused. The run's settings must equal the new settings in every field except RESUME_SAFE
    (config.py: where and how the run is recorded, and steps); each other difference is named; a config.yaml that is
-   not YAML is named with the way out. No checkpoint to resume from is an error (resume=True) or a fresh start
-   (resume="auto"). A finished run is returned as it is (resume="auto") or refused unless steps grows (resume=True).
+   not YAML is named with the way out. The run's settings are those its digest recorded (record.py), so a hand edit
+   of config.yaml is refused as --set is, naming the fields (check_hand_edits: a field that may change on resume is
+   accepted when the command line gives it too); a record without a digest (older) is checked against config.yaml.
+   The record must hold every step up to the checkpoint (record.first_gap): a metrics line cut off by a crash, or a
+   samples file that does not read whole, sends the resume back to the newest checkpoint before that step, whose
+   later steps are trained again (with a warning naming the file and line), or, with none, refuses it naming them:
+   never a silent gap. No checkpoint to resume from is an error (resume=True) or a fresh start (resume="auto"). A
+   finished run is returned as it is (resume="auto") or refused unless steps grows (resume=True).
    A checkpoint whose trainer_state.pt is damaged (truncated: not a complete torch archive) is skipped: the run
    resumes from the newest earlier complete checkpoint, with a warning naming the damaged file (the steps after it
    are trained again, exactly as the first time); with none left, resume is refused naming the file. A checkpoint
-   write that runs out of disk space is one line naming the checkpoint and the way out (free space, --resume).
+   write that runs out of disk space is one line naming the checkpoint and the way out (free space, then --resume,
+   or --resume-or-start when no checkpoint was complete). A trainer_state.pt that lacks a part of the run state
+   (written by something else) is one line naming the file and the parts.
+   A record an --overwrite set aside and a kill left there (rule 3) is the run's: its settings are read from there
+   (stored_settings), as the next claim puts it back.
 5. Retention (runstate.prune_checkpoints). After each checkpoint, all but the newest keep_checkpoints complete ones and the final one
    (checkpoint-<steps>) are deleted (renamed to a hidden name first, so a kill mid-delete never leaves a
    half-deleted checkpoint that looks complete).
@@ -49,21 +60,36 @@ from pathlib import Path
 
 import yaml
 
-from .config import RESUME_SAFE, TrainConfig, setting_differences
-from .runstate import RunDirError, checkpoint_step, resume_checkpoint
+from .config import RESUME_SAFE, TrainConfig, setting_differences  # noqa: F401  (setting_differences: its old home)
+from .record import (  # noqa: F401
+    DIGEST,
+    STAGED,
+    RunDirError,
+    check_hand_edits,
+    checkpoint_dirs,
+    differences,
+    find_checkpoint,
+    intact_state,
+    load_trainer_state,
+    record_dir,
+    resume_checkpoint,
+    set_aside_note,
+    step_of,
+    stored_settings,
+    trusted_checkpoint,
+    write_digest,
+)
 
-# moved to runstate.py (the checkpoint's module); importable from here as before
+# checkpoint space and retention live in runstate.py (the checkpoint's module); importable from here as before
 from .runstate import checkpoint_space as checkpoint_space
-from .runstate import find_checkpoint as find_checkpoint
-from .runstate import load_trainer_state as load_trainer_state
 from .runstate import prune_checkpoints as prune_checkpoints
 from .stops import STOP_SIGNALS, Interrupted, StopSignals, stop_signals_interrupt  # noqa: F401  (their old home)
 
 LOCK = ".lock"
-STAGED = ".replaced-"  # a replaced record, moved aside until the new run commits
 # what a run writes into its directory (anything else there, e.g. a dry run's data/, is left alone)
-RECORD = ("config.yaml", "metrics.jsonl", "eval.json", "latest_checkpoint", "checkpoint-*", "tensorboard", "wandb",
-          "wandb_run_id", "samples", ".checkpoint-*", ".deleting-*", ".latest_checkpoint.tmp", ".metrics.jsonl.tmp")
+RECORD = ("config.yaml", DIGEST, "metrics.jsonl", "eval.json", "latest_checkpoint", "checkpoint-*", "tensorboard",
+          "wandb", "wandb_run_id", "samples", ".checkpoint-*", ".deleting-*", ".latest_checkpoint.tmp",
+          ".metrics.jsonl.tmp", f".{DIGEST}.tmp")
 
 
 def new_run_dir(method: str, name: str | None = None, root: str | Path = "runs") -> Path:
@@ -92,23 +118,6 @@ def record_entries(run_dir: Path) -> list[Path]:
     return sorted({p for pattern in RECORD for p in run_dir.glob(pattern)})
 
 
-def stored_settings(run_dir: Path) -> dict | None:
-    """The run's config.yaml as a dict, or None when there is none; one that is not YAML raises RunDirError."""
-    path = Path(run_dir) / "config.yaml"
-    if not path.exists():
-        return None
-    try:
-        data = yaml.safe_load(path.read_text())
-    except (yaml.YAMLError, UnicodeDecodeError) as err:
-        where = getattr(err, "problem_mark", None)
-        at = f" (line {where.line + 1})" if where is not None else ""
-        raise RunDirError(f"{path} is not valid YAML{at}, so the run's settings cannot be read; the record is damaged. "
-                          "Restore or fix the file (`entropy-rft train --help-config` lists the fields), or replace "
-                          "the run with --overwrite") from None
-    if not isinstance(data, dict):
-        raise RunDirError(f"{path} is not a mapping of settings; the record is damaged (restore it, or replace the "
-                          "run with --overwrite)")
-    return data
 
 
 def is_finished(run_dir: Path, steps: int) -> bool:
@@ -197,6 +206,7 @@ class Claim:
                 tmp = self.run_dir / ".config.yaml.tmp"
                 tmp.write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
                 os.replace(tmp, self.run_dir / "config.yaml")
+                write_digest(self.run_dir, cfg)
             except BaseException:
                 logger.close()
                 raise
@@ -288,11 +298,11 @@ def claim(cfg: TrainConfig, *, resume: bool | str = False, overwrite: bool = Fal
             for entry in record:
                 _remove(entry)
             record = []
-        checkpoint = resume_checkpoint(run_dir) if resume else None
+        checkpoint = trusted_checkpoint(run_dir, resume_checkpoint(run_dir)) if resume else None
         finished = replacing = False
         if checkpoint is not None:
             _check_resume(run_dir, cfg, checkpoint)
-            finished = is_finished(run_dir, cfg.steps) and checkpoint_step(checkpoint) == cfg.steps
+            finished = is_finished(run_dir, cfg.steps) and step_of(checkpoint) == cfg.steps
             if finished and resume is True:
                 raise RunDirError(f"{run_dir} already finished its {cfg.steps} steps (eval.json is written); nothing "
                                   f"to resume. To train it further, resume with more steps (--steps N > {cfg.steps})")
@@ -321,7 +331,8 @@ def _never_stepped(run_dir: Path, record: list[Path]) -> bool:
     """A record a new run left when killed before its first step (a stop is undone by Claim itself): its start's
     config.yaml and sinks, and no metrics row, evaluation or checkpoint."""
     metrics = run_dir / "metrics.jsonl"
-    return bool(record) and all(p.name in ("config.yaml", "metrics.jsonl", "tensorboard", "wandb", "wandb_run_id")
+    return bool(record) and all(p.name in ("config.yaml", DIGEST, "metrics.jsonl", "tensorboard", "wandb",
+                                           "wandb_run_id")
                                 for p in record) and (not metrics.exists() or not metrics.read_text().strip())
 
 
@@ -341,19 +352,19 @@ def _check_resume(run_dir: Path, cfg: TrainConfig, checkpoint: Path) -> None:
     if stored is None:
         raise RunDirError(f"{run_dir} has checkpoints but no config.yaml, so its settings cannot be checked; resume "
                           "is refused. Restore config.yaml, or start anew with --overwrite")
-    diff = setting_differences(stored, cfg)
+    diff = differences(run_dir, stored, cfg)
     if diff:
         raise RunDirError(f"--resume of {run_dir} with other settings than the run's own would not continue that run: "
                           + "; ".join(diff) + f". Only {', '.join(RESUME_SAFE)} may change on resume; drop the "
                           "other changes, or start a new run (--name NAME) for them")
-    if checkpoint_step(checkpoint) > cfg.steps:
-        raise RunDirError(f"{run_dir}'s newest checkpoint is at step {checkpoint_step(checkpoint)}, beyond "
-                          f"steps={cfg.steps}; resume with --steps {checkpoint_step(checkpoint)} or more")
+    if step_of(checkpoint) > cfg.steps:
+        raise RunDirError(f"{run_dir}'s newest checkpoint is at step {step_of(checkpoint)}, beyond steps={cfg.steps}; "
+                          f"resume with --steps {step_of(checkpoint)} or more")
 
 
 def _check_same_run(run_dir: Path, cfg: TrainConfig) -> None:
     stored = stored_settings(run_dir)
-    diff = setting_differences(stored, cfg) if stored is not None else ["(no config.yaml)"]
+    diff = differences(run_dir, stored, cfg) if stored is not None else ["(no config.yaml)"]
     if diff:
         raise RunDirError(f"{run_dir} holds a run with other settings and no checkpoint ({'; '.join(diff)}); "
                           "--resume-or-start only restarts the same run. Replace it with --overwrite, or choose a new "

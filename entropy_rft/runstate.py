@@ -13,8 +13,9 @@ and trainer_state.pt, one record (`RunState.capture`):
     pending     a step whose metrics line waits for its evaluation: {"step": N, "metrics": {...}} (a stop cut the
                 evaluation short; resume runs it, then logs the line), or None
 
-Finding, loading and pruning checkpoints live here too, so the file names (checkpoint-N, trainer_state.pt,
-latest_checkpoint) have one owner; rundir.py's rules 4 and 5 say when they are used.
+Writing a checkpoint lives here with what happens when the disk is full (checkpoint_space) and which checkpoints
+are kept (prune_checkpoints); finding the one to resume from and loading it, with what a resume checks before it
+trusts them, is record.py's. rundir.py's rules 4 and 5 say when each is used.
 
 Older checkpoints still resume: without update_gen / torch_rng / evals (written before they were saved) those are
 left as a fresh run has them; the control's state under its old key (controller, bonus, pi) is read as `control`.
@@ -25,22 +26,17 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import pickle
 import shutil
-import sys
 import tempfile
-import zipfile
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from .record import RunDirError, checkpoint_dirs, find_checkpoint, step_of
 
 if TYPE_CHECKING:  # torch loads only where a checkpoint is read or written: rundir.py and the CLI's checks import
     import torch  # this module without it
 
     from .control import EntropyControl
-
-
-class RunDirError(Exception):
-    """A run directory that may not be used as asked; the message names the directory and the fix."""
 
 
 class RunState:
@@ -112,57 +108,7 @@ def save_checkpoint(run_dir: Path, step: int, model, tokenizer, optimizer, sampl
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Finding and loading checkpoints (rundir.py rule 4)
-
-
-def find_checkpoint(run_dir: Path) -> Path | None:
-    """The checkpoint to resume from: the one latest_checkpoint names if it is complete, else the complete
-    checkpoint-N of highest N (a kill between two renames of save_checkpoint), else None."""
-    latest = run_dir / "latest_checkpoint"
-    if latest.exists():
-        named = run_dir / latest.read_text().strip()
-        if (named / "trainer_state.pt").exists():
-            return named
-    return max(_checkpoints(run_dir, complete=True), key=checkpoint_step, default=None)
-
-
-def intact_state(ckpt: Path) -> bool:
-    """Whether ckpt/trainer_state.pt is a complete torch archive (torch.save writes a zip, whose directory is at
-    its end: a file cut short by a full disk or a kill mid-copy has none)."""
-    return zipfile.is_zipfile(ckpt / "trainer_state.pt")
-
-
-def resume_checkpoint(run_dir: Path) -> Path | None:
-    """find_checkpoint's choice, or, when its trainer_state.pt is damaged, the newest earlier complete checkpoint
-    with an intact one, after a warning naming the damaged file (rundir.py rule 4); with none left, RunDirError."""
-    first = find_checkpoint(run_dir)
-    if first is None or intact_state(first):
-        return first
-    damaged = first / "trainer_state.pt"
-    earlier = sorted((c for c in _checkpoints(run_dir, complete=True) if checkpoint_step(c) < checkpoint_step(first)),
-                     key=checkpoint_step)
-    for ckpt in reversed(earlier):
-        if intact_state(ckpt):
-            print(f"entropy-rft: warning: {damaged} is damaged (not a complete torch archive: cut short by a full "
-                  f"disk or a copy?); resuming from {ckpt.name}, the newest complete checkpoint before it: steps "
-                  f"{checkpoint_step(ckpt) + 1}-{checkpoint_step(first)} are trained again", file=sys.stderr)
-            return ckpt
-    raise RunDirError(f"{damaged} is damaged (not a complete torch archive) and {run_dir} has no earlier complete "
-                      "checkpoint to resume from; restore the file, or start the run again with --overwrite")
-
-
-def load_trainer_state(ckpt: Path) -> dict:
-    """ckpt/trainer_state.pt (the run state besides the weights); a file torch cannot read raises RunDirError naming
-    it and the way out."""
-    import torch
-
-    path = Path(ckpt) / "trainer_state.pt"
-    try:
-        return torch.load(path, weights_only=False)
-    except (RuntimeError, EOFError, OSError, ValueError, pickle.UnpicklingError, zipfile.BadZipFile) as err:
-        raise RunDirError(f"{path} cannot be read ({type(err).__name__}: {' '.join(str(err).split())[:120]}); the "
-                          f"checkpoint is damaged. Move {Path(ckpt).name} out of the run directory and --resume goes "
-                          "on from the checkpoint before it, or restore the file") from None
+# Writing out of space, and retention (rundir.py rules 4 and 5); finding and loading a checkpoint is record.py's
 
 
 def out_of_space(err: BaseException) -> bool:
@@ -184,23 +130,11 @@ def checkpoint_space(run_dir: Path, step: int):
         if not out_of_space(err):
             raise
         left = find_checkpoint(Path(run_dir))
+        how = (f"continue with `entropy-rft train --resume --out {run_dir}`: it resumes exactly from {left.name}"
+               if left else f"run the same command with --resume-or-start (`entropy-rft train --resume-or-start --out "
+               f"{run_dir}` and its settings): no checkpoint was complete, so the run starts again")
         raise RunDirError(f"no space left on the device while writing {Path(run_dir) / f'checkpoint-{step}'} (the "
-                          "partial write was removed); free space on that disk, then continue with `entropy-rft train "
-                          f"--resume --out {run_dir}`: it resumes exactly from "
-                          + (f"{left.name}" if left else "the start (no checkpoint was complete)")) from None
-
-
-def checkpoint_step(ckpt: Path) -> int:
-    return int(ckpt.name[11:])
-
-
-def _checkpoints(run_dir: Path, *, complete: bool) -> list[Path]:
-    return [p for p in run_dir.glob("checkpoint-*") if p.name[11:].isdigit()
-            and (not complete or (p / "trainer_state.pt").exists())]
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Checkpoint retention
+                          f"partial write was removed); free space on that disk, then {how}") from None
 
 
 def prune_checkpoints(run_dir: Path, keep: int, final_step: int) -> list[str]:
@@ -209,7 +143,7 @@ def prune_checkpoints(run_dir: Path, keep: int, final_step: int) -> list[str]:
     names deleted."""
     if keep <= 0:
         return []
-    ckpts = sorted(_checkpoints(run_dir, complete=False), key=checkpoint_step)
+    ckpts = sorted(checkpoint_dirs(run_dir, complete=False), key=step_of)
     spared = set(ckpts[-keep:]) | {run_dir / f"checkpoint-{final_step}", find_checkpoint(run_dir)}
     gone = []
     for ckpt in ckpts:

@@ -17,7 +17,9 @@ all-token mean the run logs as `entropy`: in logit space a clipped token gets no
 loss: 1 / |T_B| for the token-mean loss (the trainer's; dynamics, departure 3), so alpha_t = lr A_t / |T_B|. A
 clipped token is not in T and its term is 0; the file keeps `term_scale` = lr w / |T| so that a reader can show
 what it would have contributed (-term_scale A S_c). Each response also carries its reward, advantage, length and
-whether it finished; each group its prompt (as the model saw it, decoded from the rollout's prompt ids).
+whether it finished; each group its prompt (as the model saw it, decoded from the rollout's prompt ids). A record
+may also mark tokens (`mark_tokens`: a 0/1 field per response, listed in the record's `marks` with a label): a
+monitored engine run marks what Clip_B and Clip_V would drop.
 
 Each file also holds, over the whole batch (not only the written groups): eq. 23's sum of every term (the change of
 entropy_kept, as above), Corollary
@@ -234,6 +236,18 @@ def build_record(*, step: int, prompt_ids: Tensor, prompt_mask: Tensor, response
         "top": {} if term is None else top_tokens(term, would, adv_t, stats, mask, loss_mask, response_ids, tokenizer,
                                                    group_size, set(rows)),
     }
+
+
+def mark_tokens(record: dict, name: str, mask: Tensor, label: str) -> dict:
+    """Adds a per-token 0/1 field `name` to every written response of a record (its row of `mask`, (B, T), cut as the
+    response's tokens are) and lists it in record["marks"] as {"key": name, "label": label}: what the inspect page
+    underlines (the monitor marks the tokens Clip_B and Clip_V would drop). Returns the record."""
+    rows = mask.detach().bool().cpu()
+    for group in record["groups"]:
+        for resp in group["responses"]:
+            resp[name] = [int(x) for x in rows[resp["row"], :len(resp["text"])].tolist()]
+    record.setdefault("marks", []).append({"key": name, "label": label})
+    return record
 
 
 def top_tokens(term: Tensor, would: Tensor, adv_t: Tensor, stats: TokenStats, mask: Tensor, loss_mask: Tensor,

@@ -21,6 +21,7 @@ Departures, numbered:
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -29,25 +30,40 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from .advantages import (ADVANTAGES, TokenLevel, advantage_reweight, outcome_token_rewards, overlong_penalty,
-                         rank_penalty)
+from .advantages import (
+    ADVANTAGES,
+    TokenLevel,
+    advantage_reweight,
+    outcome_token_rewards,
+    overlong_penalty,
+    rank_penalty,
+)
 from .config import TrainConfig
 from .control import EntropyControl, Knobs, make_control
 from .diagnostics import after_update_metrics, masked_mean, step_metrics
 from .dropout import has_active_dropout
 from .dynamics import TokenStats, corollary4_entropy_change
 from .forward import EntropyProbe, HeldForward, batch_forward, policy_forward
-from .losses import AggMode, step_sizes
-from .methods import METHODS, POLICY_LOSSES
+from .losses import step_sizes
+from .methods import METHODS, POLICY_LOSSES, PolicyLoss
 from .objective import Micro
 from .rollout import Rollout
 from .rules import StepRules, objective_of
+from .stops import check_finite
 
 if TYPE_CHECKING:
     from .problems import Scored
 
 MIN_FROZEN_SHARE = 0.2  # below it the frozen rows' own passes cost more than their backward saves (demo policy:
 #                        12% of rows frozen 1.01x the time of none, 25% 0.95x)
+
+
+def estimator_of(cfg: TrainConfig):
+    """cfg's advantage estimator with the options it reads from cfg (QAE's quantile_k)."""
+    estimator = ADVANTAGES.get(cfg.advantage)
+    if cfg.advantage == "qae":
+        return functools.partial(estimator, quantile_k=cfg.quantile_k)
+    return estimator
 
 
 def zero_advantage_rows(estimator, rewards, group_ids, min_share: float = MIN_FROZEN_SHARE) -> Tensor | None:
@@ -131,6 +147,7 @@ class Decision:
     knobs: Knobs = field(default_factory=Knobs)
     entropy: float = 0.0  # the batch's mean entropy over every valid response token
     filter_metrics: dict = field(default_factory=dict)
+    old_entropy: Tensor | None = None  # (B, R) the behaviour policy's per-token entropy, for losses that read it (ERC)
 
 
 class Step:
@@ -141,7 +158,7 @@ class Step:
                  control: EntropyControl | None = None, update_gen: torch.Generator | None = None):
         self.cfg, self.model, self.optimizer = cfg, model, optimizer
         self.value_head, self.ref_model = value_head, ref_model
-        self.method, self.estimator = METHODS.get(cfg.method), ADVANTAGES.get(cfg.advantage)
+        self.method, self.estimator = METHODS.get(cfg.method), estimator_of(cfg)
         self.control = control or make_control(cfg)
         self.objective = objective_of(cfg, self.control, kl=ref_model is not None, value=value_head is not None)
         self.rules = StepRules.of(cfg, objective=self.objective, control=self.control,
@@ -177,7 +194,7 @@ class Step:
         knobs = self.control.knobs(entropy, old_logp, loss_mask)
         selected = self.loss.select(adv, old_logp, loss_mask, cfg, self.update_gen) if self.loss.select else None
         return Decision(adv, old_logp, keep, loss_mask, returns, behaviour.old_values, behaviour.ref_logp, selected,
-                        knobs, entropy, filter_metrics)
+                        knobs, entropy, filter_metrics, stats.entropy if self.loss.entropy else None)
 
     def probe(self, rollout: Rollout, behaviour: Behaviour, step: int) -> EntropyProbe | None:
         """On probe steps, d(mean H)/d(theta) before the update (forward.EntropyProbe)."""
@@ -216,7 +233,10 @@ class Step:
         device, valid = next(model.parameters()).device, rollout.response_mask
         phases = [token_sets(m, valid, decision.knobs.high) for m in rules.phase_masks(decision.loss_mask,
                                                                                         decision.old_logp)]
-        log = UpdateLog(decision, cfg, self.objective.agg)
+        if self.loss.entropy and decision.old_entropy is None:
+            raise ValueError(f"policy loss {cfg.policy_loss!r} reads the behaviour policy's per-token entropies: give "
+                             "the Decision its old_entropy (Step.decide does)")
+        log = UpdateLog(decision, cfg, self.loss)
         model.train()
         for phase, rows in rules.schedule(len(valid), self.update_gen):
             sets = phases[phase]
@@ -234,6 +254,7 @@ class Step:
                     loss.backward()                                            # (advantage 0) has no graph
                 log.micro_batch(part, mb, loss, terms, means)
             norm = clip_gradients(optimizer, cfg.grad_clip)
+            check_finite(loss=log.sums["total"], gradient_norm=float(norm))  # else no optimizer step: NonFinite
             if log.first_step and on_first_step is not None:
                 on_first_step()
             optimizer.step()
@@ -254,15 +275,20 @@ def micro_batch(decision: Decision, part: Tensor, sets: dict[str, Tensor], stats
                 *, first: bool, device: torch.device) -> Micro:
     """The objective's inputs for rows `part` on the device. The first optimizer step runs at the weights that
     produced old log p: its own forward is the behaviour policy's, so it takes old log p (and old values) from it,
-    detached, and its ratio is exactly 1 whatever the precision (departure 2)."""
+    detached, and its ratio is exactly 1 whatever the precision (departure 2); so does the behaviour policy's
+    per-token entropy, for a loss that reads it (ERC)."""
     def on(t: Tensor | None) -> Tensor | None:
         return None if t is None else t[part].to(device)
 
     old = stats.logp.detach() if first else decision.old_logp[part].to(device)
     old_v = None if values is None else (values.detach() if first else on(decision.old_values))
+    old_h = None
+    if decision.old_entropy is not None:
+        old_h = stats.entropy.detach() if first else on(decision.old_entropy)
     return Micro(stats, values, old, decision.adv[part].to(device), {k: v[part].to(device) for k, v in sets.items()},
                  old_values=old_v, returns=on(decision.returns), ref_logp=on(decision.ref_logp),
-                 selected=on(decision.selected), entropy_coef=decision.knobs.entropy_coef, alpha=decision.knobs.alpha)
+                 selected=on(decision.selected), entropy_coef=decision.knobs.entropy_coef, alpha=decision.knobs.alpha,
+                 old_entropy=old_h)
 
 
 def clip_gradients(optimizer, max_norm: float) -> Tensor:
@@ -278,9 +304,9 @@ class UpdateLog:
     norm; and Corollary 4.1's prediction (eq. 28) summed over the optimizer steps, each with its true ratios and the
     current policy's S_c."""
 
-    def __init__(self, decision: Decision, cfg: TrainConfig, agg: AggMode):
-        self.cfg, self.agg, self.adv = cfg, agg, decision.adv  # agg: the objective's (cfg.loss_agg)
-        self.ratio_of = POLICY_LOSSES.get(cfg.policy_loss).ratio
+    def __init__(self, decision: Decision, cfg: TrainConfig, loss: PolicyLoss):
+        self.cfg, self.loss, self.adv = cfg, loss, decision.adv  # loss: the run's policy loss (methods.POLICY_LOSSES)
+        self.agg = loss.aggregation(cfg)  # the loss's own (SAPO, GMPO), else cfg.loss_agg
         self.ratio = torch.ones_like(decision.old_logp)
         self.s_centered = torch.zeros_like(decision.old_logp)  # S_c under the policy of the current optimizer step
         self.n_total = decision.loss_mask.sum().clamp_min(1)
@@ -293,7 +319,9 @@ class UpdateLog:
     def micro_batch(self, part: Tensor, mb: Micro, loss: Tensor, terms: dict, means: dict) -> None:
         """Terms: each micro-batch's value is its share of the mini-batch's (global counts), so they add up;
         metrics: means over the micro-batch's tokens, weighted by their count."""
-        self.ratio[part] = self.ratio_of(mb.stats.logp.detach(), mb.old_logp, mb.masks["loss"]).cpu()
+        self.ratio[part] = self.loss.factor(mb.stats.logp.detach(), mb.old_logp, mb.masks["loss"], self.cfg,
+                                            advantages=mb.adv, entropy=mb.stats.entropy.detach(),
+                                            old_entropy=mb.old_entropy).cpu()
         self.s_centered[part] = mb.stats.s_centered.cpu()
         self.sums["total"] = self.sums.get("total", 0.0) + float(loss.detach())
         for k, v in terms.items():

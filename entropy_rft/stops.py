@@ -1,9 +1,11 @@
-"""Stop signals of a run in progress (SIGINT, SIGTERM, SIGHUP): raised as Interrupted where they land, or held
-while a step is being committed (StopSignals.defer / release), so that a stop never leaves half an update behind."""
+"""What stops a run in progress: the stop signals (SIGINT, SIGTERM, SIGHUP), raised as Interrupted where they land, or
+held while a step is being committed (StopSignals.defer / release), so that a stop never leaves half an update
+behind; and a step whose numbers are not finite (NonFinite), which is never committed."""
 
 from __future__ import annotations
 
 import contextlib
+import math
 import signal
 import sys
 import threading
@@ -74,3 +76,27 @@ def stop_signals_interrupt():
     finally:
         for sig, old in previous.items():
             signal.signal(sig, old)
+
+
+class NonFinite(ArithmeticError):
+    """A step whose loss, gradient or sampled logits are not finite: the trainer commits nothing of it (no metrics
+    line, no checkpoint) and stops, so the newest checkpoint stays the last good one. The message says which."""
+
+
+def check_finite(**values: float) -> None:
+    """Raise NonFinite naming the first of `values` (name=number, already on the host) that is not finite."""
+    for name, value in values.items():
+        if not math.isfinite(value):
+            raise NonFinite(f"the {name.replace('_', ' ')} is {value}")
+
+
+@contextlib.contextmanager
+def finite_sampling():
+    """Sampling whose logits are not finite (torch.multinomial's "probability tensor contains either inf, nan or
+    element < 0") raises NonFinite instead of the library's error."""
+    try:
+        yield
+    except RuntimeError as err:
+        if "probability tensor contains" not in str(err):
+            raise
+        raise NonFinite("the sampled logits are not finite (inf or nan): the policy's weights have diverged") from None

@@ -6,7 +6,8 @@ by supervised training on synthetic solutions, and the pass-rate-filtered proble
     tokenizer.json, tokenizer_config.json                    a character-level tokenizers.WordLevel vocabulary
     data/train.jsonl   RL training problems with the initial policy's pass rate at 16 samples, filtered as in
                        the paper (Section 5.1): drop problems solved in >= 15/16 or <= 1/16 of the samples
-    data/eval.jsonl    the held-out evaluation split (unfiltered, disjoint from train and warm-up problems)
+    data/eval.jsonl    the held-out evaluation split (unfiltered; no puzzle in it is in train.jsonl or was in the
+                       warm-up, puzzles told apart by identity: sorted numbers and target, tasks/splits.py)
     data/countdown5/   the harder setting (task `countdown5`): five numbers instead of three, which the policy never
                        saw in its warm-up; train.jsonl filtered the same way with the same policy, eval.jsonl held out.
                        The policy solves few of these (Pass@8 about 0.4 at the start), so exploration matters there.
@@ -17,9 +18,24 @@ by supervised training on synthetic solutions, and the pass-rate-filtered proble
     build.json         the settings and figures of the build
 The build is seeded and deterministic on CPU for a given torch version and thread count. `build_split` alone
 rebuilds a data split for an existing policy (about 90 s for countdown5 on 2 cores). `entropy-rft pretrain-toy
---split countdown5_large --out DIR` runs `build_pool` with the shipped policy on one thread: 61,000 candidates x 16
-samples and 1,000 x 64 took 368 s (6.1 min; 20 s of it the strata) under `nice` on a shared 2-core machine
-(2.2 MB of JSONL); tests/test_pool.py regenerates its first rows and its evaluation file.
+--split countdown5_large --out DIR` runs `build_pool` with the shipped policy on one thread. Before issue 39 (puzzles
+told apart by ordered numbers) 61,000 candidates x 16 samples and 1,000 x 64 took 368 s under `nice` on a shared
+2-core machine; with candidates distinct by identity the stream reaches rarer, harder puzzles and needs more of them
+(five numbers from 1..9 with a target up to 99: about 89,000 distinct puzzles in the first 2,000,000 draws), and
+the issue-39 rebuild kept 4 to 5 problems a second under `nice` with the machine's load at 20 to 35 (its build.json
+records the time). tests/test_pool.py regenerates its first rows and its evaluation file.
+
+Departures:
+1. (issue 39) The warm-up leaves out the evaluation puzzles of the three-number split by identity, not the RL
+   training pool's. Three numbers from 1..9 with a target up to 99 make only 2,562 puzzles the generator reaches;
+   evaluation (200) and pool (1,500) together take 1,700 of them, and a warm-up without those would see only the
+   rarest third. So the RL training problems are puzzles the warm-up may have seen (as they already were before
+   issue 39, when the exclusion compared ordered numbers and missed reorderings); the evaluation puzzles are not.
+   countdown5 and countdown5_large have five numbers, which the warm-up never shows.
+2. (issue 39) Builds before issue 39 told puzzles apart by their ordered numbers: reorderings of evaluation puzzles
+   were in training (85 of 200 for the three-number split, 3 of 200 for countdown5, 439 of 1,000 for
+   countdown5_large) and in the warm-up (all 200 three-number evaluation problems). build.json records the counts
+   of tasks/splits.split_overlaps, all zero now, and the command that rebuilds each file.
 """
 
 from __future__ import annotations
@@ -35,6 +51,7 @@ import torch
 from tqdm import tqdm
 
 from .tasks.countdown import CountdownTask, Problem, make_problems, random_problem
+from .tasks.splits import check_clean, split_overlaps
 
 ASSET_DIR = Path(__file__).parent / "assets" / "countdown-tiny"
 SPECIALS = ["<pad>", "<eos>", "<unk>"]
@@ -71,6 +88,19 @@ class ToyConfig:
     hard_numbers: int = 5  # countdown5: numbers per problem of the harder split
     n_hard_pool: int = 1500  # countdown5: candidate RL problems before pass-rate filtering
     n_hard_eval: int = 200  # countdown5: held-out evaluation problems
+
+
+def warmup_batches(cfg: ToyConfig, exclude: set[str]):
+    """The supervised warm-up's problems, one list of cfg.sft_batch per step for cfg.sft_steps steps: a seeded stream
+    of random three-number problems without the puzzles whose identity is in `exclude` (departure 1)."""
+    rng = random.Random(cfg.seed + 3)
+    for _ in range(cfg.sft_steps):
+        batch = []
+        while len(batch) < cfg.sft_batch:
+            p = random_problem(rng)
+            if p.identity not in exclude:
+                batch.append(p)
+        yield batch
 
 
 def build_model(tokenizer, cfg: ToyConfig):
@@ -118,22 +148,18 @@ def pretrain(cfg: ToyConfig, out: Path, *, progress: bool = True) -> dict:
     n_params = sum(p.numel() for p in model.parameters())
 
     eval_set = make_problems(cfg.n_eval, seed=cfg.seed + 1)
-    pool = make_problems(cfg.n_train_pool, seed=cfg.seed + 2, exclude={p.key for p in eval_set})
-    held_out = {p.key for p in eval_set} | {p.key for p in pool}
-    rng = random.Random(cfg.seed + 3)
+    eval_ids = {p.identity for p in eval_set}
+    pool = make_problems(cfg.n_train_pool, seed=cfg.seed + 2, exclude=eval_ids)
+    warmup: dict[str, Problem] = {}  # one problem per identity the warm-up showed, for the clean-split check
 
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.sft_lr, betas=(0.9, 0.98), weight_decay=0.01)
     model.train()
-    bar = tqdm(range(cfg.sft_steps), desc="warm-up (SFT)", disable=not progress)
-    for step in bar:
+    bar = tqdm(warmup_batches(cfg, eval_ids), total=cfg.sft_steps, desc="warm-up (SFT)", disable=not progress)
+    for step, batch in enumerate(bar):
         lr = cfg.sft_lr * min(1.0, (step + 1) / 100) * 0.5 * (1 + math.cos(math.pi * step / cfg.sft_steps))
         for group in opt.param_groups:
             group["lr"] = lr
-        batch = []
-        while len(batch) < cfg.sft_batch:
-            p = random_problem(rng)
-            if p.key not in held_out:
-                batch.append(p)
+        warmup.update((p.identity, p) for p in batch)
         ids, attn, labels = _sft_batch(tokenizer, batch)
         loss = model(input_ids=ids, attention_mask=attn.long(), labels=labels).loss
         opt.zero_grad(set_to_none=True)
@@ -154,6 +180,7 @@ def pretrain(cfg: ToyConfig, out: Path, *, progress: bool = True) -> dict:
                                     max_new_tokens=cfg.max_new_tokens, seed=cfg.seed + 4)
     rates = [sum(c) / cfg.filter_samples for c in correct]
     kept = filter_by_pass_rate(pool, rates)  # paper: drop pass rates <= 1/16 and >= 15/16
+    check_clean([p for p, _ in kept], eval_set, warmup=warmup.values(), name="the countdown split")
     with open(out / "data" / "train.jsonl", "w") as f:
         for p, r in kept:
             f.write(json.dumps({**p.to_json(), "pass_rate": r}) + "\n")
@@ -165,6 +192,9 @@ def pretrain(cfg: ToyConfig, out: Path, *, progress: bool = True) -> dict:
         "pool": len(pool), "train_after_filter": len(kept), "eval": len(eval_set),
         "pool_mean_pass_rate": sum(rates) / len(rates),
         "dropped_low": sum(r <= 1 / 16 for r in rates), "dropped_high": sum(r >= 15 / 16 for r in rates),
+        "warmup_puzzles": len(warmup), "identity": "sorted numbers and target (Problem.identity)",
+        "overlaps": split_overlaps([p for p, _ in kept], eval_set, warmup=warmup.values()),
+        "command": f"entropy-rft pretrain-toy --seed {cfg.seed} --sft-steps {cfg.sft_steps} --out DIR",
         "seconds": time.time() - t0, "torch": torch.__version__, "threads": torch.get_num_threads(),
     }
     info["countdown5"] = build_split(engine, out / "data" / "countdown5", cfg)
@@ -185,12 +215,13 @@ def build_split(engine, out: Path, cfg: ToyConfig) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     eval_set = make_problems(cfg.n_hard_eval, seed=cfg.seed + 11, n_numbers=cfg.hard_numbers)
     pool = make_problems(cfg.n_hard_pool, seed=cfg.seed + 12, n_numbers=cfg.hard_numbers,
-                         exclude={p.key for p in eval_set})
+                         exclude={p.identity for p in eval_set})
     correct, _ = sample_correctness(engine, CountdownTask(), pool, n=cfg.filter_samples,
                                     temperature=cfg.filter_temperature, max_new_tokens=cfg.max_new_tokens,
                                     seed=cfg.seed + 13)
     rates = [sum(c) / cfg.filter_samples for c in correct]
     kept = filter_by_pass_rate(pool, rates)
+    check_clean([p for p, _ in kept], eval_set, name="the countdown5 split")  # five numbers: never in the warm-up
     with open(out / "train.jsonl", "w") as f:
         for p, r in kept:
             f.write(json.dumps({**p.to_json(), "pass_rate": r}) + "\n")
@@ -199,13 +230,15 @@ def build_split(engine, out: Path, cfg: ToyConfig) -> dict:
             f.write(json.dumps(p.to_json()) + "\n")
     return {"numbers": cfg.hard_numbers, "pool": len(pool), "train_after_filter": len(kept), "eval": len(eval_set),
             "pool_mean_pass_rate": sum(rates) / len(rates), "dropped_low": sum(r <= 1 / 16 for r in rates),
-            "dropped_high": sum(r >= 15 / 16 for r in rates), "seconds": time.time() - t0}
+            "dropped_high": sum(r >= 15 / 16 for r in rates),
+            "overlaps": split_overlaps([p for p, _ in kept], eval_set), "seconds": time.time() - t0}
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # countdown5_large (issue 31): a training pool large enough that a 1,500-step run at 32 prompts a step draws no
-# problem more than twice (48,000 draws from 25,000 problems), filtered exactly as build_split filters countdown5,
-# and 1,000 held-out problems, each with a stratum of initial difficulty.
+# puzzle more than twice (48,000 draws from 25,000 distinct puzzles), filtered exactly as build_split filters
+# countdown5, and 1,000 held-out puzzles, each with a stratum of initial difficulty. Puzzles are told apart by identity
+# (issue 39): the pool shipped before it held 25,000 rows but 12,335 distinct puzzles, 439 of the evaluation's among them.
 
 STRATA = ("unsolved", "hard", "easier")  # see stratum()
 
@@ -239,6 +272,7 @@ class PoolConfig:
     strata_samples: int = 64  # samples per evaluation problem behind its stratum
     strata_temperature: float = 0.7  # the study's evaluation temperature (configs/demo.yaml eval_temperature)
     max_new_tokens: int = 16
+    max_stale_draws: int = 1_000_000  # candidate draws in a row without a new puzzle before the build gives up
 
 
 def build_pool(engine, out: Path, cfg: PoolConfig, *, progress: bool = False) -> dict:
@@ -247,7 +281,7 @@ def build_pool(engine, out: Path, cfg: PoolConfig, *, progress: bool = False) ->
     paper's Section 5.1 rule that build_split applies to countdown5: 1/16 < rate < 15/16), out/eval.jsonl (cfg.n_eval
     held-out problems, none among the training candidates, each with the policy's correct count out of
     cfg.strata_samples at the evaluation temperature and its `stratum`) and out/build.json; returns build.json's
-    figures. Problems are distinct by key (numbers and target) across both files."""
+    figures. Puzzles are distinct by identity (sorted numbers and target) across both files."""
     from .evaluate import filter_by_pass_rate, sample_correctness
 
     t0 = time.time()
@@ -259,17 +293,22 @@ def build_pool(engine, out: Path, cfg: PoolConfig, *, progress: bool = False) ->
                                     max_new_tokens=cfg.max_new_tokens, seed=cfg.seed * 1000 + 32)
     eval_seconds = time.time() - t0
     counts = [sum(c) for c in correct]
-    seen = {p.key for p in eval_set}
+    seen = {p.identity for p in eval_set}
     rng = random.Random(cfg.seed * 1000 + 33)  # the candidate stream
-    kept, rates, chunks = [], [], 0
+    kept, rates, chunks, draws = [], [], 0, 0
     bar = tqdm(total=cfg.n_train, desc="countdown5_large pool", disable=not progress)
     while len(kept) < cfg.n_train:
-        candidates = []
+        candidates, stale = [], 0
         while len(candidates) < cfg.chunk:
             p = random_problem(rng, n_numbers=cfg.numbers)
-            if p.key not in seen:
-                seen.add(p.key)
+            draws += 1
+            if p.identity not in seen:
+                seen.add(p.identity)
                 candidates.append(p)
+                stale = 0
+            elif (stale := stale + 1) >= cfg.max_stale_draws:
+                raise ValueError(f"countdown5_large: {stale} draws in a row gave no new puzzle after {len(kept)} of "
+                                 f"{cfg.n_train} training puzzles; ask for fewer (n_train)")
         got, _ = sample_correctness(engine, task, candidates, n=cfg.filter_samples,
                                     temperature=cfg.filter_temperature, max_new_tokens=cfg.max_new_tokens,
                                     seed=cfg.seed * 10**6 + 1000 + chunks)
@@ -281,6 +320,7 @@ def build_pool(engine, out: Path, cfg: PoolConfig, *, progress: bool = False) ->
         bar.update(min(len(passed), cfg.n_train - bar.n))
     bar.close()
     kept = kept[: cfg.n_train]
+    check_clean([p for p, _ in kept], eval_set, name="the countdown5_large split")  # five numbers: not in the warm-up
     with open(out / "train.jsonl", "w") as f:
         for p, r in kept:
             f.write(json.dumps({**p.to_json(), "pass_rate": r}) + "\n")
@@ -289,7 +329,10 @@ def build_pool(engine, out: Path, cfg: PoolConfig, *, progress: bool = False) ->
             f.write(json.dumps({**p.to_json(), "initial_correct": c, "stratum": stratum(c, cfg.strata_samples)})
                     + "\n")
     info = {"config": asdict(cfg), "train": len(kept), "eval": len(eval_set), "candidates": len(rates),
-            "chunks": chunks, "candidate_mean_pass_rate": sum(rates) / len(rates),
+            "chunks": chunks, "draws": draws, "identity": "sorted numbers and target (Problem.identity)",
+            "overlaps": split_overlaps([p for p, _ in kept], eval_set),
+            "command": (f"entropy-rft pretrain-toy --split countdown5_large --seed {cfg.seed} --train-problems "
+                        f"{cfg.n_train} --eval-problems {cfg.n_eval} --out DIR"), "candidate_mean_pass_rate": sum(rates) / len(rates),
             "dropped_low": sum(r <= 1 / 16 for r in rates), "dropped_high": sum(r >= 15 / 16 for r in rates),
             "strata": {name: sum(stratum(c, cfg.strata_samples) == name for c in counts) for name in STRATA},
             "eval_initial_avg": sum(counts) / (len(counts) * cfg.strata_samples),

@@ -19,6 +19,9 @@ Departures, numbered:
    and logs it. Checkpoints are atomic and hold the whole run state, so a run killed at any moment (SIGKILL
    included) and resumed ends with the same weights as one never interrupted, with every step logged once: the
    metric sinks and samples are cut back to the checkpoint's step first (logging.py, samples.py).
+2. A step whose loss, gradient norm or sampled logits are not finite (stops.NonFinite) is not committed: no metrics
+   line, no checkpoint; the run stops with one line and its newest checkpoint stays the last good one. Settings that
+   cannot run (config.py's float32 rules, plan.check_fits's memory) are refused before the run directory is taken.
 """
 
 from __future__ import annotations
@@ -37,13 +40,16 @@ from .control import control_name, make_control
 from .diagnostics import loss_step_sizes
 from .evaluate import run_eval
 from .logging import MetricLogger
+from .plan import check_fits
 from .policy import pick_device, resolve_model_path, set_up_policy
 from .problems import ProblemSampler, sample_batch, task_problems
+from .record import find_checkpoint, load_trainer_state
+from .rules import StepRules
 from .rundir import Claim, StopSignals, finished_summary, new_run_dir, stop_signals_interrupt
 from .rundir import claim as claim_run_dir
-from .runstate import RunState, checkpoint_space, load_trainer_state, prune_checkpoints, save_checkpoint
-from .rules import StepRules
+from .runstate import RunState, checkpoint_space, prune_checkpoints, save_checkpoint
 from .step import Step
+from .stops import NonFinite, finite_sampling
 from .tasks import TASKS
 
 __all__ = ["train"]  # what users import from here; every other name from the module that owns it
@@ -56,9 +62,10 @@ def train(cfg: TrainConfig, *, resume: bool | str = False, overwrite: bool = Fal
     this process alone; one holding another run's record is refused unless resume=True (continue from its newest
     checkpoint, with the same settings), resume="auto" (continue if it can, else start) or overwrite=True (replace
     it once this run is ready to start). SIGINT, SIGTERM and SIGHUP save the run where it stands and stop it."""
+    preflight(cfg)  # device, engine and sink packages, before the directory is taken or any model loads
+    check_fits(cfg, pick_device(cfg.device))  # lengths and batches that cannot be allocated: one line naming the field
     if cfg.out is None:
         cfg = dataclasses.replace(cfg, out=str(new_run_dir(cfg.method)))
-    preflight(cfg)  # device, engine and sink packages, before the directory is taken or any model loads
     with claim_run_dir(cfg, resume=resume, overwrite=overwrite) as claim, stop_signals_interrupt() as stops:
         if claim.finished:
             return finished_summary(claim.run_dir, cfg)
@@ -98,7 +105,8 @@ class _Run:
 
     def evaluate(self) -> dict:
         cfg = self.cfg
-        return run_eval(self.policy.engine, self.task, self.eval_problems, cfg, seed=cfg.seed + 10**6).to_json()
+        with finite_sampling():
+            return run_eval(self.policy.engine, self.task, self.eval_problems, cfg, seed=cfg.seed + 10**6).to_json()
 
     def save(self, at: int, state: dict | None = None) -> Path:
         p = self.policy
@@ -155,17 +163,20 @@ class _Clock:
 def _loop(run: _Run, stops: StopSignals) -> dict:
     cfg, step_, state = run.cfg, run.step, run.state
     engine, final, completed = run.policy.engine, None, run.start
-    if run.start == 0:
-        state.evals[0] = run.evaluate()
     bar = tqdm(range(run.start, cfg.steps), desc=cfg.method, disable=not cfg.progress, initial=run.start,
                total=cfg.steps)
+    doing, stopped_at = "the evaluation before step 1", None  # what runs now (for a NonFinite's line)
     try:
+        if run.start == 0:
+            state.evals[0] = run.evaluate()
         if state.pending is not None:  # a stop cut this step's evaluation or logging short
             stopped_at = state.capture()
             run.commit(state.pending)
         for step in bar:
             stopped_at, clock = state.capture(), _Clock()  # a stop before the first optimizer step saves this state
-            batch = sample_batch(engine, run.task, run.sampler, cfg, step)  # B = groups x group_size rows, scored
+            doing = f"step {step + 1}"
+            with finite_sampling():  # logits that are not finite: NonFinite, not the sampler's own error
+                batch = sample_batch(engine, run.task, run.sampler, cfg, step)  # B = groups x group_size rows, scored
             clock.mark("rollout")
             behaviour = step_.statistics(batch, step)  # (B, R) log p, H, S*, S_c (and values) of the behaviour policy
             clock.mark("stats")
@@ -189,7 +200,7 @@ def _loop(run: _Run, stops: StopSignals) -> dict:
             stops.release()  # a stop held since the first optimizer step stops the run here, the step logged
             bar.set_postfix(reward=f"{metrics['reward_mean']:.2f}", H=f"{metrics['entropy']:.3f}",
                             clip=f"{metrics['clip_frac']:.3f}")
-        final = run.save(cfg.steps)
+        final, doing = run.save(cfg.steps), "the final evaluation"
         state.evals[cfg.steps] = run.evaluate()
     except KeyboardInterrupt as err:  # Ctrl-C, or SIGTERM / SIGHUP (rundir.Interrupted)
         why = getattr(err, "name", "SIGINT")
@@ -201,6 +212,12 @@ def _loop(run: _Run, stops: StopSignals) -> dict:
         ckpt = run.save(completed, stopped_at)
         raise SystemExit(f"{why}: stopped after {completed} steps; saved {ckpt}. Continue with --resume "
                          f"--out {run.run_dir}.") from None
+    except NonFinite as err:  # nothing of the step is committed (departure 2)
+        kept = (f"{run.run_dir} is left as it was before the run" if not run.claim.committed else
+                f"its newest checkpoint stays {find_checkpoint(run.run_dir) or 'none (none was saved)'}, and "
+                f"metrics.jsonl ends at step {completed}")
+        raise NonFinite(f"{doing}: {err}; it is not committed and the run stops: {kept}. Start again with a smaller "
+                        f"lr (now {cfg.lr:g}) or other settings (a resume would meet the same step)") from None
     finally:
         engine.close()
         run.logger.close()

@@ -1,6 +1,8 @@
 """The baselines the paper compares against: exact selections, hand-computed cases, and each method running
 through the trainer."""
 
+import math
+
 import pytest
 import torch
 
@@ -69,10 +71,14 @@ def test_method_defaults_sit_beneath_explicit_settings():
     assert load_config(None, method="dapo").eps_high == 0.28
     assert load_config(None, method="dapo", eps_high=0.25).eps_high == 0.25
     assert load_config(None, method="gspo").policy_loss == "gspo"
+    assert load_config(None, method="sapo").loss_agg == "seq-mean-token-mean"
+    assert load_config(None, method="clip_b", policy_loss="cispo").policy_loss == "cispo"
+    assert load_config(None, method="qae").advantage == "qae"
 
 
+ENGINE_LOSSES = ["cispo", "sapo", "dppo_tv", "dppo_kl", "geo_mean", "erc"]
 BASELINES = ["dapo", "dr_grpo", "gspo", "clip_cov", "kl_cov", "unlikely", "unlikely_2ep", "forking", "forking_all",
-             "entropy_bonus", "ar", "lopti"]
+             "entropy_bonus", "ar", "lopti", *ENGINE_LOSSES, "qae"]
 
 
 @pytest.mark.parametrize("method", BASELINES)
@@ -84,6 +90,23 @@ def test_every_baseline_trains(tmp_path, method):
     train(cfg)
     rows = read_metrics(tmp_path)
     assert len(rows) == 2 and all(r["entropy"] > 0 and r["grad_norm"] >= 0 for r in rows)
+
+
+@pytest.mark.parametrize("method, loss", [("clip_b", loss) for loss in ENGINE_LOSSES] + [("clip_v", "erc")])
+def test_clip_b_and_clip_v_compose_with_the_engines_losses(tmp_path, method, loss):
+    """Clip_B / Clip_V on top of each engine loss (--method clip_b --set policy_loss=cispo): two optimizer
+    steps per batch (mini_batches 2), so the loss's ratios, masks and ERC's entropy band act; the filter drops tokens
+    (mu 0.5), the loss's metrics are logged and the off-policy entropy prediction with the loss's own step sizes is
+    finite."""
+    cfg = load_config(None, method=method, policy_loss=loss, mu=0.5, steps=1, prompts_per_step=4, group_size=4,
+                      mini_batches=2, lr=1e-3, eval_problems=4, eval_k=2, progress=False, out=str(tmp_path))
+    assert cfg.policy_loss == loss and cfg.method == method
+    train(cfg)
+    rows = read_metrics(tmp_path)
+    assert len(rows) == 1 and all(r["entropy"] > 0 and math.isfinite(r["loss/policy"]) for r in rows)
+    assert any(r["clip_frac"] > 0 for r in rows)
+    assert all(math.isfinite(r["entropy_change/predicted_offpolicy"]) for r in rows)
+    assert "loss/ppo_kl" in rows[0] and ("loss/erc_kept_frac" in rows[0]) == (loss == "erc")
 
 
 def test_dynamic_sampling_keeps_only_mixed_groups(tmp_path):

@@ -25,6 +25,7 @@ import entropy_rft.pipeline as pipeline
 import entropy_rft.policy as policy
 import entropy_rft.trainer as trainer
 from entropy_rft.cli import build_parser, main
+from entropy_rft.config import FLOAT32_MAX, FLOAT32_TINY
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -151,6 +152,12 @@ CASES = [
     (["demo", "--resume"], "--resume", "--out DIR or --name NAME"),
     (["pretrain-toy", "--sft-steps", "0"], "--sft-steps", "must be >= 1"),
     (["report", "{tmp}/nowhere"], "nowhere does not exist", "pass directories written by"),
+    # close matches (issue 43): a mistyped option, method, subcommand or choice names the one meant
+    (["train", "--metod", "clip_b"], "--metod", "did you mean '--method'?"),
+    (["train", "--metod", "clip_b"], "--metod", "`entropy-rft train --help`"),
+    (["train", "--method", "clipb"], "clipb", "did you mean 'clip_b'?"),
+    (["compare", "--methods", "grpo,clipv"], "'clipv'", "did you mean 'clip_v'?"),
+    (["eval", "--engine", "vlm"], "--engine", "did you mean 'vllm'?"),
 ]
 
 
@@ -185,6 +192,7 @@ NUMERIC = [
     (["plan"], "--prompt-tokens", True, 1, None, True), (["pretrain-toy"], "--sft-steps", True, 1, None, True),
     (["pretrain-toy"], "--train-problems", True, 1, None, True), (["pretrain-toy"], "--eval-problems", True, 1, None, True),
 ]
+FLOAT32_FIELDS = {"--eval-temperature", "--top-p", "--vllm-gpu-memory", "--temperature", "--max-frac"}  # setting(...)
 TEXTS = st.one_of(st.integers(-5, 5).map(str), st.integers(-2**40, 2**40).map(str),
                   st.floats(allow_nan=True, allow_infinity=True).map(repr), st.floats(-2, 2).map(str),
                   st.sampled_from(["", "x", "1e400", "-0", "0.0", "1.0", "2.5", "1,2", "nan", "inf", "1_0", " 3",
@@ -212,6 +220,8 @@ def test_any_value_of_a_numeric_option_is_taken_exactly_or_refused_in_one_line(c
     number = _number(text)
     finite = number is not None and number.is_finite() and (integer or math.isfinite(float(number)))
     in_range = finite and (number >= low if low_ok else number > low) and (high is None or number <= high)
+    if in_range and option in FLOAT32_FIELDS and number != 0:  # a setting's float32 range (config.py)
+        in_range = FLOAT32_TINY <= abs(float(text)) <= FLOAT32_MAX
     plain = in_range and (text.strip().lstrip("+-").isdigit() if integer else True) and text.isascii()
     try:
         args = build_parser().parse_args(argv)
@@ -386,3 +396,36 @@ def test_dry_run_writes_its_scratch_directory_never_the_recipes_out(tmp_path, mo
     main(["train", "--config", str(recipe), "--dry-run"])
     main(["train", "--config", str(recipe), "--dry-run", "--out", str(tmp_path / "mine")])
     assert calls == [("runs/dry-run/paper", {"overwrite": True}), (str(tmp_path / "mine"), {"overwrite": False})]
+
+
+def test_a_bare_command_prints_help_and_exits_0(capsys):
+    """Property: `entropy-rft` alone lists the subcommands on stdout and is not an error."""
+    with pytest.raises(SystemExit) as exc:
+        main([])
+    out = capsys.readouterr().out
+    assert exc.value.code == 0 and "usage: entropy-rft" in out
+    assert all(name in out for name in ("demo", "train", "inspect", "report"))
+
+
+def test_a_mistyped_subcommand_names_the_one_meant(capsys):
+    """Property: an unknown subcommand close to a real one is refused with that one suggested."""
+    line = fails(["trian"], capsys)
+    assert line.startswith("entropy-rft: error: ") and "did you mean 'train'?" in line
+
+
+def test_a_far_typo_gets_no_suggestion(capsys):
+    """Property: a suggestion is made only for a close match (an unrelated option is not guessed at)."""
+    line = fails(["train", "--quiet"], capsys)
+    assert "--quiet" in line and "did you mean" not in line
+
+
+def test_inspect_on_a_folder_of_runs_lists_the_runs_inside(tmp_path, capsys):
+    """Property: a directory holding runs (not a run) is refused with the runs that have token samples listed,
+    nested ones included (a demo's runs/<method>), and no run without samples named."""
+    for run in ("a", "demo/runs/clip_b", "empty"):
+        (tmp_path / run / "samples").mkdir(parents=True)
+    for run in ("a", "demo/runs/clip_b"):
+        (tmp_path / run / "samples" / "step-000001.json.gz").write_bytes(b"")
+    line = fails(["inspect", str(tmp_path)], capsys)
+    assert "folder of runs" in line and "it holds 2" in line
+    assert str(tmp_path / "a") in line and str(tmp_path / "demo/runs/clip_b") in line and "empty" not in line

@@ -76,3 +76,18 @@ def test_demo_run_config_layers_common_method_and_given_overrides():
     assert (cfg.steps, cfg.mu, cfg.lr, cfg.out) == (150, 1.5, 5e-5, "x")
     assert run_config(spec, "clip_b", steps=7).steps == 7
     assert run_config(spec, None, method="clip_v", mu=2.0).mu == 2.0
+
+
+def test_registry_suggests_the_close_name():
+    """Property (issue 43): an unknown name close to a known one is answered with it (case, '-' and '_' ignored, or
+    difflib's closest); a far one gets no guess."""
+    from entropy_rft.registry import did_you_mean
+
+    reg = Registry("method")
+    for name in ("clip_b", "clip_v", "grpo"):
+        reg.register(name, name)
+    with pytest.raises(KeyError, match=r"unknown method 'clipb' \(did you mean 'clip_b'\?\); known methods"):
+        reg.get("clipb")
+    assert did_you_mean("CLIP-V", reg.names()) == " (did you mean 'clip_v'?)"
+    assert did_you_mean("grp0", reg.names()) == " (did you mean 'grpo'?)"
+    assert did_you_mean("unlikelihood", reg.names()) == ""

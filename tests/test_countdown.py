@@ -57,10 +57,12 @@ def test_generated_solutions_are_correct():
 
 
 def test_make_problems_distinct_and_exclusive():
+    """make_problems gives distinct puzzles by identity (sorted numbers and target, not the ordered prompt text) and
+    none whose identity is excluded."""
     a = make_problems(200, seed=1)
-    b = make_problems(200, seed=2, exclude={p.key for p in a})
-    assert len({p.key for p in a}) == 200
-    assert not {p.key for p in a} & {p.key for p in b}
+    b = make_problems(200, seed=2, exclude={p.identity for p in a})
+    assert len({p.identity for p in a}) == 200
+    assert not {p.identity for p in a} & {p.identity for p in b}
 
 
 def test_row_without_answer_names_the_fix():
@@ -95,10 +97,10 @@ def test_countdown5_ships_a_filtered_split_of_five_number_problems():
     train_rows = [json.loads(x) for x in default_data(cfg, "train").read_text().splitlines()]
     eval_set = load_problems(default_data(cfg, "eval"), task)
     train_set = [Problem.from_json(r) for r in train_rows]
-    assert len(eval_set) == 200 and len({p.key for p in eval_set}) == 200
+    assert len(eval_set) == 200 and len({p.identity for p in eval_set}) == 200
     assert all(len(p.numbers) == 5 for p in eval_set + train_set)
     assert all(1 / 16 < r["pass_rate"] < 15 / 16 for r in train_rows)
-    assert not {p.key for p in train_set} & {p.key for p in eval_set}
+    assert not {p.identity for p in train_set} & {p.identity for p in eval_set}
     for p in train_set + eval_set:
         assert task.score(p.solution.split("=")[0] + f"={p.target}", True, p) == (1.0, True)
     build = json.loads((BUILTIN_MODELS["countdown-tiny"] / "build.json").read_text())["countdown5"]

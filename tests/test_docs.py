@@ -8,6 +8,10 @@ reference pages list every command-line option and every TrainConfig field (rule
   `entropy-rft ...` line parsed by the real parser, compile() for python, a YAML load for yaml.
 - A `text` block is not code and is not checked. Any other unmarked language fails: it can be neither run nor
   validated here.
+- An unmarked block that needs a GPU (CUDA, a hub model, vLLM, accelerate or DeepSpeed, bf16 in TRL, a paper-scale
+  recipe trained for real: GPU_SIGNS) fails before it runs: it must be marked, so that a machine with a GPU cannot
+  hide that a CPU user cannot follow it. A block marked "needs a GPU..." has its CPU twin beside it: the block
+  before or after it (text blocks aside) is unmarked, so it runs here.
 """
 
 from __future__ import annotations
@@ -15,9 +19,12 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import importlib.util
+import os
 import re
 import shlex
 import subprocess
+import sys
+from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
@@ -29,6 +36,9 @@ PAGES = sorted((ROOT / "docs").rglob("*.md")) + [ROOT / "README.md"]
 LINKED = ("entropy_rft", "examples", "benchmarks")
 SHELL = {"bash", "sh", "shell"}
 FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})([^`]*)$")
+# what only a GPU runs (or only a machine with the hub and a GPU): CUDA, hub models, vLLM, multi-GPU launchers
+GPU_SIGNS = re.compile(r"cuda|\bbf16=True|--engine[ =]vllm|engine: vllm|accelerate launch|torchrun|deepspeed|"
+                       r"nvidia-smi|[\"' ](Qwen|meta-llama|mistralai|deepseek-ai|google)/[\w.-]+", re.IGNORECASE)
 
 
 @dataclasses.dataclass
@@ -136,6 +146,32 @@ def run(block: Block) -> None:
         validate(block)  # fails with the reason
 
 
+def needs_gpu(block: Block) -> str | None:
+    """What in an unmarked block needs a GPU (module docstring), or None."""
+    sign = GPU_SIGNS.search(block.text)
+    if sign:
+        return sign.group(0).strip()
+    if "GRPOConfig(" in block.text and "bf16=False" not in block.text:
+        return "GRPOConfig without bf16=False (TRL's default bf16 needs a GPU)"
+    for line in block.text.splitlines():
+        if (re.search(r"entropy-rft (train|eval|filter)\b", line) and re.search(r"configs/(paper|one_gpu)/|"
+                                                                                r"--config (paper|one_gpu)/", line)
+                and "--dry-run" not in line):
+            return "a paper-scale recipe trained or evaluated for real (--dry-run runs it on the CPU)"
+    return None
+
+
+def check_twins(found: list[Block]) -> None:
+    """Each block marked "needs a GPU..." has an unmarked block beside it: its CPU twin."""
+    code = [b for b in found if b.lang != "text"]
+    for i, block in enumerate(code):
+        if block.title.startswith("needs a GPU"):
+            beside = [code[j] for j in (i - 1, i + 1) if 0 <= j < len(code)]
+            if not any(not b.marked for b in beside):
+                pytest.fail(f"{block.where}: a GPU-only block needs its CPU twin beside it (an unmarked block just "
+                            "before or after it)")
+
+
 def check_page(markdown: str, page: str, directory: Path) -> None:
     """Every block of one page, in order, in `directory` (the repository's recipes and examples linked into it)."""
     import torch
@@ -147,21 +183,58 @@ def check_page(markdown: str, page: str, directory: Path) -> None:
     # The blocks' model is the 0.8M-parameter shipped policy: one thread does its tiny matmuls as fast, and on a
     # shared, busy machine it avoids OpenMP threads waiting on each other (measured: 5 ms per linear call, 9x slower)
     torch.set_num_threads(1)
+    found = blocks(markdown, page)
+    check_twins(found)
     with contextlib.chdir(directory), contextlib.ExitStack() as restore:
         restore.callback(torch.set_num_threads, threads)
-        for block in blocks(markdown, page):
+        for block in found:
             if block.lang == "text":
                 continue
+            if not block.marked and needs_gpu(block):
+                pytest.fail(f"{block.where}: needs a GPU ({needs_gpu(block)}) but is not marked: give it a title "
+                            '"needs a GPU ..." and a CPU twin beside it')
             try:
                 validate(block) if block.marked else run(block)
             except Exception as err:  # noqa: BLE001 - any error of a block's code is that block's failure
                 pytest.fail(f"{block.where}: {type(err).__name__}: {err}")
 
 
+def clipped_tokens(run: Path) -> tuple[float, int]:
+    """(the largest clip_frac of the run's steps, tokens struck through in its token samples)."""
+    import json
+
+    from entropy_rft import samples
+
+    fracs = [json.loads(line)["clip_frac"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+    rows = [r for rec in samples.read_samples(run).values() for g in rec["groups"] for r in g["responses"]]
+    return max(fracs), sum(len(r["kept"]) - sum(r["kept"]) for r in rows)
+
+
+def watched_run(run: Path) -> None:
+    """The watch page's CPU run answers its prompts and writes what inspect and report read."""
+    import json
+
+    lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in lines] == [1, 2, 3] and min(m["reward_mean"] for m in lines) > 0.1, lines
+    assert (run / "inspect.html").exists()
+
+
+# what a page's example claims to show, checked on what its blocks wrote (issue 43: examples that show what they claim)
+CLAIMS = {
+    "README.md": lambda d: all(n > 0 for n in clipped_tokens(d / "runs/readme")),            # Clip_B clips tokens
+    "docs/getting-started.md": lambda d: all(n > 0 for n in clipped_tokens(d / "runs/first")),
+    "docs/watch.md": lambda d: watched_run(d / "runs/watched"),
+}
+
+
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: p.relative_to(ROOT).as_posix())
 def test_every_code_block_of_the_page_runs_or_is_marked_and_validated(page, tmp_path):
-    """Property: each block of the page runs as written (unmarked) or passes its language's validation (marked)."""
-    check_page(page.read_text(), page.relative_to(ROOT).as_posix(), tmp_path)
+    """Property: each block of the page runs as written (unmarked) or passes its language's validation (marked);
+    where the page claims what its example shows (CLAIMS), the run its blocks wrote shows it."""
+    name = page.relative_to(ROOT).as_posix()
+    check_page(page.read_text(), name, tmp_path)
+    if name in CLAIMS:
+        assert CLAIMS[name](tmp_path) is not False, f"{name}: its example does not show what the page says"
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -177,8 +250,14 @@ def test_every_code_block_of_the_page_runs_or_is_marked_and_validated(page, tmp_
     '```bash title="needs verl"\nif then fi\n```\n',                    # marked, but not shell
     '```python title="needs a GPU"\ndef broken(:\n```\n',               # marked, but not python
     "```toml\na = 1\n```\n",                                            # unmarked language that cannot run here
+    "```bash\nentropy-rft eval --model Qwen/Qwen2.5-7B-Instruct\n```\n",    # a hub model, unmarked
+    "```python\nGRPOConfig(output_dir='x')\n```\n",                        # TRL's bf16 default, unmarked
+    "```bash\nentropy-rft train --config paper/qwen3-4b-base_grpo\n```\n",  # a paper recipe for real, unmarked
+    "```bash\nentropy-rft eval --device cuda\n```\n",                     # CUDA, unmarked
+    '```bash title="needs a GPU"\nentropy-rft --version\n```\n',          # a GPU block without a CPU twin
 ], ids=["cli-refused", "shell-fails", "python-raises", "yaml-unknown-key", "marked-cli-refused", "marked-bash-syntax",
-        "marked-python-syntax", "unknown-language"])
+        "marked-python-syntax", "unknown-language", "unmarked-hub-model", "unmarked-trl-bf16", "unmarked-paper-recipe",
+        "unmarked-cuda", "gpu-block-without-twin"])
 def test_a_failing_block_fails_the_check(markdown, tmp_path):
     """Property: the checker is not vacuous: each kind of broken block makes it fail, naming the block."""
     with pytest.raises(pytest.fail.Exception, match="synthetic.md:1"):
@@ -190,6 +269,7 @@ def test_passing_blocks_pass_and_text_is_skipped(tmp_path):
     markdown = ('```text\nentropy-rft train --stepz nonsense\n```\n'
                 '```bash title="long: minutes of CPU"\nentropy-rft compare --methods grpo,clip_b --seeds 3\n```\n'
                 '```python title="needs a GPU"\nimport torch\n```\n'
+                "```bash\nentropy-rft train --config paper/qwen3-4b-base_grpo --dry-run --help\n```\n"  # its twin
                 "```yaml\nmethod: clip_b\nmu: 1.5\n```\n"
                 "```bash\necho ok > made.txt\n```\n")
     check_page(markdown, "synthetic.md", tmp_path)
@@ -279,3 +359,130 @@ def test_the_changelog_starts_with_this_release():
     version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
     releases = re.findall(r"^## \[([^\]]+)\]", (ROOT / "CHANGELOG.md").read_text(), flags=re.M)
     assert releases and releases[0] == version, (releases[:1], version)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The built site: what renders wrong without failing `mkdocs build --strict`
+
+
+class _Html(HTMLParser):
+    """The text of every <p> outside <pre>, and every inline <code> span, of one page."""
+
+    def __init__(self):
+        super().__init__()
+        self.paragraphs, self.codes, self._para, self._code, self._pre = [], [], None, None, 0
+
+    def handle_starttag(self, tag, attrs):
+        if tag == "p":
+            self._para = []
+        elif tag == "pre":
+            self._pre += 1
+        elif tag == "code" and not self._pre:
+            self._code = []
+
+    def handle_endtag(self, tag):
+        if tag == "p" and self._para is not None:
+            self.paragraphs.append("".join(self._para))
+            self._para = None
+        elif tag == "pre":
+            self._pre -= 1
+        elif tag == "code" and self._code is not None:
+            self.codes.append("".join(self._code))
+            self._code = None
+
+    def handle_data(self, data):
+        if self._code is not None:
+            self._code.append(data)
+        elif self._para is not None and not self._pre:
+            self._para.append(data)
+
+
+LIST_IN_PARAGRAPH = re.compile(r"\n[ \t]*([-*+]|\d{1,9}[.)])[ \t]+\S")
+# our own top-level folders: a path under one of them, with a file extension, must exist in the repository
+OWN_PATH = re.compile(r"(?:entropy_rft|tests|benchmarks|docs)/[\w./-]*\.(?:py|md|jsonl|json|yaml|png|txt|html|js|css)\b")
+NOT_IN_REPO = re.compile(r"shared/notes|shared/oracles|\bDESIGN\.md")
+
+
+def rendering_defects(html: str, page: str) -> list[str]:
+    """A list marker left inside a paragraph (a list Python-Markdown did not start), a citation of a file the
+    repository does not hold."""
+    parser = _Html()
+    parser.feed(html)
+    out = [f"{page}: list marker inside a paragraph: {p.strip()[:80]!r}" for p in parser.paragraphs
+           if LIST_IN_PARAGRAPH.search(p)]
+    for code in parser.codes:
+        for path in OWN_PATH.findall(code):
+            if not (ROOT / path).exists():
+                out.append(f"{page}: cites {path}, which the repository does not hold")
+    out += [f"{page}: cites {m.group(0)}, which is not in the repository" for m in NOT_IN_REPO.finditer(
+        " ".join(parser.paragraphs + parser.codes))]
+    return out
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory) -> Path:
+    """The site as `make docs` builds it (--strict), into a temporary directory."""
+    pytest.importorskip("mkdocs")
+    out = tmp_path_factory.mktemp("site")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "NO_MKDOCS_2_WARNING": "1"}
+    done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(out)], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return out
+
+
+def test_the_built_site_renders_every_list_and_cites_only_what_the_repository_holds(site):
+    """Property: no page of the built site (the API page's docstrings included) leaves a list marker inside a
+    paragraph or cites a file outside the repository."""
+    pages = [p for p in site.rglob("*.html") if not p.relative_to(site).as_posix().startswith(("assets/", "search/"))]
+    assert len(pages) > 20
+    defects = [d for p in pages for d in rendering_defects(p.read_text(), p.relative_to(site).as_posix())]
+    assert defects == []
+
+
+def test_the_site_shows_the_version_the_changelog_and_every_metric(site):
+    """Property: every page's footer names the version pyproject.toml builds; the CHANGELOG and the metrics reference
+    are pages, the latter with every key of metric_names.METRICS."""
+    import tomllib
+
+    from entropy_rft.metric_names import METRICS
+
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    assert f"entropy-rft {version}" in (site / "index.html").read_text()
+    assert "Changelog" in (site / "changelog" / "index.html").read_text()
+    metrics = (site / "reference" / "metrics" / "index.html").read_text()
+    assert all(f"<code>{m.name}</code>" in metrics for m in METRICS)
+
+
+@pytest.mark.parametrize("html, found", [
+    ("<p>Steps:\n- one\n- two</p>", "list marker inside a paragraph"),
+    ("<p>Departures:\n1. first</p>", "list marker inside a paragraph"),
+    ("<p>see <code>entropy_rft/no_such_module.py</code></p>", "cites entropy_rft/no_such_module.py"),
+    ("<p>(shared/notes/streaming-token-stats.md)</p>", "cites shared/notes"),
+    ("<p>Beyond DESIGN.md's layout</p>", "cites DESIGN.md"),
+])
+def test_the_rendering_check_finds_each_defect(html, found):
+    """Property: the check is not vacuous: each kind of defect is reported."""
+    assert any(found in d for d in rendering_defects(html, "p.html"))
+    assert rendering_defects("<ul><li>one</li></ul><p>a - b and 2. c <code>entropy_rft/cli.py</code></p>", "p") == []
+
+
+def test_a_list_after_a_paragraph_line_is_given_its_blank_line():
+    """Property: blank_before_lists starts a list where CommonMark does (any bullet; an ordered item only at 1) and
+    leaves fenced code, open lists and other lines alone."""
+    h = hooks()
+    assert h.blank_before_lists(["Text:", "- a", "- b"]) == ["Text:", "", "- a", "- b"]
+    assert h.blank_before_lists(["Text:", "1. a", "2. b"]) == ["Text:", "", "1. a", "2. b"]
+    assert h.blank_before_lists(["in 2026", "2. not a list"]) == ["in 2026", "2. not a list"]
+    assert h.blank_before_lists(["- a", "  more", "- b"]) == ["- a", "  more", "- b"]
+    assert h.blank_before_lists(["```", "x", "- y", "```"]) == ["```", "x", "- y", "```"]
+
+
+def test_the_repository_link_is_the_clones_origin_as_a_web_address():
+    """Property: an ssh or https remote becomes the https address the site's header links to (no credentials kept);
+    anything else (a local path) gives no link."""
+    h = hooks()
+    assert h.origin_url("git@github.com:owner/entropy-rft.git") == "https://github.com/owner/entropy-rft"
+    assert h.origin_url("https://user:token@github.com/owner/entropy-rft.git") == "https://github.com/owner/entropy-rft"
+    assert h.origin_url("ssh://git@gitlab.com/group/entropy-rft") == "https://gitlab.com/group/entropy-rft"
+    assert h.origin_url("/srv/git/entropy-rft") is None and h.origin_url("") is None

@@ -53,7 +53,7 @@ def test_small_build_is_deterministic_a_prefix_and_resamples_to_the_same_counts(
     the smaller one's rows; every kept problem's pass rate, sampled again with its chunk's seed, is the recorded one
     and lies strictly between 1/16 and 15/16, and every dropped candidate of that chunk lies outside; each evaluation
     problem's stratum comes from its correct count at 64 samples, sampled again; train and eval share no problem and
-    neither repeats one."""
+    neither repeats one (puzzles told apart by identity: sorted numbers and target)."""
     cfg = PoolConfig(n_train=12, n_eval=10, chunk=24)
     build_pool(engine, tmp_path / "a", cfg)
     build_pool(engine, tmp_path / "b", cfg)
@@ -69,29 +69,29 @@ def test_small_build_is_deterministic_a_prefix_and_resamples_to_the_same_counts(
     import random
 
     evals = rows(tmp_path / "c" / "eval.jsonl")
-    seen, rng, candidates = {Problem.from_json(r).key for r in evals}, random.Random(cfg.seed * 1000 + 33), []
+    seen, rng, candidates = {Problem.from_json(r).identity for r in evals}, random.Random(cfg.seed * 1000 + 33), []
     while len(candidates) < cfg.chunk:
         p = random_problem(rng, n_numbers=5)
-        if p.key not in seen:
-            seen.add(p.key)
+        if p.identity not in seen:
+            seen.add(p.identity)
             candidates.append(p)
     task = TASKS.get("countdown5_large")
     got, _ = sample_correctness(engine, task, candidates, n=16, temperature=1.0, max_new_tokens=16,
                                 seed=cfg.seed * 10**6 + 1000)
-    kept = {Problem.from_json(r).key: r["pass_rate"] for r in bigger}
+    kept = {Problem.from_json(r).identity: r["pass_rate"] for r in bigger}
     for p, c in zip(candidates, got):
         if 1 < sum(c) < 15:
-            assert kept.get(p.key) == sum(c) / 16
+            assert kept.get(p.identity) == sum(c) / 16
         else:
-            assert p.key not in kept
+            assert p.identity not in kept
     assert all(1 / 16 < r["pass_rate"] < 15 / 16 and (16 * r["pass_rate"]).is_integer() for r in bigger)
 
     counts, _ = sample_correctness(engine, task, [Problem.from_json(r) for r in evals], n=64, temperature=0.7,
                                    max_new_tokens=16, seed=cfg.seed * 1000 + 32)
     assert [r["initial_correct"] for r in evals] == [sum(c) for c in counts]
     assert [r["stratum"] for r in evals] == [stratum(sum(c), 64) for c in counts]
-    keys_t = [Problem.from_json(r).key for r in bigger]
-    keys_e = [Problem.from_json(r).key for r in evals]
+    keys_t = [Problem.from_json(r).identity for r in bigger]
+    keys_e = [Problem.from_json(r).identity for r in evals]
     assert len(set(keys_t)) == len(keys_t) and len(set(keys_e)) == len(keys_e) and not set(keys_t) & set(keys_e)
     assert info["train"] == 30 and info["candidates"] == 24 * info["chunks"]
     assert sum(info["strata"].values()) == 10
@@ -99,8 +99,8 @@ def test_small_build_is_deterministic_a_prefix_and_resamples_to_the_same_counts(
 
 def test_shipped_split_sizes_filter_strata_and_disjointness():
     """The shipped countdown5_large: 25,000 training problems of five numbers, each with a pass rate strictly between
-    1/16 and 15/16 in sixteenths; 1,000 evaluation problems whose stratum follows their count of 64; no duplicates
-    and no problem in both; each known solution scores correct; build.json's counts match the files; it is the task's
+    1/16 and 15/16 in sixteenths; 1,000 evaluation problems whose stratum follows their count of 64; no puzzle twice
+    and none in both (by identity: 25,000 and 1,000 distinct puzzles); each known solution scores correct; build.json's counts match the files; it is the task's
     default data."""
     from entropy_rft.config import load_config
 
@@ -113,7 +113,7 @@ def test_shipped_split_sizes_filter_strata_and_disjointness():
     task = TASKS.get("countdown5_large")
     problems = [Problem.from_json(r) for r in train + evals]
     assert all(len(p.numbers) == 5 for p in problems)
-    keys_t, keys_e = {p.key for p in problems[:25_000]}, {p.key for p in problems[25_000:]}
+    keys_t, keys_e = {p.identity for p in problems[:25_000]}, {p.identity for p in problems[25_000:]}
     assert len(keys_t) == 25_000 and len(keys_e) == 1_000 and not keys_t & keys_e
     for p in problems[::50]:
         assert task.score(p.solution.split("=")[0] + f"={p.target}", True, p) == (1.0, True)

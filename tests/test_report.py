@@ -58,7 +58,7 @@ def test_report_shows_first_order_beside_realised(tmp_path):
     text = page.read_text()
     assert ("r, first-order change against realised over 6 probed steps: r = 1.000, realised / predicted median 0.9 "
             "(slope 0.9), same sign on 100% of steps against 67% for a constant-sign guess") in text
-    assert "Corollary 4 (logit space) against realised over 6 probed steps: r = -1.000" in text
+    assert "Corollary 4 (logit space, SGD step sizes) against realised over 6 probed steps: r = -1.000" in text
     got = json.loads((tmp_path / "rep" / "report.json").read_text())["r"]
     assert got["first_order"]["median_ratio"] == pytest.approx(0.9) and got["logit_space"]["sign_agreement"] == 0.0
 
@@ -119,3 +119,18 @@ def test_target_config_errors():
 def test_theory_cli_tabular(capsys):
     main(["theory", "--no-model"])
     assert "Theorem 2: dz = alpha (e_k - p)" in capsys.readouterr().out
+
+
+def test_a_short_run_gets_no_placeholder_rows(tmp_path):
+    """Property (issue 43): a 2-step Clip_B run with no probed step and no eval shows its method's mu (marked as the
+    default), no column or line of dashes for the probe it lacks, and says why instead."""
+    run = tmp_path / "short"
+    run.mkdir()
+    (run / "config.yaml").write_text("method: clip_b\nmu: null\nprobe_every: 10\n")
+    rows = [{"step": s, "entropy": 0.4, "clip_frac": 0.0, "s_star_mean": 0.1, "s_centered_mean": 0.0,
+             "cov_a_sc": 0.0, "grad_norm": 1.0, "reward_mean": 0.5} for s in (1, 2)]
+    (run / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    text = build_report([run], tmp_path / "rep").read_text().split("\n## ")[0]
+    row = next(line for line in text.splitlines() if line.startswith("| short |"))
+    assert "| 2.5 (default) |" in row and "| - |" not in row and "corr(first order" not in text
+    assert "no probed step (probe_every 10, 2 steps logged" in text and " r = -" not in text

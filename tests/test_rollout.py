@@ -132,3 +132,78 @@ def test_generation_config_processors_are_not_inherited():
     freq = torch.bincount(out.response_ids[:, 0], minlength=8).float() / 4000
     assert (probs > 0.05).sum() >= 3  # the check has several likely tokens to tell apart
     assert (freq - probs).abs().max() < 0.03
+
+
+def test_a_training_step_uses_no_deprecated_transformers_name(tmp_path):
+    """One `train` step of the shipped policy (sampling with the KV cache, the update's shared-prefix forward, the
+    evaluation) raises no FutureWarning or DeprecationWarning and logs no deprecation through transformers' logger:
+    the cache goes under the name the installed transformers gives it (rollout/cache.py). transformers 5 warns that
+    `past_key_values` "will be removed in version 5.40.0"."""
+    import logging
+    import warnings
+
+    from entropy_rft.config import load_config
+    from entropy_rft.trainer import train
+
+    said: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            said.append(record.getMessage())
+
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.warning_once.cache_clear()  # said once per process: an earlier test may have said it already
+    handler = Keep(level=logging.WARNING)
+    logging.getLogger("transformers").addHandler(handler)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", FutureWarning)
+            warnings.simplefilter("error", DeprecationWarning)
+            train(load_config(None, steps=1, prompts_per_step=2, group_size=2, max_new_tokens=8, eval_problems=2,
+                              eval_k=1, progress=False, out=str(tmp_path / "run")))
+    finally:
+        logging.getLogger("transformers").removeHandler(handler)
+    assert not [m for m in said if "deprecat" in m.lower()], said
+
+
+def test_a_generator_on_another_device_than_the_model_is_refused():
+    """sample() refuses a generator that lives elsewhere than the model (a CPU generator with a CUDA model fails deep
+    in torch.multinomial otherwise), naming both devices; checked on a CPU machine through the check itself."""
+    import pytest
+
+    from entropy_rft.rollout.sampling import check_generator
+
+    check_generator(torch.Generator(), torch.device("cpu"))
+    check_generator(None, torch.device("cuda"))
+    with pytest.raises(ValueError, match="generator is on cpu but the model samples on cuda"):
+        check_generator(torch.Generator(), torch.device("cuda"))
+
+
+def test_synthetic_batches_draw_on_the_models_device(monkeypatch):
+    """invariants.synthetic_batch creates its sampling generator on the device of the model's parameters (the GPU
+    guarantee suite failed at its first test when it handed a CUDA model a CPU generator): the generator sample()
+    receives was created with the model's device named."""
+    from entropy_rft import invariants
+    from entropy_rft.config import load_config
+
+    created, received = [], []
+    real = torch.Generator
+
+    def recording(*args, **kwargs):
+        created.append(kwargs.get("device", args[0] if args else None))
+        return real(*args, **kwargs)
+
+    def fake_sample(model, ids, mask, *, n, generator, max_new_tokens, **kw):
+        received.append(generator)
+        return torch.zeros(ids.shape[0] * n, max_new_tokens, dtype=torch.long), None
+
+    cfg = load_config(None)
+    model = invariants.scaled_model("Qwen/Qwen2.5-7B-Instruct", cfg, hidden_size=16, intermediate_size=32,
+                                    num_attention_heads=2, head_dim=8, vocab_size=50)
+    monkeypatch.setattr(invariants.torch, "Generator", recording)
+    monkeypatch.setattr(invariants, "sample", fake_sample)
+    invariants.synthetic_batch(2, 2, vocab=50, max_response=3, model=model)
+    assert len(received) == 1
+    device = next(model.parameters()).device
+    assert received[0].device == device and device in [torch.device(d) for d in created if d is not None]

@@ -15,9 +15,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from entropy_rft.config import load_config, settings_key, setting_differences
+from entropy_rft.config import load_config, setting_differences, settings_key
+from entropy_rft.record import RunDirError, find_checkpoint
 from entropy_rft.rundir import RunLock, claim, new_run_dir, record_entries
-from entropy_rft.runstate import RunDirError, find_checkpoint, prune_checkpoints
+from entropy_rft.runstate import prune_checkpoints
 from entropy_rft.stops import Interrupted, stop_signals_interrupt
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -178,7 +179,7 @@ def test_a_failed_start_puts_the_replaced_record_back(tmp_path):
     assert snapshot(run) == before and not list(run.glob(".replaced-*"))
     with claim(new, overwrite=True) as c:
         c.start(new, Logger).log({"step": 1})  # the first step commits: the old record goes
-    assert sorted(p.name for p in run.iterdir()) == [".lock", "config.yaml"]
+    assert sorted(p.name for p in run.iterdir()) == [".lock", "config.digest", "config.yaml"]
     assert "lr: 0.001" in (run / "config.yaml").read_text()
 
     run = tmp_path / "fresh"  # a new directory: what the failed start wrote is cleared, so it is not a record

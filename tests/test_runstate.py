@@ -13,14 +13,9 @@ import torch
 from entropy_rft.config import load_config
 from entropy_rft.control import control_name, make_control
 from entropy_rft.problems import ProblemSampler
-from entropy_rft.runstate import (
-    RunDirError,
-    RunState,
-    checkpoint_step,
-    find_checkpoint,
-    load_trainer_state,
-    resume_checkpoint,
-)
+from entropy_rft.record import RunDirError, find_checkpoint, load_trainer_state, resume_checkpoint
+from entropy_rft.record import step_of as checkpoint_step
+from entropy_rft.runstate import RunState
 
 CFG = load_config(None, entropy_target=0.4, entropy_control="pi")
 

@@ -93,7 +93,9 @@ def test_model_checks_on_the_shipped_policy():
     rows_by = {r["check"]: r for r in rows}
     assert rows[0]["n"] == 16 and rows[0]["sign_agreement"] > 0.6
     first = rows_by["model: GRPO step, first order through the network"]
-    assert first["n"] == 6 and first["sign_agreement"] == 1.0 and first["corr"] > 0.99 and first["median_rel_error"] < 0.1
+    # corr over 6 batches: 0.996 on the policy shipped before issue 39, 0.950 on the rebuilt one (whose median relative
+    # error is 0.002, against 0.034 before); the few-percent agreement is the median_rel_error bound
+    assert first["n"] == 6 and first["sign_agreement"] == 1.0 and first["corr"] > 0.9 and first["median_rel_error"] < 0.1
     logit = rows_by["model: GRPO step on a batch"]
     assert logit["n"] == 6 and logit["corr"] > 0 and logit["sign_agreement"] >= 0.5 and logit["median_rel_error"] > 0.5
     for p, q in zip(model.parameters(), before):

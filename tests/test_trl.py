@@ -57,6 +57,11 @@ def build(tmp_path, cls=Capturing, **kw):
     method = kw.pop("method", "clip_b")
     path = resolve_model_path(STAND_IN)
     extra = {"method": method, "method_options": options} if issubclass(cls, EntropyGRPOTrainer) else {}
+    for name in ("probe_every", "samples_every"):  # the trainer's own settings, not GRPOConfig's
+        if name in kw:
+            value = kw.pop(name)
+            if extra:
+                extra[name] = value
     trainer = cls(model=path, reward_funcs=reward_a, args=config(tmp_path, **kw), train_dataset=dataset(), **extra)
     trainer.captured = []
     return trainer
@@ -197,6 +202,43 @@ def test_dropped_tokens_leave_the_loss_and_its_count(tmp_path):
     assert int(out["num_items_in_batch"]) == int(kept) < int(out["completion_mask"].sum())
 
 
+@pytest.mark.parametrize("loss_type", ["cispo", "sapo"])
+def test_clip_b_on_trls_cispo_and_sapo(tmp_path, loss_type):
+    """Clip_B on TRL's own cispo and sapo losses, in TRL's training loop: advantages on dropped tokens do not move the
+    gradient, those on kept tokens do; cispo's token count (num_items_in_batch) is the kept count; sapo's loss at ratio
+    1 is each sequence's mean over its kept tokens of -A g(1) = -2 A / tau (tau_pos where A > 0, tau_neg elsewhere),
+    then the mean over sequences (a sequence with every token dropped counts 0)."""
+    trainer = build(tmp_path, loss_type=loss_type)
+    trainer.train()
+    dropped = [o for o, _ in trainer.captured if (o["completion_mask"].bool() & ~o["tool_mask"].bool()).any()]
+    assert dropped, "Clip_B (mu 0.5) dropped no token in any generation batch"
+    out = dropped[-1]
+    valid = out["completion_mask"].bool()
+    keep = out["tool_mask"].bool() & valid
+    model = trainer.model
+    model.train()
+
+    def grads(adv):
+        model.zero_grad()
+        loss = trainer._compute_loss(model, {**out, "advantages": adv})
+        loss.backward()
+        return loss.detach(), torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+
+    adv = out["advantages"][:, None].expand_as(keep).clone()
+    loss, g = grads(adv)
+    _, g_dropped = grads(torch.where(keep, adv, adv + 100.0))
+    torch.testing.assert_close(g_dropped, g)
+    _, g_kept = grads(torch.where(keep, adv + 1.0, adv))
+    assert not torch.allclose(g_kept, g)
+    if loss_type == "cispo":
+        assert int(out["num_items_in_batch"]) == int(keep.sum())
+    else:
+        args = trainer.args
+        tau = torch.where(adv > 0, args.sapo_temperature_pos, args.sapo_temperature_neg)
+        per_seq = (-2.0 * adv / tau * keep).sum(-1) / keep.sum(-1).clamp(min=1)
+        torch.testing.assert_close(loss * trainer.current_gradient_accumulation_steps, per_seq.mean())
+
+
 def test_nothing_dropped_is_plain_trl(tmp_path):
     """With a threshold no token reaches, the adapter trains exactly as GRPOTrainer does."""
     ours = build(tmp_path, method_options={"mu": 1e9})
@@ -221,15 +263,16 @@ def watched(tmp_path, **kw):
     return build(tmp_path, method="none", method_options=None, **kw)
 
 
-@pytest.mark.parametrize("loss_type, level, iterations", [
-    ("grpo", "token", 1), ("dapo", "token", 1), ("bnpo", "token", 1), ("grpo", "sequence", 2)])
-def test_monitor_trains_exactly_as_plain_trl(tmp_path, loss_type, level, iterations):
+@pytest.mark.parametrize("loss_type, level, iterations, probe", [
+    ("grpo", "token", 1, 0), ("dapo", "token", 1, 1), ("bnpo", "token", 1, 0), ("grpo", "sequence", 2, 1)])
+def test_monitor_trains_exactly_as_plain_trl(tmp_path, loss_type, level, iterations, probe):
     """method "none" on grpo, dapo, bnpo and GSPO (sequence-level ratio, two iterations per generation batch, so the
     later steps are off-policy): every logged loss and every final weight equal GRPOTrainer's in the same test, bit
-    for bit (the monitor's forward is a no-grad eval pass that draws no random numbers), and the metrics reach TRL's
-    logs at every logging step."""
+    for bit (the monitor's forward is a no-grad pass that draws no random numbers; the probe's gradient is taken
+    with torch.autograd.grad, so TRL's .grad is untouched), and the metrics reach TRL's logs at every logging step;
+    with probe_every 1 the probe's two changes are logged at each generation batch's last optimizer step."""
     kw = dict(loss_type=loss_type, importance_sampling_level=level, num_iterations=iterations, max_steps=4)
-    ours = watched(tmp_path / "ours", **kw)
+    ours = watched(tmp_path / "ours", probe_every=probe, **kw)
     ours.train()
     plain = build(tmp_path / "plain", cls=GRPOTrainer, **kw)
     plain.train()
@@ -245,6 +288,9 @@ def test_monitor_trains_exactly_as_plain_trl(tmp_path, loss_type, level, iterati
                 "entropy_rft/would_clip_b/frac", "entropy_rft/would_clip_v/frac"} <= set(h)
         assert ("entropy_rft/entropy_change/predicted" in h) == (loss_type != "bnpo")  # departure 5
         assert "entropy_rft/kept_frac" not in h  # no filter
+    probed = [h["step"] for h in ours.state.log_history if "entropy_rft/entropy_change/first_order" in h]
+    assert probed == ([] if not probe else list(range(iterations, 5, iterations)))
+    assert probed == [h["step"] for h in ours.state.log_history if "entropy_rft/entropy_change/realised" in h]
 
 
 def test_monitor_metrics_against_the_captured_batch(tmp_path):
@@ -340,6 +386,9 @@ def test_monitor_writes_what_inspect_and_report_read(tmp_path):
     logged = [h for h in trainer.state.log_history if "entropy_rft/entropy" in h]
     assert [m["entropy"] for m in lines] == [h["entropy_rft/entropy"] for h in logged]
     assert {"reward_mean", "grad_norm", "cov_a_sc", "s_star_mean", "entropy_change/predicted"} <= set(lines[0])
+    from entropy_rft.metric_names import undocumented
+
+    assert undocumented(set().union(*lines), "trl") == []  # every key is in the metrics reference (issue 43)
     root = Path(__file__).parents[1]
     for cmd in (["inspect", str(run)], ["report", str(run), "--out", str(tmp_path / "report")]):
         done = subprocess.run([sys.executable, "-m", "entropy_rft.cli", *cmd], capture_output=True, text=True,
@@ -413,8 +462,11 @@ def test_monitor_forwards_only_for_logged_steps(tmp_path):
 def test_inspect_page_of_a_monitored_run_in_chromium(tmp_path):
     """The inspect page of a monitored TRL run on the shipped countdown policy (countdown_trainer, method "none", one
     step), in headless Chromium (`make chromium`): no console error and no request but the page; one token element
-    per written token, none clipped (the monitor drops nothing); Tab reaches a token and the panel shows its stored
-    values. A screenshot is written (ENTROPY_RFT_SCREENSHOT: also copied there; docs/watch.png is one)."""
+    per written token, none clipped (the monitor drops nothing), the tokens Clip_B and Clip_V would drop marked
+    exactly as the file's marks (Clip_B drops some at step 1); Tab reaches a token and the panel shows its stored
+    values. The same record without terms (a bnpo loss: step sizes unknown) opens coloured by -A S_c, its legend no
+    "-0 ... +0" ramp. A screenshot is written (ENTROPY_RFT_SCREENSHOT: also copied there; docs/watch.png is one)."""
+    import copy
     import shutil
 
     from cdp import Browser, find_chromium
@@ -432,11 +484,39 @@ def test_inspect_page_of_a_monitored_run_in_chromium(tmp_path):
     countdown_trainer(run, method="none", steps=1).train()
     rec = samples.read_samples(run)[1]
     assert _token_places(rec)[1] == set()  # nothing clipped
+    marked = {m["key"]: {(k, j, t) for k, g in enumerate(rec["groups"]) for j, resp in enumerate(g["responses"])
+                         for t, x in enumerate(resp[m["key"]]) if x} for m in rec["marks"]}
+    assert list(marked) == ["would_clip_b", "would_clip_v"]  # which tokens: the written groups may hold none
+    # the same record as a loss whose step sizes are unknown (bnpo): no terms, coloured by -A S_c instead; three
+    # tokens of its first response marked as Clip_B's, so the underlining is checked on tokens that are marked
+    blind, unknown = tmp_path / "trl-bnpo", copy.deepcopy(rec)
+    for g in unknown["groups"]:
+        for resp in g["responses"]:
+            resp["term"], resp["term_scale"] = [None] * len(resp["text"]), None
+    first = unknown["groups"][0]["responses"][0]
+    first["would_clip_b"] = [1, 1, 1] + first["would_clip_b"][3:]
+    planted = {(0, 0, t) for t, x in enumerate(first["would_clip_b"]) if x}
+    samples.write_record(blind, {**unknown, "loss_type": "bnpo", "top": {}, "entropy_change": {}})
     out = inspect_page.build_page([run], tmp_path / "inspect.html")
     with Browser(find_chromium()) as browser:
+        bnpo = browser.open(inspect_page.build_page([blind], tmp_path / "bnpo.html").resolve().as_uri())
+        bnpo.wait_for("document.body.dataset.ready === '1'")
+        assert bnpo.evaluate("document.getElementById('stat').value") == "push"
+        coloured = bnpo.evaluate("Array.from(document.querySelectorAll('.tok')).filter(e => e.style.background).length")
+        assert coloured > 0.5 * _token_places(rec)[0]
+        assert "\u22120 " not in bnpo.evaluate("document.getElementById('legend').textContent")
+        got = bnpo.evaluate("Array.from(document.querySelectorAll('#runs .tok.mark-0'))"
+                            ".map(e => [+e.dataset.group, +e.dataset.resp, +e.dataset.pos])")
+        assert {tuple(x) for x in got} == planted | marked["would_clip_b"]
+        assert "Clip_B (mu 2.5) would drop it" in bnpo.evaluate("document.getElementById('legend').textContent")
         page = browser.open(out.resolve().as_uri())
         page.wait_for("document.body.dataset.ready === '1'")
         _check_dom(page, [rec])
+        for i, places in enumerate(marked.values()):
+            got = page.evaluate(f"Array.from(document.querySelectorAll('#runs .tok.mark-{i}'))"
+                                ".map(e => [+e.dataset.group, +e.dataset.resp, +e.dataset.pos])")
+            assert {tuple(x) for x in got} == places
+        assert "Clip_B (mu 2.5) would drop it" in page.evaluate("document.getElementById('legend').textContent")
         _tab_to_token(page)
         r, k, j, t = page.evaluate("(e => [+e.dataset.run, +e.dataset.group, +e.dataset.resp, +e.dataset.pos])"
                                    "(document.activeElement)")
@@ -448,3 +528,75 @@ def test_inspect_page_of_a_monitored_run_in_chromium(tmp_path):
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 20_000
     if os.environ.get("ENTROPY_RFT_SCREENSHOT"):
         shutil.copy(shot, os.environ["ENTROPY_RFT_SCREENSHOT"])
+
+
+@pytest.mark.slow
+def test_probe_first_order_predicts_the_realised_change(tmp_path):
+    """The monitor's probe (probe_every 1) on 12 steps of TRL's own loop (dapo, Adam, lr 5e-3 with TRL's linear
+    decay): every logged step carries first_order and realised, the median of first_order / realised is within
+    [0.5, 2], and the signs agree on at least 80% of the steps whose realised change exceeds 1e-4 (of which there are
+    at least 6, so the check has steps to judge). Both reach metrics.jsonl under the built-in trainer's names."""
+    import statistics
+
+    from entropy_rft.logging import read_metrics
+
+    trainer = watched(tmp_path, max_steps=12, learning_rate=5e-3, probe_every=1)
+    trainer.train()
+    logged = [h for h in trainer.state.log_history if "entropy_rft/entropy" in h]
+    assert [h["step"] for h in logged] == list(range(1, 13))
+    pairs = [(h["entropy_rft/entropy_change/first_order"], h["entropy_rft/entropy_change/realised"]) for h in logged]
+    assert 0.5 <= statistics.median(f / r for f, r in pairs) <= 2.0
+    moved = [(f, r) for f, r in pairs if abs(r) > 1e-4]
+    assert len(moved) >= 6
+    assert sum((f > 0) == (r > 0) for f, r in moved) >= 0.8 * len(moved)
+    lines = read_metrics(tmp_path / "out")
+    assert [(m["entropy_change/first_order"], m["entropy_change/realised"]) for m in lines] == pairs
+    # `entropy-rft report` on it: what was watched, the would-clip metrics, the probe's figures, no clip column
+    from entropy_rft.report import build_report
+
+    text = build_report([tmp_path / "out"], tmp_path / "report").read_text()
+    table = text[text.index("| run | engine"):].split("\n")
+    head, row = table[0], dict(zip(table[0].strip("|").split(" | "), table[2].strip("|").split(" | ")))
+    assert "mean clip frac" not in head and "| run | method | mu |" not in text  # the built-in runs' table
+    assert row["engine"].strip() == "trl 1.16.0" and row["method"] == "none" and row["loss watched"] == "dapo"
+    assert row["steps"] == "12" and row["probed steps"] == "12"
+    for name in ("clip_b", "clip_v"):
+        mean = statistics.mean(m[f"would_{name}/frac"] for m in lines)
+        assert float(row[f"{name} would drop (mean frac)"]) == pytest.approx(mean, abs=1e-4)
+    ratio = statistics.median(r / f for f, r in pairs)
+    assert float(row["realised / first order (median)"]) == pytest.approx(ratio, rel=1e-2)
+    assert (tmp_path / "report" / "would_clip.png").stat().st_size > 0
+
+
+def test_probe_every_rejects_a_negative_cadence(tmp_path):
+    with pytest.raises(ValueError, match="probe_every"):
+        watched(tmp_path, probe_every=-1)
+
+
+def test_logged_monitor_values_are_the_logged_steps_batch(tmp_path):
+    """logging_steps 3 over 6 steps, samples at steps 1 and 6 (samples_every 10), one optimizer step per generation
+    batch: the monitor's statistics are computed for the batches of steps 1 (samples), 3 and 6, and each log line's
+    entropy_rft/entropy is that of the logged step's own batch (step 3's: not averaged with step 1's, which was
+    computed only for its samples)."""
+    trainer = watched(tmp_path, max_steps=6, logging_steps=3)
+    trainer.train()
+    logged = {h["step"]: h["entropy_rft/entropy"] for h in trainer.state.log_history if "entropy_rft/entropy" in h}
+    assert sorted(logged) == [3, 6]
+    for step, (out, stats) in enumerate(trainer.captured, start=1):
+        if step in logged:
+            mask = out["completion_mask"].bool()
+            assert logged[step] == pytest.approx(float(stats.entropy[mask].double().mean()), rel=1e-5)
+
+
+def test_an_untested_trl_release_is_refused_with_the_tested_range():
+    """check_trl_version: TRL 1.16.x passes; 1.17, 1.18.1 and 1.15 are refused with an error naming the tested range
+    and what the release notes say changed (AsyncGRPOTrainer), or only warned about when the user allows it."""
+    from entropy_rft.integrations.trl import check_trl_version
+
+    check_trl_version("1.16.0")
+    check_trl_version("1.16.3.dev0")
+    for version in ("1.17.0", "1.18.1", "1.15.2"):
+        with pytest.raises(RuntimeError, match=r"TRL >= 1\.16, < 1\.17.*AsyncGRPOTrainer"):
+            check_trl_version(version)
+        with pytest.warns(UserWarning, match=r"TRL >= 1\.16, < 1\.17"):
+            check_trl_version(version, allow_untested=True)

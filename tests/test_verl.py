@@ -537,7 +537,10 @@ def verl_cfg():
             "actor_rollout_ref.actor.use_kl_loss=false", "algorithm.use_kl_in_reward=false",
             "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2", "critic.ppo_micro_batch_size_per_gpu=2",
             "actor_rollout_ref.rollout.calculate_log_probs=false", "algorithm.adv_estimator=grpo",
-            "trainer.critic_warmup=0"])
+            "trainer.critic_warmup=0",
+            # one data-parallel rank, as the in-process stand-in of verl's dispatch runs (the monitor's step sizes
+            # compose mini-batches over trainer.nnodes x n_gpus_per_node ranks: adapter.actor_dp_size)
+            "trainer.nnodes=1", "trainer.n_gpus_per_node=1"])
 
 
 @pytest.fixture(scope="module")
@@ -751,6 +754,32 @@ def test_whole_step_actor_gradients_are_the_kept_token_mean(transfer_queue, engi
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("loss_mode", ["cispo", "dppo_tv", "sapo", "geo_mean"])
+def test_whole_step_clip_b_on_verls_engine_losses(transfer_queue, engine, verl_cfg, models, loss_mode):
+    """Clip_B on verl's own cispo, dppo_tv, sapo and geo_mean (actor.policy_loss.loss_mode), verl's whole step with
+    fixed micro-batches of 2 rows: the keep mask is the whole-batch filter and every actor optimizer step's gradient is
+    that loss's over the kept tokens at ratio 1 (the weights never move): cispo and dppo_tv the token mean over the
+    mini-batch's kept tokens (weight clip(1) = min(1, c) = 1, every token inside DPPO's region); sapo the mean over
+    the mini-batch's rows (verl's global_batch_size counts every row) of each row's mean over its kept tokens (the
+    gate's slope is 1 at r = 1); geo_mean each row's mean over its kept tokens, summed over the micro-batches with
+    each divided by its own 2 rows (verl's torch.mean per micro-batch, which nothing rescales)."""
+    cfg = step_config(verl_cfg, "clip_b", {"mu": 0.5}, **{"actor_rollout_ref.actor.policy_loss.loss_mode": loss_mode})
+    step = whole_step(cfg, models, f"loss_{loss_mode}", dynamic_bsz=False)
+    keep = whole_batch_keep(step, models.actor, "clip_b", {"mu": 0.5})
+    if loss_mode in ("cispo", "dppo_tv"):
+        check_actor(step, models.actor, keep, keep)
+        return
+    per_row = keep.float() / keep.sum(-1, keepdim=True).clamp(min=1)  # each row's mean over its kept tokens
+    adv = step.after["advantages"]
+    assert len(step.actor_grads) == MINI_BATCHES * EPOCHS
+    for k, (rows, got) in enumerate(zip(mini_batches(step), step.actor_grads, strict=True)):
+        count = len(rows) if loss_mode == "sapo" else 2
+        want = policy_gradient(models.actor, [(step.ids[r], step.response_lens[r]) for r in rows], adv[rows],
+                               per_row[rows], count)
+        assert rel_diff(got, want) < GRAD_RTOL, f"actor step {k}: relative difference {rel_diff(got, want):.2e}"
+
+
+@pytest.mark.slow
 def test_example_clip_v_config_runs_the_whole_step(transfer_queue, engine, models):
     """examples/verl/qwen2.5-7b-instruct_clip_v.yaml (issue 21: it died at its first update) with only the model and
     the batch shrunk to the tiny policy: verl's whole step runs, and the actor's gradients are the token mean over
@@ -924,5 +953,113 @@ def test_whole_step_monitor_is_stock_verl_and_writes_what_inspect_reads(transfer
         assert r["length"] == ours.response_lens[i] and r["kept"] == used[i, : r["length"]].int().tolist()
     assert sum(r["length"] - sum(r["kept"]) for r in rows) == int((valid & ~used).sum())  # the rejected tokens
     assert [line["step"] for line in read_metrics(exp)] == [1]
+    from entropy_rft.metric_names import undocumented
+
+    assert undocumented(set().union(*read_metrics(exp)), "verl") == []  # in the metrics reference (issue 43)
     assert build_page([exp], tmp_path / "inspect.html").stat().st_size > 0
     assert build_report([exp], tmp_path / "report").exists()
+
+
+def _mini_batches_of_rank(rank: int, world: int, rows: int, mini_rows: int, port: int, out: str) -> None:
+    """One data-parallel rank of verl's actor update, as far as it decides which rows form each optimizer step:
+    verl's dispatch chunk (BatchData.chunk, what update_actor's make_nd_compute_dataproto_dispatch_fn applies) and
+    verl's per-rank iterator (tensordict_utils.make_iterator with mini_batch_size / dp, as
+    TrainingWorker.train_mini_batch calls it); the loss_mask tokens of each mini-batch all-reduced over the ranks over
+    gloo, as the engine's denominator is. Rank 0 writes every mini-batch's rows and token count."""
+    from verl.protocol import BatchData
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    try:
+        row = torch.arange(rows)
+        tokens = (row % 5 + 1).float()  # a different token count per row
+        batch = TensorDict({"row": row, "tokens": tokens}, batch_size=[rows])
+        mine = BatchData(batch).chunk(chunks=world)[rank]
+        steps = tu.make_iterator(mine, mini_batch_size=mini_rows // world, epochs=1, seed=42 + rank,
+                                 dataloader_kwargs={"shuffle": False})
+        seen = []
+        for mini in steps:
+            total = mini["tokens"].sum().reshape(1)
+            dist.all_reduce(total)
+            gathered = [None] * world
+            dist.all_gather_object(gathered, mini["row"].tolist())
+            seen.append((sorted(r for part in gathered for r in part), float(total)))
+        if rank == 0:
+            torch.save(seen, out)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_actor_mini_batches_are_verls_with_two_data_parallel_ranks(tmp_path):
+    """Two gloo ranks on the CPU run verl 0.9.1's own dispatch chunking and per-rank mini-batch iterator over a batch of
+    16 rows in mini-batches of 8 (4 a rank): the rows of each optimizer step, and the token count the engine divides
+    by (all-reduced over the ranks), are what adapter.actor_mini_batches and verl_step_sizes assume, i.e. the k-th
+    block of each rank's half, not a contiguous block of the driver's rows (rows 0-3 and 8-11 form step 1)."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = tmp_path / "seen.pt"
+    mp.spawn(_mini_batches_of_rank, args=(2, 16, 8, port, str(out)), nprocs=2, join=True)
+    seen = torch.load(out)
+    ours = adapter.actor_mini_batches(16, 8, 2)
+    assert [rows for rows, _ in seen] == [sorted(b.tolist()) for b in ours] == [[0, 1, 2, 3, 8, 9, 10, 11],
+                                                                              [4, 5, 6, 7, 12, 13, 14, 15]]
+    # the step sizes the monitor gives each token: lr / the tokens of its mini-batch over both ranks
+    cfg = OmegaConf.create({"trainer": {"nnodes": 1, "n_gpus_per_node": 2},
+                            "actor_rollout_ref": {"rollout": {"n": 4}, "actor": {
+                                "loss_agg_mode": "token-mean", "shuffle": False, "ppo_mini_batch_size": 2,
+                                "fsdp_config": {"ulysses_sequence_parallel_size": 1}, "optim": {"lr": 1e-3}}}})
+    width = 5
+    valid = torch.arange(width)[None, :] < (torch.arange(16) % 5 + 1)[:, None]  # row r has r % 5 + 1 tokens
+    step = adapter.verl_step_sizes(cfg, valid, valid)
+    for rows, total in seen:
+        for r in rows:
+            assert torch.allclose(step[r][valid[r]], torch.full((int(valid[r].sum()),), 1e-3 / total,
+                                                                dtype=torch.float64))
+
+
+@pytest.mark.parametrize("kind, warmup", [("constant", 3), ("cosine", 2), ("cosine", -1)])
+def test_actor_lr_is_the_lr_verls_scheduler_applies(kind, warmup):
+    """actor_lr(config, s) equals the lr verl 0.9.1's FSDP engine applies at global step s: its own
+    _build_lr_scheduler on the same optim config (warmup steps, or the warmup ratio when lr_warmup_steps <= 0),
+    stepped once after each step, as TrainingWorker.train_batch steps it after a step's last mini-batch."""
+    optim = {"lr": 1e-3, "lr_scheduler_type": kind, "lr_warmup_steps": warmup, "lr_warmup_steps_ratio": 0.25,
+             "total_training_steps": 10, "min_lr_ratio": 0.1, "num_cycles": 0.5, "zero_indexed_step": True}
+    cfg = OmegaConf.create({"actor_rollout_ref": {"actor": {"optim": optim}}})
+    engine = types.SimpleNamespace(optimizer_config=types.SimpleNamespace(**optim), rank=1)
+    weight = torch.nn.Parameter(torch.zeros(1))
+    optimizer = torch.optim.AdamW([weight], lr=1e-3)
+    scheduler = fsdp_impl.FSDPEngine._build_lr_scheduler(engine, optimizer)
+    applied = []
+    for _ in range(10):
+        applied.append(optimizer.param_groups[0]["lr"])  # the lr of this step's mini-batches
+        scheduler.step()
+    assert [adapter.actor_lr(cfg, s) for s in range(1, 11)] == pytest.approx(applied, rel=1e-12)
+    assert len(set(applied)) > 1  # the schedule moves: the check can tell the configured lr from the applied one
+
+
+def test_a_malformed_group_skips_the_samples_with_a_warning(monkeypatch, tmp_path):
+    """A batch whose uid groups are not rollout.n rows: samples_record refuses it (MalformedGroups), and the
+    trainer's record step warns, writes no samples for the step, and still writes its metrics line."""
+    from entropy_rft import samples
+    from entropy_rft.logging import read_metrics
+
+    data = TensorDict({"uid": torch.tensor([0, 0, 0, 1])}, batch_size=[4])
+    with pytest.raises(adapter.MalformedGroups, match="rollout.n=2"):
+        adapter.samples_record(data, None, None, None, None, None, tokenizer=None, step_number=1, group_size=2,
+                               groups=1, info={})
+    monkeypatch.setattr(adapter.tq, "kv_batch_get", lambda **kw: data)
+    trainer = types.SimpleNamespace(
+        entropy_rft=adapter.Settings(method="none", samples_every=1, samples_dir=str(tmp_path)), global_steps=1,
+        config=OmegaConf.create({"trainer": {"default_local_dir": str(tmp_path)}, "actor_rollout_ref": {
+            "rollout": {"n": 2}, "actor": {"loss_agg_mode": "token-mean", "optim": {"lr": 1e-3}}}}),
+        tokenizer=None, total_training_steps=3)
+    batch = types.SimpleNamespace(keys=["a"], partition_id="p")
+    with pytest.warns(UserWarning, match="no token samples at step 1.*rollout.n=2"):
+        adapter.EntropyRFTTrainer._entropy_rft_record(trainer, batch, None, None, None, None, None,
+                                                      {"entropy_rft/entropy": 1.0})
+    trainer.entropy_rft_metrics.close()
+    assert samples.steps_written(tmp_path) == [] and [m["step"] for m in read_metrics(tmp_path)] == [1]

@@ -14,9 +14,11 @@ micro-batch or per process), and the loss then ignores the dropped tokens, in it
 the authors' code. With method "none" (monitor mode) the generation batch TRL's loss reads is left exactly as TRL
 made it. Each logging step adds `entropy_rft/*` metrics to TRL's own logs (so W&B, TensorBoard and trackio show
 them), over the generation batch (diagnostics.watch_metrics): entropy over every valid completion token, the means
-of S* and S_c, Cov_B(A, S_c), the logit-space predicted entropy change with the loss's own per-token step sizes
-(entropy_change/predicted), and what Clip_B and Clip_V at their default mu would drop (would_clip_b/frac, ...)
-and the predicted entropy change those tokens account for; a filter adds its own (clip fractions, kept_frac,
+of S* and S_c, Cov_B(A, S_c), eq. 23's logit-space entropy change with SGD step sizes, the loss's own per-token
+lr w_t (entropy_change/predicted: not the size, nor reliably the sign, of the change Adam's step makes; docs/watch.md),
+and what Clip_B and Clip_V at their default mu would drop (would_clip_b/frac, ...) and those tokens' share of that
+logit-space change; with probe_every, the real step's change to first order through the network and as measured
+(entropy_change/first_order, entropy_change/realised); a filter adds its own (clip fractions, kept_frac,
 entropy_kept). OUTPUT_DIR gets token samples (OUTPUT_DIR/samples, entropy_rft/samples.py's format) and the
 entropy_rft metrics of each logging step in metrics.jsonl (MetricsFile), so `entropy-rft inspect OUTPUT_DIR` and
 `entropy-rft report OUTPUT_DIR` read it as they read a run of the built-in trainer.
@@ -27,8 +29,8 @@ Departures from the built-in trainer, numbered:
    entropy-rft's position ids (from the left padding); TRL's own log-probs are left as TRL computes them. TRL 1.16's
    forward cannot serve: its fused LM head returns log p, H and log sum_i p_i^2 per token, not sum_i p_i^2 log p_i,
    so E_p[S] (Theorem 2) and with it S_c need the logits again (benchmarks/monitor_overhead.py measures the cost).
-   The monitor runs that forward only for generation batches that feed a logging step (TRL's logging_steps) or a
-   samples step; a filter needs it for every batch.
+   The monitor runs that forward only for generation batches that feed a logging step (TRL's logging_steps), a
+   samples step or a probe; a filter needs it for every batch.
 3. The dropped tokens always leave the loss's terms; where they leave its denominator depends on TRL's
    loss_type (TRL 1.16's GRPOTrainer.compute_loss): dapo, cispo and vespo divide by `num_items_in_batch`, which
    this trainer recounts over the kept tokens of the whole generation batch (every process), so their loss is
@@ -40,42 +42,101 @@ Departures from the built-in trainer, numbered:
    carries the filter: the quantile is over the kept tokens only.
 4. Only methods that are token filters apply here; the other rows of METHODS are TRL settings or different losses
    (the error for them says which).
-5. The predicted entropy change is that of the policy-gradient term at ratio 1 (the first optimizer step of each
-   generation batch) over every optimizer step the batch feeds (`_step_size`): TRL's KL term, entropy bonus and
-   vLLM importance-sampling correction are not in it, and it is None for bnpo (its weights depend on TRL's random
-   split into micro-batches), vespo (its sequence weights) and top_entropy_quantile < 1 (a quantile per
-   micro-batch).
+5. The logit-space entropy change (entropy_change/predicted) is that of the policy-gradient term at ratio 1 (the
+   first optimizer step of each generation batch) over every optimizer step the batch feeds (`_step_size`), each
+   token's logits moved by SGD with step lr w_t: TRL's optimizer (Adam), KL term, entropy bonus and vLLM
+   importance-sampling correction are not in it, and it is None for bnpo (its weights depend on TRL's random split
+   into micro-batches), vespo (its sequence weights) and top_entropy_quantile < 1 (a quantile per micro-batch).
+6. The probe (probe_every) takes the gradient of each process's own rows' mean entropy, in the statistics pass's
+   module mode (forward.update_mode: no random number drawn, so TRL's run is unchanged), with
+   torch.autograd.grad (TRL's .grad untouched), at the weights that generated the batch, and keeps it until the
+   batch's last optimizer step (span: steps_per_generation x num_iterations / gradient_accumulation_steps); then
+   first_order = g . (theta_after - theta_before) over every step the batch fed (forward.EntropyProbe) and realised
+   = the mean entropy on the same tokens after minus before, each combined over processes weighted by their valid
+   completion tokens. The entropy is over every valid completion token (completion_mask; TRL's tool_mask not
+   applied), at TRL's temperature; the probe needs each process to hold the whole model (refused under FSDP,
+   DeepSpeed ZeRO-3, Megatron) and one gradient's memory between generation and the batch's last step.
+7. Which steps a log line covers: TRL averages its own metrics over every step of the logging window. A filter
+   computes its statistics for every batch, so its entropy_rft/* values are the window's mean too. The monitor
+   computes them only for batches that feed a logged step, a samples step or a probe, and logs them only for
+   those that feed a logged step: with logging_steps L a log line's entropy_rft/* values are those of the logged
+   step's batch, not the window's mean (the probe's two values are appended at its batch's last step and averaged
+   with any other probe of the window).
 """
 
 from __future__ import annotations
 
+import os
+import re
 from pathlib import Path
 
 import torch
 
 from .. import samples
 from ..config import TrainConfig
-from ..diagnostics import masked_mean, watch_metrics
+from ..diagnostics import WOULD_CLIP, masked_mean, watch_metrics, would_clip_label
 from ..dynamics import TokenStats
-from ..forward import batch_stats
-from ..logging import JsonlSink
+from ..forward import EntropyProbe, batch_stats
+from ..logging import JsonlSink, write_engine_run
 from ..losses import step_sizes
 from ..methods import METHODS
 from ..rollout.hf import Rollout
 
 try:
+    import trl
     from transformers import TrainerCallback
     from trl import GRPOTrainer
 except ImportError as err:  # the adapter is an optional extra
     raise ImportError("entropy_rft.integrations.trl needs TRL: pip install 'entropy-rft[trl]'") from err
 
 MONITOR = "none"  # method: TRL's loss unchanged, the statistics only
+# The TRL releases this adapter is tested against (tests/test_trl.py; the newest this project's package index
+# serves is 1.16.0). It overrides GRPOTrainer._generate_and_score_completions and _calculate_rewards and reads
+# their outputs' keys, TRL's loss_type / importance_sampling_level / top_entropy_quantile and its _metrics.
+TRL_TESTED = ((1, 16), (1, 17))  # [lowest, first untested)
+# What TRL's release notes say changed after the tested range, where it touches this adapter (docs/howto/trl.md).
+TRL_KNOWN_CHANGES = (
+    "1.17: vLLM log-probs renormalised under top-k/top-p/min-p for the importance-sampling correction (not in "
+    "the monitor's step sizes either way); 1.18: AsyncGRPOTrainer stable, a separate trainer with its own rollout "
+    "worker and loss path, which EntropyGRPOTrainer does not wrap")
+OUT_KEYS = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "advantages")  # what we read
+UNTESTED_TRL = "ENTROPY_RFT_ALLOW_UNTESTED_TRL"  # set to 1: warn instead of refusing an untested TRL release
+
+
+def check_trl_version(version: str, allow_untested: bool = False) -> None:
+    """Refuses a TRL release outside TRL_TESTED with an error naming the tested range and what is known to differ
+    (a warning instead with allow_untested: ENTROPY_RFT_ALLOW_UNTESTED_TRL=1)."""
+    import warnings
+
+    parts = tuple(int(p) for p in re.findall(r"\d+", version)[:2])
+    lo, hi = TRL_TESTED
+    if lo <= parts < hi:
+        return
+    message = (f"entropy_rft.integrations.trl is tested with TRL >= {lo[0]}.{lo[1]}, < {hi[0]}.{hi[1]}; this is TRL "
+               f"{version}. It overrides GRPOTrainer internals (_generate_and_score_completions, _calculate_rewards, "
+               f"the loss_type aggregations) that may differ there. Known since: {TRL_KNOWN_CHANGES}. Install "
+               f"'trl>={lo[0]}.{lo[1]},<{hi[0]}.{hi[1]}', or set {UNTESTED_TRL}=1 to run untested")
+    if not allow_untested:
+        raise RuntimeError(message)
+    warnings.warn(message, stacklevel=3)
+
+
+def check_trl_internals(trainer_cls) -> None:
+    """The GRPOTrainer methods and settings this adapter uses exist (a clear error before training, not a wrong
+    statistic after)."""
+    missing = [name for name in ("_generate_and_score_completions", "_calculate_rewards", "_compute_loss")
+               if not callable(getattr(trainer_cls, name, None))]
+    if missing:
+        raise RuntimeError(f"this TRL's GRPOTrainer has no {', '.join(missing)}: entropy_rft.integrations.trl needs "
+                           f"TRL >= {TRL_TESTED[0][0]}.{TRL_TESTED[0][1]}, < {TRL_TESTED[1][0]}.{TRL_TESTED[1][1]}")
 TRL_EQUIVALENTS = {
     "grpo": f"method={MONITOR!r} (TRL's own loss, watched)",
     "dapo": "GRPOConfig(loss_type='dapo', epsilon_high=0.28)",
     "dr_grpo": "GRPOConfig(loss_type='dr_grpo', scale_rewards='none')",
     "gspo": "GRPOConfig(importance_sampling_level='sequence', epsilon=3e-4, epsilon_high=4e-4)",
     "forking": "GRPOConfig(top_entropy_quantile=0.2)",
+    "cispo": "GRPOConfig(loss_type='cispo') (TRL's CISPO caps r at epsilon_high only; Clip_B / Clip_V apply on top)",
+    "sapo": "GRPOConfig(loss_type='sapo') (Clip_B / Clip_V apply on top)",
     "entropy_bonus": "GRPOConfig's entropy bonus options",
 }
 
@@ -96,12 +157,14 @@ class MetricsFile(TrainerCallback):
 
     RENAMED = {"reward": "reward_mean", "grad_norm": "grad_norm", "learning_rate": "lr"}
 
-    def __init__(self):
-        self.sink = None
+    def __init__(self, about: dict | None = None):
+        self.sink, self.about = None, about
 
     def on_train_begin(self, args, state, control, **kwargs):
         if state.is_world_process_zero:
             Path(args.output_dir).mkdir(parents=True, exist_ok=True)
+            if self.about is not None:  # what `entropy-rft report` names in its table
+                write_engine_run(args.output_dir, self.about)
             self.sink = JsonlSink(args.output_dir, {}, start_step=state.global_step)
 
     def on_log(self, args, state, control, logs=None, **kwargs):
@@ -119,6 +182,32 @@ class MetricsFile(TrainerCallback):
             self.sink = None
 
 
+def mean_entropy(stats: TokenStats, mask: torch.Tensor) -> float:
+    """The mean entropy over the mask's tokens, summed in float64 (a probe's realised change is a difference of
+    two of these, about 1e-5 of their size)."""
+    m = mask.to(stats.entropy.device).double()
+    return float((stats.entropy.double() * m).sum() / m.sum().clamp_min(1.0))
+
+
+def sharded(accelerator) -> bool:
+    """Whether each process holds a shard of the weights (FSDP, Megatron-LM, DeepSpeed ZeRO-3), not the whole model."""
+    kind = accelerator.distributed_type.value
+    if kind == "DEEPSPEED":
+        return getattr(accelerator.state.deepspeed_plugin, "zero_stage", 0) == 3
+    return kind in ("FSDP", "MEGATRON_LM")
+
+
+class ProbeCallback(TrainerCallback):
+    """Ends the trainer's entropy probe after TRL's optimizer step (on_step_end: the weights are the new ones, the
+    step's log line is still to come)."""
+
+    def __init__(self, trainer: EntropyGRPOTrainer):
+        self.trainer = trainer
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.trainer._finish_probe(state.global_step)
+
+
 class EntropyGRPOTrainer(GRPOTrainer):
     """GRPOTrainer that reports what moves its entropy and, with a filter, whose loss keeps only the tokens an
     entropy-rft method keeps (module docstring).
@@ -131,11 +220,24 @@ class EntropyGRPOTrainer(GRPOTrainer):
 
     samples_every, samples_groups: token-level samples of the generation batch, in the built-in trainer's format
     and with its defaults (TrainConfig), written to OUTPUT_DIR/samples (entropy_rft/samples.py; `entropy-rft
-    inspect OUTPUT_DIR` shows them). A file is named by the first optimizer step its generation batch feeds."""
+    inspect OUTPUT_DIR` shows them). A file is named by the first optimizer step its generation batch feeds.
+
+    probe_every: N > 0 probes the generation batches that feed an optimizer step divisible by N (0: never; None,
+    the default, is the built-in trainer's TrainConfig.probe_every, 10, which is also TRL's default logging_steps,
+    so each default log line carries one probe, and 0 where the weights are sharded): the gradient of the batch's mean entropy over its valid completion
+    tokens at the weights that generated it (one extra forward and backward), TRL's own optimizer steps on the
+    batch, then that mean entropy on the same tokens at the new weights (one extra forward), logged at the batch's
+    last optimizer step as entropy_rft/entropy_change/first_order (gradient . parameter change, the change to
+    first order through the network of the step Adam really took) and entropy_rft/entropy_change/realised
+    (departure 6)."""
 
     def __init__(self, *args, method: str = "clip_b", method_options: dict | None = None,
                  samples_every: int = TrainConfig.samples_every, samples_groups: int = TrainConfig.samples_groups,
-                 **kwargs):
+                 probe_every: int | None = None, **kwargs):
+        if probe_every is not None and probe_every < 0:
+            raise ValueError(f"probe_every must be >= 0 (0: never probe), got {probe_every}")
+        check_trl_version(trl.__version__, os.environ.get(UNTESTED_TRL) == "1")
+        check_trl_internals(GRPOTrainer)
         if method == MONITOR:
             if method_options:
                 raise ValueError(f"method {MONITOR!r} changes nothing in the loss, so it takes no method_options "
@@ -153,8 +255,26 @@ class EntropyGRPOTrainer(GRPOTrainer):
         self.method_options = dict(method_options or {})
         self.samples_every, self.samples_groups = samples_every, samples_groups
         self._samples_cut = False
+        self.probe_every, self._probe = TrainConfig.probe_every if probe_every is None else probe_every, None
         super().__init__(*args, **kwargs)
-        self.add_callback(MetricsFile())
+        if self.probe_every and sharded(self.accelerator):
+            if probe_every is not None:
+                raise ValueError(f"probe_every={probe_every} needs every process to hold the whole model; this run "
+                                 f"shards it ({self.accelerator.distributed_type.value}): set probe_every=0")
+            self.probe_every = 0  # the default probes only where it can
+        self.add_callback(MetricsFile(self._about()))
+        self.add_callback(ProbeCallback(self))
+
+    def _about(self) -> dict:
+        """The settings `entropy-rft report` names for this run (diagnostics.write_engine_run)."""
+        args = self.args
+        return {"source": "trl", "trl_version": trl.__version__, "method": self.method_name,
+                "method_options": self.method_options, "loss_type": self.loss_type,
+                "importance_sampling_level": self.importance_sampling_level, "num_generations": self.num_generations,
+                "learning_rate": args.learning_rate,
+                "lr_scheduler_type": getattr(args.lr_scheduler_type, "value", args.lr_scheduler_type),
+                "logging_steps": args.logging_steps, "probe_every": self.probe_every,
+                "samples_every": self.samples_every}
 
     @property
     def method_name(self) -> str:
@@ -167,10 +287,17 @@ class EntropyGRPOTrainer(GRPOTrainer):
         if self.entropy_method is None and not self._watched():  # departure 2: nothing to log or write
             self._cut_samples()
             return out
+        missing = [k for k in OUT_KEYS if k not in out]
+        if missing:
+            raise RuntimeError(f"TRL's generation batch has no {', '.join(missing)}: this TRL ({trl.__version__}) "
+                               f"differs from the tested range {TRL_TESTED} (check_trl_version)")
         loss_mask = out["completion_mask"].bool()
         if "tool_mask" in out:
             loss_mask = loss_mask & out["tool_mask"].bool()
-        every, adv, mask = self._gather(self._token_stats(out), out["advantages"], loss_mask)
+        local = self._token_stats(out)
+        if self._probing():
+            self._start_probe(out, local)
+        every, adv, mask = self._gather(local, out["advantages"], loss_mask)
         metrics = {}
         if self.entropy_method is None:  # monitor mode: `out` stays exactly as TRL made it
             keep = mask
@@ -186,9 +313,10 @@ class EntropyGRPOTrainer(GRPOTrainer):
         self._filtered = (every, adv, mask, keep)  # the whole batch, for the samples
         self._step_sizes = self._step_size(self._lr(), mask & keep)
         metrics.update(watch_metrics(every, adv, mask, mask & keep, self._step_sizes))
-        for name, value in metrics.items():
-            if value is not None:
-                self._metrics["train"][f"entropy_rft/{name}"].append(value)
+        if self.entropy_method is not None or self._feeds_log():  # departure 7
+            for name, value in metrics.items():
+                if value is not None:
+                    self._metrics["train"][f"entropy_rft/{name}"].append(value)
         self._write_samples(out)
         return out
 
@@ -199,15 +327,50 @@ class EntropyGRPOTrainer(GRPOTrainer):
         return range(done + 1, done + span + 1)
 
     def _watched(self) -> bool:
+        """Whether one of the steps this generation batch feeds logs, writes samples or is probed: the monitor's
+        statistics are for them."""
+        steps = self._fed_steps()
+        return self._feeds_log() or self._probing() or any(samples.due(s, self.samples_every, self.state.max_steps)
+                                                     for s in steps)
+
+    def _feeds_log(self) -> bool:
         """Whether one of the steps this generation batch feeds logs (TRL's logging_steps, logging_first_step; every
-        batch under another logging strategy than "steps") or writes samples: the monitor's statistics are for them."""
+        batch under another logging strategy than "steps")."""
         args, steps = self.args, self._fed_steps()
-        if any(samples.due(s, self.samples_every, self.state.max_steps) for s in steps):
-            return True
         if args.logging_strategy != "steps":
             return args.logging_strategy != "no"
         every = self.state.logging_steps or 1
         return any(s % every == 0 or (s == 1 and args.logging_first_step) for s in steps)
+
+    def _probing(self) -> bool:
+        """Whether this generation batch feeds an optimizer step divisible by probe_every."""
+        return self.probe_every > 0 and any(s % self.probe_every == 0 for s in self._fed_steps())
+
+    def _start_probe(self, out, before: TokenStats) -> None:
+        """The gradient of this process's rows' mean entropy at the behaviour weights (forward.EntropyProbe, in the
+        statistics pass's module mode, so no random number is drawn), kept until the batch's last optimizer step."""
+        rollout = rollout_of(out)
+        probe = EntropyProbe(self.model, rollout, self.temperature, self.args.per_device_train_batch_size,
+                             in_update_mode=True)
+        self._probe = (probe, rollout, mean_entropy(before, rollout.response_mask), float(rollout.response_mask.sum()),
+                       self._fed_steps()[-1])
+
+    def _finish_probe(self, step: int) -> None:
+        """After the optimizer step `step`: if it is the probed batch's last, the first-order and the realised change
+        of the mean entropy over every process's valid completion tokens (each process's weighted by its tokens:
+        the parameter step is the same on every process, the gradient is of its own rows)."""
+        if self._probe is None or self._probe[-1] != step:
+            return
+        probe, rollout, before, n, _ = self._probe
+        self._probe = None
+        after = mean_entropy(batch_stats(self.model, rollout, self.temperature, self.args.per_device_train_batch_size),
+                             rollout.response_mask)
+        local = torch.tensor([n, n * probe.first_order(), n * (after - before)], dtype=torch.float64,
+                             device=self.accelerator.device)
+        total = self.accelerator.gather(local[None]).sum(0).cpu()
+        tokens = max(float(total[0]), 1.0)
+        self._metrics["train"]["entropy_rft/entropy_change/first_order"].append(float(total[1]) / tokens)
+        self._metrics["train"]["entropy_rft/entropy_change/realised"].append(float(total[2]) / tokens)
 
     def _cut_samples(self) -> None:
         """The first batch of a run cuts the samples of later steps (a run resumed from a checkpoint writes them
@@ -255,6 +418,10 @@ class EntropyGRPOTrainer(GRPOTrainer):
             step_size=self._step_sizes,
             info={"source": "trl", "method": self.method_name, "loss_type": self.loss_type,
                   "importance_sampling_level": self.importance_sampling_level, "lr": lr, "steps": [steps[0], steps[-1]]})
+        if self.entropy_method is None:  # what the filters would drop (watch_metrics' would_<name>/frac)
+            for name in WOULD_CLIP:
+                dropped = mask & ~METHODS.get(name).apply(every, adv, mask)[0]
+                samples.mark_tokens(record, f"would_{name}", dropped, would_clip_label(name))
         samples.write_record(run_dir, record)
 
     def _step_size(self, lr: float, kept: torch.Tensor):

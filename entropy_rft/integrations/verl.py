@@ -50,10 +50,15 @@ Departures and limits, numbered:
 7. The monitor writes SAMPLES_DIR/metrics.jsonl (its metrics, a line per step) and token samples of every
    samples_every-th step (entropy_rft/samples.py's format, rows regrouped by uid) to entropy_rft.samples_dir,
    default verl's experiment directory (trainer.default_local_dir), from the driver, once; `entropy-rft inspect`
-   and `entropy-rft report` read that directory. The per-token step sizes (verl_step_sizes) model verl's
-   token-mean loss with unshuffled mini-batches, at ratio 1 (the first epoch) and the configured lr; for the other
-   loss_agg_modes and shuffled mini-batches the predicted change is left out (not None-logged). The filters still
+   and `entropy-rft report` read that directory (with entropy_rft_run.json: what was watched). The per-token step
+   sizes (verl_step_sizes) model verl's token-mean loss with unshuffled mini-batches composed as verl 0.9.1 forms
+   them over its data-parallel ranks (actor_mini_batches: the k-th mini-batch is the k-th block of every rank's
+   contiguous chunk), at ratio 1 (the first epoch) and at the lr verl's scheduler applies at that step (actor_lr);
+   for the other loss_agg_modes and shuffled mini-batches the predicted change is left out (not None-logged). Like
+   TRL's, it is eq. 23 with SGD step sizes on the logits, not the change Adam's step makes. The filters still
    write no token samples.
+8. A batch whose uid groups are not all rollout.n rows gets no token samples that step (a warning says why); the
+   metrics and the training run go on.
 
 What tests/test_verl.py drives for real on the CPU: the V1 trainer's `_step_once` (batch balancing, old-log-prob,
 reference forward, values, advantage and filter, critic and actor updates) through TransferQueue on Ray, the
@@ -62,14 +67,17 @@ and fixed micro-batches; the value-head engine for the critic), `ppo_loss` and `
 an S*-sign filter, PPO with GAE and rejection sampling, each optimizer step's gradient against the token mean
 written directly. Stood in: the Ray dispatch (one rank, in-process), the rollout (a batch put as verl's agent loop
 puts it), the replay buffer and rollout replicas, FSDP sharding (unwrapped module), the optimizer (records
-gradients, never steps), verl's device helpers (CPU), the MFU counter, gloo's missing ReduceOp.AVG. Not run:
-several ranks, Megatron, fused kernels, vLLM/SGLang, a GPU.
+gradients, never steps), verl's device helpers (CPU), the MFU counter, gloo's missing ReduceOp.AVG. With two
+data-parallel ranks (gloo, two processes) only the choice of each optimizer step's rows and token count is run
+(verl's dispatch chunking and per-rank iterator): the whole step is not. Not run: Megatron, fused kernels,
+vLLM/SGLang, a GPU.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import inspect
+import warnings
 from pathlib import Path
 
 import torch
@@ -81,12 +89,13 @@ from ..advantages import broadcast_advantages
 from ..config import TrainConfig
 from ..diagnostics import masked_mean, watch_metrics
 from ..dynamics import TokenStats, batch_covariance, token_stats
-from ..logging import JsonlSink
+from ..logging import JsonlSink, write_engine_run
 from ..losses import select_clip_cov, step_sizes
 from ..methods import METHODS, NO_CAP
 
 try:
     import transfer_queue as tq
+    import verl
     from tensordict import TensorDict
     from verl.trainer.ppo.v1.trainer_base import register_trainer
     from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
@@ -268,7 +277,7 @@ class EntropyRFTTrainer(PPOTrainerSync):
             data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id,
                                    select_fields=[*fields, "response_mask"])
             stats, valid, used, adv = monitor_inputs(data)
-            step = verl_step_sizes(self.config, valid, used)
+            step = verl_step_sizes(self.config, valid, used, int(self.global_steps))
             watched = watch_metrics(stats, adv, valid, used, step)
             metrics.update({f"entropy_rft/{k}": v for k, v in watched.items() if v is not None})
             self._entropy_rft_record(batch, stats, adv, valid, used, step, metrics)
@@ -301,16 +310,28 @@ class EntropyRFTTrainer(PPOTrainerSync):
             Path(run_dir).mkdir(parents=True, exist_ok=True)
             samples.cut_after(run_dir, done - 1)  # a resumed run writes the later steps again
             self.entropy_rft_metrics = JsonlSink(Path(run_dir), {}, start_step=done - 1)
+            actor = self.config.actor_rollout_ref.actor
+            write_engine_run(run_dir, {"source": "verl", "verl_version": getattr(verl, "__version__", None),
+                                       "method": settings.method, "loss_agg_mode": actor.loss_agg_mode,
+                                       "policy_loss": actor.get("policy_loss", {}).get("loss_mode"),
+                                       "rollout_n": int(self.config.actor_rollout_ref.rollout.n),
+                                       "lr": actor_lr(self.config), "samples_every": settings.samples_every})
         ours = {k.removeprefix("entropy_rft/"): v for k, v in metrics.items() if k.startswith("entropy_rft/")}
         self.entropy_rft_metrics.log({"step": done, **ours})
         if not samples.due(done, settings.samples_every, getattr(self, "total_training_steps", None)):
             return
         data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id,
                                select_fields=["prompts", "responses", "uid", "rm_scores"])
-        record = samples_record(data, stats, adv, valid, used, step, tokenizer=self.tokenizer, step_number=done,
-                                group_size=int(self.config.actor_rollout_ref.rollout.n), groups=settings.samples_groups,
-                                info={"source": "verl", "method": settings.method, "lr": actor_lr(self.config),
-                                      "loss_agg": self.config.actor_rollout_ref.actor.loss_agg_mode})
+        try:
+            record = samples_record(data, stats, adv, valid, used, step, tokenizer=self.tokenizer, step_number=done,
+                                    group_size=int(self.config.actor_rollout_ref.rollout.n),
+                                    groups=settings.samples_groups,
+                                    info={"source": "verl", "method": settings.method,
+                                          "lr": actor_lr(self.config, done),
+                                          "loss_agg": self.config.actor_rollout_ref.actor.loss_agg_mode})
+        except MalformedGroups as err:  # the samples are a diagnostic: the run goes on without them (departure 8)
+            warnings.warn(f"entropy_rft: no token samples at step {done}: {err}", stacklevel=2)
+            return
         samples.write_record(run_dir, record)
 
 
@@ -331,27 +352,87 @@ def monitor_inputs(data: TensorDict) -> tuple[TokenStats, Tensor, Tensor, Tensor
     return stats, valid, valid & padded["response_mask"].bool(), padded["advantages"].float()
 
 
-def actor_lr(config) -> float:
-    return float(config.actor_rollout_ref.actor.optim.lr)
+def actor_lr(config, step: int | None = None) -> float:
+    """The actor's lr at global step `step` (1-based) as verl 0.9.1's FSDP engine schedules it
+    (FSDPEngine._build_lr_scheduler: constant or cosine with warmup, from actor.optim; the scheduler steps once
+    after each step's last mini-batch, so step s runs at the schedule's value after s - 1 steps); the configured
+    lr when step is None."""
+    optim = config.actor_rollout_ref.actor.optim
+    lr = float(optim.lr)
+    if step is None:
+        return lr
+    from verl.utils.torch_functional import (
+        get_constant_schedule_with_warmup,
+        get_cosine_schedule_with_warmup,
+    )
+
+    total = int(optim.get("total_training_steps", -1))
+    warmup = int(optim.get("lr_warmup_steps", -1) or -1)
+    if warmup <= 0:
+        warmup = int(float(optim.get("lr_warmup_steps_ratio", 0.0)) * total)
+    kind = optim.get("lr_scheduler_type", None) or optim.get("warmup_style", None) or "constant"
+    probe = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=lr)  # the schedule's factor, no real optimizer
+    if kind == "constant":
+        schedule = get_constant_schedule_with_warmup(optimizer=probe, num_warmup_steps=warmup)
+    elif kind == "cosine":
+        schedule = get_cosine_schedule_with_warmup(optimizer=probe, num_warmup_steps=warmup, num_training_steps=total,
+                                                   min_lr_ratio=optim.get("min_lr_ratio", 0.0),
+                                                   num_cycles=optim.get("num_cycles", 0.5),
+                                                   zero_indexed_step=optim.get("zero_indexed_step", True))
+    else:
+        raise ValueError(f"actor.optim.lr_scheduler_type={kind!r}: verl's FSDP engine has constant and cosine only")
+    return lr * float(schedule.lr_lambdas[0](max(int(step) - 1, 0)))
 
 
-def verl_step_sizes(config, denominator: Tensor, used: Tensor) -> Tensor | None:
-    """lr w_t of each token of one pass over the batch (losses.step_sizes), [B, T] float64, for verl's token-mean
-    loss (actor.loss_agg_mode, verl's default and the paper's): the actor's mini-batches are contiguous blocks of
-    ppo_mini_batch_size x rollout.n rows in the batch's order (verl's iterator, shuffle off), and each divides by
-    its own `denominator` tokens (loss_mask, all-reduced over the data-parallel ranks in the engine). At ratio 1,
-    the first epoch's step; lr is the optimizer's configured lr (no warmup schedule). None for the other
-    aggregations and for shuffled mini-batches (not modelled here: departure 7)."""
+def actor_dp_size(config) -> int:
+    """Data-parallel ranks of verl's FSDP actor: its workers (trainer.nnodes x trainer.n_gpus_per_node) over the
+    Ulysses sequence-parallel size (FSDPEngine.get_data_parallel_size)."""
     actor = config.actor_rollout_ref.actor
-    if actor.loss_agg_mode != "token-mean" or actor.get("shuffle", False):
+    world = int(config.trainer.nnodes) * int(config.trainer.n_gpus_per_node)
+    sp = actor.get("fsdp_config", {}).get("ulysses_sequence_parallel_size", None) \
+        or actor.get("ulysses_sequence_parallel_size", 1) or 1
+    return max(world // int(sp), 1)
+
+
+def actor_mini_batches(rows: int, mini_batch_rows: int, dp_size: int) -> list[Tensor]:
+    """The driver's row indices of each of the actor's mini-batches (one pass, shuffle off), as verl 0.9.1 forms
+    them: update_actor's dispatch (make_nd_compute_dataproto_dispatch_fn) hands DP rank r the r-th of dp_size
+    contiguous chunks of the batch, and each rank's train_mini_batch iterates its chunk in contiguous blocks of
+    mini_batch_rows / dp_size rows (tensordict_utils.make_iterator); the k-th optimizer step is the k-th block of
+    every rank. With one rank, contiguous blocks of the batch."""
+    if rows % dp_size or mini_batch_rows % dp_size:
+        raise ValueError(f"verl needs the batch ({rows} rows) and the mini-batch ({mini_batch_rows} rows) to divide "
+                         f"among {dp_size} data-parallel ranks")
+    chunk, per_rank = rows // dp_size, mini_batch_rows // dp_size
+    if chunk % per_rank:
+        raise ValueError(f"verl needs each rank's {chunk} rows to split into mini-batches of {per_rank} rows")
+    return [torch.cat([torch.arange(r * chunk + k, r * chunk + k + per_rank) for r in range(dp_size)])
+            for k in range(0, chunk, per_rank)]
+
+
+def verl_step_sizes(config, denominator: Tensor, used: Tensor, step: int | None = None) -> Tensor | None:
+    """lr w_t of each token of one pass over the batch (losses.step_sizes), [B, T] float64, for verl's token-mean
+    loss (actor.loss_agg_mode, verl's default and the paper's): the actor's mini-batches as verl forms them over
+    its data-parallel ranks (actor_mini_batches, shuffle off), each dividing by its own `denominator` tokens
+    (loss_mask, all-reduced over the data-parallel ranks in the engine), at the lr verl's scheduler applies at
+    global step `step` (actor_lr). At ratio 1, the first epoch's step. None for the other aggregations, for sapo
+    and geo_mean (verl aggregates those its own way, whatever loss_agg_mode says) and for
+    shuffled mini-batches (not modelled here: departure 7)."""
+    actor = config.actor_rollout_ref.actor
+    own_aggregation = actor.get("policy_loss", {}).get("loss_mode", "vanilla") in ("sapo", "geo_mean")
+    if actor.loss_agg_mode != "token-mean" or actor.get("shuffle", False) or own_aggregation:
         return None
     rows = int(actor.ppo_mini_batch_size) * int(config.actor_rollout_ref.rollout.n)
-    step = torch.zeros(used.shape, dtype=torch.float64)
-    for start in range(0, used.shape[0], rows):
-        block = slice(start, start + rows)
+    lr = actor_lr(config, step)
+    out = torch.zeros(used.shape, dtype=torch.float64)
+    for block in actor_mini_batches(used.shape[0], min(rows, used.shape[0]), actor_dp_size(config)):
         tokens = max(float(denominator[block].sum()), 1.0)
-        step[block] = step_sizes(used[block], "token-mean", lr=actor_lr(config), num_tokens=tokens) * used[block]
-    return step
+        out[block] = (step_sizes(used[block], "token-mean", lr=lr, num_tokens=tokens) * used[block]).double()
+    return out
+
+
+class MalformedGroups(ValueError):
+    """A batch whose uid groups are not all rollout.n rows (a rollout that lost or added rows)."""
 
 
 def samples_record(data: TensorDict, stats: TokenStats, adv: Tensor, valid: Tensor, keep: Tensor, step, *,
@@ -365,7 +446,8 @@ def samples_record(data: TensorDict, stats: TokenStats, adv: Tensor, valid: Tens
     order = sorted(range(len(uids)), key=lambda i: first[uids[i]])  # stable: batch order within a group
     counts = [uids.count(u) for u in first]
     if any(c != group_size for c in counts):
-        raise ValueError(f"token samples need groups of rollout.n={group_size} rows, got group sizes {sorted(set(counts))}")
+        raise MalformedGroups(f"token samples need groups of rollout.n={group_size} rows, got group sizes "
+                              f"{sorted(set(counts))}")
     idx = torch.tensor(order)
     prompts = [data["prompts"][i] for i in order]
     width = max(len(p) for p in prompts)

@@ -11,7 +11,8 @@ ENGINES: Registry = Registry("engine")
 
 @ENGINES.register("hf")
 def build_hf(model, tokenizer, cfg, model_path: str):
-    return HFEngine(model, tokenizer, chat_template=cfg.chat_template, decode=cfg.decode)
+    return HFEngine(model, tokenizer, chat_template=cfg.chat_template, decode=cfg.decode,
+                    precision=cfg.precision, check_every=cfg.decode_check_every or None)
 
 
 @ENGINES.register("vllm")

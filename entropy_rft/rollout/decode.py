@@ -1,5 +1,7 @@
 """A hand-written decode step for the Llama family (Qwen2, Qwen3, Llama, Mistral), used by the sampling loop of
-rollout/sampling.py on the CPU.
+rollout/sampling.py: on the CPU with finished rows leaving the batch (HandSteps), on CUDA at fixed shapes so that
+one CUDA graph replays the whole step (FixedSteps: every buffer allocated once per rollout, the column and the
+positions index tensors, nothing read back to the host).
 
 Why: decoding one token runs the whole model on a [rows, 1] input. At the demo's sizes most of that time is not the
 matmuls but the machinery around them: transformers rebuilds the attention mask and the rotary cos/sin on every
@@ -27,6 +29,8 @@ no dropout applies.)
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -92,6 +96,43 @@ def unsupported(model) -> str | None:
     return None
 
 
+class Layer(NamedTuple):
+    """One decoder layer's tensors as the step reads them (biases and Qwen3's q/k norms None where absent)."""
+    ln1: Tensor
+    eps1: float
+    q: Tensor
+    q_bias: Tensor | None
+    k: Tensor
+    k_bias: Tensor | None
+    v: Tensor
+    v_bias: Tensor | None
+    o: Tensor
+    o_bias: Tensor | None
+    q_norm: Tensor | None
+    q_eps: float
+    k_norm: Tensor | None
+    k_eps: float
+    ln2: Tensor
+    eps2: float
+    gate: Tensor
+    gate_bias: Tensor | None
+    up: Tensor
+    up_bias: Tensor | None
+    down: Tensor
+    down_bias: Tensor | None
+
+
+class Weights(NamedTuple):
+    """Every tensor the step reads: the model's parameters themselves (so an in-place update is seen), or copies
+    in another dtype made once per rollout (bfloat16 generation)."""
+    embed: Tensor
+    layers: list[Layer]
+    norm: Tensor
+    norm_eps: float
+    head: Tensor
+    head_bias: Tensor | None
+
+
 class HandDecoder:
     """The decode step of a supported model, reading its parameters in place (so it follows every update)."""
 
@@ -114,6 +155,28 @@ class HandDecoder:
         windows.append(getattr(model.config, "sliding_window", None))
         self.window = min((w for w in windows if w), default=None)
 
+    def weights(self, dtype: torch.dtype | None = None) -> Weights:
+        """The tensors the step reads: the parameters themselves, or (dtype given and different) copies in dtype."""
+        def cast(t):
+            return t if t is None or dtype is None or t.dtype == dtype else t.to(dtype)
+
+        layers = []
+        for layer in self.layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            qn, kn = getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)
+            ln1, ln2 = layer.input_layernorm, layer.post_attention_layernorm
+            layers.append(Layer(
+                cast(ln1.weight), ln1.variance_epsilon,
+                cast(attn.q_proj.weight), cast(attn.q_proj.bias), cast(attn.k_proj.weight), cast(attn.k_proj.bias),
+                cast(attn.v_proj.weight), cast(attn.v_proj.bias), cast(attn.o_proj.weight), cast(attn.o_proj.bias),
+                None if qn is None else cast(qn.weight), 0.0 if qn is None else qn.variance_epsilon,
+                None if kn is None else cast(kn.weight), 0.0 if kn is None else kn.variance_epsilon,
+                cast(ln2.weight), ln2.variance_epsilon,
+                cast(mlp.gate_proj.weight), cast(mlp.gate_proj.bias), cast(mlp.up_proj.weight),
+                cast(mlp.up_proj.bias), cast(mlp.down_proj.weight), cast(mlp.down_proj.bias)))
+        return Weights(cast(self.embed.weight), layers, cast(self.norm.weight), self.norm.variance_epsilon,
+                       cast(self.head.weight), cast(self.head.bias))
+
     def rope_table(self, positions: int, dtype: torch.dtype, device) -> tuple[Tensor, Tensor]:
         """(cos, sin), (positions, head_dim) each: the rotary module's formula at positions 0 .. positions - 1."""
         freqs = torch.arange(positions, device=device).float()[:, None] * self.rope.inv_freq.float()[None]
@@ -121,39 +184,37 @@ class HandDecoder:
         scale = self.rope.attention_scaling
         return (emb.cos() * scale).to(dtype), (emb.sin() * scale).to(dtype)
 
-    def step(self, token: Tensor, cos: Tensor, sin: Tensor, keys: list[Tensor], values: list[Tensor], col: int,
-             padding: Tensor) -> Tensor:
-        """Logits (n, V) after one token per row. token (n,), cos/sin (n, 1, d) at each row's position; the new
-        keys and values are written to column `col` of keys/values[layer] (n, KV, C, d); padding (n, 1, 1, col + 1)
-        is True at the prompt's left padding, which no query sees. Attention as transformers' eager implementation
-        computes it: softmax in float32 of q k^T * scaling, then the weighted values."""
+    def forward(self, w: Weights, token: Tensor, cos: Tensor, sin: Tensor, attend) -> Tensor:
+        """Logits (n, V) after one token per row. token (n,), cos/sin (n, 1, d) at each row's position;
+        attend(i, q, k, v) -> (n, KV, G, d) stores layer i's new keys and values (q (n, KV, G, d), k and v
+        (n, KV, d), rotated) and returns the attention output, so the caller owns the cache's layout."""
         n, d = token.shape[0], self.head_dim
-        x = F.embedding(token, self.embed.weight)  # (n, D)
-        for layer, k_buf, v_buf in zip(self.layers, keys, values):
-            attn, mlp = layer.self_attn, layer.mlp
-            ln = layer.input_layernorm
-            h = rms_norm(x, ln.weight, ln.variance_epsilon)
-            q = F.linear(h, attn.q_proj.weight, attn.q_proj.bias).view(n, self.heads, d)
-            k = F.linear(h, attn.k_proj.weight, attn.k_proj.bias).view(n, self.kv_heads, d)
-            v = F.linear(h, attn.v_proj.weight, attn.v_proj.bias).view(n, self.kv_heads, d)
-            if hasattr(attn, "q_norm"):  # Qwen3: RMSNorm over each head before the rotation
-                q = rms_norm(q, attn.q_norm.weight, attn.q_norm.variance_epsilon)
-                k = rms_norm(k, attn.k_norm.weight, attn.k_norm.variance_epsilon)
+        x = F.embedding(token, w.embed)  # (n, D)
+        for i, lw in enumerate(w.layers):
+            h = rms_norm(x, lw.ln1, lw.eps1)
+            q = F.linear(h, lw.q, lw.q_bias).view(n, self.heads, d)
+            k = F.linear(h, lw.k, lw.k_bias).view(n, self.kv_heads, d)
+            v = F.linear(h, lw.v, lw.v_bias).view(n, self.kv_heads, d)
+            if lw.q_norm is not None:  # Qwen3: RMSNorm over each head before the rotation
+                q = rms_norm(q, lw.q_norm, lw.q_eps)
+                k = rms_norm(k, lw.k_norm, lw.k_eps)
             q, k = rotate(q, cos, sin), rotate(k, cos, sin)
-            k_buf[:, :, col] = k
-            v_buf[:, :, col] = v
             q = q.view(n, self.kv_heads, self.heads // self.kv_heads, d)  # a KV head's query heads as its queries
-            scores = torch.matmul(q, k_buf[:, :, : col + 1].transpose(-1, -2)) * self.scaling  # (n, KV, G, col + 1)
-            weights = scores.masked_fill_(padding, float("-inf")).softmax(-1, dtype=torch.float32).to(q.dtype)
-            o = torch.matmul(weights, v_buf[:, :, : col + 1])  # (n, KV, G, d)
-            x = x + F.linear(o.reshape(n, self.heads * d), attn.o_proj.weight, attn.o_proj.bias)
-            ln = layer.post_attention_layernorm
-            h = rms_norm(x, ln.weight, ln.variance_epsilon)
-            gate = F.linear(h, mlp.gate_proj.weight, mlp.gate_proj.bias)
-            up = F.linear(h, mlp.up_proj.weight, mlp.up_proj.bias)
-            x = x + F.linear(F.silu(gate) * up, mlp.down_proj.weight, mlp.down_proj.bias)
-        x = rms_norm(x, self.norm.weight, self.norm.variance_epsilon)
-        return F.linear(x, self.head.weight, self.head.bias)
+            o = attend(i, q, k, v)  # (n, KV, G, d)
+            x = x + F.linear(o.reshape(n, self.heads * d), lw.o, lw.o_bias)
+            h = rms_norm(x, lw.ln2, lw.eps2)
+            gate = F.linear(h, lw.gate, lw.gate_bias)
+            up = F.linear(h, lw.up, lw.up_bias)
+            x = x + F.linear(F.silu(gate) * up, lw.down, lw.down_bias)
+        x = rms_norm(x, w.norm, w.norm_eps)
+        return F.linear(x, w.head, w.head_bias)
+
+    def attention(self, q: Tensor, keys: Tensor, values: Tensor, hidden: Tensor) -> Tensor:
+        """softmax(q k^T * scaling) v as transformers' eager attention computes it (softmax in float32), over the
+        cached keys/values (n, KV, C, d); hidden (n, 1, 1, C) is True where no query may look."""
+        scores = torch.matmul(q, keys.transpose(-1, -2)) * self.scaling  # (n, KV, G, C)
+        weights = scores.masked_fill_(hidden, float("-inf")).softmax(-1, dtype=torch.float32).to(q.dtype)
+        return torch.matmul(weights, values)  # (n, KV, G, d)
 
 
 def cache_tensors(cache) -> list[tuple[Tensor, Tensor]]:
@@ -170,7 +231,7 @@ class HandSteps:
     `keep(rows)` drops finished rows; calling it with the sampled tokens gives the next logits."""
 
     def __init__(self, decoder: HandDecoder, cache, rows: Tensor, prompt_mask: Tensor, max_new_tokens: int):
-        self.decoder = decoder
+        self.decoder, self.weights = decoder, decoder.weights()
         width = prompt_mask.shape[1]
         self.col = width  # the column the next token's keys go to
         columns = width + max_new_tokens
@@ -194,9 +255,72 @@ class HandSteps:
         self.padding, self.position = self.padding.index_select(0, rows), self.position.index_select(0, rows)
 
     def __call__(self, token: Tensor) -> Tensor:
-        at = self.position
-        logits = self.decoder.step(token, self.cos[at][:, None], self.sin[at][:, None], self.keys, self.values,
-                                   self.col, self.padding[:, None, None, : self.col + 1])
+        at, col = self.position, self.col
+        padding = self.padding[:, None, None, : col + 1]
+
+        def attend(i, q, k, v):
+            k_buf, v_buf = self.keys[i], self.values[i]
+            k_buf[:, :, col] = k
+            v_buf[:, :, col] = v
+            return self.decoder.attention(q, k_buf[:, :, : col + 1], v_buf[:, :, : col + 1], padding)
+
+        logits = self.decoder.forward(self.weights, token, self.cos[at][:, None], self.sin[at][:, None], attend)
         self.col += 1
         self.position = at + 1
+        return logits
+
+
+class FixedSteps:
+    """HandSteps at fixed shapes, for a step that can be captured once and replayed (a CUDA graph): every row stays
+    in the batch to the end (a finished row keeps decoding, and its tokens are masked by the sampling loop), the
+    key/value buffers hold (rows, KV, prompt columns + max_new_tokens, d) from the start, the next column and each
+    row's position are index tensors updated in place, and attention reads all columns with the ones not yet
+    written hidden. Nothing in `__call__` reads a value back to the host.
+
+    dtype: the dtype of the weights, cache and arithmetic (None: the model's; bfloat16 generation casts the weights
+    once here)."""
+
+    def __init__(self, decoder: HandDecoder, cache, rows: Tensor, prompt_mask: Tensor, max_new_tokens: int,
+                 dtype: torch.dtype | None = None):
+        self.decoder, self.weights = decoder, decoder.weights(dtype)
+        width = prompt_mask.shape[1]
+        columns = width + max_new_tokens
+        self.keys, self.values = [], []
+        for k, v in cache_tensors(cache):
+            # zeros, not empty: a hidden column's weight is 0, and 0 times uninitialised memory may be NaN
+            k_buf = k.new_zeros(len(rows), k.shape[1], columns, k.shape[3], dtype=dtype or k.dtype)
+            v_buf = torch.zeros_like(k_buf)
+            k_buf[:, :, :width] = k.index_select(0, rows)
+            v_buf[:, :, :width] = v.index_select(0, rows)
+            self.keys.append(k_buf)
+            self.values.append(v_buf)
+        mask = prompt_mask.index_select(0, rows).bool()
+        padding = torch.cat([~mask, mask.new_zeros(len(rows), max_new_tokens)], dim=1)  # (n, C)
+        self.padding = padding[:, None, None, :]  # (n, 1, 1, C): the prompt's left padding
+        self.columns = torch.arange(columns, device=mask.device)  # (C,)
+        self.col = torch.full((1,), width, dtype=torch.long, device=mask.device)  # the next token's column
+        self.position = mask.long().sum(-1)  # (n,) the next token's position (real tokens so far)
+        # the table HandSteps builds (its length read once per rollout, outside the step): the same cos/sin bits
+        positions = int(self.position.max()) + max_new_tokens
+        self.cos, self.sin = decoder.rope_table(positions, self.keys[0].dtype, self.keys[0].device)
+
+    def state(self) -> list[Tensor]:
+        """The tensors a step changes besides the key/value columns it writes (saved around a capture's warm-up)."""
+        return [self.col, self.position]
+
+    def __call__(self, token: Tensor) -> Tensor:
+        """Logits (n, V) after token (n,): one token per row at its position, keys and values written to column
+        `col` of every row, which then advances (in place) with the positions."""
+        hidden = self.padding | (self.columns > self.col)  # (n, 1, 1, C): padding and columns not yet written
+        at, col = self.position, self.col
+
+        def attend(i, q, k, v):
+            k_buf, v_buf = self.keys[i], self.values[i]
+            k_buf.index_copy_(2, col, k[:, :, None])
+            v_buf.index_copy_(2, col, v[:, :, None])
+            return self.decoder.attention(q, k_buf, v_buf, hidden)
+
+        logits = self.decoder.forward(self.weights, token, self.cos[at][:, None], self.sin[at][:, None], attend)
+        self.col.add_(1)
+        self.position.add_(1)
         return logits

@@ -1,7 +1,7 @@
 """Rollouts with a Hugging Face causal LM: sampling from exactly softmax(z / T) with top-p (the loop of
-rollout/sampling.py: each prompt prefilled once per group, finished rows dropped, no processor inherited from the
-model's generation_config; tokens after the prompt decoded by rollout/decode.py's step where it applies), up to
-max_new_tokens, stop at any EOS id.
+rollout/sampling.py: each prompt prefilled once per group, no processor inherited from the model's
+generation_config; tokens after the prompt decoded by rollout/decode.py's step where it applies, dropping finished
+rows on the CPU, at fixed shapes in a CUDA graph on a GPU), up to max_new_tokens, stop at any EOS id.
 
 The response mask comes from generated lengths: a response runs up to and including its first EOS token, or
 to max_new_tokens when it has none (truncated). Positions after that are masked whatever token they hold; the
@@ -59,9 +59,14 @@ class HFEngine:
     """Generation with a transformers causal LM and its tokenizer."""
 
     def __init__(self, model, tokenizer, *, batch_size: int = 512, chat_template: bool = False,
-                 progress: bool = False, decode: str = "auto"):
+                 progress: bool = False, decode: str = "auto", precision: str = "fp32",
+                 check_every: int | None = None):
         self.model = model
         self.decode = check_decode(decode)
+        # the fixed-shape path decodes in bfloat16 where the policy trains under bf16 autocast; the others in the
+        # model's dtype, as before
+        self.dtype = torch.bfloat16 if precision == "bf16" else None
+        self.check_every = check_every
         self.tokenizer = tokenizer
         self.batch_size = batch_size
         self.chat_template = chat_template
@@ -108,7 +113,7 @@ class HFEngine:
             response_ids, sampler_logp = sample(
                 self.model, ids.to(device), mask.to(device), n=n, temperature=temperature, top_p=top_p,
                 max_new_tokens=max_new_tokens, eos_ids=self.eos_ids, pad_id=self.tokenizer.pad_token_id,
-                generator=generator, decode=self.decode,
+                generator=generator, decode=self.decode, dtype=self.dtype, check_every=self.check_every,
             )
             response_ids, sampler_logp = response_ids.cpu(), sampler_logp.cpu()
             response_mask, finished = response_mask_from_lengths(response_ids, self.eos_ids)

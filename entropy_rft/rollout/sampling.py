@@ -5,9 +5,29 @@ ships (Qwen2.5-Instruct: repetition_penalty 1.05, top_k 20) silently change the 
 rollouts stop being on-policy for the policy the trainer differentiates. This loop applies no processor but
 temperature and top-p, and it is faster on GRPO batches:
 - each distinct prompt is prefilled once and its keys and values are repeated to its n samples;
-- rows that have finished (sampled any EOS id) leave the batch, so the model runs only on live rows;
+- on the CPU, rows that have finished (sampled any EOS id) leave the batch, so the model runs only on live
+  rows;
 - after the prefill, on the CPU, tokens go through rollout/decode.py's hand-written step for the model families it
-  reads exactly (Qwen2, Qwen3, Llama, Mistral): the same arithmetic without transformers' per-call work.
+  reads exactly (Qwen2, Qwen3, Llama, Mistral): the same arithmetic without transformers' per-call work;
+- on CUDA, the same step runs at fixed shapes (`sample_static`, decode="static"): rows stay in place to the end
+  (finished rows masked), every buffer is allocated once per rollout, the step is captured once in a CUDA graph
+  and replayed, and "every row done" is read back every check_every steps only. Measured on an H200 before this
+  path (issue 45): the row-dropping loop spent 19.0 ms a step at 32 rows of the Qwen2.5-0.5B shape, bound by
+  kernel launches and host round-trips; this path has not been timed on a GPU yet (benchmarks/gpu.py decode).
+
+Departures of the fixed-shape path:
+1. Sampling is the exponential race argmax(p / E), E ~ Exp(1) per token (`draw`), which is what torch.multinomial
+   computes for one sample (and what it draws), without multinomial's validity check that reads a flag back to
+   the host every step. On the CPU the noise is the very stream the row-dropping loop draws (`stream_noise`), so
+   the tokens are the same; on a GPU each rollout draws from its own generator seeded from the caller's
+   (`device_noise`), so a GPU's tokens differ from the eager path's under the same seed, while both sample the
+   same distribution.
+2. Its log-probs are not bit-identical to the "hand" path's, on the CPU either: MKL's sgemm rounds a row
+   otherwise when fewer rows share the call (measured here: calls of 1-3, 5-7 or 9-11 rows against one of 32),
+   and softmax and the value product over all columns (hidden ones at -inf and 0) sum in another order than over
+   the written ones only. The gaps are a few float32
+   ulps (<= 5e-7 on tests/test_decode.py's families, about 1e-5 on the demo's batch; the hf path's gap to "hand"
+   is the same size), so "auto" keeps the "hand" path on the CPU and the recorded golden runs do not move.
 
 Top-p is the nucleus of Holtzman et al. as transformers' TopPLogitsWarper computes it: sort by probability,
 keep the smallest prefix whose mass reaches top_p (a token is kept when the mass strictly before it is below
@@ -20,7 +40,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .decode import HandDecoder, HandSteps, unsupported
+from .cache import cache_arg, cache_of
+from .decode import FixedSteps, HandDecoder, HandSteps, unsupported
 
 
 def nucleus_logits(logits: Tensor, top_p: float) -> Tensor:
@@ -41,7 +62,7 @@ def position_ids(mask: Tensor) -> Tensor:
     return (mask.long().cumsum(-1) - 1).clamp_min(0)
 
 
-DECODE = ("auto", "hand", "hf")  # how tokens after the prompt go through the model (see `sample`)
+DECODE = ("auto", "hand", "hf", "static")  # how tokens after the prompt go through the model (see `sample`)
 
 
 def check_decode(decode: str) -> str:
@@ -50,9 +71,25 @@ def check_decode(decode: str) -> str:
     return decode
 
 
+def check_every_default(device: torch.device) -> int:
+    """How many steps the fixed-shape loop runs between two looks at "every row done": 1 on the CPU (the flag is
+    already in host memory), 8 on a GPU (each look waits for the device; at most 7 steps of finished rows are
+    wasted at the end of a rollout)."""
+    return 1 if device.type == "cpu" else 8
+
+
+def check_generator(generator: torch.Generator | None, device: torch.device) -> None:
+    """A sampling generator must live on the device the model samples on (torch.multinomial draws there): a CPU
+    generator with a CUDA model fails deep inside multinomial, so it is refused here naming both devices."""
+    if generator is not None and generator.device.type != torch.device(device).type:
+        raise ValueError(f"the sampling generator is on {generator.device} but the model samples on {device}: "
+                         f"create it with torch.Generator(device={str(device)!r})")
+
+
 def sample(model, prompt_ids: Tensor, prompt_mask: Tensor, *, n: int, temperature: float, top_p: float,
            max_new_tokens: int, eos_ids: list[int], pad_id: int, generator: torch.Generator | None = None,
-           decode: str = "auto") -> tuple[Tensor, Tensor]:
+           decode: str = "auto", dtype: torch.dtype | None = None, check_every: int | None = None,
+           ) -> tuple[Tensor, Tensor]:
     """n samples of each left-padded prompt, grouped (rows [i n, (i + 1) n) are prompt i's).
 
     The model runs in eval mode (its training flag is restored after). Returns (response_ids [P n, R],
@@ -63,16 +100,22 @@ def sample(model, prompt_ids: Tensor, prompt_mask: Tensor, *, n: int, temperatur
 
     decode: how each new token goes through the model after the prefill. "hf": the model's forward with its
     cache; "hand": rollout/decode.py's step (the same arithmetic without transformers' per-call machinery; an
-    error for a model it cannot read); "auto": "hand" on the CPU for a model it can read, else "hf".
+    error for a model it cannot read), finished rows leaving the batch; "static": the same step at fixed shapes
+    (`sample_static`), captured once in a CUDA graph and replayed on a GPU, run as it is on the CPU; "auto":
+    "hand" on the CPU and "static" on CUDA for a model the step reads, else "hf".
+    dtype (static path only): the weights' and cache's dtype while decoding (bfloat16 where the policy trains
+    under bf16 autocast; None: the model's). check_every (static path only): steps between two looks at whether
+    every row is done (None: `check_every_default`); the tokens do not depend on it.
     """
     check_decode(decode)
+    check_generator(generator, prompt_ids.device)
     was_training = model.training
     model.eval()  # the policy itself (no dropout), and a cache: gradient checkpointing turns it off in training mode
     try:
         with torch.inference_mode():
             response, logp = _sample(model, prompt_ids, prompt_mask, n=n, temperature=temperature, top_p=top_p,
                                      max_new_tokens=max_new_tokens, eos_ids=eos_ids, pad_id=pad_id,
-                                     generator=generator, decode=decode)
+                                     generator=generator, decode=decode, dtype=dtype, check_every=check_every)
     finally:
         model.train(was_training)
     return response.clone(), logp.clone()
@@ -81,15 +124,28 @@ def sample(model, prompt_ids: Tensor, prompt_mask: Tensor, *, n: int, temperatur
 def hand_decoder(model, decode: str, columns: int, device: torch.device):
     """The HandDecoder `decode` asks for (None: decode with the model's forward); columns is the longest
     sequence the rollout can reach, prompt padding included."""
-    if decode == "hf" or (decode == "auto" and device.type != "cpu"):
+    if decode == "hf" or (decode == "auto" and device.type not in ("cpu", "cuda")):
         return None
     reason = unsupported(model)
     decoder = HandDecoder(model) if reason is None else None
     if decoder is not None and decoder.window is not None and columns > decoder.window:
         reason, decoder = f"{columns} tokens exceed the sliding attention window of {decoder.window}", None
-    if decoder is None and decode == "hand":
-        raise ValueError(f"decode='hand' cannot decode this model: {reason}; use decode='auto' or 'hf'")
+    if decoder is None and decode in ("hand", "static"):
+        raise ValueError(f"decode={decode!r} cannot decode this model: {reason}; use decode='auto' or 'hf'")
     return decoder
+
+
+def decode_path(model, decode: str, columns: int, device: torch.device) -> tuple[str, HandDecoder | None]:
+    """The path `decode` takes on `device` ("hf", "hand" or "static") and its decoder. "auto": the fastest exact
+    one, "hand" on the CPU (its tokens and the golden runs' values are today's) and "static" on CUDA (one graph
+    replay a step instead of hundreds of kernel launches and a host round-trip), "hf" for a model the step does
+    not read."""
+    decoder = hand_decoder(model, decode, columns, device)
+    if decoder is None:
+        return "hf", None
+    if decode == "auto":
+        return ("static" if device.type == "cuda" else "hand"), decoder
+    return decode, decoder
 
 
 class _ForwardSteps:
@@ -108,25 +164,29 @@ class _ForwardSteps:
     def __call__(self, token: Tensor) -> Tensor:
         self.attn = torch.cat([self.attn, self.attn.new_ones(self.attn.shape[0], 1)], dim=1)
         out = self.model(input_ids=token[:, None], attention_mask=self.attn, position_ids=self.position[:, None],
-                         past_key_values=self.cache, use_cache=True, logits_to_keep=1)
-        self.cache = out.past_key_values
+                         **cache_arg(self.cache), use_cache=True, logits_to_keep=1)
+        self.cache = cache_of(out)
         self.position = self.position + 1
         return out.logits[:, -1]
 
 
 def _sample(model, prompt_ids: Tensor, prompt_mask: Tensor, *, n: int, temperature: float, top_p: float,
             max_new_tokens: int, eos_ids: list[int], pad_id: int, generator: torch.Generator | None, decode: str,
-            ) -> tuple[Tensor, Tensor]:
+            dtype: torch.dtype | None, check_every: int | None) -> tuple[Tensor, Tensor]:
     device = prompt_ids.device
+    path, hand = decode_path(model, decode, prompt_ids.shape[1] + max_new_tokens, device)  # before any model work
+    if path == "static":
+        return sample_static(model, hand, prompt_ids, prompt_mask, n=n, temperature=temperature, top_p=top_p,
+                             max_new_tokens=max_new_tokens, eos_ids=eos_ids, pad_id=pad_id, generator=generator,
+                             dtype=dtype, check_every=check_every, capture=device.type == "cuda")
     rows = prompt_ids.shape[0] * n
     eos = torch.tensor(sorted(set(eos_ids)), device=device)
-    hand = hand_decoder(model, decode, prompt_ids.shape[1] + max_new_tokens, device)  # before any model work
     out = model(input_ids=prompt_ids, attention_mask=prompt_mask.long(), position_ids=position_ids(prompt_mask),
                 use_cache=True, logits_to_keep=1)
     prompt_of = torch.arange(prompt_ids.shape[0], device=device).repeat_interleave(n)  # (rows,)
     logits = out.logits[prompt_of, -1]
-    steps = (HandSteps(hand, out.past_key_values, prompt_of, prompt_mask, max_new_tokens) if hand is not None
-             else _ForwardSteps(model, out.past_key_values, prompt_of, prompt_mask))
+    steps = (HandSteps(hand, cache_of(out), prompt_of, prompt_mask, max_new_tokens) if hand is not None
+             else _ForwardSteps(model, cache_of(out), prompt_of, prompt_mask))
     del out
     live = torch.arange(rows, device=device)
     response = torch.full((rows, max_new_tokens), pad_id, dtype=torch.long, device=device)
@@ -148,3 +208,141 @@ def _sample(model, prompt_ids: Tensor, prompt_mask: Tensor, *, n: int, temperatu
             steps.keep(keep)
         logits = steps(token)
     return response[:, :width], logp[:, :width]
+
+
+def draw(logits: Tensor, noise: Tensor, *, temperature: float, top_p: float) -> tuple[Tensor, Tensor]:
+    """(token (n,), its log-prob (n,)): one sample per row of softmax(logits / T) on the top-p nucleus, given
+    noise (n, V) of independent Exp(1) draws: the argmax of p / noise, which is a draw from p (the exponential
+    race; torch.multinomial computes exactly this for one sample, so the same noise gives the same token)."""
+    z = nucleus_logits(logits.float() / temperature, top_p)
+    log_probs = z.log_softmax(-1)  # (n, V)
+    token = (log_probs.exp() / noise).argmax(-1)
+    return token, log_probs.gather(1, token[:, None]).squeeze(1)
+
+
+class StaticRollout:
+    """The fixed-shape sampling loop's state: FixedSteps plus the sampled tokens, their log-probs, each row's
+    length and whether it has finished, all in buffers of the rollout's full size. `step()` is the unit a CUDA
+    graph captures: forward the last tokens, sample the next for every row from `noise`, record them where the row
+    is still live (pad and 0 where it has finished), all on the device without reading anything back."""
+
+    def __init__(self, steps: FixedSteps, rows: int, vocab: int, max_new_tokens: int, *, eos_ids: list[int],
+                 pad_id: int, temperature: float, top_p: float, device: torch.device):
+        self.steps, self.pad_id, self.temperature, self.top_p = steps, pad_id, temperature, top_p
+        self.eos = torch.tensor(sorted(set(eos_ids)), device=device)  # (E,)
+        self.token = torch.full((rows,), pad_id, dtype=torch.long, device=device)  # the last token of each row
+        self.t = torch.zeros(1, dtype=torch.long, device=device)  # the response column the next token goes to
+        self.done = torch.zeros(rows, dtype=torch.bool, device=device)
+        self.length = torch.zeros(rows, dtype=torch.long, device=device)
+        self.response = torch.full((rows, max_new_tokens), pad_id, dtype=torch.long, device=device)
+        self.logp = torch.zeros(rows, max_new_tokens, dtype=torch.float32, device=device)
+        self.noise = torch.ones(rows, vocab, dtype=torch.float32, device=device)  # filled before each step
+
+    def state(self) -> list[Tensor]:
+        """Every tensor a step changes besides the key/value columns (saved around a capture's warm-up)."""
+        return [self.token, self.t, self.done, self.length, self.response, self.logp, *self.steps.state()]
+
+    def record(self, logits: Tensor) -> None:
+        """Sample column t of every row from logits (n, V) and the noise; a finished row records pad_id and 0."""
+        token, logp = draw(logits, self.noise, temperature=self.temperature, top_p=self.top_p)
+        live = ~self.done
+        self.response.index_copy_(1, self.t, torch.where(live, token, self.pad_id)[:, None])
+        self.logp.index_copy_(1, self.t, torch.where(live, logp, 0.0)[:, None])
+        self.length.add_(live.long())
+        self.done.logical_or_(live & (token[:, None] == self.eos).any(-1))
+        self.token.copy_(token)
+        self.t.add_(1)
+
+    def step(self) -> None:
+        self.record(self.steps(self.token))
+
+
+def stream_noise(generator: torch.Generator | None):
+    """The noise today's loop draws (CPU): each step torch.multinomial draws Exp(1) values for the rows still in
+    its batch, row after row; this fills the live rows' noise with those very values, so the fixed-shape loop
+    samples the tokens the row-dropping loop samples. It reads which rows are live, a host read that costs
+    nothing on the CPU (nothing to wait for), and draws nothing once every row is done: the generator ends where
+    today's leaves it, whatever check_every is."""
+    def fill(state: StaticRollout) -> None:
+        live = (~state.done).nonzero().squeeze(1)
+        if len(live):
+            values = torch.empty(len(live), state.noise.shape[1], dtype=state.noise.dtype, device=state.noise.device)
+            values.exponential_(1, generator=generator)
+            state.noise.index_copy_(0, live, values)
+    return fill
+
+
+def device_noise(generator: torch.Generator | None, device: torch.device):
+    """The noise of a GPU rollout: Exp(1) for every row each step, drawn on the device by a generator of this
+    rollout seeded once from `generator` (one host read per rollout), so the caller's generator advances by the
+    same amount whatever the number of steps and check_every. Clamped away from 0: a zero would make 0 / 0 for a
+    token outside the nucleus, and argmax takes NaN for the largest."""
+    seed = torch.randint(0, 2**62, (1,), device=generator.device if generator is not None else device,
+                         generator=generator)
+    own = torch.Generator(device=device)
+    own.manual_seed(int(seed))
+    tiny = torch.finfo(torch.float32).tiny
+
+    def fill(state: StaticRollout) -> None:
+        state.noise.exponential_(1, generator=own).clamp_min_(tiny)
+    return fill
+
+
+def captured(state: StaticRollout, warmup: int = 2):
+    """state.step captured once in a CUDA graph; returns its replay. The warm-up (cuBLAS workspaces, allocator)
+    runs on a side stream before the capture, and the state it advances is put back after: the replays start
+    from the first step. The key/value columns the warm-up wrote are written again before any step reads them."""
+    saved = [t.clone() for t in state.state()]
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(warmup):
+            state.step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        state.step()
+    for t, s in zip(state.state(), saved):
+        t.copy_(s)
+    return graph.replay
+
+
+def sample_static(model, decoder: HandDecoder, prompt_ids: Tensor, prompt_mask: Tensor, *, n: int,
+                  temperature: float, top_p: float, max_new_tokens: int, eos_ids: list[int], pad_id: int,
+                  generator: torch.Generator | None, dtype: torch.dtype | None = None,
+                  check_every: int | None = None, capture: bool = False, noise: str | None = None,
+                  ) -> tuple[Tensor, Tensor]:
+    """`sample`'s "static" path (call it through `sample`): the prefill as in the other paths, then one
+    StaticRollout step per token, captured in a CUDA graph and replayed when `capture`, with every row in place
+    to the end; the loop stops at max_new_tokens or when a look, every check_every steps, finds every row done.
+    noise: "stream" (`stream_noise`: the tokens of the "hand" path) or "device" (`device_noise`: no host read);
+    None: "stream" on the CPU, "device" elsewhere."""
+    device = prompt_ids.device
+    check_every = check_every or check_every_default(device)
+    if check_every < 1:
+        raise ValueError(f"check_every must be >= 1, got {check_every}")
+    if dtype is None and torch.is_autocast_enabled(device.type):  # a caller generating under autocast
+        dtype = torch.get_autocast_dtype(device.type)
+    with torch.autocast(device.type, dtype=dtype or torch.bfloat16, enabled=dtype in (torch.bfloat16, torch.float16)):
+        out = model(input_ids=prompt_ids, attention_mask=prompt_mask.long(), position_ids=position_ids(prompt_mask),
+                    use_cache=True, logits_to_keep=1)
+    prompt_of = torch.arange(prompt_ids.shape[0], device=device).repeat_interleave(n)  # (rows,)
+    logits = out.logits[prompt_of, -1]
+    steps = FixedSteps(decoder, cache_of(out), prompt_of, prompt_mask, max_new_tokens, dtype=dtype)
+    del out  # the prefill's cache, copied into the step's buffers
+    state = StaticRollout(steps, len(prompt_of), logits.shape[-1], max_new_tokens, eos_ids=eos_ids, pad_id=pad_id,
+                          temperature=temperature, top_p=top_p, device=device)
+    noise = noise or ("stream" if device.type == "cpu" else "device")
+    noise = stream_noise(generator) if noise == "stream" else device_noise(generator, device)
+    with torch.autocast(device.type, enabled=False):  # the step's dtypes are its own (dtype), not autocast's
+        noise(state)
+        state.record(logits)  # column 0, from the prefill
+        # the warm-up's steps write response columns 1, 2: within the buffers when max_new_tokens > 2
+        step = captured(state) if capture and max_new_tokens > 2 else state.step
+        for t in range(1, max_new_tokens):
+            if t % check_every == 0 and bool(state.done.all()):
+                break
+            noise(state)
+            step()
+    width = int(state.length.max())
+    return state.response[:, :width], state.logp[:, :width]

@@ -18,6 +18,11 @@ Reward, in the shape of the paper's Appendix B:
 "Answer" is the expression before the first '=' (the whole completion when there is none); it is correct when
 it parses, uses only given numbers (each at most as often as given) and evaluates to the target. "Well formed"
 means the completion ended with EOS and reads exactly "<expression>=<target>" with nothing else.
+
+A puzzle's identity (issue 39) is its numbers as a multiset and its target, `Problem.identity` ("1,3,5>22" for
+"5,1,3>22"): the order of the numbers changes the prompt's text (`Problem.key`) but not the puzzle, since any
+solution of one ordering solves every other. Every builder, filter and split tells problems apart by identity
+(tasks/splits.py); before issue 39 they used the ordered key, and reorderings of evaluation puzzles were in training.
 """
 
 from __future__ import annotations
@@ -42,7 +47,13 @@ class Problem:
 
     @property
     def key(self) -> str:
+        """The prompt's text of the puzzle, numbers in their given order: "5,1,3>22"."""
         return f"{','.join(map(str, self.numbers))}>{self.target}"
+
+    @property
+    def identity(self) -> str:
+        """The puzzle, whatever the order of its numbers: sorted numbers and target, "1,3,5>22" (module docstring)."""
+        return f"{','.join(map(str, sorted(self.numbers)))}>{self.target}"
 
     def to_json(self) -> dict:
         return {"numbers": list(self.numbers), "target": self.target, "solution": self.solution}
@@ -206,7 +217,8 @@ def random_problem(rng: random.Random, *, n_numbers: int = 3, max_number: int = 
 
 
 def make_problems(n: int, *, seed: int, exclude: set[str] | None = None, **kwargs) -> list[Problem]:
-    """n distinct problems (by numbers and target), none of whose keys is in exclude."""
+    """n distinct puzzles (by identity: the numbers as a multiset and the target), none of whose identities is in
+    exclude."""
     rng = random.Random(seed)
     seen = set(exclude or ())
     out: list[Problem] = []
@@ -214,8 +226,8 @@ def make_problems(n: int, *, seed: int, exclude: set[str] | None = None, **kwarg
         if len(out) == n:
             break
         p = random_problem(rng, **kwargs)
-        if p.key not in seen:
-            seen.add(p.key)
+        if p.identity not in seen:
+            seen.add(p.identity)
             out.append(p)
     if len(out) < n:
         raise ValueError(f"could only make {len(out)} distinct countdown problems of the {n} asked; "

@@ -70,9 +70,15 @@ class MathProblem:
     extra: dict = field(default_factory=dict, compare=False, hash=False)
 
     @property
+    def identity(self) -> str:
+        """The problem's identity (issue 39): sha256 of its normalised question text, whitespace runs collapsed to
+        one space and the ends stripped (ids differ between dataset copies, and so does spacing)."""
+        return hashlib.sha256(" ".join(self.question.split()).encode()).hexdigest()[:16]
+
+    @property
     def key(self) -> str:
-        """A stable identity of the problem: sha256 of its question text (ids differ between dataset copies)."""
-        return hashlib.sha256(self.question.encode()).hexdigest()[:16]
+        """The same as `identity` (kept for callers of the older name)."""
+        return self.identity
 
     def to_json(self) -> dict:
         return {"question": self.question, "answer": self.answer, "id": self.id, "source": self.source, **self.extra}

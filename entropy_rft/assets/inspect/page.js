@@ -33,10 +33,17 @@
   }
 
   function tokenValue(resp, pos, key) {
+    if (key === "push") {  // -A S_c: the term without the loss's step size, defined for every loss
+      const a = advantageAt(resp, pos), s = resp.s_centered[pos];
+      return a === null || a === undefined || s === null ? null : -a * s;
+    }
     const col = resp[key];
     return col ? col[pos] : null;
   }
   function advantageAt(resp, pos) { return resp.advantage_t ? resp.advantage_t[pos] : resp.advantage; }
+  // the per-token marks of a record (what the monitor's filters would drop): [{key, label}]
+  function marksOf(rec) { return rec.marks || []; }
+  function markedBy(rec, resp, pos) { return marksOf(rec).filter((m) => resp[m.key] && resp[m.key][pos]); }
   function wouldBe(resp, pos) {
     const a = advantageAt(resp, pos), s = resp.s_centered[pos];
     return resp.term_scale === null || a === null || s === null ? null : -resp.term_scale * a * s;
@@ -46,12 +53,14 @@
     return text.replace(/\r/g, "\u240d").replace(/\n/g, "\u21b5\n");
   }
 
-  function tokenHtml(r, k, j, resp, pos, stat, scale) {
+  function tokenHtml(r, k, j, rec, resp, pos, stat, scale) {
     const v = tokenValue(resp, pos, stat.key);
     const clipped = !resp.kept[pos];
     const text = resp.text[pos];
-    const cls = "tok" + (clipped ? " clipped" : "") + (text === "" ? " cont" : "");
-    const label = clipped ? ' aria-label="' + esc(text + " (clipped)") + '"' : "";
+    const marks = marksOf(rec).map((m, i) => (resp[m.key] && resp[m.key][pos] ? " mark-" + i : "")).join("");
+    const cls = "tok" + (clipped ? " clipped" : "") + marks + (text === "" ? " cont" : "");
+    const notes = (clipped ? ["clipped"] : []).concat(markedBy(rec, resp, pos).map((m) => m.label));
+    const label = notes.length ? ' aria-label="' + esc(text + " (" + notes.join("; ") + ")") + '"' : "";
     return '<span class="' + cls + '" tabindex="0" id="t-' + r + "-" + k + "-" + j + "-" + pos + '" data-run="' + r +
       '" data-group="' + k + '" data-resp="' + j + '" data-pos="' + pos + '" data-v="' + esc(fmt(v)) + '"' + label +
       ' style="background:' + colour(v, stat, scale) + '">' + esc(shown(text)) + "</span>";
@@ -97,7 +106,13 @@
     if (m["entropy_change/realised"] !== undefined) rows.push(["realised", signed(m["entropy_change/realised"])]);
     rows.push(["written", rec.groups.length + " of " + b.groups + " groups, " + written + " tokens" +
       (termsKnown && ec.eq23 !== undefined ? " (terms sum to " + signed(writtenTerms) + ")" : "")]);
-    if (!termsKnown) rows.push(["terms", "not known for this loss (" + esc(rec.loss_type || "?") + ")"]);
+    if (!termsKnown) rows.push(["terms", "not known for this loss (" + esc(rec.loss_type || "?") + "): its weights depend " +
+      "on how the engine splits the batch; colour by \u2212A S_c, the term without its step size"]);
+    for (const mk of marksOf(rec)) {
+      let n = 0;
+      for (const g of rec.groups) for (const resp of g.responses) for (const x of resp[mk.key] || []) n += x;
+      rows.push(["marked", n + " written tokens: " + mk.label]);
+    }
     return '<dl class="summary">' + rows.map(([k, v]) => "<dt>" + esc(k) + "</dt><dd>" + esc(v) + "</dd>").join("") + "</dl>";
   }
 
@@ -128,7 +143,7 @@
         out += '<div class="resp"><div class="resp-head">response ' + (j + 1) + " \u00b7 reward " + short(resp.reward) +
           ' \u00b7 <span class="' + cls + '">A ' + (a === null ? "per token" : signed(a)) + "</span> \u00b7 " + resp.length +
           " tokens \u00b7 " + (resp.finished ? "finished" : "truncated") + cut + '</div><div class="tokens">';
-        for (let t = 0; t < resp.text.length; t++) out += tokenHtml(r, k, j, resp, t, stat, scale);
+        for (let t = 0; t < resp.text.length; t++) out += tokenHtml(r, k, j, rec, resp, t, stat, scale);
         out += "</div></div>";
       });
       out += "</div>";
@@ -140,24 +155,32 @@
     return out + "</section>";
   }
 
-  function legendHtml(stat, scale) {
+  function legendHtml(stat, scale, marks) {
     const q = Math.round(100 * DATA.scale_quantile);
+    const marked = marks.map((m, i) => '<span><span class="tok mark-' + i + '">x</span> ' + esc(m.label) +
+      " (not clipped: the monitor changes no loss)</span>").join("");
     let ramp, words;
     if (stat.signed) {
       ramp = "linear-gradient(to right, rgba(" + NEG + ",0.7), #fff, rgba(" + POS + ",0.7))";
-      words = stat.key === "term" ? ["lowers entropy", "raises entropy"] : ["negative", "positive"];
+      words = stat.key === "term" || stat.key === "push" ? ["lowers entropy", "raises entropy"] : ["negative", "positive"];
     } else {
       ramp = "linear-gradient(to right, #fff, rgba(" + SEQ + ",0.6))";
       words = stat.key === "logp" ? ["likely", "unlikely"] : ["low", "high"];
     }
     const lo = stat.signed ? "\u2212" + fmt(scale) : "0";
     const hi = stat.key === "logp" ? "\u2212" + fmt(scale) : (stat.signed ? "+" : "") + fmt(scale);
+    if (!(scale > 0)) {  // nothing to colour: say why instead of a "-0 ... +0" ramp
+      return '<span class="ramp"><strong>' + esc(stat.label) + ":</strong> no value at this step" +
+        (stat.key === "term" ? " (the loss's step sizes are not known: pick \u2212A S_c)" : " is non-zero") + "</span>" +
+        '<span><span class="tok clipped">x</span> clipped: removed from the loss by the method\'s filter</span>' + marked +
+        '<span class="help">' + esc(stat.help) + "</span>";
+    }
     return '<span class="ramp"><strong>' + esc(stat.label) + ':</strong> <span class="end">' + esc(words[0]) + " " + lo +
       '</span><span class="bar" style="background:' + ramp + '" role="img" aria-label="colour scale from ' + esc(words[0]) +
       " to " + esc(words[1]) + '"></span><span class="end">' + hi + " " + esc(words[1]) + "</span></span>" +
       "<span>colours saturate at the " + q + "th percentile of |value| over this step's tokens (" + fmt(scale) +
       "); values are exact on hover or focus</span>" +
-      '<span><span class="tok clipped">x</span> clipped: removed from the loss by the method\'s filter</span>' +
+      '<span><span class="tok clipped">x</span> clipped: removed from the loss by the method\'s filter</span>' + marked +
       '<span><span class="tok cont">\u00b7</span> continues the character before it</span>' +
       '<span class="help">' + esc(stat.help) + "</span>";
   }
@@ -165,7 +188,12 @@
   function render() {
     const stat = statOf(state.stat), scale = scaleOf(state.step, stat.key);
     $("runs").innerHTML = DATA.runs.map((run, r) => runHtml(r, run, state.step, stat, scale)).join("");
-    $("legend").innerHTML = legendHtml(stat, scale);
+    const marks = [];
+    for (const run of DATA.runs) {
+      const rec = run.steps[String(state.step)];
+      for (const m of rec ? marksOf(rec) : []) if (!marks.some((x) => x.key === m.key)) marks.push(m);
+    }
+    $("legend").innerHTML = legendHtml(stat, scale, marks);
     $("prev").disabled = DATA.steps.indexOf(state.step) <= 0;
     $("next").disabled = DATA.steps.indexOf(state.step) >= DATA.steps.length - 1;
     const again = state.selected && $(state.selected);
@@ -198,6 +226,9 @@
       ["advantage", "A", signed(advantageAt(resp, pos))],
       ["kept", "in the loss", kept ? "kept" : "clipped (removed by the method's filter)"],
       ["term", "term, eq. 23", term],
+      ["push", "\u2212A S_c", signed(v("push"))],
+      ["marks", "would be dropped by", markedBy(rec, resp, pos).map((m) => m.label.replace(/ would drop it$/, "")).join("; ") ||
+        (marksOf(rec).length ? "none of the watched filters" : "\u2014")],
       ["reward", "reward of the response", short(resp.reward)],
     ];
     $("detail-body").innerHTML = '<p class="tok-text">\u201c' + esc(shown(resp.text[pos])) + "\u201d</p><dl>" +
@@ -227,6 +258,8 @@
       return '<option value="' + s + '">step ' + s + (missing.length ? " (not in " + esc(missing.join(", ")) + ")" : "") + "</option>";
     }).join("");
     $("stat").innerHTML = STATS.map((s) => '<option value="' + s.key + '">' + esc(s.label) + "</option>").join("");
+    // a loss whose step sizes are unknown (TRL's bnpo, vespo) has no terms: colour by -A S_c, defined for every loss
+    if (!(scaleOf(state.step, "term") > 0) && scaleOf(state.step, "push") > 0) { state.stat = "push"; $("stat").value = "push"; }
     $("step").addEventListener("change", (ev) => setStep(+ev.target.value));
     $("stat").addEventListener("change", (ev) => { state.stat = ev.target.value; render(); });
     $("prev").addEventListener("click", () => { const i = DATA.steps.indexOf(state.step); if (i > 0) setStep(DATA.steps[i - 1]); });

@@ -1,0 +1,334 @@
+"""A run's record as a resume reads it: the checkpoint to resume from, the run's settings, and what a resume checks
+before it trusts them (rundir.py's rules, rule 4 above all, say what follows from each):
+
+1. Checkpoints. The newest complete one (latest_checkpoint, else the highest checkpoint-N with a trainer_state.pt);
+   a trainer_state.pt that is not a complete torch archive is skipped for the one before it (resume_checkpoint); one
+   that lacks a part of the run state is named (load_trainer_state).
+2. The settings digest, RUN/config.digest: beside config.yaml the run keeps a digest of each of its settings
+   (config.settings_digests), written with config.yaml whenever a run starts or resumes there. A field whose value
+   differs from its digest was edited by hand since (`edited_fields`); resume compares the new settings with the
+   digest rather than with the file, so a hand edit of config.yaml is refused as `--set` is, naming the field
+   (`check_hand_edits`, `differences`). A record written before the digest existed has none: its config.yaml is
+   trusted as before.
+3. Completeness: metrics.jsonl holds a line for every step up to the checkpoint's (less a step the checkpoint holds
+   pending, runstate.py), and every samples file of those steps reads whole (`first_gap`). A line cut off by a crash
+   while it was written, or a lost or damaged file, is a gap that a resume from that checkpoint would never fill:
+   the resume goes back to the newest checkpoint before it (`trusted_checkpoint`), or is refused naming the file.
+4. A record an --overwrite set aside (RUN/.replaced-*) and a kill left there is the run's (the next claim puts it
+   back): its settings are read from there (`record_dir`).
+
+Departures, numbered:
+1. config.yaml and config.digest are two files, each replaced atomically but not together; a kill between the two
+   renames (microseconds, while a resume rewrites both) can leave a setting that may change on resume (steps,
+   bookkeeping) looking hand-edited, which is refused with its way out (give it on the command line), never trained.
+2. Every samples file up to the checkpoint is read whole on each resume (gzip and JSON: milliseconds per file), not
+   only the newest; a damaged old one with no checkpoint before it refuses the resume, naming the file (delete it to
+   resume without that step's samples).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import pickle
+import sys
+import zipfile
+from pathlib import Path
+from collections.abc import Callable
+
+import yaml
+
+from .config import RESUME_SAFE, TrainConfig, setting_differences, settings_digests
+
+DIGEST = "config.digest"
+FORMAT = "entropy-rft/settings-digest"
+STAGED = ".replaced-"  # a replaced record, moved aside until the new run commits (rundir.py rule 3)
+
+
+class RunDirError(Exception):
+    """A run directory that may not be used as asked; the message names the directory and the fix."""
+
+
+def find_checkpoint(run_dir: Path) -> Path | None:
+    """The checkpoint to resume from: the one latest_checkpoint names if it is complete, else the complete
+    checkpoint-N of highest N (a kill between two renames of save_checkpoint), else None."""
+    latest = run_dir / "latest_checkpoint"
+    if latest.exists():
+        named = run_dir / latest.read_text().strip()
+        if (named / "trainer_state.pt").exists():
+            return named
+    return max(checkpoint_dirs(run_dir, complete=True), key=step_of, default=None)
+
+
+def intact_state(ckpt: Path) -> bool:
+    """Whether ckpt/trainer_state.pt is a complete torch archive (torch.save writes a zip, whose directory is at
+    its end: a file cut short by a full disk or a kill mid-copy has none)."""
+    return zipfile.is_zipfile(ckpt / "trainer_state.pt")
+
+
+def resume_checkpoint(run_dir: Path) -> Path | None:
+    """find_checkpoint's choice, or, when its trainer_state.pt is damaged, the newest earlier complete checkpoint
+    with an intact one, after a warning naming the damaged file (rule 4); with none left, RunDirError."""
+    first = find_checkpoint(run_dir)
+    if first is None or intact_state(first):
+        return first
+    damaged = first / "trainer_state.pt"
+    earlier = sorted((c for c in checkpoint_dirs(run_dir, complete=True) if step_of(c) < step_of(first)), key=step_of)
+    for ckpt in reversed(earlier):
+        if intact_state(ckpt):
+            print(f"entropy-rft: warning: {damaged} is damaged (not a complete torch archive: cut short by a full "
+                  f"disk or a copy?); resuming from {ckpt.name}, the newest complete checkpoint before it: steps "
+                  f"{step_of(ckpt) + 1}-{step_of(first)} are trained again", file=sys.stderr)
+            return ckpt
+    raise RunDirError(f"{damaged} is damaged (not a complete torch archive) and {run_dir} has no earlier complete "
+                      "checkpoint to resume from; restore the file, or start the run again with --overwrite")
+
+
+def load_trainer_state(ckpt: Path) -> dict:
+    """ckpt/trainer_state.pt (the run state besides the weights); a file torch cannot read raises RunDirError naming
+    it and the way out."""
+    import torch
+
+    path = Path(ckpt) / "trainer_state.pt"
+    try:
+        state = torch.load(path, weights_only=False)
+    except (RuntimeError, EOFError, OSError, ValueError, pickle.UnpicklingError, zipfile.BadZipFile) as err:
+        raise RunDirError(f"{path} cannot be read ({type(err).__name__}: {' '.join(str(err).split())[:120]}); the "
+                          f"checkpoint is damaged. Move {Path(ckpt).name} out of the run directory and --resume goes "
+                          "on from the checkpoint before it, or restore the file") from None
+    lacks = [k for k in STATE_PARTS if not isinstance(state, dict) or k not in state]
+    if lacks:
+        raise RunDirError(f"{path} lacks {', '.join(lacks)} of the run state (runstate.py), so the run cannot continue "
+                          f"from it exactly; it was not written by entropy-rft train. Move {Path(ckpt).name} out of "
+                          "the run directory and --resume goes on from the checkpoint before it, or restore the file")
+    return state
+
+
+STATE_PARTS = ("step", "optimizer", "sampler")  # what every trainer_state.pt holds (runstate.py)
+
+
+def _pending(ckpt: Path) -> bool:
+    """Whether the checkpoint holds a step pending (its metrics line not yet written, runstate.py); read lazily."""
+    import torch
+
+    try:
+        state = torch.load(Path(ckpt) / "trainer_state.pt", weights_only=False, mmap=True, map_location="cpu")
+    except (RuntimeError, EOFError, OSError, ValueError, pickle.UnpicklingError, zipfile.BadZipFile):
+        return False  # load_trainer_state names the damage when the run loads it
+    return isinstance(state, dict) and state.get("pending") is not None
+
+
+def trusted_checkpoint(run_dir: Path, first: Path | None) -> Path | None:
+    """`first` when the record holds every step up to it (record.first_gap); else the newest complete checkpoint
+    before the first step it lacks, after a warning naming the file and line (those steps are trained again); with
+    none, RunDirError naming them (rule 4)."""
+    if first is None:
+        return None
+    try:
+        gap = first_gap(run_dir, step_of(first), lambda: _pending(first))
+    except ValueError as err:  # a damaged line before the last: logging names it
+        raise RunDirError(str(err)) from None
+    if gap is None:
+        return first
+    step, kind, what = gap
+    earlier = sorted((c for c in checkpoint_dirs(run_dir, complete=True) if step_of(c) < step and intact_state(c)),
+                     key=step_of)
+    if earlier:
+        ckpt = earlier[-1]
+        print(f"entropy-rft: warning: {what}; resuming from {ckpt.name}, the newest checkpoint before step {step}: "
+              f"steps {step_of(ckpt) + 1}-{step_of(first)} are trained again, exactly as the first time",
+              file=sys.stderr)
+        return ckpt
+    raise RunDirError(f"{what}, and {run_dir} has no checkpoint before step {step} to train it again from; a resume "
+                      f"from {first.name} would leave step {step} out of the record. "
+                      + ("Delete that file to resume without the step's samples, or restore it" if kind == "samples"
+                         else "Restore the file, or start the run again with --overwrite"))
+
+
+def step_of(ckpt: Path) -> int:
+    return int(ckpt.name[11:])
+
+
+def checkpoint_dirs(run_dir: Path, *, complete: bool) -> list[Path]:
+    return [p for p in run_dir.glob("checkpoint-*") if p.name[11:].isdigit()
+            and (not complete or (p / "trainer_state.pt").exists())]
+
+
+def record_dir(run_dir: Path) -> Path:
+    """Where the run's record lies: run_dir, or the record an --overwrite set aside there before it was killed (the
+    next claim puts it back, rule 3)."""
+    staged = sorted(Path(run_dir).glob(STAGED + "*"))
+    return staged[0] if staged else Path(run_dir)
+
+
+def set_aside_note(run_dir: Path) -> str | None:
+    """A line saying that run_dir holds a record an interrupted --overwrite set aside, or None."""
+    staged = sorted(Path(run_dir).glob(STAGED + "*"))
+    if not staged:
+        return None
+    return (f"{staged[0]} holds the run record an --overwrite of {run_dir} set aside and did not replace (it was "
+            "killed before its first step); the next `entropy-rft train` there puts that record back, and --resume "
+            "continues it")
+
+
+def stored_settings(run_dir: Path) -> dict | None:
+    """The run's config.yaml as a dict (from record_dir), or None when there is none; one that is not YAML raises
+    RunDirError."""
+    path = record_dir(run_dir) / "config.yaml"
+    if not path.exists():
+        return None
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (yaml.YAMLError, UnicodeDecodeError) as err:
+        where = getattr(err, "problem_mark", None)
+        at = f" (line {where.line + 1})" if where is not None else ""
+        raise RunDirError(f"{path} is not valid YAML{at}, so the run's settings cannot be read; the record is damaged. "
+                          "Restore or fix the file (`entropy-rft train --help-config` lists the fields), or replace "
+                          "the run with --overwrite") from None
+    if not isinstance(data, dict):
+        raise RunDirError(f"{path} is not a mapping of settings; the record is damaged (restore it, or replace the "
+                          "run with --overwrite)")
+    return data
+
+
+def differences(run_dir: Path, stored: dict, cfg: TrainConfig) -> list[str]:
+    """setting_differences against the run's own settings: those its digest recorded (record.py), where config.yaml
+    was edited by hand since; config.yaml itself in a record without a digest."""
+    digests = read_digest(run_dir)
+    if digests is None:
+        return setting_differences(stored, cfg)
+    edited, _ = edited_fields(run_dir, stored)
+    new = cfg.to_dict()
+    return [f"{k}: {stored.get(k)!r} -> {new[k]!r}" if k not in edited else
+            f"{k}: {new[k]!r}, but config.yaml was edited by hand there since the run wrote it (the run trained with "
+            "another value)" for k in differing_fields(digests, cfg) if k not in RESUME_SAFE]
+
+
+def check_hand_edits(run_dir: Path, given: set[str] | frozenset[str] = frozenset()) -> None:
+    """Refuse (RunDirError) a resume from a config.yaml edited by hand since the run wrote it (rundir.py rule 4),
+    naming the fields and their values, unless the command line gives them too (`given`: the keys of the recipe,
+    --set and the options): a field that may change on resume (RESUME_SAFE: steps and bookkeeping) is then accepted,
+    and any other is checked as a --set of it is (`differences`: refused unless it is the run's own value)."""
+    folder = record_dir(run_dir)
+    stored = stored_settings(run_dir)
+    if stored is None:
+        return
+    edited, now = edited_fields(folder, stored)
+    path = folder / "config.yaml"
+    shown = {k: f"{k}={_yaml_value(getattr(now, k))}" + ("" if k in stored else " (deleted: its default)")
+             for k in edited}
+    unsafe = [k for k in edited if k not in RESUME_SAFE and k not in given]
+    if unsafe:
+        it, verb = ("it", "differs") if len(unsafe) == 1 else ("them", "differ")
+        raise RunDirError(f"{path} was edited by hand since the run wrote it: {', '.join(shown[k] for k in unsafe)} "
+                          f"{verb} from the settings the run trained with ({DIGEST}); a resumed run would train its "
+                          f"later steps with {it} while its record claims {it} for every step. Put the file back as it "
+                          f"was, or train {it} as a new run (--name NAME --config {path})")
+    unconfirmed = [k for k in edited if k not in given]
+    if unconfirmed:
+        it, this = ("it", "this") if len(unconfirmed) == 1 else ("them", "these")
+        listed = " ".join(shown[k] for k in unconfirmed)
+        raise RunDirError(f"{path} was edited by hand since the run wrote it ({listed}); {this} may change on resume: "
+                          f"to accept, give {it} on the command line too (--set {listed}), or put the file back as it "
+                          "was")
+
+
+def _yaml_value(value) -> str:
+    return yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("...").strip()
+
+
+
+
+
+def write_digest(run_dir: Path, cfg: TrainConfig) -> None:
+    """RUN/config.digest for cfg, replaced atomically."""
+    tmp = Path(run_dir) / f".{DIGEST}.tmp"
+    tmp.write_text(json.dumps({"format": FORMAT, "fields": settings_digests(cfg.to_dict())}, indent=0) + "\n")
+    os.replace(tmp, Path(run_dir) / DIGEST)
+
+
+def read_digest(folder: Path) -> dict[str, str] | None:
+    """The per-field digests of FOLDER/config.digest, or None when there is none; a damaged file raises ValueError
+    naming it."""
+    path = Path(folder) / DIGEST
+    if not path.exists():
+        return None
+    try:
+        data = json.loads(path.read_text())
+        fields = data["fields"] if data.get("format") == FORMAT else None
+    except (ValueError, TypeError, KeyError, AttributeError, UnicodeDecodeError):
+        fields = None
+    if not isinstance(fields, dict):
+        raise ValueError(f"{path} is not a settings digest (damaged?); it guards config.yaml against hand edits. "
+                         "Delete it to trust config.yaml as it is, or replace the run with --overwrite")
+    return fields
+
+
+def differing_fields(digests: dict[str, str], cfg: TrainConfig) -> list[str]:
+    """The fields of cfg whose value is not the one the digest recorded (a field the digest lacks, added to
+    TrainConfig since, counts as unchanged)."""
+    now = settings_digests(cfg.to_dict())
+    return sorted(k for k, d in now.items() if k in digests and digests[k] != d)
+
+
+def edited_fields(folder: Path, stored: dict) -> tuple[list[str], TrainConfig | None]:
+    """(fields of FOLDER/config.yaml edited by hand since the run wrote it, the settings the file now gives): a
+    field deleted from the file counts at the value it now resolves to (its default). No digest: ([], None)."""
+    digests = read_digest(folder)
+    if digests is None:
+        return [], None
+    import warnings
+
+    from .config import resolve_config
+
+    with warnings.catch_warnings():  # the run's own settings: their warnings came when it started
+        warnings.simplefilter("ignore")
+        now = resolve_config(stored)
+    return differing_fields(digests, now), now
+
+
+def _torn_line(path: Path) -> int | None:
+    """The number of a last line cut short (no final newline, not JSON), or None."""
+    text = path.read_text(errors="replace")
+    if not text or text.endswith("\n"):
+        return None
+    try:
+        json.loads(text.rsplit("\n", 1)[-1])
+        return None
+    except json.JSONDecodeError:
+        return text.count("\n") + 1
+
+
+def _readable(path: Path) -> bool:
+    try:
+        json.loads(gzip.decompress(path.read_bytes()))
+        return True
+    except (OSError, EOFError, ValueError):
+        return False
+
+
+def first_gap(run_dir: Path, step: int, pending: Callable[[], bool]) -> tuple[int, str, str] | None:
+    """(the first step <= `step` the record lacks, "metrics" or "samples", what is wrong), or None when it holds
+    every step: a step with no complete line in metrics.jsonl (the line of `step` itself may be missing when
+    `pending()`: the checkpoint holds that step unlogged), or a samples file that does not read whole. A damaged line
+    before the last raises ValueError naming it (logging.read_metrics)."""
+    from .logging import read_metrics
+    from .samples import SAMPLES_DIR, file_name, steps_written
+
+    run_dir = Path(run_dir)
+    path = run_dir / "metrics.jsonl"
+    logged = {row["step"] for row in read_metrics(run_dir)} if path.exists() else set()
+    gaps = []
+    missing = next((s for s in range(1, step + 1) if s not in logged), None)
+    if missing is not None and not (missing == step and pending()):
+        torn = _torn_line(path) if path.exists() else None
+        what = (f"{path}:{torn} is cut off (a crash while it was written?), so step {missing} has no metrics line"
+                if torn else f"{path} holds no line for step {missing}" + ("" if path.exists() else " (it is missing)"))
+        gaps.append((missing, "metrics", what))
+    for s in steps_written(run_dir):
+        if s <= step and not _readable(run_dir / SAMPLES_DIR / file_name(s)):
+            gaps.append((s, "samples", f"{run_dir / SAMPLES_DIR / file_name(s)} does not read whole (cut off or "
+                                       "damaged)"))
+            break
+    return min(gaps, default=None)
