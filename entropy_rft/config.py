@@ -461,12 +461,18 @@ TrainConfig.__init__ = _raise_config_errors(TrainConfig.__init__)
 
 def resolve_config(*layers: dict) -> TrainConfig:
     """TrainConfig from layers of settings, later layers winning per key; a None value in a layer sets the field to
-    None (an explicit `--set mu=null`). The method's own defaults (methods.py) sit beneath every layer."""
+    None (an explicit `--set mu=null`). The method's own defaults (methods.py) sit beneath every layer; a model
+    packaged in a wheel (packaged.py) brings its shipped recipe (configs/smollm2-135m.yaml) as the layer just above
+    them, beneath everything given."""
     data: dict = {}
     for layer in layers:
         data.update(layer)
     from .methods import METHODS
+    from .packaged import PACKAGED
 
+    model = data.get("model", TrainConfig.__dataclass_fields__["model"].default)
+    if isinstance(model, str) and model in PACKAGED:  # a packaged model's shipped recipe sits beneath the run's own
+        data = {**read_recipe(PACKAGED[model].recipe), **data}
     method = data.get("method", TrainConfig.__dataclass_fields__["method"].default)
     if isinstance(method, str) and method in METHODS:  # the method's own defaults sit beneath anything given explicitly
         data = {**METHODS.get(method).config, **data}

@@ -19,8 +19,10 @@ from pathlib import Path
 import torch
 from safetensors import SafetensorError
 
+from . import packaged
 from .config import TrainConfig, check_device
 from .dropout import check_deterministic, disable_dropout
+from .packaged import PACKAGED
 from .rollout import ENGINES
 
 BUILTIN_MODELS = {"countdown-tiny": Path(__file__).parent / "assets" / "countdown-tiny"}
@@ -38,23 +40,37 @@ def cache_dir() -> Path:
     return path
 
 
-def resolve_model_path(name: str) -> str:
-    """A shipped model name, the stand-in, an existing local directory, or a hub id (returned as given)."""
-    if name == STAND_IN:
-        path = cache_dir() / STAND_IN
-        if not (path / "config.json").exists():
-            from .toy import build_stand_in
+def _built_once(path: Path, build) -> str:
+    """`path`, built by build(directory) on first use into a scratch directory beside it and renamed into place (a
+    rename on one filesystem is atomic, so a process that sees config.json sees a whole model)."""
+    if not (path / "config.json").exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}-", dir=path.parent))
+        try:
+            build(tmp)
+            tmp.rename(path)
+        except OSError:  # another process built it first
+            shutil.rmtree(tmp, ignore_errors=True)
+            if not (path / "config.json").exists():
+                raise
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    return str(path)
 
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = Path(tempfile.mkdtemp(prefix=".stand-in-", dir=path.parent))  # same filesystem: rename is atomic
-            build_stand_in(tmp)
-            try:
-                tmp.rename(path)
-            except OSError:  # another process built it first
-                shutil.rmtree(tmp, ignore_errors=True)
-                if not (path / "config.json").exists():
-                    raise
-        return str(path)
+
+def resolve_model_path(name: str) -> str:
+    """A shipped model name, the stand-in, a packaged model (packaged.py: converted into the cache on first use), an
+    existing local directory, or a hub id (returned as given)."""
+    if name == STAND_IN:
+        from .toy import build_stand_in
+
+        return _built_once(cache_dir() / STAND_IN, build_stand_in)
+    if name in PACKAGED:
+        reason = packaged.missing(name)
+        if reason is not None and not (cache_dir() / name / "config.json").exists():
+            raise FileNotFoundError(reason)
+        return _built_once(cache_dir() / name, lambda out: packaged.convert(name, out))
     if name in BUILTIN_MODELS:
         path = BUILTIN_MODELS[name]
         if not (path / "config.json").exists():
@@ -70,7 +86,8 @@ def resolve_model_path(name: str) -> str:
     looks_like_hub_id = name.count("/") == 1 and not name.startswith((".", "/", "~"))
     if not looks_like_hub_id:
         raise FileNotFoundError(f"model path {name!r} does not exist; pass a local model directory, a hub id like "
-                                f"'Qwen/Qwen2.5-7B-Instruct', or one of the shipped models: {', '.join(BUILTIN_MODELS)}")
+                                f"'Qwen/Qwen2.5-7B-Instruct', or one of the shipped models: "
+                                f"{', '.join([*BUILTIN_MODELS, *PACKAGED])}")
     return name
 
 

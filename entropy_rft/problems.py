@@ -33,6 +33,7 @@ class Scored:
 
 
 SHIPPED_DATA = {"countdown": BUILTIN_MODELS["countdown-tiny"] / "data",  # task -> directory of train/eval.jsonl
+                "countdown_chat": BUILTIN_MODELS["countdown-tiny"] / "data",  # the same problems, in words
                 "countdown5": BUILTIN_MODELS["countdown-tiny"] / "data" / "countdown5",
                 "countdown5_large": BUILTIN_MODELS["countdown-tiny"] / "data" / "countdown5_large"}
 

@@ -408,7 +408,7 @@ def build_report(run_dirs: list[Path | str], out: Path | str) -> Path:
         p = f"{ev[min(ev)]['pass_at_k']:.3f} -> {ev[max(ev)]['pass_at_k']:.3f}" if ev else "not evaluated"
         fo = corr[run["name"]]["first_order"]
         row = (f"| {run['name']} | {cfg.get('method', '?')} | {_mu_cell(cfg)} | {len(run['metrics'])} | "
-               f"{f'{ent[0]:.4f} -> {ent[-1]:.4f}' if ent else 'not logged'} | {sum(clip) / max(len(clip), 1):.4f} | "
+               f"{f'{ent[0]:.4f} -> {ent[-1]:.4f}' if ent else 'not logged'} | {f'{sum(clip) / len(clip):.4f}' if clip else 'not logged'} | "
                f"{a} | {p} |")
         if probed:
             row += (f" {_fmt(fo['corr'])} | {_fmt(fo['median_ratio'], '.3g')} | {_fmt(fo['sign_agreement'], '.2f')} "

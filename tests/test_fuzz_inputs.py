@@ -230,7 +230,7 @@ def test_damaged_run_directory_files_are_named(tmp_path, name, content):
 
 def test_report_of_missing_directory_and_of_a_sparse_run(tmp_path, capsys):
     """`report` on a missing directory is a one-line CLI error; a run whose rows lack the entropy keys still gets
-    its report (with '-' in their place) instead of an IndexError."""
+    its report (with 'not logged' in their place) instead of an IndexError."""
     from entropy_rft.cli import main
     from entropy_rft.report import build_report
 
@@ -242,4 +242,4 @@ def test_report_of_missing_directory_and_of_a_sparse_run(tmp_path, capsys):
     (run / "metrics.jsonl").write_text('{"step": 1, "reward_mean": 0.5}\n{"step": 2, "reward_mean": 0.7}\n')
     (run / "config.yaml").write_text("method: clip_b\nmu: 2.0\n")
     page = build_report([run], tmp_path / "rep").read_text()
-    assert "| sparse | clip_b | 2.0 | 2 | - |" in page
+    assert "| sparse | clip_b | 2.0 | 2 | not logged | not logged | not evaluated |" in page

@@ -139,11 +139,20 @@ def test_golden_case(name, tmp_path):
 
 
 def test_a_changed_step_fails_the_bounded_tier(tmp_path, monkeypatch):
-    """Mutation check: with DAPO's overlong penalty dropped from the real step (step.shaped_rewards returns the
-    task's rewards unchanged), the dapo case falls outside the bounded tier's bounds: the tier protects on every
-    platform, not only where it is bit-exact."""
+    """Mutation check: with Clip_B's filter computed but not applied to the loss (the real step's decision keeps
+    every valid token in the loss mask: the paper's method silently off), the clip_b case falls outside the bounded
+    tier's bounds: the tier protects on every platform, not only where it is bit-exact."""
+    import dataclasses
+
     from entropy_rft import step
 
-    monkeypatch.setattr(step, "shaped_rewards", lambda cfg, rewards, mask: rewards)
-    problems = beyond_bounds(run_case("dapo", tmp_path), RECORD["cases"]["dapo"])
+    decide = step.Step.decide
+
+    def unfiltered(self, batch, behaviour):
+        decision = decide(self, batch, behaviour)
+        return dataclasses.replace(decision, loss_mask=batch.rollout.response_mask.clone())
+
+    monkeypatch.setattr(step.Step, "decide", unfiltered)
+    assert any(row["clip_frac"] > 0 for row in RECORD["cases"]["clip_b"]["metrics"])  # the filter drops tokens there
+    problems = beyond_bounds(run_case("clip_b", tmp_path), RECORD["cases"]["clip_b"])
     assert problems, "the mutated step stayed inside the bounds"

@@ -192,11 +192,12 @@ def test_aggregate_loop_reference():
     assert float(aggregate(x, m, "token-mean")) == pytest.approx(sum(map(sum, rows)) / sum(map(len, rows)), rel=1e-5)
     assert float(aggregate(x, m, "seq-mean-token-mean")) == pytest.approx(sum(sum(r) / len(r) for r in rows) / 3, rel=1e-5)
     assert float(aggregate(x, m, "seq-mean-token-sum")) == pytest.approx(sum(map(sum, rows)) / 3, rel=1e-5)
+    assert float(aggregate(x, m, "token-sum")) == pytest.approx(sum(map(sum, rows)), rel=1e-5)
     norm = 16  # the generation budget (max_new_tokens), a constant, not the padded width 6
     assert float(aggregate(x, m, "seq-mean-token-sum-norm", norm=norm)) == pytest.approx(sum(map(sum, rows)) / 3 / norm,
                                                                                         rel=1e-5)
     with pytest.raises(ValueError, match="unknown loss aggregation"):
-        aggregate(x, m, "token-sum")
+        aggregate(x, m, "token-product")
 
 
 def test_dr_grpo_norm_is_a_constant_not_the_padded_width():

@@ -63,12 +63,14 @@ def test_parameter_counts_of_the_published_shapes():
     + MLP 3 x 3584 x 18944 + biases 3584 + 2 x 512 + norms 2 x 3584 = 233,057,792; x 28 + final norm 3584
     = 7,615,616,512. Qwen2.5-0.5B (tied): 151936 x 896 + 24 x 14,912,384 + 896 = 494,032,768. Qwen2.5-1.5B
     (tied): 151936 x 1536 + 28 x 46,797,824 + 1536 = 1,543,714,304. Qwen3-4B (tied, head_dim 128, q/k norms):
-    151936 x 2560 + 36 x 100,930,816 + 2560 = 4,022,468,096. transformers' own models (on the meta device) agree."""
+    151936 x 2560 + 36 x 100,930,816 + 2560 = 4,022,468,096. smollm2-135m (the packaged SmolLM2-135M-Instruct, tied,
+    GQA 9/3 of head_dim 64): 49152 x 576 + 30 x 3,540,096 + 576 = 134,515,008. transformers' own models (on the meta
+    device) agree."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     want = {"Qwen/Qwen2.5-7B-Instruct": 7_615_616_512, "Qwen/Qwen2.5-Math-7B": 7_615_616_512,
             "Qwen/Qwen2.5-0.5B-Instruct": 494_032_768, "Qwen/Qwen2.5-1.5B-Instruct": 1_543_714_304,
-            "Qwen/Qwen3-4B-Base": 4_022_468_096}
+            "Qwen/Qwen3-4B-Base": 4_022_468_096, "smollm2-135m": 134_515_008}
     assert sorted(p.name for p in SHAPES_DIR.iterdir() if p.is_dir()) == sorted(n.replace("/", "--") for n in want)
     for name, count in want.items():
         path = shipped_shape_dir(name)

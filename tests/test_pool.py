@@ -18,6 +18,9 @@ from entropy_rft.policy import load_policy
 from entropy_rft.problems import SHIPPED_DATA, default_data
 
 SHIPPED = SHIPPED_DATA["countdown5_large"]
+# the shipped files predate one puzzle identity and the rebuilt policy; their rebuild (Amendment 1 of
+# docs/prereg_avgk.md) is pending: strict, so these fail once it lands and must be unmarked then
+LARGE_PENDING = pytest.mark.xfail(strict=True, reason="countdown5_large is not rebuilt yet (issue 39, Amendment 1)")
 
 
 @pytest.fixture(scope="module")
@@ -97,6 +100,7 @@ def test_small_build_is_deterministic_a_prefix_and_resamples_to_the_same_counts(
     assert sum(info["strata"].values()) == 10
 
 
+@LARGE_PENDING
 def test_shipped_split_sizes_filter_strata_and_disjointness():
     """The shipped countdown5_large: 25,000 training problems of five numbers, each with a pass rate strictly between
     1/16 and 15/16 in sixteenths; 1,000 evaluation problems whose stratum follows their count of 64; no puzzle twice
@@ -123,6 +127,7 @@ def test_shipped_split_sizes_filter_strata_and_disjointness():
     assert build["config"] == {**PoolConfig().__dict__}
 
 
+@LARGE_PENDING
 def test_shipped_split_regenerates_from_its_seed(engine, tmp_path):
     """The shipped files come from PoolConfig's defaults: a build keeping the first 40 training problems (one chunk
     of the stream; the 1,000 evaluation problems at 64 samples each, about 20 s on one thread) reproduces the shipped

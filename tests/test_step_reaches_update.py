@@ -143,14 +143,17 @@ def expected_keep(ran: Ran, adv: torch.Tensor, **overrides) -> torch.Tensor:
     return method.apply(ran.behaviour.stats, adv, ran.mask, **{**ran.cfg.method_overrides(), **overrides})[0]
 
 
-def policy_grad(cfg, logp, old, adv, loss_mask, count_mask, selected=None) -> torch.Tensor:
-    """d(policy loss)/d(log p), (B, R): the registered loss on the expected mask, its counts taken from count_mask."""
+def policy_grad(cfg, logp, old, adv, loss_mask, count_mask, selected=None, entropy=None, old_entropy=None):
+    """d(policy loss)/d(log p), (B, R): the registered loss on the expected mask, its counts taken from count_mask,
+    in its own aggregation where it has one (verl's SAPO and GMPO); a loss that reads entropies (ERC) gets them."""
     spec = POLICY_LOSSES.get(cfg.policy_loss)
     x = logp.clone().double().requires_grad_(True)
     extra = {"selected": selected} if selected is not None else {}
+    if spec.entropy:
+        extra.update(entropy=entropy.double(), old_entropy=old_entropy.double())
     n_tokens = count_mask.sum().clamp_min(1).double()
     n_seqs = (count_mask.sum(-1) > 0).sum().clamp_min(1).double()
-    loss, _ = spec.fn(x, old.double(), adv.double(), loss_mask, agg=cfg.loss_agg, num_tokens=n_tokens,
+    loss, _ = spec.fn(x, old.double(), adv.double(), loss_mask, agg=spec.agg or cfg.loss_agg, num_tokens=n_tokens,
                       num_seqs=n_seqs, norm=cfg.max_new_tokens, **spec.kwargs(cfg), **extra)
     loss.backward()
     return x.grad
@@ -186,8 +189,9 @@ def test_every_method_reaches_the_loss(name):
     assert torch.equal(g[dropped], torch.zeros_like(g[dropped])), "a dropped token received gradient"
     assert float(g[loss_mask].abs().sum()) > 0
     count_mask = mask if cfg.denominator == "all" else loss_mask
-    logp = ran.capture.gathered("logp", 0, mask.shape)
-    want = policy_grad(cfg, logp, logp, adv, loss_mask, count_mask, d.selected)
+    logp, entropy = ran.capture.gathered("logp", 0, mask.shape), ran.capture.gathered("entropy", 0, mask.shape)
+    # the first step's old entropies are its own forward's (ERC), as its old log p are
+    want = policy_grad(cfg, logp, logp, adv, loss_mask, count_mask, d.selected, entropy, entropy)
     assert_close(g, want, f"{name}: d loss / d log p")
 
 

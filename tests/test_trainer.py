@@ -82,18 +82,23 @@ def test_resume_continues_exactly(tmp_path):
 
 
 def test_interrupt_saves_the_steps_completed(tmp_path, monkeypatch):
-    """Ctrl-C right after step 2's update saves checkpoint-2 (two updates applied), stops the engine, and the
-    resumed run finishes with a well-formed checkpoint-3."""
+    """Ctrl-C while step 2's metrics line is being written (after its update) saves checkpoint-2 with step 2
+    pending (two updates applied), stops the engine, and the resumed run logs step 2 once and finishes with a
+    well-formed checkpoint-3. (A Ctrl-C between the update and its metrics is held by the stop signals until the line
+    is written: tests/test_step_commit.py.)"""
+    from entropy_rft.logging import MetricLogger
     from entropy_rft.rollout import HFEngine
 
-    calls = {"sync": 0, "close": 0}
+    calls = {"log": 0, "close": 0}
+    log = MetricLogger.log
 
-    def sync(self):
-        calls["sync"] += 1
-        if calls["sync"] == 2:
+    def cut(self, metrics):
+        calls["log"] += 1
+        if calls["log"] == 2:
             raise KeyboardInterrupt
+        return log(self, metrics)
 
-    monkeypatch.setattr(HFEngine, "sync_weights", sync)
+    monkeypatch.setattr(MetricLogger, "log", cut)
     monkeypatch.setattr(HFEngine, "close", lambda self: calls.__setitem__("close", calls["close"] + 1))
     cfg = tiny(tmp_path, "cut")
     with pytest.raises(SystemExit, match="after 2 steps"):
@@ -103,7 +108,7 @@ def test_interrupt_saves_the_steps_completed(tmp_path, monkeypatch):
     assert state["step"] == 2
     monkeypatch.undo()
     train(cfg, resume=True)
-    assert [r["step"] for r in read_metrics(cfg.out)][-1] == 3
+    assert [r["step"] for r in read_metrics(cfg.out)] == [1, 2, 3]
     assert (tmp_path / "cut" / "latest_checkpoint").read_text() == "checkpoint-3"
 
 

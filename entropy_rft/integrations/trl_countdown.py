@@ -6,6 +6,11 @@ reward, the demo's batch, sampling and optimiser settings.
     trainer = countdown_trainer("runs/trl-clip_b", method="clip_b", steps=150)   # Clip_B, mu 1.5 (the demo's)
     trainer.train()
 
+The packaged real model (`make real-lm`) runs the same way with its own recipe (configs/smollm2-135m.yaml: countdown
+in words, prompts as chat turns, the CPU-sized batch):
+
+    trainer = countdown_trainer("runs/trl-smollm2", model="smollm2-135m", method="none", steps=2)   # monitor mode
+
 Several processes: `accelerate launch --multi_gpu --num_processes 2 script.py` (on a machine without GPUs
 accelerate's torchrun launcher starts CPU processes that share the batch through gloo; its `--cpu` flag alone
 starts one process, and its multi-CPU mode needs MPI). `per_device` rows per process then make one generation batch
@@ -18,6 +23,9 @@ How the settings map, numbered (TrainConfig -> GRPOConfig):
    normaliser the adapter recounts over the kept tokens (integrations/trl.py, departure 3); eps 0.2 both sides.
 3. Adam (0.9, 0.999), constant learning rate, no weight decay, gradient clipping at 1.0, no KL (beta 0), no dropout.
 4. Sampling at temperature 1.0, top_p 1.0 and no top-k, at most max_new_tokens tokens.
+5. chat_template true -> conversational prompts (one user turn), which TRL renders with the tokenizer's template;
+   a response is finished when TRL's completion ids hold the EOS token (the shipped policy's reward, as before,
+   counts every response as finished).
 """
 
 from __future__ import annotations
@@ -26,39 +34,55 @@ from pathlib import Path
 
 import torch
 
-from ..config import load_config
+from ..config import TrainConfig, load_config, resolve_config
 from ..demo import load_demo_config, run_config
-from ..tasks import TASKS
-from ..policy import BUILTIN_MODELS
+from ..packaged import PACKAGED
+from ..policy import BUILTIN_MODELS, resolve_model_path
 from ..problems import default_data, load_problems
+from ..tasks import TASKS
 
 
-def countdown_dataset(split: str = "train"):
-    """(datasets.Dataset of {"prompt", "idx"}, problems): the shipped countdown split as TRL reads it."""
+def run_settings(model: str = "countdown-tiny") -> TrainConfig:
+    """The settings TRL is given: the demo's GRPO for the shipped policy, a packaged model's own recipe for it."""
+    if model in PACKAGED:
+        return resolve_config({"model": model})
+    return run_config(load_demo_config(), "grpo")
+
+
+def countdown_dataset(split: str = "train", cfg: TrainConfig | None = None):
+    """(datasets.Dataset of {"prompt", "idx"}, problems): the run's countdown split as TRL reads it (departure 5:
+    a chat turn when cfg.chat_template)."""
     from datasets import Dataset
 
-    task = TASKS.get("countdown")
-    problems = load_problems(default_data(load_config(None), split), task)
-    return Dataset.from_list([{"prompt": task.prompt(p), "idx": i} for i, p in enumerate(problems)]), problems
+    cfg = cfg or load_config(None)
+    task = TASKS.get(cfg.task)
+    problems = load_problems(default_data(cfg, split), task)
+    turn = (lambda text: [{"role": "user", "content": text}]) if cfg.chat_template else (lambda text: text)
+    return Dataset.from_list([{"prompt": turn(task.prompt(p)), "idx": i} for i, p in enumerate(problems)]), problems
 
 
-def countdown_reward(problems: list):
-    """TRL reward function: the countdown task's reward of each completion, its problem found by the `idx` column."""
-    task = TASKS.get("countdown")
+def countdown_reward(problems: list, task_name: str = "countdown", eos_id: int | None = None):
+    """TRL reward function: the task's reward of each completion, its problem found by the `idx` column; with eos_id,
+    finished means the completion's ids hold it (departure 5), else every completion counts as finished."""
+    task = TASKS.get(task_name)
 
-    def reward(completions, idx, **_):
-        scored = task.score_batch(list(completions), [True] * len(completions), [problems[i] for i in idx])
+    def reward(completions, idx, completion_ids=None, **_):
+        texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]  # chat: the assistant turn
+        finished = [True] * len(texts) if eos_id is None else [eos_id in ids for ids in completion_ids]
+        scored = task.score_batch(texts, finished, [problems[i] for i in idx])
         return [r for r, _ in scored]
 
-    reward.__name__ = "countdown"
+    reward.__name__ = task_name
     return reward
 
 
-def countdown_args(out: str | Path, *, seed: int = 0, steps: int | None = None, processes: int = 1, **overrides):
-    """GRPOConfig with the demo's settings (module docstring); `overrides` are GRPOConfig fields."""
+def countdown_args(out: str | Path, *, seed: int = 0, steps: int | None = None, processes: int = 1,
+                   cfg: TrainConfig | None = None, **overrides):
+    """GRPOConfig with the run's settings (the demo's unless `cfg` is given; module docstring); `overrides` are
+    GRPOConfig fields."""
     from trl import GRPOConfig
 
-    cfg = run_config(load_demo_config(), "grpo", out=str(out))
+    cfg = cfg or run_config(load_demo_config(), "grpo", out=str(out))
     rows = cfg.prompts_per_step * cfg.group_size
     if rows % processes:
         raise ValueError(f"{rows} rows per step do not split over {processes} processes")
@@ -74,27 +98,34 @@ def countdown_args(out: str | Path, *, seed: int = 0, steps: int | None = None, 
 
 
 def countdown_trainer(out: str | Path, *, method: str | None = "clip_b", method_options: dict | None = None,
-                      seed: int = 0, steps: int | None = None, processes: int = 1, cls=None, **overrides):
-    """EntropyGRPOTrainer (or GRPOTrainer when method is None, or `cls`) on the shipped countdown policy and task.
-    method_options default to the demo's for the method (Clip_B mu 1.5; Clip_V mu 3.0, max_frac 0.05); method
-    "none" watches TRL's own loss (no options)."""
+                      seed: int = 0, steps: int | None = None, processes: int = 1, cls=None,
+                      model: str = "countdown-tiny", **overrides):
+    """EntropyGRPOTrainer (or GRPOTrainer when method is None, or `cls`) on the shipped countdown policy and task, or
+    on a packaged model (`model`, packaged.py) with its recipe. method_options default to the demo's for the method
+    (Clip_B mu 1.5; Clip_V mu 3.0, max_frac 0.05; a packaged model: the filter's defaults); method "none" watches
+    TRL's own loss (no options)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOTrainer
 
     from .trl import EntropyGRPOTrainer
 
-    path = str(BUILTIN_MODELS["countdown-tiny"])
-    data, problems = countdown_dataset("train")
+    packaged = model in PACKAGED
+    cfg = run_settings(model) if packaged else None
+    path = resolve_model_path(model) if packaged else str(BUILTIN_MODELS["countdown-tiny"])
+    data, problems = countdown_dataset("train", cfg)
     tokenizer = AutoTokenizer.from_pretrained(path)
     tokenizer.padding_side = "left"
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    args = countdown_args(out, seed=seed, steps=steps, processes=processes, **overrides)
+    policy = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    args = countdown_args(out, seed=seed, steps=steps, processes=processes, cfg=cfg, **overrides)
+    reward = countdown_reward(problems, cfg.task, tokenizer.eos_token_id) if packaged else countdown_reward(problems)
     extra = {}
     if method == "none":
         extra = {"method": method}
+    elif method is not None and packaged:
+        extra = {"method": method, "method_options": method_options or {}}
     elif method is not None:  # the demo's options where the demo runs the method (None values: the filter's defaults)
         options = method_options if method_options is not None else run_config(load_demo_config(), method).method_overrides()
         extra = {"method": method, "method_options": options}
     trainer_cls = cls or (EntropyGRPOTrainer if method is not None else GRPOTrainer)
-    return trainer_cls(model=model, reward_funcs=countdown_reward(problems), args=args, train_dataset=data,
-                       processing_class=tokenizer, **extra)
+    return trainer_cls(model=policy, reward_funcs=reward, args=args, train_dataset=data, processing_class=tokenizer,
+                       **extra)

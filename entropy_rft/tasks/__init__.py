@@ -5,6 +5,7 @@ The interface: `prompt(problem) -> str`, `score_batch(completions, finished, pro
 """
 
 from .countdown import TASKS, CountdownTask, Problem
+from .countdown_chat import CountdownChatTask
 from .math import MathProblem, MathTask
 
-__all__ = ["TASKS", "CountdownTask", "Problem", "MathProblem", "MathTask"]
+__all__ = ["TASKS", "CountdownTask", "CountdownChatTask", "Problem", "MathProblem", "MathTask"]
