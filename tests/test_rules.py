@@ -48,6 +48,8 @@ TABLE = {
     "paper/qwen3-4b-base_clip_b": (8, 1, True, False, False, False, 10, False),
     "paper/qwen3-4b-base_clip_v": (8, 1, True, False, False, False, 10, False),
     "paper/qwen3-4b-base_grpo": (8, 1, True, False, False, False, 10, False),
+    # the packaged real model's recipe (issue 46): GRPO on 4 x 4 = 16 rows at once, every other setting a default
+    "smollm2-135m": (16, 1, True, True, False, False, 10, True),
 }
 
 
