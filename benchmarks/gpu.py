@@ -13,7 +13,7 @@ two backward). CUDA events, median of 10 after 3 warm-ups; peak memory above the
 `trainer`: SHAPE names a config.json under entropy_rft/assets/shapes (written by hand from the public configs);
 the model is built at random from it on the GPU. One warm-up step with 8 new tokens, then `--steps` measured
 steps of the real trainer parts in the trainer's order (HF engine rollout, statistics pass, GRPO advantages of
-random rewards, Clip_B filter, update_policy), with `torch.cuda.max_memory_allocated` per step.
+random rewards, Clip_B filter, step.Step.update), with `torch.cuda.max_memory_allocated` per step.
 
 `decode` (issue 45): each SHAPE (default the Qwen2.5-0.5B and 1.5B shapes) at random init, rows 32 and 256
 (`--rows`), weights float32 and bfloat16, `--prompt-tokens` random prompt tokens (one prompt per row) and no EOS,
@@ -200,7 +200,8 @@ def bench_trainer(shape: str, args) -> list[dict]:
     from entropy_rft.forward import batch_forward
     from entropy_rft.methods import METHODS
     from entropy_rft.rollout import HFEngine
-    from entropy_rft.trainer import prepare_policy, update_policy
+    from entropy_rft.policy import prepare_policy
+    from entropy_rft.step import Decision, Step
 
     torch.manual_seed(0)
     config = AutoConfig.from_pretrained(Path(args.shapes) / shape)
@@ -237,7 +238,7 @@ def bench_trainer(shape: str, args) -> list[dict]:
         groups = torch.arange(args.prompts).repeat_interleave(args.group)
         adv = ADVANTAGES.get("grpo")(rewards, groups)
         keep, _ = METHODS.get("clip_b").apply(stats, adv, mask, mu=cfg.mu)
-        update_policy(model, optimizer, rollout, adv, stats.logp, None, mask & keep, cfg, gen)
+        Step(cfg, model, optimizer, update_gen=gen).update(rollout, Decision(adv, stats.logp, keep, mask & keep))
         sync()
         t3 = time.perf_counter()
         row = {"shape": shape, "step": step, "lora_rank": args.lora_rank, "rows": len(rollout.texts),

@@ -3,7 +3,7 @@
 
 A random-init Qwen2 with Qwen2.5-0.5B's widths (hidden 896, intermediate 4864, 14 heads, 2 KV heads) and fewer
 layers (--layers, default 2: the layers' activations do not depend on V, the head's do), vocabulary V, one
-`step.update_policy` call (forward, clipped surrogate, backward, Adam step) on B rows of P + R tokens. Each
+`step.Step.update` call (forward, clipped surrogate, backward, Adam step) on B rows of P + R tokens. Each
 configuration runs in its own process; the figure is the growth of peak resident memory during the update, above
 the model, its Adam state and the inputs (which are built and touched first).
 
@@ -25,7 +25,7 @@ def child(vocab: int, from_hidden: bool, rows: int, response: int, layers: int) 
 
     from entropy_rft.config import load_config
     from entropy_rft.rollout import Rollout
-    from entropy_rft.trainer import update_policy
+    from entropy_rft.step import Decision, Step
 
     torch.manual_seed(0)
     config = Qwen2Config(hidden_size=896, intermediate_size=4864, num_hidden_layers=layers, num_attention_heads=14,
@@ -48,7 +48,8 @@ def child(vocab: int, from_hidden: bool, rows: int, response: int, layers: int) 
     import time
 
     t0 = time.perf_counter()
-    update_policy(model, optimizer, rollout, adv, old_logp, None, rollout.response_mask, cfg, torch.Generator())
+    mask = rollout.response_mask
+    Step(cfg, model, optimizer, update_gen=torch.Generator()).update(rollout, Decision(adv, old_logp, mask, mask))
     seconds = time.perf_counter() - t0
     after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return {"vocab": vocab, "from_hidden": from_hidden, "peak_growth_mib": (after - before) / 1024, "seconds": seconds}

@@ -104,8 +104,9 @@ def run_cell(task: str, method: str, seed: int, out: Path, steps: int | None = N
 
     torch.set_num_threads(1)
     from entropy_rft.logging import read_metrics
+    from entropy_rft.record import find_checkpoint
     from entropy_rft.rundir import RunDirError, RunLock
-    from entropy_rft.trainer import find_checkpoint, train
+    from entropy_rft.trainer import train
 
     run_dir = cell_dir(out, task, method, seed, steps)
     if (run_dir / "cell.json").exists():
@@ -208,9 +209,12 @@ def cmd_measure(args) -> None:
     import torch
 
     torch.set_num_threads(1)
+    from entropy_rft.evaluate import run_eval
+    from entropy_rft.policy import load_policy
+    from entropy_rft.problems import task_problems
     from entropy_rft.rollout import HFEngine
     from entropy_rft.tasks import TASKS as TASK_REGISTRY
-    from entropy_rft.trainer import load_policy, run_eval, task_problems, train
+    from entropy_rft.trainer import train
 
     report = {}
     for task in args.tasks.split(","):

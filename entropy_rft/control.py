@@ -1,71 +1,25 @@
 """Entropy targets (beyond the paper): hold the policy's token entropy near a value the user gives.
 
-MuController sets Clip_B's or Clip_V's mu each step. For each candidate mu it computes the filter's keep mask and
-the first-order logit-space change of the policy's mean entropy that an update on the kept tokens K would make,
-per unit step: d(mu) = -sum_K A S_c / N, with N the loss's token-mean denominator (|K|, or every valid token with
-denominator="all"). That is eq. 23 (Theorem 2 summed over K) with the token mean's 1/N (dynamics, departure 3),
-not Corollary 4's -Cov_K(A, S_c): Corollary 4 drops E_K[A] E_K[S_c], which Corollary 2 makes small on the whole
-on-policy batch but not on the kept set, whose S_c is biased by the filter and whose advantages need not average
-to 0. The step's real change is kappa * d(mu): kappa (the network's tangent kernel and Adam's scaling, unknown a
-priori) is fitted online by least squares through the origin on the pairs (d of the chosen mu, the step's
-first-order change through the network, forward.EntropyProbe), with exponential forgetting. The first-order change
-is the update's own effect without the second-order remainder, so the fit is not fed sampling noise of the
-realised change. The controller picks the mu whose predicted entropy H + kappa * d(mu) lands nearest the target,
-preferring the largest mu (the fewest clipped tokens) among equals, and no clipping at all (mu = inf) when that is
-nearest.
-
-Guards on the scale estimate: a step whose |d| is below min_unit_frac of the running RMS of accepted |d| (or is 0)
-is ignored (its ratio would be noise over a tiny denominator); kappa is clamped to [0, kappa_max] (a negative fit
-means the prediction has no usable sign yet, and kappa 0 then leaves the update unclipped); until min_observations
-steps are accepted kappa is kappa_prior.
-
-AdaptiveEntropyBonus is the usual alternative (Skywork-OR1's adaptive entropy control, the style TRL users
-write as a callback): an entropy bonus whose coefficient rises by `delta` while entropy is below the target and
-falls by `delta` (not below 0) while above.
-
-EntroPIC (Yang et al. 2025, arXiv 2511.15248; the authors' code github.com/yk7333/EntroPIC) reweights the
-policy-gradient terms of high-probability tokens with a coefficient set by a proportional-integral controller:
-    e_t     = H_t - H_tar                                   (H_t: the batch's token-mean entropy before the update)
-    alpha_t = clip(K_p e_t + K_i sum_{s<t} e_s, -alpha_max, alpha_max)
-    L       = L_policy + alpha_t * mean_{j in T_hi} ( -r_j |A_j| ),   T_hi = {tokens with pi_old(y_j) > tau}
-so, against the policy loss's token mean over its N tokens, a high-probability token of a positive sample weighs
-(1 + alpha_t N / N_hi) in the update and one of a negative sample (1 - alpha_t N / N_hi), N_hi = |T_hi| (both
-terms are token means over their own tokens, as in the authors' code). In this paper's terms: a token with p > 1/2
-is the mode, and H >= -log p_max (Shannon entropy is at least the min-entropy), so its S* = p (H + log p) >= 0
-and Theorem 1 (dH = -eps S*) says an update that raises it (A > 0) lowers entropy and one that lowers it (A < 0)
-raises entropy. With entropy above target alpha > 0 leans on the sharpening side, below target on the flattening
-side. Defaults are the authors' (config/entropic.yaml,
-core_algos.compute_policy_loss_entropic): K_p = 1, K_i = 0.01, tau = 0.95, alpha_max = 1. The equations above are
-read from the authors' released code and README (the paper's own text was not available to this project); where
-the code and a reading of the paper could differ, the code is followed.
-Departures from the authors' code, numbered:
-1. One alpha per training step, from the entropy of the whole batch (token mean over every valid response token,
-   under the behaviour policy). The authors' actor recomputes alpha for each micro-batch from that micro-batch's
-   entropy and adds each micro-batch's error to the integral at once, so later micro-batches of one step see a
-   larger integral; here micro-batching changes nothing.
-2. The integral gains e_t once per training step (theirs: once per optimizer mini-batch, e_t * rows / mini-batch
-   rows per micro-batch); equal under one mini-batch per step, the strict on-policy setting.
-3. T_hi is chosen with the behaviour policy's log-probabilities over the whole batch, fixed for all epochs, like
-   the other token filters here; theirs compares the current log-probabilities inside the loss (the same on a
-   strict on-policy step, where the ratio is 1).
-4. The adjustment's token mean divides by |T_hi| of the whole mini-batch (theirs: of each micro-batch), so its
-   gradient does not depend on the micro-batch size; with another loss_agg the same aggregation is used, over T_hi.
-5. Tokens a method's filter removes (Clip_B, Clip_V) leave T_hi too; with GRPO (the authors' setting) T_hi is every
-   valid token above tau.
-There is no anti-windup on the integral (as in theirs): a target the policy cannot reach keeps alpha at its clip.
-
-When to use which: the bonus adds a gradient that pushes up the entropy of every token, including tokens the
-task needs to be sure of; the mu controller only removes the updates that the theory says drive entropy
-down, so it cannot raise entropy above where the plain update would leave it, but it never adds a gradient
-of its own. EntroPIC neither adds a new gradient direction nor removes tokens: it rescales the existing
-policy-gradient terms of confident tokens (by 1 +- alpha N / N_hi), so it can move entropy both ways; but a token
-with p > tau moves its logits little (d log p / dz = e_k - p, of norm about 1 - p), so its lever is short.
-Use the controller to stop collapse; use the bonus or EntroPIC when entropy must rise.
+- MuController sets Clip_B's or Clip_V's mu each step from eq. 23's first-order entropy change of the kept tokens,
+  scaled by kappa, fitted online on the update's own first-order change (forward.EntropyProbe);
+- AdaptiveEntropyBonus (Skywork-OR1's adaptive entropy control): an entropy bonus whose coefficient follows the
+  target by +-delta per step;
+- EntroPIC (Yang et al. 2025, arXiv 2511.15248; the authors' code github.com/yk7333/EntroPIC): a PI controller's
+  alpha reweights the policy-gradient terms of high-probability tokens (T_hi: pi_old > tau).
 
 The trainer sees each through one interface, `EntropyControl` (chosen by name from CONTROLS: entropy_control, or
-"none" without an entropy target): it may choose the step's keep mask (mu), set the knobs of the objective's terms
-(the bonus's coefficient, EntroPIC's alpha and T_hi), learn from the step's metrics, and carry a state that a
-checkpoint saves.
+"none" without an entropy target, `control_name`): it may choose the step's keep mask (mu), set the knobs of the
+objective's terms (the bonus's coefficient, EntroPIC's alpha and T_hi), learn from the step's metrics, and carry a
+state that a checkpoint saves. The derivations, the guards on the scale estimate and when to use which:
+docs/entropy-control.md.
+
+Departures from EntroPIC's code, numbered:
+1. One alpha per training step, from the entropy of the whole batch (theirs: per micro-batch).
+2. The integral gains e_t once per training step (theirs: once per optimizer mini-batch); equal under one
+   mini-batch per step.
+3. T_hi is chosen with the behaviour policy's log-probabilities over the whole batch, fixed for all epochs.
+4. The adjustment's token mean divides by |T_hi| of the whole mini-batch (theirs: of each micro-batch).
+5. Tokens a method's filter removes (Clip_B, Clip_V) leave T_hi too.
 """
 
 from __future__ import annotations
@@ -76,7 +30,6 @@ from dataclasses import dataclass, field, fields
 import torch
 
 from .advantages import broadcast_advantages
-from .losses import aggregate
 from .registry import Registry
 
 
@@ -127,6 +80,7 @@ class MuController:
             gap = abs(entropy_now + self.kappa * unit - self.target)
             if best is None or gap < best[0] - 1e-12:
                 best = (gap, mu, keep, metrics, unit)
+        assert best is not None, "the candidates include mu = inf"
         _, mu, keep, metrics, unit = best
         self.last_unit = unit
         return mu, keep, metrics
@@ -204,19 +158,6 @@ def high_probability_tokens(old_logp: torch.Tensor, mask: torch.Tensor, *, thres
     return mask & (old_logp > math.log(threshold))
 
 
-def entropic_adjustment(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, high: torch.Tensor, *,
-                        alpha: float, agg: str = "token-mean", num_tokens=None, num_seqs=None, norm=None):
-    """EntroPIC's loss term alpha * agg_{T_hi}(-r |A|), r = exp(log p - old log p); (loss, metrics). Added to the
-    token-mean policy loss over N tokens it weighs a high-probability token by (1 + alpha N / N_hi) in a positive
-    sample and (1 - alpha N / N_hi) in a negative one (its gradient is alpha * -|A| grad r / N_hi, the policy term's
-    -A grad r / N times alpha sign(A) N / N_hi). num_tokens / num_seqs are T_hi's counts over the whole mini-batch
-    (departure 4)."""
-    adv = broadcast_advantages(advantages, logp).to(logp.dtype)  # (B, T)
-    ratio = (logp - old_logp).exp()
-    term = aggregate(-ratio * adv.abs(), high, agg, num_tokens=num_tokens, num_seqs=num_seqs, norm=norm)
-    return alpha * term, {"entropic_term": term.detach()}
-
-
 # ---------------------------------------------------------------------------------------------------------------
 # One interface for the trainer
 
@@ -254,7 +195,7 @@ class EntropyControl:
     def observe(self, metrics: dict) -> None:
         """Learn from the step's logged metrics (after the update)."""
 
-    inner = None  # the controller a subclass steers with (MuController, AdaptiveEntropyBonus, EntroPIC)
+    inner: MuController | AdaptiveEntropyBonus | EntroPIC | None = None  # the controller a subclass steers with
 
     def state(self) -> dict | None:
         """What a checkpoint keeps of the control: its controller's learnt state."""
@@ -318,6 +259,11 @@ CONTROLS.register("pi", PIControl)
 LEGACY_STATE_KEYS = {"mu": "controller", "bonus": "bonus", "pi": "pi"}  # checkpoints written before CONTROLS
 
 
+def control_name(cfg) -> str:
+    """The name in CONTROLS of the run's control: cfg.entropy_control with an entropy target, else "none"."""
+    return "none" if cfg.entropy_target is None else cfg.entropy_control
+
+
 def make_control(cfg) -> EntropyControl:
-    """The run's control: cfg.entropy_control with an entropy target, else none."""
-    return CONTROLS.get("none" if cfg.entropy_target is None else cfg.entropy_control)(cfg)
+    """The run's control (control_name)."""
+    return CONTROLS.get(control_name(cfg))(cfg)

@@ -171,8 +171,9 @@ def _rowdot(a: Tensor, b: Tensor) -> Tensor:
 
 def _stream_rows(h: Tensor, weight: Tensor, tokens: Tensor, temperature: float, v_chunk: int):
     """Online accumulators (m, Z, A, Q, B, z_k) over vocabulary tiles for rows h [R, D]."""
-    m = big_z = a = q = b = None
     zk = torch.zeros(h.shape[0], dtype=torch.float32, device=h.device)
+    m: Tensor | None = None  # None until the first tile sets every accumulator
+    big_z = a = q = b = zk
     for v0 in range(0, weight.shape[0], v_chunk):
         zt = _tile_logits(h, weight[v0 : v0 + v_chunk], temperature)  # (R, vt)
         in_tile = (tokens >= v0) & (tokens < v0 + zt.shape[1])
@@ -205,7 +206,7 @@ class _StreamingTokenStats(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, hidden, weight, tokens, temperature, v_chunk, r_chunk):
-        outs = {k: [] for k in ("logp", "entropy", "s_star", "s_expect", "lse", "zbar")}
+        outs: dict[str, list[Tensor]] = {k: [] for k in ("logp", "entropy", "s_star", "s_expect", "lse", "zbar")}
         for r0 in range(0, hidden.shape[0], r_chunk):
             h, t = hidden[r0 : r0 + r_chunk], tokens[r0 : r0 + r_chunk]
             for key, value in zip(outs, accumulator_stats(*_stream_rows(h, weight, t, temperature, v_chunk))):
@@ -239,9 +240,9 @@ class _StreamingTokenStats(torch.autograd.Function):
                 idx = (t - v0).clamp(0, zt.shape[1] - 1).unsqueeze(1)
                 dz.scatter_add_(1, idx, torch.where(in_tile, g_logp[rs], torch.zeros_like(g_logp[rs])).unsqueeze(1))
                 dz = (dz / temp).to(hidden.dtype)
-                if want_h:
+                if grad_h is not None:
                     grad_h[rs] += dz @ w
-                if want_w:
+                if grad_w is not None:
                     grad_w[v0 : v0 + v_chunk] += (dz.T @ h).to(acc_dtype)
         if grad_w is not None:
             grad_w = grad_w.to(weight.dtype)

@@ -6,9 +6,9 @@ measure how an update moved the policy's entropy.
   so no [B, R, V] logits tensor exists, in training or in the statistics passes. Responses are right-padded to the
   batch's longest; rows run in a few passes grouped by length (`length_buckets`) and the statistics are taken at the
   valid tokens only, so padding costs little (a demo batch: 32% fewer positions, forward + backward 0.46 -> 0.36 s).
-- `batch_forward`: the same without gradients, over the batch in slices of the update's micro-batch size, in the
-  update's module mode (`update_mode`).
-- `held_forward`: strict on-policy, the update's own forward of every micro-batch, kept with its graph: its
+- `batch_forward`: the same without gradients, over the batch in the update's passes (rules.passes: slices of the
+  update's micro-batch size), in the update's module mode (`update_mode`).
+- `HeldForward`: strict on-policy, the update's own forward of every micro-batch, kept with its graph: its
   detached log p is the old log p (the ratio is exactly 1) and its statistics feed the advantages and the token
   filter, so no separate statistics pass runs.
 - `EntropyProbe`: the first-order entropy change of the step actually applied, grad_theta(mean H) . delta_theta,
@@ -26,7 +26,7 @@ mode, and `policy_forward` decides its passes (shared prompt prefix or full sequ
 model and the precision only, never from whether gradients are recorded or the module's training flag. So at the
 same weights a no-grad pass gives the update's log p bit for bit, in bf16 autocast, under LoRA and gradient
 checkpointing alike (tests/test_forward.py, tests/test_recipe_shapes.py). The step's first optimizer step of each update
-also takes its old log p from its own forward (step.apply_update), so its ratio is exactly 1 by construction.
+also takes its old log p from its own forward (step.Step.update), so its ratio is exactly 1 by construction.
 """
 
 from __future__ import annotations
@@ -40,9 +40,10 @@ from torch import Tensor
 from .dropout import has_active_dropout
 from .dynamics import TokenStats, token_stats, token_stats_from_hidden
 from .rollout import Rollout
-from .rollout.hf import sequence_forward
 from .rollout.cache import cache_arg, cache_of
+from .rollout.hf import sequence_forward
 from .rollout.sampling import position_ids
+from .rules import passes
 
 _LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier_scale")
 
@@ -257,9 +258,8 @@ def batch_forward(model, rollout: Rollout, temperature: float, rows_per_pass: in
     """policy_forward without gradients over slices of rows_per_pass rows (the update's micro-batches), in the
     update's module mode; results on the CPU."""
     with update_mode(model):
-        parts = [policy_forward(model, rollout.select(slice(i, i + rows_per_pass)), temperature, value_head,
-                                precision, from_hidden=from_hidden)
-                 for i in range(0, len(rollout.texts), rows_per_pass)]
+        parts = [policy_forward(model, rollout.select(rows), temperature, value_head, precision, from_hidden=from_hidden)
+                 for rows in passes(len(rollout.texts), rows_per_pass)]
     values = torch.cat([p[1] for p in parts]).cpu() if value_head is not None else None
     return _cat_stats([p[0] for p in parts]), values
 
@@ -303,7 +303,7 @@ class HeldForward:
     def __init__(self, model, rollout: Rollout, temperature: float, micro: int, value_head=None,
                  precision: str = "fp32", *, from_hidden: bool = True, frozen: Tensor | None = None):
         model.train()
-        self.rows = [torch.arange(i, min(i + micro, len(rollout.texts))) for i in range(0, len(rollout.texts), micro)]
+        self.rows: list[Tensor | None] = list(passes(len(rollout.texts), micro))
         self.frozen = frozen
 
         def run(rows: Tensor) -> tuple[TokenStats, Tensor | None]:
@@ -361,8 +361,7 @@ class EntropyProbe:
             if not in_update_mode:
                 model.train()
             with (update_mode(model) if in_update_mode else nullcontext()), torch.enable_grad():
-                for i in range(0, len(rollout.texts), rows_per_pass):
-                    part = slice(i, i + rows_per_pass)
+                for part in passes(len(rollout.texts), rows_per_pass):
                     stats, _ = policy_forward(model, rollout.select(part), temperature, precision=precision,
                                               from_hidden=from_hidden)
                     h = (stats.entropy * valid[part].to(stats.entropy.device)).sum() / n_valid

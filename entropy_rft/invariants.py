@@ -43,10 +43,12 @@ from .config import TrainConfig
 from .dropout import check_deterministic, disable_dropout
 from .dynamics import TokenStats, token_stats
 from .policy import ValueHead, prepare_policy
+from .problems import Scored
 from .rollout import Rollout
 from .rollout.hf import sequence_forward
 from .rollout.sampling import sample
-from .step import Decision, Scored, Step
+from .rules import StepRules
+from .step import Decision, Step
 
 SMALL = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "head_dim": 16,
          "vocab_size": 2304, "max_position_embeddings": 512}
@@ -147,6 +149,7 @@ class StepRecord:
     update_logp: Tensor  # (B, R) the update's forward log p at its first optimizer step (nan where not computed)
     update_old: Tensor  # (B, R) the old log p its loss used there
     frozen: Tensor | None  # (B,) rows whose forward ran without a graph
+    rules: StepRules  # the step's shape: rows per pass, optimizer steps (rules.StepRules.of, as the trainer's)
 
     adv = property(lambda self: self.decision.adv)  # (B,) or (B, R)
     returns = property(lambda self: self.decision.returns)  # (B, R) for GAE
@@ -183,7 +186,8 @@ def recipe_step(cfg: TrainConfig, model, rollout: Rollout, rewards: Tensor, grou
             observe(rows, st, old, len(optimizer.grads))
 
     metrics = runner.update(rollout, decision, held=behaviour.held, observe=record)
-    return StepRecord(behaviour.stats, decision, optimizer.grads, metrics, update_logp, update_old, behaviour.frozen)
+    return StepRecord(behaviour.stats, decision, optimizer.grads, metrics, update_logp, update_old, behaviour.frozen,
+                      runner.rules)
 
 
 @torch.no_grad()

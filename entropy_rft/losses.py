@@ -350,6 +350,19 @@ def value_loss(values: Tensor, old_values: Tensor, returns: Tensor, mask: Tensor
     return loss, metrics
 
 
+def entropic_adjustment(logp: Tensor, old_logp: Tensor, advantages: Tensor, high: Tensor, *,
+                        alpha: float, agg: AggMode = "token-mean", num_tokens=None, num_seqs=None, norm=None):
+    """EntroPIC's loss term alpha * agg_{T_hi}(-r |A|), r = exp(log p - old log p); (loss, metrics). Added to the
+    token-mean policy loss over N tokens it weighs a high-probability token by (1 + alpha N / N_hi) in a positive
+    sample and (1 - alpha N / N_hi) in a negative one (its gradient is alpha * -|A| grad r / N_hi, the policy term's
+    -A grad r / N times alpha sign(A) N / N_hi). num_tokens / num_seqs are T_hi's counts over the whole mini-batch
+    (control.py, departure 4)."""
+    adv = broadcast_advantages(advantages, logp).to(logp.dtype)  # (B, T)
+    ratio = (logp - old_logp).exp()
+    term = aggregate(-ratio * adv.abs(), high, agg, num_tokens=num_tokens, num_seqs=num_seqs, norm=norm)
+    return alpha * term, {"entropic_term": term.detach()}
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # The policy losses engines ship beyond the paper (verl 0.9.1 core_algos names): CISPO, SAPO, DPPO's binary
 # trust-region masks, GMPO (geo_mean) and ERC (Kwai-Klear/ERC). Each `*_ratio` function is the factor its loss puts

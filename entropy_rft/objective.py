@@ -16,14 +16,13 @@ terms do not. `Objective.vanishes_at_zero_advantage` is the rule that lets such 
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable
 
 from torch import Tensor
 
-from .control import entropic_adjustment
 from .dynamics import TokenStats
-from .losses import aggregate, kl_penalty, value_loss
+from .losses import AggMode, aggregate, entropic_adjustment, kl_penalty, value_loss
 from .methods import POLICY_LOSSES, PolicyLoss
 
 # the token sets a term is a mean over: the step's loss tokens (the filter's, in the current Lopti phase), every
@@ -65,12 +64,12 @@ class Objective:
     KL estimate, the value loss, the bonus's aggregated entropy, EntroPIC's mean of -r|A|), and each term's metrics
     with the count of tokens they are means over (so that micro-batches combine into the mini-batch's means)."""
 
-    def __init__(self, terms: list[Term], *, agg: str, norm: float, denominator: str = "kept"):
+    def __init__(self, terms: list[Term], *, agg: AggMode, norm: float, denominator: str = "kept"):
         self.terms, self.agg, self.norm, self.denominator = terms, agg, norm, denominator
 
     @classmethod
     def of(cls, cfg, *, kl: bool, value: bool, entropy_bonus: bool, entropic: bool,
-           extra: list[Term] = ()) -> "Objective":
+           extra: Sequence[Term] = ()) -> Objective:
         spec = POLICY_LOSSES.get(cfg.policy_loss)
         terms = [policy_term(spec, spec.kwargs(cfg))]
         if kl:
@@ -107,7 +106,9 @@ class Objective:
 
     def __call__(self, mb: Micro, counts: dict[str, tuple[Tensor, Tensor]]) -> tuple[Tensor, dict, dict]:
         """(total, {term: value}, {metric: (mean over the term's tokens here, their count)})."""
-        total, values, metrics = None, {}, {}
+        total: Tensor | None = None
+        values: dict[str, Tensor] = {}
+        metrics: dict[str, tuple[Tensor, float]] = {}
         for term in self.terms:
             coef = term.coef(mb) if term.coef is not None else None
             if coef == 0:  # a term switched off this step (the adaptive bonus at 0)
@@ -119,6 +120,7 @@ class Objective:
             values[term.name] = value.detach()
             n = float(mb.masks[term.tokens].sum())
             metrics.update({k: (v, n) for k, v in m.items()})
+        assert total is not None, "the policy term has no coefficient, so it is never skipped"
         return total, values, metrics
 
 
@@ -127,7 +129,7 @@ class Aggregation:
     """cfg.loss_agg over one token set of a micro-batch with the whole mini-batch's counts: agg(x) reduces a
     per-token (b, R) loss; agg.keywords are the same arguments for the loss functions that aggregate themselves."""
 
-    mode: str
+    mode: AggMode
     norm: float
     mask: Tensor
     num_tokens: Tensor
@@ -156,11 +158,13 @@ def policy_term(spec: PolicyLoss, kwargs: dict) -> Term:
 
 
 def _kl(mb: Micro, agg) -> tuple[Tensor, dict]:
+    assert mb.ref_logp is not None, "the KL term is built with a reference policy"
     return agg(kl_penalty(mb.stats.logp, mb.ref_logp)), {}
 
 
 def _value(mb: Micro, agg, clip: float | None) -> tuple[Tensor, dict]:
     """PPO's clipped value loss on every valid token (the critic learns where the filter drops tokens too)."""
+    assert mb.values is not None and mb.old_values is not None and mb.returns is not None, "built with a critic"
     return value_loss(mb.values, mb.old_values, mb.returns, agg.mask, clip_range=clip, **agg.keywords)
 
 
@@ -169,6 +173,6 @@ def _entropy_bonus(mb: Micro, agg) -> tuple[Tensor, dict]:
 
 
 def _entropic(mb: Micro, agg) -> tuple[Tensor, dict]:
-    """EntroPIC's mean over T_hi of -r|A| (control.entropic_adjustment at alpha 1; alpha is the coefficient)."""
+    """EntroPIC's mean over T_hi of -r|A| (losses.entropic_adjustment at alpha 1; alpha is the coefficient)."""
     term, _ = entropic_adjustment(mb.stats.logp, mb.old_logp, mb.adv, agg.mask, alpha=1.0, **agg.keywords)
     return term, {}

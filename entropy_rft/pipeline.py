@@ -57,7 +57,7 @@ def entry_tasks(specs: list[tuple[str, int]], task: str | None) -> list[str]:
     """The task scoring each --data entry: `task` when given, else the entry's own for a shipped countdown set
     (countdown, countdown5) and math for any other. Entries whose tasks need different generation settings (the
     countdown family's short answers without a chat template, math's long ones) are refused: one eval per family."""
-    from .trainer import SHIPPED_DATA
+    from .problems import SHIPPED_DATA
 
     tasks = [task or (spec if spec in SHIPPED_DATA else "math") for spec, _ in specs]
     families = {t in DEFAULT_MAX_NEW_TOKENS for t in tasks}
@@ -232,7 +232,8 @@ def dry_run(cfg: TrainConfig, out: str | Path, *, overwrite: bool = False) -> di
     the recipe's task, method, losses, advantage, group size, precision and gradient checkpointing are exercised;
     its model, engine, data and sizes are replaced (listed in the returned summary). `overwrite` replaces an earlier
     run's record in `out` (the CLI's scratch directory runs/dry-run/<recipe> is replaced each time)."""
-    from .trainer import STAND_IN, train
+    from .policy import STAND_IN
+    from .trainer import train
 
     notes = validate_recipe(cfg)
     out = Path(out)

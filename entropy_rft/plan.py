@@ -11,8 +11,8 @@ N_r = rows x max_new_tokens response tokens; bytes):
    tensors, one per parameter tensor (on the device for the fused Adam the trainer uses: 4 bytes each, left out).
 4. LoRA (lora_rank r > 0): P_t = r (d_in + d_out) per adapted linear layer ('all-linear': every linear layer of
    the decoder, not the LM head, as PEFT chooses); the frozen base stays in float32 (4 P).
-5. entropy probe (probe_every > 0): on probe steps the trainer keeps d(mean H)/d(theta) of every trainable
-   parameter through the update, 4 P_t (forward.EntropyProbe).
+5. entropy probe (rules.StepRules.probe_every: probe_every, or every step under the mu controller): on probe steps
+   the trainer keeps d(mean H)/d(theta) of every trainable parameter through the update, 4 P_t (forward.EntropyProbe).
 6. reference policy (kl_coef > 0): a second float32 copy, 4 P. PPO's value head: hidden + 1 trainable parameters.
 7. autocast casts (bf16): each trainable weight matrix is cast to bfloat16 once per forward and cached until the
    forward ends, 2 P_lin; frozen (LoRA base) matrices are cast per call and held by autograd for the backward only
@@ -344,14 +344,54 @@ def plan_memory(cfg: TrainConfig, shape: ModelShape, *, device_gib: float = DEFA
                 device_note: str = "given", kernel: str = "triton") -> Plan:
     """The memory plan of `cfg` for a model of `shape` on a device of `device_gib` GiB (module docstring);
     `kernel` names the statistics' path (row 9): "triton" on CUDA, "torch" on a CPU."""
+    from .rules import StepRules
+
     if prompt_tokens < 1:
         raise ValueError(f"prompt_tokens must be >= 1, got {prompt_tokens}")
     if device_gib <= 0:
         raise ValueError(f"device memory must be > 0 GiB, got {device_gib}")
-    notes = []
+    notes: list[str] = []
+    rules = StepRules.of(cfg)  # the step's shape: rows per pass, a critic, a reference, the probe's cadence
     P = shape.params()
-    value_head = cfg.advantage == "gae"
-    head_params = shape.hidden + 1 if value_head else 0
+    held, trainable, head_params, lora_layers = _held_bytes(cfg, shape, rules)
+    # rows per pass: a micro-batch, or the whole batch when the update's forward is held for the filter
+    batch = cfg.prompts_per_step * cfg.group_size
+    rows = rules.rows_per_pass(batch)
+    if rules.holds_whole_batch(batch):
+        notes.append(f"reuse_forward on holds every micro-batch's forward until the filter: {batch} rows of "
+                     "activations at once")
+        rows = batch
+    response = cfg.max_new_tokens
+    act = pass_activation_bytes(shape, rows=rows, prompt=prompt_tokens, response=response, precision=cfg.precision,
+                                checkpointing=cfg.gradient_checkpointing, lora_rank=cfg.lora_rank,
+                                lora_layers=lora_layers, value_head=rules.critic)
+    phases = _pass_phases(cfg, shape, act, rows=rows, prompt_tokens=prompt_tokens, kernel=kernel,
+                          adapters_bf16=2 * (trainable - head_params) if cfg.lora_rank > 0 else 0)
+    if cfg.engine == "hf":  # generation between updates: the float32 KV cache of one generate call, all rows at T
+        gen_rows = min(HF_GENERATE_ROWS, batch)
+        kv_bytes = 2 * shape.layers * shape.kv_heads * shape.head_dim * 4
+        phases.append(("generate", {f"HF generate: float32 KV cache ({gen_rows} rows x {prompt_tokens + response})":
+                                    kv_bytes * gen_rows * (prompt_tokens + response),
+                                    "HF generate: logits and sampling of one step (float32 [rows, V] x 3)":
+                                    3 * 4 * gen_rows * shape.vocab}))
+    phase_totals = {name: sum(held.values()) + sum(rows_.values()) for name, rows_ in phases}
+    phase, peak = max(phases, key=lambda kv: sum(kv[1].values()))
+    peak = {k: v for k, v in peak.items() if v or k.startswith(("activations", "HF"))}
+    vllm = cfg.vllm_gpu_memory * device_gib * GIB if cfg.engine == "vllm" else 0.0
+    if vllm:
+        notes.append(_vllm_note(shape, vllm))
+    return Plan(model=model or cfg.model, source=source, shape=shape, params=P, trainable=trainable, rows=rows,
+                prompt_tokens=prompt_tokens, response_tokens=response, precision=cfg.precision,
+                checkpointing=cfg.gradient_checkpointing, lora_rank=cfg.lora_rank, device_bytes=device_gib * GIB,
+                device_note=device_note, vllm_bytes=vllm, items=held, phase=phase, peak_items=peak, notes=notes,
+                phase_totals=phase_totals)
+
+
+def _held_bytes(cfg: TrainConfig, shape: ModelShape, rules) -> tuple[dict[str, float], int, int, int]:
+    """(what the whole step holds: weights, gradients, Adam, the probe's gradient, the reference; trainable
+    parameters; the value head's; LoRA's adapted layers)."""
+    P = shape.params()
+    head_params = shape.hidden + 1 if rules.critic else 0
     lora_layers = 0
     if cfg.lora_rank > 0:
         adapters, lora_layers = shape.lora_params(cfg.lora_rank, cfg.lora_targets)
@@ -364,29 +404,24 @@ def plan_memory(cfg: TrainConfig, shape: ModelShape, *, device_gib: float = DEFA
         held = {"weights (float32, the master copy)": 4 * (P + head_params)}
     held["gradients (float32)"] = 4 * trainable
     held["Adam exp_avg + exp_avg_sq (float32)"] = 8 * trainable
-    if cfg.probe_every > 0 or (cfg.entropy_target is not None and cfg.entropy_control == "mu"):
-        held[f"entropy probe: d(mean H)/d(theta) (every {cfg.probe_every or 1} steps)"] = 4 * trainable
-    if cfg.kl_coef > 0:
+    if rules.probe_every > 0:
+        every = "every step" if rules.probe_every == 1 else f"every {rules.probe_every} steps"
+        held[f"entropy probe: d(mean H)/d(theta) ({every})"] = 4 * trainable
+    if rules.reference:
         held["reference policy (float32, kl_coef > 0)"] = 4 * P
     held["CUDA context and workspace (fixed estimate)"] = CUDA_CONTEXT_BYTES
+    return held, trainable, head_params, lora_layers
 
-    # rows per pass: a micro-batch, or the whole batch when the update's forward is held for the filter
-    batch = cfg.prompts_per_step * cfg.group_size
-    rows = min(cfg.micro_batch_size or batch, batch)
-    strict = cfg.ppo_epochs == 1 and cfg.mini_batches == 1 and cfg.lopti_eta is None
-    if cfg.reuse_forward == "on" and strict and rows < batch:
-        notes.append(f"reuse_forward on holds every micro-batch's forward until the filter: {batch} rows of "
-                     "activations at once")
-        rows = batch
+
+def _pass_phases(cfg: TrainConfig, shape: ModelShape, act: dict, *, rows: int, prompt_tokens: int, kernel: str,
+                 adapters_bf16: float) -> list[tuple[str, dict[str, float]]]:
+    """What one pass of `rows` rows holds besides the step's state, in each phase: forward, the statistics'
+    backward, the layers' backward (rows 7-9 of the module docstring)."""
     response = cfg.max_new_tokens
-    act = pass_activation_bytes(shape, rows=rows, prompt=prompt_tokens, response=response, precision=cfg.precision,
-                                checkpointing=cfg.gradient_checkpointing, lora_rank=cfg.lora_rank,
-                                lora_layers=lora_layers, value_head=value_head)
     # autocast's bf16 casts of the weight matrices (row 7): cached while a forward runs (trainable) and held by
     # autograd until the backward without checkpointing; under checkpointing, one layer's during its recompute
     one_layer = 2 * shape.layer_linear_params()
     lm_lin = 2 * shape.layers * shape.layer_linear_params()
-    adapters_bf16 = 2 * (trainable - head_params) if cfg.lora_rank > 0 else 0
     if cfg.precision != "bf16":
         casts_fwd = casts_saved = casts_recompute = 0.0
     elif cfg.gradient_checkpointing:
@@ -424,33 +459,18 @@ def plan_memory(cfg: TrainConfig, shape: ModelShape, *, device_gib: float = DEFA
     layer_backward = {casts: casts_recompute,
                       "activations" + (" (layer inputs + one recomputed layer)" if cfg.gradient_checkpointing
                                        else "") + " + residual gradients": act["backward"]}
-    phases = [("forward", forward), ("statistics backward", stats_backward), ("layer backward", layer_backward)]
-    if cfg.engine == "hf":  # generation between updates: the float32 KV cache of one generate call, all rows at T
-        gen_rows = min(HF_GENERATE_ROWS, batch)
-        kv_bytes = 2 * shape.layers * shape.kv_heads * shape.head_dim * 4
-        phases.append(("generate", {f"HF generate: float32 KV cache ({gen_rows} rows x {prompt_tokens + response})":
-                                    kv_bytes * gen_rows * (prompt_tokens + response),
-                                    "HF generate: logits and sampling of one step (float32 [rows, V] x 3)":
-                                    3 * 4 * gen_rows * shape.vocab}))
-    phase_totals = {name: sum(held.values()) + sum(rows_.values()) for name, rows_ in phases}
-    phase, peak = max(phases, key=lambda kv: sum(kv[1].values()))
-    peak = {k: v for k, v in peak.items() if v or k.startswith(("activations", "HF"))}
-    vllm = 0.0
-    if cfg.engine == "vllm":
-        vllm = cfg.vllm_gpu_memory * device_gib * GIB
-        weights16 = 2 * P
-        if weights16 >= vllm:
-            notes.append(f"vLLM's share ({vllm / GIB:.1f} GiB) is smaller than its bf16 weights "
-                         f"({weights16 / GIB:.1f} GiB): raise vllm_gpu_memory")
-        else:
-            kv = 2 * shape.layers * shape.kv_heads * shape.head_dim * 2
-            notes.append(f"vLLM: {weights16 / GIB:.1f} GiB of bf16 weights, about {(vllm - weights16) / GIB:.1f} GiB "
-                         f"for its KV cache ({(vllm - weights16) / kv / 1e3:.0f}k tokens at {kv // 1024} KiB each)")
-    return Plan(model=model or cfg.model, source=source, shape=shape, params=P, trainable=trainable, rows=rows,
-                prompt_tokens=prompt_tokens, response_tokens=response, precision=cfg.precision,
-                checkpointing=cfg.gradient_checkpointing, lora_rank=cfg.lora_rank, device_bytes=device_gib * GIB,
-                device_note=device_note, vllm_bytes=vllm, items=held, phase=phase, peak_items=peak, notes=notes,
-                phase_totals=phase_totals)
+    return [("forward", forward), ("statistics backward", stats_backward), ("layer backward", layer_backward)]
+
+
+def _vllm_note(shape: ModelShape, vllm: float) -> str:
+    """What vLLM's share of the device holds: its bf16 weights and the KV cache the rest allows."""
+    weights16 = 2 * shape.params()
+    if weights16 >= vllm:
+        return (f"vLLM's share ({vllm / GIB:.1f} GiB) is smaller than its bf16 weights "
+                f"({weights16 / GIB:.1f} GiB): raise vllm_gpu_memory")
+    kv = 2 * shape.layers * shape.kv_heads * shape.head_dim * 2
+    return (f"vLLM: {weights16 / GIB:.1f} GiB of bf16 weights, about {(vllm - weights16) / GIB:.1f} GiB "
+            f"for its KV cache ({(vllm - weights16) / kv / 1e3:.0f}k tokens at {kv // 1024} KiB each)")
 
 
 def zero3_gpus(plan: Plan, cfg: TrainConfig, shape: ModelShape, *, device_gib: float, max_gpus: int = 64) -> int | None:
@@ -476,9 +496,9 @@ def suggestions(cfg: TrainConfig, shape: ModelShape, plan: Plan, **kw) -> list[s
         return p if p.fits else None
 
     def best_micro(**changes) -> int | None:
-        batch = cfg.prompts_per_step * cfg.group_size
-        start = min(cfg.micro_batch_size or batch, batch)
-        m = start
+        from .rules import StepRules
+
+        m = StepRules.of(cfg).rows_per_pass(cfg.prompts_per_step * cfg.group_size)
         while m >= 1:
             if fits(micro_batch_size=m, **changes):
                 return m

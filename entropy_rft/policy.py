@@ -193,17 +193,17 @@ class Policy:
 
 
 def set_up_policy(cfg: TrainConfig, device: torch.device, checkpoint: Path | None = None, *,
-                  critic: bool = False) -> Policy:
+                  critic: bool = False, reference: bool = False) -> Policy:
     """The policy from cfg.model, or from a checkpoint's weights (and value head) to resume: prepared (LoRA, gradient
     checkpointing), dropout off and checked, with its optimizer (Adam's state is the checkpoint's to load), the
-    reference policy when kl_coef > 0 and the rollout engine."""
+    reference policy when asked (rules.StepRules.reference: kl_coef > 0) and the rollout engine."""
     source = str(checkpoint) if checkpoint is not None else cfg.model
     model, tokenizer = load_policy(source, device, trainable=True)
     model = prepare_policy(model, cfg)
     if cfg.disable_dropout:  # one policy for sampling, old log p and the update (departure 2)
         disable_dropout(model)
         check_deterministic(model)
-    ref_model = load_policy(cfg.model, device)[0].eval() if cfg.kl_coef > 0 else None
+    ref_model = load_policy(cfg.model, device)[0].eval() if reference else None
     engine = ENGINES.get(cfg.engine)(model, tokenizer, cfg, resolve_model_path(source))
     value_head = ValueHead(model.config.hidden_size).to(device) if critic else None
     groups = [{"params": [p for p in model.parameters() if p.requires_grad]}]

@@ -4,16 +4,33 @@ their seeded order, and each step's batch of scored responses (DAPO's dynamic sa
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from torch import Tensor
 
 from .config import TrainConfig
 from .data import load_math
 from .policy import BUILTIN_MODELS
 from .rollout import Rollout
-from .step import Scored
 from .tasks import MathTask
+
+
+@dataclass
+class Scored:
+    """A step's batch: prompts_per_step groups of group_size responses and their rewards, (B,) each."""
+
+    problems: list
+    rollout: Rollout
+    rewards: Tensor  # (B,) the task's
+    correct: Tensor  # (B,) bool
+    info: dict = field(default_factory=dict)  # sampling/* metrics
+
+    @property
+    def group_ids(self) -> Tensor:
+        return torch.arange(len(self.problems)).repeat_interleave(len(self.rewards) // max(len(self.problems), 1))
+
 
 SHIPPED_DATA = {"countdown": BUILTIN_MODELS["countdown-tiny"] / "data",  # task -> directory of train/eval.jsonl
                 "countdown_chat": BUILTIN_MODELS["countdown-tiny"] / "data",  # the same problems, in words

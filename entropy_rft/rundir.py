@@ -1,5 +1,6 @@
-"""A run directory is one run's record: who may write it, when a run may start there, resume checks, checkpoint
-retention and the signals that stop a run cleanly.
+"""A run directory is one run's record: who may write it, when a run may start there, resume checks, when checkpoints
+are kept, and the signals that stop a run cleanly. The checkpoint itself (its files, finding, loading and pruning
+them) is runstate.py's.
 
 Rules (entropy_rft/trainer.py's train() calls them; the CLI maps refusals to exit code 2):
 1. Ownership. A process writing a run directory holds an exclusive fcntl.flock on RUN/.lock, which holds its pid,
@@ -34,7 +35,7 @@ Rules (entropy_rft/trainer.py's train() calls them; the CLI maps refusals to exi
    (written by something else) is one line naming the file and the parts.
    A record an --overwrite set aside and a kill left there (rule 3) is the run's: its settings are read from there
    (stored_settings), as the next claim puts it back.
-5. Retention. After each checkpoint, all but the newest keep_checkpoints complete ones and the final one
+5. Retention (runstate.prune_checkpoints). After each checkpoint, all but the newest keep_checkpoints complete ones and the final one
    (checkpoint-<steps>) are deleted (renamed to a hidden name first, so a kill mid-delete never leaves a
    half-deleted checkpoint that looks complete).
 6. Other subcommands' outputs (check_output): eval, report, inspect, compare, sweep, filter, demo, theory and
@@ -47,8 +48,6 @@ Rules (entropy_rft/trainer.py's train() calls them; the CLI maps refusals to exi
 
 from __future__ import annotations
 
-import contextlib
-import errno
 import fcntl
 import fnmatch
 import json
@@ -62,9 +61,28 @@ from pathlib import Path
 import yaml
 
 from .config import RESUME_SAFE, TrainConfig, setting_differences  # noqa: F401  (setting_differences: its old home)
-from .record import (DIGEST, STAGED, RunDirError, check_hand_edits, checkpoint_dirs, differences,  # noqa: F401
-                     find_checkpoint, intact_state, load_trainer_state, record_dir, resume_checkpoint, set_aside_note,
-                     step_of, stored_settings, trusted_checkpoint, write_digest)
+from .record import (  # noqa: F401
+    DIGEST,
+    STAGED,
+    RunDirError,
+    check_hand_edits,
+    checkpoint_dirs,
+    differences,
+    find_checkpoint,
+    intact_state,
+    load_trainer_state,
+    record_dir,
+    resume_checkpoint,
+    set_aside_note,
+    step_of,
+    stored_settings,
+    trusted_checkpoint,
+    write_digest,
+)
+
+# checkpoint space and retention live in runstate.py (the checkpoint's module); importable from here as before
+from .runstate import checkpoint_space as checkpoint_space
+from .runstate import prune_checkpoints as prune_checkpoints
 from .stops import STOP_SIGNALS, Interrupted, StopSignals, stop_signals_interrupt  # noqa: F401  (their old home)
 
 LOCK = ".lock"
@@ -100,30 +118,6 @@ def record_entries(run_dir: Path) -> list[Path]:
     return sorted({p for pattern in RECORD for p in run_dir.glob(pattern)})
 
 
-def out_of_space(err: BaseException) -> bool:
-    """An error that says the disk (or the user's quota) is full: OSError ENOSPC / EDQUOT, or safetensors' own
-    SafetensorError wrapping it (`IoError(Os { code: 28, kind: StorageFull, ...`)."""
-    if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
-        return True
-    text = str(err)
-    return "No space left on device" in text or "StorageFull" in text or "QuotaExceeded" in text
-
-
-@contextlib.contextmanager
-def checkpoint_space(run_dir: Path, step: int):
-    """Around a checkpoint write: running out of disk space becomes RunDirError naming the checkpoint, the newest
-    complete one left and the way out (free space, --resume: resuming from a complete checkpoint is exact)."""
-    try:
-        yield
-    except Exception as err:
-        if not out_of_space(err):
-            raise
-        left = find_checkpoint(Path(run_dir))
-        how = (f"continue with `entropy-rft train --resume --out {run_dir}`: it resumes exactly from {left.name}"
-               if left else f"run the same command with --resume-or-start (`entropy-rft train --resume-or-start --out "
-               f"{run_dir}` and its settings): no checkpoint was complete, so the run starts again")
-        raise RunDirError(f"no space left on the device while writing {Path(run_dir) / f'checkpoint-{step}'} (the "
-                          f"partial write was removed); free space on that disk, then {how}") from None
 
 
 def is_finished(run_dir: Path, steps: int) -> bool:
@@ -456,28 +450,6 @@ def check_output(path: str | Path, *, option: str = "--out", command: str = "", 
                 raise RunDirError(f"{where}: the default {option} lies in the run directory {run}{live}; name "
                                   f"another {option} (or this one explicitly to write beside the run's record)")
     return path
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Checkpoint retention
-
-
-def prune_checkpoints(run_dir: Path, keep: int, final_step: int) -> list[str]:
-    """Delete all checkpoints but the newest `keep` and checkpoint-<final_step> (keep 0: delete none); the one
-    latest_checkpoint names is never deleted. Each is renamed to a hidden name before its files go. Returns the
-    names deleted."""
-    if keep <= 0:
-        return []
-    ckpts = sorted(checkpoint_dirs(run_dir, complete=False), key=step_of)
-    spared = set(ckpts[-keep:]) | {run_dir / f"checkpoint-{final_step}", find_checkpoint(run_dir)}
-    gone = []
-    for ckpt in ckpts:
-        if ckpt not in spared:
-            doomed = run_dir / f".deleting-{ckpt.name}"
-            os.replace(ckpt, doomed)
-            shutil.rmtree(doomed, ignore_errors=True)
-            gone.append(ckpt.name)
-    return gone
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -7,7 +7,8 @@ each lives in the module that owns it:
 - step.py: a step over the batch: the behaviour policy's statistics, the decision over the whole batch (advantages,
   keep mask, selections, the entropy control's knobs) and the update on the objective (objective.py); its rules;
 - diagnostics.py: the step's metrics line; samples.py: token-level samples; evaluate.py: Avg@K and Pass@K;
-- runstate.py: what a checkpoint holds; rundir.py: the run directory's rules and the stop signals.
+- runstate.py: what a checkpoint holds, its files, finding, loading and pruning them; rundir.py: the run
+  directory's rules and the stop signals.
 
 Departures, numbered:
 1. On a stop (Ctrl-C, SIGTERM, SIGHUP) the run is saved as a checkpoint before it ends, and `resume=True`
@@ -34,41 +35,24 @@ import torch
 from tqdm import tqdm
 
 from . import samples
-from .advantages import ADVANTAGES, TokenLevel
 from .config import TrainConfig, preflight
-from .control import make_control
+from .control import control_name, make_control
 from .diagnostics import loss_step_sizes
 from .evaluate import run_eval
 from .logging import MetricLogger
 from .plan import check_fits
 from .policy import pick_device, resolve_model_path, set_up_policy
 from .problems import ProblemSampler, sample_batch, task_problems
-from .rundir import (Claim, StopSignals, checkpoint_space, finished_summary, load_trainer_state, new_run_dir,
-                     prune_checkpoints, stop_signals_interrupt)
+from .record import find_checkpoint, load_trainer_state
+from .rules import StepRules
+from .rundir import Claim, StopSignals, finished_summary, new_run_dir, stop_signals_interrupt
 from .rundir import claim as claim_run_dir
-from .runstate import RunState, save_checkpoint
+from .runstate import RunState, checkpoint_space, prune_checkpoints, save_checkpoint
 from .step import Step
 from .stops import NonFinite, finite_sampling
 from .tasks import TASKS
 
-# The names tests, benchmarks and users import from entropy_rft.trainer, re-exported from their modules (one list).
-from .diagnostics import after_update_metrics, masked_mean, step_metrics  # noqa: E402,F401
-from .forward import EntropyProbe, HeldForward, batch_forward, batch_stats, policy_forward, policy_stats  # noqa: E402,F401
-from .policy import (BUILTIN_MODELS, STAND_IN, ValueHead, cache_dir, load_policy, make_optimizer,  # noqa: E402,F401
-                     prepare_policy)
-from .problems import SHIPPED_DATA, default_data, load_problems  # noqa: E402,F401
-from .rundir import find_checkpoint  # noqa: E402,F401
-from .step import (MIN_FROZEN_SHARE, StepRules, behaviour_statistics, compute_advantages, reuses_forward,  # noqa: E402,F401
-                   update_policy, zero_advantage_rows)
-
-__all__ = ["train", "after_update_metrics", "masked_mean", "step_metrics", "EntropyProbe", "HeldForward",
-           "batch_forward", "batch_stats", "policy_forward", "policy_stats", "BUILTIN_MODELS", "STAND_IN", "ValueHead",
-           "cache_dir", "load_policy", "make_optimizer", "prepare_policy", "SHIPPED_DATA", "default_data",
-           "load_problems", "find_checkpoint", "MIN_FROZEN_SHARE", "StepRules", "behaviour_statistics",
-           "compute_advantages", "reuses_forward", "update_policy", "zero_advantage_rows",
-           # used by the loop and imported from here too
-           "ProblemSampler", "pick_device", "resolve_model_path", "run_eval", "sample_batch", "save_checkpoint",
-           "task_problems"]
+__all__ = ["train"]  # what users import from here; every other name from the module that owns it
 
 
 def train(cfg: TrainConfig, *, resume: bool | str = False, overwrite: bool = False) -> dict:
@@ -99,15 +83,14 @@ class _Run:
         self.task = TASKS.get(cfg.task)
         train_problems = task_problems(cfg, self.task, "train")
         self.eval_problems = task_problems(cfg, self.task, "eval")[: cfg.eval_problems or None]
-        self.policy = set_up_policy(cfg, device, claim.checkpoint,
-                                    critic=isinstance(ADVANTAGES.get(cfg.advantage), TokenLevel))
+        needs = StepRules.of(cfg)  # a critic (GAE), a reference policy (kl_coef > 0)
+        self.policy = set_up_policy(cfg, device, claim.checkpoint, critic=needs.critic, reference=needs.reference)
         control = make_control(cfg)
         update_gen = torch.Generator().manual_seed(cfg.seed + 1)
         self.step = Step(cfg, self.policy.model, self.policy.optimizer, value_head=self.policy.value_head,
                          ref_model=self.policy.ref_model, control=control, update_gen=update_gen)
         self.sampler = ProblemSampler(train_problems, cfg.seed)
-        self.state = RunState(self.sampler, update_gen, control, "none" if cfg.entropy_target is None
-                              else cfg.entropy_control)
+        self.state = RunState(self.sampler, update_gen, control, control_name(cfg))
         self.start = 0
         if claim.checkpoint is not None:  # everything that steers the run continues where the checkpoint left it
             saved = load_trainer_state(claim.checkpoint)
@@ -127,7 +110,7 @@ class _Run:
 
     def save(self, at: int, state: dict | None = None) -> Path:
         p = self.policy
-        with checkpoint_space(self.run_dir, at):  # no space left: one line naming the checkpoint (rundir.py)
+        with checkpoint_space(self.run_dir, at):  # no space left: one line naming the checkpoint (runstate.py)
             ckpt = save_checkpoint(self.run_dir, at, p.model, p.tokenizer, p.optimizer, None, p.value_head,
                                    state or self.state.capture())
         prune_checkpoints(self.run_dir, self.cfg.keep_checkpoints, self.cfg.steps)  # the newest few and the final

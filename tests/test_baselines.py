@@ -113,7 +113,8 @@ def test_dynamic_sampling_keeps_only_mixed_groups(tmp_path):
     """DAPO's dynamic sampling: every kept group has 0 < correct < G."""
     from entropy_rft.rollout import HFEngine
     from entropy_rft.tasks import CountdownTask
-    from entropy_rft.trainer import ProblemSampler, default_data, load_policy, load_problems, sample_batch
+    from entropy_rft.policy import load_policy
+    from entropy_rft.problems import ProblemSampler, default_data, load_problems, sample_batch
 
     cfg = load_config(None, method="dapo", prompts_per_step=6, group_size=4, max_sampling_rounds=5)
     model, tok = load_policy("countdown-tiny", torch.device("cpu"))
@@ -188,7 +189,8 @@ def test_dr_grpo_update_does_not_depend_on_the_padded_width():
 
     from entropy_rft.forward import batch_forward
     from entropy_rft.rollout import Rollout
-    from entropy_rft.trainer import load_policy, update_policy
+    from entropy_rft.policy import load_policy
+    from entropy_rft.step import Decision, Step
 
     model, tok = load_policy("countdown-tiny", torch.device("cpu"), trainable=True)
     cfg = load_config(None, method="dr_grpo", max_new_tokens=16, lr=1e-4, progress=False)
@@ -209,7 +211,8 @@ def test_dr_grpo_update_does_not_depend_on_the_padded_width():
         m = copy.deepcopy(model)
         old = batch_forward(m, ro, cfg.temperature, n)[0].logp
         opt = torch.optim.Adam(m.parameters(), lr=cfg.lr)
-        out = update_policy(m, opt, ro, adv, old, None, ro.response_mask, cfg, torch.Generator().manual_seed(1))
+        step = Step(cfg, m, opt, update_gen=torch.Generator().manual_seed(1))
+        out = step.update(ro, Decision(adv, old, ro.response_mask, ro.response_mask))
         losses.append(out["loss/policy"])
     assert losses[0] != 0 and losses[0] == pytest.approx(losses[1], rel=1e-5)
 

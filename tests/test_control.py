@@ -174,7 +174,8 @@ def test_entropic_term_reweights_high_probability_tokens_by_one_plus_minus_alpha
     weigh (1 + alpha |T| / |T_hi|) in positive samples and (1 - alpha |T| / |T_hi|) in negative ones (the term is a
     token mean over T_hi): d/dlogp of  -sum_T A r / |T|  +  alpha * sum_{T_hi} -|A| r / |T_hi|. Checked token by token in float64
     against that hand-built weighting (a loop), and the high-probability set against its definition."""
-    from entropy_rft.control import entropic_adjustment, high_probability_tokens
+    from entropy_rft.control import high_probability_tokens
+    from entropy_rft.losses import entropic_adjustment
 
     g = torch.Generator().manual_seed(3)
     old = -torch.rand(6, 5, generator=g, dtype=torch.float64) * 0.2  # p_old in (0.82, 1]: some above 0.95
@@ -209,7 +210,8 @@ def _tabular_grpo(target, control, steps=240, contexts=32, actions=8, group=8, l
     """A tabular softmax policy (one logit row per context, float64) trained by on-policy GRPO with SGD: each step
     samples `group` actions per context, rewards each with its action's fixed success probability, and updates on
     the token-mean loss, plus EntroPIC's term when `control`. Returns the mean entropy before each step."""
-    from entropy_rft.control import EntroPIC, entropic_adjustment, high_probability_tokens
+    from entropy_rft.control import EntroPIC, high_probability_tokens
+    from entropy_rft.losses import entropic_adjustment
 
     g = torch.Generator().manual_seed(seed)
     z = (torch.randn(contexts, actions, generator=g, dtype=torch.float64) * 5).requires_grad_()
@@ -258,14 +260,14 @@ def test_entropic_tracks_a_target_on_a_tabular_policy():
 
 @pytest.fixture(scope="module")
 def shipped_policy():
-    from entropy_rft.trainer import load_policy
+    from entropy_rft.policy import load_policy
 
     return load_policy("countdown-tiny", torch.device("cpu"), trainable=True)[0]
 
 
 @pytest.mark.parametrize("micro", [0, 5])
 def test_entropic_update_in_the_trainer_is_the_reweighted_gradient(micro, shipped_policy):
-    """update_policy with EntroPIC's (alpha, T_hi) steps along the gradient of sum_t c_t r_t with
+    """The step's update (step.Step.update) with EntroPIC's (alpha, T_hi) steps along the gradient of sum_t c_t r_t with
     c_t = -A_t / |T| on every loss token and -alpha |A_t| / |T_hi| more on the high-probability ones, computed here
     by autograd over the whole batch (SGD at lr 1, no gradient clipping, so the step is minus the gradient); with
     micro-batches of 5 rows (12 rows in all) the step is the same. float32: tolerances of a few ulps of the
@@ -276,7 +278,8 @@ def test_entropic_update_in_the_trainer_is_the_reweighted_gradient(micro, shippe
     from entropy_rft.control import high_probability_tokens
     from entropy_rft.forward import batch_forward, policy_forward
     from entropy_rft.rollout import Rollout
-    from entropy_rft.trainer import update_policy
+    from entropy_rft.control import Knobs
+    from entropy_rft.step import Decision, Step
 
     base = shipped_policy
     g = torch.Generator().manual_seed(5)
@@ -288,7 +291,8 @@ def test_entropic_update_in_the_trainer_is_the_reweighted_gradient(micro, shippe
     resp[~rm] = 0
     ro = Rollout(prompt, pm, resp, rm, lengths == 8, [""] * 12)
     adv = torch.tensor([0.7, -1.2, 0.5, 0.0, 1.1, -0.4, 1.0, -0.3, -1.0, 0.2, 0.9, -0.8])
-    cfg = load_config(None, prompts_per_step=4, group_size=3, probe_every=0, grad_clip=0.0, micro_batch_size=micro)
+    cfg = load_config(None, prompts_per_step=4, group_size=3, probe_every=0, grad_clip=0.0, micro_batch_size=micro,
+                      entropy_target=0.5, entropy_control="pi")  # the objective with EntroPIC's term
     base.eval()
     old = batch_forward(base, ro, 1.0, 12)[0].logp  # (B, T)
     valid = ro.response_mask
@@ -301,8 +305,8 @@ def test_entropic_update_in_the_trainer_is_the_reweighted_gradient(micro, shippe
     (coef * (logp - old).exp()).sum().backward()
     model = copy.deepcopy(base)
     before = {k: v.detach().clone() for k, v in model.named_parameters()}
-    update_policy(model, torch.optim.SGD(model.parameters(), lr=1.0), ro, adv, old, None, valid, cfg,
-                  torch.Generator().manual_seed(0), entropic=(alpha, high))
+    step = Step(cfg, model, torch.optim.SGD(model.parameters(), lr=1.0), update_gen=torch.Generator().manual_seed(0))
+    step.update(ro, Decision(adv, old, valid, valid, knobs=Knobs(alpha=alpha, high=high)))
     for name, p in model.named_parameters():
         want = ref.get_parameter(name).grad
         scale = float(want.abs().max()) + 1e-12

@@ -12,7 +12,7 @@ from entropy_rft.tasks.countdown import (
     random_problem,
     reward,
 )
-from entropy_rft.trainer import BUILTIN_MODELS
+from entropy_rft.policy import BUILTIN_MODELS
 
 P = Problem((3, 5, 7), 22)
 
@@ -90,7 +90,7 @@ def test_countdown5_ships_a_filtered_split_of_five_number_problems():
 
     from entropy_rft.config import load_config
     from entropy_rft.tasks import TASKS
-    from entropy_rft.trainer import default_data, load_problems
+    from entropy_rft.problems import default_data, load_problems
 
     task = TASKS.get("countdown5")
     cfg = load_config(None, task="countdown5")

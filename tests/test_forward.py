@@ -11,7 +11,10 @@ from entropy_rft.dynamics import token_stats
 from entropy_rft.dropout import disable_dropout, has_active_dropout
 from entropy_rft.forward import EntropyProbe, HeldForward, batch_forward, policy_forward, streams_from_hidden
 from entropy_rft.rollout import Rollout
-from entropy_rft.trainer import load_policy, reuses_forward, train, update_policy
+from entropy_rft.policy import load_policy
+from entropy_rft.rules import StepRules
+from entropy_rft.step import Decision, Step, zero_advantage_rows
+from entropy_rft.trainer import train
 
 
 @pytest.fixture(scope="module")
@@ -108,13 +111,20 @@ def test_reuse_only_where_strict_on_policy(policy):
     """auto reuses the forward only with one epoch, one mini-batch, no Lopti, no micro-batching, no dropout."""
     model = policy[0]
     base = dict(prompts_per_step=4, group_size=4)
-    assert reuses_forward(load_config(None, **base), model)
-    assert not reuses_forward(load_config(None, **base, mini_batches=2), model)
-    assert not reuses_forward(load_config(None, **base, ppo_epochs=2), model)
-    assert not reuses_forward(load_config(None, **base, method="lopti"), model)
-    assert not reuses_forward(load_config(None, **base, micro_batch_size=4), model)
-    assert reuses_forward(load_config(None, **base, micro_batch_size=4, reuse_forward="on"), model)
-    assert not reuses_forward(load_config(None, **base, reuse_forward="off"), model)
+
+    def reuses(dropout: bool | None = None, **kw) -> bool:
+        active = has_active_dropout(model) if dropout is None else dropout
+        return StepRules.of(load_config(None, **base, **kw), dropout_active=active).reuse
+
+    assert reuses()
+    assert not reuses(mini_batches=2)
+    assert not reuses(ppo_epochs=2)
+    assert not reuses(method="lopti")
+    assert not reuses(micro_batch_size=4)
+    assert not reuses(dropout=True)
+    assert reuses(micro_batch_size=4, reuse_forward="on")
+    assert reuses(dropout=True, reuse_forward="on")
+    assert not reuses(reuse_forward="off")
 
 
 def reference_first_order(model, ro, temperature, before, after):
@@ -179,7 +189,7 @@ def test_offpolicy_prediction_uses_the_current_policy(policy):
 
     optimizer.step = recording_step
     gen = torch.Generator().manual_seed(5)
-    out = update_policy(model, optimizer, ro, adv, stats.logp, None, mask, cfg, gen)
+    out = Step(cfg, model, optimizer, update_gen=gen).update(ro, Decision(adv, stats.logp, mask, mask))
     order = torch.randperm(6, generator=torch.Generator().manual_seed(5))
     from entropy_rft.dynamics import corollary4_entropy_change
 
@@ -323,7 +333,7 @@ def test_lora_under_bf16_keeps_one_pass():
     """Training LoRA in bf16, autocast casts the frozen base weights again in every pass and autograd keeps each
     cast: policy_forward then runs one pass, so the saved bytes do not grow with the number of buckets."""
     from entropy_rft.forward import length_buckets
-    from entropy_rft.trainer import prepare_policy
+    from entropy_rft.policy import prepare_policy
 
     cfg = load_config(None, precision="bf16", lora_rank=4, probe_every=0)
     model = prepare_policy(load_policy("countdown-tiny", torch.device("cpu"), trainable=True)[0], cfg)
@@ -349,8 +359,6 @@ def test_zero_advantage_rows_skip_the_backward_not_the_update(policy, micro):
     """Rows with advantage exactly 0 run their forward without a graph (fewer bytes saved for the backward), yet the
     statistics, the loss metrics and the gradient step equal those of the full graph (float32 rounding only); with
     micro-batches of 3, two micro-batches hold frozen rows only (no graph at all)."""
-    from entropy_rft.trainer import update_policy
-
     ro = grouped_rollout(groups=4, size=3, seed=2)
     adv = torch.tensor([0.7, -1.2, 0.5, 0.0, 0.0, 0.0, 1.0, 0.0, -1.0, 0.0, 0.0, 0.0])
     frozen = adv == 0
@@ -365,8 +373,8 @@ def test_zero_advantage_rows_skip_the_backward_not_the_update(policy, micro):
                                                       lambda t: t):
             held = HeldForward(model, ro, 1.0, micro, frozen=rows)
         stats = held.stats()
-        metrics = update_policy(model, optimizer, ro, adv, stats.logp, None, ro.response_mask, cfg,
-                                torch.Generator().manual_seed(0), held=held)
+        step = Step(cfg, model, optimizer, update_gen=torch.Generator().manual_seed(0))
+        metrics = step.update(ro, Decision(adv, stats.logp, ro.response_mask, ro.response_mask), held=held)
         out[name] = (sum(saved), stats, metrics, {k: v.detach().clone() for k, v in model.state_dict().items()})
     (bytes_full, s_full, m_full, w_full), (bytes_skip, s_skip, m_skip, w_skip) = out["full"], out["skip"]
     assert bytes_skip < 0.7 * bytes_full  # 7 of 12 rows keep no graph
@@ -389,7 +397,6 @@ def test_zero_advantage_skip_only_where_the_gradient_is_exactly_zero():
     own passes would cost more than they save) or every row is 0 (then Adam still steps on zero gradients, as
     without the skip)."""
     from entropy_rft.advantages import ADVANTAGES
-    from entropy_rft.trainer import StepRules, zero_advantage_rows
 
     def freezes(**kw) -> bool:
         return StepRules.of(load_config(None, prompts_per_step=2, group_size=2, **kw)).may_freeze

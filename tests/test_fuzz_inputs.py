@@ -20,7 +20,7 @@ from entropy_rft.config import ConfigError, TrainConfig, load_config
 from entropy_rft.data import to_problems
 from entropy_rft.report import load_run
 from entropy_rft.tasks.countdown import Problem
-from entropy_rft.trainer import BUILTIN_MODELS, load_policy, resolve_model_path
+from entropy_rft.policy import BUILTIN_MODELS, load_policy, resolve_model_path
 
 FIELDS = {f: TrainConfig.__dataclass_fields__[f] for f in TrainConfig.__dataclass_fields__}
 JSON_SCALARS = st.one_of(st.none(), st.booleans(), st.integers(min_value=-2**70, max_value=2**70),
@@ -147,7 +147,7 @@ def test_math_rows_are_taken_exactly_or_rejected(row):
 def test_problem_file_with_a_bad_line_names_file_and_line(tmp_path):
     """load_problems names the file and the line of a bad row."""
     from entropy_rft.tasks import TASKS
-    from entropy_rft.trainer import load_problems
+    from entropy_rft.problems import load_problems
 
     path = tmp_path / "train.jsonl"
     path.write_text('{"numbers": [1, 2], "target": 3}\n{"numbers": [1, 2.5], "target": 3}\n')

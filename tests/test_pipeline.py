@@ -19,7 +19,8 @@ from entropy_rft.rollout import HFEngine
 from entropy_rft.rollout.hf import Rollout, render_prompts
 from entropy_rft.rollout.vllm import merged_state_dict, rollout_from_outputs, unmerge
 from entropy_rft.tasks import TASKS, MathProblem
-from entropy_rft.trainer import STAND_IN, load_policy, policy_forward, prepare_policy, resolve_model_path
+from entropy_rft.forward import policy_forward
+from entropy_rft.policy import STAND_IN, load_policy, prepare_policy, resolve_model_path
 
 RECIPES = sorted((Path(__file__).parent.parent / "entropy_rft" / "configs" / "paper").glob("*.yaml"))
 pytest.importorskip("math_verify")

@@ -14,7 +14,7 @@ from entropy_rft.forward import policy_forward
 from entropy_rft.plan import (GIB, SHAPES_DIR, ModelShape, pass_activation_bytes, plan_for_config, plan_memory,
                               shipped_shape_dir)
 from entropy_rft.rollout.hf import Rollout
-from entropy_rft.trainer import prepare_policy
+from entropy_rft.policy import prepare_policy
 
 ROOT = Path(__file__).parent.parent / "entropy_rft" / "configs"
 RECIPES = sorted((ROOT / "paper").glob("*.yaml")) + sorted((ROOT / "one_gpu").glob("*.yaml"))

@@ -14,7 +14,8 @@ from entropy_rft.evaluate import sample_correctness
 from entropy_rft.tasks import TASKS
 from entropy_rft.tasks.countdown import Problem, random_problem
 from entropy_rft.toy import STRATA, PoolConfig, build_pool, stratum
-from entropy_rft.trainer import SHIPPED_DATA, default_data, load_policy
+from entropy_rft.policy import load_policy
+from entropy_rft.problems import SHIPPED_DATA, default_data
 
 SHIPPED = SHIPPED_DATA["countdown5_large"]
 # the shipped files predate one puzzle identity and the rebuilt policy; their rebuild (Amendment 1 of

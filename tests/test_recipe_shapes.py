@@ -24,13 +24,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 pytest.importorskip("peft")
-from entropy_rft.advantages import ADVANTAGES, TokenLevel  # noqa: E402
+from entropy_rft.advantages import ADVANTAGES  # noqa: E402
 from entropy_rft.config import load_config  # noqa: E402
 from entropy_rft.invariants import (float64_reference, grad_distance, grad_norm, recipe_step, scaled_model,  # noqa: E402
                                     stats_tolerance, synthetic_batch)
 from entropy_rft.forward import policy_forward  # noqa: E402
 from entropy_rft.methods import METHODS  # noqa: E402
-from entropy_rft.trainer import ValueHead, behaviour_statistics  # noqa: E402
+from entropy_rft.policy import ValueHead  # noqa: E402
+from entropy_rft.rules import StepRules, passes  # noqa: E402
+from entropy_rft.step import behaviour_statistics  # noqa: E402
 
 CONFIGS = Path(__file__).parents[1] / "entropy_rft" / "configs"
 RECIPES = sorted(CONFIGS.glob("paper/*.yaml")) + sorted(CONFIGS.glob("one_gpu/*.yaml"))
@@ -64,7 +66,7 @@ def model_for(cfg):
 
 
 def value_head(cfg):
-    return ValueHead(64).to(DEVICE) if isinstance(ADVANTAGES.get(cfg.advantage), TokenLevel) else None
+    return ValueHead(64).to(DEVICE) if StepRules.of(cfg).critic else None
 
 
 def batch(cfg, seed=0):
@@ -118,7 +120,7 @@ def test_recipe_invariants(recipe):
     assert_on_policy(b, mask, cfg)
     c = recipe_step(dataclasses.replace(cfg, precision="fp32"), model, ro, rewards, gids, value_head=head, given=a)
     assert_on_policy(c, mask, cfg)
-    assert len(a.grads) == len(b.grads) == len(c.grads) == cfg.mini_batches * cfg.ppo_epochs
+    assert len(a.grads) == len(b.grads) == len(c.grads) == a.rules.optimizer_steps
     # KL-Cov's |log r| term has gradient sign(log r): at the non-stepping optimizer's unchanged weights, steps after
     # the first see log r of rounding size and random sign, so only the first (exactly on-policy) step compares
     steps = range(len(a.grads)) if cfg.policy_loss != "kl_cov" else range(1)
@@ -243,7 +245,7 @@ def test_a_per_micro_batch_filter_is_caught(monkeypatch):
     from entropy_rft.control import EntropyControl
 
     def per_micro_batch(self, method, stats, adv, mask, entropy_now):
-        rows = torch.arange(mask.shape[0]).split(self.cfg.micro_batch_size or mask.shape[0])
+        rows = passes(mask.shape[0], self.cfg.micro_batch_size)  # the update's micro-batches
         parts = [method.apply(stats.map(lambda x, r=r: x[r]), adv[r], mask[r], **self.cfg.method_overrides())
                  for r in rows]
         return torch.cat([k for k, _ in parts]), {}

@@ -237,7 +237,7 @@ def test_no_output_path_changes_a_run_record(command, target, live, tmp_path, mo
     file in a checkpoint, a new name inside one), with the run idle or held by a live run: the command is refused
     (exit 2, one line, no traceback) or goes on to write only beside the record; the record is byte-identical
     afterwards and holds no new entry."""
-    for module, name in ((trainer, "_Run"), (trainer, "load_policy"), (policy, "load_policy"),
+    for module, name in ((trainer, "_Run"), (policy, "load_policy"),
                          (pipeline, "build_engine"), (toy, "pretrain"), (theory, "tabular_checks")):
         monkeypatch.setattr(module, name, _work)
     monkeypatch.chdir(tmp_path)

@@ -6,7 +6,9 @@ from entropy_rft.config import TrainConfig
 from entropy_rft.rollout import HFEngine, Rollout
 from entropy_rft.rollout.hf import response_mask_from_lengths
 from entropy_rft.tasks import CountdownTask
-from entropy_rft.trainer import batch_stats, default_data, load_policy, load_problems
+from entropy_rft.forward import batch_stats
+from entropy_rft.policy import load_policy
+from entropy_rft.problems import default_data, load_problems
 
 
 def test_mask_from_lengths_not_from_pad():

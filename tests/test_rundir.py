@@ -15,9 +15,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from entropy_rft.config import load_config, settings_key, setting_differences
-from entropy_rft.rundir import (Interrupted, RunDirError, RunLock, claim, find_checkpoint, new_run_dir,
-                                prune_checkpoints, record_entries, stop_signals_interrupt)
+from entropy_rft.config import load_config, setting_differences, settings_key
+from entropy_rft.record import RunDirError, find_checkpoint
+from entropy_rft.rundir import RunLock, claim, new_run_dir, record_entries
+from entropy_rft.runstate import prune_checkpoints
+from entropy_rft.stops import Interrupted, stop_signals_interrupt
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -313,9 +315,10 @@ def test_new_run_dirs_are_unique_and_names_are_one_component(tmp_path):
 
 def test_a_held_directory_refuses_train_before_any_model_loads(tmp_path, monkeypatch):
     """train() into a directory another run holds is refused at once naming the holder; no model is loaded."""
+    import entropy_rft.policy as policy
     import entropy_rft.trainer as trainer
 
-    monkeypatch.setattr(trainer, "load_policy", lambda *a, **k: pytest.fail("a model was loaded"))
+    monkeypatch.setattr(policy, "load_policy", lambda *a, **k: pytest.fail("a model was loaded"))
     with RunLock(tmp_path / "run"):
         with pytest.raises(RunDirError, match=f"pid {os.getpid()}"):
             trainer.train(cfg_at(tmp_path / "run", steps=1))

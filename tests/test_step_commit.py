@@ -20,7 +20,8 @@ import torch
 
 from entropy_rft.config import load_config
 from entropy_rft.logging import read_metrics
-from entropy_rft.trainer import find_checkpoint, train
+from entropy_rft.record import find_checkpoint
+from entropy_rft.trainer import train
 
 ROOT = Path(__file__).resolve().parents[1]
 # two optimizer steps per update, an evaluation every 2 steps, no periodic checkpoint: only the stop saves

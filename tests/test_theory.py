@@ -82,7 +82,8 @@ def test_model_checks_on_the_shipped_policy():
     misses the scale (the network's kernel and the token mean); the parameters are restored after the checks."""
     from entropy_rft.config import TrainConfig
     from entropy_rft.tasks import CountdownTask
-    from entropy_rft.trainer import default_data, load_policy, load_problems
+    from entropy_rft.policy import load_policy
+    from entropy_rft.problems import default_data, load_problems
 
     model, tok = load_policy("countdown-tiny", torch.device("cpu"))
     before = [p.detach().clone() for p in model.parameters()]

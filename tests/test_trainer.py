@@ -120,7 +120,7 @@ def test_micro_batches_give_the_same_update():
     float32 rounding when the batch composition changes its float64 hidden state, and a gradient summed over N
     tokens by N * 2^-24 of its norm."""
     from entropy_rft.invariants import grad_distance, grad_norm, recipe_step, synthetic_batch
-    from entropy_rft.trainer import load_policy
+    from entropy_rft.policy import load_policy
 
     model = load_policy("countdown-tiny", torch.device("cpu"), trainable=True)[0].double()
     for mini_batches in (1, 2):

@@ -18,7 +18,8 @@ from trl import GRPOConfig, GRPOTrainer  # noqa: E402
 from entropy_rft.integrations.trl import EntropyGRPOTrainer, rollout_of  # noqa: E402
 from entropy_rft.methods import METHODS  # noqa: E402
 from entropy_rft.dynamics import TokenStats  # noqa: E402
-from entropy_rft.trainer import STAND_IN, policy_stats, resolve_model_path  # noqa: E402
+from entropy_rft.forward import policy_stats  # noqa: E402
+from entropy_rft.policy import STAND_IN, resolve_model_path  # noqa: E402
 
 
 def reward_a(completions, **kwargs):

@@ -17,7 +17,9 @@ from entropy_rft.config import load_config
 from entropy_rft.logging import read_metrics
 from entropy_rft.rollout.vllm import VLLMEngine
 from entropy_rft.toy import build_stand_in
-from entropy_rft.trainer import load_policy, policy_forward, train
+from entropy_rft.forward import policy_forward
+from entropy_rft.policy import load_policy
+from entropy_rft.trainer import train
 
 pytest.importorskip("vllm")
 

@@ -1,0 +1,111 @@
+"""runstate.py: what a checkpoint's trainer_state.pt records, and finding and loading checkpoints.
+
+Properties: RunState.capture then restore into a fresh run's objects (through torch.save / torch.load, as a
+checkpoint does) continues every source of randomness and every learnt state exactly: the problem order, the update's
+generator, torch's global generator, the entropy control, the evaluations (keys back to ints) and a pending step; a
+capture is a copy (later steps do not change it); checkpoints written before update_gen / torch_rng / evals were
+saved resume without them, and a control state under its old key is read; a damaged trainer_state.pt is skipped for
+the newest earlier intact checkpoint, and an unreadable one raises RunDirError naming the file."""
+
+import pytest
+import torch
+
+from entropy_rft.config import load_config
+from entropy_rft.control import control_name, make_control
+from entropy_rft.problems import ProblemSampler
+from entropy_rft.record import RunDirError, find_checkpoint, load_trainer_state, resume_checkpoint
+from entropy_rft.record import step_of as checkpoint_step
+from entropy_rft.runstate import RunState
+
+CFG = load_config(None, entropy_target=0.4, entropy_control="pi")
+
+
+def fresh() -> RunState:
+    control = make_control(CFG)
+    return RunState(ProblemSampler(list(range(10)), seed=3), torch.Generator().manual_seed(CFG.seed + 1), control,
+                    control_name(CFG))
+
+
+def advance(state: RunState) -> None:
+    """What steps do to the state: draw problems, permutations, global random numbers, steer the control."""
+    state.sampler.next(4)
+    torch.randperm(8, generator=state.update_gen)
+    torch.rand(3)
+    state.control.knobs(0.7, torch.zeros(2, 3), torch.ones(2, 3, dtype=torch.bool))
+
+
+def future(state: RunState) -> tuple:
+    """What the next step would draw and set."""
+    knobs = state.control.knobs(0.5, torch.zeros(2, 3), torch.ones(2, 3, dtype=torch.bool))
+    return (state.sampler.next(6), torch.randperm(8, generator=state.update_gen).tolist(), torch.rand(3).tolist(),
+            knobs.alpha)
+
+
+def test_capture_restore_continues_exactly(tmp_path):
+    """A restored state draws and steers exactly as the captured one would have, after a round trip through a file."""
+    torch.manual_seed(0)
+    a = fresh()
+    advance(a)
+    a.evals = {0: {"avg_at_k": 0.1}, 2: {"avg_at_k": 0.3}}
+    a.pending = {"step": 3, "metrics": {"step": 3}}
+    torch.save({"step": 3, **a.capture()}, tmp_path / "trainer_state.pt")
+    want = future(a)
+    torch.manual_seed(123)  # the resumed process starts elsewhere
+    b = fresh()
+    assert b.restore(torch.load(tmp_path / "trainer_state.pt", weights_only=False)) == 3
+    assert b.evals == {0: {"avg_at_k": 0.1}, 2: {"avg_at_k": 0.3}} and b.pending == {"step": 3, "metrics": {"step": 3}}
+    assert future(b) == want
+
+
+def test_capture_is_a_copy():
+    """Steps after a capture do not change it (the stop-time checkpoint saves the state the step began from)."""
+    a = fresh()
+    before = a.capture()
+    evals = dict(before["evals"])
+    advance(a)
+    a.evals[1] = {"avg_at_k": 0.2}
+    assert before["evals"] == evals and torch.equal(before["update_gen"], fresh().update_gen.get_state())
+
+
+def test_older_checkpoints_resume():
+    """Without update_gen, torch_rng and evals those stay as a fresh run has them; the control's state under its
+    old key (EntroPIC's `pi`) is read."""
+    a = fresh()
+    a.control.inner.load_state({"integral": 1.5, "alpha": 0.25})
+    old = {"step": 4, "sampler": a.sampler.state(), "pi": a.control.state()}
+    b = fresh()
+    gen_before = b.update_gen.get_state()
+    assert b.restore(old) == 4
+    assert torch.equal(b.update_gen.get_state(), gen_before) and b.evals == {} and b.pending is None
+    assert b.control.state() == {"integral": 1.5, "alpha": 0.25}
+
+
+def make_checkpoints(run, steps, *, damaged=()):
+    for s in steps:
+        (run / f"checkpoint-{s}").mkdir(parents=True)
+        path = run / f"checkpoint-{s}" / "trainer_state.pt"
+        if s in damaged:
+            path.write_bytes(b"PK\x03\x04 cut short")
+        else:
+            torch.save({"step": s}, path)
+    (run / "latest_checkpoint").write_text(f"checkpoint-{max(steps)}")
+
+
+def test_a_damaged_state_falls_back_to_the_newest_intact_checkpoint(tmp_path, capsys):
+    """find_checkpoint names the newest; resume_checkpoint skips it when its trainer_state.pt is not a complete
+    archive, warning with the file and the steps trained again; with no intact one left it raises."""
+    make_checkpoints(tmp_path / "a", [1, 2, 3], damaged=[3])
+    assert find_checkpoint(tmp_path / "a") == tmp_path / "a" / "checkpoint-3"
+    ckpt = resume_checkpoint(tmp_path / "a")
+    assert ckpt == tmp_path / "a" / "checkpoint-2" and checkpoint_step(ckpt) == 2
+    assert "checkpoint-3/trainer_state.pt is damaged" in capsys.readouterr().err
+    make_checkpoints(tmp_path / "b", [1, 2], damaged=[1, 2])
+    with pytest.raises(RunDirError, match="no earlier complete checkpoint"):
+        resume_checkpoint(tmp_path / "b")
+
+
+def test_an_unreadable_state_names_the_file(tmp_path):
+    """load_trainer_state on a file torch cannot read: RunDirError naming it and the way out."""
+    make_checkpoints(tmp_path, [5], damaged=[5])
+    with pytest.raises(RunDirError, match=r"checkpoint-5/trainer_state.pt cannot be read"):
+        load_trainer_state(tmp_path / "checkpoint-5")
