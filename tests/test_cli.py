@@ -38,7 +38,7 @@ def _model_work(*args, **kwargs):
 def no_model_work(monkeypatch):
     """Any case that gets as far as loading a model or training fails; torch looks like a CPU-only build and vLLM
     like a package that is not installed, whatever this machine has."""
-    for module, name in ((trainer, "load_policy"), (policy, "load_policy"), (trainer, "_Run"),
+    for module, name in ((policy, "load_policy"), (trainer, "_Run"),
                          (pipeline, "build_engine")):
         monkeypatch.setattr(module, name, _model_work)
     monkeypatch.setattr(torch.version, "cuda", None)

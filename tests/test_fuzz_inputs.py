@@ -33,7 +33,12 @@ FAST = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCh
 
 def _holds_type(kind: str, value) -> bool:
     """Whether an accepted value has the field's declared type (and is finite where it is a number)."""
+    import ast
+
     options = [k.strip() for k in kind.split("|")]
+    for k in options:  # a choice: one of the literal values
+        if k.startswith(("Literal[", "typing.Literal[")) and value in ast.literal_eval("[" + k.split("[", 1)[1][:-1] + "]"):
+            return True
     if value is None:
         return "None" in options
     for k in options:
