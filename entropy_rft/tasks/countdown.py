@@ -30,6 +30,7 @@ from __future__ import annotations
 import random
 import re
 from dataclasses import dataclass
+from typing import Callable
 
 from ..registry import Registry
 
@@ -237,18 +238,22 @@ def make_problems(n: int, *, seed: int, exclude: set[str] | None = None, **kwarg
 
 @dataclass(frozen=True)
 class CountdownTask:
-    """The task interface the trainer uses: prompt text and reward of each completion."""
+    """The task interface the trainer uses: prompt text and reward of each completion. The prompt and reward
+    functions are this module's (the character-level policy's format) unless given (tasks/countdown_chat.py: the
+    same puzzles in words for a chat model)."""
 
     name: str = "countdown"
+    prompt_of: Callable[[Problem], str] = prompt
+    reward_of: Callable[[str, bool, Problem], tuple[float, bool]] = reward
 
     def prompt(self, problem: Problem) -> str:
-        return prompt(problem)
+        return self.prompt_of(problem)
 
     def score(self, completion: str, finished: bool, problem: Problem) -> tuple[float, bool]:
-        return reward(completion, finished, problem)
+        return self.reward_of(completion, finished, problem)
 
     def score_batch(self, completions, finished, problems) -> list[tuple[float, bool]]:
-        return [reward(c, bool(f), p) for c, f, p in zip(completions, finished, problems)]
+        return [self.reward_of(c, bool(f), p) for c, f, p in zip(completions, finished, problems)]
 
     def parse_row(self, row: dict) -> Problem:
         return Problem.from_json(row)

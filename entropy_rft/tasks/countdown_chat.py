@@ -22,9 +22,9 @@ Departures, numbered:
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from functools import partial
 
-from .countdown import TASKS, Problem, is_correct
+from .countdown import TASKS, CountdownTask, Problem, is_correct
 
 ANSWER_LINE = re.compile(r"^\s*\**\s*answer\s*\**\s*:\s*\**\s*(.*)$", re.IGNORECASE)  # also **Answer:** and **Answer**:
 TIMES = re.compile(r"\\times|\\cdot|[x×·]")
@@ -57,23 +57,7 @@ def reward(completion: str, finished: bool, problem: Problem) -> tuple[float, bo
     return (-0.1 if finished else -1.0), False
 
 
-@dataclass(frozen=True)
-class CountdownChatTask:
-    """The task interface (prompt, score, parse_row) of countdown in words."""
-
-    name: str = "countdown_chat"
-
-    def prompt(self, problem: Problem) -> str:
-        return prompt(problem)
-
-    def score(self, completion: str, finished: bool, problem: Problem) -> tuple[float, bool]:
-        return reward(completion, finished, problem)
-
-    def score_batch(self, completions, finished, problems) -> list[tuple[float, bool]]:
-        return [reward(c, bool(f), p) for c, f, p in zip(completions, finished, problems)]
-
-    def parse_row(self, row: dict) -> Problem:
-        return Problem.from_json(row)
-
+# the task interface is countdown's, with this module's prompt and reward
+CountdownChatTask = partial(CountdownTask, name="countdown_chat", prompt_of=prompt, reward_of=reward)
 
 TASKS.register("countdown_chat", CountdownChatTask())
