@@ -170,6 +170,15 @@ def test_two_processes_filter_the_batch_they_share(tmp_path):
             assert r["length"] == int(mask[i].sum()) and r["kept"] == (keep & mask)[i, : r["length"]].int().tolist()
 
 
+def loss_and_grad(trainer, out: dict, adv):
+    """TRL's own loss on a captured generation batch with these (B, T) advantages, and its gradient (flattened)."""
+    model = trainer.model
+    model.zero_grad()
+    loss = trainer._compute_loss(model, {**out, "advantages": adv})
+    loss.backward()
+    return loss.detach(), torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+
+
 def test_dropped_tokens_leave_the_loss_and_its_count(tmp_path):
     """loss_type bnpo (token mean over the batch): the loss is the mean of -A over kept tokens only; advantages on
     dropped tokens do not move the gradient, advantages on kept ones do. dapo's token count is the kept count."""
@@ -177,14 +186,8 @@ def test_dropped_tokens_leave_the_loss_and_its_count(tmp_path):
     trainer.train()
     out, _ = trainer.captured[-1]
     keep = out["tool_mask"].bool() & out["completion_mask"].bool()
-    model = trainer.model
-    model.train()
-
-    def grads(adv):
-        model.zero_grad()
-        loss = trainer._compute_loss(model, {**out, "advantages": adv})
-        loss.backward()
-        return loss.detach(), torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+    trainer.model.train()
+    grads = lambda adv: loss_and_grad(trainer, out, adv)  # noqa: E731
 
     adv = out["advantages"][:, None].expand_as(keep).clone()
     loss, g = grads(adv)
@@ -215,14 +218,8 @@ def test_clip_b_on_trls_cispo_and_sapo(tmp_path, loss_type):
     out = dropped[-1]
     valid = out["completion_mask"].bool()
     keep = out["tool_mask"].bool() & valid
-    model = trainer.model
-    model.train()
-
-    def grads(adv):
-        model.zero_grad()
-        loss = trainer._compute_loss(model, {**out, "advantages": adv})
-        loss.backward()
-        return loss.detach(), torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+    trainer.model.train()
+    grads = lambda adv: loss_and_grad(trainer, out, adv)  # noqa: E731
 
     adv = out["advantages"][:, None].expand_as(keep).clone()
     loss, g = grads(adv)
