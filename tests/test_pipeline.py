@@ -10,17 +10,17 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-
 from conftest import FIXTURES
+
 from entropy_rft.config import load_config
 from entropy_rft.evaluate import evaluate_datasets, results_markdown
+from entropy_rft.forward import policy_forward
 from entropy_rft.pipeline import dry_run, filter_to_dir, parse_data_specs
+from entropy_rft.policy import STAND_IN, load_policy, prepare_policy, resolve_model_path
 from entropy_rft.rollout import HFEngine
 from entropy_rft.rollout.hf import Rollout, render_prompts
 from entropy_rft.rollout.vllm import merged_state_dict, rollout_from_outputs, unmerge
 from entropy_rft.tasks import TASKS, MathProblem
-from entropy_rft.forward import policy_forward
-from entropy_rft.policy import STAND_IN, load_policy, prepare_policy, resolve_model_path
 
 RECIPES = sorted((Path(__file__).parent.parent / "entropy_rft" / "configs" / "paper").glob("*.yaml"))
 pytest.importorskip("math_verify")
@@ -33,9 +33,11 @@ class ScriptedEngine:
         self.index = {p.question: i for i, p in enumerate(problems)}
         self.right = right
         self.calls = 0
+        self.seeds = []
 
     def generate(self, prompts, *, n, temperature, top_p=1.0, max_new_tokens, seed=None):
         self.calls += 1
+        self.seeds.append(seed)
         texts, finished = [], []
         for prompt in prompts:
             i = next(v for q, v in self.index.items() if q in prompt)
@@ -43,9 +45,14 @@ class ScriptedEngine:
                 texts.append(f"Work.\nAnswer: {'' if j < self.right(i) else 'not '}{ANSWERS[i]}")
                 finished.append(True)
         b = len(texts)
-        return Rollout(torch.zeros(b, 1, dtype=torch.long), torch.ones(b, 1, dtype=torch.bool),
-                       torch.ones(b, 3, dtype=torch.long), torch.ones(b, 3, dtype=torch.bool),
-                       torch.tensor(finished), texts)
+        return Rollout(
+            torch.zeros(b, 1, dtype=torch.long),
+            torch.ones(b, 1, dtype=torch.bool),
+            torch.ones(b, 3, dtype=torch.long),
+            torch.ones(b, 3, dtype=torch.bool),
+            torch.tensor(finished),
+            texts,
+        )
 
 
 PROBLEMS = [MathProblem(f"Question number {i}?", str(10 + i), str(i)) for i in range(6)]
@@ -83,14 +90,39 @@ def test_filter_keeps_the_paper_band_and_resumes(tmp_path):
     counts = [0, 1, 2, 14, 15, 16]
     engine = ScriptedEngine(PROBLEMS, right=lambda i: counts[i])
     out = tmp_path / "filtered"
-    summary = filter_to_dir(model="scripted", task_name="math", spec=f"train={data}", out=out, n=16,
-                            engine=engine, chunk=4)
+    summary = filter_to_dir(
+        model="scripted", task_name="math", spec=f"train={data}", out=out, n=16, engine=engine, chunk=4
+    )
     kept = [json.loads(line) for line in (out / "train.jsonl").read_text().splitlines()]
     assert [r["id"] for r in kept] == ["2", "3"] and [r["pass_rate"] for r in kept] == [2 / 16, 14 / 16]
     assert (summary["kept"], summary["dropped_low"], summary["dropped_high"]) == (2, 2, 2)
     assert engine.calls == 2 and (out / "pass_rates.png").exists()
     again = filter_to_dir(model="scripted", task_name="math", spec=f"train={data}", out=out, n=16, engine=engine)
     assert engine.calls == 2 and again == summary
+
+
+def test_filter_resumed_after_a_stop_scores_as_the_unstopped_run(tmp_path):
+    """A filter stopped while writing its second chunk (scored.jsonl holds the first chunk and half a line) drops the
+    cut line, samples only the chunks not finished, each with the seed the unstopped run gave it (seed + its first
+    problem's index in the whole list), and ends with the unstopped run's scored.jsonl and train.jsonl bytes."""
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps(p.to_json()) + "\n" for p in PROBLEMS))
+    counts = [0, 1, 2, 14, 15, 16]
+
+    def run(out):
+        engine = ScriptedEngine(PROBLEMS, right=lambda i: counts[i])
+        spec = f"train={data}"
+        filter_to_dir(model="scripted", task_name="math", spec=spec, out=out, n=16, engine=engine, chunk=2, seed=7)
+        return engine
+
+    assert run(tmp_path / "full").seeds == [7, 9, 11]
+    stopped = tmp_path / "stopped"
+    stopped.mkdir()
+    lines = (tmp_path / "full" / "scored.jsonl").read_text().splitlines(keepends=True)
+    (stopped / "scored.jsonl").write_text(lines[0] + lines[1] + lines[2][:10])
+    assert run(stopped).seeds == [9, 11]
+    for name in ("scored.jsonl", "train.jsonl"):
+        assert (stopped / name).read_bytes() == (tmp_path / "full" / name).read_bytes()
 
 
 def test_eval_cli_on_fixture_datasets(tmp_path, capsys):
@@ -125,7 +157,13 @@ def test_recipe_holds_the_papers_settings(path):
     """Every recipe loads and carries Appendix B's settings: lr 4e-7, Adam (0.9, 0.999), 64 prompts, 16 rollouts
     for Qwen2.5-7B-Instruct and 8 for Qwen3-4B-Base, temperature 1.0 for rollouts and 0.7 for evaluation."""
     cfg = load_config(path)
-    assert (cfg.lr, cfg.betas, cfg.prompts_per_step, cfg.temperature, cfg.eval_temperature) == (4e-7, (0.9, 0.999), 64, 1.0, 0.7)
+    assert (cfg.lr, cfg.betas, cfg.prompts_per_step, cfg.temperature, cfg.eval_temperature) == (
+        4e-7,
+        (0.9, 0.999),
+        64,
+        1.0,
+        0.7,
+    )
     assert cfg.group_size == (16 if "qwen2.5" in path.stem else 8)
     assert cfg.kl_coef == 0 and cfg.task == "math_boxed"
     if cfg.method in ("clip_b", "ppo_clip_b"):
@@ -252,8 +290,10 @@ def test_vllm_outputs_become_a_rollout(stand_in):
     stop without a returned EOS both handled (the vLLM library itself needs a GPU and is not run here)."""
     _, tokenizer = load_policy(STAND_IN, torch.device("cpu"))
     eos = tokenizer.eos_token_id
-    outs = [_Output([_Completion([5, 6, eos, 9], "stop"), _Completion([7, 7, 7], "length")]),
-            _Output([_Completion([8], "stop"), _Completion([], "stop")])]
+    outs = [
+        _Output([_Completion([5, 6, eos, 9], "stop"), _Completion([7, 7, 7], "length")]),
+        _Output([_Completion([8], "stop"), _Completion([], "stop")]),
+    ]
     ro = rollout_from_outputs(outs, [[1, 2, 3], [4]], eos_id=eos, pad_id=tokenizer.pad_token_id, tokenizer=tokenizer)
     assert ro.finished.tolist() == [True, False, True, True]
     assert ro.response_mask.sum(-1).tolist() == [3, 3, 2, 1]
@@ -268,8 +308,14 @@ def test_vllm_sampled_logprobs_travel_with_the_rollout(stand_in):
     _, tokenizer = load_policy(STAND_IN, torch.device("cpu"))
     eos = tokenizer.eos_token_id
     steps = lambda toks, lps: [{t: _Logprob(lp), 99: _Logprob(-9.0)} for t, lp in zip(toks, lps)]  # noqa: E731
-    outs = [_Output([_Completion([5, eos], "stop", steps([5, eos], [-0.5, -1.5])),
-                     _Completion([7, 8, 9], "length", steps([7, 8, 9], [-0.1, -0.2, -0.3]))])]
+    outs = [
+        _Output(
+            [
+                _Completion([5, eos], "stop", steps([5, eos], [-0.5, -1.5])),
+                _Completion([7, 8, 9], "length", steps([7, 8, 9], [-0.1, -0.2, -0.3])),
+            ]
+        )
+    ]
     ro = rollout_from_outputs(outs, [[1, 2]], eos_id=eos, pad_id=tokenizer.pad_token_id, tokenizer=tokenizer)
     torch.testing.assert_close(ro.sampler_logp, torch.tensor([[-0.5, -1.5, 0.0], [-0.1, -0.2, -0.3]]))
     wide = Rollout.concat([ro.select([1]), ro.select([0])], tokenizer.pad_token_id)
@@ -285,6 +331,7 @@ def test_vllm_engine_without_vllm_says_how_to_install():
     """Choosing engine vllm where vLLM is absent fails with the install command."""
     try:
         import vllm  # noqa: F401
+
         pytest.skip("vllm is installed")
     except ImportError:
         pass

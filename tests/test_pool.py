@@ -11,11 +11,11 @@ import pytest
 import torch
 
 from entropy_rft.evaluate import sample_correctness
-from entropy_rft.tasks import TASKS
-from entropy_rft.tasks.countdown import Problem, random_problem
-from entropy_rft.toy import STRATA, PoolConfig, build_pool, stratum
 from entropy_rft.policy import load_policy
 from entropy_rft.problems import SHIPPED_DATA, default_data
+from entropy_rft.tasks import TASKS
+from entropy_rft.tasks.countdown import Problem, random_problem
+from entropy_rft.toy import PARTIAL, STRATA, PoolConfig, _PoolState, build_pool, stratum
 
 SHIPPED = SHIPPED_DATA["countdown5_large"]
 # the shipped files predate one puzzle identity and the rebuilt policy; their rebuild (Amendment 1 of
@@ -79,8 +79,9 @@ def test_small_build_is_deterministic_a_prefix_and_resamples_to_the_same_counts(
             seen.add(p.identity)
             candidates.append(p)
     task = TASKS.get("countdown5_large")
-    got, _ = sample_correctness(engine, task, candidates, n=16, temperature=1.0, max_new_tokens=16,
-                                seed=cfg.seed * 10**6 + 1000)
+    got, _ = sample_correctness(
+        engine, task, candidates, n=16, temperature=1.0, max_new_tokens=16, seed=cfg.seed * 10**6 + 1000
+    )
     kept = {Problem.from_json(r).identity: r["pass_rate"] for r in bigger}
     for p, c in zip(candidates, got):
         if 1 < sum(c) < 15:
@@ -89,8 +90,15 @@ def test_small_build_is_deterministic_a_prefix_and_resamples_to_the_same_counts(
             assert p.identity not in kept
     assert all(1 / 16 < r["pass_rate"] < 15 / 16 and (16 * r["pass_rate"]).is_integer() for r in bigger)
 
-    counts, _ = sample_correctness(engine, task, [Problem.from_json(r) for r in evals], n=64, temperature=0.7,
-                                   max_new_tokens=16, seed=cfg.seed * 1000 + 32)
+    counts, _ = sample_correctness(
+        engine,
+        task,
+        [Problem.from_json(r) for r in evals],
+        n=64,
+        temperature=0.7,
+        max_new_tokens=16,
+        seed=cfg.seed * 1000 + 32,
+    )
     assert [r["initial_correct"] for r in evals] == [sum(c) for c in counts]
     assert [r["stratum"] for r in evals] == [stratum(sum(c), 64) for c in counts]
     keys_t = [Problem.from_json(r).identity for r in bigger]
@@ -100,12 +108,46 @@ def test_small_build_is_deterministic_a_prefix_and_resamples_to_the_same_counts(
     assert sum(info["strata"].values()) == 10
 
 
+def test_a_stopped_build_resumes_to_the_unstopped_files(engine, tmp_path, monkeypatch):
+    """A build stopped after its second chunk (the sampling call of the third raises, as a kill there would) resumes
+    from the state it saved and writes the same train.jsonl and eval.jsonl bytes and build.json counts as a build
+    never stopped; the saved state is removed when the build ends, and a state saved by other settings is not used."""
+    import entropy_rft.evaluate as evaluate
+
+    cfg = PoolConfig(n_train=30, n_eval=10, chunk=24)
+    full = build_pool(engine, tmp_path / "full", cfg)
+    assert not (tmp_path / "full" / PARTIAL).exists()
+
+    real, calls = evaluate.sample_correctness, []
+
+    def stop_at_third_chunk(*args, **kwargs):
+        calls.append(kwargs["seed"])
+        if len(calls) == 4:  # the evaluation set's call, then chunks 0, 1: stopped at chunk 2
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(evaluate, "sample_correctness", stop_at_third_chunk)
+    with pytest.raises(KeyboardInterrupt):
+        build_pool(engine, tmp_path / "stopped", cfg)
+    assert (tmp_path / "stopped" / PARTIAL).exists() and not (tmp_path / "stopped" / "train.jsonl").exists()
+    monkeypatch.setattr(evaluate, "sample_correctness", real)
+    other = PoolConfig(n_train=30, n_eval=10, chunk=24, filter_samples=8)
+    assert _PoolState.load(tmp_path / "stopped", other) is None  # other settings: started afresh
+    assert _PoolState.load(tmp_path / "stopped", cfg).chunks == 2
+    resumed = build_pool(engine, tmp_path / "stopped", cfg)
+    for name in ("train.jsonl", "eval.jsonl"):
+        assert (tmp_path / "stopped" / name).read_bytes() == (tmp_path / "full" / name).read_bytes()
+    timings = ("seconds", "eval_seconds")
+    assert {k: v for k, v in resumed.items() if k not in timings} == {k: v for k, v in full.items() if k not in timings}
+    assert full["chunks"] >= 3 and not (tmp_path / "stopped" / PARTIAL).exists()
+
+
 @LARGE_PENDING
 def test_shipped_split_sizes_filter_strata_and_disjointness():
     """The shipped countdown5_large: 25,000 training problems of five numbers, each with a pass rate strictly between
     1/16 and 15/16 in sixteenths; 1,000 evaluation problems whose stratum follows their count of 64; no puzzle twice
-    and none in both (by identity: 25,000 and 1,000 distinct puzzles); each known solution scores correct; build.json's counts match the files; it is the task's
-    default data."""
+    and none in both (by identity: 25,000 and 1,000 distinct puzzles); each known solution scores correct; build.json's
+    counts match the files; it is the task's default data."""
     from entropy_rft.config import load_config
 
     cfg = load_config(None, task="countdown5_large")
@@ -135,7 +177,9 @@ def test_shipped_split_regenerates_from_its_seed(engine, tmp_path):
     build recorded."""
     build = json.loads((SHIPPED / "build.json").read_text())
     if build["torch"] != torch.__version__:
-        pytest.skip(f"sampling is reproducible for one torch version: shipped {build['torch']}, here {torch.__version__}")
+        pytest.skip(
+            f"sampling is reproducible for one torch version: shipped {build['torch']}, here {torch.__version__}"
+        )
     build_pool(engine, tmp_path, PoolConfig(n_train=40))
     assert (tmp_path / "eval.jsonl").read_bytes() == (SHIPPED / "eval.jsonl").read_bytes()
     assert rows(tmp_path / "train.jsonl") == rows(SHIPPED / "train.jsonl")[:40]
