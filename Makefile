@@ -9,7 +9,7 @@ PY     := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 OUT ?= runs/demo
 
-.PHONY: demo test test-gpu lint coverage docs chromium test-vllm test-verl test-trinity install clean real-lm \
+.PHONY: demo test test-gpu lint docs chromium test-vllm test-verl test-trinity install clean real-lm \
 	test-real-lm
 
 $(VENV)/.installed: pyproject.toml
@@ -24,13 +24,10 @@ install: $(VENV)/.installed
 demo: $(VENV)/.installed
 	$(VENV)/bin/entropy-rft demo --out $(OUT) --overwrite
 
+# the tests, then the branch coverage of the core modules (pyproject.toml [tool.coverage]: the modules mypy checks);
+# tracing makes the run 15-22% slower than without it (two rounds side by side on a shared 2-core CPU)
 test: $(VENV)/.installed
-	$(PY) -m pytest -q
-
-# the tests under coverage, then the branch coverage of the core modules (pyproject.toml [tool.coverage]); apart
-# from `make test` because tracing slowed the tests it was timed on by 15-22% (two rounds side by side, shared CPU)
-coverage: $(VENV)/.installed
-	$(PY) -m pytest -q --cov --cov-report=term-missing
+	$(PY) -m pytest -q --cov --cov-report=term
 
 # ruff's lint rules and format check over the tree, mypy over the core modules (pyproject.toml)
 lint: $(VENV)/.installed

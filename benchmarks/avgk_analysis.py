@@ -51,8 +51,9 @@ def load_records(path: Path) -> list[dict]:
         return [json.loads(p.read_text()) for p in sorted(path.glob("cells/*/*/*/cell.json"))]
     if path.exists():
         return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    raise FileNotFoundError(f"no study records at {path}: give the run directory of `benchmarks/study.py run --study "
-                            "avgk` or a cells.jsonl")
+    raise FileNotFoundError(
+        f"no study records at {path}: give the run directory of `benchmarks/study.py run --study avgk` or a cells.jsonl"
+    )
 
 
 def load_strata(path: Path) -> list[str]:
@@ -60,8 +61,10 @@ def load_strata(path: Path) -> list[str]:
     rows = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
     missing = [i for i, r in enumerate(rows) if "stratum" not in r]
     if missing:
-        raise ValueError(f"{path}: rows {missing[:5]} have no 'stratum'; build it with `entropy-rft pretrain-toy "
-                         "--split countdown5_large`")
+        raise ValueError(
+            f"{path}: rows {missing[:5]} have no 'stratum'; build it with `entropy-rft pretrain-toy "
+            "--split countdown5_large`"
+        )
     return [r["stratum"] for r in rows]
 
 
@@ -74,8 +77,10 @@ def paired_cells(cells: list[dict], *, problems: int, steps: int = STEPS, n: int
             continue
         where = f"cell {c['method']} seed {c['seed']} (key {c.get('key')})"
         if c["steps"] != steps or c["eval_n"] != n or len(c["final_correct"]) != problems:
-            raise ValueError(f"{where} has steps {c['steps']}, {c['eval_n']} samples, {len(c['final_correct'])} "
-                             f"problems; the pre-registration fixes {steps}, {n}, {problems}")
+            raise ValueError(
+                f"{where} has steps {c['steps']}, {c['eval_n']} samples, {len(c['final_correct'])} "
+                f"problems; the pre-registration fixes {steps}, {n}, {problems}"
+            )
         if (c["method"], c["seed"]) in by:
             raise ValueError(f"{where} appears twice; give one record per method and seed")
         by[(c["method"], c["seed"])] = c
@@ -87,18 +92,29 @@ def paired_cells(cells: list[dict], *, problems: int, steps: int = STEPS, n: int
 
 def scores(counts: np.ndarray, n: int) -> dict[str, np.ndarray]:
     """Per (seed, problem) Avg@32 (c / n), Pass@8 and Pass@32 (unbiased, from n samples)."""
-    return {"avg@32": avg_scores(counts, n), "pass@8": pass_at_k_scores(counts, n, 8),
-            "pass@32": pass_at_k_scores(counts, n, 32)}
+    return {
+        "avg@32": avg_scores(counts, n),
+        "pass@8": pass_at_k_scores(counts, n, 8),
+        "pass@32": pass_at_k_scores(counts, n, 32),
+    }
 
 
 def final_entropy(record: dict) -> float:
     """The run's mean token entropy over its last 10% of steps."""
     ent = record["entropy"]
-    return float(np.mean(ent[-max(1, len(ent) // 10):]))
+    return float(np.mean(ent[-max(1, len(ent) // 10) :]))
 
 
-def analyse(cells: list[dict], strata: list[str], *, steps: int = STEPS, n: int = EVAL_N,
-            replicates_primary: int = REPLICATES_PRIMARY, replicates: int = REPLICATES, seed: int = SEED) -> dict:
+def analyse(
+    cells: list[dict],
+    strata: list[str],
+    *,
+    steps: int = STEPS,
+    n: int = EVAL_N,
+    replicates_primary: int = REPLICATES_PRIMARY,
+    replicates: int = REPLICATES,
+    seed: int = SEED,
+) -> dict:
     """Every pre-registered figure from the records and the evaluation problems' strata (see the module docstring)."""
     by, seeds = paired_cells(cells, problems=len(strata), steps=steps, n=n)
     gen = np.random.default_rng(seed)
@@ -129,13 +145,27 @@ def analyse(cells: list[dict], strata: list[str], *, steps: int = STEPS, n: int 
     by_stratum = {}
     for name in sorted(set(strata), key=lambda s: (STRATA.index(s) if s in STRATA else len(STRATA), s)):
         cols = np.flatnonzero(labels == name)
-        by_stratum[name] = {"problems": int(cols.size),
-                            **{f"{m} {k}": test(k, m, replicates, cols) for m in METHODS for k in ("avg@32", "pass@32")}}
-    absolute = {m: {k: estimate(v, gen, samples=n, replicates=replicates).to_json() for k, v in sc[m].items()}
-                for m in sc}
-    return {"task": TASK, "steps": steps, "eval_n": n, "seeds": seeds, "problems": len(strata), "alpha": ALPHA,
-            "primary": primary, "secondary": secondary, "entropy": entropy, "by_stratum": by_stratum,
-            "absolute": absolute, "curves": curves(by, seeds, n, gen, replicates)}
+        by_stratum[name] = {
+            "problems": int(cols.size),
+            **{f"{m} {k}": test(k, m, replicates, cols) for m in METHODS for k in ("avg@32", "pass@32")},
+        }
+    absolute = {
+        m: {k: estimate(v, gen, samples=n, replicates=replicates).to_json() for k, v in sc[m].items()} for m in sc
+    }
+    return {
+        "task": TASK,
+        "steps": steps,
+        "eval_n": n,
+        "seeds": seeds,
+        "problems": len(strata),
+        "alpha": ALPHA,
+        "primary": primary,
+        "secondary": secondary,
+        "entropy": entropy,
+        "by_stratum": by_stratum,
+        "absolute": absolute,
+        "curves": curves(by, seeds, n, gen, replicates),
+    }
 
 
 def curves(by: dict, seeds: list[int], n: int, gen: np.random.Generator, replicates: int) -> dict:
@@ -148,11 +178,16 @@ def curves(by: dict, seeds: list[int], n: int, gen: np.random.Generator, replica
         evals = {}
         for step in steps:
             counts = np.array([r["eval_correct"][str(step)] for r in recs])
-            evals[step] = {k: estimate(v, gen, samples=n, replicates=replicates).to_json()
-                           for k, v in scores(counts, n).items()}
+            evals[step] = {
+                k: estimate(v, gen, samples=n, replicates=replicates).to_json() for k, v in scores(counts, n).items()
+            }
         ent = np.array([r["entropy"] for r in recs])
-        out[m] = {"evals": evals, "entropy_mean": ent.mean(0).round(5).tolist(),
-                  "entropy_low": ent.min(0).round(5).tolist(), "entropy_high": ent.max(0).round(5).tolist()}
+        out[m] = {
+            "evals": evals,
+            "entropy_mean": ent.mean(0).round(5).tolist(),
+            "entropy_low": ent.min(0).round(5).tolist(),
+            "entropy_high": ent.max(0).round(5).tolist(),
+        }
     return out
 
 
@@ -162,42 +197,78 @@ def _pt(e: dict, digits: int = 1) -> str:
 
 def markdown(r: dict) -> str:
     """The pre-registered tables, in points (percent), and the conclusion the rule in docs/prereg_avgk.md gives."""
-    lines = [f"# Avg@K study (issue 31): {r['task']}, {r['steps']} steps, seeds {r['seeds']}, {r['problems']} problems x "
-             f"{r['eval_n']} samples", "", "## Primary: final Avg@32 minus GRPO's (paired by seed and problem)", "",
-             "| method | difference, points [95% CI] | p | p, Holm over the two | verdict |", "|---|---|---|---|---|"]
+    lines = [
+        f"# Avg@K study (issue 31): {r['task']}, {r['steps']} steps, seeds {r['seeds']}, {r['problems']} problems x "
+        f"{r['eval_n']} samples",
+        "",
+        "## Primary: final Avg@32 minus GRPO's (paired by seed and problem)",
+        "",
+        "| method | difference, points [95% CI] | p | p, Holm over the two | verdict |",
+        "|---|---|---|---|---|",
+    ]
     for m, e in r["primary"].items():
         verdict = "raises Avg@32" if e["raises"] else "lowers Avg@32" if e["lowers"] else "no difference shown"
         lines.append(f"| {m} | {_pt(e)} | {e['p']:.4f} | {e['p_holm']:.4f} | {verdict} |")
-    lines += ["", "## Secondary", "", "| comparison | difference, points [95% CI] | p | p, Holm over the four |",
-              "|---|---|---|---|"]
+    lines += [
+        "",
+        "## Secondary",
+        "",
+        "| comparison | difference, points [95% CI] | p | p, Holm over the four |",
+        "|---|---|---|---|",
+    ]
     lines += [f"| {k} | {_pt(e)} | {e['p']:.4f} | {e['p_holm']:.4f} |" for k, e in r["secondary"].items()]
-    lines += ["", "| method | Avg@32 | Pass@8 | Pass@32 | entropy, last 10% of steps | - GRPO's (paired over seeds) |",
-              "|---|---|---|---|---|---|"]
+    lines += [
+        "",
+        "| method | Avg@32 | Pass@8 | Pass@32 | entropy, last 10% of steps | - GRPO's (paired over seeds) |",
+        "|---|---|---|---|---|---|",
+    ]
     for m, a in r["absolute"].items():
         ent = r["entropy"].get(m)
-        e_txt = (f"{ent['value']['value']:.3f} [{ent['value']['low']:.3f}, {ent['value']['high']:.3f}]" if ent else "")
+        e_txt = f"{ent['value']['value']:.3f} [{ent['value']['low']:.3f}, {ent['value']['high']:.3f}]" if ent else ""
         d = ent.get("vs_grpo") if ent else None
-        d_txt = (f"{d['difference']['value']:+.3f} [{d['difference']['low']:+.3f}, {d['difference']['high']:+.3f}] "
-                 f"(p {d['p']:.3f})" if d else "")
-        lines.append(f"| {m} | " + " | ".join(f"{100 * a[k]['value']:.1f} [{100 * a[k]['low']:.1f}, "
-                                                f"{100 * a[k]['high']:.1f}]" for k in ("avg@32", "pass@8", "pass@32"))
-                     + f" | {e_txt} | {d_txt} |")
-    lines += ["", "By initial-difficulty stratum (the initial policy's pass rate at 64 samples; unadjusted):", "",
-              "| stratum | problems | " + " | ".join(f"{m} {k}" for m in METHODS for k in ("avg@32", "pass@32")) + " |",
-              "|---|---|" + "---|" * (2 * len(METHODS))]
+        d_txt = (
+            f"{d['difference']['value']:+.3f} [{d['difference']['low']:+.3f}, {d['difference']['high']:+.3f}] "
+            f"(p {d['p']:.3f})"
+            if d
+            else ""
+        )
+        lines.append(
+            f"| {m} | "
+            + " | ".join(
+                f"{100 * a[k]['value']:.1f} [{100 * a[k]['low']:.1f}, {100 * a[k]['high']:.1f}]"
+                for k in ("avg@32", "pass@8", "pass@32")
+            )
+            + f" | {e_txt} | {d_txt} |"
+        )
+    lines += [
+        "",
+        "By initial-difficulty stratum (the initial policy's pass rate at 64 samples; unadjusted):",
+        "",
+        "| stratum | problems | " + " | ".join(f"{m} {k}" for m in METHODS for k in ("avg@32", "pass@32")) + " |",
+        "|---|---|" + "---|" * (2 * len(METHODS)),
+    ]
     for name, s in r["by_stratum"].items():
-        lines.append(f"| {name} | {s['problems']} | " + " | ".join(_pt(s[f'{m} {k}']) for m in METHODS
-                                                                      for k in ("avg@32", "pass@32")) + " |")
-    lines += ["", "Intervals: 95%, two-way bootstrap over seeds and problems (entropy_rft/evidence.py); p: two-sided "
-              "bootstrap p of the same replicates."]
+        lines.append(
+            f"| {name} | {s['problems']} | "
+            + " | ".join(_pt(s[f"{m} {k}"]) for m in METHODS for k in ("avg@32", "pass@32"))
+            + " |"
+        )
+    lines += [
+        "",
+        "Intervals: 95%, two-way bootstrap over seeds and problems (entropy_rft/evidence.py); p: two-sided "
+        "bootstrap p of the same replicates.",
+    ]
     return "\n".join(lines) + "\n"
 
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--cells", required=True, help="the study's run directory, or a cells.jsonl")
-    p.add_argument("--eval", default=str(REPO / "entropy_rft" / "assets" / "countdown-tiny" / "data" / TASK /
-                                         "eval.jsonl"), help="the evaluation problems with their strata")
+    p.add_argument(
+        "--eval",
+        default=str(REPO / "entropy_rft" / "assets" / "countdown-tiny" / "data" / TASK / "eval.jsonl"),
+        help="the evaluation problems with their strata",
+    )
     p.add_argument("--dest", default=str(REPO / "benchmarks" / "study_avgk"))
     args = p.parse_args(argv)
     cells = load_records(Path(args.cells))

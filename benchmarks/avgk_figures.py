@@ -34,8 +34,8 @@ def draw(result: dict, dest: Path) -> dict:
         plotted[metric] = {}
         for method, curve in result["curves"].items():
             steps = sorted(int(s) for s in curve["evals"])
-            pick = lambda key: [100 * curve["evals"][s if s in curve["evals"] else str(s)][metric][key]  # noqa: E731
-                                for s in steps]
+            evals = [curve["evals"][s if s in curve["evals"] else str(s)][metric] for s in steps]
+            pick = {key: [100 * e[key] for e in evals] for key in ("value", "low", "high")}.__getitem__
             y, low, high = pick("value"), pick("low"), pick("high")
             ax.plot(steps, y, marker="o", ms=3, color=COLOURS.get(method), label=method)
             ax.fill_between(steps, low, high, color=COLOURS.get(method), alpha=0.2, lw=0)
@@ -54,8 +54,9 @@ def draw(result: dict, dest: Path) -> dict:
     ax.set_xlabel("step")
     ax.set_ylabel("nats")
     axes[0].legend()
-    fig.suptitle(f"{result['task']}: {len(result['seeds'])} seeds x {result['problems']} problems x "
-                 f"{result['eval_n']} samples")
+    fig.suptitle(
+        f"{result['task']}: {len(result['seeds'])} seeds x {result['problems']} problems x {result['eval_n']} samples"
+    )
     fig.tight_layout()
     fig.savefig(dest / "learning_curves.png", dpi=110)
     plt.close(fig)
@@ -70,8 +71,12 @@ def draw(result: dict, dest: Path) -> dict:
             y = [100 * r["value"] for r in rows]
             err = [[100 * (r["value"] - r["low"]) for r in rows], [100 * (r["high"] - r["value"]) for r in rows]]
             ax.errorbar(x, y, yerr=err, fmt="o", capsize=3, color=COLOURS.get(method), label=f"{method} - grpo")
-            plotted[f"stratum {metric}"][method] = (strata, y, [100 * r["low"] for r in rows],
-                                                    [100 * r["high"] for r in rows])
+            plotted[f"stratum {metric}"][method] = (
+                strata,
+                y,
+                [100 * r["low"] for r in rows],
+                [100 * r["high"] for r in rows],
+            )
         ax.axhline(0, color="black", lw=0.8)
         ax.set_xticks(range(len(strata)))
         ax.set_xticklabels([f"{s}\n({result['by_stratum'][s]['problems']} problems)" for s in strata])

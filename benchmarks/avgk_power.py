@@ -65,12 +65,20 @@ def observed_components(cells_path: Path, task: str = "countdown5") -> dict:
     by = {(c["method"], c["seed"]): c for c in cells if c["task"] == task}
     seeds = sorted(s for m, s in by if m == "grpo")
     n = by[("grpo", seeds[0])]["eval_n"]
-    grid = {m: avg_scores(np.array([by[(m, s)]["final_correct"] for s in seeds]), n) for m in ("grpo", "clip_b", "clip_v")}
+    grid = {
+        m: avg_scores(np.array([by[(m, s)]["final_correct"] for s in seeds]), n) for m in ("grpo", "clip_b", "clip_v")
+    }
     each = {m: components(grid[m] - grid["grpo"]) for m in ("clip_b", "clip_v")}
     mean = {k: float(np.mean([e[k] for e in each.values()])) for k in ("seed", "problem", "residual")}
     largest = max((components(diff)["seed"], t, m) for t, m, diff in differences(cells))
-    return {"task": task, "seeds": len(seeds), "problems": int(grid["grpo"].shape[1]), "each": each, "mean": mean,
-            "largest_seed": {"variance": float(largest[0]), "task": largest[1], "method": largest[2]}}
+    return {
+        "task": task,
+        "seeds": len(seeds),
+        "problems": int(grid["grpo"].shape[1]),
+        "each": each,
+        "mean": mean,
+        "largest_seed": {"variance": float(largest[0]), "task": largest[1], "method": largest[2]},
+    }
 
 
 def avgk_components(cells_path: Path, clean: list[bool] | None = None) -> dict:
@@ -81,8 +89,10 @@ def avgk_components(cells_path: Path, clean: list[bool] | None = None) -> dict:
     seeds = sorted(s for m, s in by if m == "grpo")
     n = by[("grpo", seeds[0])]["eval_n"]
     cols = np.flatnonzero(clean) if clean is not None else slice(None)
-    grid = {m: avg_scores(np.array([by[(m, s)]["final_correct"] for s in seeds]), n)[:, cols]
-            for m in ("grpo", "clip_b", "clip_v")}
+    grid = {
+        m: avg_scores(np.array([by[(m, s)]["final_correct"] for s in seeds]), n)[:, cols]
+        for m in ("grpo", "clip_b", "clip_v")
+    }
     each = {m: components(grid[m] - grid["grpo"]) for m in ("clip_b", "clip_v")}
     mean = {k: float(np.mean([e[k] for e in each.values()])) for k in ("seed", "problem", "residual")}
     return {"seeds": len(seeds), "problems": int(grid["grpo"].shape[1]), "each": each, "mean": mean}
@@ -95,31 +105,63 @@ def amendment(args) -> dict:
     cells = REPO / "benchmarks" / "study_avgk" / "cells.jsonl"
     gen = np.random.default_rng(2026)
     seeds_grid = [int(x) for x in args.seed_grid.split(",")] if args.seed_grid else []
-    result = {"delta": args.delta, "problems": args.problems, "sims": args.sims, "replicates": args.replicates,
-              "scenarios": {}}
-    for name, obs in (("first run, all 1,000 problems", avgk_components(cells)),
-                      ("first run, 561 clean problems", avgk_components(cells, clean))):
+    result = {
+        "delta": args.delta,
+        "problems": args.problems,
+        "sims": args.sims,
+        "replicates": args.replicates,
+        "scenarios": {},
+    }
+    for name, obs in (
+        ("first run, all 1,000 problems", avgk_components(cells)),
+        ("first run, 561 clean problems", avgk_components(cells, clean)),
+    ):
         comp = obs["mean"]
         rows = {}
         for s in seeds_grid:
-            rows[s] = power(args.delta, comp, seeds=s, problems=args.problems, sims=args.sims, gen=gen,
-                            replicates=args.replicates)
-            print(f"{name}: {s} seeds, delta {100 * args.delta:.1f} points: power {rows[s]['bonferroni']:.2f} at "
-                  f"p < 0.025, {rows[s]['unadjusted']:.2f} at p < 0.05; normal theory MDE "
-                  f"{100 * normal_mde(comp, s, args.problems, 0.025):.2f} points", flush=True)
+            rows[s] = power(
+                args.delta, comp, seeds=s, problems=args.problems, sims=args.sims, gen=gen, replicates=args.replicates
+            )
+            print(
+                f"{name}: {s} seeds, delta {100 * args.delta:.1f} points: power {rows[s]['bonferroni']:.2f} at "
+                f"p < 0.025, {rows[s]['unadjusted']:.2f} at p < 0.05; normal theory MDE "
+                f"{100 * normal_mde(comp, s, args.problems, 0.025):.2f} points",
+                flush=True,
+            )
         enough = [s for s in seeds_grid if rows[s]["bonferroni"] >= 0.8]
-        scen = {"observed": obs, "components": comp, "power": rows,
-                "fewest_seeds_80_bonferroni": min(enough) if enough else None,
-                "normal_mde_80_alpha_0.025": {s: normal_mde(comp, s, args.problems, 0.025) for s in seeds_grid}}
+        scen = {
+            "observed": obs,
+            "components": comp,
+            "power": rows,
+            "fewest_seeds_80_bonferroni": min(enough) if enough else None,
+            "normal_mde_80_alpha_0.025": {s: normal_mde(comp, s, args.problems, 0.025) for s in seeds_grid},
+        }
         if args.mde_seeds:  # the smallest difference detected with 80% power by a design of --mde-seeds seeds
             grid = [float(x) for x in args.grid.split(",")]
-            at = [power(d, comp, seeds=args.mde_seeds, problems=args.problems, sims=args.sims, gen=gen,
-                        replicates=args.replicates) for d in grid]
-            scen["mde"] = {"seeds": args.mde_seeds, "grid": grid, "power": at,
-                           "mde_80_bonferroni": mde(grid, [r["bonferroni"] for r in at]),
-                           "mde_80_unadjusted": mde(grid, [r["unadjusted"] for r in at])}
-            print(f"{name}: {args.mde_seeds} seeds: 80% power at {scen['mde']['mde_80_bonferroni']} (p < 0.025), "
-                  f"{scen['mde']['mde_80_unadjusted']} (p < 0.05)", flush=True)
+            at = [
+                power(
+                    d,
+                    comp,
+                    seeds=args.mde_seeds,
+                    problems=args.problems,
+                    sims=args.sims,
+                    gen=gen,
+                    replicates=args.replicates,
+                )
+                for d in grid
+            ]
+            scen["mde"] = {
+                "seeds": args.mde_seeds,
+                "grid": grid,
+                "power": at,
+                "mde_80_bonferroni": mde(grid, [r["bonferroni"] for r in at]),
+                "mde_80_unadjusted": mde(grid, [r["unadjusted"] for r in at]),
+            }
+            print(
+                f"{name}: {args.mde_seeds} seeds: 80% power at {scen['mde']['mde_80_bonferroni']} (p < 0.025), "
+                f"{scen['mde']['mde_80_unadjusted']} (p < 0.05)",
+                flush=True,
+            )
         result["scenarios"][name] = scen
     return result
 
@@ -136,13 +178,18 @@ def differences(cells: list[dict]):
             yield task, m, avg_scores(np.array([by[(m, s)]["final_correct"] for s in seeds]), n) - base
 
 
-def power(delta: float, comp: dict, *, seeds: int, problems: int, sims: int, gen: np.random.Generator,
-          replicates: int = 1000) -> dict[str, float]:
+def power(
+    delta: float, comp: dict, *, seeds: int, problems: int, sims: int, gen: np.random.Generator, replicates: int = 1000
+) -> dict[str, float]:
     """Share of simulated studies whose paired test gives p < 0.025 and p < 0.05."""
     hits_b = hits_u = 0
     for _ in range(sims):
-        d = (delta + gen.normal(0, np.sqrt(comp["seed"]), (seeds, 1)) + gen.normal(0, np.sqrt(comp["problem"]),
-             (1, problems)) + gen.normal(0, np.sqrt(comp["residual"]), (seeds, problems)))
+        d = (
+            delta
+            + gen.normal(0, np.sqrt(comp["seed"]), (seeds, 1))
+            + gen.normal(0, np.sqrt(comp["problem"]), (1, problems))
+            + gen.normal(0, np.sqrt(comp["residual"]), (seeds, problems))
+        )
         _, p = paired_test(d, np.zeros_like(d), gen, replicates=replicates)
         hits_b += p < 0.025
         hits_u += p < 0.05
@@ -171,12 +218,19 @@ def main() -> None:
     p.add_argument("--replicates", type=int, default=1000, help="bootstrap replicates per simulated test")
     p.add_argument("--grid", default="0,0.005,0.01,0.015,0.02,0.03,0.04", help="true differences (Avg@32, 0-1)")
     p.add_argument("--out", default=None, help="write the figures as JSON here")
-    p.add_argument("--amendment", action="store_true", help="issue 39: components from the first Avg@K run, power "
-                   "at --delta over --seed-grid (module docstring, 4)")
+    p.add_argument(
+        "--amendment",
+        action="store_true",
+        help="issue 39: components from the first Avg@K run, power at --delta over --seed-grid (module docstring, 4)",
+    )
     p.add_argument("--delta", type=float, default=0.015, help="with --amendment: the true difference (Avg@32, 0-1)")
     p.add_argument("--seed-grid", default="5,8,10,12,15,20", help="with --amendment: seed counts ('' for none)")
-    p.add_argument("--mde-seeds", type=int, default=0, help="with --amendment: also the 80%%-power difference over "
-                   "--grid for a design of this many seeds")
+    p.add_argument(
+        "--mde-seeds",
+        type=int,
+        default=0,
+        help="with --amendment: also the 80%%-power difference over --grid for a design of this many seeds",
+    )
     args = p.parse_args()
     if args.amendment:
         result = amendment(args)
@@ -187,23 +241,43 @@ def main() -> None:
     print(json.dumps(obs, indent=1))
     gen = np.random.default_rng(2026)
     grid = [float(x) for x in args.grid.split(",")]
-    result = {"observed": obs, "design": {"seeds": args.seeds, "problems": args.problems}, "sims": args.sims,
-              "grid": grid, "scenarios": {}}
-    for name, comp in (("as measured", obs["mean"]),
-                       ("largest seed component", {**obs["mean"], "seed": obs["largest_seed"]["variance"]})):
-        rows = [power(d, comp, seeds=args.seeds, problems=args.problems, sims=args.sims, gen=gen,
-                      replicates=args.replicates) for d in grid]
-        scen = {"components": comp, "power": rows,
-                "mde_80_bonferroni": mde(grid, [r["bonferroni"] for r in rows]),
-                "mde_80_unadjusted": mde(grid, [r["unadjusted"] for r in rows]),
-                "normal_mde_80_alpha_0.025": normal_mde(comp, args.seeds, args.problems, 0.025),
-                "normal_mde_80_alpha_0.05": normal_mde(comp, args.seeds, args.problems, 0.05)}
+    result = {
+        "observed": obs,
+        "design": {"seeds": args.seeds, "problems": args.problems},
+        "sims": args.sims,
+        "grid": grid,
+        "scenarios": {},
+    }
+    for name, comp in (
+        ("as measured", obs["mean"]),
+        ("largest seed component", {**obs["mean"], "seed": obs["largest_seed"]["variance"]}),
+    ):
+        rows = [
+            power(
+                d, comp, seeds=args.seeds, problems=args.problems, sims=args.sims, gen=gen, replicates=args.replicates
+            )
+            for d in grid
+        ]
+        scen = {
+            "components": comp,
+            "power": rows,
+            "mde_80_bonferroni": mde(grid, [r["bonferroni"] for r in rows]),
+            "mde_80_unadjusted": mde(grid, [r["unadjusted"] for r in rows]),
+            "normal_mde_80_alpha_0.025": normal_mde(comp, args.seeds, args.problems, 0.025),
+            "normal_mde_80_alpha_0.05": normal_mde(comp, args.seeds, args.problems, 0.05),
+        }
         result["scenarios"][name] = scen
-        print(f"{name}: " + ", ".join(f"delta {100 * d:.1f}: {r['bonferroni']:.2f} / {r['unadjusted']:.2f}"
-                                      for d, r in zip(grid, rows)))
-        print(f"  80% power at p < 0.025 (Holm bound): {scen['mde_80_bonferroni']}; at p < 0.05: "
-              f"{scen['mde_80_unadjusted']}; normal theory {scen['normal_mde_80_alpha_0.025']:.4f} / "
-              f"{scen['normal_mde_80_alpha_0.05']:.4f}")
+        print(
+            f"{name}: "
+            + ", ".join(
+                f"delta {100 * d:.1f}: {r['bonferroni']:.2f} / {r['unadjusted']:.2f}" for d, r in zip(grid, rows)
+            )
+        )
+        print(
+            f"  80% power at p < 0.025 (Holm bound): {scen['mde_80_bonferroni']}; at p < 0.05: "
+            f"{scen['mde_80_unadjusted']}; normal theory {scen['normal_mde_80_alpha_0.025']:.4f} / "
+            f"{scen['normal_mde_80_alpha_0.05']:.4f}"
+        )
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(result, indent=1) + "\n")

@@ -42,11 +42,21 @@ def main() -> None:
     for i in range(args.rounds + 1):
         ids, mask = engine.encode_prompts([task.prompt(p) for p in problems[i * 32 : (i + 1) * 32]])
         out = {}
-        for path in paths[i % 3:] + paths[: i % 3]:
+        for path in paths[i % 3 :] + paths[: i % 3]:
             t = time.perf_counter()
-            out[path] = sample(model, ids, mask, n=8, temperature=1.0, top_p=1.0, max_new_tokens=16,
-                               eos_ids=engine.eos_ids, pad_id=tokenizer.pad_token_id,
-                               generator=torch.Generator().manual_seed(i), decode=path)
+            out[path] = sample(
+                model,
+                ids,
+                mask,
+                n=8,
+                temperature=1.0,
+                top_p=1.0,
+                max_new_tokens=16,
+                eos_ids=engine.eos_ids,
+                pad_id=tokenizer.pad_token_id,
+                generator=torch.Generator().manual_seed(i),
+                decode=path,
+            )
             if i:  # round 0 warms every path up
                 times[path].append(time.perf_counter() - t)
         b, lb = out["hand"]
@@ -55,14 +65,19 @@ def main() -> None:
             if i and a.shape == b.shape and torch.equal(a, b):
                 same[path] += 1
                 gap[path] = max(gap[path], float((la - lb).abs().max()))
-    print(f"per rollout (medians of {args.rounds}): "
-          + ", ".join(f"{path} {statistics.median(times[path]):.4f} s" for path in paths))
+    print(
+        f"per rollout (medians of {args.rounds}): "
+        + ", ".join(f"{path} {statistics.median(times[path]):.4f} s" for path in paths)
+    )
     for path in ("hf", "static"):
         ratios = [x / h for x, h in zip(times[path], times["hand"])]
         q = statistics.quantiles(ratios, n=4)
-        print(f"{path} / hand: median {statistics.median(ratios):.3f} (quartiles {q[0]:.3f} - {q[2]:.3f}); "
-              f"identical tokens in {same[path]} of {args.rounds} rounds, largest sampler log-prob gap "
-              f"{gap[path]:.2e}")
+        print(
+            f"{path} / hand: median {statistics.median(ratios):.3f} (quartiles {q[0]:.3f} - {q[2]:.3f}); "
+            f"identical tokens in {same[path]} of {args.rounds} rounds, largest sampler log-prob gap "
+            f"{gap[path]:.2e}"
+        )
+
 
 if __name__ == "__main__":
     main()

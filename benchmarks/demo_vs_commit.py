@@ -24,12 +24,19 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def run_demo(source: Path, method: str, out: Path) -> float:
     """Seconds of one demo method run from the package at `source` (a separate process, quiet)."""
-    code = (f"import sys; sys.path.insert(0, {str(source)!r}); import entropy_rft; "
-            f"assert entropy_rft.__file__.startswith({str(source)!r}), entropy_rft.__file__; "
-            "from entropy_rft.cli import main; main()")
+    code = (
+        f"import sys; sys.path.insert(0, {str(source)!r}); import entropy_rft; "
+        f"assert entropy_rft.__file__.startswith({str(source)!r}), entropy_rft.__file__; "
+        "from entropy_rft.cli import main; main()"
+    )
     t = time.perf_counter()
-    subprocess.run([sys.executable, "-c", code, "demo", "--out", str(out), "--methods", method, "--quiet"],
-                   check=True, cwd=source, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    subprocess.run(
+        [sys.executable, "-c", code, "demo", "--out", str(out), "--methods", method, "--quiet"],
+        check=True,
+        cwd=source,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     return time.perf_counter() - t
 
 
@@ -40,16 +47,23 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         old = Path(tmp) / "baseline"
-        subprocess.run(["git", "worktree", "add", "--detach", "-f", str(old), args.baseline], cwd=ROOT, check=True,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        subprocess.run(
+            ["git", "worktree", "add", "--detach", "-f", str(old), args.baseline],
+            cwd=ROOT,
+            check=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         try:
             rows = []
             for method in args.methods.split(","):
                 before = run_demo(old, method, Path(tmp) / "out-old")
                 after = run_demo(ROOT, method, Path(tmp) / "out-new")
                 rows.append((method, before, after))
-                print(f"{method}: {args.baseline} {before:.0f} s, working tree {after:.0f} s, "
-                      f"{before / after:.2f}x", flush=True)
+                print(
+                    f"{method}: {args.baseline} {before:.0f} s, working tree {after:.0f} s, {before / after:.2f}x",
+                    flush=True,
+                )
         finally:
             subprocess.run(["git", "worktree", "remove", "--force", str(old)], cwd=ROOT, check=False)
     before, after = sum(r[1] for r in rows), sum(r[2] for r in rows)

@@ -100,14 +100,16 @@ def bench_stats(n: int, d: int, v: int) -> list[dict]:
             if backward:
                 ((s.logp * g1).sum() + (s.entropy * g2).sum()).backward()
             return s
+
         return run
 
     def trl(backward):
         from trl.kernels import ChunkedLogProbFunction
 
         with amp():
-            logp, ent, *_ = ChunkedLogProbFunction.apply(hidden, weight, None, tokens, 1.0, 32768, None, 1.0,
-                                                         ("entropy",))
+            logp, ent, *_ = ChunkedLogProbFunction.apply(
+                hidden, weight, None, tokens, 1.0, 32768, None, 1.0, ("entropy",)
+            )
         if backward:
             ((logp * g1).sum() + (ent * g2).sum()).backward()
         return logp, ent
@@ -129,8 +131,11 @@ def bench_stats(n: int, d: int, v: int) -> list[dict]:
         ref = token_stats((hidden[rows].bfloat16() @ weight.bfloat16().T).double(), tokens[rows])
         got_t = token_stats_from_hidden(hidden[rows], weight, tokens[rows], use_triton=True)
         got_c = token_stats_from_hidden(hidden[rows], weight, tokens[rows], use_triton=False)
-    check = {f"{name}_{k}": (getattr(got, k).double() - getattr(ref, k)).abs().max().item()
-             for name, got in (("triton", got_t), ("torch", got_c)) for k in ("logp", "entropy", "s_star", "s_expect")}
+    check = {
+        f"{name}_{k}": (getattr(got, k).double() - getattr(ref, k)).abs().max().item()
+        for name, got in (("triton", got_t), ("torch", got_c))
+        for k in ("logp", "entropy", "s_star", "s_expect")
+    }
     trl_lp, trl_h = trl(False)
     check["trl_logp"] = (trl_lp[rows].double() - ref.logp).abs().max().item()
     check["trl_entropy"] = (trl_h[rows].double() - ref.entropy).abs().max().item()
@@ -161,13 +166,15 @@ def bench_stats(n: int, d: int, v: int) -> list[dict]:
     for name, fn in candidates:
         row = {"name": name}
         for backward in (False, True):
-            def call():
+
+            def call(backward=backward, fn=fn):
                 hidden.grad = weight.grad = None
                 if backward:
                     fn(True)
                 else:
                     with torch.no_grad():
                         fn(False)
+
             key = "fwd_bwd" if backward else "fwd"
             row[f"{key}_ms"] = timed(call, warmup=2, reps=5 if "512x2048" in name else 10)
             row[f"{key}_peak_gib"] = peak_above(call)
@@ -185,8 +192,10 @@ class IdTokenizer:
     def __call__(self, texts, return_tensors=None, padding=None, add_special_tokens=None):
         rows = [[int(t) for t in s.split()] for s in texts]
         width = max(map(len, rows))
-        return {"input_ids": torch.tensor([[self.pad_token_id] * (width - len(r)) + r for r in rows]),
-                "attention_mask": torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])}
+        return {
+            "input_ids": torch.tensor([[self.pad_token_id] * (width - len(r)) + r for r in rows]),
+            "attention_mask": torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows]),
+        }
 
     def decode(self, ids, skip_special_tokens=False):
         return ""
@@ -199,28 +208,47 @@ def bench_trainer(shape: str, args) -> list[dict]:
     from entropy_rft.config import load_config
     from entropy_rft.forward import batch_forward
     from entropy_rft.methods import METHODS
-    from entropy_rft.rollout import HFEngine
     from entropy_rft.policy import prepare_policy
+    from entropy_rft.rollout import HFEngine
     from entropy_rft.step import Decision, Step
 
     torch.manual_seed(0)
     config = AutoConfig.from_pretrained(Path(args.shapes) / shape)
-    cfg = load_config(None, prompts_per_step=args.prompts, group_size=args.group, max_new_tokens=args.response,
-                      micro_batch_size=args.micro, precision="bf16", gradient_checkpointing=True,
-                      lora_rank=args.lora_rank, lr=1e-6, method="clip_b", probe_every=0, progress=False)
+    cfg = load_config(
+        None,
+        prompts_per_step=args.prompts,
+        group_size=args.group,
+        max_new_tokens=args.response,
+        micro_batch_size=args.micro,
+        precision="bf16",
+        gradient_checkpointing=True,
+        lora_rank=args.lora_rank,
+        lr=1e-6,
+        method="clip_b",
+        probe_every=0,
+        progress=False,
+    )
     with torch.device(DEVICE):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model = prepare_policy(model, cfg)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.Adam(params, lr=cfg.lr)
-    engine = HFEngine(model, IdTokenizer(pad=0, eos=config.eos_token_id if isinstance(config.eos_token_id, int) else 0),
-                      batch_size=512)
+    engine = HFEngine(
+        model,
+        IdTokenizer(pad=0, eos=config.eos_token_id if isinstance(config.eos_token_id, int) else 0),
+        batch_size=512,
+    )
     gen = torch.Generator().manual_seed(0)
     out = []
     for step in range(args.steps + 1):
         new_tokens = 8 if step == 0 else args.response
-        prompts = [" ".join(str(t) for t in torch.randint(100, config.vocab_size - 100, (args.prompt_tokens,),
-                                                          generator=gen).tolist()) for _ in range(args.prompts)]
+        prompts = [
+            " ".join(
+                str(t)
+                for t in torch.randint(100, config.vocab_size - 100, (args.prompt_tokens,), generator=gen).tolist()
+            )
+            for _ in range(args.prompts)
+        ]
         sync()
         reset_peak()
         t0 = time.perf_counter()
@@ -241,13 +269,23 @@ def bench_trainer(shape: str, args) -> list[dict]:
         Step(cfg, model, optimizer, update_gen=gen).update(rollout, Decision(adv, stats.logp, keep, mask & keep))
         sync()
         t3 = time.perf_counter()
-        row = {"shape": shape, "step": step, "lora_rank": args.lora_rank, "rows": len(rollout.texts),
-               "prompt_tokens": args.prompt_tokens, "response_tokens": int(mask.sum()),
-               "rollout_s": t1 - t0, "stats_s": t2 - t1, "update_s": t3 - t2, "step_s": t3 - t0,
-               "rollout_tok_per_s": int(mask.sum()) / (t1 - t0),
-               "train_tok_per_s": int(mask.sum()) / (t3 - t1),
-               "peak_generate_gib": gen_peak, "peak_train_gib": max_gib(),
-               "trainable_params": sum(p.numel() for p in params)}
+        row = {
+            "shape": shape,
+            "step": step,
+            "lora_rank": args.lora_rank,
+            "rows": len(rollout.texts),
+            "prompt_tokens": args.prompt_tokens,
+            "response_tokens": int(mask.sum()),
+            "rollout_s": t1 - t0,
+            "stats_s": t2 - t1,
+            "update_s": t3 - t2,
+            "step_s": t3 - t0,
+            "rollout_tok_per_s": int(mask.sum()) / (t1 - t0),
+            "train_tok_per_s": int(mask.sum()) / (t3 - t1),
+            "peak_generate_gib": gen_peak,
+            "peak_train_gib": max_gib(),
+            "trainable_params": sum(p.numel() for p in params),
+        }
         print(json.dumps(row), flush=True)
         if step > 0:
             out.append(row)
@@ -269,14 +307,32 @@ def bench_trl(shape: str, args) -> list[dict]:
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).to(DEVICE)
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
-    ds = Dataset.from_list([{"prompt": f"{a},{b},{c}>{a + b + c}:"} for a in range(1, 5) for b in range(1, 5)
-                            for c in range(1, 3)])
+    ds = Dataset.from_list(
+        [{"prompt": f"{a},{b},{c}>{a + b + c}:"} for a in range(1, 5) for b in range(1, 5) for c in range(1, 3)]
+    )
     reward = lambda completions, **kw: [float(len(c) % 2) for c in completions]  # noqa: E731
-    targs = GRPOConfig(output_dir="/tmp/trl-gpu", per_device_train_batch_size=16, num_generations=8,
-                       max_completion_length=args.response, learning_rate=1e-6, max_steps=args.steps, bf16=True,
-                       logging_steps=1, report_to=[], save_strategy="no", gradient_checkpointing=True)
-    trainer = EntropyGRPOTrainer(model=model, reward_funcs=reward, train_dataset=ds, args=targs,
-                                 processing_class=tokenizer, method="clip_b", method_options={"mu": 2.5})
+    targs = GRPOConfig(
+        output_dir="/tmp/trl-gpu",
+        per_device_train_batch_size=16,
+        num_generations=8,
+        max_completion_length=args.response,
+        learning_rate=1e-6,
+        max_steps=args.steps,
+        bf16=True,
+        logging_steps=1,
+        report_to=[],
+        save_strategy="no",
+        gradient_checkpointing=True,
+    )
+    trainer = EntropyGRPOTrainer(
+        model=model,
+        reward_funcs=reward,
+        train_dataset=ds,
+        args=targs,
+        processing_class=tokenizer,
+        method="clip_b",
+        method_options={"mu": 2.5},
+    )
     reset_peak()
     t0 = time.perf_counter()
     trainer.train()
@@ -326,15 +382,27 @@ def bench_decode(shapes: list[str], args) -> list[dict]:
     for shape in shapes:
         config = AutoConfig.from_pretrained(Path(args.shapes) / shape)
         if args.smoke:  # the script's own check on a CPU: a two-layer model of the shape's family, small vocab
-            config.update({"num_hidden_layers": 2, "vocab_size": 1000, "hidden_size": 64, "intermediate_size": 128,
-                           "num_attention_heads": 4, "num_key_value_heads": 2, "tie_word_embeddings": True})
+            config.update(
+                {
+                    "num_hidden_layers": 2,
+                    "vocab_size": 1000,
+                    "hidden_size": 64,
+                    "intermediate_size": 128,
+                    "num_attention_heads": 4,
+                    "num_key_value_heads": 2,
+                    "tie_word_embeddings": True,
+                }
+            )
             config.head_dim = 16
         torch.manual_seed(0)
         with torch.device(DEVICE):
             model32 = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
         for dtype in (torch.float32, torch.bfloat16):
-            hf_model = model32 if dtype == torch.float32 else AutoModelForCausalLM.from_config(
-                config, dtype=torch.bfloat16).to(DEVICE).eval()
+            hf_model = (
+                model32
+                if dtype == torch.float32
+                else AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).to(DEVICE).eval()
+            )
             if dtype == torch.bfloat16:
                 hf_model.load_state_dict(model32.state_dict())
             for rows in args.rows:
@@ -342,20 +410,45 @@ def bench_decode(shapes: list[str], args) -> list[dict]:
                 mask = torch.ones_like(ids, dtype=torch.bool)
 
                 def ours(tokens: int, seed: int = 0, model=model32, ids=ids, mask=mask, dtype=dtype):
-                    return sample(model, ids, mask, n=1, temperature=1.0, top_p=1.0, max_new_tokens=tokens,
-                                  eos_ids=[-1], pad_id=0, generator=torch.Generator(DEVICE).manual_seed(seed),
-                                  dtype=dtype if dtype == torch.bfloat16 else None, decode="auto")
+                    return sample(
+                        model,
+                        ids,
+                        mask,
+                        n=1,
+                        temperature=1.0,
+                        top_p=1.0,
+                        max_new_tokens=tokens,
+                        eos_ids=[-1],
+                        pad_id=0,
+                        generator=torch.Generator(DEVICE).manual_seed(seed),
+                        dtype=dtype if dtype == torch.bfloat16 else None,
+                        decode="auto",
+                    )
 
                 def theirs(tokens: int, seed: int = 0, model=hf_model, ids=ids, mask=mask):
                     torch.manual_seed(seed)
-                    return model.generate(input_ids=ids, attention_mask=mask.long(), do_sample=True,
-                                             temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=tokens,
-                                             min_new_tokens=tokens, eos_token_id=None, pad_token_id=0,
-                                             cache_implementation="static")
+                    return model.generate(
+                        input_ids=ids,
+                        attention_mask=mask.long(),
+                        do_sample=True,
+                        temperature=1.0,
+                        top_k=0,
+                        top_p=1.0,
+                        max_new_tokens=tokens,
+                        min_new_tokens=tokens,
+                        eos_token_id=None,
+                        pad_token_id=0,
+                        cache_implementation="static",
+                    )
 
-                row = {"shape": shape, "dtype": str(dtype).removeprefix("torch."), "rows": rows,
-                       "prompt_tokens": prompt_tokens, "new_tokens": new,
-                       "ours_path": decode_path(model32, "auto", prompt_tokens + new, ids.device)[0]}
+                row = {
+                    "shape": shape,
+                    "dtype": str(dtype).removeprefix("torch."),
+                    "rows": rows,
+                    "prompt_tokens": prompt_tokens,
+                    "new_tokens": new,
+                    "ours_path": decode_path(model32, "auto", prompt_tokens + new, ids.device)[0],
+                }
                 for name, fn in (("ours", ours), ("hf_static", theirs)):
                     try:
                         times = {}
@@ -395,8 +488,12 @@ def bench_decode(shapes: list[str], args) -> list[dict]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("what", choices=["stats", "trainer", "trl", "decode"])
-    parser.add_argument("shape", nargs="*", default=None,
-                        help="shape folder(s) (trainer, trl: one; default Qwen2.5-0.5B; decode: 0.5B and 1.5B)")
+    parser.add_argument(
+        "shape",
+        nargs="*",
+        default=None,
+        help="shape folder(s) (trainer, trl: one; default Qwen2.5-0.5B; decode: 0.5B and 1.5B)",
+    )
     parser.add_argument("--n", type=int, default=8192)
     parser.add_argument("--d", type=int, default=3584)
     parser.add_argument("--v", type=int, default=151936)
@@ -419,8 +516,11 @@ def main() -> None:
         print("benchmarks/gpu.py decode needs CUDA (it times the CUDA-graph decode step); no CUDA device here")
         return
     print(json.dumps({"gpu": torch.cuda.get_device_name() if CUDA else "none", "torch": torch.__version__}), flush=True)
-    shapes = args.shape or (["Qwen--Qwen2.5-0.5B-Instruct", "Qwen--Qwen2.5-1.5B-Instruct"] if args.what == "decode"
-                            else ["Qwen--Qwen2.5-0.5B-Instruct"])
+    shapes = args.shape or (
+        ["Qwen--Qwen2.5-0.5B-Instruct", "Qwen--Qwen2.5-1.5B-Instruct"]
+        if args.what == "decode"
+        else ["Qwen--Qwen2.5-0.5B-Instruct"]
+    )
     if args.what == "stats":
         results = bench_stats(args.n, args.d, args.v)
     elif args.what == "trainer":

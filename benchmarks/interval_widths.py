@@ -33,8 +33,11 @@ def narrower(cells: list[dict], *, seed: int = 0) -> list[dict]:
         methods = sorted({m for m, _ in by})
         seeds = sorted(s for s in {s for _, s in by} if all((m, s) in by for m in methods))
         n = by[("grpo", seeds[0])]["eval_n"]
-        metrics = {"avg": lambda c: avg_scores(c, n), "pass@8": lambda c: pass_at_k_scores(c, n, 8),
-                   "pass@32": lambda c: pass_at_k_scores(c, n, 32)}
+        metrics = {
+            "avg": lambda c, n=n: avg_scores(c, n),
+            "pass@8": lambda c, n=n: pass_at_k_scores(c, n, 8),
+            "pass@32": lambda c, n=n: pass_at_k_scores(c, n, 32),
+        }
         for method in methods:
             if method == "grpo":
                 continue
@@ -43,8 +46,16 @@ def narrower(cells: list[dict], *, seed: int = 0) -> list[dict]:
                 two_way = paired_difference(x, base, gen)
                 seed_only = seed_estimate((x - base).mean(axis=1), gen)
                 w2, w1 = two_way.high - two_way.low, seed_only.high - seed_only.low
-                rows.append({"task": task, "method": method, "metric": name, "two_way_width": w2,
-                             "seed_only_width": w1, "narrower": 1 - w1 / w2})
+                rows.append(
+                    {
+                        "task": task,
+                        "method": method,
+                        "metric": name,
+                        "two_way_width": w2,
+                        "seed_only_width": w1,
+                        "narrower": 1 - w1 / w2,
+                    }
+                )
     return rows
 
 
@@ -55,12 +66,16 @@ def main() -> None:
     cells = [json.loads(line) for line in Path(args.cells).read_text().splitlines() if line.strip()]
     rows = narrower(cells)
     for r in rows:
-        print(f"{r['task']:<11} {r['method']:<13} {r['metric']:<8} two-way {100 * r['two_way_width']:6.2f}  "
-              f"seed-only {100 * r['seed_only_width']:6.2f}  narrower {100 * r['narrower']:5.1f}%")
+        print(
+            f"{r['task']:<11} {r['method']:<13} {r['metric']:<8} two-way {100 * r['two_way_width']:6.2f}  "
+            f"seed-only {100 * r['seed_only_width']:6.2f}  narrower {100 * r['narrower']:5.1f}%"
+        )
     for task in sorted({r["task"] for r in rows}) + ["all"]:
         f = np.array([r["narrower"] for r in rows if task in ("all", r["task"])])
-        print(f"{task}: seed-only intervals narrower by median {100 * np.median(f):.0f}% "
-              f"(range {100 * f.min():.0f}% to {100 * f.max():.0f}%, {len(f)} comparisons)")
+        print(
+            f"{task}: seed-only intervals narrower by median {100 * np.median(f):.0f}% "
+            f"(range {100 * f.min():.0f}% to {100 * f.max():.0f}%, {len(f)} comparisons)"
+        )
 
 
 if __name__ == "__main__":

@@ -18,7 +18,8 @@ Printed and saved (--out, JSON): each mode's median step time pooled over the ro
 for each round the difference of that round's medians (monitor - plain, probe - plain), and the median of those over
 the rounds; the medians of the monitor's extra forward and of the probe's two parts (gradient; after-step forward).
 
-    python benchmarks/monitor_overhead.py [--rounds 3] [--steps 12] [--rows 256] [--out benchmarks/results/monitor_overhead.json]
+    python benchmarks/monitor_overhead.py [--rounds 3] [--steps 12] [--rows 256] \
+        [--out benchmarks/results/monitor_overhead.json]
 
 Time it on a quiet machine: other processes on the cores move every median (the saved results say what the machine
 was doing when they were measured).
@@ -41,8 +42,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=12)
-    parser.add_argument("--rows", type=int, default=None,
-                        help="rows per step (default: the demo's prompts_per_step x group_size, 256)")
+    parser.add_argument(
+        "--rows", type=int, default=None, help="rows per step (default: the demo's prompts_per_step x group_size, 256)"
+    )
     parser.add_argument("--out", default=None, help="write the results as JSON here")
     parser.add_argument("--note", default="", help="what the machine was doing (saved with the results)")
     args = parser.parse_args()
@@ -88,7 +90,7 @@ def main() -> None:
     step_time: dict[str, list[list[float]]] = {m: [] for m in MODES}
     with tempfile.TemporaryDirectory() as tmp:
         for rnd in range(args.rounds):
-            for mode in MODES[rnd % 3:] + MODES[:rnd % 3]:
+            for mode in MODES[rnd % 3 :] + MODES[: rnd % 3]:
                 out = Path(tmp) / f"{mode}{rnd}"
                 if mode == "plain":
                     trainer = countdown_trainer(out, method=None, steps=args.steps, **over)
@@ -102,11 +104,15 @@ def main() -> None:
                 step_time[mode].append(times[2:])
                 rows = trainer.args.per_device_train_batch_size
     median = {m: statistics.median(t for r in step_time[m] for t in r) for m in MODES}
-    paired = {m: statistics.median(statistics.median(a) - statistics.median(b)
-                                   for a, b in zip(step_time[m], step_time["plain"])) for m in MODES[1:]}
+    paired = {
+        m: statistics.median(
+            statistics.median(a) - statistics.median(b) for a, b in zip(step_time[m], step_time["plain"])
+        )
+        for m in MODES[1:]
+    }
     result = {
         "setup": f"TRL GRPOTrainer on countdown, {rows} rows a step, CPU, logging_steps 1, {args.rounds} rounds x "
-                 f"{args.steps - 2} timed steps per mode",
+        f"{args.steps - 2} timed steps per mode",
         "machine": f"{platform.machine()}, {platform.python_version()}; {args.note}".strip("; "),
         "median_step_s": median,
         "paired_difference_s": paired,
@@ -116,8 +122,11 @@ def main() -> None:
     }
     print(result["setup"] + ":")
     for m in MODES:
-        extra = "" if m == "plain" else (f" (paired difference {paired[m]:+.4f} s, "
-                                         f"{result['paired_difference_pct'][m]:+.1f}% of plain)")
+        extra = (
+            ""
+            if m == "plain"
+            else (f" (paired difference {paired[m]:+.4f} s, {result['paired_difference_pct'][m]:+.1f}% of plain)")
+        )
         print(f"  {m}: median step {median[m]:.4f} s{extra}")
     for k, v in result["median_part_s"].items():
         print(f"  {k}: median {v * 1000:.1f} ms ({100 * v / median['plain']:.1f}% of a plain step)")

@@ -32,10 +32,18 @@ def main() -> None:
     write_time, sizes = [], []
     with tempfile.TemporaryDirectory() as tmp:
         for rnd in range(args.rounds):
-            for mode in (("on", "off") if rnd % 2 == 0 else ("off", "on")):
+            for mode in ("on", "off") if rnd % 2 == 0 else ("off", "on"):
                 out = Path(tmp) / f"{mode}{rnd}"
-                cfg = run_config(spec, args.method, out=str(out), steps=args.steps, progress=False, eval_problems=8,
-                                 eval_k=1, samples_every=1 if mode == "on" else 0)
+                cfg = run_config(
+                    spec,
+                    args.method,
+                    out=str(out),
+                    steps=args.steps,
+                    progress=False,
+                    eval_problems=8,
+                    eval_k=1,
+                    samples_every=1 if mode == "on" else 0,
+                )
                 history = train(cfg)["history"]
                 step_time[mode] += [h["seconds"] for h in history[1:]]
                 if mode == "on":
@@ -43,12 +51,18 @@ def main() -> None:
                     sizes += [p.stat().st_size for p in (out / "samples").iterdir()]
     on, off = statistics.median(step_time["on"]), statistics.median(step_time["off"])
     write = statistics.median(write_time)
-    print(f"{args.method}, demo settings ({cfg.prompts_per_step} x {cfg.group_size}, samples_groups "
-          f"{cfg.samples_groups}), {args.rounds} rounds x {args.steps - 1} steps each way:")
-    print(f"step time: {on:.4f} s with samples every step, {off:.4f} s without (difference {on - off:+.4f} s, "
-          f"{100 * (on - off) / off:+.2f}%)")
-    print(f"the write itself: median {write * 1000:.1f} ms ({100 * write / off:.2f}% of a step), "
-          f"{statistics.median(sizes) / 1000:.1f} kB per file (gzip)")
+    print(
+        f"{args.method}, demo settings ({cfg.prompts_per_step} x {cfg.group_size}, samples_groups "
+        f"{cfg.samples_groups}), {args.rounds} rounds x {args.steps - 1} steps each way:"
+    )
+    print(
+        f"step time: {on:.4f} s with samples every step, {off:.4f} s without (difference {on - off:+.4f} s, "
+        f"{100 * (on - off) / off:+.2f}%)"
+    )
+    print(
+        f"the write itself: median {write * 1000:.1f} ms ({100 * write / off:.2f}% of a step), "
+        f"{statistics.median(sizes) / 1000:.1f} kB per file (gzip)"
+    )
     for every in (1, 5, 10, 20):
         print(f"  samples_every {every:>2}: {100 * write / (every * off):.3f}% of step time")
 

@@ -28,15 +28,28 @@ def child(vocab: int, from_hidden: bool, rows: int, response: int, layers: int) 
     from entropy_rft.step import Decision, Step
 
     torch.manual_seed(0)
-    config = Qwen2Config(hidden_size=896, intermediate_size=4864, num_hidden_layers=layers, num_attention_heads=14,
-                         num_key_value_heads=2, vocab_size=vocab, tie_word_embeddings=True, max_position_embeddings=4096)
+    config = Qwen2Config(
+        hidden_size=896,
+        intermediate_size=4864,
+        num_hidden_layers=layers,
+        num_attention_heads=14,
+        num_key_value_heads=2,
+        vocab_size=vocab,
+        tie_word_embeddings=True,
+        max_position_embeddings=4096,
+    )
     model = Qwen2ForCausalLM(config)
     prompt = torch.randint(0, vocab, (rows, 32))
     response = torch.randint(0, vocab, (rows, response))
-    rollout = Rollout(prompt, torch.ones_like(prompt, dtype=torch.bool), response,
-                      torch.ones_like(response, dtype=torch.bool), torch.ones(rows, dtype=torch.bool), [""] * rows)
-    cfg = load_config(None, prompts_per_step=rows, group_size=1, lr=1e-6, stats_from_hidden=from_hidden,
-                      progress=False)
+    rollout = Rollout(
+        prompt,
+        torch.ones_like(prompt, dtype=torch.bool),
+        response,
+        torch.ones_like(response, dtype=torch.bool),
+        torch.ones(rows, dtype=torch.bool),
+        [""] * rows,
+    )
+    cfg = load_config(None, prompts_per_step=rows, group_size=1, lr=1e-6, stats_from_hidden=from_hidden, progress=False)
     optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr)
     for p in model.parameters():  # Adam's state exists before the measurement
         p.grad = torch.zeros_like(p)
@@ -69,17 +82,35 @@ def main() -> None:
         return
     tokens = args.rows * args.response
     print(f"{args.rows} rows x {args.response} response tokens ({tokens} tokens), hidden 896, {args.layers} layers")
-    print("| V | [B, T, V] logits, one fp32 copy | materialised logits: peak growth | streamed from hidden: peak growth |")
+    print(
+        "| V | [B, T, V] logits, one fp32 copy | materialised logits: peak growth | streamed from hidden: peak growth |"
+    )
     print("|---|---|---|---|")
     for vocab in (int(v) for v in args.vocab.split(",")):
         out = {}
         for hidden in (False, True):
-            cmd = [sys.executable, __file__, "--child", f"{vocab}:{int(hidden)}", "--rows", str(args.rows),
-                   "--response", str(args.response), "--layers", str(args.layers)]
-            out[hidden] = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.splitlines()[-1])
+            cmd = [
+                sys.executable,
+                __file__,
+                "--child",
+                f"{vocab}:{int(hidden)}",
+                "--rows",
+                str(args.rows),
+                "--response",
+                str(args.response),
+                "--layers",
+                str(args.layers),
+            ]
+            out[hidden] = json.loads(
+                subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.splitlines()[-1]
+            )
         logits_mib = tokens * vocab * 4 / 2**20
-        print(f"| {vocab} | {logits_mib:.0f} MiB | {out[False]['peak_growth_mib']:.0f} MiB ({out[False]['seconds']:.1f} s) "
-              f"| {out[True]['peak_growth_mib']:.0f} MiB ({out[True]['seconds']:.1f} s) |", flush=True)
+        print(
+            f"| {vocab} | {logits_mib:.0f} MiB "
+            f"| {out[False]['peak_growth_mib']:.0f} MiB ({out[False]['seconds']:.1f} s) "
+            f"| {out[True]['peak_growth_mib']:.0f} MiB ({out[True]['seconds']:.1f} s) |",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -30,8 +30,16 @@ def ours(steps: int, method: str, out: Path, probe_every: int) -> list[dict]:
     from entropy_rft.demo import load_demo_config, run_config
     from entropy_rft.trainer import train
 
-    cfg = run_config(load_demo_config(), method, out=str(out), steps=steps, progress=False, eval_problems=1,
-                     eval_k=1, probe_every=probe_every)
+    cfg = run_config(
+        load_demo_config(),
+        method,
+        out=str(out),
+        steps=steps,
+        progress=False,
+        eval_problems=1,
+        eval_k=1,
+        probe_every=probe_every,
+    )
     return train(cfg)["history"]
 
 
@@ -88,14 +96,19 @@ def main() -> None:
             ratios += [x["seconds"] / y["seconds"] for x, y in zip(a, b)]
             ours_rows += a
             trl_rows += b
-            print(f"round {r + 1}: ours {statistics.median(x['seconds'] for x in a):.3f} s/step, "
-                  f"TRL {statistics.median(y['seconds'] for y in b):.3f} s/step", flush=True)
+            print(
+                f"round {r + 1}: ours {statistics.median(x['seconds'] for x in a):.3f} s/step, "
+                f"TRL {statistics.median(y['seconds'] for y in b):.3f} s/step",
+                flush=True,
+            )
 
     def med(rows, key):
         values = [row[key] for row in rows if key in row]
         return statistics.median(values) if values else float("nan")
 
-    print(f"\nsteps: {len(ratios)} pairs ({args.rounds} rounds x {args.steps}), torch threads {torch.get_num_threads()}")
+    print(
+        f"\nsteps: {len(ratios)} pairs ({args.rounds} rounds x {args.steps}), torch threads {torch.get_num_threads()}"
+    )
     print("| phase (median s/step) | entropy-rft | TRL GRPOTrainer |")
     print("|---|---|---|")
     print(f"| rollout + scoring | {med(ours_rows, 'time/rollout'):.3f} | {med(trl_rows, 'time/rollout'):.3f} |")
@@ -104,8 +117,10 @@ def main() -> None:
     print(f"| diagnostics | {med(ours_rows, 'time/diagnostics'):.3f} | - |")
     print(f"| step | {med(ours_rows, 'seconds'):.3f} | {med(trl_rows, 'seconds'):.3f} |")
     q = statistics.quantiles(ratios, n=4)
-    print(f"\nour step / TRL's step, median of paired ratios: {statistics.median(ratios):.3f} "
-          f"(quartiles {q[0]:.3f} - {q[2]:.3f})")
+    print(
+        f"\nour step / TRL's step, median of paired ratios: {statistics.median(ratios):.3f} "
+        f"(quartiles {q[0]:.3f} - {q[2]:.3f})"
+    )
 
 
 if __name__ == "__main__":

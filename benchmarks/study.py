@@ -14,13 +14,13 @@ settings keys and never mix in) and writes the committed benchmarks/study only w
 
 A cell is (task, method, seed), keyed by its settings (config.settings_key, as compare's cells):
 cells/<task>/<method>/seed<s>-<key>/. A finished cell holds cell.json (per-problem correct counts of the initial
-and final policy at n = 32 samples, and of every evaluation in eval_correct; the entropy and control curves, times); a cell killed part-way resumes from its
-newest checkpoint (save_every 50, exact: see trainer.py and runstate.py; train's resume="auto"), and one that never checkpointed
-starts again. Changed settings give another key, so they never reuse a cell trained with other settings. Each cell
-runs in its own process with one thread (OMP_NUM_THREADS=1, torch.set_num_threads(1)), so per-step times are
-comparable across --jobs. A cell being run holds its directory's run lock (rundir.RunLock, naming the process);
-another runner skips it while that process lives, so a runner may be killed and restarted with more --jobs at any
-time (the cells it started finish on their own).
+and final policy at n = 32 samples, and of every evaluation in eval_correct; the entropy and control curves, times);
+a cell killed part-way resumes from its newest checkpoint (save_every 50, exact: see trainer.py and runstate.py;
+train's resume="auto"), and one that never checkpointed starts again. Changed settings give another key, so they never
+reuse a cell trained with other settings. Each cell runs in its own process with one thread (OMP_NUM_THREADS=1,
+torch.set_num_threads(1)), so per-step times are comparable across --jobs. A cell being run holds its directory's run
+lock (rundir.RunLock, naming the process); another runner skips it while that process lives, so a runner may be killed
+and restarted with more --jobs at any time (the cells it started finish on their own).
 
 Settings: the demo's (entropy_rft/configs/demo.yaml: 32 prompts x 8 rollouts, lr 5e-5, 16 new tokens, rollout
 temperature 1.0, evaluation at 0.7) with evaluation at n = 32 samples per problem on the task's 200 held-out
@@ -60,10 +60,20 @@ METHODS = {  # study name -> TrainConfig overrides; "TARGET" is replaced by the 
     "entropic": {"method": "grpo", "entropy_target": "TARGET", "entropy_control": "pi"},
     # EntroPIC with the gains of tests/test_control.py's tabular check (K_p 10, K_i 0.5), not tuned on countdown: the
     # authors' 1 / 0.01 are set for thousands of LLM steps and move alpha only to about -0.17 in 150 steps here
-    "entropic_k10": {"method": "grpo", "entropy_target": "TARGET", "entropy_control": "pi", "pi_kp": 10.0,
-                     "pi_ki": 0.5},
-    "bonus": {"method": "grpo", "entropy_target": "TARGET", "entropy_control": "bonus", "bonus_delta": 0.005,
-              "bonus_max": 0.5},
+    "entropic_k10": {
+        "method": "grpo",
+        "entropy_target": "TARGET",
+        "entropy_control": "pi",
+        "pi_kp": 10.0,
+        "pi_ki": 0.5,
+    },
+    "bonus": {
+        "method": "grpo",
+        "entropy_target": "TARGET",
+        "entropy_control": "bonus",
+        "bonus_delta": 0.005,
+        "bonus_max": 0.5,
+    },
 }
 STUDIES = {  # study name -> the tasks and methods its run / measure / summarise default to
     "issue24": {"tasks": ["countdown", "countdown5"], "methods": [m for m in METHODS]},
@@ -86,9 +96,20 @@ def cell_config(task: str, method: str, seed: int, out: Path | None = None, *, s
 
     spec = load_demo_config()
     settings = {k: (TASKS[task]["target"] if v == "TARGET" else v) for k, v in METHODS[method].items()}
-    return run_config({"common": spec["common"]}, None, **settings, task=task, steps=steps or TASKS[task]["steps"],
-                      seed=seed, eval_k=EVAL_N, save_every=SAVE_EVERY, progress=False,
-                      eval_every=TASKS[task].get("eval_every", 0), out=str(out) if out else "unset", **extra)
+    return run_config(
+        {"common": spec["common"]},
+        None,
+        **settings,
+        task=task,
+        steps=steps or TASKS[task]["steps"],
+        seed=seed,
+        eval_k=EVAL_N,
+        save_every=SAVE_EVERY,
+        progress=False,
+        eval_every=TASKS[task].get("eval_every", 0),
+        out=str(out) if out else "unset",
+        **extra,
+    )
 
 
 def cell_dir(out: Path, task: str, method: str, seed: int, steps: int | None = None) -> Path:
@@ -126,9 +147,15 @@ def run_cell(task: str, method: str, seed: int, out: Path, steps: int | None = N
         evals = {int(k): v for k, v in summary["evals"].items()}
         rows = read_metrics(run)
         record = {
-            "task": task, "method": method, "seed": seed, "key": run_dir.name.split("-")[-1],
-            "settings": cfg.to_dict(), "resumed": resumed, "wall_seconds_this_process": wall,
-            "eval_n": EVAL_N, "steps": cfg.steps,
+            "task": task,
+            "method": method,
+            "seed": seed,
+            "key": run_dir.name.split("-")[-1],
+            "settings": cfg.to_dict(),
+            "resumed": resumed,
+            "wall_seconds_this_process": wall,
+            "eval_n": EVAL_N,
+            "steps": cfg.steps,
             "initial_correct": [round(r * EVAL_N) for r in evals[0]["pass_rates"]],
             "final_correct": [round(r * EVAL_N) for r in evals[cfg.steps]["pass_rates"]],
             "eval_correct": {str(s): [round(r * EVAL_N) for r in e["pass_rates"]] for s, e in sorted(evals.items())},
@@ -136,7 +163,8 @@ def run_cell(task: str, method: str, seed: int, out: Path, steps: int | None = N
             "entropy": [round(m["entropy"], 5) for m in rows],
             "clip_frac": [round(m["clip_frac"], 5) for m in rows],
             "control": [control_value(m) for m in rows],
-            "torch_threads": torch.get_num_threads(), "code": os.environ.get("STUDY_CODE", "worktree"),
+            "torch_threads": torch.get_num_threads(),
+            "code": os.environ.get("STUDY_CODE", "worktree"),
         }
         for ckpt in run.glob("checkpoint-*"):  # keep the record, drop the weights (about 10 MB each)
             shutil.rmtree(ckpt, ignore_errors=True)
@@ -168,30 +196,64 @@ def cmd_run(args) -> None:
     out.mkdir(parents=True, exist_ok=True)
     cells = all_cells(args.tasks.split(","), args.methods.split(","), range(args.seeds))
     pending = [c for c in cells if not (cell_dir(out, *c, args.steps) / "cell.json").exists()]
-    print(f"{len(cells) - len(pending)} of {len(cells)} cells done; running {len(pending)} with --jobs {args.jobs}",
-          flush=True)
+    print(
+        f"{len(cells) - len(pending)} of {len(cells)} cells done; running {len(pending)} with --jobs {args.jobs}",
+        flush=True,
+    )
     running: list[tuple[subprocess.Popen, tuple, float]] = []
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
-           "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "MKL_NUM_THREADS": "1",
+        "OPENBLAS_NUM_THREADS": "1",
+        "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+    }
     queue = list(pending)
     while queue or running:
         while queue and len(running) < args.jobs:
             task, method, seed = queue.pop(0)
-            cmd = [sys.executable, str(Path(__file__).resolve()), "cell", "--out", str(out), "--task", task,
-                   "--method", method, "--seed", str(seed)] + (["--steps", str(args.steps)] if args.steps else [])
+            cmd = [
+                sys.executable,
+                str(Path(__file__).resolve()),
+                "cell",
+                "--out",
+                str(out),
+                "--task",
+                task,
+                "--method",
+                method,
+                "--seed",
+                str(seed),
+            ] + (["--steps", str(args.steps)] if args.steps else [])
             log = open(out / "cells.log", "a")
-            running.append((subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT), (task, method, seed),
-                            time.time()))
-            print(f"{time.strftime('%H:%M:%S')} start {task} {method} seed {seed} (pid {running[-1][0].pid})", flush=True)
+            running.append(
+                (
+                    subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT),
+                    (task, method, seed),
+                    time.time(),
+                )
+            )
+            print(
+                f"{time.strftime('%H:%M:%S')} start {task} {method} seed {seed} (pid {running[-1][0].pid})", flush=True
+            )
         time.sleep(2)
         for proc, cell, t0 in list(running):
             if proc.poll() is not None:
                 running.remove((proc, cell, t0))
                 done = (cell_dir(out, *cell, args.steps) / "cell.json").exists()
-                state = "done" if done else ("held by another process" if proc.returncode == 3 else
-                                             f"FAILED (exit {proc.returncode}; see {out / 'cells.log'})")
-                print(f"{time.strftime('%H:%M:%S')} {state}: {' '.join(map(str, cell))} in {time.time() - t0:.0f} s",
-                      flush=True)
+                state = (
+                    "done"
+                    if done
+                    else (
+                        "held by another process"
+                        if proc.returncode == 3
+                        else f"FAILED (exit {proc.returncode}; see {out / 'cells.log'})"
+                    )
+                )
+                print(
+                    f"{time.strftime('%H:%M:%S')} {state}: {' '.join(map(str, cell))} in {time.time() - t0:.0f} s",
+                    flush=True,
+                )
     print("all cells finished", flush=True)
 
 
@@ -220,8 +282,9 @@ def cmd_measure(args) -> None:
     for task in args.tasks.split(","):
         per_method = {}
         for method in args.methods.split(","):
-            cfg = cell_config(task, method, 0, Path(args.scratch) / task / method, steps=1 + args.measure_steps,
-                              eval_problems=1)
+            cfg = cell_config(
+                task, method, 0, Path(args.scratch) / task / method, steps=1 + args.measure_steps, eval_problems=1
+            )
             shutil.rmtree(cfg.out, ignore_errors=True)
             rows = train(cfg)["history"]
             per_method[method] = float(median(m["seconds"] for m in rows[1:]))
@@ -235,12 +298,20 @@ def cmd_measure(args) -> None:
         steps, every = TASKS[task]["steps"], TASKS[task].get("eval_every", 0)
         evals = 2 + ((steps - 1) // every if every else 0)  # before training, every `every` steps, and the last
         cell_s = {m: steps * s + evals * eval_s for m, s in per_method.items()}
-        report[task] = {"step_seconds": per_method, "eval_seconds": eval_s, "steps": steps, "evals": evals,
-                        "cell_seconds": cell_s, "cells_seconds_per_seed": sum(cell_s.values())}
+        report[task] = {
+            "step_seconds": per_method,
+            "eval_seconds": eval_s,
+            "steps": steps,
+            "evals": evals,
+            "cell_seconds": cell_s,
+            "cells_seconds_per_seed": sum(cell_s.values()),
+        }
         print(json.dumps({task: report[task]}, indent=1), flush=True)
     total = args.seeds * sum(r["cells_seconds_per_seed"] for r in report.values())
-    print(f"estimated study: {total / 3600:.1f} h of one core for {args.seeds} seeds "
-          f"({total / 3600 / 2:.1f} h with --jobs 2 on two free cores)")
+    print(
+        f"estimated study: {total / 3600:.1f} h of one core for {args.seeds} seeds "
+        f"({total / 3600 / 2:.1f} h with --jobs 2 on two free cores)"
+    )
 
 
 def names(known: dict, what: str):
@@ -264,12 +335,18 @@ def main(argv=None) -> None:
     p = Parser(description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True, parser_class=Parser)
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--study", choices=list(STUDIES), default="issue24",
-                        help="which study's tasks and methods --tasks / --methods default to")
-    common.add_argument("--tasks", type=names(TASKS, "task"), default=None,
-                        help="comma-separated tasks (default: the study's)")
-    common.add_argument("--methods", type=names(METHODS, "method"), default=None,
-                        help="comma-separated methods (default: the study's)")
+    common.add_argument(
+        "--study",
+        choices=list(STUDIES),
+        default="issue24",
+        help="which study's tasks and methods --tasks / --methods default to",
+    )
+    common.add_argument(
+        "--tasks", type=names(TASKS, "task"), default=None, help="comma-separated tasks (default: the study's)"
+    )
+    common.add_argument(
+        "--methods", type=names(METHODS, "method"), default=None, help="comma-separated methods (default: the study's)"
+    )
     common.add_argument("--seeds", type=at_least(1), default=5)
     r = sub.add_parser("run", parents=[common], help="train and evaluate every cell not yet done")
     r.add_argument("--out", required=True)
@@ -289,10 +366,19 @@ def main(argv=None) -> None:
     m.set_defaults(fn=cmd_measure)
     s = sub.add_parser("summarise", parents=[common], help="tables, raw JSON and figures from the finished cells")
     s.add_argument("--out", required=True)
-    s.add_argument("--steps", type=at_least(1), default=None, help="the steps of the study summarised (default: "
-                   "each task's own, 150 and 450); cells of other settings are left out")
-    s.add_argument("--dest", default=None, help="directory for the summary (default: OUT/summary; the committed "
-                   "results are benchmarks/study, written only when named here)")
+    s.add_argument(
+        "--steps",
+        type=at_least(1),
+        default=None,
+        help="the steps of the study summarised (default: "
+        "each task's own, 150 and 450); cells of other settings are left out",
+    )
+    s.add_argument(
+        "--dest",
+        default=None,
+        help="directory for the summary (default: OUT/summary; the committed "
+        "results are benchmarks/study, written only when named here)",
+    )
     s.set_defaults(fn=cmd_summarise)
     args = p.parse_args(argv)
     if hasattr(args, "study"):  # run, measure, summarise (not cell)
@@ -306,8 +392,10 @@ def cmd_summarise(args) -> None:
 
     out = Path(args.out)
     if not (out / "cells").is_dir():
-        fail(f"summarise: --out {out} holds no study cells (cells/<task>/<method>/seed*/); pass the --out given to "
-             "`study.py run`")
+        fail(
+            f"summarise: --out {out} holds no study cells (cells/<task>/<method>/seed*/); pass the --out given to "
+            "`study.py run`"
+        )
     dest = Path(args.dest) if args.dest else out / "summary"
     try:
         summarise(out, dest, args.tasks.split(","), args.methods.split(","), args.seeds, steps=args.steps)

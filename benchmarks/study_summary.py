@@ -20,10 +20,9 @@ import warnings
 from pathlib import Path
 
 import numpy as np
+from study import METHODS, TASKS, cell_dir  # benchmarks/study.py
 
 from entropy_rft.evidence import evaluate_grid, markdown_table, paired_difference, seed_estimate
-
-from study import METHODS, TASKS, cell_dir  # benchmarks/study.py
 
 KS = (8, 32)
 
@@ -36,16 +35,20 @@ def load_cells(out: Path, tasks: list[str], methods: list[str], seeds: int, step
 
 def tracking_error(entropy: list[float], target: float) -> float:
     """Mean |H_t - target| over the second half of the steps (H_t: the batch's token-mean entropy before step t)."""
-    tail = entropy[len(entropy) // 2:]
+    tail = entropy[len(entropy) // 2 :]
     return float(np.mean([abs(h - target) for h in tail]))
 
 
 def per_run(cell: dict, target: float) -> dict:
     ent = cell["entropy"]
-    tail = ent[-max(1, len(ent) // 10):]
-    return {"entropy_final": float(np.mean(tail)), "tracking_error": tracking_error(ent, target),
-            "clip_fraction": float(np.mean(cell["clip_frac"])), "seconds_per_step": float(np.median(cell["step_seconds"])),
-            "cell_wall_seconds": cell["wall_seconds_this_process"]}
+    tail = ent[-max(1, len(ent) // 10) :]
+    return {
+        "entropy_final": float(np.mean(tail)),
+        "tracking_error": tracking_error(ent, target),
+        "clip_fraction": float(np.mean(cell["clip_frac"])),
+        "seconds_per_step": float(np.median(cell["step_seconds"])),
+        "cell_wall_seconds": cell["wall_seconds_this_process"],
+    }
 
 
 def saturation(cells: list[dict]) -> str | None:
@@ -65,14 +68,25 @@ def saturation(cells: list[dict]) -> str | None:
                 fracs.append(sum(at[first:]) / len(at[first:]))
         if firsts:
             n = sum(c["method"] == method for c in cells)
-            parts.append(f"{method}: alpha at its bound {' / '.join(sorted(edges))} from step {min(firsts)} to {max(firsts)} in {len(firsts)} of {n} "
-                         f"seeds, then there for {100 * min(fracs):.0f}% to {100 * max(fracs):.0f}% of the remaining "
-                         "steps")
-    return ("EntroPIC's controller saturated (" + "; ".join(parts) + "): its results here are those of alpha pinned "
-            "at the bound.") if parts else None
+            parts.append(
+                f"{method}: alpha at its bound {' / '.join(sorted(edges))} "
+                f"from step {min(firsts)} to {max(firsts)} in {len(firsts)} of {n} "
+                f"seeds, then there for {100 * min(fracs):.0f}% to {100 * max(fracs):.0f}% of the remaining "
+                "steps"
+            )
+    return (
+        (
+            "EntroPIC's controller saturated (" + "; ".join(parts) + "): its results here are those of alpha pinned "
+            "at the bound."
+        )
+        if parts
+        else None
+    )
 
 
-def summarise_task(cells: list[dict], task: str, methods: list[str], seeds: int, gen: np.random.Generator) -> dict | None:
+def summarise_task(
+    cells: list[dict], task: str, methods: list[str], seeds: int, gen: np.random.Generator
+) -> dict | None:
     by = {(c["method"], c["seed"]): c for c in cells if c["task"] == task}
     complete = [s for s in range(seeds) if all((m, s) in by for m in methods)]
     if not complete:
@@ -87,37 +101,66 @@ def summarise_task(cells: list[dict], task: str, methods: list[str], seeds: int,
         per_run_est[m] = {k: seed_estimate([r[k] for r in runs[m]], gen).to_json() for k in runs[m][0]}
         if m != "grpo":
             per_run_est[m]["tracking_error_vs_grpo"] = paired_difference(
-                np.array([r["tracking_error"] for r in runs[m]]), np.array([r["tracking_error"] for r in runs["grpo"]]),
-                gen).to_json()
+                np.array([r["tracking_error"] for r in runs[m]]),
+                np.array([r["tracking_error"] for r in runs["grpo"]]),
+                gen,
+            ).to_json()
     curves = {m: np.mean([by[(m, s)]["entropy"] for s in complete], axis=0).tolist() for m in methods}
     warnings.filterwarnings("ignore", "Mean of empty slice")  # the mu controller left every seed unclipped there
-    controls = {m: np.nanmean([[np.nan if v is None else v for v in by[(m, s)]["control"]] for s in complete],
-                              axis=0).tolist() for m in methods if "entropy_target" in METHODS[m]}
-    return {"target": target, "steps": by[(methods[0], complete[0])]["steps"], "seeds": complete, "eval_n": n,
-            "problems": int(grids["grpo"].shape[1]), "evidence": evidence, "per_run": per_run_est,
-            "saturation": saturation([by[(m, s)] for m in methods for s in complete]),
-            "entropy_curves": curves, "control_curves": controls, "resumed_cells": sum(by[(m, s)]["resumed"] for m in methods for s in complete)}
+    controls = {
+        m: np.nanmean([[np.nan if v is None else v for v in by[(m, s)]["control"]] for s in complete], axis=0).tolist()
+        for m in methods
+        if "entropy_target" in METHODS[m]
+    }
+    return {
+        "target": target,
+        "steps": by[(methods[0], complete[0])]["steps"],
+        "seeds": complete,
+        "eval_n": n,
+        "problems": int(grids["grpo"].shape[1]),
+        "evidence": evidence,
+        "per_run": per_run_est,
+        "saturation": saturation([by[(m, s)] for m in methods for s in complete]),
+        "entropy_curves": curves,
+        "control_curves": controls,
+        "resumed_cells": sum(by[(m, s)]["resumed"] for m in methods for s in complete),
+    }
 
 
 def task_markdown(task: str, r: dict) -> str:
-    lines = [f"## {task}: {r['steps']} steps, entropy target {r['target']} nats, seeds {r['seeds']}", "",
-             markdown_table(r["evidence"]).rstrip(), "",
-             *([r["saturation"], ""] if r.get("saturation") else []),
-             "| method | entropy, last 10% of steps | tracking error mean abs(H - target), 2nd half | "
-             "- GRPO's (paired) | mean clipped fraction | s / step (median) | cell wall s |", "|---|---|---|---|---|---|---|"]
+    lines = [
+        f"## {task}: {r['steps']} steps, entropy target {r['target']} nats, seeds {r['seeds']}",
+        "",
+        markdown_table(r["evidence"]).rstrip(),
+        "",
+        *([r["saturation"], ""] if r.get("saturation") else []),
+        "| method | entropy, last 10% of steps | tracking error mean abs(H - target), 2nd half | "
+        "- GRPO's (paired) | mean clipped fraction | s / step (median) | cell wall s |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for m, e in r["per_run"].items():
-        def t(k, scale=1.0, digits=3):
+
+        def t(k, scale=1.0, digits=3, e=e):
             x = e[k]
             return f"{scale * x['value']:.{digits}f} [{scale * x['low']:.{digits}f}, {scale * x['high']:.{digits}f}]"
+
         vs = e.get("tracking_error_vs_grpo")
-        vs_text = (f"{vs['value']:+.3f} [{vs['low']:+.3f}, {vs['high']:+.3f}]" + (" *" if vs["excludes_zero"] else "")
-                   if vs else "")
-        lines.append(f"| {m} | {t('entropy_final')} | {t('tracking_error')} | {vs_text} | {t('clip_fraction', digits=4)} "
-                     f"| {t('seconds_per_step', digits=2)} | {t('cell_wall_seconds', digits=0)} |")
-    lines += ["", f"Per-run columns: mean over {len(r['seeds'])} seeds with a 95% bootstrap interval over seeds. Times "
-              "are one thread per cell on a shared 2-core machine; other work ran beside the study, so they are "
-              f"comparable only roughly. Cells resumed from a checkpoint: {r['resumed_cells']} (their wall time covers "
-              "the last process only)."]
+        vs_text = (
+            f"{vs['value']:+.3f} [{vs['low']:+.3f}, {vs['high']:+.3f}]" + (" *" if vs["excludes_zero"] else "")
+            if vs
+            else ""
+        )
+        lines.append(
+            f"| {m} | {t('entropy_final')} | {t('tracking_error')} | {vs_text} | {t('clip_fraction', digits=4)} "
+            f"| {t('seconds_per_step', digits=2)} | {t('cell_wall_seconds', digits=0)} |"
+        )
+    lines += [
+        "",
+        f"Per-run columns: mean over {len(r['seeds'])} seeds with a 95% bootstrap interval over seeds. Times "
+        "are one thread per cell on a shared 2-core machine; other work ran beside the study, so they are "
+        f"comparable only roughly. Cells resumed from a checkpoint: {r['resumed_cells']} (their wall time covers "
+        "the last process only).",
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -156,8 +199,9 @@ def plots(task: str, r: dict, dest: Path) -> None:
 
     metrics = [k for k in next(iter(r["evidence"].values())) if not k.startswith("vs_")]
     others = [m for m in r["evidence"] if "vs_grpo" in r["evidence"][m]]
-    fig, axes = plt.subplots(1, len(metrics), figsize=(3.2 * len(metrics), 0.45 * len(others) + 1.4), dpi=120,
-                             sharey=True)
+    fig, axes = plt.subplots(
+        1, len(metrics), figsize=(3.2 * len(metrics), 0.45 * len(others) + 1.4), dpi=120, sharey=True
+    )
     for ax, metric in zip(np.atleast_1d(axes), metrics):
         for i, m in enumerate(others):
             d = r["evidence"][m]["vs_grpo"][metric]
@@ -174,13 +218,17 @@ def plots(task: str, r: dict, dest: Path) -> None:
     plt.close(fig)
 
 
-def summarise(out: Path, dest: Path, tasks: list[str], methods: list[str], seeds: int, *,
-              steps: int | None = None) -> dict:
+def summarise(
+    out: Path, dest: Path, tasks: list[str], methods: list[str], seeds: int, *, steps: int | None = None
+) -> dict:
     cells = load_cells(out, tasks, methods, seeds, steps)
     if not cells:
-        raise ValueError(f"{out} holds no finished cell of these settings ({', '.join(tasks)}; "
-                         + (f"{steps} steps" if steps else "each task's own steps") + "); a trial run's cells are "
-                         "summarised with its --steps")
+        raise ValueError(
+            f"{out} holds no finished cell of these settings ({', '.join(tasks)}; "
+            + (f"{steps} steps" if steps else "each task's own steps")
+            + "); a trial run's cells are "
+            "summarised with its --steps"
+        )
     dest.mkdir(parents=True, exist_ok=True)
     gen = np.random.default_rng(0)
     results = {"methods": {m: METHODS[m] for m in methods}, "tasks": {}}

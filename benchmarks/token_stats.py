@@ -38,7 +38,9 @@ def _reset_peak() -> None:
         pass
 
 
-def worker(method: str, dtype_name: str, n: int, d: int, v: int, repeats: int, vocab_chunk: int, row_chunk: int) -> dict:
+def worker(
+    method: str, dtype_name: str, n: int, d: int, v: int, repeats: int, vocab_chunk: int, row_chunk: int
+) -> dict:
     import torch
 
     from entropy_rft.dynamics import token_stats_from_hidden
@@ -80,8 +82,13 @@ def worker(method: str, dtype_name: str, n: int, d: int, v: int, repeats: int, v
         fn()
         times.append(time.perf_counter() - t0)
     peak = _rss_kib("VmHWM")
-    return {"method": method, "dtype": dtype_name, "median_s": statistics.median(times),
-            "peak_mib": max(peak - base, 0) / 1024, "threads": torch.get_num_threads()}
+    return {
+        "method": method,
+        "dtype": dtype_name,
+        "median_s": statistics.median(times),
+        "peak_mib": max(peak - base, 0) / 1024,
+        "threads": torch.get_num_threads(),
+    }
 
 
 def main() -> None:
@@ -100,21 +107,37 @@ def main() -> None:
         m, dt, n, d, v, r, c, rc = args.worker
         print(json.dumps(worker(m, dt, int(n), int(d), int(v), int(r), int(c), int(rc))))
         return
-    print(f"N={args.tokens} D={args.hidden} V={args.vocab} repeats={args.repeats} "
-          f"tile={args.row_chunk} rows x {args.vocab_chunk} vocabulary entries")
+    print(
+        f"N={args.tokens} D={args.hidden} V={args.vocab} repeats={args.repeats} "
+        f"tile={args.row_chunk} rows x {args.vocab_chunk} vocabulary entries"
+    )
     print(f"{'dtype':6} {'method':6} {'median s':>9} {'peak MiB':>9}")
     for dt in args.dtypes.split(","):
         res = {}
         for m in args.methods.split(","):
-            cmd = [sys.executable, __file__, "--worker", m, dt, str(args.tokens), str(args.hidden), str(args.vocab),
-                   str(args.repeats), str(args.vocab_chunk), str(args.row_chunk)]
+            cmd = [
+                sys.executable,
+                __file__,
+                "--worker",
+                m,
+                dt,
+                str(args.tokens),
+                str(args.hidden),
+                str(args.vocab),
+                str(args.repeats),
+                str(args.vocab_chunk),
+                str(args.row_chunk),
+            ]
             out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1]
             res[m] = json.loads(out)
             print(f"{dt:6} {m:6} {res[m]['median_s']:9.3f} {res[m]['peak_mib']:9.1f}", flush=True)
         if "fused" in res and "logp" in res:
             ratio = res["fused"]["median_s"] / res["logp"]["median_s"]
-            print(f"{dt:6} fused / logp time = {ratio:.2f}x (target <= 1.3x); fused peak "
-                  f"{res['fused']['peak_mib']:.0f} MiB vs logp {res['logp']['peak_mib']:.0f} MiB", flush=True)
+            print(
+                f"{dt:6} fused / logp time = {ratio:.2f}x (target <= 1.3x); fused peak "
+                f"{res['fused']['peak_mib']:.0f} MiB vs logp {res['logp']['peak_mib']:.0f} MiB",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

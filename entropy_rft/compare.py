@@ -38,16 +38,26 @@ def keyed(cfg: TrainConfig, parent: Path, stem: str) -> TrainConfig:
     return dataclasses.replace(cfg, out=str(parent / f"{stem}-{settings_key(cfg)}"))
 
 
-def compare_cells(spec: dict, methods: list[str], seeds: int, out: Path, *, sets: dict | None = None,
-                  steps: int | None = None, progress: bool = True) -> dict[str, list[TrainConfig]]:
+def compare_cells(
+    spec: dict,
+    methods: list[str],
+    seeds: int,
+    out: Path,
+    *,
+    sets: dict | None = None,
+    steps: int | None = None,
+    progress: bool = True,
+) -> dict[str, list[TrainConfig]]:
     """{method: [TrainConfig of each seed]}, each with its keyed run directory."""
     from .demo import run_config
 
     cells = {}
     for method in methods:
         base = run_config(spec, method, sets=sets, method=method, steps=steps, progress=progress, out=str(out))
-        cells[method] = [keyed(dataclasses.replace(base, seed=base.seed + i), out / "runs" / method, f"seed{i}")
-                         for i in range(seeds)]
+        cells[method] = [
+            keyed(dataclasses.replace(base, seed=base.seed + i), out / "runs" / method, f"seed{i}")
+            for i in range(seeds)
+        ]
     return cells
 
 
@@ -62,9 +72,17 @@ def run_cells(cells: list[TrainConfig], log=print) -> None:
         train(cfg, resume="auto")
 
 
-def run_compare(methods: list[str], seeds: int, out: Path | str, *, steps: int | None = None,
-                config: Path | str | None = None, sets: dict | None = None, progress: bool = True,
-                log=print) -> dict:
+def run_compare(
+    methods: list[str],
+    seeds: int,
+    out: Path | str,
+    *,
+    steps: int | None = None,
+    config: Path | str | None = None,
+    sets: dict | None = None,
+    progress: bool = True,
+    log=print,
+) -> dict:
     from .demo import load_demo_config
     from .report import plot_curves
 
@@ -82,17 +100,41 @@ def run_compare(methods: list[str], seeds: int, out: Path | str, *, steps: int |
     return results
 
 
-def run_sweep(method: str, mus: list[float], out: Path | str, *, config: Path | str | None = None,
-              steps: int | None = None, max_frac: float | None = None, sets: dict | None = None,
-              progress: bool = True, log=print) -> list[Path]:
+def run_sweep(
+    method: str,
+    mus: list[float],
+    out: Path | str,
+    *,
+    config: Path | str | None = None,
+    steps: int | None = None,
+    max_frac: float | None = None,
+    sets: dict | None = None,
+    progress: bool = True,
+    log=print,
+) -> list[Path]:
     """One run of `method` per mu with the spec's common settings; returns the cells' run directories."""
     from .demo import load_demo_config, run_config
 
     out = Path(out)
     spec = load_demo_config(config)
-    cells = [keyed(run_config({"common": spec["common"]}, None, sets=sets, method=method, mu=mu, steps=steps,
-                              progress=progress, max_frac=max_frac if method == "clip_v" else None, out=str(out)),
-                   out / "runs", f"{method}_mu{mu:g}") for mu in mus]
+    cells = [
+        keyed(
+            run_config(
+                {"common": spec["common"]},
+                None,
+                sets=sets,
+                method=method,
+                mu=mu,
+                steps=steps,
+                progress=progress,
+                max_frac=max_frac if method == "clip_v" else None,
+                out=str(out),
+            ),
+            out / "runs",
+            f"{method}_mu{mu:g}",
+        )
+        for mu in mus
+    ]
     with RunLock(out):
         run_cells(cells, log=log)
     return [Path(c.out) for c in cells]
@@ -108,11 +150,14 @@ def shared_settings(cells: dict[str, list[TrainConfig]]) -> dict:
     every = [d for ds in flat.values() for d in ds]
     skip = {*BOOKKEEPING, "seed", "method"}
     shared = {k: v for k, v in every[0].items() if k not in skip and all(d[k] == v for d in every)}
-    return {"shared": {k: v for k, v in shared.items() if v != defaults.get(k)},
-            "per_method": {m: {k: v for k, v in ds[0].items() if k not in skip and k not in shared}
-                           for m, ds in flat.items()},
-            "seeds": sorted({d["seed"] for d in every}),
-            "cells": {m: [f"{Path(c.out).parent.name}/{Path(c.out).name}" for c in cfgs] for m, cfgs in cells.items()}}
+    return {
+        "shared": {k: v for k, v in shared.items() if v != defaults.get(k)},
+        "per_method": {
+            m: {k: v for k, v in ds[0].items() if k not in skip and k not in shared} for m, ds in flat.items()
+        },
+        "seeds": sorted({d["seed"] for d in every}),
+        "cells": {m: [f"{Path(c.out).parent.name}/{Path(c.out).name}" for c in cfgs] for m, cfgs in cells.items()},
+    }
 
 
 def summarise(cells: dict[str, list[TrainConfig]]) -> dict:
@@ -127,50 +172,71 @@ def summarise(cells: dict[str, list[TrainConfig]]) -> dict:
             first, last = evals[min(evals)], evals[max(evals)]
             k = last["k"]
             ent = [m["entropy"] for m in metrics]
-            tail = ent[-max(1, len(ent) // 10):]
-            rows.append({"correct": [round(r * last["k"]) for r in last["pass_rates"]],  # of k samples each
-                         "correct0": [round(r * first["k"]) for r in first["pass_rates"]],
-                         "avg": last["avg_at_k"], "pass": last["pass_at_k"], "avg0": first["avg_at_k"],
-                         "pass0": first["pass_at_k"], "H0": ent[0], "H": sum(tail) / len(tail), "curve": ent,
-                         "clip": sum(m["clip_frac"] for m in metrics) / len(metrics)})
+            tail = ent[-max(1, len(ent) // 10) :]
+            rows.append(
+                {
+                    "correct": [round(r * last["k"]) for r in last["pass_rates"]],  # of k samples each
+                    "correct0": [round(r * first["k"]) for r in first["pass_rates"]],
+                    "avg": last["avg_at_k"],
+                    "pass": last["pass_at_k"],
+                    "avg0": first["avg_at_k"],
+                    "pass0": first["pass_at_k"],
+                    "H0": ent[0],
+                    "H": sum(tail) / len(tail),
+                    "curve": ent,
+                    "clip": sum(m["clip_frac"] for m in metrics) / len(metrics),
+                }
+            )
         width = min(len(c["curve"]) for c in rows)
         table[method] = {
-            "avg_at_k": _mean_std([c["avg"] for c in rows]), "pass_at_k": _mean_std([c["pass"] for c in rows]),
+            "avg_at_k": _mean_std([c["avg"] for c in rows]),
+            "pass_at_k": _mean_std([c["pass"] for c in rows]),
             "avg_at_k_before": _mean_std([c["avg0"] for c in rows]),
             "pass_at_k_before": _mean_std([c["pass0"] for c in rows]),
-            "entropy_first": _mean_std([c["H0"] for c in rows]), "entropy_final": _mean_std([c["H"] for c in rows]),
+            "entropy_first": _mean_std([c["H0"] for c in rows]),
+            "entropy_final": _mean_std([c["H"] for c in rows]),
             "clip_fraction": _mean_std([c["clip"] for c in rows]),
             "entropy_curve": [sum(c["curve"][i] for c in rows) / len(rows) for i in range(width)],
-            "correct": [c["correct"] for c in rows], "correct0": [c["correct0"] for c in rows],
+            "correct": [c["correct"] for c in rows],
+            "correct0": [c["correct0"] for c in rows],
         }
     seeds = len(next(iter(cells.values())))
     # intervals over seeds and problems; the initial policy is the same for every method (its seed's evaluation)
     first_method = next(iter(table))
-    grids = {"initial policy": np.array(table[first_method]["correct0"]),
-             **{m: np.array(r["correct"]) for m, r in table.items()}}
+    grids = {
+        "initial policy": np.array(table[first_method]["correct0"]),
+        **{m: np.array(r["correct"]) for m, r in table.items()},
+    }
     evidence = evaluate_grid(grids, k, np.random.default_rng(0), ks=(k,), baseline="grpo")
     return {"k": k, "seeds": seeds, "methods": table, "settings": shared_settings(cells), "evidence": evidence}
 
 
 def results_table(results: dict) -> str:
     k = results["k"]
-    lines = [f"# Comparison on countdown ({results['seeds']} seeds, mean ± std)\n",
-             f"| Method | Avg@{k} | Pass@{k} | entropy start | entropy end (last 10% of steps) | mean clipped fraction |",
-             "|---|---|---|---|---|---|"]
+    lines = [
+        f"# Comparison on countdown ({results['seeds']} seeds, mean ± std)\n",
+        f"| Method | Avg@{k} | Pass@{k} | entropy start | entropy end (last 10% of steps) | mean clipped fraction |",
+        "|---|---|---|---|---|---|",
+    ]
     fmt = lambda ms, scale=100: f"{scale * ms[0]:.2f} ± {scale * ms[1]:.2f}"  # noqa: E731
     first = next(iter(results["methods"].values()))
     lines.append(f"| initial policy | {fmt(first['avg_at_k_before'])} | {fmt(first['pass_at_k_before'])} | | | |")
     for name, r in results["methods"].items():
-        lines.append(f"| {name} | {fmt(r['avg_at_k'])} | {fmt(r['pass_at_k'])} | {fmt(r['entropy_first'], 1)} | "
-                     f"{fmt(r['entropy_final'], 1)} | {r['clip_fraction'][0]:.4f} |")
+        lines.append(
+            f"| {name} | {fmt(r['avg_at_k'])} | {fmt(r['pass_at_k'])} | {fmt(r['entropy_first'], 1)} | "
+            f"{fmt(r['entropy_final'], 1)} | {r['clip_fraction'][0]:.4f} |"
+        )
     settings = results.get("settings")
     if settings:
         show = lambda d: ", ".join(f"{k}={v}" for k, v in d.items()) or "TrainConfig's defaults"  # noqa: E731
-        lines += ["", f"Settings of every cell (besides TrainConfig's defaults): {show(settings['shared'])}.",
-                  *[f"- {m}: {show(d)}" for m, d in settings["per_method"].items() if d],
-                  f"Seeds {', '.join(map(str, settings['seeds']))}. Each cell's full settings are its config.yaml: "
-                  + "; ".join(c for cs in settings["cells"].values() for c in cs) + "."]
+        lines += [
+            "",
+            f"Settings of every cell (besides TrainConfig's defaults): {show(settings['shared'])}.",
+            *[f"- {m}: {show(d)}" for m, d in settings["per_method"].items() if d],
+            f"Seeds {', '.join(map(str, settings['seeds']))}. Each cell's full settings are its config.yaml: "
+            + "; ".join(c for cs in settings["cells"].values() for c in cs)
+            + ".",
+        ]
     if "evidence" in results:
         lines += ["", "## 95% intervals over seeds and evaluation problems", "", markdown_table(results["evidence"])]
     return "\n".join(lines) + "\n"
-

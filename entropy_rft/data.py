@@ -24,9 +24,9 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable
 
 from .registry import Registry
 from .tasks.math import MathProblem, strip_template
@@ -86,8 +86,13 @@ def read_rows(path: Path) -> list[dict]:
     if path.is_file():
         return _read_file(path)
     if path.is_dir():
-        files = sorted(p for p in path.rglob("*") if p.suffix in DATA_SUFFIXES and p.is_file()
-                       and not any(part.startswith(".") for part in p.relative_to(path).parts))
+        files = sorted(
+            p
+            for p in path.rglob("*")
+            if p.suffix in DATA_SUFFIXES
+            and p.is_file()
+            and not any(part.startswith(".") for part in p.relative_to(path).parts)
+        )
         if not files:
             raise FileNotFoundError(f"{path} holds no .parquet, .jsonl or .json data files")
         return [row for f in files for row in _read_file(f)]
@@ -126,22 +131,34 @@ def detect_schema(row: dict) -> str:
         return "dapo_openr1"
     if "answer" in row and ("problem" in row or "question" in row):
         return "problem"
-    raise ValueError(f"unknown math dataset schema with columns {sorted(row)}; expected DAPO-Math-17k (prompt, "
-                     "reward_model), open-r1's processed DAPO (prompt, solution), AIME/AMC (problem, answer) or "
-                     "this project's JSONL (question, answer)")
+    raise ValueError(
+        f"unknown math dataset schema with columns {sorted(row)}; expected DAPO-Math-17k (prompt, "
+        "reward_model), open-r1's processed DAPO (prompt, solution), AIME/AMC (problem, answer) or "
+        "this project's JSONL (question, answer)"
+    )
 
 
 def row_to_problem(row: dict, schema: str, source: str) -> MathProblem:
     if schema == "entropy_rft":
-        return MathProblem.from_json({**row, "answer": _answer_text(row["answer"]), "source": row.get("source") or source})
+        return MathProblem.from_json(
+            {**row, "answer": _answer_text(row["answer"]), "source": row.get("source") or source}
+        )
     if schema == "dapo":
         extra = row.get("extra_info") or {}
-        return MathProblem(strip_template(_question_text(_user_text(row["prompt"]))), _answer_text(row["reward_model"]["ground_truth"]),
-                           str(extra.get("index", "")), source)
+        return MathProblem(
+            strip_template(_question_text(_user_text(row["prompt"]))),
+            _answer_text(row["reward_model"]["ground_truth"]),
+            str(extra.get("index", "")),
+            source,
+        )
     if schema == "dapo_openr1":
         extra = row.get("extra_info") or {}
-        return MathProblem(strip_template(_question_text(row["prompt"])), _answer_text(row["solution"]), str(extra.get("index", "")),
-                           source)
+        return MathProblem(
+            strip_template(_question_text(row["prompt"])),
+            _answer_text(row["solution"]),
+            str(extra.get("index", "")),
+            source,
+        )
     question = row["problem"] if "problem" in row else row["question"]
     ident = next((row[k] for k in ("id", "ID", "problem_idx") if k in row), "")
     return MathProblem(_question_text(question).strip(), _answer_text(row["answer"]), str(ident), source)
@@ -155,8 +172,10 @@ def to_problems(rows: Iterable[dict], source: str) -> list[MathProblem]:
         raise ValueError(f"{source}: the dataset is empty")
     for n, row in enumerate(rows, 1):
         if not isinstance(row, dict):
-            raise ValueError(f"{source}: row {n} is {row!r}, not an object of named fields; each row of a math "
-                             "dataset holds a problem and its answer (schemas: entropy_rft.data)")
+            raise ValueError(
+                f"{source}: row {n} is {row!r}, not an object of named fields; each row of a math "
+                "dataset holds a problem and its answer (schemas: entropy_rft.data)"
+            )
     schema = detect_schema(rows[0])
     seen: set[str] = set()
     out = []
@@ -164,9 +183,11 @@ def to_problems(rows: Iterable[dict], source: str) -> list[MathProblem]:
         try:
             problem = row_to_problem(row, schema, source)
         except (KeyError, TypeError, AttributeError, ValueError) as err:
-            raise ValueError(f"{source}: row {n} does not fit the {schema!r} schema of the first row "
-                             f"({type(err).__name__}: {err}); row keys: {sorted(row)}. Fix or drop the row "
-                             "(schemas: entropy_rft.data)") from None
+            raise ValueError(
+                f"{source}: row {n} does not fit the {schema!r} schema of the first row "
+                f"({type(err).__name__}: {err}); row keys: {sorted(row)}. Fix or drop the row "
+                "(schemas: entropy_rft.data)"
+            ) from None
         if problem.identity not in seen:
             seen.add(problem.identity)
             out.append(problem)
@@ -177,13 +198,15 @@ def to_problems(rows: Iterable[dict], source: str) -> list[MathProblem]:
 # Named datasets, local copies, the hub
 
 
-def dapo_split(problems: list[MathProblem], *, size: int = DAPO500_SIZE, seed: int = DAPO500_SEED
-               ) -> tuple[list[MathProblem], list[MathProblem]]:
+def dapo_split(
+    problems: list[MathProblem], *, size: int = DAPO500_SIZE, seed: int = DAPO500_SEED
+) -> tuple[list[MathProblem], list[MathProblem]]:
     """(held-out, train): the `size` problems with the smallest sha256(f"{seed}:{question}") are held out."""
     if len(problems) <= size:
         raise ValueError(f"a held-out split of {size} needs more than {size} problems, got {len(problems)}")
-    rank = sorted(range(len(problems)),
-                  key=lambda i: hashlib.sha256(f"{seed}:{problems[i].question}".encode()).hexdigest())
+    rank = sorted(
+        range(len(problems)), key=lambda i: hashlib.sha256(f"{seed}:{problems[i].question}".encode()).hexdigest()
+    )
     held = set(rank[:size])
     return ([problems[i] for i in sorted(held)], [p for i, p in enumerate(problems) if i not in held])
 
@@ -197,8 +220,10 @@ def _download(hub_id: str) -> Path:
     try:
         return Path(snapshot_download(hub_id, repo_type="dataset", allow_patterns=[f"*{x}" for x in DATA_SUFFIXES]))
     except Exception as err:  # noqa: BLE001 - offline, missing repo, auth: all mean "no local copy could be made"
-        raise FileNotFoundError(f"dataset {hub_id!r} is not available locally and could not be downloaded ({err}); "
-                                f"download it where you are online and pass its path, e.g. --data NAME=/data/copy") from err
+        raise FileNotFoundError(
+            f"dataset {hub_id!r} is not available locally and could not be downloaded ({err}); "
+            f"download it where you are online and pass its path, e.g. --data NAME=/data/copy"
+        ) from err
 
 
 def _local_copy(data_dir: str | Path | None, name: str) -> Path | None:
@@ -210,8 +235,9 @@ def _local_copy(data_dir: str | Path | None, name: str) -> Path | None:
     return None
 
 
-def load_math(spec: str, *, data_dir: str | Path | None = None, dapo500_size: int = DAPO500_SIZE,
-              dapo500_seed: int = DAPO500_SEED) -> tuple[str, list[MathProblem]]:
+def load_math(
+    spec: str, *, data_dir: str | Path | None = None, dapo500_size: int = DAPO500_SIZE, dapo500_seed: int = DAPO500_SEED
+) -> tuple[str, list[MathProblem]]:
     """(name, problems) for a dataset spec (module docstring):
     `name=path`  the file or directory at path, used as it is (a dapo500 file is not split again);
     `path`       likewise, named after the file;
@@ -252,8 +278,13 @@ def synthetic_problems(n: int, *, seed: int = 0) -> list[MathProblem]:
     out, seen = [], set()
     while len(out) < n:
         a, b, c = rng.randint(2, 99), rng.randint(2, 99), rng.randint(2, 9)
-        question, answer = rng.choice([(f"What is ${a} + {b}$?", a + b), (f"What is ${a} \\cdot {c}$?", a * c),
-                                       (f"What is ${a} + {b} \\cdot {c}$?", a + b * c)])
+        question, answer = rng.choice(
+            [
+                (f"What is ${a} + {b}$?", a + b),
+                (f"What is ${a} \\cdot {c}$?", a * c),
+                (f"What is ${a} + {b} \\cdot {c}$?", a + b * c),
+            ]
+        )
         if question not in seen:
             seen.add(question)
             out.append(MathProblem(question, str(answer), f"synthetic-{len(out)}", "synthetic"))

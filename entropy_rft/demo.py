@@ -37,9 +37,17 @@ def run_config(spec: dict, entry: str | None = None, *, sets: dict | None = None
     return resolve_config(spec.get("common", {}), entry_settings, sets or {}, given)
 
 
-def run_demo(out: Path | str, *, config: Path | str | None = None, steps: int | None = None,
-             methods: list[str] | None = None, sets: dict | None = None, progress: bool = True, resume: bool = False,
-             overwrite: bool = False) -> dict:
+def run_demo(
+    out: Path | str,
+    *,
+    config: Path | str | None = None,
+    steps: int | None = None,
+    methods: list[str] | None = None,
+    sets: dict | None = None,
+    progress: bool = True,
+    resume: bool = False,
+    overwrite: bool = False,
+) -> dict:
     """Train each of the demo's methods into OUT/runs/<entry> and write summary.json, report.md and plots. A
     directory holding an earlier demo is refused unless resume (each method continues, or is kept when finished
     with the same settings) or overwrite (each method's run is replaced)."""
@@ -50,14 +58,19 @@ def run_demo(out: Path | str, *, config: Path | str | None = None, steps: int | 
         unknown = [n for n in chosen if n not in spec["methods"]]
         if unknown:
             raise KeyError(f"demo method {unknown[0]!r} is not in the demo config; known: {', '.join(spec['methods'])}")
-    configs = {name: run_config(spec, name, sets=sets, out=str(out / "runs" / name), progress=progress, steps=steps)
-               for name in chosen}  # every config is checked before any training
+    configs = {
+        name: run_config(spec, name, sets=sets, out=str(out / "runs" / name), progress=progress, steps=steps)
+        for name in chosen
+    }  # every config is checked before any training
     with RunLock(out):
-        earlier = [p for p in [out / "summary.json", *(out / "runs" / n for n in chosen)] if
-                   (p.is_file() or record_entries(p))]
+        earlier = [
+            p for p in [out / "summary.json", *(out / "runs" / n for n in chosen)] if (p.is_file() or record_entries(p))
+        ]
         if earlier and not (resume or overwrite):
-            raise RunDirError(f"{out} holds an earlier demo ({', '.join(str(p.relative_to(out)) for p in earlier)}); "
-                              "continue it with --resume, replace it with --overwrite, or choose a new --out/--name")
+            raise RunDirError(
+                f"{out} holds an earlier demo ({', '.join(str(p.relative_to(out)) for p in earlier)}); "
+                "continue it with --resume, replace it with --overwrite, or choose a new --out/--name"
+            )
         return _run_demo(out, configs, resume=resume, overwrite=overwrite)
 
 
@@ -72,17 +85,27 @@ def _run_demo(out: Path, configs: dict, *, resume: bool, overwrite: bool) -> dic
             "entropy": [m["entropy"] for m in history],
             "clip_fraction": [m["clip_frac"] for m in history],
             "reward": [m["reward_mean"] for m in history],
-            "avg_at_k_before": first["avg_at_k"], "avg_at_k_after": last["avg_at_k"],
-            "pass_at_k_before": first["pass_at_k"], "pass_at_k_after": last["pass_at_k"],
+            "avg_at_k_before": first["avg_at_k"],
+            "avg_at_k_after": last["avg_at_k"],
+            "pass_at_k_before": first["pass_at_k"],
+            "pass_at_k_after": last["pass_at_k"],
             "run_dir": cfg.out,
         }
         k = cfg.eval_k
     summary = {"k": k, "wall_seconds": time.time() - t0, "methods": results}
     (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
-    plot_curves({n: r["entropy"] for n, r in results.items()}, out / "entropy.png",
-                ylabel="token entropy (all valid response tokens)", title="Entropy during RL on countdown")
-    plot_curves({n: r["clip_fraction"] for n, r in results.items()}, out / "clip_fraction.png",
-                ylabel="clipped fraction of tokens", title="Tokens removed by the method's filter")
+    plot_curves(
+        {n: r["entropy"] for n, r in results.items()},
+        out / "entropy.png",
+        ylabel="token entropy (all valid response tokens)",
+        title="Entropy during RL on countdown",
+    )
+    plot_curves(
+        {n: r["clip_fraction"] for n, r in results.items()},
+        out / "clip_fraction.png",
+        ylabel="clipped fraction of tokens",
+        title="Tokens removed by the method's filter",
+    )
     plot_curves({n: r["reward"] for n, r in results.items()}, out / "reward.png", ylabel="mean reward")
     first = next(iter(results.values()))
     rows = [(n, r["avg_at_k_after"], r["pass_at_k_after"]) for n, r in results.items()]
@@ -90,14 +113,22 @@ def _run_demo(out: Path, configs: dict, *, resume: bool, overwrite: bool) -> dic
         "# entropy-rft demo: countdown, shipped tiny policy\n",
         table1(rows, k=k, initial=(first["avg_at_k_before"], first["pass_at_k_before"])),
         "\n| Method | entropy first step | entropy last step | mean clipped fraction |\n|---|---|---|---|",
-        *[f"| {n} | {r['entropy'][0]:.4f} | {r['entropy'][-1]:.4f} | {sum(r['clip_fraction']) / len(r['clip_fraction']):.5f} |"
-          for n, r in results.items()],
+        *[
+            f"| {n} | {r['entropy'][0]:.4f} | {r['entropy'][-1]:.4f} "
+            f"| {sum(r['clip_fraction']) / len(r['clip_fraction']):.5f} |"
+            for n, r in results.items()
+        ],
         f"\nWall time: {summary['wall_seconds']:.0f} s. Plots: entropy.png, clip_fraction.png, reward.png. "
         "Per-step metrics: runs/<method>/metrics.jsonl.\n",
     ]
-    inspector = build_page([r["run_dir"] for r in results.values()], out / "inspect.html",
-                           title="entropy-rft demo: countdown, the same seed under each method")
-    report.append(f"Token view: {inspector.name} (each sampled step's tokens coloured by H, S*, S_c or their term of the "
-                  "entropy change, the tokens each method clipped marked; `entropy-rft inspect`).\n")
+    inspector = build_page(
+        [r["run_dir"] for r in results.values()],
+        out / "inspect.html",
+        title="entropy-rft demo: countdown, the same seed under each method",
+    )
+    report.append(
+        f"Token view: {inspector.name} (each sampled step's tokens coloured by H, S*, S_c or their term of the "
+        "entropy change, the tokens each method clipped marked; `entropy-rft inspect`).\n"
+    )
     (out / "report.md").write_text("\n".join(report))
     return summary

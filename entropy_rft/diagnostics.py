@@ -22,6 +22,8 @@ from .samples import entropy_terms
 
 # the filters whose effect the monitor reports, each at its default options (the authors' mu)
 WOULD_CLIP = ("clip_b", "clip_v")
+
+
 def would_clip_label(name: str) -> str:
     """How the inspect page names a WOULD_CLIP filter's mark: 'Clip_B (mu 2.5) would drop it'."""
     options = ", ".join(f"{k} {v}" for k, v in METHODS.get(name).options.items() if v is not None)
@@ -40,8 +42,14 @@ def loss_step_sizes(mask, loss_mask, cfg) -> float | torch.Tensor:
     denominator="all") and sequence count. Every policy loss's factor on d log p is 1 at ratio 1."""
     denom = mask if cfg.denominator == "all" else loss_mask
     agg = POLICY_LOSSES.get(cfg.policy_loss).aggregation(cfg)
-    return step_sizes(loss_mask, agg, lr=cfg.lr, num_tokens=max(float(denom.sum()), 1.0),
-                      num_seqs=max(float((denom.sum(-1) > 0).sum()), 1.0), norm=cfg.max_new_tokens)
+    return step_sizes(
+        loss_mask,
+        agg,
+        lr=cfg.lr,
+        num_tokens=max(float(denom.sum()), 1.0),
+        num_seqs=max(float((denom.sum(-1) > 0).sum()), 1.0),
+        norm=cfg.max_new_tokens,
+    )
 
 
 def step_metrics(step, rewards, correct, adv, stats: TokenStats, mask, keep, rollout, cfg, optimizer) -> dict:
@@ -64,8 +72,11 @@ def step_metrics(step, rewards, correct, adv, stats: TokenStats, mask, keep, rol
         "cov_a_sc": float(cov),  # Figure 5 plots -Cov_B(A, S_c)
         # Corollary 4 in logit space, each token stepped by the loss's own lr w_t (losses.step_sizes; lr / |T_B| for
         # the token-mean loss: dynamics, departure 3)
-        "entropy_change/predicted": float(corollary4_entropy_change(adv, stats.s_centered, loss_mask, lr=cfg.lr,
-                                                                    step=loss_step_sizes(mask, loss_mask, cfg))),
+        "entropy_change/predicted": float(
+            corollary4_entropy_change(
+                adv, stats.s_centered, loss_mask, lr=cfg.lr, step=loss_step_sizes(mask, loss_mask, cfg)
+            )
+        ),
         "response_length": float(mask.sum(-1).float().mean()),
         "truncation_rate": float((~rollout.finished).float().mean()),
         "frac_zero_advantage": float((adv == 0).float().mean()),  # responses (or tokens) with A = 0
@@ -73,7 +84,9 @@ def step_metrics(step, rewards, correct, adv, stats: TokenStats, mask, keep, rol
     }
 
 
-def after_update_metrics(model, rollout, stats: TokenStats, probe: EntropyProbe | None, cfg, rows_per_pass: int) -> dict:
+def after_update_metrics(
+    model, rollout, stats: TokenStats, probe: EntropyProbe | None, cfg, rows_per_pass: int
+) -> dict:
     """The sampler's log-probs (HF or vLLM) against the trained policy's on the same tokens; on probe steps, the
     first-order and the realised change of the batch's mean entropy (the `after` pass is built as the statistics
     pass was, so the difference is the update's alone)."""
@@ -83,15 +96,17 @@ def after_update_metrics(model, rollout, stats: TokenStats, probe: EntropyProbe 
         out["rollout/sampler_logp_gap"] = gap.mean().item()
         out["rollout/sampler_logp_gap_max"] = gap.max().item()
     if probe is not None:  # over every valid response token of the batch, before and after the update
-        after = batch_forward(model, rollout, cfg.temperature, rows_per_pass, precision=cfg.precision,
-                              from_hidden=cfg.stats_from_hidden)[0]
+        after = batch_forward(
+            model, rollout, cfg.temperature, rows_per_pass, precision=cfg.precision, from_hidden=cfg.stats_from_hidden
+        )[0]
         out["entropy_change/first_order"] = probe.first_order()
         out["entropy_change/realised"] = masked_mean(after.entropy, mask) - masked_mean(stats.entropy, mask)
     return out
 
 
-def watch_metrics(stats: TokenStats, advantages: Tensor, mask: Tensor, loss_mask: Tensor,
-                  step: float | Tensor | None) -> dict[str, float | None]:
+def watch_metrics(
+    stats: TokenStats, advantages: Tensor, mask: Tensor, loss_mask: Tensor, step: float | Tensor | None
+) -> dict[str, float | None]:
     """The monitor's metrics of one batch (every tensor the whole batch, gathered from every process):
 
     - entropy (over every valid response token, `mask`), s_star_mean and s_centered_mean (Figure 3, Corollary 2)
@@ -116,7 +131,9 @@ def watch_metrics(stats: TokenStats, advantages: Tensor, mask: Tensor, loss_mask
     terms = None
     if step is not None:
         # lr is unused where step is given: step already carries it (lr w_t)
-        out["entropy_change/predicted"] = float(corollary4_entropy_change(adv, stats.s_centered, used, lr=0.0, step=step))
+        out["entropy_change/predicted"] = float(
+            corollary4_entropy_change(adv, stats.s_centered, used, lr=0.0, step=step)
+        )
         terms = entropy_terms(adv, stats.s_centered, used, step)[0]  # eq. 23's term of each token, as the samples'
     n = used.sum().clamp_min(1)
     for name in WOULD_CLIP:

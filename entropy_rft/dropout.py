@@ -61,13 +61,16 @@ def _probe_batch(model: torch.nn.Module, rows: int = 2, length: int = 8) -> torc
 def _outputs(model, ids: torch.Tensor, record: dict | None = None) -> torch.Tensor:
     hooks = []
     if record is not None:
+
         def keep(name):
             def hook(module, args, kwargs, out):
                 first = out[0] if isinstance(out, (tuple, list)) else out
                 given = next((a for a in (*args, *kwargs.values()) if torch.is_tensor(a)), None)
                 if torch.is_tensor(first):
                     record.setdefault(name, []).append((None if given is None else given.clone(), first.clone()))
+
             return hook
+
         hooks = [m.register_forward_hook(keep(n), with_kwargs=True) for n, m in model.named_modules() if n]
     try:
         out = model(input_ids=ids, use_cache=False)
@@ -103,11 +106,22 @@ def check_deterministic(model: torch.nn.Module) -> None:
             _outputs(model, ids, second)
     finally:
         model.train(was_training)
-    culprit = next((name for name in first for (xa, ya), (xb, yb) in zip(first[name], second.get(name, []))
-                    if (xa is None or xb is None or _agree(xa.float(), xb.float())) and not _agree(ya.float(), yb.float())),
-                   None)
-    where = (f"module {culprit!r} ({type(model.get_submodule(culprit)).__name__}) gives different outputs for the same "
-             "input" if culprit else "no single module could be named (the randomness is outside module outputs)")
-    raise RuntimeError(f"the model is not deterministic in training mode after disable_dropout: {where}. Switch that "
-                       "randomness off in the model's config (a dropout probability or router noise set to 0), or set "
-                       "disable_dropout: false to train with it (strict on-policy steps are then not exactly on-policy)")
+    culprit = next(
+        (
+            name
+            for name in first
+            for (xa, ya), (xb, yb) in zip(first[name], second.get(name, []))
+            if (xa is None or xb is None or _agree(xa.float(), xb.float())) and not _agree(ya.float(), yb.float())
+        ),
+        None,
+    )
+    where = (
+        f"module {culprit!r} ({type(model.get_submodule(culprit)).__name__}) gives different outputs for the same input"
+        if culprit
+        else "no single module could be named (the randomness is outside module outputs)"
+    )
+    raise RuntimeError(
+        f"the model is not deterministic in training mode after disable_dropout: {where}. Switch that "
+        "randomness off in the model's config (a dropout probability or router noise set to 0), or set "
+        "disable_dropout: false to train with it (strict on-policy steps are then not exactly on-policy)"
+    )

@@ -42,8 +42,8 @@ import torch
 from torch import Tensor
 
 from . import kernels
-from .kernels import accumulator_stats
 from .advantages import broadcast_advantages
+from .kernels import accumulator_stats
 
 __all__ = [
     "TokenStats",
@@ -78,15 +78,15 @@ class TokenStats:
     def s_centered(self) -> Tensor:
         return self.s_star - self.s_expect
 
-    def detach(self) -> "TokenStats":
+    def detach(self) -> TokenStats:
         return TokenStats(self.logp.detach(), self.entropy.detach(), self.s_star, self.s_expect)
 
-    def map(self, fn) -> "TokenStats":
+    def map(self, fn) -> TokenStats:
         """fn applied to each of the four statistics."""
         return TokenStats(*(fn(getattr(self, f.name)) for f in fields(self)))
 
     @staticmethod
-    def join(parts: list["TokenStats"], fn) -> "TokenStats":
+    def join(parts: list[TokenStats], fn) -> TokenStats:
         """fn applied to the list of each statistic over the parts (e.g. torch.cat)."""
         return TokenStats(*(fn([getattr(s, f.name) for s in parts]) for f in fields(TokenStats)))
 
@@ -125,7 +125,9 @@ def _stats_of_rows(z: Tensor, tokens: Tensor) -> tuple[Tensor, Tensor, Tensor, T
     return logp, entropy, s_star, s_expect
 
 
-def token_stats(logits: Tensor, tokens: Tensor, *, temperature: float = 1.0, chunk_rows: int | None = None) -> TokenStats:
+def token_stats(
+    logits: Tensor, tokens: Tensor, *, temperature: float = 1.0, chunk_rows: int | None = None
+) -> TokenStats:
     """log p, H, S*, E_p[S] of each position from logits [..., V] and sampled tokens [...].
 
     Computed in float32 whatever the logits' dtype, one chunk of rows at a time (chunk_rows rows of [V]
@@ -288,13 +290,21 @@ def token_stats_from_hidden(
         if not kernels.available(flat_h):
             raise ValueError("use_triton=True needs Triton and a CUDA tensor (or TRITON_INTERPRET=1 on CPU).")
         outs = kernels.TritonTokenStats.apply(
-            flat_h, lm_head_weight, flat_t, float(temperature),
-            vocab_chunk or kernels.GPU_VOCAB_CHUNK, row_chunk or kernels.GPU_ROW_CHUNK,
+            flat_h,
+            lm_head_weight,
+            flat_t,
+            float(temperature),
+            vocab_chunk or kernels.GPU_VOCAB_CHUNK,
+            row_chunk or kernels.GPU_ROW_CHUNK,
         )
     else:
         outs = _StreamingTokenStats.apply(
-            flat_h, lm_head_weight, flat_t, float(temperature),
-            vocab_chunk or TORCH_VOCAB_CHUNK, row_chunk or TORCH_ROW_CHUNK,
+            flat_h,
+            lm_head_weight,
+            flat_t,
+            float(temperature),
+            vocab_chunk or TORCH_VOCAB_CHUNK,
+            row_chunk or TORCH_ROW_CHUNK,
         )
     return TokenStats(*(o.reshape(tokens.shape) for o in outs))
 
@@ -329,14 +339,22 @@ def step_size(lr: float, num_tokens: Tensor | float | None) -> Tensor | float:
     if num_tokens is None:
         return lr
     if not isinstance(num_tokens, Tensor) and not num_tokens > 0:
-        raise ValueError(f"num_tokens is |T_B|, the count of the loss's tokens: it must be > 0, got {num_tokens} (a "
-                         "batch with no loss token moves nothing; pass None for the per-token step lr)")
+        raise ValueError(
+            f"num_tokens is |T_B|, the count of the loss's tokens: it must be > 0, got {num_tokens} (a "
+            "batch with no loss token moves nothing; pass None for the per-token step lr)"
+        )
     return lr / num_tokens
 
 
 def corollary4_entropy_change(
-    advantages: Tensor, s_centered: Tensor, mask: Tensor, *, lr: float, ratio: Tensor | None = None,
-    num_tokens: Tensor | float | None = None, step: Tensor | float | None = None,
+    advantages: Tensor,
+    s_centered: Tensor,
+    mask: Tensor,
+    *,
+    lr: float,
+    ratio: Tensor | None = None,
+    num_tokens: Tensor | float | None = None,
+    step: Tensor | float | None = None,
 ) -> Tensor:
     """Corollary 4, eq. 14 (on-policy) and Corollary 4.1, eq. 28 (with importance ratios r):
     the mean entropy change over the masked tokens of one logit-space step, -lr / |T_B| * Cov_B(A, r * S_c).
@@ -361,8 +379,14 @@ def corollary4_entropy_change(
 
 
 def batch_mean_entropy_change(
-    advantages: Tensor, s_centered: Tensor, mask: Tensor, *, lr: float, ratio: Tensor | None = None,
-    num_tokens: Tensor | float | None = None, step: Tensor | float | None = None,
+    advantages: Tensor,
+    s_centered: Tensor,
+    mask: Tensor,
+    *,
+    lr: float,
+    ratio: Tensor | None = None,
+    num_tokens: Tensor | float | None = None,
+    step: Tensor | float | None = None,
 ) -> Tensor:
     """Theorem 2 averaged over the batch, eq. 23: -lr / |T_B| * E_B[A r S_c] (num_tokens = |T_B| as in
     corollary4_entropy_change; `step` a per-token lr w_t as there). Corollary 4 drops from this the term

@@ -10,10 +10,18 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-
-
-__all__ = ["pass_at_k", "avg_at_k", "EvalResult", "sample_and_score", "sample_correctness", "evaluate_policy",
-           "pass_rate_histogram", "filter_by_pass_rate", "evaluate_datasets", "results_markdown"]
+__all__ = [
+    "pass_at_k",
+    "avg_at_k",
+    "EvalResult",
+    "sample_and_score",
+    "sample_correctness",
+    "evaluate_policy",
+    "pass_rate_histogram",
+    "filter_by_pass_rate",
+    "evaluate_datasets",
+    "results_markdown",
+]
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -39,35 +47,60 @@ class EvalResult:
     mean_reward: float
 
     def to_json(self) -> dict:
-        return {"k": self.k, "avg_at_k": self.avg_at_k, "pass_at_k": self.pass_at_k,
-                "pass_rates": self.pass_rates, "mean_reward": self.mean_reward}
+        return {
+            "k": self.k,
+            "avg_at_k": self.avg_at_k,
+            "pass_at_k": self.pass_at_k,
+            "pass_rates": self.pass_rates,
+            "mean_reward": self.mean_reward,
+        }
 
 
-def sample_and_score(engine, task, problems, *, n: int, temperature: float, top_p: float = 1.0,
-                     max_new_tokens: int, seed: int):
+def sample_and_score(
+    engine, task, problems, *, n: int, temperature: float, top_p: float = 1.0, max_new_tokens: int, seed: int
+):
     """(rollout, correct, rewards): n sampled responses per problem, correctness and rewards grouped by problem."""
-    rollout = engine.generate([task.prompt(p) for p in problems], n=n, temperature=temperature, top_p=top_p,
-                              max_new_tokens=max_new_tokens, seed=seed)
+    rollout = engine.generate(
+        [task.prompt(p) for p in problems],
+        n=n,
+        temperature=temperature,
+        top_p=top_p,
+        max_new_tokens=max_new_tokens,
+        seed=seed,
+    )
     scored = task.score_batch(rollout.texts, rollout.finished.tolist(), [p for p in problems for _ in range(n)])
-    correct = [[c for _, c in scored[i * n:(i + 1) * n]] for i in range(len(problems))]
-    rewards = [[r for r, _ in scored[i * n:(i + 1) * n]] for i in range(len(problems))]
+    correct = [[c for _, c in scored[i * n : (i + 1) * n]] for i in range(len(problems))]
+    rewards = [[r for r, _ in scored[i * n : (i + 1) * n]] for i in range(len(problems))]
     return rollout, correct, rewards
 
 
-def sample_correctness(engine, task, problems, *, n: int, temperature: float, top_p: float = 1.0,
-                       max_new_tokens: int, seed: int) -> tuple[list[list[bool]], list[list[float]]]:
+def sample_correctness(
+    engine, task, problems, *, n: int, temperature: float, top_p: float = 1.0, max_new_tokens: int, seed: int
+) -> tuple[list[list[bool]], list[list[float]]]:
     """n sampled responses per problem: their correctness and rewards, grouped by problem."""
-    _, correct, rewards = sample_and_score(engine, task, problems, n=n, temperature=temperature, top_p=top_p,
-                                           max_new_tokens=max_new_tokens, seed=seed)
+    _, correct, rewards = sample_and_score(
+        engine, task, problems, n=n, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens, seed=seed
+    )
     return correct, rewards
 
 
-def evaluate_policy(engine, task, problems, *, k: int, n: int | None = None, temperature: float = 0.7,
-                    top_p: float = 1.0, max_new_tokens: int, seed: int = 0) -> EvalResult:
+def evaluate_policy(
+    engine,
+    task,
+    problems,
+    *,
+    k: int,
+    n: int | None = None,
+    temperature: float = 0.7,
+    top_p: float = 1.0,
+    max_new_tokens: int,
+    seed: int = 0,
+) -> EvalResult:
     """Avg@K and Pass@K over problems with n >= k samples each (n defaults to k)."""
     n = n or k
-    correct, rewards = sample_correctness(engine, task, problems, n=n, temperature=temperature, top_p=top_p,
-                                          max_new_tokens=max_new_tokens, seed=seed)
+    correct, rewards = sample_correctness(
+        engine, task, problems, n=n, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens, seed=seed
+    )
     return eval_result(correct, rewards, k=k)
 
 
@@ -95,29 +128,48 @@ def filter_by_pass_rate(problems, pass_rates, *, low: float = 1 / 16, high: floa
     return [(p, r) for p, r in zip(problems, pass_rates) if low < r < high]
 
 
-
 # ---------------------------------------------------------------------------------------------------------------
 # Several datasets at once: the paper's Table 1 columns (AIME24, AIME25 at K=32; DAPO500 at K=8) and Figure 4.
 
 
-def evaluate_datasets(engine, task, datasets: dict[str, tuple[list, int]], *, n: int | None = None,
-                      temperature: float = 0.7, top_p: float = 1.0, max_new_tokens: int, seed: int = 0,
-                      samples: dict | None = None) -> dict[str, dict]:
+def evaluate_datasets(
+    engine,
+    task,
+    datasets: dict[str, tuple[list, int]],
+    *,
+    n: int | None = None,
+    temperature: float = 0.7,
+    top_p: float = 1.0,
+    max_new_tokens: int,
+    seed: int = 0,
+    samples: dict | None = None,
+) -> dict[str, dict]:
     """{name: EvalResult json + n_problems} for each {name: (problems, k)}; n samples per problem (default k).
     When `samples` is a dict, each dataset's responses, rewards and correctness are stored in it by name."""
     results = {}
     for name, (problems, k) in datasets.items():
         m = max(n or k, k)
-        rollout, correct, grouped = sample_and_score(engine, task, problems, n=m, temperature=temperature,
-                                                     top_p=top_p, max_new_tokens=max_new_tokens, seed=seed)
+        rollout, correct, grouped = sample_and_score(
+            engine, task, problems, n=m, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens, seed=seed
+        )
         res = eval_result(correct, grouped, k=k)
-        results[name] = {**res.to_json(), "n": m, "n_problems": len(problems),
-                         "response_length": float(rollout.lengths.float().mean()),
-                         "truncation_rate": float((~rollout.finished).float().mean())}
+        results[name] = {
+            **res.to_json(),
+            "n": m,
+            "n_problems": len(problems),
+            "response_length": float(rollout.lengths.float().mean()),
+            "truncation_rate": float((~rollout.finished).float().mean()),
+        }
         if samples is not None:
-            samples[name] = [{**p.to_json(), "responses": rollout.texts[i * m:(i + 1) * m],
-                              "rewards": grouped[i], "correct": correct[i]}
-                             for i, p in enumerate(problems)]
+            samples[name] = [
+                {
+                    **p.to_json(),
+                    "responses": rollout.texts[i * m : (i + 1) * m],
+                    "rewards": grouped[i],
+                    "correct": correct[i],
+                }
+                for i, p in enumerate(problems)
+            ]
     return results
 
 
@@ -126,15 +178,33 @@ def results_markdown(results: dict[str, dict], *, title: str = "Evaluation") -> 
     names = list(results)
     head = "| | " + " | ".join(f"{n} Avg@{results[n]['k']} | {n} Pass@{results[n]['k']}" for n in names) + " |"
     rule = "|---|" + "---|---|" * len(names)
-    row = "| policy | " + " | ".join(f"{100 * results[n]['avg_at_k']:.2f} | {100 * results[n]['pass_at_k']:.2f}"
-                                     for n in names) + " |"
-    detail = ["", "| dataset | problems | samples each | mean reward | mean length | truncated |", "|---|---|---|---|---|---|"]
-    detail += [f"| {n} | {r['n_problems']} | {r['n']} | {r['mean_reward']:.3f} | {r['response_length']:.1f} | "
-               f"{r['truncation_rate']:.3f} |" for n, r in results.items()]
+    row = (
+        "| policy | "
+        + " | ".join(f"{100 * results[n]['avg_at_k']:.2f} | {100 * results[n]['pass_at_k']:.2f}" for n in names)
+        + " |"
+    )
+    detail = [
+        "",
+        "| dataset | problems | samples each | mean reward | mean length | truncated |",
+        "|---|---|---|---|---|---|",
+    ]
+    detail += [
+        f"| {n} | {r['n_problems']} | {r['n']} | {r['mean_reward']:.3f} | {r['response_length']:.1f} | "
+        f"{r['truncation_rate']:.3f} |"
+        for n, r in results.items()
+    ]
     return "\n".join([f"# {title}", "", head, rule, row, *detail, ""])
 
 
 def run_eval(engine, task, problems, cfg, seed: int) -> EvalResult:
     """evaluate_policy with a run's settings (eval_k, eval_temperature, top_p, max_new_tokens)."""
-    return evaluate_policy(engine, task, problems, k=cfg.eval_k, temperature=cfg.eval_temperature, top_p=cfg.top_p,
-                           max_new_tokens=cfg.max_new_tokens, seed=seed)
+    return evaluate_policy(
+        engine,
+        task,
+        problems,
+        k=cfg.eval_k,
+        temperature=cfg.eval_temperature,
+        top_p=cfg.top_p,
+        max_new_tokens=cfg.max_new_tokens,
+        seed=seed,
+    )

@@ -45,8 +45,20 @@ import numpy as np
 
 from .evaluate import pass_at_k
 
-__all__ = ["Estimate", "pass_at_k_scores", "avg_scores", "bootstrap_means", "estimate", "paired_difference",
-           "paired_test", "bootstrap_p", "holm", "seed_estimate", "evaluate_grid", "markdown_table"]
+__all__ = [
+    "Estimate",
+    "pass_at_k_scores",
+    "avg_scores",
+    "bootstrap_means",
+    "estimate",
+    "paired_difference",
+    "paired_test",
+    "bootstrap_p",
+    "holm",
+    "seed_estimate",
+    "evaluate_grid",
+    "markdown_table",
+]
 
 LEVEL = 0.95
 REPLICATES = 4000
@@ -121,8 +133,9 @@ def _interval(reps: np.ndarray, level: float) -> tuple[float, float]:
     return float(lo), float(hi)
 
 
-def estimate(x: np.ndarray, gen: np.random.Generator, *, samples: int = 0, level: float = LEVEL,
-             replicates: int = REPLICATES) -> Estimate:
+def estimate(
+    x: np.ndarray, gen: np.random.Generator, *, samples: int = 0, level: float = LEVEL, replicates: int = REPLICATES
+) -> Estimate:
     """The grand mean of x (seeds, problems), or of x (seeds,) for a per-run metric, with its bootstrap interval."""
     grid = _grid(x)
     low, high = _interval(bootstrap_means(grid, gen, replicates=replicates), level)
@@ -130,8 +143,15 @@ def estimate(x: np.ndarray, gen: np.random.Generator, *, samples: int = 0, level
     return Estimate(float(grid.mean()), low, high, grid.shape[0], 0 if per_run else grid.shape[1], samples)
 
 
-def paired_difference(x: np.ndarray, base: np.ndarray, gen: np.random.Generator, *, samples: int = 0,
-                      level: float = LEVEL, replicates: int = REPLICATES) -> Estimate:
+def paired_difference(
+    x: np.ndarray,
+    base: np.ndarray,
+    gen: np.random.Generator,
+    *,
+    samples: int = 0,
+    level: float = LEVEL,
+    replicates: int = REPLICATES,
+) -> Estimate:
     """mean(x) - mean(base) over the same seeds and problems (rows and columns must correspond), with the interval of
     the difference under the same resampled indices."""
     x, base = np.asarray(x), np.asarray(base)
@@ -150,8 +170,15 @@ def bootstrap_p(reps: np.ndarray) -> float:
     return min(1.0, 2 * (min(low, high) + 1) / (reps.size + 1))
 
 
-def paired_test(x: np.ndarray, base: np.ndarray, gen: np.random.Generator, *, samples: int = 0,
-                level: float = LEVEL, replicates: int = REPLICATES) -> tuple[Estimate, float]:
+def paired_test(
+    x: np.ndarray,
+    base: np.ndarray,
+    gen: np.random.Generator,
+    *,
+    samples: int = 0,
+    level: float = LEVEL,
+    replicates: int = REPLICATES,
+) -> tuple[Estimate, float]:
     """paired_difference with its two-sided bootstrap p-value (bootstrap_p) from the same replicates: (Estimate, p).
     x and base are (seeds, problems) grids on the same seeds and problems, or (seeds,) per-run values."""
     x, base = np.asarray(x), np.asarray(base)
@@ -185,8 +212,16 @@ def seed_estimate(values, gen: np.random.Generator, **kw) -> Estimate:
     return estimate(np.asarray(values, dtype=np.float64).reshape(-1), gen, **kw)
 
 
-def evaluate_grid(correct: dict[str, np.ndarray], n: int, gen: np.random.Generator, *, ks=(8,), baseline: str | None
-                  = "grpo", level: float = LEVEL, replicates: int = REPLICATES) -> dict:
+def evaluate_grid(
+    correct: dict[str, np.ndarray],
+    n: int,
+    gen: np.random.Generator,
+    *,
+    ks=(8,),
+    baseline: str | None = "grpo",
+    level: float = LEVEL,
+    replicates: int = REPLICATES,
+) -> dict:
     """Avg@K and Pass@k (each k in ks) of every method from its correct counts (seeds, problems) out of n samples,
     with intervals; and, when `baseline` is among the methods, each other method's paired difference against it
     (methods must share the baseline's seeds and problems, in the same order). Returns
@@ -196,12 +231,17 @@ def evaluate_grid(correct: dict[str, np.ndarray], n: int, gen: np.random.Generat
     scores = {m: {name: f(np.asarray(c)) for name, f in metrics.items()} for m, c in correct.items()}
     out = {}
     for method, by_metric in scores.items():
-        row = {name: estimate(v, gen, samples=n, level=level, replicates=replicates).to_json()
-               for name, v in by_metric.items()}
+        row = {
+            name: estimate(v, gen, samples=n, level=level, replicates=replicates).to_json()
+            for name, v in by_metric.items()
+        }
         if baseline in scores and method != baseline:
-            row[f"vs_{baseline}"] = {name: paired_difference(v, scores[baseline][name], gen, samples=n, level=level,
-                                                             replicates=replicates).to_json()
-                                     for name, v in by_metric.items()}
+            row[f"vs_{baseline}"] = {
+                name: paired_difference(
+                    v, scores[baseline][name], gen, samples=n, level=level, replicates=replicates
+                ).to_json()
+                for name, v in by_metric.items()
+            }
         out[method] = row
     return out
 
@@ -214,14 +254,22 @@ def markdown_table(evidence: dict, *, baseline: str = "grpo", level: float = LEV
     label = {"avg": "Avg@K"} | {n: n.replace("pass", "Pass") for n in names if n.startswith("pass")}
     first = evidence[methods[0]][names[0]]
     pct = f"{100 * level:g}%"
-    lines = ["| method | " + " | ".join(f"{label[n]} [{pct} CI]" for n in names) + " |",
-             "|---|" + "---|" * len(names)]
-    lines += [f"| {m} | " + " | ".join(Estimate(**{k: v for k, v in evidence[m][n].items() if k != "excludes_zero"})
-                                        .text() for n in names) + " |" for m in methods]
+    lines = ["| method | " + " | ".join(f"{label[n]} [{pct} CI]" for n in names) + " |", "|---|" + "---|" * len(names)]
+    lines += [
+        f"| {m} | "
+        + " | ".join(
+            Estimate(**{k: v for k, v in evidence[m][n].items() if k != "excludes_zero"}).text() for n in names
+        )
+        + " |"
+        for m in methods
+    ]
     others = [m for m in methods if f"vs_{baseline}" in evidence[m]]
     if others:
-        lines += ["", f"| method - {baseline} (paired) | " + " | ".join(label[n] for n in names) + " |",
-                  "|---|" + "---|" * len(names)]
+        lines += [
+            "",
+            f"| method - {baseline} (paired) | " + " | ".join(label[n] for n in names) + " |",
+            "|---|" + "---|" * len(names),
+        ]
         for m in others:
             cells = []
             for n in names:
@@ -230,8 +278,11 @@ def markdown_table(evidence: dict, *, baseline: str = "grpo", level: float = LEV
                 cells.append(est.text() + (" *" if est.excludes_zero else ""))
             lines.append(f"| {m} | " + " | ".join(cells) + " |")
     plural = lambda n, word: f"{n} {word}" + ("s" if n != 1 else "")  # noqa: E731
-    lines += ["", f"Each number rests on {plural(first['seeds'], 'training seed')} x "
-              f"{plural(first['problems'], 'evaluation problem')} x {plural(first['samples'], 'sample')} per problem; "
-              "intervals: two-way bootstrap over seeds and problems "
-              f"(entropy_rft/evidence.py); * marks a paired difference whose {pct} interval excludes 0."]
+    lines += [
+        "",
+        f"Each number rests on {plural(first['seeds'], 'training seed')} x "
+        f"{plural(first['problems'], 'evaluation problem')} x {plural(first['samples'], 'sample')} per problem; "
+        "intervals: two-way bootstrap over seeds and problems "
+        f"(entropy_rft/evidence.py); * marks a paired difference whose {pct} interval excludes 0.",
+    ]
     return "\n".join(lines) + "\n"

@@ -90,8 +90,9 @@ LENGTH_BUCKETS = 4  # most passes per forward: rows split by response length so 
 MIN_BUCKET_GAIN = 0.05  # a further bucket must remove this share of the one-bucket positions
 
 
-def length_buckets(lengths: Tensor, max_buckets: int = LENGTH_BUCKETS, min_gain: float = MIN_BUCKET_GAIN,
-                   candidates: int = 64) -> list[tuple[Tensor, int]]:
+def length_buckets(
+    lengths: Tensor, max_buckets: int = LENGTH_BUCKETS, min_gain: float = MIN_BUCKET_GAIN, candidates: int = 64
+) -> list[tuple[Tensor, int]]:
     """Rows split by response length into at most max_buckets (rows ascending, width = the bucket's longest
     response): the boundaries minimise the computed positions sum_b rows_b * width_b (responses are right-padded to
     the batch's longest, so one pass computes rows * R positions, padding included). A bucket is added only when it
@@ -170,8 +171,9 @@ class _SharedPrefix:
     def __init__(self, decoder, rollout: Rollout, groups: Tensor, device):
         first = torch.cat([torch.ones(1, dtype=torch.bool, device=groups.device), groups[1:] != groups[:-1]])
         p_ids, self.p_mask = rollout.prompt_ids[first].to(device), rollout.prompt_mask[first].to(device)
-        out = decoder(input_ids=p_ids, attention_mask=self.p_mask.long(), position_ids=position_ids(self.p_mask),
-                      use_cache=True)
+        out = decoder(
+            input_ids=p_ids, attention_mask=self.p_mask.long(), position_ids=position_ids(self.p_mask), use_cache=True
+        )
         self.decoder, self.rollout, self.device = decoder, rollout, device
         self.groups, self.cache, self.last = groups.to(device), cache_of(out), out.last_hidden_state[:, -1:]
 
@@ -183,8 +185,13 @@ class _SharedPrefix:
             return self.last[prompt_of]
         r_pos = self.p_mask.long().sum(-1)[prompt_of, None] + torch.arange(width - 1, device=self.device)[None]
         attn = torch.cat([ro.prompt_mask[rows], ro.response_mask[rows, : width - 1]], dim=1).to(self.device)
-        out = self.decoder(input_ids=ro.response_ids[rows, : width - 1].to(self.device), attention_mask=attn.long(),
-                           position_ids=r_pos, **cache_arg(_cache_rows(self.cache, prompt_of)), use_cache=True)
+        out = self.decoder(
+            input_ids=ro.response_ids[rows, : width - 1].to(self.device),
+            attention_mask=attn.long(),
+            position_ids=r_pos,
+            **cache_arg(_cache_rows(self.cache, prompt_of)),
+            use_cache=True,
+        )
         return torch.cat([self.last[prompt_of], out.last_hidden_state], dim=1)
 
 
@@ -196,9 +203,17 @@ def _checkpointing(model) -> bool:
     return False
 
 
-def policy_forward(model, rollout: Rollout, temperature: float, value_head=None, precision: str = "fp32",
-                   *, from_hidden: bool = True, share_prefix: bool = True,
-                   buckets: int | None = None) -> tuple[TokenStats, Tensor | None]:
+def policy_forward(
+    model,
+    rollout: Rollout,
+    temperature: float,
+    value_head=None,
+    precision: str = "fp32",
+    *,
+    from_hidden: bool = True,
+    share_prefix: bool = True,
+    buckets: int | None = None,
+) -> tuple[TokenStats, Tensor | None]:
     """TokenStats of the response tokens under the model, (B, R) each, and the value head's values, (B, R).
     Statistics are float32 whatever the forward's precision; log p and H carry gradients. They are computed at the
     valid response tokens only (0 at padding), with rows run in at most `buckets` passes by response length
@@ -221,8 +236,9 @@ def policy_forward(model, rollout: Rollout, temperature: float, value_head=None,
             most = buckets or LENGTH_BUCKETS
             if precision == "bf16" and any(not p.requires_grad for p in model.parameters()):
                 most = 1  # autocast casts frozen weights (LoRA's base) again in every pass and autograd keeps each
-            passes = [(rows, width) for rows, width in length_buckets(rollout.lengths, most) if width > 0] \
-                or [(torch.arange(n_rows), width_all)]
+            passes = [(rows, width) for rows, width in length_buckets(rollout.lengths, most) if width > 0] or [
+                (torch.arange(n_rows), width_all)
+            ]
             states, where = [], []
             for rows, width in passes:
                 h = prefix.hidden(rows, width) if prefix else _hidden_full(decoder, rollout, rows, width, device)
@@ -231,8 +247,9 @@ def policy_forward(model, rollout: Rollout, temperature: float, value_head=None,
                 states.append(h[at])
                 where.append((rows[:, None] * width_all + torch.arange(width, device=device)[None])[at])
             hidden, where = torch.cat(states), torch.cat(where)  # (N, D) at the valid tokens; their flat positions
-            part = token_stats_from_hidden(hidden, model.get_output_embeddings().weight, tokens.reshape(-1)[where],
-                                           temperature=temperature)
+            part = token_stats_from_hidden(
+                hidden, model.get_output_embeddings().weight, tokens.reshape(-1)[where], temperature=temperature
+            )
 
             def scatter(x: Tensor, *shape) -> Tensor:  # (N, ...) at the valid tokens -> (B, R, ...), 0 elsewhere
                 full = x.new_zeros(n_rows * width_all, *shape).index_copy(0, where, x)
@@ -253,13 +270,23 @@ def _cat_stats(parts: list[TokenStats]) -> TokenStats:
 
 
 @torch.no_grad()
-def batch_forward(model, rollout: Rollout, temperature: float, rows_per_pass: int, value_head=None,
-                  precision: str = "fp32", *, from_hidden: bool = True) -> tuple[TokenStats, Tensor | None]:
+def batch_forward(
+    model,
+    rollout: Rollout,
+    temperature: float,
+    rows_per_pass: int,
+    value_head=None,
+    precision: str = "fp32",
+    *,
+    from_hidden: bool = True,
+) -> tuple[TokenStats, Tensor | None]:
     """policy_forward without gradients over slices of rows_per_pass rows (the update's micro-batches), in the
     update's module mode; results on the CPU."""
     with update_mode(model):
-        parts = [policy_forward(model, rollout.select(rows), temperature, value_head, precision, from_hidden=from_hidden)
-                 for rows in passes(len(rollout.texts), rows_per_pass)]
+        parts = [
+            policy_forward(model, rollout.select(rows), temperature, value_head, precision, from_hidden=from_hidden)
+            for rows in passes(len(rollout.texts), rows_per_pass)
+        ]
     values = torch.cat([p[1] for p in parts]).cpu() if value_head is not None else None
     return _cat_stats([p[0] for p in parts]), values
 
@@ -300,18 +327,30 @@ class HeldForward:
     without a graph; their statistics are the same (to float32 rounding: another batch shape), and the backward
     skips them."""
 
-    def __init__(self, model, rollout: Rollout, temperature: float, micro: int, value_head=None,
-                 precision: str = "fp32", *, from_hidden: bool = True, frozen: Tensor | None = None):
+    def __init__(
+        self,
+        model,
+        rollout: Rollout,
+        temperature: float,
+        micro: int,
+        value_head=None,
+        precision: str = "fp32",
+        *,
+        from_hidden: bool = True,
+        frozen: Tensor | None = None,
+    ):
         model.train()
         self.rows: list[Tensor | None] = list(passes(len(rollout.texts), micro))
         self.frozen = frozen
 
         def run(rows: Tensor) -> tuple[TokenStats, Tensor | None]:
-            return policy_forward(model, rollout.select(rows), temperature, value_head, precision,
-                                  from_hidden=from_hidden)
+            return policy_forward(
+                model, rollout.select(rows), temperature, value_head, precision, from_hidden=from_hidden
+            )
 
-        self.parts = [run(r) if frozen is None or not frozen[r].any() else _split_forward(run, r, frozen[r])
-                      for r in self.rows]
+        self.parts = [
+            run(r) if frozen is None or not frozen[r].any() else _split_forward(run, r, frozen[r]) for r in self.rows
+        ]
 
     def stats(self) -> TokenStats:
         return _cat_stats([s for s, _ in self.parts])
@@ -327,8 +366,10 @@ class HeldForward:
             if r is not None and torch.equal(r, rows):
                 self.rows[i] = None
                 return self.parts[i]
-        raise RuntimeError("held forward: the update asked for rows the on-policy forward did not compute "
-                           "(the micro-batch split changed between the statistics and the update)")
+        raise RuntimeError(
+            "held forward: the update asked for rows the on-policy forward did not compute "
+            "(the micro-batch split changed between the statistics and the update)"
+        )
 
 
 def _trainable(model) -> list[Tensor]:
@@ -346,24 +387,36 @@ class EntropyProbe:
     update_mode (the mode of batch_forward's statistics, restored after: an engine's own loop, integrations/trl.py).
     """
 
-    def __init__(self, model, rollout: Rollout, temperature: float, rows_per_pass: int, precision: str = "fp32",
-                 *, held: HeldForward | None = None, from_hidden: bool = True, in_update_mode: bool = False):
+    def __init__(
+        self,
+        model,
+        rollout: Rollout,
+        temperature: float,
+        rows_per_pass: int,
+        precision: str = "fp32",
+        *,
+        held: HeldForward | None = None,
+        from_hidden: bool = True,
+        in_update_mode: bool = False,
+    ):
         self.model = model
         valid = rollout.response_mask
         n_valid = valid.sum().clamp_min(1)
         params = _trainable(model)
         grads: list[Tensor | None] = [None] * len(params)
         if held is not None:  # the graphs already exist: one extra backward through them
-            total = sum((s.entropy * valid[r].to(s.entropy.device)).sum() / n_valid
-                        for r, (s, _) in zip(held.rows, held.parts))
+            total = sum(
+                (s.entropy * valid[r].to(s.entropy.device)).sum() / n_valid for r, (s, _) in zip(held.rows, held.parts)
+            )
             grads = list(torch.autograd.grad(total, params, retain_graph=True, allow_unused=True))
         else:
             if not in_update_mode:
                 model.train()
-            with (update_mode(model) if in_update_mode else nullcontext()), torch.enable_grad():
+            with update_mode(model) if in_update_mode else nullcontext(), torch.enable_grad():
                 for part in passes(len(rollout.texts), rows_per_pass):
-                    stats, _ = policy_forward(model, rollout.select(part), temperature, precision=precision,
-                                              from_hidden=from_hidden)
+                    stats, _ = policy_forward(
+                        model, rollout.select(part), temperature, precision=precision, from_hidden=from_hidden
+                    )
                     h = (stats.entropy * valid[part].to(stats.entropy.device)).sum() / n_valid
                     for j, g in enumerate(torch.autograd.grad(h, params, allow_unused=True)):
                         if g is not None:

@@ -40,22 +40,46 @@ MAX_DATA_BYTES = 40_000_000  # embedded data of one page, beyond which fewer ste
 SCALE_QUANTILE = 0.98
 # the statistics a page can colour by: key in the samples record, label, whether signed (diverging colours), help
 STATISTICS = (
-    {"key": "term", "label": "term of the entropy change (eq. 23)", "signed": True,
-     "help": "-lr w A S_c / |T|: this token's share of the step's first-order change of the mean entropy over the "
-             "kept tokens T (entropy_kept, not the all-token entropy the run logs; Theorem 2 averaged as in eq. 23). "
-             "Positive: the update raises entropy here; 0 for clipped tokens."},
-    {"key": "entropy", "label": "H, entropy of the next-token distribution", "signed": False,
-     "help": "H = -sum_i p_i log p_i of the distribution the token was sampled from."},
-    {"key": "s_star", "label": "S*, entropy discriminator", "signed": True,
-     "help": "S* = p_k (H + log p_k): raising this token's logit changes entropy by -eps S* (Theorem 1)."},
-    {"key": "s_centered", "label": "S_c = S* - E_p[S]", "signed": True,
-     "help": "The centred score of Theorem 2: a step with advantage A changes this token's entropy by -alpha S_c."},
-    {"key": "logp", "label": "log p of the sampled token", "signed": False,
-     "help": "Darker: less likely under the policy that sampled it."},
-    {"key": "push", "label": "-A S_c (the term's direction, any loss)", "signed": True,
-     "help": "-A S_c: the token's term without its positive step size lr w / |T|, so defined for every loss, also "
-             "where w depends on how the engine splits the batch (TRL's bnpo, vespo). Within one response (one A) it "
-             "orders the tokens as the terms do. Positive: the update raises entropy here; not 0 for clipped tokens."},
+    {
+        "key": "term",
+        "label": "term of the entropy change (eq. 23)",
+        "signed": True,
+        "help": "-lr w A S_c / |T|: this token's share of the step's first-order change of the mean entropy over the "
+        "kept tokens T (entropy_kept, not the all-token entropy the run logs; Theorem 2 averaged as in eq. 23). "
+        "Positive: the update raises entropy here; 0 for clipped tokens.",
+    },
+    {
+        "key": "entropy",
+        "label": "H, entropy of the next-token distribution",
+        "signed": False,
+        "help": "H = -sum_i p_i log p_i of the distribution the token was sampled from.",
+    },
+    {
+        "key": "s_star",
+        "label": "S*, entropy discriminator",
+        "signed": True,
+        "help": "S* = p_k (H + log p_k): raising this token's logit changes entropy by -eps S* (Theorem 1).",
+    },
+    {
+        "key": "s_centered",
+        "label": "S_c = S* - E_p[S]",
+        "signed": True,
+        "help": "The centred score of Theorem 2: a step with advantage A changes this token's entropy by -alpha S_c.",
+    },
+    {
+        "key": "logp",
+        "label": "log p of the sampled token",
+        "signed": False,
+        "help": "Darker: less likely under the policy that sampled it.",
+    },
+    {
+        "key": "push",
+        "label": "-A S_c (the term's direction, any loss)",
+        "signed": True,
+        "help": "-A S_c: the token's term without its positive step size lr w / |T|, so defined for every loss, also "
+        "where w depends on how the engine splits the batch (TRL's bnpo, vespo). Within one response (one A) it "
+        "orders the tokens as the terms do. Positive: the update raises entropy here; not 0 for clipped tokens.",
+    },
 )
 
 
@@ -75,8 +99,10 @@ def pick_steps(available: list[int], wanted: list[int] | None = None, max_steps:
     if wanted:
         missing = [s for s in wanted if s not in available]
         if missing:
-            raise ValueError(f"no samples at step {', '.join(map(str, missing))}; sampled steps: "
-                             f"{', '.join(map(str, available)) or 'none'}")
+            raise ValueError(
+                f"no samples at step {', '.join(map(str, missing))}; sampled steps: "
+                f"{', '.join(map(str, available)) or 'none'}"
+            )
         return sorted(set(wanted))
     if len(available) <= max_steps:
         return list(available)
@@ -114,18 +140,24 @@ def load_run(run_dir: Path | str, steps: list[int] | None = None, max_steps: int
     if run_dir.exists() and not run_dir.is_dir():
         raise ValueError(f"{run_dir} is a file, not a run directory: pass directories written by `entropy-rft train`")
     if not run_dir.is_dir():
-        raise FileNotFoundError(f"run directory {run_dir} does not exist: pass directories written by `entropy-rft "
-                                "train` (or by EntropyGRPOTrainer's output_dir)")
+        raise FileNotFoundError(
+            f"run directory {run_dir} does not exist: pass directories written by `entropy-rft "
+            "train` (or by EntropyGRPOTrainer's output_dir)"
+        )
     available = samples.steps_written(run_dir)
     inside = [] if available else runs_inside(run_dir)
     if inside:  # a folder of runs (runs/, a demo's or a compare's directory): name them rather than fail on it
         shown = " ".join(str(d) for d in inside[:8]) + (" ..." if len(inside) > 8 else "")
-        raise FileNotFoundError(f"{run_dir} is a folder of runs, not a run: it holds {len(inside)} with token samples "
-                                f"({shown}); pass the ones to show, e.g. `entropy-rft inspect "
-                                f"{' '.join(str(d) for d in inside[:3])}`")
+        raise FileNotFoundError(
+            f"{run_dir} is a folder of runs, not a run: it holds {len(inside)} with token samples "
+            f"({shown}); pass the ones to show, e.g. `entropy-rft inspect "
+            f"{' '.join(str(d) for d in inside[:3])}`"
+        )
     if not available:
-        raise FileNotFoundError(f"{run_dir} has no token samples ({samples.SAMPLES_DIR}/step-NNNNNN.json.gz): train "
-                                "with samples_every > 0 (the default is 10; `--set samples_every=1` samples every step)")
+        raise FileNotFoundError(
+            f"{run_dir} has no token samples ({samples.SAMPLES_DIR}/step-NNNNNN.json.gz): train "
+            "with samples_every > 0 (the default is 10; `--set samples_every=1` samples every step)"
+        )
     chosen = pick_steps(available, steps, max_steps)
     folder = run_dir / samples.SAMPLES_DIR
     records = {s: samples.read_record(folder / samples.file_name(s)) for s in chosen}
@@ -136,10 +168,17 @@ def load_run(run_dir: Path | str, steps: list[int] | None = None, max_steps: int
         except yaml.YAMLError:
             config = {}
     first = records[chosen[0]]
-    settings = {k: config.get(k) for k in ("method", "mu", "max_frac", "seed", "lr", "steps") if isinstance(config, dict)}
+    settings = {
+        k: config.get(k) for k in ("method", "mu", "max_frac", "seed", "lr", "steps") if isinstance(config, dict)
+    }
     settings["method"] = settings.get("method") or first.get("method")
-    return {"dir": str(run_dir), "settings": settings, "source": first.get("source", "trainer"),
-            "steps": {str(s): r for s, r in records.items()}, "available": available}
+    return {
+        "dir": str(run_dir),
+        "settings": settings,
+        "source": first.get("source", "trainer"),
+        "steps": {str(s): r for s, r in records.items()},
+        "available": available,
+    }
 
 
 def token_values(resp: dict, key: str) -> list[float | None]:
@@ -159,11 +198,24 @@ def page_data(runs: list[dict], names: list[str]) -> dict:
     for step in steps:
         records = [run["steps"][str(step)] for run in runs if str(step) in run["steps"]]
         scales[str(step)] = {
-            st["key"]: colour_scale([v for rec in records for g in rec["groups"] for resp in g["responses"]
-                                     for v in token_values(resp, st["key"])])
-            for st in STATISTICS}
-    return {"runs": [{"name": name, **run} for name, run in zip(names, runs)], "steps": steps,
-            "statistics": list(STATISTICS), "scales": scales, "scale_quantile": SCALE_QUANTILE}
+            st["key"]: colour_scale(
+                [
+                    v
+                    for rec in records
+                    for g in rec["groups"]
+                    for resp in g["responses"]
+                    for v in token_values(resp, st["key"])
+                ]
+            )
+            for st in STATISTICS
+        }
+    return {
+        "runs": [{"name": name, **run} for name, run in zip(names, runs)],
+        "steps": steps,
+        "statistics": list(STATISTICS),
+        "scales": scales,
+        "scale_quantile": SCALE_QUANTILE,
+    }
 
 
 def embed_json(data: dict) -> str:
@@ -176,8 +228,12 @@ def embed_json(data: dict) -> str:
 def render_page(data: dict, title: str) -> str:
     """The whole page: the template with its style, script, title and data inlined."""
     template = (ASSETS / "page.html").read_text()
-    parts = {"/*STYLE*/": (ASSETS / "page.css").read_text(), "/*SCRIPT*/": (ASSETS / "page.js").read_text(),
-             "__TITLE__": html.escape(title), "__DATA__": embed_json(data)}
+    parts = {
+        "/*STYLE*/": (ASSETS / "page.css").read_text(),
+        "/*SCRIPT*/": (ASSETS / "page.js").read_text(),
+        "__TITLE__": html.escape(title),
+        "__DATA__": embed_json(data),
+    }
     for marker in ("/*STYLE*/", "/*SCRIPT*/", "__DATA__"):
         if template.count(marker) != 1:
             raise RuntimeError(f"{ASSETS / 'page.html'} must hold {marker} exactly once")
@@ -185,8 +241,14 @@ def render_page(data: dict, title: str) -> str:
     return re.sub("|".join(map(re.escape, parts)), lambda m: parts[m.group(0)], template)
 
 
-def build_page(run_dirs: list[Path | str], out: Path | str, *, steps: list[int] | None = None,
-               max_steps: int = MAX_STEPS, title: str | None = None) -> Path:
+def build_page(
+    run_dirs: list[Path | str],
+    out: Path | str,
+    *,
+    steps: list[int] | None = None,
+    max_steps: int = MAX_STEPS,
+    title: str | None = None,
+) -> Path:
     """Write the inspector page of these runs to `out` (written whole: a temporary file, then a rename)."""
     dirs = [Path(d) for d in run_dirs]
     if not dirs:

@@ -50,10 +50,28 @@ from .rollout.sampling import sample
 from .rules import StepRules
 from .step import Decision, Step
 
-SMALL = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "head_dim": 16,
-         "vocab_size": 2304, "max_position_embeddings": 512}
-_DROP = ("architectures", "torch_dtype", "dtype", "layer_types", "max_window_layers", "bos_token_id", "eos_token_id",
-         "pad_token_id", "transformers_version", "auto_map", "quantization_config")
+SMALL = {
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "head_dim": 16,
+    "vocab_size": 2304,
+    "max_position_embeddings": 512,
+}
+_DROP = (
+    "architectures",
+    "torch_dtype",
+    "dtype",
+    "layer_types",
+    "max_window_layers",
+    "bos_token_id",
+    "eos_token_id",
+    "pad_token_id",
+    "transformers_version",
+    "auto_map",
+    "quantization_config",
+)
 
 
 def scaled_config(model: str, *, init_range: float = 0.2, **widths) -> dict:
@@ -65,14 +83,24 @@ def scaled_config(model: str, *, init_range: float = 0.2, **widths) -> dict:
     real = real.get("text_config", real)
     small = {k: v for k, v in real.items() if k not in _DROP}
     small.update(SMALL, **widths)
-    heads, kv = real.get("num_attention_heads", 1), real.get("num_key_value_heads") or real.get("num_attention_heads", 1)
+    heads, kv = (
+        real.get("num_attention_heads", 1),
+        real.get("num_key_value_heads") or real.get("num_attention_heads", 1),
+    )
     small["num_key_value_heads"] = max(1, small["num_attention_heads"] * kv // heads)
     small.update(initializer_range=init_range, bos_token_id=1, eos_token_id=2, pad_token_id=0)
     return small
 
 
-def scaled_model(model: str, cfg: TrainConfig, *, seed: int = 0, device: str | torch.device = "cpu",
-                 head_scale: float = 2.5, **widths):
+def scaled_model(
+    model: str,
+    cfg: TrainConfig,
+    *,
+    seed: int = 0,
+    device: str | torch.device = "cpu",
+    head_scale: float = 2.5,
+    **widths,
+):
     """A random-init model of the recipe's architecture (scaled_config), its LM head scaled by head_scale (so the
     policy is peaked like a trained one while its trunk stays well conditioned), prepared as the trainer prepares
     the policy: LoRA and gradient checkpointing as configured, dropout off and checked. The global RNG is
@@ -91,8 +119,17 @@ def scaled_model(model: str, cfg: TrainConfig, *, seed: int = 0, device: str | t
     return net
 
 
-def synthetic_batch(n_prompts: int, group: int, *, vocab: int, max_prompt: int = 9, max_response: int = 12,
-                    seed: int = 0, model=None, temperature: float = 1.0) -> tuple[Rollout, Tensor, Tensor]:
+def synthetic_batch(
+    n_prompts: int,
+    group: int,
+    *,
+    vocab: int,
+    max_prompt: int = 9,
+    max_response: int = 12,
+    seed: int = 0,
+    model=None,
+    temperature: float = 1.0,
+) -> tuple[Rollout, Tensor, Tensor]:
     """(rollout, rewards (B,), group ids (B,)): n_prompts groups of `group` rows sharing a left-padded prompt of
     random tokens; responses sampled from `model` (the trainer's sampling loop, so the tokens are the policy's own
     and S* takes both signs as in training) or, without a model, random tokens; each response cut to a random length
@@ -111,11 +148,27 @@ def synthetic_batch(n_prompts: int, group: int, *, vocab: int, max_prompt: int =
     else:
         device = next(model.parameters()).device  # the draws come from a generator on the model's device
         draws = torch.Generator(device=device).manual_seed(seed)
-        responses, _ = sample(model, p_ids.to(device), p_mask.to(device), n=group, temperature=temperature, top_p=1.0,
-                              max_new_tokens=max_response, eos_ids=[vocab + 1], pad_id=0, generator=draws)
+        responses, _ = sample(
+            model,
+            p_ids.to(device),
+            p_mask.to(device),
+            n=group,
+            temperature=temperature,
+            top_p=1.0,
+            max_new_tokens=max_response,
+            eos_ids=[vocab + 1],
+            pad_id=0,
+            generator=draws,
+        )
         responses = responses.cpu()  # no id ends a response: every row runs max_response tokens before the cut
-    rollout = Rollout(p_ids.repeat_interleave(group, 0), p_mask.repeat_interleave(group, 0),
-                      responses.masked_fill(~response_mask, 0), response_mask, lengths < max_response, [""] * rows)
+    rollout = Rollout(
+        p_ids.repeat_interleave(group, 0),
+        p_mask.repeat_interleave(group, 0),
+        responses.masked_fill(~response_mask, 0),
+        response_mask,
+        lengths < max_response,
+        [""] * rows,
+    )
     rewards = torch.tensor([1.0, 0.0, -0.1, -1.0])[torch.randint(4, (rows,), generator=gen)]
     rewards[:group] = 1.0
     return rollout, rewards, torch.arange(n_prompts).repeat_interleave(group)
@@ -136,8 +189,9 @@ class RecordingOptimizer:
             p.grad = None
 
     def step(self) -> None:
-        self.grads.append([torch.zeros(p.shape) if p.grad is None else p.grad.detach().double().cpu()
-                           for p in self.params()])
+        self.grads.append(
+            [torch.zeros(p.shape) if p.grad is None else p.grad.detach().double().cpu() for p in self.params()]
+        )
 
 
 @dataclass
@@ -157,9 +211,20 @@ class StepRecord:
     keep = property(lambda self: self.decision.keep)  # (B, R) bool: the filter's decision over the whole batch
 
 
-def recipe_step(cfg: TrainConfig, model, rollout: Rollout, rewards: Tensor, group_ids: Tensor, *,
-                value_head: ValueHead | None = None, ref_model=None, given: StepRecord | None = None,
-                seed: int = 0, step: int = 0, observe=None) -> StepRecord:
+def recipe_step(
+    cfg: TrainConfig,
+    model,
+    rollout: Rollout,
+    rewards: Tensor,
+    group_ids: Tensor,
+    *,
+    value_head: ValueHead | None = None,
+    ref_model=None,
+    given: StepRecord | None = None,
+    seed: int = 0,
+    step: int = 0,
+    observe=None,
+) -> StepRecord:
     """One trainer step (step.Step, as trainer.py runs it) with a RecordingOptimizer: its statistics, its decision
     (or, with `given`, that record's decision: advantages, keep mask, old log p / values, so runs that differ only
     in micro-batch size feed their updates identical inputs) and its update. `observe(rows, stats, old_logp, i)`, if
@@ -169,8 +234,14 @@ def recipe_step(cfg: TrainConfig, model, rollout: Rollout, rewards: Tensor, grou
     if value_head is not None:
         groups.append({"params": list(value_head.parameters())})
     optimizer = RecordingOptimizer(groups)
-    runner = Step(cfg, model, optimizer, value_head=value_head, ref_model=ref_model,
-                  update_gen=torch.Generator().manual_seed(seed))
+    runner = Step(
+        cfg,
+        model,
+        optimizer,
+        value_head=value_head,
+        ref_model=ref_model,
+        update_gen=torch.Generator().manual_seed(seed),
+    )
     n_groups = int(group_ids.max()) + 1
     batch = Scored([None] * n_groups, rollout, rewards, rewards > 0)
     behaviour = runner.statistics(batch, step)
@@ -186,8 +257,9 @@ def recipe_step(cfg: TrainConfig, model, rollout: Rollout, rewards: Tensor, grou
             observe(rows, st, old, len(optimizer.grads))
 
     metrics = runner.update(rollout, decision, held=behaviour.held, observe=record)
-    return StepRecord(behaviour.stats, decision, optimizer.grads, metrics, update_logp, update_old, behaviour.frozen,
-                      runner.rules)
+    return StepRecord(
+        behaviour.stats, decision, optimizer.grads, metrics, update_logp, update_old, behaviour.frozen, runner.rules
+    )
 
 
 @torch.no_grad()
@@ -199,7 +271,7 @@ def float64_reference(model, rollout: Rollout, temperature: float) -> tuple[Toke
     return token_stats(logits, rollout.response_ids.to(logits.device), temperature=temperature), logits / temperature
 
 
-UNIT_ROUNDOFF = {"bf16": 2.0 ** -8, "fp32": 2.0 ** -24}  # half a unit in the last place: bf16 8 bits, float32 24
+UNIT_ROUNDOFF = {"bf16": 2.0**-8, "fp32": 2.0**-24}  # half a unit in the last place: bf16 8 bits, float32 24
 
 
 def stats_tolerance(ref: TokenStats, logits: Tensor, *, precision: str, layers: int, width: int) -> dict[str, Tensor]:
@@ -227,4 +299,4 @@ def grad_distance(a: list[Tensor], b: list[Tensor]) -> float:
 
 
 def grad_norm(a: list[Tensor]) -> float:
-    return math.sqrt(sum(float((x ** 2).sum()) for x in a))
+    return math.sqrt(sum(float((x**2).sum()) for x in a))

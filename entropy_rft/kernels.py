@@ -52,10 +52,29 @@ def _triton():
         import triton.language as tl
     except ImportError:
         return None
+    return triton, _fold_tile_kernel(triton, tl), _tile_grad_kernel(triton, tl)
+
+
+def _fold_tile_kernel(triton, tl):
+    """fold_tile: one vocabulary tile folded into each row's running statistics (m, Z, A, Q, B) and the sampled
+    token's logit."""
 
     @triton.jit
-    def fold_tile(tile_ptr, stride, tokens_ptr, m_ptr, z_ptr, a_ptr, q_ptr, b_ptr, zk_ptr,
-                  v0, inv_t, n_cols: tl.constexpr, BLOCK: tl.constexpr):
+    def fold_tile(
+        tile_ptr,
+        stride,
+        tokens_ptr,
+        m_ptr,
+        z_ptr,
+        a_ptr,
+        q_ptr,
+        b_ptr,
+        zk_ptr,
+        v0,
+        inv_t,
+        n_cols: tl.constexpr,
+        BLOCK: tl.constexpr,
+    ):
         row = tl.program_id(0)
         base = tile_ptr + row.to(tl.int64) * stride
         m = tl.load(m_ptr + row)
@@ -89,9 +108,26 @@ def _triton():
         picked = tl.load(base + tl.where(in_tile, tok - v0, 0)).to(tl.float32) * inv_t
         tl.store(zk_ptr + row, tl.where(in_tile, picked, tl.load(zk_ptr + row)))
 
+    return fold_tile
+
+
+def _tile_grad_kernel(triton, tl):
+    """tile_grad: the logits' gradient of one vocabulary tile, written over the tile."""
+
     @triton.jit
-    def tile_grad(tile_ptr, stride, tokens_ptr, lse_ptr, zbar_ptr, g_logp_ptr, g_h_ptr,
-                  v0, inv_t, n_cols: tl.constexpr, BLOCK: tl.constexpr):
+    def tile_grad(
+        tile_ptr,
+        stride,
+        tokens_ptr,
+        lse_ptr,
+        zbar_ptr,
+        g_logp_ptr,
+        g_h_ptr,
+        v0,
+        inv_t,
+        n_cols: tl.constexpr,
+        BLOCK: tl.constexpr,
+    ):
         row = tl.program_id(0)
         base = tile_ptr + row.to(tl.int64) * stride
         lse = tl.load(lse_ptr + row)
@@ -107,7 +143,7 @@ def _triton():
             dz = tl.where(cols == target, g_logp, 0.0) - p * (g_logp + g_h * (x - zbar))
             tl.store(base + cols, (dz * inv_t).to(tile_ptr.dtype.element_ty), mask=valid)
 
-    return triton, fold_tile, tile_grad
+    return tile_grad
 
 
 def interpreted() -> bool:
@@ -150,8 +186,21 @@ class TritonTokenStats(torch.autograd.Function):
                 tile = buf[:rows, : w.shape[0]]
                 torch.mm(h, w.t(), out=tile)
                 rs = slice(r0, r0 + rows)
-                fold_tile[(rows,)](tile, tile.stride(0), tokens[rs], m[rs], big_z[rs], a[rs], q[rs], b[rs], zk[rs],
-                                   v0, inv_t, n_cols=w.shape[0], BLOCK=_block(w.shape[0]))
+                fold_tile[(rows,)](
+                    tile,
+                    tile.stride(0),
+                    tokens[rs],
+                    m[rs],
+                    big_z[rs],
+                    a[rs],
+                    q[rs],
+                    b[rs],
+                    zk[rs],
+                    v0,
+                    inv_t,
+                    n_cols=w.shape[0],
+                    BLOCK=_block(w.shape[0]),
+                )
         logp, entropy, s_star, s_expect, lse, zbar = accumulator_stats(m, big_z, a, q, b, zk)
         ctx.save_for_backward(hidden, weight, tokens, lse, zbar)
         ctx.temperature, ctx.v_chunk, ctx.r_chunk, ctx.dtype = temperature, v_chunk, r_chunk, dtype
@@ -179,8 +228,19 @@ class TritonTokenStats(torch.autograd.Function):
                 w = weight[v0 : v0 + v_chunk].to(dtype)
                 tile = buf[:rows, : w.shape[0]]
                 torch.mm(h, w.t(), out=tile)
-                tile_grad[(rows,)](tile, tile.stride(0), tokens[rs], lse[rs], zbar[rs], g_logp[rs], g_entropy[rs],
-                                   v0, inv_t, n_cols=w.shape[0], BLOCK=_block(w.shape[0]))
+                tile_grad[(rows,)](
+                    tile,
+                    tile.stride(0),
+                    tokens[rs],
+                    lse[rs],
+                    zbar[rs],
+                    g_logp[rs],
+                    g_entropy[rs],
+                    v0,
+                    inv_t,
+                    n_cols=w.shape[0],
+                    BLOCK=_block(w.shape[0]),
+                )
                 if want_h:
                     grad_h[rs] += (tile @ w).float()
                 if want_w:
@@ -188,5 +248,8 @@ class TritonTokenStats(torch.autograd.Function):
         return (
             None if grad_h is None else grad_h.to(hidden.dtype),
             None if grad_w is None else grad_w.to(weight.dtype),
-            None, None, None, None,
+            None,
+            None,
+            None,
+            None,
         )

@@ -73,17 +73,26 @@ class WandbSink:
         try:
             import wandb
         except ImportError as err:
-            raise ImportError("the wandb sink needs `pip install wandb` (set WANDB_MODE=offline to run without a server)") from err
+            raise ImportError(
+                "the wandb sink needs `pip install wandb` (set WANDB_MODE=offline to run without a server)"
+            ) from err
         id_file = Path(run_dir) / "wandb_run_id"
         try:
             if start_step > 0 and id_file.exists():
-                self.run = wandb.init(project="entropy-rft", dir=str(run_dir), config=config,
-                                      id=id_file.read_text().strip(), resume="allow")
+                self.run = wandb.init(
+                    project="entropy-rft",
+                    dir=str(run_dir),
+                    config=config,
+                    id=id_file.read_text().strip(),
+                    resume="allow",
+                )
             else:
                 self.run = wandb.init(project="entropy-rft", dir=str(run_dir), config=config)
         except Exception as err:  # W&B's own errors (no API key, no server) have no common base class
-            raise SinkError(f"the wandb sink could not start a W&B run ({type(err).__name__}: {err}); log in with "
-                            "`wandb login`, set WANDB_MODE=offline to log locally, or drop wandb from sinks") from err
+            raise SinkError(
+                f"the wandb sink could not start a W&B run ({type(err).__name__}: {err}); log in with "
+                "`wandb login`, set WANDB_MODE=offline to log locally, or drop wandb from sinks"
+            ) from err
         if not (start_step > 0 and id_file.exists()):
             id_file.write_text(self.run.id)
 
@@ -141,11 +150,15 @@ def _row(path: Path, n: int, line: str) -> dict:
     try:
         row = json.loads(line)
     except json.JSONDecodeError as err:
-        raise ValueError(f"{path}:{n} is not a JSON line ({err.msg}); the file is damaged: delete that line (a "
-                         "resumed run logs the steps after its checkpoint again)") from None
+        raise ValueError(
+            f"{path}:{n} is not a JSON line ({err.msg}); the file is damaged: delete that line (a "
+            "resumed run logs the steps after its checkpoint again)"
+        ) from None
     if not isinstance(row, dict) or not isinstance(row.get("step"), int):
-        raise ValueError(f"{path}:{n} is not a metrics row (a JSON object with an integer 'step'); the file is "
-                         "damaged: delete that line (a resumed run logs the steps after its checkpoint again)")
+        raise ValueError(
+            f"{path}:{n} is not a metrics row (a JSON object with an integer 'step'); the file is "
+            "damaged: delete that line (a resumed run logs the steps after its checkpoint again)"
+        )
     return row
 
 

@@ -55,13 +55,32 @@ from torch import Tensor
 
 from .advantages import broadcast_advantages
 
-__all__ = ["AGG_MODES", "aggregate", "masked_mean", "ppo_clip_loss", "kl_penalty", "token_weights", "step_sizes",
-           "token_ratio", "sequence_ratio", "cispo_loss", "sapo_loss", "dppo_tv_loss", "dppo_kl_loss", "geo_mean_loss",
-           "erc_loss"]
+__all__ = [
+    "AGG_MODES",
+    "aggregate",
+    "masked_mean",
+    "ppo_clip_loss",
+    "kl_penalty",
+    "token_weights",
+    "step_sizes",
+    "token_ratio",
+    "sequence_ratio",
+    "cispo_loss",
+    "sapo_loss",
+    "dppo_tv_loss",
+    "dppo_kl_loss",
+    "geo_mean_loss",
+    "erc_loss",
+]
 
 AggMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm", "token-sum"]
-AGG_MODES: tuple[str, ...] = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm",
-                              "token-sum")
+AGG_MODES: tuple[str, ...] = (
+    "token-mean",
+    "seq-mean-token-mean",
+    "seq-mean-token-sum",
+    "seq-mean-token-sum-norm",
+    "token-sum",
+)
 
 
 def masked_mean(x: Tensor, mask: Tensor) -> Tensor:
@@ -92,8 +111,10 @@ def aggregate(
     """
     for name, count in (("num_tokens", num_tokens), ("num_seqs", num_seqs)):
         if count is not None and not isinstance(count, Tensor) and not count > 0:
-            raise ValueError(f"{name} is a loss denominator (a count of tokens or sequences): it must be > 0, got "
-                             f"{count}; clamp the count to >= 1 (a batch with no loss token has a zero loss)")
+            raise ValueError(
+                f"{name} is a loss denominator (a count of tokens or sequences): it must be > 0, got "
+                f"{count}; clamp the count to >= 1 (a batch with no loss token has a zero loss)"
+            )
     m = mask.to(loss_mat.dtype)
     if mode == "token-mean":
         denom = m.sum() if num_tokens is None else num_tokens
@@ -106,8 +127,10 @@ def aggregate(
         per_seq = (loss_mat * m).sum(-1)
     elif mode == "seq-mean-token-sum-norm":
         if norm is None:
-            raise ValueError("loss aggregation 'seq-mean-token-sum-norm' (Dr. GRPO) divides each sequence's sum by a "
-                             "constant: pass norm= the generation budget (max_new_tokens), not the padded width")
+            raise ValueError(
+                "loss aggregation 'seq-mean-token-sum-norm' (Dr. GRPO) divides each sequence's sum by a "
+                "constant: pass norm= the generation budget (max_new_tokens), not the padded width"
+            )
         per_seq = (loss_mat * m).sum(-1) / norm
     else:
         raise ValueError(f"unknown loss aggregation {mode!r}; choose one of {', '.join(AGG_MODES)}")
@@ -116,8 +139,14 @@ def aggregate(
     return (per_seq * has_tokens).sum() / denom
 
 
-def token_weights(mask: Tensor, mode: AggMode = "token-mean", *, num_tokens: Tensor | float | None = None,
-                  num_seqs: Tensor | float | None = None, norm: float | None = None) -> Tensor | float:
+def token_weights(
+    mask: Tensor,
+    mode: AggMode = "token-mean",
+    *,
+    num_tokens: Tensor | float | None = None,
+    num_seqs: Tensor | float | None = None,
+    norm: float | None = None,
+) -> Tensor | float:
     """Each token's weight w_t in `aggregate(loss_mat, mask, mode, ...)`: d loss / d loss_mat[b, t].
 
     token-mean: 1 / num_tokens, the same for every token, returned as a float; the other modes (B, T) float64,
@@ -157,9 +186,16 @@ def sequence_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor) -> Tensor:
     return seq.clamp(max=10.0).exp()[:, None].expand_as(logp)
 
 
-def step_sizes(mask: Tensor, mode: AggMode = "token-mean", *, lr: float, ratio: Tensor | None = None,
-               num_tokens: Tensor | float | None = None, num_seqs: Tensor | float | None = None,
-               norm: float | None = None) -> Tensor | float:
+def step_sizes(
+    mask: Tensor,
+    mode: AggMode = "token-mean",
+    *,
+    lr: float,
+    ratio: Tensor | None = None,
+    num_tokens: Tensor | float | None = None,
+    num_seqs: Tensor | float | None = None,
+    norm: float | None = None,
+) -> Tensor | float:
     """alpha_t / A_t of Theorem 2 (eq. 10) for one gradient step of size lr on the aggregated surrogate -A r:
     lr w_t r_t, so a token's log p moves (in logit space) by lr w_t r_t A_t. `ratio` is the factor the loss puts
     on d log p_t: the token ratio r_t (PPO-clip, unclipped), GSPO's sequence ratio s_b (sequence_ratio); None
@@ -195,13 +231,22 @@ def ppo_clip_loss(
     """
     if dual_clip_c is not None and dual_clip_c <= 1.0:
         raise ValueError(f"dual_clip_c must be > 1 (or None to disable), got {dual_clip_c}")
-    loss_mat, metrics = _ppo_clip_terms(logp, old_logp, advantages, mask, eps_low=eps_low, eps_high=eps_high,
-                                        dual_clip_c=dual_clip_c)
+    loss_mat, metrics = _ppo_clip_terms(
+        logp, old_logp, advantages, mask, eps_low=eps_low, eps_high=eps_high, dual_clip_c=dual_clip_c
+    )
     return aggregate(loss_mat, mask, agg, num_tokens=num_tokens, num_seqs=num_seqs, norm=norm), metrics
 
 
-def _ppo_clip_terms(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, *, eps_low: float,
-                    eps_high: float, dual_clip_c: float | None) -> tuple[Tensor, dict[str, Tensor]]:
+def _ppo_clip_terms(
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    eps_low: float,
+    eps_high: float,
+    dual_clip_c: float | None,
+) -> tuple[Tensor, dict[str, Tensor]]:
     """ppo_clip_loss's per-token loss (B, T) before aggregation, and its metrics."""
     adv = broadcast_advantages(advantages, logp)
     log_ratio = (logp - old_logp).clamp(-20.0, 20.0)
@@ -266,8 +311,17 @@ def select_kl_cov(advantages: Tensor, logp: Tensor, mask: Tensor, *, ratio: floa
     return selected.view_as(m) & m
 
 
-def select_clip_cov(advantages: Tensor, logp: Tensor, mask: Tensor, *, ratio: float = 2e-4, lb: float = 1.0,
-                    ub: float = 5.0, exclude: Tensor | None = None, generator: torch.Generator | None = None) -> Tensor:
+def select_clip_cov(
+    advantages: Tensor,
+    logp: Tensor,
+    mask: Tensor,
+    *,
+    ratio: float = 2e-4,
+    lb: float = 1.0,
+    ub: float = 5.0,
+    exclude: Tensor | None = None,
+    generator: torch.Generator | None = None,
+) -> Tensor:
     """Clip-Cov's selection: among valid tokens not in `exclude` (verl: tokens the PPO clip already clipped)
     with lb < cov < ub, a random subset of min(max(int(ratio * n_valid), 1), #candidates) tokens, drawn with
     torch.randperm from `generator`. Defaults are verl's (clip_cov_ratio 2e-4, lb 1, ub 5)."""
@@ -284,22 +338,46 @@ def select_clip_cov(advantages: Tensor, logp: Tensor, mask: Tensor, *, ratio: fl
     return selected.view_as(m)
 
 
-def kl_cov_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, *, selected: Tensor,
-                kl_coef: float = 1.0, agg: AggMode = "token-mean", num_tokens=None, num_seqs=None, norm=None
-                ) -> tuple[Tensor, dict[str, Tensor]]:
+def kl_cov_loss(
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    selected: Tensor,
+    kl_coef: float = 1.0,
+    agg: AggMode = "token-mean",
+    num_tokens=None,
+    num_seqs=None,
+    norm=None,
+) -> tuple[Tensor, dict[str, Tensor]]:
     """KL-Cov: the unclipped surrogate -A r, plus kl_coef |log r| on the selected tokens (no ratio clipping)."""
     adv = broadcast_advantages(advantages, logp)
     log_ratio = logp - old_logp
     loss_mat = -adv * log_ratio.exp() + torch.where(selected, kl_coef * log_ratio.abs(), torch.zeros_like(log_ratio))
     loss = aggregate(loss_mat, mask, agg, num_tokens=num_tokens, num_seqs=num_seqs, norm=norm)
     with torch.no_grad():
-        metrics = {"ppo_kl": masked_mean(log_ratio.abs(), mask), "cov_selected_frac": masked_mean(selected.float(), mask)}
+        metrics = {
+            "ppo_kl": masked_mean(log_ratio.abs(), mask),
+            "cov_selected_frac": masked_mean(selected.float(), mask),
+        }
     return loss, metrics
 
 
-def clip_cov_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, *, selected: Tensor,
-                  eps_low: float = 0.2, eps_high: float = 0.2, agg: AggMode = "token-mean", num_tokens=None,
-                  num_seqs=None, norm=None) -> tuple[Tensor, dict[str, Tensor]]:
+def clip_cov_loss(
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    selected: Tensor,
+    eps_low: float = 0.2,
+    eps_high: float = 0.2,
+    agg: AggMode = "token-mean",
+    num_tokens=None,
+    num_seqs=None,
+    norm=None,
+) -> tuple[Tensor, dict[str, Tensor]]:
     """Clip-Cov: the PPO-clipped surrogate (no dual clip), with the loss of the selected tokens set to 0."""
     adv = broadcast_advantages(advantages, logp)
     log_ratio = (logp - old_logp).clamp(-20.0, 20.0)
@@ -312,9 +390,19 @@ def clip_cov_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tens
     return loss, metrics
 
 
-def gspo_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, *, eps_low: float = 3e-4,
-              eps_high: float = 4e-4, agg: AggMode = "seq-mean-token-mean", num_tokens=None, num_seqs=None, norm=None
-              ) -> tuple[Tensor, dict[str, Tensor]]:
+def gspo_loss(
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    eps_low: float = 3e-4,
+    eps_high: float = 4e-4,
+    agg: AggMode = "seq-mean-token-mean",
+    num_tokens=None,
+    num_seqs=None,
+    norm=None,
+) -> tuple[Tensor, dict[str, Tensor]]:
     """GSPO (Zheng et al. 2025): the sequence-level ratio s = exp(mean_t log r_t) (length-normalised), clipped
     at the sequence level; per token exp(log p - sg(log p) + sg(log s)) carries the gradient. Defaults are the
     GSPO paper's clip range (3e-4, 4e-4)."""
@@ -327,12 +415,25 @@ def gspo_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, 
     unclipped, clipped = -adv * s, -adv * s.clamp(1.0 - eps_low, 1.0 + eps_high)
     loss = aggregate(torch.maximum(unclipped, clipped), mask, agg, num_tokens=num_tokens, num_seqs=num_seqs, norm=norm)
     with torch.no_grad():
-        metrics = {"clipfrac": masked_mean((clipped > unclipped).float(), mask), "ppo_kl": masked_mean(-log_ratio, mask)}
+        metrics = {
+            "clipfrac": masked_mean((clipped > unclipped).float(), mask),
+            "ppo_kl": masked_mean(-log_ratio, mask),
+        }
     return loss, metrics
 
 
-def value_loss(values: Tensor, old_values: Tensor, returns: Tensor, mask: Tensor, *, clip_range: float | None = 0.5,
-               agg: AggMode = "token-mean", num_tokens=None, num_seqs=None, norm=None) -> tuple[Tensor, dict[str, Tensor]]:
+def value_loss(
+    values: Tensor,
+    old_values: Tensor,
+    returns: Tensor,
+    mask: Tensor,
+    *,
+    clip_range: float | None = 0.5,
+    agg: AggMode = "token-mean",
+    num_tokens=None,
+    num_seqs=None,
+    norm=None,
+) -> tuple[Tensor, dict[str, Tensor]]:
     """PPO's clipped value loss (verl compute_value_loss): 0.5 * agg(max((v - R)^2, (clip(v, v_old +- c) - R)^2)).
     clip_range None disables clipping (verl's default clip is 0.5)."""
     unclipped = (values - returns) ** 2
@@ -350,8 +451,18 @@ def value_loss(values: Tensor, old_values: Tensor, returns: Tensor, mask: Tensor
     return loss, metrics
 
 
-def entropic_adjustment(logp: Tensor, old_logp: Tensor, advantages: Tensor, high: Tensor, *,
-                        alpha: float, agg: AggMode = "token-mean", num_tokens=None, num_seqs=None, norm=None):
+def entropic_adjustment(
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    high: Tensor,
+    *,
+    alpha: float,
+    agg: AggMode = "token-mean",
+    num_tokens=None,
+    num_seqs=None,
+    norm=None,
+):
     """EntroPIC's loss term alpha * agg_{T_hi}(-r |A|), r = exp(log p - old log p); (loss, metrics). Added to the
     token-mean policy loss over N tokens it weighs a high-probability token by (1 + alpha N / N_hi) in a positive
     sample and (1 - alpha N / N_hi) in a negative one (its gradient is alpha * -|A| grad r / N_hi, the policy term's
@@ -374,8 +485,15 @@ def _log_ratio(logp: Tensor, old_logp: Tensor) -> Tensor:
     return (logp - old_logp).clamp(-20.0, 20.0)
 
 
-def cispo_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor, *, eps_low: float = 0.2, eps_high: float = 0.2,
-                upper_only: bool = False) -> Tensor:
+def cispo_ratio(
+    logp: Tensor,
+    old_logp: Tensor,
+    mask: Tensor,
+    *,
+    eps_low: float = 0.2,
+    eps_high: float = 0.2,
+    upper_only: bool = False,
+) -> Tensor:
     """CISPO's stop-gradient weight on log p_t: clip(r, 1 - eps_low, 1 + eps_high) of the clamped log-ratio (verl);
     upper_only: min(r, eps_high) of the unclamped ratio (TRL 1.16's loss_type 'cispo')."""
     if upper_only:
@@ -383,9 +501,20 @@ def cispo_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor, *, eps_low: float 
     return _log_ratio(logp, old_logp).exp().clamp(1.0 - eps_low, 1.0 + eps_high).detach()
 
 
-def cispo_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, *, eps_low: float = 0.2,
-               eps_high: float = 0.2, upper_only: bool = False, agg: AggMode = "token-mean", num_tokens=None,
-               num_seqs=None, norm=None) -> tuple[Tensor, dict[str, Tensor]]:
+def cispo_loss(
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    eps_low: float = 0.2,
+    eps_high: float = 0.2,
+    upper_only: bool = False,
+    agg: AggMode = "token-mean",
+    num_tokens=None,
+    num_seqs=None,
+    norm=None,
+) -> tuple[Tensor, dict[str, Tensor]]:
     """CISPO (MiniMax-M1, arXiv 2506.13585; verl 0.9.1 compute_policy_loss_cispo): -sg(clip(r, 1 - eps_low,
     1 + eps_high)) A log p. Every token keeps a gradient; the clipped ratio only weighs it. Defaults are verl's
     ActorConfig clip_ratio_low / clip_ratio_high (0.2, 0.2).
@@ -398,19 +527,25 @@ def cispo_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor,
     weight = cispo_ratio(logp, old_logp, mask, eps_low=eps_low, eps_high=eps_high, upper_only=upper_only)
     loss = aggregate(-weight * adv * logp, mask, agg, num_tokens=num_tokens, num_seqs=num_seqs, norm=norm)
     with torch.no_grad():
-        metrics = {"clipfrac": masked_mean((ratio != weight).float(), mask),
-                   "ppo_kl": masked_mean(-_log_ratio(logp, old_logp), mask)}
+        metrics = {
+            "clipfrac": masked_mean((ratio != weight).float(), mask),
+            "ppo_kl": masked_mean(-_log_ratio(logp, old_logp), mask),
+        }
     return loss, metrics
 
 
 def _sapo_tau(adv: Tensor, tau_pos: float, tau_neg: float, dtype) -> Tensor:
     """tau_pos where A > 0, tau_neg elsewhere, in the loss's precision (1.05 in float32 is not 1.05 in float64)."""
-    return torch.where(adv > 0, torch.tensor(tau_pos, dtype=dtype, device=adv.device),
-                       torch.tensor(tau_neg, dtype=dtype, device=adv.device))
+    return torch.where(
+        adv > 0,
+        torch.tensor(tau_pos, dtype=dtype, device=adv.device),
+        torch.tensor(tau_neg, dtype=dtype, device=adv.device),
+    )
 
 
-def sapo_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor, *, advantages: Tensor, tau_pos: float = 1.0,
-               tau_neg: float = 1.05) -> Tensor:
+def sapo_ratio(
+    logp: Tensor, old_logp: Tensor, mask: Tensor, *, advantages: Tensor, tau_pos: float = 1.0, tau_neg: float = 1.05
+) -> Tensor:
     """SAPO's factor on d log p_t: d g(r) / d log p = 4 sigma (1 - sigma) r with sigma = sigmoid(tau (r - 1)); 0 where
     the log-ratio is past the [-20, 20] clamp (no gradient there). 1 at r = 1."""
     adv = broadcast_advantages(advantages, logp)
@@ -420,9 +555,19 @@ def sapo_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor, *, advantages: Tens
     return 4.0 * sig * (1.0 - sig) * r * (log_r.abs() < 20.0).to(r.dtype)
 
 
-def sapo_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, *, tau_pos: float = 1.0,
-              tau_neg: float = 1.05, agg: AggMode = "seq-mean-token-mean", num_tokens=None, num_seqs=None, norm=None
-              ) -> tuple[Tensor, dict[str, Tensor]]:
+def sapo_loss(
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    tau_pos: float = 1.0,
+    tau_neg: float = 1.05,
+    agg: AggMode = "seq-mean-token-mean",
+    num_tokens=None,
+    num_seqs=None,
+    norm=None,
+) -> tuple[Tensor, dict[str, Tensor]]:
     """SAPO (arXiv 2511.20347; verl 0.9.1 compute_policy_loss_sapo): -A g(r), g(r) = sigmoid(tau (r - 1)) 4 / tau, a
     smooth gate in place of the hard clip, tau = tau_pos where A > 0 and tau_neg elsewhere (verl ActorConfig: 1.0,
     1.05). verl aggregates SAPO seq-mean-token-mean whatever loss_agg_mode says; the registry (methods.POLICY_LOSSES)
@@ -437,8 +582,9 @@ def sapo_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, 
     return loss, metrics
 
 
-def dppo_tv_keep(logp: Tensor, old_logp: Tensor, advantages: Tensor, *, eps_low: float = 0.2,
-                 eps_high: float = 0.2) -> Tensor:
+def dppo_tv_keep(
+    logp: Tensor, old_logp: Tensor, advantages: Tensor, *, eps_low: float = 0.2, eps_high: float = 0.2
+) -> Tensor:
     """DPPO-Binary-TV's trust region (arXiv 2602.04879): keep a token unless its probability moved past the bound in
     the advantage's direction: p - p_old <= eps_high where A > 0, p - p_old >= -eps_low elsewhere. (B, T) bool."""
     adv = broadcast_advantages(advantages, logp)
@@ -446,8 +592,9 @@ def dppo_tv_keep(logp: Tensor, old_logp: Tensor, advantages: Tensor, *, eps_low:
     return torch.where(adv > 0, change <= eps_high, change >= -eps_low)
 
 
-def dppo_kl_keep(logp: Tensor, old_logp: Tensor, advantages: Tensor, *, eps_low: float = 0.2,
-                 eps_high: float = 0.2) -> Tensor:
+def dppo_kl_keep(
+    logp: Tensor, old_logp: Tensor, advantages: Tensor, *, eps_low: float = 0.2, eps_high: float = 0.2
+) -> Tensor:
     """DPPO-Binary-KL's trust region: the binary KL between Bernoulli(p_old) and Bernoulli(p) of the token,
     p_old log(p_old / p) + (1 - p_old) log((1 - p_old + 1e-8) / (1 - p + 1e-8)), at most eps_high where A > 0 (or
     p fell), at most eps_low elsewhere (or p rose). (B, T) bool."""
@@ -463,15 +610,31 @@ def _dppo_ratio(keep, logp, old_logp, clip_ratio_c):
     return (ratio if clip_ratio_c is None else ratio.clamp(max=clip_ratio_c)) * keep.to(ratio.dtype)
 
 
-def dppo_tv_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor, *, advantages: Tensor, eps_low: float = 0.2,
-                  eps_high: float = 0.2, clip_ratio_c: float | None = 3.0) -> Tensor:
+def dppo_tv_ratio(
+    logp: Tensor,
+    old_logp: Tensor,
+    mask: Tensor,
+    *,
+    advantages: Tensor,
+    eps_low: float = 0.2,
+    eps_high: float = 0.2,
+    clip_ratio_c: float | None = 3.0,
+) -> Tensor:
     """DPPO-TV's factor on d log p_t: min(r, clip_ratio_c) inside the trust region, 0 outside."""
     keep = dppo_tv_keep(logp, old_logp, advantages, eps_low=eps_low, eps_high=eps_high)
     return _dppo_ratio(keep, logp, old_logp, clip_ratio_c)
 
 
-def dppo_kl_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor, *, advantages: Tensor, eps_low: float = 0.2,
-                  eps_high: float = 0.2, clip_ratio_c: float | None = 3.0) -> Tensor:
+def dppo_kl_ratio(
+    logp: Tensor,
+    old_logp: Tensor,
+    mask: Tensor,
+    *,
+    advantages: Tensor,
+    eps_low: float = 0.2,
+    eps_high: float = 0.2,
+    clip_ratio_c: float | None = 3.0,
+) -> Tensor:
     """DPPO-KL's factor on d log p_t: min(r, clip_ratio_c) inside the trust region, 0 outside."""
     keep = dppo_kl_keep(logp, old_logp, advantages, eps_low=eps_low, eps_high=eps_high)
     return _dppo_ratio(keep, logp, old_logp, clip_ratio_c)
@@ -484,15 +647,28 @@ def _dppo_loss(keep, logp, old_logp, advantages, mask, clip_ratio_c, agg, num_to
     with torch.no_grad():
         log_ratio = _log_ratio(logp, old_logp)
         truncated = torch.zeros_like(keep) if clip_ratio_c is None else log_ratio.exp() > clip_ratio_c
-        metrics = {"clipfrac": masked_mean((~keep).float(), mask),
-                   "clipfrac_trunc": masked_mean((truncated & keep).float(), mask),
-                   "ppo_kl": masked_mean(-log_ratio, mask)}
+        metrics = {
+            "clipfrac": masked_mean((~keep).float(), mask),
+            "clipfrac_trunc": masked_mean((truncated & keep).float(), mask),
+            "ppo_kl": masked_mean(-log_ratio, mask),
+        }
     return loss, metrics
 
 
-def dppo_tv_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, *, eps_low: float = 0.2,
-                 eps_high: float = 0.2, clip_ratio_c: float | None = 3.0, agg: AggMode = "token-mean",
-                 num_tokens=None, num_seqs=None, norm=None) -> tuple[Tensor, dict[str, Tensor]]:
+def dppo_tv_loss(
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    eps_low: float = 0.2,
+    eps_high: float = 0.2,
+    clip_ratio_c: float | None = 3.0,
+    agg: AggMode = "token-mean",
+    num_tokens=None,
+    num_seqs=None,
+    norm=None,
+) -> tuple[Tensor, dict[str, Tensor]]:
     """DPPO-Binary-TV (arXiv 2602.04879; verl 0.9.1 compute_policy_loss_dppo_tv; prime-rl's default loss):
     -A sg(min(r, clip_ratio_c)) log p on the tokens inside dppo_tv_keep's trust region, 0 (no gradient) outside.
     eps_low / eps_high are the probability-change bounds (verl's clip_ratio_low / clip_ratio_high, 0.2 each).
@@ -504,9 +680,20 @@ def dppo_tv_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tenso
     return _dppo_loss(keep, logp, old_logp, advantages, mask, clip_ratio_c, agg, num_tokens, num_seqs, norm)
 
 
-def dppo_kl_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, *, eps_low: float = 0.2,
-                 eps_high: float = 0.2, clip_ratio_c: float | None = 3.0, agg: AggMode = "token-mean",
-                 num_tokens=None, num_seqs=None, norm=None) -> tuple[Tensor, dict[str, Tensor]]:
+def dppo_kl_loss(
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    eps_low: float = 0.2,
+    eps_high: float = 0.2,
+    clip_ratio_c: float | None = 3.0,
+    agg: AggMode = "token-mean",
+    num_tokens=None,
+    num_seqs=None,
+    norm=None,
+) -> tuple[Tensor, dict[str, Tensor]]:
     """DPPO-Binary-KL (verl 0.9.1 compute_policy_loss_dppo_kl): dppo_tv_loss with dppo_kl_keep's trust region (the
     binary KL bounded by eps_high / eps_low, verl's clip_ratio_high / clip_ratio_low)."""
     keep = dppo_kl_keep(logp, old_logp, advantages, eps_low=eps_low, eps_high=eps_high)
@@ -520,8 +707,9 @@ def _geo_mean_log_ratio(logp, old_logp, advantages, eps_low, eps_high):
     return sign * torch.minimum(sign * log_ratio, sign * log_ratio.clamp(-eps_low, eps_high))
 
 
-def geo_mean_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor, *, advantages: Tensor, eps_low: float = 0.2,
-                   eps_high: float = 0.2) -> Tensor:
+def geo_mean_ratio(
+    logp: Tensor, old_logp: Tensor, mask: Tensor, *, advantages: Tensor, eps_low: float = 0.2, eps_high: float = 0.2
+) -> Tensor:
     """GMPO's factor on d log p_t: the sequence's geometric-mean ratio R_b, 0 on tokens whose log-ratio is clipped
     (log r > eps_high with A > 0, log r < -eps_low with A < 0)."""
     adv = broadcast_advantages(advantages, logp)
@@ -534,9 +722,19 @@ def geo_mean_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor, *, advantages: 
     return seq * (~clipped).to(lp.dtype)
 
 
-def geo_mean_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, *, eps_low: float = 0.2,
-                  eps_high: float = 0.2, agg: AggMode = "seq-mean-token-mean", num_tokens=None, num_seqs=None,
-                  norm=None) -> tuple[Tensor, dict[str, Tensor]]:
+def geo_mean_loss(
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    eps_low: float = 0.2,
+    eps_high: float = 0.2,
+    agg: AggMode = "seq-mean-token-mean",
+    num_tokens=None,
+    num_seqs=None,
+    norm=None,
+) -> tuple[Tensor, dict[str, Tensor]]:
     """GMPO, geometric-mean policy optimisation (arXiv 2507.20673; verl 0.9.1 compute_policy_loss_geo_mean): per
     sequence -A_b R_b, R_b = exp(mean over its tokens of the log-ratio clipped to [-eps_low, eps_high] on the
     advantage's side), A_b the mean of its token advantages (+1e-8 in both denominators, as verl); the mean over
@@ -557,9 +755,11 @@ def geo_mean_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tens
     with torch.no_grad():
         log_ratio = logp - old_logp
         clipped = log_ratio != log_ratio.clamp(-eps_low, eps_high)
-        metrics = {"clipfrac": masked_mean((clipped & (adv > 0)).float(), mask),
-                   "clipfrac_low": masked_mean((clipped & (adv < 0)).float(), mask),
-                   "ppo_kl": masked_mean(-log_ratio, mask)}
+        metrics = {
+            "clipfrac": masked_mean((clipped & (adv > 0)).float(), mask),
+            "clipfrac_low": masked_mean((clipped & (adv < 0)).float(), mask),
+            "ppo_kl": masked_mean(-log_ratio, mask),
+        }
     return loss, metrics
 
 
@@ -570,9 +770,20 @@ def erc_keep(entropy: Tensor, old_entropy: Tensor, *, erc_low: float = 0.95, erc
     return (ratio > erc_low) & (ratio < erc_high)
 
 
-def erc_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor, *, advantages: Tensor, entropy: Tensor,
-              old_entropy: Tensor, eps_low: float = 0.2, eps_high: float = 0.2, dual_clip_c: float | None = 3.0,
-              erc_low: float = 0.95, erc_high: float = 1.05) -> Tensor:
+def erc_ratio(
+    logp: Tensor,
+    old_logp: Tensor,
+    mask: Tensor,
+    *,
+    advantages: Tensor,
+    entropy: Tensor,
+    old_entropy: Tensor,
+    eps_low: float = 0.2,
+    eps_high: float = 0.2,
+    dual_clip_c: float | None = 3.0,
+    erc_low: float = 0.95,
+    erc_high: float = 1.05,
+) -> Tensor:
     """ERC's factor on d log p_t: r where the dual-clip PPO term is the unclipped one and the entropy ratio is in the
     band, 0 elsewhere (clipped, dual-clipped, past the log-ratio clamp, or outside the band)."""
     adv = broadcast_advantages(advantages, logp)
@@ -585,10 +796,24 @@ def erc_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor, *, advantages: Tenso
     return r * (active & band).to(r.dtype)
 
 
-def erc_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, *, entropy: Tensor,
-             old_entropy: Tensor, eps_low: float = 0.2, eps_high: float = 0.2, dual_clip_c: float | None = 3.0,
-             erc_low: float = 0.95, erc_high: float = 1.05, agg: AggMode = "token-mean", num_tokens=None,
-             num_seqs=None, norm=None) -> tuple[Tensor, dict[str, Tensor]]:
+def erc_loss(
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    entropy: Tensor,
+    old_entropy: Tensor,
+    eps_low: float = 0.2,
+    eps_high: float = 0.2,
+    dual_clip_c: float | None = 3.0,
+    erc_low: float = 0.95,
+    erc_high: float = 1.05,
+    agg: AggMode = "token-mean",
+    num_tokens=None,
+    num_seqs=None,
+    norm=None,
+) -> tuple[Tensor, dict[str, Tensor]]:
     """ERC, entropy ratio clipping (arXiv 2512.05591; Kwai-Klear/ERC compute_policy_loss_grpo_erc): ppo_clip_loss,
     with the gradient of every token outside erc_keep's entropy-ratio band detached (its loss still counts in the
     value and the denominator, as in the authors' code). entropy and old_entropy (B, T): the update's forward and
@@ -596,8 +821,9 @@ def erc_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, *
     (their actor config's defaults are 0.8 / 1.2, their names entropy_mask_low / entropy_mask_high). Departure: the
     authors' verl fork aggregates with the older agg_loss (no global counts; seq-mean-token-sum-norm without the
     mean over sequences); this uses `aggregate`. Metric erc_kept_frac: valid tokens inside the band."""
-    loss_mat, metrics = _ppo_clip_terms(logp, old_logp, advantages, mask, eps_low=eps_low, eps_high=eps_high,
-                                        dual_clip_c=dual_clip_c)
+    loss_mat, metrics = _ppo_clip_terms(
+        logp, old_logp, advantages, mask, eps_low=eps_low, eps_high=eps_high, dual_clip_c=dual_clip_c
+    )
     band = erc_keep(entropy, old_entropy, erc_low=erc_low, erc_high=erc_high)
     loss_mat = torch.where(band, loss_mat, loss_mat.detach())
     with torch.no_grad():

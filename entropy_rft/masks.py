@@ -59,15 +59,19 @@ def _check(score: Tensor, mask: Tensor, **mus: float | None) -> None:
         raise ValueError(f"score {tuple(score.shape)} and mask {tuple(mask.shape)} must have the same shape [B, T]")
     for name, value in mus.items():
         if value is not None and not value >= 0:  # also rejects NaN
-            raise ValueError(f"{name} must be >= 0 (a multiple of the batch std), got {value}; "
-                             "the paper uses mu = 2.5 for Clip_B and 8.5 for Clip_V")
+            raise ValueError(
+                f"{name} must be >= 0 (a multiple of the batch std), got {value}; "
+                "the paper uses mu = 2.5 for Clip_B and 8.5 for Clip_V"
+            )
     bad = mask.bool() & ~torch.isfinite(score)
     if bad.any():
         where = bad.nonzero().tolist()
         shown = ", ".join(f"({b}, {t})" for b, t in where[:8]) + (", ..." if len(where) > 8 else "")
-        raise ValueError(f"the filter's score is not finite at {len(where)} valid token(s), (row, position): {shown}; "
-                         "S* and S_c are finite for finite logits, so check the policy's logits (NaN or inf from "
-                         "an overflow, a bad checkpoint or a -inf logit mask)")
+        raise ValueError(
+            f"the filter's score is not finite at {len(where)} valid token(s), (row, position): {shown}; "
+            "S* and S_c are finite for finite logits, so check the policy's logits (NaN or inf from "
+            "an overflow, a bad checkpoint or a -inf logit mask)"
+        )
 
 
 def _side_mask(adv: Tensor, side: Side, zero: bool) -> Tensor:
@@ -226,9 +230,15 @@ def s_sign(
     """
     if s_star.shape != mask.shape:
         raise ValueError(f"s_star {tuple(s_star.shape)} and mask {tuple(mask.shape)} must have the same shape")
-    if action not in ("retain", "mask") or sign not in ("positive", "negative") or samples not in ("positive", "negative"):
-        raise ValueError(f"s_sign takes action in retain/mask, sign and samples in positive/negative; got "
-                         f"{action!r}, {sign!r}, {samples!r}")
+    if (
+        action not in ("retain", "mask")
+        or sign not in ("positive", "negative")
+        or samples not in ("positive", "negative")
+    ):
+        raise ValueError(
+            f"s_sign takes action in retain/mask, sign and samples in positive/negative; got "
+            f"{action!r}, {sign!r}, {samples!r}"
+        )
     adv = broadcast_advantages(advantages, mask)
     in_samples = adv > 0 if samples == "positive" else adv < 0
     by_sign = s_star > 0 if sign == "positive" else s_star < 0
@@ -237,7 +247,9 @@ def s_sign(
     return keep, clipped_fractions(mask, keep, adv)
 
 
-def top_entropy(entropy: Tensor, advantages: Tensor, mask: Tensor, *, frac: float = 0.2) -> tuple[Tensor, dict[str, float]]:
+def top_entropy(
+    entropy: Tensor, advantages: Tensor, mask: Tensor, *, frac: float = 0.2
+) -> tuple[Tensor, dict[str, float]]:
     """Forking tokens (Wang et al. 2025, "Beyond the 80/20 rule"): keep the gradient of the k = max(1,
     round(frac * n)) valid tokens of the batch with the highest entropy (frac 0.2 in the paper), whatever the
     advantage sign. Ties at the threshold are broken by position (torch.topk), so the count is exact."""

@@ -31,8 +31,10 @@ EVERY = "every step"
 ENGINES = ("trainer", "trl", "verl")
 FILTERS = "every step of a token filter: clip_b, clip_v, the s_sign filters, forking, ppo_clip_b, ppo_clip_v"
 PROBE = "every probe_every-th step (10th, 20th, ...; every step under the pi control)"
-PPO = ("every step of a ratio-clipped loss (grpo, dapo, dr_grpo, the filters, ...; not gspo, clip_cov or kl_cov, "
-       "which log their own clipfrac and ppo_kl)")
+PPO = (
+    "every step of a ratio-clipped loss (grpo, dapo, dr_grpo, the filters, ...; not gspo, clip_cov or kl_cov, "
+    "which log their own clipfrac and ppo_kl)"
+)
 
 M = Metric
 METRICS: tuple[Metric, ...] = (
@@ -41,124 +43,336 @@ METRICS: tuple[Metric, ...] = (
     M("reward_mean", "mean reward of the step's responses (TRL: its `reward`)", "reward", EVERY, ("trainer", "trl")),
     M("accuracy", "fraction of the step's responses the task scores correct", "fraction of responses", EVERY),
     M("response_length", "mean response length", "tokens", EVERY),
-    M("truncation_rate", "fraction of responses cut at max_new_tokens before they ended", "fraction of responses",
-      EVERY),
-    M("frac_zero_advantage", "fraction of responses (per-token estimators: tokens) with advantage exactly 0, such as "
-      "every response of a group whose rewards are all equal", "fraction", EVERY),
-    M("sampling/rounds", "rounds of sampling the step took (above 1 only with dynamic_sampling, which redraws "
-      "groups whose rewards are all equal)", "count", EVERY),
+    M(
+        "truncation_rate",
+        "fraction of responses cut at max_new_tokens before they ended",
+        "fraction of responses",
+        EVERY,
+    ),
+    M(
+        "frac_zero_advantage",
+        "fraction of responses (per-token estimators: tokens) with advantage exactly 0, such as "
+        "every response of a group whose rewards are all equal",
+        "fraction",
+        EVERY,
+    ),
+    M(
+        "sampling/rounds",
+        "rounds of sampling the step took (above 1 only with dynamic_sampling, which redraws "
+        "groups whose rewards are all equal)",
+        "count",
+        EVERY,
+    ),
     M("sampling/groups", "groups in the step's batch after dynamic sampling", "count", EVERY),
     # entropy and the paper's statistics
-    M("entropy", "the policy's entropy, mean over every valid response token (the same for every method on the "
-      "same policy and rollouts)", "nats per token", EVERY, ENGINES),
-    M("entropy_kept", "entropy, mean over the tokens the method keeps in its loss", "nats per token", EVERY,
-      ("trainer", "trl")),
-    M("s_star_mean", "batch mean of S* = p_k (H + log p_k) over every valid token (Figure 3)", "nats", EVERY,
-      ENGINES),
-    M("s_centered_mean", "batch mean of S_c = S* - E_p[S] (Figure 3; about 0 on-policy, Corollary 2)", "nats",
-      EVERY, ENGINES),
-    M("cov_a_sc", "Cov_B(A, S_c) over the loss's tokens (Figure 5 plots its negative): negative means the batch "
-      "pushes entropy up", "advantage x nats", EVERY, ENGINES),
-    M("entropy_change/predicted", "Corollary 4's logit-space prediction of the step's change in mean entropy, each "
-      "token stepped by the loss's own per-token step (lr / |T_B| for the token mean)", "nats per token", EVERY,
-      ENGINES),
-    M("entropy_change/predicted_offpolicy", "the same prediction with the importance ratio r of eq. 28 (4.1, "
-      "off-policy epochs); equals entropy_change/predicted when every ratio is 1", "nats per token", EVERY),
-    M("entropy_change/first_order", "the exact first-order change through the network: the gradient of the batch's "
-      "mean entropy dotted with the parameter step applied", "nats per token", PROBE),
-    M("entropy_change/realised", "the change of the batch's mean entropy measured by a forward pass after the "
-      "update", "nats per token", PROBE),
+    M(
+        "entropy",
+        "the policy's entropy, mean over every valid response token (the same for every method on the "
+        "same policy and rollouts)",
+        "nats per token",
+        EVERY,
+        ENGINES,
+    ),
+    M(
+        "entropy_kept",
+        "entropy, mean over the tokens the method keeps in its loss",
+        "nats per token",
+        EVERY,
+        ("trainer", "trl"),
+    ),
+    M("s_star_mean", "batch mean of S* = p_k (H + log p_k) over every valid token (Figure 3)", "nats", EVERY, ENGINES),
+    M(
+        "s_centered_mean",
+        "batch mean of S_c = S* - E_p[S] (Figure 3; about 0 on-policy, Corollary 2)",
+        "nats",
+        EVERY,
+        ENGINES,
+    ),
+    M(
+        "cov_a_sc",
+        "Cov_B(A, S_c) over the loss's tokens (Figure 5 plots its negative): negative means the batch "
+        "pushes entropy up",
+        "advantage x nats",
+        EVERY,
+        ENGINES,
+    ),
+    M(
+        "entropy_change/predicted",
+        "Corollary 4's logit-space prediction of the step's change in mean entropy, each "
+        "token stepped by the loss's own per-token step (lr / |T_B| for the token mean)",
+        "nats per token",
+        EVERY,
+        ENGINES,
+    ),
+    M(
+        "entropy_change/predicted_offpolicy",
+        "the same prediction with the importance ratio r of eq. 28 (4.1, "
+        "off-policy epochs); equals entropy_change/predicted when every ratio is 1",
+        "nats per token",
+        EVERY,
+    ),
+    M(
+        "entropy_change/first_order",
+        "the exact first-order change through the network: the gradient of the batch's "
+        "mean entropy dotted with the parameter step applied",
+        "nats per token",
+        PROBE,
+    ),
+    M(
+        "entropy_change/realised",
+        "the change of the batch's mean entropy measured by a forward pass after the update",
+        "nats per token",
+        PROBE,
+    ),
     # what the method removed
-    M("clip_frac", "fraction of valid tokens the method's filter removed from the loss (TRL: the filter's "
-      "frac_clipped); 0 for a method without a filter", "fraction of tokens", EVERY, ("trainer", "trl")),
+    M(
+        "clip_frac",
+        "fraction of valid tokens the method's filter removed from the loss (TRL: the filter's "
+        "frac_clipped); 0 for a method without a filter",
+        "fraction of tokens",
+        EVERY,
+        ("trainer", "trl"),
+    ),
     M("clip_frac_pos", "clip_frac among the tokens of responses with A > 0", "fraction of tokens", EVERY),
-    M("clip_frac_neg", "clip_frac among the tokens of responses with A < 0 (Clip_B and Clip_V clip here by "
-      "default)", "fraction of tokens", EVERY),
-    M("filter/frac_clipped", "the filter's own removed fraction (the authors' float32 formula, departure 1)",
-      "fraction of tokens", FILTERS),
-    M("filter/frac_clipped_pos", "the filter's removed fraction in responses with A > 0", "fraction of tokens",
-      FILTERS),
-    M("filter/frac_clipped_neg", "the filter's removed fraction in responses with A < 0", "fraction of tokens",
-      FILTERS),
-    M("filter/ES", "Clip_B: the batch mean of S* its threshold is centred on (eq. 15)", "nats",
-      "every step of clip_b, ppo_clip_b"),
-    M("filter/varS", "Clip_B: the batch variance of S* (its threshold is mu standard deviations)", "nats^2",
-      "every step of clip_b, ppo_clip_b"),
-    M("filter/stdD", "Clip_V: the batch standard deviation of S_c its threshold is mu times (eq. 16)", "nats",
-      "every step of clip_v, ppo_clip_v"),
-    M("filter/mu", "the mu the entropy controller set for this step (entropy_target with entropy_control mu)",
-      "standard deviations", "every step with entropy_target and entropy_control mu"),
-    M("filter/kappa", "the controller's gain: predicted entropy change per unit of mu, as it has learned it",
-      "nats per token per unit of mu", "every step with entropy_target and entropy_control mu"),
-    M("frac_clipped", "the filter's removed fraction (filter/frac_clipped, engine spelling, departure 2)",
-      "fraction of tokens", "every logged step of an engine run with a filter", ("trl", "verl")),
-    M("frac_clipped_pos", "filter/frac_clipped_pos, engine spelling", "fraction of tokens",
-      "every logged step of an engine run with a filter", ("trl", "verl")),
-    M("frac_clipped_neg", "filter/frac_clipped_neg, engine spelling", "fraction of tokens",
-      "every logged step of an engine run with a filter", ("trl", "verl")),
+    M(
+        "clip_frac_neg",
+        "clip_frac among the tokens of responses with A < 0 (Clip_B and Clip_V clip here by default)",
+        "fraction of tokens",
+        EVERY,
+    ),
+    M(
+        "filter/frac_clipped",
+        "the filter's own removed fraction (the authors' float32 formula, departure 1)",
+        "fraction of tokens",
+        FILTERS,
+    ),
+    M(
+        "filter/frac_clipped_pos",
+        "the filter's removed fraction in responses with A > 0",
+        "fraction of tokens",
+        FILTERS,
+    ),
+    M(
+        "filter/frac_clipped_neg",
+        "the filter's removed fraction in responses with A < 0",
+        "fraction of tokens",
+        FILTERS,
+    ),
+    M(
+        "filter/ES",
+        "Clip_B: the batch mean of S* its threshold is centred on (eq. 15)",
+        "nats",
+        "every step of clip_b, ppo_clip_b",
+    ),
+    M(
+        "filter/varS",
+        "Clip_B: the batch variance of S* (its threshold is mu standard deviations)",
+        "nats^2",
+        "every step of clip_b, ppo_clip_b",
+    ),
+    M(
+        "filter/stdD",
+        "Clip_V: the batch standard deviation of S_c its threshold is mu times (eq. 16)",
+        "nats",
+        "every step of clip_v, ppo_clip_v",
+    ),
+    M(
+        "filter/mu",
+        "the mu the entropy controller set for this step (entropy_target with entropy_control mu)",
+        "standard deviations",
+        "every step with entropy_target and entropy_control mu",
+    ),
+    M(
+        "filter/kappa",
+        "the controller's gain: predicted entropy change per unit of mu, as it has learned it",
+        "nats per token per unit of mu",
+        "every step with entropy_target and entropy_control mu",
+    ),
+    M(
+        "frac_clipped",
+        "the filter's removed fraction (filter/frac_clipped, engine spelling, departure 2)",
+        "fraction of tokens",
+        "every logged step of an engine run with a filter",
+        ("trl", "verl"),
+    ),
+    M(
+        "frac_clipped_pos",
+        "filter/frac_clipped_pos, engine spelling",
+        "fraction of tokens",
+        "every logged step of an engine run with a filter",
+        ("trl", "verl"),
+    ),
+    M(
+        "frac_clipped_neg",
+        "filter/frac_clipped_neg, engine spelling",
+        "fraction of tokens",
+        "every logged step of an engine run with a filter",
+        ("trl", "verl"),
+    ),
     M("ES", "filter/ES, engine spelling", "nats", "every logged step of an engine run with clip_b", ("trl", "verl")),
-    M("varS", "filter/varS, engine spelling", "nats^2", "every logged step of an engine run with clip_b",
-      ("trl", "verl")),
-    M("stdD", "filter/stdD, engine spelling", "nats", "every logged step of an engine run with clip_v",
-      ("trl", "verl")),
-    M("kept_frac", "fraction of valid tokens the filter keeps in the loss (1 - clip_frac)", "fraction of tokens",
-      "every logged step of an engine run with a filter", ("trl", "verl")),
-    M("clip_cov_selected_frac", "Clip-Cov: fraction of tokens whose advantage was zeroed", "fraction of tokens",
-      "every step of a verl run with clip_cov", ("verl",)),
-    M("would_clip_b/frac", "monitor: the fraction of the loss's tokens Clip_B (mu 2.5) would drop from this batch",
-      "fraction of tokens", "every logged step of a monitored engine run (method none)", ("trl", "verl")),
-    M("would_clip_v/frac", "monitor: the fraction Clip_V (mu 8.5, cap 1e-4) would drop", "fraction of tokens",
-      "every logged step of a monitored engine run (method none)", ("trl", "verl")),
-    M("would_clip_b/entropy_change", "monitor: the part of entropy_change/predicted the tokens Clip_B would drop "
-      "account for", "nats per token", "every logged step of a monitored engine run whose step size is known",
-      ("trl", "verl")),
-    M("would_clip_v/entropy_change", "monitor: the same for the tokens Clip_V would drop", "nats per token",
-      "every logged step of a monitored engine run whose step size is known", ("trl", "verl")),
+    M(
+        "varS",
+        "filter/varS, engine spelling",
+        "nats^2",
+        "every logged step of an engine run with clip_b",
+        ("trl", "verl"),
+    ),
+    M(
+        "stdD",
+        "filter/stdD, engine spelling",
+        "nats",
+        "every logged step of an engine run with clip_v",
+        ("trl", "verl"),
+    ),
+    M(
+        "kept_frac",
+        "fraction of valid tokens the filter keeps in the loss (1 - clip_frac)",
+        "fraction of tokens",
+        "every logged step of an engine run with a filter",
+        ("trl", "verl"),
+    ),
+    M(
+        "clip_cov_selected_frac",
+        "Clip-Cov: fraction of tokens whose advantage was zeroed",
+        "fraction of tokens",
+        "every step of a verl run with clip_cov",
+        ("verl",),
+    ),
+    M(
+        "would_clip_b/frac",
+        "monitor: the fraction of the loss's tokens Clip_B (mu 2.5) would drop from this batch",
+        "fraction of tokens",
+        "every logged step of a monitored engine run (method none)",
+        ("trl", "verl"),
+    ),
+    M(
+        "would_clip_v/frac",
+        "monitor: the fraction Clip_V (mu 8.5, cap 1e-4) would drop",
+        "fraction of tokens",
+        "every logged step of a monitored engine run (method none)",
+        ("trl", "verl"),
+    ),
+    M(
+        "would_clip_b/entropy_change",
+        "monitor: the part of entropy_change/predicted the tokens Clip_B would drop account for",
+        "nats per token",
+        "every logged step of a monitored engine run whose step size is known",
+        ("trl", "verl"),
+    ),
+    M(
+        "would_clip_v/entropy_change",
+        "monitor: the same for the tokens Clip_V would drop",
+        "nats per token",
+        "every logged step of a monitored engine run whose step size is known",
+        ("trl", "verl"),
+    ),
     # the loss and the update
     M("loss/total", "the loss minimised, mean over the update's optimizer steps", "loss", EVERY),
     M("loss/policy", "its policy-gradient term", "loss", EVERY),
-    M("loss/clipfrac", "PPO ratio clipping: fraction of the loss's tokens whose ratio fell outside [1 - eps_low, "
-      "1 + eps_high] on the clipped side (not a token filter: 0 when strictly on-policy, ratio 1); Clip-Cov and "
-      "GSPO: their own selected or clipped fraction", "fraction of tokens", "every step but kl_cov"),
+    M(
+        "loss/clipfrac",
+        "PPO ratio clipping: fraction of the loss's tokens whose ratio fell outside [1 - eps_low, "
+        "1 + eps_high] on the clipped side (not a token filter: 0 when strictly on-policy, ratio 1); Clip-Cov and "
+        "GSPO: their own selected or clipped fraction",
+        "fraction of tokens",
+        "every step but kl_cov",
+    ),
     M("loss/clipfrac_high", "the tokens with A > 0 and ratio above 1 + eps_high", "fraction of tokens", PPO),
     M("loss/clipfrac_low", "the tokens with A < 0 and ratio below 1 - eps_low", "fraction of tokens", PPO),
-    M("loss/clipfrac_dual", "the tokens where dual-clip (dual_clip_c) bounds the loss of a negative advantage",
-      "fraction of tokens", PPO),
+    M(
+        "loss/clipfrac_dual",
+        "the tokens where dual-clip (dual_clip_c) bounds the loss of a negative advantage",
+        "fraction of tokens",
+        PPO,
+    ),
     M("loss/ppo_kl", "mean of log(old p / new p) over the loss's tokens (KL-Cov: of |log ratio|)", "nats", EVERY),
-    M("loss/ratio_mean", "mean importance ratio new p / old p over the loss's tokens (1 when on-policy)", "ratio",
-      PPO),
-    M("loss/cov_selected_frac", "KL-Cov: fraction of tokens its KL penalty applies to", "fraction of tokens",
-      "every step of kl_cov"),
-    M("loss/entropy_bonus", "the entropy bonus term of the loss (entropy_coef x entropy)", "loss",
-      "every step with an entropy bonus (entropy_bonus, entropy_control bonus)"),
+    M("loss/ratio_mean", "mean importance ratio new p / old p over the loss's tokens (1 when on-policy)", "ratio", PPO),
+    M(
+        "loss/cov_selected_frac",
+        "KL-Cov: fraction of tokens its KL penalty applies to",
+        "fraction of tokens",
+        "every step of kl_cov",
+    ),
+    M(
+        "loss/entropy_bonus",
+        "the entropy bonus term of the loss (entropy_coef x entropy)",
+        "loss",
+        "every step with an entropy bonus (entropy_bonus, entropy_control bonus)",
+    ),
     M("loss/entropic", "EntroPIC's reweighting term of the loss", "loss", "every step with entropy_control pi"),
     M("loss/value", "PPO's critic loss", "loss", "every step of ppo, ppo_clip_b, ppo_clip_v"),
-    M("loss/value_mean", "mean value estimate over the loss's tokens", "reward", "every step of ppo, ppo_clip_b, "
-      "ppo_clip_v"),
-    M("loss/vf_clipfrac", "fraction of tokens whose value update was clipped (value_clip)", "fraction of tokens",
-      "every step of ppo, ppo_clip_b, ppo_clip_v"),
-    M("grad_norm", "gradient norm of the last optimizer step, before clipping at grad_clip", "norm", EVERY,
-      ("trainer", "trl")),
+    M(
+        "loss/value_mean",
+        "mean value estimate over the loss's tokens",
+        "reward",
+        "every step of ppo, ppo_clip_b, ppo_clip_v",
+    ),
+    M(
+        "loss/vf_clipfrac",
+        "fraction of tokens whose value update was clipped (value_clip)",
+        "fraction of tokens",
+        "every step of ppo, ppo_clip_b, ppo_clip_v",
+    ),
+    M(
+        "grad_norm",
+        "gradient norm of the last optimizer step, before clipping at grad_clip",
+        "norm",
+        EVERY,
+        ("trainer", "trl"),
+    ),
     M("lr", "the learning rate of the step", "learning rate", EVERY, ("trainer", "trl")),
-    M("entropy_coef", "the entropy bonus coefficient of the step (0 without a bonus; moves under entropy_control "
-      "bonus)", "coefficient", EVERY),
+    M(
+        "entropy_coef",
+        "the entropy bonus coefficient of the step (0 without a bonus; moves under entropy_control bonus)",
+        "coefficient",
+        EVERY,
+    ),
     M("entropic/alpha", "EntroPIC's coefficient of the step", "coefficient", "every step with entropy_control pi"),
-    M("entropic/integral", "EntroPIC's integral of the entropy error", "nats x steps",
-      "every step with entropy_control pi"),
-    M("entropic/high_prob_frac", "fraction of tokens EntroPIC counts as high-probability (above pi_threshold)",
-      "fraction of tokens", "every step with entropy_control pi"),
-    M("update/frac_rows_no_backward", "fraction of responses whose update forward ran without a graph (advantage 0, "
-      "so their gradient is exactly 0; skip_zero_advantage)", "fraction of responses", EVERY),
-    M("rollout/sampler_logp_gap", "mean |log p| difference between the sampler and the trained policy on the "
-      "sampled tokens (decode and vLLM against the training forward)", "nats", "every step whose sampler reports "
-      "log-probs"),
-    M("rollout/sampler_logp_gap_max", "its largest value over the batch", "nats", "every step whose sampler "
-      "reports log-probs"),
+    M(
+        "entropic/integral",
+        "EntroPIC's integral of the entropy error",
+        "nats x steps",
+        "every step with entropy_control pi",
+    ),
+    M(
+        "entropic/high_prob_frac",
+        "fraction of tokens EntroPIC counts as high-probability (above pi_threshold)",
+        "fraction of tokens",
+        "every step with entropy_control pi",
+    ),
+    M(
+        "update/frac_rows_no_backward",
+        "fraction of responses whose update forward ran without a graph (advantage 0, "
+        "so their gradient is exactly 0; skip_zero_advantage)",
+        "fraction of responses",
+        EVERY,
+    ),
+    M(
+        "rollout/sampler_logp_gap",
+        "mean |log p| difference between the sampler and the trained policy on the "
+        "sampled tokens (decode and vLLM against the training forward)",
+        "nats",
+        "every step whose sampler reports log-probs",
+    ),
+    M(
+        "rollout/sampler_logp_gap_max",
+        "its largest value over the batch",
+        "nats",
+        "every step whose sampler reports log-probs",
+    ),
     # evaluation and time
-    M("eval/avg_at_k", "Avg@K on the evaluation problems (mean over K samples)", "fraction correct",
-      "every eval_every-th step (when eval_every > 0)"),
-    M("eval/pass_at_k", "Pass@K on the evaluation problems (unbiased estimate)", "fraction of problems",
-      "every eval_every-th step (when eval_every > 0)"),
+    M(
+        "eval/avg_at_k",
+        "Avg@K on the evaluation problems (mean over K samples)",
+        "fraction correct",
+        "every eval_every-th step (when eval_every > 0)",
+    ),
+    M(
+        "eval/pass_at_k",
+        "Pass@K on the evaluation problems (unbiased estimate)",
+        "fraction of problems",
+        "every eval_every-th step (when eval_every > 0)",
+    ),
     M("time/rollout", "time spent sampling the step's responses", "seconds", EVERY),
     M("time/stats", "time of the forward that gives the token statistics", "seconds", EVERY),
     M("time/update", "time of the update (advantages, filter, backward, optimizer)", "seconds", EVERY),

@@ -68,15 +68,17 @@ class Objective:
         self.terms, self.agg, self.norm, self.denominator = terms, agg, norm, denominator
 
     @classmethod
-    def of(cls, cfg, *, kl: bool, value: bool, entropy_bonus: bool, entropic: bool,
-           extra: Sequence[Term] = ()) -> Objective:
+    def of(
+        cls, cfg, *, kl: bool, value: bool, entropy_bonus: bool, entropic: bool, extra: Sequence[Term] = ()
+    ) -> Objective:
         spec = POLICY_LOSSES.get(cfg.policy_loss)
         terms = [policy_term(spec, spec.kwargs(cfg))]
         if kl:
             terms.append(Term("kl", "loss", False, _kl, lambda mb: cfg.kl_coef))
         if value:
-            terms.append(Term("value", "valid", False, lambda mb, agg: _value(mb, agg, cfg.value_clip),
-                              lambda mb: cfg.vf_coef))
+            terms.append(
+                Term("value", "valid", False, lambda mb, agg: _value(mb, agg, cfg.value_clip), lambda mb: cfg.vf_coef)
+            )
         if entropy_bonus:  # minus: the bonus raises entropy
             terms.append(Term("entropy_bonus", "loss", False, _entropy_bonus, lambda mb: -mb.entropy_coef))
         if entropic:
@@ -148,7 +150,7 @@ def policy_term(spec: PolicyLoss, kwargs: dict) -> Term:
     aggregated as cfg.loss_agg says unless the loss has its own (spec.agg: verl's SAPO and GMPO)."""
 
     def fn(mb: Micro, agg: Aggregation) -> tuple[Tensor, dict]:
-        extra = {"selected": mb.selected} if mb.selected is not None else {}
+        extra: dict[str, Tensor | None] = {"selected": mb.selected} if mb.selected is not None else {}
         if spec.entropy:
             extra.update(entropy=mb.stats.entropy, old_entropy=mb.old_entropy)
         keywords = {**agg.keywords, "agg": spec.agg or agg.mode}

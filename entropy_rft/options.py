@@ -8,7 +8,6 @@ import argparse
 import math
 
 
-
 def setting(field: str):
     """The option's text read and checked as TrainConfig.<field> is (one source of rules: config.check_values)."""
 
@@ -63,13 +62,15 @@ def set_item(text: str) -> tuple[str, object]:
     if not eq or not key:
         raise argparse.ArgumentTypeError(f"takes KEY=VALUE (e.g. --set lr=1e-5), got {text!r}")
     if not raw.strip():
-        raise argparse.ArgumentTypeError(f"{key}= has no value; write {key}=VALUE ({key}=null for None where the "
-                                         "field allows it)")
+        raise argparse.ArgumentTypeError(
+            f"{key}= has no value; write {key}=VALUE ({key}=null for None where the field allows it)"
+        )
     try:
         value = yaml.safe_load(raw)
     except yaml.YAMLError as err:
-        raise argparse.ArgumentTypeError(f"{text!r}: the value is not YAML ({' '.join(str(err).split()[:8])}...); "
-                                         f"quote text, e.g. {key}='...'") from None
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: the value is not YAML ({' '.join(str(err).split()[:8])}...); quote text, e.g. {key}='...'"
+        ) from None
     from .config import TrainConfig
 
     field = TrainConfig.__dataclass_fields__.get(key)
@@ -78,8 +79,9 @@ def set_item(text: str) -> tuple[str, object]:
     try:
         value = check_values(**{key: value})[key]
     except ConfigError as err:
-        raise argparse.ArgumentTypeError(f"{key}={raw}: {err.problems[0][1]} (`entropy-rft train --help-config` "
-                                         "lists every field)") from None
+        raise argparse.ArgumentTypeError(
+            f"{key}={raw}: {err.problems[0][1]} (`entropy-rft train --help-config` lists every field)"
+        ) from None
     return key, value
 
 
@@ -110,8 +112,10 @@ def methods_list(text: str) -> list[str]:
     if unknown:
         from .registry import did_you_mean
 
-        raise argparse.ArgumentTypeError(f"unknown method {unknown[0]!r}{did_you_mean(unknown[0], METHODS.names())}; "
-                                         f"known: {', '.join(METHODS.names())}")
+        raise argparse.ArgumentTypeError(
+            f"unknown method {unknown[0]!r}{did_you_mean(unknown[0], METHODS.names())}; "
+            f"known: {', '.join(METHODS.names())}"
+        )
     return names
 
 

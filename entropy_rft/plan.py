@@ -109,32 +109,51 @@ class ModelShape:
     qk_norm: bool
 
     @classmethod
-    def from_config(cls, config: dict, *, source: str = "config.json") -> "ModelShape":
+    def from_config(cls, config: dict, *, source: str = "config.json") -> ModelShape:
         config = config.get("text_config", config)
         kind = config.get("model_type")
         if kind not in SUPPORTED:
-            raise ValueError(f"{source}: model_type {kind!r} is not one the plan counts ({', '.join(SUPPORTED)}); "
-                             "its layer layout would need adding to entropy_rft/plan.py")
-        missing = [k for k in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                               "vocab_size") if k not in config]
+            raise ValueError(
+                f"{source}: model_type {kind!r} is not one the plan counts ({', '.join(SUPPORTED)}); "
+                "its layer layout would need adding to entropy_rft/plan.py"
+            )
+        missing = [
+            k
+            for k in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
+            if k not in config
+        ]
         if missing:
             raise ValueError(f"{source}: config.json lacks {missing}; pass the model's own config.json")
         h, heads = config["hidden_size"], config["num_attention_heads"]
         attention_bias = bool(config.get("attention_bias", False))
-        return cls(model_type=kind, hidden=h, intermediate=config["intermediate_size"],
-                   layers=config["num_hidden_layers"], heads=heads,
-                   kv_heads=config.get("num_key_value_heads") or heads,
-                   head_dim=config.get("head_dim") or h // heads, vocab=config["vocab_size"],
-                   tied=bool(config.get("tie_word_embeddings", False)),
-                   qkv_bias=kind == "qwen2" or attention_bias,  # Qwen2 always biases q, k, v
-                   o_bias=kind != "qwen2" and attention_bias, mlp_bias=bool(config.get("mlp_bias", False)),
-                   qk_norm=kind == "qwen3")
+        return cls(
+            model_type=kind,
+            hidden=h,
+            intermediate=config["intermediate_size"],
+            layers=config["num_hidden_layers"],
+            heads=heads,
+            kv_heads=config.get("num_key_value_heads") or heads,
+            head_dim=config.get("head_dim") or h // heads,
+            vocab=config["vocab_size"],
+            tied=bool(config.get("tie_word_embeddings", False)),
+            qkv_bias=kind == "qwen2" or attention_bias,  # Qwen2 always biases q, k, v
+            o_bias=kind != "qwen2" and attention_bias,
+            mlp_bias=bool(config.get("mlp_bias", False)),
+            qk_norm=kind == "qwen3",
+        )
 
     def linear_shapes(self) -> dict[str, tuple[int, int]]:
         """(in, out) of each linear layer of one decoder layer."""
         h, i, q, kv = self.hidden, self.intermediate, self.heads * self.head_dim, self.kv_heads * self.head_dim
-        return {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h),
-                "gate_proj": (h, i), "up_proj": (h, i), "down_proj": (i, h)}
+        return {
+            "q_proj": (h, q),
+            "k_proj": (h, kv),
+            "v_proj": (h, kv),
+            "o_proj": (q, h),
+            "gate_proj": (h, i),
+            "up_proj": (h, i),
+            "down_proj": (i, h),
+        }
 
     def layer_linear_params(self) -> int:
         return sum(a * b for a, b in self.linear_shapes().values())
@@ -166,8 +185,10 @@ class ModelShape:
         names = list(LINEARS) if targets == "all-linear" else [t.strip() for t in targets.split(",") if t.strip()]
         unknown = [n for n in names if n not in shapes]
         if unknown:
-            raise ValueError(f"lora_targets names {unknown}, not linear layers of a {self.model_type} decoder "
-                             f"({', '.join(LINEARS)}); use 'all-linear' or a comma-separated subset")
+            raise ValueError(
+                f"lora_targets names {unknown}, not linear layers of a {self.model_type} decoder "
+                f"({', '.join(LINEARS)}); use 'all-linear' or a comma-separated subset"
+            )
         return self.layers * sum(rank * sum(shapes[n]) for n in names), len(names)
 
 
@@ -200,7 +221,8 @@ def find_model_config(model: str) -> tuple[dict, str]:
     raise FileNotFoundError(
         f"no config.json for model {model!r}: it is not a local directory and no shape of it ships in "
         f"{SHAPES_DIR}. Download only its config.json (e.g. `hf download {model} config.json --local-dir DIR`) "
-        "and pass --model DIR")
+        "and pass --model DIR"
+    )
 
 
 def stats_tile(kernel: str = "triton") -> tuple[int, int]:
@@ -219,8 +241,9 @@ def stats_tile(kernel: str = "triton") -> tuple[int, int]:
 # Activations (module docstring, row 8)
 
 
-def layer_activation_bytes(shape: ModelShape, *, precision: str, lora_rank: int = 0, lora_layers: int = 0,
-                           seq_len: int) -> float:
+def layer_activation_bytes(
+    shape: ModelShape, *, precision: str, lora_rank: int = 0, lora_layers: int = 0, seq_len: int
+) -> float:
     """Bytes autograd saves in one decoder layer per token (the padding mask's bias: seq_len of them per token)."""
     a = 2 if precision == "bf16" else 4
     h, i, heads, d, kv = shape.hidden, shape.intermediate, shape.heads, shape.head_dim, shape.kv_heads
@@ -238,23 +261,35 @@ def layer_activation_bytes(shape: ModelShape, *, precision: str, lora_rank: int 
     return norms + casts + attention + mask_bias + mlp + qk_norm + lora
 
 
-def pass_activation_bytes(shape: ModelShape, *, rows: int, prompt: int, response: int, precision: str,
-                          checkpointing: bool, lora_rank: int = 0, lora_layers: int = 0,
-                          value_head: bool = False) -> dict[str, float]:
+def pass_activation_bytes(
+    shape: ModelShape,
+    *,
+    rows: int,
+    prompt: int,
+    response: int,
+    precision: str,
+    checkpointing: bool,
+    lora_rank: int = 0,
+    lora_layers: int = 0,
+    value_head: bool = False,
+) -> dict[str, float]:
     """Activation bytes of one training forward over `rows` rows: 'saved' at the end of the forward, and
     'backward' as the backward reaches the decoder layers (saved + one recomputed layer under checkpointing + the
     residual stream's gradients). Every response is taken at full length (the worst batch): the trainer's forward
     skips right padding (forward.length_buckets), so a batch of shorter responses keeps less."""
     t = prompt + response - 1  # the decoder's inputs: the last response token predicts nothing the loss uses
     n, n_r, h = rows * t, rows * response, shape.hidden
-    layer = n * layer_activation_bytes(shape, precision=precision, lora_rank=lora_rank, lora_layers=lora_layers,
-                                       seq_len=t)
-    outside = (n * ((4 if lora_rank else 8) * h + 4)  # final RMSNorm: input (and normalised output, if trained)
-               + n_r * (4 * h + 8)  # the last hidden state of each response token, its logsumexp and mean logit
-               + n_r * (8 + 8 + 1)  # log p and H (scattered back to rows), their flat positions, the valid mask
-               + n * 8 * shape.head_dim  # RoPE cos and sin (float32)
-               + 8 * ((0 if lora_rank else n) + n_r)  # input ids (for a trained embedding), token ids
-               + (n * 4 * h if value_head else 0))  # the value head's input
+    layer = n * layer_activation_bytes(
+        shape, precision=precision, lora_rank=lora_rank, lora_layers=lora_layers, seq_len=t
+    )
+    outside = (
+        n * ((4 if lora_rank else 8) * h + 4)  # final RMSNorm: input (and normalised output, if trained)
+        + n_r * (4 * h + 8)  # the last hidden state of each response token, its logsumexp and mean logit
+        + n_r * (8 + 8 + 1)  # log p and H (scattered back to rows), their flat positions, the valid mask
+        + n * 8 * shape.head_dim  # RoPE cos and sin (float32)
+        + 8 * ((0 if lora_rank else n) + n_r)  # input ids (for a trained embedding), token ids
+        + (n * 4 * h if value_head else 0)
+    )  # the value head's input
     if checkpointing:
         saved = shape.layers * n * 4 * h + outside + rows * t * t  # the checkpoints keep the boolean mask
         return {"saved": saved, "backward": saved + layer + 8 * n * h}
@@ -302,46 +337,92 @@ class Plan:
 
     def to_json(self) -> dict:
         g = lambda x: round(x / GIB, 3)  # noqa: E731
-        return {"model": self.model, "config": self.source, "params": self.params, "trainable": self.trainable,
-                "rows_per_pass": self.rows, "prompt_tokens": self.prompt_tokens,
-                "response_tokens": self.response_tokens, "precision": self.precision,
-                "gradient_checkpointing": self.checkpointing, "lora_rank": self.lora_rank,
-                "peak_phase": self.phase, "gib": {**{k: g(v) for k, v in self.items.items()},
-                                                  **{k: g(v) for k, v in self.peak_items.items()}},
-                "training_gib": g(self.training_bytes), "vllm_gib": g(self.vllm_bytes),
-                "phases_gib": {k: g(v) for k, v in self.phase_totals.items()},
-                "device_gib": g(self.device_bytes), "fits": self.fits, "notes": self.notes}
+        return {
+            "model": self.model,
+            "config": self.source,
+            "params": self.params,
+            "trainable": self.trainable,
+            "rows_per_pass": self.rows,
+            "prompt_tokens": self.prompt_tokens,
+            "response_tokens": self.response_tokens,
+            "precision": self.precision,
+            "gradient_checkpointing": self.checkpointing,
+            "lora_rank": self.lora_rank,
+            "peak_phase": self.phase,
+            "gib": {**{k: g(v) for k, v in self.items.items()}, **{k: g(v) for k, v in self.peak_items.items()}},
+            "training_gib": g(self.training_bytes),
+            "vllm_gib": g(self.vllm_bytes),
+            "phases_gib": {k: g(v) for k, v in self.phase_totals.items()},
+            "device_gib": g(self.device_bytes),
+            "fits": self.fits,
+            "notes": self.notes,
+        }
 
     def table(self) -> str:
         g = lambda x: f"{x / GIB:10.2f}"  # noqa: E731
-        lines = [f"Memory plan for {self.model} ({self.source})",
-                 f"  {self.params / 1e9:.3f}B parameters, {self.trainable / 1e9:.4f}B trainable"
-                 + (f" (LoRA rank {self.lora_rank})" if self.lora_rank else "")
-                 + f"; {self.precision}; gradient checkpointing {'on' if self.checkpointing else 'off'}; "
-                 f"{self.rows} rows x ({self.prompt_tokens} prompt + {self.response_tokens} response) tokens per pass",
-                 "", f"  {'what':<72}{'GiB':>10}"]
+        lines = [
+            f"Memory plan for {self.model} ({self.source})",
+            f"  {self.params / 1e9:.3f}B parameters, {self.trainable / 1e9:.4f}B trainable"
+            + (f" (LoRA rank {self.lora_rank})" if self.lora_rank else "")
+            + f"; {self.precision}; gradient checkpointing {'on' if self.checkpointing else 'off'}; "
+            f"{self.rows} rows x ({self.prompt_tokens} prompt + {self.response_tokens} response) tokens per pass",
+            "",
+            f"  {'what':<72}{'GiB':>10}",
+        ]
         for k, v in self.items.items():
             lines.append(f"  {k:<72}{g(v)}")
         for k, v in self.peak_items.items():
             lines.append(f"  {k + ' [' + self.phase + ']':<72}{g(v)}")
-        lines += [f"  {'= trainer peak (estimate)':<72}{g(self.training_bytes)}",
-                  "    (trainer at each moment, GiB: "
-                  + ", ".join(f"{k} {v / GIB:.2f}" for k, v in self.phase_totals.items()) + ")"]
+        lines += [
+            f"  {'= trainer peak (estimate)':<72}{g(self.training_bytes)}",
+            "    (trainer at each moment, GiB: "
+            + ", ".join(f"{k} {v / GIB:.2f}" for k, v in self.phase_totals.items())
+            + ")",
+        ]
         if self.vllm_bytes:
             lines.append(f"  {'+ vLLM share (vllm_gpu_memory)':<72}{g(self.vllm_bytes)}")
-        lines += [f"  {'= total':<72}{g(self.training_bytes + self.vllm_bytes)}",
-                  f"  {'device (' + self.device_note + ')':<72}{g(self.device_bytes)}"]
+        lines += [
+            f"  {'= total':<72}{g(self.training_bytes + self.vllm_bytes)}",
+            f"  {'device (' + self.device_note + ')':<72}{g(self.device_bytes)}",
+        ]
         lines += [f"  note: {n}" for n in self.notes]
         verdict = "fits" if self.fits else "does NOT fit"
-        lines.append(f"  -> {verdict}: {(self.training_bytes + self.vllm_bytes) / GIB:.1f} of "
-                     f"{self.device_bytes / GIB:.1f} GiB, with {HEADROOM:.0%} of the trainer peak kept as headroom "
-                     "(module docstring)")
+        lines.append(
+            f"  -> {verdict}: {(self.training_bytes + self.vllm_bytes) / GIB:.1f} of "
+            f"{self.device_bytes / GIB:.1f} GiB, with {HEADROOM:.0%} of the trainer peak kept as headroom "
+            "(module docstring)"
+        )
         return "\n".join(lines)
 
 
-def plan_memory(cfg: TrainConfig, shape: ModelShape, *, device_gib: float = DEFAULT_DEVICE_GIB,
-                prompt_tokens: int = DEFAULT_PROMPT_TOKENS, model: str | None = None, source: str = "config.json",
-                device_note: str = "given", kernel: str = "triton") -> Plan:
+def _peak_phase(phases: list[tuple[str, dict[str, float]]]) -> tuple[str, dict[str, float]]:
+    """The phase with the most bytes above what is held throughout, and its non-zero items (activations and HF
+    generate's items shown even at 0)."""
+    phase, peak = max(phases, key=lambda kv: sum(kv[1].values()))
+    return phase, {k: v for k, v in peak.items() if v or k.startswith(("activations", "HF"))}
+
+
+def _generate_items(shape: ModelShape, rows: int, length: int) -> dict[str, float]:
+    """HF generate's bytes between updates: the float32 KV cache of one generate call (rows at length tokens) and
+    one step's logits and sampling."""
+    kv_bytes = 2 * shape.layers * shape.kv_heads * shape.head_dim * 4
+    return {
+        f"HF generate: float32 KV cache ({rows} rows x {length})": kv_bytes * rows * length,
+        "HF generate: logits and sampling of one step (float32 [rows, V] x 3)": 3 * 4 * rows * shape.vocab,
+    }
+
+
+def plan_memory(
+    cfg: TrainConfig,
+    shape: ModelShape,
+    *,
+    device_gib: float = DEFAULT_DEVICE_GIB,
+    prompt_tokens: int = DEFAULT_PROMPT_TOKENS,
+    model: str | None = None,
+    source: str = "config.json",
+    device_note: str = "given",
+    kernel: str = "triton",
+) -> Plan:
     """The memory plan of `cfg` for a model of `shape` on a device of `device_gib` GiB (module docstring);
     `kernel` names the statistics' path (row 9): "triton" on CUDA, "torch" on a CPU."""
     from .rules import StepRules
@@ -358,33 +439,59 @@ def plan_memory(cfg: TrainConfig, shape: ModelShape, *, device_gib: float = DEFA
     batch = cfg.prompts_per_step * cfg.group_size
     rows = rules.rows_per_pass(batch)
     if rules.holds_whole_batch(batch):
-        notes.append(f"reuse_forward on holds every micro-batch's forward until the filter: {batch} rows of "
-                     "activations at once")
+        notes.append(
+            f"reuse_forward on holds every micro-batch's forward until the filter: {batch} rows of activations at once"
+        )
         rows = batch
     response = cfg.max_new_tokens
-    act = pass_activation_bytes(shape, rows=rows, prompt=prompt_tokens, response=response, precision=cfg.precision,
-                                checkpointing=cfg.gradient_checkpointing, lora_rank=cfg.lora_rank,
-                                lora_layers=lora_layers, value_head=rules.critic)
-    phases = _pass_phases(cfg, shape, act, rows=rows, prompt_tokens=prompt_tokens, kernel=kernel,
-                          adapters_bf16=2 * (trainable - head_params) if cfg.lora_rank > 0 else 0)
-    if cfg.engine == "hf":  # generation between updates: the float32 KV cache of one generate call, all rows at T
-        gen_rows = min(HF_GENERATE_ROWS, batch)
-        kv_bytes = 2 * shape.layers * shape.kv_heads * shape.head_dim * 4
-        phases.append(("generate", {f"HF generate: float32 KV cache ({gen_rows} rows x {prompt_tokens + response})":
-                                    kv_bytes * gen_rows * (prompt_tokens + response),
-                                    "HF generate: logits and sampling of one step (float32 [rows, V] x 3)":
-                                    3 * 4 * gen_rows * shape.vocab}))
+    act = pass_activation_bytes(
+        shape,
+        rows=rows,
+        prompt=prompt_tokens,
+        response=response,
+        precision=cfg.precision,
+        checkpointing=cfg.gradient_checkpointing,
+        lora_rank=cfg.lora_rank,
+        lora_layers=lora_layers,
+        value_head=rules.critic,
+    )
+    phases = _pass_phases(
+        cfg,
+        shape,
+        act,
+        rows=rows,
+        prompt_tokens=prompt_tokens,
+        kernel=kernel,
+        adapters_bf16=2 * (trainable - head_params) if cfg.lora_rank > 0 else 0,
+    )
+    if cfg.engine == "hf":  # generation between updates
+        phases.append(("generate", _generate_items(shape, min(HF_GENERATE_ROWS, batch), prompt_tokens + response)))
     phase_totals = {name: sum(held.values()) + sum(rows_.values()) for name, rows_ in phases}
-    phase, peak = max(phases, key=lambda kv: sum(kv[1].values()))
-    peak = {k: v for k, v in peak.items() if v or k.startswith(("activations", "HF"))}
+    phase, peak = _peak_phase(phases)
     vllm = cfg.vllm_gpu_memory * device_gib * GIB if cfg.engine == "vllm" else 0.0
     if vllm:
         notes.append(_vllm_note(shape, vllm))
-    return Plan(model=model or cfg.model, source=source, shape=shape, params=P, trainable=trainable, rows=rows,
-                prompt_tokens=prompt_tokens, response_tokens=response, precision=cfg.precision,
-                checkpointing=cfg.gradient_checkpointing, lora_rank=cfg.lora_rank, device_bytes=device_gib * GIB,
-                device_note=device_note, vllm_bytes=vllm, items=held, phase=phase, peak_items=peak, notes=notes,
-                phase_totals=phase_totals)
+    return Plan(
+        model=model or cfg.model,
+        source=source,
+        shape=shape,
+        params=P,
+        trainable=trainable,
+        rows=rows,
+        prompt_tokens=prompt_tokens,
+        response_tokens=response,
+        precision=cfg.precision,
+        checkpointing=cfg.gradient_checkpointing,
+        lora_rank=cfg.lora_rank,
+        device_bytes=device_gib * GIB,
+        device_note=device_note,
+        vllm_bytes=vllm,
+        items=held,
+        phase=phase,
+        peak_items=peak,
+        notes=notes,
+        phase_totals=phase_totals,
+    )
 
 
 def _held_bytes(cfg: TrainConfig, shape: ModelShape, rules) -> tuple[dict[str, float], int, int, int]:
@@ -413,8 +520,9 @@ def _held_bytes(cfg: TrainConfig, shape: ModelShape, rules) -> tuple[dict[str, f
     return held, trainable, head_params, lora_layers
 
 
-def _pass_phases(cfg: TrainConfig, shape: ModelShape, act: dict, *, rows: int, prompt_tokens: int, kernel: str,
-                 adapters_bf16: float) -> list[tuple[str, dict[str, float]]]:
+def _pass_phases(
+    cfg: TrainConfig, shape: ModelShape, act: dict, *, rows: int, prompt_tokens: int, kernel: str, adapters_bf16: float
+) -> list[tuple[str, dict[str, float]]]:
     """What one pass of `rows` rows holds besides the step's state, in each phase: forward, the statistics'
     backward, the layers' backward (rows 7-9 of the module docstring)."""
     response = cfg.max_new_tokens
@@ -440,8 +548,9 @@ def _pass_phases(cfg: TrainConfig, shape: ModelShape, act: dict, *, rows: int, p
         tile = a * rows_t * cols_t
         stats_fwd = tile
         stats_bwd = tile + 4 * shape.hidden * n_r + (a + 4) * max(rows_t, cols_t if head_trains else 0) * shape.hidden
-        stats_name = (f"statistics tile ({row_chunk} x {vocab_chunk} {'bf16' if a == 2 else 'float32'}; "
-                      "backward: + d hidden)")
+        stats_name = (
+            f"statistics tile ({row_chunk} x {vocab_chunk} {'bf16' if a == 2 else 'float32'}; backward: + d hidden)"
+        )
     elif streams:  # the torch-ops path: float32 tiles, about three live in the forward and five in the backward
         tile = 4 * rows_t * cols_t
         stats_fwd = 3 * tile
@@ -454,11 +563,18 @@ def _pass_phases(cfg: TrainConfig, shape: ModelShape, act: dict, *, rows: int, p
     acts = "activations" + (" (checkpointed layer inputs)" if cfg.gradient_checkpointing else "")
     casts = "bf16 weight casts (autocast)"
     forward = {casts: casts_fwd, acts: act["saved"], stats_name: stats_fwd}
-    stats_backward = {casts: casts_saved, acts: act["saved"], stats_name: stats_bwd,
-                      "LM head gradient buffer (float32 [V, h])": lm_grad}
-    layer_backward = {casts: casts_recompute,
-                      "activations" + (" (layer inputs + one recomputed layer)" if cfg.gradient_checkpointing
-                                       else "") + " + residual gradients": act["backward"]}
+    stats_backward = {
+        casts: casts_saved,
+        acts: act["saved"],
+        stats_name: stats_bwd,
+        "LM head gradient buffer (float32 [V, h])": lm_grad,
+    }
+    layer_backward = {
+        casts: casts_recompute,
+        "activations"
+        + (" (layer inputs + one recomputed layer)" if cfg.gradient_checkpointing else "")
+        + " + residual gradients": act["backward"],
+    }
     return [("forward", forward), ("statistics backward", stats_backward), ("layer backward", layer_backward)]
 
 
@@ -466,11 +582,15 @@ def _vllm_note(shape: ModelShape, vllm: float) -> str:
     """What vLLM's share of the device holds: its bf16 weights and the KV cache the rest allows."""
     weights16 = 2 * shape.params()
     if weights16 >= vllm:
-        return (f"vLLM's share ({vllm / GIB:.1f} GiB) is smaller than its bf16 weights "
-                f"({weights16 / GIB:.1f} GiB): raise vllm_gpu_memory")
+        return (
+            f"vLLM's share ({vllm / GIB:.1f} GiB) is smaller than its bf16 weights "
+            f"({weights16 / GIB:.1f} GiB): raise vllm_gpu_memory"
+        )
     kv = 2 * shape.layers * shape.kv_heads * shape.head_dim * 2
-    return (f"vLLM: {weights16 / GIB:.1f} GiB of bf16 weights, about {(vllm - weights16) / GIB:.1f} GiB "
-            f"for its KV cache ({(vllm - weights16) / kv / 1e3:.0f}k tokens at {kv // 1024} KiB each)")
+    return (
+        f"vLLM: {weights16 / GIB:.1f} GiB of bf16 weights, about {(vllm - weights16) / GIB:.1f} GiB "
+        f"for its KV cache ({(vllm - weights16) / kv / 1e3:.0f}k tokens at {kv // 1024} KiB each)"
+    )
 
 
 def zero3_gpus(plan: Plan, cfg: TrainConfig, shape: ModelShape, *, device_gib: float, max_gpus: int = 64) -> int | None:
@@ -517,8 +637,10 @@ def suggestions(cfg: TrainConfig, shape: ModelShape, plan: Plan, **kw) -> list[s
         for rank in (64, 16):
             m = best_micro(lora_rank=rank, gradient_checkpointing=True)
             if m:
-                out.append(f"LoRA: lora_rank: {rank} with gradient_checkpointing: true and micro_batch_size: {m} "
-                           "(a larger lr than full fine-tuning's; see configs/one_gpu/)")
+                out.append(
+                    f"LoRA: lora_rank: {rank} with gradient_checkpointing: true and micro_batch_size: {m} "
+                    "(a larger lr than full fine-tuning's; see configs/one_gpu/)"
+                )
                 break
     if cfg.engine == "vllm":
         weights16 = 2 * plan.params
@@ -528,10 +650,12 @@ def suggestions(cfg: TrainConfig, shape: ModelShape, plan: Plan, **kw) -> list[s
     device_gib = plan.device_bytes / GIB
     gpus = zero3_gpus(plan, cfg, shape, device_gib=device_gib)
     if gpus:
-        out.append(f"about {gpus} or more GPUs of {device_gib:.0f} GiB: the TRL adapter "
-                   "(entropy_rft.integrations.trl) under accelerate with DeepSpeed ZeRO-3 "
-                   "(examples/accelerate/deepspeed_zero3.yaml; estimate: 16 bytes per parameter sharded, plus this "
-                   "plan's activations on each GPU, vLLM on a GPU of its own)")
+        out.append(
+            f"about {gpus} or more GPUs of {device_gib:.0f} GiB: the TRL adapter "
+            "(entropy_rft.integrations.trl) under accelerate with DeepSpeed ZeRO-3 "
+            "(examples/accelerate/deepspeed_zero3.yaml; estimate: 16 bytes per parameter sharded, plus this "
+            "plan's activations on each GPU, vLLM on a GPU of its own)"
+        )
     return out
 
 
@@ -547,8 +671,13 @@ def detect_device_gib() -> tuple[float | None, str]:
     return None, "no GPU here: 80 GiB assumed, pass --device-memory"
 
 
-def plan_for_config(cfg: TrainConfig, *, model: str | None = None, device_gib: float | None = None,
-                    prompt_tokens: int = DEFAULT_PROMPT_TOKENS) -> tuple[Plan, ModelShape, dict]:
+def plan_for_config(
+    cfg: TrainConfig,
+    *,
+    model: str | None = None,
+    device_gib: float | None = None,
+    prompt_tokens: int = DEFAULT_PROMPT_TOKENS,
+) -> tuple[Plan, ModelShape, dict]:
     """The plan of a loaded recipe: the model's config.json found from `model` (or the recipe's model)."""
     config, source = find_model_config(model or cfg.model)
     shape = ModelShape.from_config(config, source=source)
@@ -556,8 +685,13 @@ def plan_for_config(cfg: TrainConfig, *, model: str | None = None, device_gib: f
     if device_gib is None:
         device_gib, note = detect_device_gib()
         device_gib = device_gib or DEFAULT_DEVICE_GIB
-    kw = {"device_gib": device_gib, "prompt_tokens": prompt_tokens, "model": model or cfg.model, "source": source,
-          "device_note": note}
+    kw = {
+        "device_gib": device_gib,
+        "prompt_tokens": prompt_tokens,
+        "model": model or cfg.model,
+        "source": source,
+        "device_note": note,
+    }
     return plan_memory(cfg, shape, **kw), shape, kw
 
 
@@ -615,18 +749,23 @@ def check_fits(cfg: TrainConfig, device) -> None:
         warnings.simplefilter("ignore")
         for name in ("max_new_tokens", "prompts_per_step", "group_size", "micro_batch_size"):
             try:
-                smaller = dataclasses.replace(cfg, **{name: 1, **({"mini_batches": 1} if name == "prompts_per_step"
-                                                                   else {})})
+                smaller = dataclasses.replace(
+                    cfg, **{name: 1, **({"mini_batches": 1} if name == "prompts_per_step" else {})}
+                )
             except ValueError:
                 continue
             if need(smaller) <= total:
                 culprit = name
                 break
-    fix = {"model": "the model's weights, gradients and Adam state alone exceed it: use LoRA (lora_rank), a smaller "
-                    "model or a larger device",
-           "max_new_tokens": "lower max_new_tokens"}.get(
-        culprit, f"lower {culprit}, or set micro_batch_size to a few rows (gradients accumulate over smaller passes)")
+    fix = {
+        "model": "the model's weights, gradients and Adam state alone exceed it: use LoRA (lora_rank), a smaller "
+        "model or a larger device",
+        "max_new_tokens": "lower max_new_tokens",
+    }.get(culprit, f"lower {culprit}, or set micro_batch_size to a few rows (gradients accumulate over smaller passes)")
     what = f"model={cfg.model}" if culprit == "model" else f"{culprit}={getattr(cfg, culprit)}"
-    raise ConfigError(f"{what} cannot be allocated: the run needs about {bytes_needed / GIB:.3g} GiB (the memory plan "
-                      f"of `entropy-rft plan`, at its smallest: a 1-token prompt) and {where} ({device}) holds "
-                      f"{total / GIB:,.1f} GiB; {fix}", [(culprit, "cannot be allocated")])
+    raise ConfigError(
+        f"{what} cannot be allocated: the run needs about {bytes_needed / GIB:.3g} GiB (the memory plan "
+        f"of `entropy-rft plan`, at its smallest: a 1-token prompt) and {where} ({device}) holds "
+        f"{total / GIB:,.1f} GiB; {fix}",
+        [(culprit, "cannot be allocated")],
+    )

@@ -35,8 +35,10 @@ def cache_dir() -> Path:
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as err:
-        raise OSError(f"the entropy-rft cache {path} cannot be created ({err.strerror}); set ENTROPY_RFT_CACHE to a "
-                      "writable directory" + (" or unset it" if "ENTROPY_RFT_CACHE" in os.environ else "")) from None
+        raise OSError(
+            f"the entropy-rft cache {path} cannot be created ({err.strerror}); set ENTROPY_RFT_CACHE to a "
+            "writable directory" + (" or unset it" if "ENTROPY_RFT_CACHE" in os.environ else "")
+        ) from None
     return path
 
 
@@ -74,20 +76,25 @@ def resolve_model_path(name: str) -> str:
     if name in BUILTIN_MODELS:
         path = BUILTIN_MODELS[name]
         if not (path / "config.json").exists():
-            raise FileNotFoundError(f"the shipped model {name!r} is missing at {path}; rebuild it with "
-                                    "`entropy-rft pretrain-toy --out entropy_rft/assets/countdown-tiny`")
+            raise FileNotFoundError(
+                f"the shipped model {name!r} is missing at {path}; rebuild it with "
+                "`entropy-rft pretrain-toy --out entropy_rft/assets/countdown-tiny`"
+            )
         return str(path)
     path = Path(name)
     if path.exists():
         if not (path / "config.json").exists() and not (path / "adapter_config.json").exists():
-            raise FileNotFoundError(f"model directory {path} has no config.json; pass a directory written by "
-                                    "save_pretrained, or a hub id")
+            raise FileNotFoundError(
+                f"model directory {path} has no config.json; pass a directory written by save_pretrained, or a hub id"
+            )
         return str(path)
     looks_like_hub_id = name.count("/") == 1 and not name.startswith((".", "/", "~"))
     if not looks_like_hub_id:
-        raise FileNotFoundError(f"model path {name!r} does not exist; pass a local model directory, a hub id like "
-                                f"'Qwen/Qwen2.5-7B-Instruct', or one of the shipped models: "
-                                f"{', '.join([*BUILTIN_MODELS, *PACKAGED])}")
+        raise FileNotFoundError(
+            f"model path {name!r} does not exist; pass a local model directory, a hub id like "
+            f"'Qwen/Qwen2.5-7B-Instruct', or one of the shipped models: "
+            f"{', '.join([*BUILTIN_MODELS, *PACKAGED])}"
+        )
     return name
 
 
@@ -101,8 +108,10 @@ def load_policy(name: str, device: torch.device, *, trainable: bool = False):
     path = resolve_model_path(name)
     local = Path(path).is_dir()
     if local and not any((Path(path) / f).exists() for f in ("tokenizer_config.json", "tokenizer.json")):
-        raise FileNotFoundError(f"model directory {path} has no tokenizer (tokenizer_config.json or tokenizer.json); "
-                                "save the tokenizer next to the model: tokenizer.save_pretrained(directory)")
+        raise FileNotFoundError(
+            f"model directory {path} has no tokenizer (tokenizer_config.json or tokenizer.json); "
+            "save the tokenizer next to the model: tokenizer.save_pretrained(directory)"
+        )
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
         if (Path(path) / "adapter_config.json").exists():
@@ -115,14 +124,18 @@ def load_policy(name: str, device: torch.device, *, trainable: bool = False):
             model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     except (OSError, ValueError, TypeError, KeyError, SafetensorError) as err:
         if local:  # what transformers says about a damaged directory is about its files, not about the hub
-            raise OSError(f"model directory {path} could not be loaded ({type(err).__name__}: {err}); it must hold a "
-                          "model written by save_pretrained: config.json (a JSON object with model_type), the weights "
-                          "(model.safetensors) and the tokenizer files. Re-save the model there, or pass another "
-                          "directory") from None
+            raise OSError(
+                f"model directory {path} could not be loaded ({type(err).__name__}: {err}); it must hold a "
+                "model written by save_pretrained: config.json (a JSON object with model_type), the weights "
+                "(model.safetensors) and the tokenizer files. Re-save the model there, or pass another "
+                "directory"
+            ) from None
         if not isinstance(err, OSError):
             raise
-        raise OSError(f"could not load model {name!r}: not a local directory, and the hub could not be reached or "
-                      f"has no such model ({err})") from err
+        raise OSError(
+            f"could not load model {name!r}: not a local directory, and the hub could not be reached or "
+            f"has no such model ({err})"
+        ) from err
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return model.to(device), tokenizer
@@ -135,9 +148,19 @@ def prepare_policy(model, cfg: TrainConfig):
             from peft import LoraConfig, get_peft_model
         except ImportError as err:
             raise ImportError("lora_rank > 0 needs PEFT: pip install 'entropy-rft[lora]'") from err
-        targets = cfg.lora_targets if cfg.lora_targets == "all-linear" else [t.strip() for t in cfg.lora_targets.split(",")]
-        model = get_peft_model(model, LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, lora_dropout=0.0,
-                                                 target_modules=targets, task_type="CAUSAL_LM"))
+        targets = (
+            cfg.lora_targets if cfg.lora_targets == "all-linear" else [t.strip() for t in cfg.lora_targets.split(",")]
+        )
+        model = get_peft_model(
+            model,
+            LoraConfig(
+                r=cfg.lora_rank,
+                lora_alpha=cfg.lora_alpha,
+                lora_dropout=0.0,
+                target_modules=targets,
+                task_type="CAUSAL_LM",
+            ),
+        )
     if cfg.gradient_checkpointing:
         kwargs = {"use_reentrant": False}
         if hasattr(model, "activation_checkpointing_enable"):  # the name since transformers 5
@@ -192,8 +215,14 @@ class Policy:
     ref_model: torch.nn.Module | None = None  # the KL term's reference policy (kl_coef > 0)
 
 
-def set_up_policy(cfg: TrainConfig, device: torch.device, checkpoint: Path | None = None, *,
-                  critic: bool = False, reference: bool = False) -> Policy:
+def set_up_policy(
+    cfg: TrainConfig,
+    device: torch.device,
+    checkpoint: Path | None = None,
+    *,
+    critic: bool = False,
+    reference: bool = False,
+) -> Policy:
     """The policy from cfg.model, or from a checkpoint's weights (and value head) to resume: prepared (LoRA, gradient
     checkpointing), dropout off and checked, with its optimizer (Adam's state is the checkpoint's to load), the
     reference policy when asked (rules.StepRules.reference: kl_coef > 0) and the rollout engine."""

@@ -32,10 +32,12 @@ class Scored:
         return torch.arange(len(self.problems)).repeat_interleave(len(self.rewards) // max(len(self.problems), 1))
 
 
-SHIPPED_DATA = {"countdown": BUILTIN_MODELS["countdown-tiny"] / "data",  # task -> directory of train/eval.jsonl
-                "countdown_chat": BUILTIN_MODELS["countdown-tiny"] / "data",  # the same problems, in words
-                "countdown5": BUILTIN_MODELS["countdown-tiny"] / "data" / "countdown5",
-                "countdown5_large": BUILTIN_MODELS["countdown-tiny"] / "data" / "countdown5_large"}
+SHIPPED_DATA = {
+    "countdown": BUILTIN_MODELS["countdown-tiny"] / "data",  # task -> directory of train/eval.jsonl
+    "countdown_chat": BUILTIN_MODELS["countdown-tiny"] / "data",  # the same problems, in words
+    "countdown5": BUILTIN_MODELS["countdown-tiny"] / "data" / "countdown5",
+    "countdown5_large": BUILTIN_MODELS["countdown-tiny"] / "data" / "countdown5_large",
+}
 
 
 def task_problems(cfg: TrainConfig, task, split: str) -> list:
@@ -43,8 +45,10 @@ def task_problems(cfg: TrainConfig, task, split: str) -> list:
     if isinstance(task, MathTask):
         spec = cfg.train_data if split == "train" else cfg.eval_data
         if not spec:
-            raise ValueError(f"task {cfg.task!r} needs {split}_data: a dataset name (dapo_train, dapo500, aime24), "
-                             "name=path or a path")
+            raise ValueError(
+                f"task {cfg.task!r} needs {split}_data: a dataset name (dapo_train, dapo500, aime24), "
+                "name=path or a path"
+            )
         return load_math(spec, data_dir=cfg.data_dir)[1]
     return load_problems(default_data(cfg, split), task)
 
@@ -107,8 +111,14 @@ def sample_batch(engine, task, sampler: ProblemSampler, cfg: TrainConfig, step: 
     rounds = cfg.max_sampling_rounds if cfg.dynamic_sampling else 1
     for rnd in range(rounds):
         problems = sampler.next(cfg.prompts_per_step)
-        ro = engine.generate([task.prompt(p) for p in problems], n=G, temperature=cfg.temperature, top_p=cfg.top_p,
-                             max_new_tokens=cfg.max_new_tokens, seed=cfg.seed * 100003 + step + 7919 * rnd)
+        ro = engine.generate(
+            [task.prompt(p) for p in problems],
+            n=G,
+            temperature=cfg.temperature,
+            top_p=cfg.top_p,
+            max_new_tokens=cfg.max_new_tokens,
+            seed=cfg.seed * 100003 + step + 7919 * rnd,
+        )
         scored = task.score_batch(ro.texts, ro.finished.tolist(), [problems[j // G] for j in range(len(ro.texts))])
         r = torch.tensor([x for x, _ in scored], dtype=torch.float32)
         c = torch.tensor([y for _, y in scored])
@@ -127,5 +137,10 @@ def sample_batch(engine, task, sampler: ProblemSampler, cfg: TrainConfig, step: 
     info = {"sampling/rounds": rnd + 1, "sampling/groups": len(kept_problems)}
     if not kept_problems:
         return Scored(problems, ro, r, c, info)
-    return Scored(kept_problems, Rollout.concat(parts, engine.tokenizer.pad_token_id), torch.cat(rewards),
-                  torch.cat(correct), info)
+    return Scored(
+        kept_problems,
+        Rollout.concat(parts, engine.tokenizer.pad_token_id),
+        torch.cat(rewards),
+        torch.cat(correct),
+        info,
+    )

@@ -27,8 +27,10 @@ def _unique_mapping(loader, node, deep=False):
     for key_node, _ in node.value:
         key = loader.construct_object(key_node, deep=deep)
         if key in seen:
-            raise ConfigError(f"key {key!r} appears twice in one mapping (line {key_node.start_mark.line + 1}); "
-                              "YAML would silently keep the last: delete one of them")
+            raise ConfigError(
+                f"key {key!r} appears twice in one mapping (line {key_node.start_mark.line + 1}); "
+                "YAML would silently keep the last: delete one of them"
+            )
         seen.add(key)
     return loader.construct_mapping(node, deep=deep)
 
@@ -60,15 +62,20 @@ def read_yaml(path: str | Path):
     the file."""
     path = recipe_file(path)
     if not path.is_file():
-        raise FileNotFoundError(f"config file {path} does not exist, nor is it a shipped recipe (`entropy-rft recipes` "
-                                "lists them)" if not path.exists() else
-                                f"config file {path} is a directory; pass a YAML file" if path.is_dir() else
-                                f"config file {path} is not a regular file (a device or pipe); pass a YAML file")
+        raise FileNotFoundError(
+            f"config file {path} does not exist, nor is it a shipped recipe (`entropy-rft recipes` lists them)"
+            if not path.exists()
+            else f"config file {path} is a directory; pass a YAML file"
+            if path.is_dir()
+            else f"config file {path} is not a regular file (a device or pipe); pass a YAML file"
+        )
     try:
         return yaml.load(path.read_text(), Loader=_UniqueKeyLoader)
     except yaml.YAMLError as err:
-        raise ConfigError(f"{path} is not valid YAML ({' '.join(str(err).split())}); a recipe is a mapping of "
-                          "TrainConfig fields, one `key: value` a line") from None
+        raise ConfigError(
+            f"{path} is not valid YAML ({' '.join(str(err).split())}); a recipe is a mapping of "
+            "TrainConfig fields, one `key: value` a line"
+        ) from None
     except ConfigError as err:
         raise ConfigError(f"{path}: {err}") from None
 
@@ -85,9 +92,11 @@ def read_recipe(path: str | Path | None) -> dict:
         return {}
     data = read_yaml(path) or {}
     if is_multi_method(data):
-        raise ConfigError(f"{path} is a demo-style file (`common` and `methods` sections, one run per method); "
-                          "`entropy-rft demo`, `compare` and `sweep` take it. A single run takes a flat recipe: one "
-                          "`key: value` per TrainConfig field (e.g. entropy_rft/configs/paper/*.yaml)")
+        raise ConfigError(
+            f"{path} is a demo-style file (`common` and `methods` sections, one run per method); "
+            "`entropy-rft demo`, `compare` and `sweep` take it. A single run takes a flat recipe: one "
+            "`key: value` per TrainConfig field (e.g. entropy_rft/configs/paper/*.yaml)"
+        )
     if not isinstance(data, dict):
         raise ConfigError(f"{path} must hold a mapping of TrainConfig fields, got a {type(data).__name__}")
     return data
@@ -101,16 +110,25 @@ def read_spec(path: str | Path | None, default: str | Path | None = None) -> dic
         return {"common": {}, "methods": {}}
     data = read_yaml(path) or {}
     if not isinstance(data, dict):
-        raise ConfigError(f"{path} must hold a mapping (a flat recipe, or `common` and `methods` sections), got a "
-                          f"{type(data).__name__}")
+        raise ConfigError(
+            f"{path} must hold a mapping (a flat recipe, or `common` and `methods` sections), got a "
+            f"{type(data).__name__}"
+        )
     if not is_multi_method(data):
         if "common" in data:
-            raise ConfigError(f"{path} has a `common` section but no `methods` mapping; a demo-style file needs "
-                              "both (`methods: {grpo: {method: grpo}}`), a flat recipe neither")
+            raise ConfigError(
+                f"{path} has a `common` section but no `methods` mapping; a demo-style file needs "
+                "both (`methods: {grpo: {method: grpo}}`), a flat recipe neither"
+            )
         return {"common": data, "methods": {}}
     common, methods = data.get("common") or {}, data.get("methods") or {}
-    if not isinstance(common, dict) or not isinstance(methods, dict) or not all(
-            isinstance(v, dict) or v is None for v in methods.values()):
-        raise ConfigError(f"{path}: `common` must be a mapping of TrainConfig fields and `methods` a mapping of "
-                          "entry names to such mappings")
+    if (
+        not isinstance(common, dict)
+        or not isinstance(methods, dict)
+        or not all(isinstance(v, dict) or v is None for v in methods.values())
+    ):
+        raise ConfigError(
+            f"{path}: `common` must be a mapping of TrainConfig fields and `methods` a mapping of "
+            "entry names to such mappings"
+        )
     return {"common": common, "methods": {k: v or {} for k, v in methods.items()}}

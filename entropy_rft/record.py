@@ -34,8 +34,8 @@ import os
 import pickle
 import sys
 import zipfile
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 
 import yaml
 
@@ -77,12 +77,17 @@ def resume_checkpoint(run_dir: Path) -> Path | None:
     earlier = sorted((c for c in checkpoint_dirs(run_dir, complete=True) if step_of(c) < step_of(first)), key=step_of)
     for ckpt in reversed(earlier):
         if intact_state(ckpt):
-            print(f"entropy-rft: warning: {damaged} is damaged (not a complete torch archive: cut short by a full "
-                  f"disk or a copy?); resuming from {ckpt.name}, the newest complete checkpoint before it: steps "
-                  f"{step_of(ckpt) + 1}-{step_of(first)} are trained again", file=sys.stderr)
+            print(
+                f"entropy-rft: warning: {damaged} is damaged (not a complete torch archive: cut short by a full "
+                f"disk or a copy?); resuming from {ckpt.name}, the newest complete checkpoint before it: steps "
+                f"{step_of(ckpt) + 1}-{step_of(first)} are trained again",
+                file=sys.stderr,
+            )
             return ckpt
-    raise RunDirError(f"{damaged} is damaged (not a complete torch archive) and {run_dir} has no earlier complete "
-                      "checkpoint to resume from; restore the file, or start the run again with --overwrite")
+    raise RunDirError(
+        f"{damaged} is damaged (not a complete torch archive) and {run_dir} has no earlier complete "
+        "checkpoint to resume from; restore the file, or start the run again with --overwrite"
+    )
 
 
 def load_trainer_state(ckpt: Path) -> dict:
@@ -94,14 +99,18 @@ def load_trainer_state(ckpt: Path) -> dict:
     try:
         state = torch.load(path, weights_only=False)
     except (RuntimeError, EOFError, OSError, ValueError, pickle.UnpicklingError, zipfile.BadZipFile) as err:
-        raise RunDirError(f"{path} cannot be read ({type(err).__name__}: {' '.join(str(err).split())[:120]}); the "
-                          f"checkpoint is damaged. Move {Path(ckpt).name} out of the run directory and --resume goes "
-                          "on from the checkpoint before it, or restore the file") from None
+        raise RunDirError(
+            f"{path} cannot be read ({type(err).__name__}: {' '.join(str(err).split())[:120]}); the "
+            f"checkpoint is damaged. Move {Path(ckpt).name} out of the run directory and --resume goes "
+            "on from the checkpoint before it, or restore the file"
+        ) from None
     lacks = [k for k in STATE_PARTS if not isinstance(state, dict) or k not in state]
     if lacks:
-        raise RunDirError(f"{path} lacks {', '.join(lacks)} of the run state (runstate.py), so the run cannot continue "
-                          f"from it exactly; it was not written by entropy-rft train. Move {Path(ckpt).name} out of "
-                          "the run directory and --resume goes on from the checkpoint before it, or restore the file")
+        raise RunDirError(
+            f"{path} lacks {', '.join(lacks)} of the run state (runstate.py), so the run cannot continue "
+            f"from it exactly; it was not written by entropy-rft train. Move {Path(ckpt).name} out of "
+            "the run directory and --resume goes on from the checkpoint before it, or restore the file"
+        )
     return state
 
 
@@ -132,18 +141,26 @@ def trusted_checkpoint(run_dir: Path, first: Path | None) -> Path | None:
     if gap is None:
         return first
     step, kind, what = gap
-    earlier = sorted((c for c in checkpoint_dirs(run_dir, complete=True) if step_of(c) < step and intact_state(c)),
-                     key=step_of)
+    earlier = sorted(
+        (c for c in checkpoint_dirs(run_dir, complete=True) if step_of(c) < step and intact_state(c)), key=step_of
+    )
     if earlier:
         ckpt = earlier[-1]
-        print(f"entropy-rft: warning: {what}; resuming from {ckpt.name}, the newest checkpoint before step {step}: "
-              f"steps {step_of(ckpt) + 1}-{step_of(first)} are trained again, exactly as the first time",
-              file=sys.stderr)
+        print(
+            f"entropy-rft: warning: {what}; resuming from {ckpt.name}, the newest checkpoint before step {step}: "
+            f"steps {step_of(ckpt) + 1}-{step_of(first)} are trained again, exactly as the first time",
+            file=sys.stderr,
+        )
         return ckpt
-    raise RunDirError(f"{what}, and {run_dir} has no checkpoint before step {step} to train it again from; a resume "
-                      f"from {first.name} would leave step {step} out of the record. "
-                      + ("Delete that file to resume without the step's samples, or restore it" if kind == "samples"
-                         else "Restore the file, or start the run again with --overwrite"))
+    raise RunDirError(
+        f"{what}, and {run_dir} has no checkpoint before step {step} to train it again from; a resume "
+        f"from {first.name} would leave step {step} out of the record. "
+        + (
+            "Delete that file to resume without the step's samples, or restore it"
+            if kind == "samples"
+            else "Restore the file, or start the run again with --overwrite"
+        )
+    )
 
 
 def step_of(ckpt: Path) -> int:
@@ -151,8 +168,11 @@ def step_of(ckpt: Path) -> int:
 
 
 def checkpoint_dirs(run_dir: Path, *, complete: bool) -> list[Path]:
-    return [p for p in run_dir.glob("checkpoint-*") if p.name[11:].isdigit()
-            and (not complete or (p / "trainer_state.pt").exists())]
+    return [
+        p
+        for p in run_dir.glob("checkpoint-*")
+        if p.name[11:].isdigit() and (not complete or (p / "trainer_state.pt").exists())
+    ]
 
 
 def record_dir(run_dir: Path) -> Path:
@@ -167,9 +187,11 @@ def set_aside_note(run_dir: Path) -> str | None:
     staged = sorted(Path(run_dir).glob(STAGED + "*"))
     if not staged:
         return None
-    return (f"{staged[0]} holds the run record an --overwrite of {run_dir} set aside and did not replace (it was "
-            "killed before its first step); the next `entropy-rft train` there puts that record back, and --resume "
-            "continues it")
+    return (
+        f"{staged[0]} holds the run record an --overwrite of {run_dir} set aside and did not replace (it was "
+        "killed before its first step); the next `entropy-rft train` there puts that record back, and --resume "
+        "continues it"
+    )
 
 
 def stored_settings(run_dir: Path) -> dict | None:
@@ -183,12 +205,16 @@ def stored_settings(run_dir: Path) -> dict | None:
     except (yaml.YAMLError, UnicodeDecodeError) as err:
         where = getattr(err, "problem_mark", None)
         at = f" (line {where.line + 1})" if where is not None else ""
-        raise RunDirError(f"{path} is not valid YAML{at}, so the run's settings cannot be read; the record is damaged. "
-                          "Restore or fix the file (`entropy-rft train --help-config` lists the fields), or replace "
-                          "the run with --overwrite") from None
+        raise RunDirError(
+            f"{path} is not valid YAML{at}, so the run's settings cannot be read; the record is damaged. "
+            "Restore or fix the file (`entropy-rft train --help-config` lists the fields), or replace "
+            "the run with --overwrite"
+        ) from None
     if not isinstance(data, dict):
-        raise RunDirError(f"{path} is not a mapping of settings; the record is damaged (restore it, or replace the "
-                          "run with --overwrite)")
+        raise RunDirError(
+            f"{path} is not a mapping of settings; the record is damaged (restore it, or replace the "
+            "run with --overwrite)"
+        )
     return data
 
 
@@ -200,9 +226,14 @@ def differences(run_dir: Path, stored: dict, cfg: TrainConfig) -> list[str]:
         return setting_differences(stored, cfg)
     edited, _ = edited_fields(run_dir, stored)
     new = cfg.to_dict()
-    return [f"{k}: {stored.get(k)!r} -> {new[k]!r}" if k not in edited else
-            f"{k}: {new[k]!r}, but config.yaml was edited by hand there since the run wrote it (the run trained with "
-            "another value)" for k in differing_fields(digests, cfg) if k not in RESUME_SAFE]
+    return [
+        f"{k}: {stored.get(k)!r} -> {new[k]!r}"
+        if k not in edited
+        else f"{k}: {new[k]!r}, but config.yaml was edited by hand there since the run wrote it (the run trained with "
+        "another value)"
+        for k in differing_fields(digests, cfg)
+        if k not in RESUME_SAFE
+    ]
 
 
 def check_hand_edits(run_dir: Path, given: set[str] | frozenset[str] = frozenset()) -> None:
@@ -216,29 +247,31 @@ def check_hand_edits(run_dir: Path, given: set[str] | frozenset[str] = frozenset
         return
     edited, now = edited_fields(folder, stored)
     path = folder / "config.yaml"
-    shown = {k: f"{k}={_yaml_value(getattr(now, k))}" + ("" if k in stored else " (deleted: its default)")
-             for k in edited}
+    shown = {
+        k: f"{k}={_yaml_value(getattr(now, k))}" + ("" if k in stored else " (deleted: its default)") for k in edited
+    }
     unsafe = [k for k in edited if k not in RESUME_SAFE and k not in given]
     if unsafe:
         it, verb = ("it", "differs") if len(unsafe) == 1 else ("them", "differ")
-        raise RunDirError(f"{path} was edited by hand since the run wrote it: {', '.join(shown[k] for k in unsafe)} "
-                          f"{verb} from the settings the run trained with ({DIGEST}); a resumed run would train its "
-                          f"later steps with {it} while its record claims {it} for every step. Put the file back as it "
-                          f"was, or train {it} as a new run (--name NAME --config {path})")
+        raise RunDirError(
+            f"{path} was edited by hand since the run wrote it: {', '.join(shown[k] for k in unsafe)} "
+            f"{verb} from the settings the run trained with ({DIGEST}); a resumed run would train its "
+            f"later steps with {it} while its record claims {it} for every step. Put the file back as it "
+            f"was, or train {it} as a new run (--name NAME --config {path})"
+        )
     unconfirmed = [k for k in edited if k not in given]
     if unconfirmed:
         it, this = ("it", "this") if len(unconfirmed) == 1 else ("them", "these")
         listed = " ".join(shown[k] for k in unconfirmed)
-        raise RunDirError(f"{path} was edited by hand since the run wrote it ({listed}); {this} may change on resume: "
-                          f"to accept, give {it} on the command line too (--set {listed}), or put the file back as it "
-                          "was")
+        raise RunDirError(
+            f"{path} was edited by hand since the run wrote it ({listed}); {this} may change on resume: "
+            f"to accept, give {it} on the command line too (--set {listed}), or put the file back as it "
+            "was"
+        )
 
 
 def _yaml_value(value) -> str:
     return yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("...").strip()
-
-
-
 
 
 def write_digest(run_dir: Path, cfg: TrainConfig) -> None:
@@ -260,8 +293,10 @@ def read_digest(folder: Path) -> dict[str, str] | None:
     except (ValueError, TypeError, KeyError, AttributeError, UnicodeDecodeError):
         fields = None
     if not isinstance(fields, dict):
-        raise ValueError(f"{path} is not a settings digest (damaged?); it guards config.yaml against hand edits. "
-                         "Delete it to trust config.yaml as it is, or replace the run with --overwrite")
+        raise ValueError(
+            f"{path} is not a settings digest (damaged?); it guards config.yaml against hand edits. "
+            "Delete it to trust config.yaml as it is, or replace the run with --overwrite"
+        )
     return fields
 
 
@@ -323,12 +358,16 @@ def first_gap(run_dir: Path, step: int, pending: Callable[[], bool]) -> tuple[in
     missing = next((s for s in range(1, step + 1) if s not in logged), None)
     if missing is not None and not (missing == step and pending()):
         torn = _torn_line(path) if path.exists() else None
-        what = (f"{path}:{torn} is cut off (a crash while it was written?), so step {missing} has no metrics line"
-                if torn else f"{path} holds no line for step {missing}" + ("" if path.exists() else " (it is missing)"))
+        what = (
+            f"{path}:{torn} is cut off (a crash while it was written?), so step {missing} has no metrics line"
+            if torn
+            else f"{path} holds no line for step {missing}" + ("" if path.exists() else " (it is missing)")
+        )
         gaps.append((missing, "metrics", what))
     for s in steps_written(run_dir):
         if s <= step and not _readable(run_dir / SAMPLES_DIR / file_name(s)):
-            gaps.append((s, "samples", f"{run_dir / SAMPLES_DIR / file_name(s)} does not read whole (cut off or "
-                                       "damaged)"))
+            gaps.append(
+                (s, "samples", f"{run_dir / SAMPLES_DIR / file_name(s)} does not read whole (cut off or damaged)")
+            )
             break
     return min(gaps, default=None)

@@ -7,7 +7,8 @@ the known names listed, so a typo in a config fails at start-up with the fix in 
 from __future__ import annotations
 
 import difflib
-from typing import Callable, Generic, Iterable, Iterator, TypeVar
+from collections.abc import Callable, Iterable, Iterator
+from typing import Generic, TypeVar
 
 T = TypeVar("T")
 

@@ -16,8 +16,9 @@ def label(name: str) -> str:
     return LABELS.get(name, name)
 
 
-def plot_curves(runs: dict[str, list[float]], path: Path | str, *, ylabel: str, title: str = "",
-                logy: bool = False) -> Path:
+def plot_curves(
+    runs: dict[str, list[float]], path: Path | str, *, ylabel: str, title: str = "", logy: bool = False
+) -> Path:
     """One line per run of a per-step metric, saved as PNG."""
     fig, ax = plt.subplots(figsize=(6, 3.6), dpi=120)
     for name, values in runs.items():
@@ -37,8 +38,14 @@ def plot_curves(runs: dict[str, list[float]], path: Path | str, *, ylabel: str, 
     return path
 
 
-def table1(rows: list[tuple[str, float, float]], *, k: int, baseline: str = "grpo", initial: tuple[float, float] | None = None,
-           dataset: str = "countdown (held-out)") -> str:
+def table1(
+    rows: list[tuple[str, float, float]],
+    *,
+    k: int,
+    baseline: str = "grpo",
+    initial: tuple[float, float] | None = None,
+    dataset: str = "countdown (held-out)",
+) -> str:
     """Markdown table shaped like the paper's Table 1: Avg@K and Pass@K (in %), gains against the baseline."""
     base = {name: (a, p) for name, a, p in rows}.get(baseline)
     out = [f"| Method | {dataset} Avg@{k} | {dataset} Pass@{k} |", "|---|---|---|"]
@@ -70,7 +77,9 @@ def load_run(run_dir: Path | str) -> dict:
     if run_dir.exists() and not run_dir.is_dir():
         raise ValueError(f"{run_dir} is a file, not a run directory: pass directories written by `entropy-rft train`")
     if not run_dir.is_dir():
-        raise FileNotFoundError(f"run directory {run_dir} does not exist: pass directories written by `entropy-rft train`")
+        raise FileNotFoundError(
+            f"run directory {run_dir} does not exist: pass directories written by `entropy-rft train`"
+        )
     if not (run_dir / "metrics.jsonl").exists():
         raise FileNotFoundError(f"{run_dir} has no metrics.jsonl: pass directories written by `entropy-rft train`")
     damaged = "the run directory is damaged: rerun the run, or leave it out of the report"
@@ -81,16 +90,24 @@ def load_run(run_dir: Path | str) -> dict:
         if (run_dir / "eval.json").exists():
             evals = json.loads((run_dir / "eval.json").read_text())
     except (yaml.YAMLError, json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ValueError(f"{run_dir}: config.yaml or eval.json is unreadable ({type(err).__name__}); {damaged}") from None
+        raise ValueError(
+            f"{run_dir}: config.yaml or eval.json is unreadable ({type(err).__name__}); {damaged}"
+        ) from None
     if not isinstance(config, dict):
         raise ValueError(f"{run_dir}/config.yaml is not a mapping of config fields; {damaged}")
     number = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)  # noqa: E731
     if not isinstance(evals, dict) or not all(
-            k.isdigit() and isinstance(v, dict) and number(v.get("avg_at_k")) and number(v.get("pass_at_k"))
-            and isinstance(v.get("pass_rates", []), list) and all(number(r) for r in v.get("pass_rates", []))
-            for k, v in evals.items()):
-        raise ValueError(f"{run_dir}/eval.json is not a mapping of step -> evaluation (avg_at_k, pass_at_k, "
-                         f"pass_rates); {damaged}")
+        k.isdigit()
+        and isinstance(v, dict)
+        and number(v.get("avg_at_k"))
+        and number(v.get("pass_at_k"))
+        and isinstance(v.get("pass_rates", []), list)
+        and all(number(r) for r in v.get("pass_rates", []))
+        for k, v in evals.items()
+    ):
+        raise ValueError(
+            f"{run_dir}/eval.json is not a mapping of step -> evaluation (avg_at_k, pass_at_k, pass_rates); {damaged}"
+        )
     engine = None
     if (run_dir / ENGINE_RUN_FILE).exists():  # written by the TRL or verl adapter: what it watched or ran
         try:
@@ -101,15 +118,24 @@ def load_run(run_dir: Path | str) -> dict:
             raise ValueError(f"{run_dir}/{ENGINE_RUN_FILE} is not a mapping of the engine's settings; {damaged}")
     metrics = read_metrics(run_dir)
     if not metrics:
-        raise ValueError(f"{run_dir}/metrics.jsonl holds no steps (the run stopped before its first step); rerun it "
-                         "or leave it out of the report")
+        raise ValueError(
+            f"{run_dir}/metrics.jsonl holds no steps (the run stopped before its first step); rerun it "
+            "or leave it out of the report"
+        )
     for row in metrics:
         bad = [k for k, v in row.items() if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)))]
         if bad:
-            raise ValueError(f"{run_dir}/metrics.jsonl step {row['step']}: {bad[0]} is {row[bad[0]]!r}, not a number; "
-                             f"{damaged}")
-    return {"name": run_dir.name, "dir": str(run_dir), "config": config, "metrics": metrics,
-            "evals": {int(k): v for k, v in evals.items()}, "engine": engine}
+            raise ValueError(
+                f"{run_dir}/metrics.jsonl step {row['step']}: {bad[0]} is {row[bad[0]]!r}, not a number; {damaged}"
+            )
+    return {
+        "name": run_dir.name,
+        "dir": str(run_dir),
+        "config": config,
+        "metrics": metrics,
+        "evals": {int(k): v for k, v in evals.items()},
+        "engine": engine,
+    }
 
 
 def series(run: dict, key: str) -> list[float]:
@@ -118,7 +144,9 @@ def series(run: dict, key: str) -> list[float]:
 
 def correlation(xs: list[float], ys: list[float]) -> tuple[float, float, int]:
     """(Pearson r, sign agreement, n) over pairs where both values are finite and non-zero."""
-    pairs = [(x, y) for x, y in zip(xs, ys) if x is not None and y is not None and math.isfinite(x) and math.isfinite(y)]
+    pairs = [
+        (x, y) for x, y in zip(xs, ys) if x is not None and y is not None and math.isfinite(x) and math.isfinite(y)
+    ]
     n = len(pairs)
     if n < 3:
         return math.nan, math.nan, n
@@ -146,8 +174,11 @@ def prediction_summary(predicted: list[float], realised: list[float]) -> dict:
     """How a per-step prediction tracks the realised change, over the steps where both are finite: Pearson r,
     sign agreement beside the constant-sign base rate (on the same steps), the median ratio realised / predicted
     and the least-squares slope through the origin (realised ~ slope * predicted), and the step count."""
-    pairs = [(x, y) for x, y in zip(predicted, realised)
-             if x is not None and y is not None and math.isfinite(x) and math.isfinite(y)]
+    pairs = [
+        (x, y)
+        for x, y in zip(predicted, realised)
+        if x is not None and y is not None and math.isfinite(x) and math.isfinite(y)
+    ]
     r, agree, n = correlation([x for x, _ in pairs], [y for _, y in pairs])
     signed = [(x, y) for x, y in pairs if x != 0 and y != 0]
     ratios = sorted(y / x for x, y in pairs if x != 0)
@@ -156,8 +187,14 @@ def prediction_summary(predicted: list[float], realised: list[float]) -> dict:
     if ratios:
         mid = len(ratios) // 2
         median = ratios[mid] if len(ratios) % 2 else (ratios[mid - 1] + ratios[mid]) / 2
-    return {"corr": r, "sign_agreement": agree, "sign_base_rate": sign_base_rate([y for _, y in signed]),
-            "median_ratio": median, "slope": sum(x * y for x, y in pairs) / sxx if sxx > 0 else math.nan, "n": n}
+    return {
+        "corr": r,
+        "sign_agreement": agree,
+        "sign_base_rate": sign_base_rate([y for _, y in signed]),
+        "median_ratio": median,
+        "slope": sum(x * y for x, y in pairs) / sxx if sxx > 0 else math.nan,
+        "n": n,
+    }
 
 
 def _fmt(x: float, spec: str = ".3f") -> str:
@@ -185,12 +222,16 @@ def _mu_plot(runs: list[dict], path: Path) -> Path | None:
     by_method: dict[str, list[tuple[float, float, float]]] = {}
     for run in runs:
         cfg = run["config"]
-        if cfg.get("method") in ("clip_b", "clip_v") and isinstance(cfg.get("mu"), (int, float)) and cfg.get("entropy_target") is None:
+        if (
+            cfg.get("method") in ("clip_b", "clip_v")
+            and isinstance(cfg.get("mu"), (int, float))
+            and cfg.get("entropy_target") is None
+        ):
             clip = [v for v in series(run, "clip_frac") if math.isfinite(v)]
             ent = [v for v in series(run, "entropy") if math.isfinite(v)]
             if not clip or not ent:
                 continue
-            tail = ent[-max(1, len(ent) // 10):]
+            tail = ent[-max(1, len(ent) // 10) :]
             by_method.setdefault(cfg["method"], []).append((cfg["mu"], sum(clip) / len(clip), sum(tail) / len(tail)))
     if not any(len(v) > 1 for v in by_method.values()):
         return None
@@ -221,14 +262,19 @@ def pass_rate_fractions(rates: list[float]) -> list[float]:
     return [c / max(len(rates), 1) for c in pass_rate_histogram(rates, bins=4)]
 
 
-def plot_pass_rates(curves: list[tuple[str, list[float]]], path: Path | str,
-                    title: str = "Pass-rate distribution (paper Figure 4)") -> Path:
+def plot_pass_rates(
+    curves: list[tuple[str, list[float]]], path: Path | str, title: str = "Pass-rate distribution (paper Figure 4)"
+) -> Path:
     """Grouped bars: for each named list of per-problem pass rates, the fraction of problems per bin."""
     fig, ax = plt.subplots(figsize=(6.5, 3.6), dpi=120)
     width = 0.8 / max(len(curves), 1)
     for i, (name, rates) in enumerate(curves):
-        ax.bar([j + i * width for j in range(len(PASS_RATE_BINS))], pass_rate_fractions(rates), width=width,
-               label=label(name))
+        ax.bar(
+            [j + i * width for j in range(len(PASS_RATE_BINS))],
+            pass_rate_fractions(rates),
+            width=width,
+            label=label(name),
+        )
     ax.set_xticks([j + 0.4 - width / 2 for j in range(len(PASS_RATE_BINS))], PASS_RATE_BINS)
     ax.set(xlabel="pass rate of a problem", ylabel="fraction of problems", title=title)
     ax.legend(fontsize=8)
@@ -245,13 +291,20 @@ def _pass_rate_plot(runs: list[dict], path: Path) -> Path | None:
     if not with_evals:
         return None
     first = with_evals[0]["evals"][min(with_evals[0]["evals"])]
-    curves = [("initial", first["pass_rates"])] + [(r["name"], r["evals"][max(r["evals"])]["pass_rates"]) for r in with_evals]
+    curves = [("initial", first["pass_rates"])] + [
+        (r["name"], r["evals"][max(r["evals"])]["pass_rates"]) for r in with_evals
+    ]
     return plot_pass_rates(curves, path)
 
 
-PREDICTORS = (("first_order", "entropy_change/first_order", "first-order change through the network"),
-              ("logit_space", "entropy_change/predicted",
-               "eq. 23 (Corollary 4) with SGD step sizes on the logits: -lr/|T_B| Cov_B(A, S_c)"))
+PREDICTORS = (
+    ("first_order", "entropy_change/first_order", "first-order change through the network"),
+    (
+        "logit_space",
+        "entropy_change/predicted",
+        "eq. 23 (Corollary 4) with SGD step sizes on the logits: -lr/|T_B| Cov_B(A, S_c)",
+    ),
+)
 
 
 def _scatter_plot(runs: list[dict], path: Path) -> tuple[Path, dict]:
@@ -296,13 +349,17 @@ def _mu_cell(cfg: dict) -> str:
 def prediction_lines(name: str, stats: dict) -> list[str]:
     """The report's summary line for each predictor of a run."""
     out = []
-    for key, label_ in (("first_order", "first-order change"),
-                        ("logit_space", "Corollary 4 (logit space, SGD step sizes)")):
+    for key, label_ in (
+        ("first_order", "first-order change"),
+        ("logit_space", "Corollary 4 (logit space, SGD step sizes)"),
+    ):
         s = stats[key]
-        out.append(f"- {name}, {label_} against realised over {s['n']} probed steps: r = {_fmt(s['corr'])}, "
-                   f"realised / predicted median {_fmt(s['median_ratio'], '.3g')} (slope {_fmt(s['slope'], '.3g')}), "
-                   f"same sign on {_fmt(s['sign_agreement'], '.0%')} of steps against "
-                   f"{_fmt(s['sign_base_rate'], '.0%')} for a constant-sign guess")
+        out.append(
+            f"- {name}, {label_} against realised over {s['n']} probed steps: r = {_fmt(s['corr'])}, "
+            f"realised / predicted median {_fmt(s['median_ratio'], '.3g')} (slope {_fmt(s['slope'], '.3g')}), "
+            f"same sign on {_fmt(s['sign_agreement'], '.0%')} of steps against "
+            f"{_fmt(s['sign_base_rate'], '.0%')} for a constant-sign guess"
+        )
     return out
 
 
@@ -334,8 +391,12 @@ def engine_table(runs: list[dict], corr: dict) -> list[str]:
     head += [f"{n} would drop (mean frac)" for n in would]
     head += [f"their share of eq. 23, {' / '.join(would)} (mean)"] if would else []
     head += ["probed steps", "realised / first order (median)", "sign agreement (constant-sign base rate)"]
-    lines = ["Runs of an engine (TRL, verl) watched or filtered by entropy-rft:", "",
-             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines = [
+        "Runs of an engine (TRL, verl) watched or filtered by entropy-rft:",
+        "",
+        "| " + " | ".join(head) + " |",
+        "|" + "---|" * len(head),
+    ]
     for run in runs:
         eng, ent = run["engine"], [v for v in series(run, "entropy") if math.isfinite(v)]
         loss = eng.get("loss_type") or eng.get("loss_agg_mode") or "?"
@@ -343,38 +404,79 @@ def engine_table(runs: list[dict], corr: dict) -> list[str]:
             loss += " (sequence-level ratio, GSPO)"
         version = eng.get("trl_version") or eng.get("verl_version")
         fo = corr[run["name"]]["first_order"]
-        row = [run["name"], f"{eng.get('source', '?')} {version}" if version else eng.get("source", "?"),
-               str(eng.get("method", "?")), loss, str(len(run["metrics"])),
-               f"{ent[0]:.4f} -> {ent[-1]:.4f}" if ent else "-"]
+        row = [
+            run["name"],
+            f"{eng.get('source', '?')} {version}" if version else eng.get("source", "?"),
+            str(eng.get("method", "?")),
+            loss,
+            str(len(run["metrics"])),
+            f"{ent[0]:.4f} -> {ent[-1]:.4f}" if ent else "-",
+        ]
         if filtered:
             row.append(_fmt(_mean(series(run, "clip_frac")), ".4f") if eng.get("method") != "none" else "-")
         row += [_fmt(_mean(series(run, f"would_{n}/frac")), ".4f") for n in would]
         if would:
             row.append(" / ".join(_fmt(_mean(series(run, f"would_{n}/entropy_change")), ".3g") for n in would))
-        row += [str(fo["n"]), _fmt(fo["median_ratio"], ".3g"),
-                f"{_fmt(fo['sign_agreement'], '.2f')} ({_fmt(fo['sign_base_rate'], '.2f')})"]
+        row += [
+            str(fo["n"]),
+            _fmt(fo["median_ratio"], ".3g"),
+            f"{_fmt(fo['sign_agreement'], '.2f')} ({_fmt(fo['sign_base_rate'], '.2f')})",
+        ]
         lines.append("| " + " | ".join(row) + " |")
     return lines
 
 
 # what build_report writes (checked against run records by the CLI: rundir.check_output)
-REPORT_FILES = ("report.md", "report.json", "report.html", "inspect.html", "entropy.png", "s_means.png", "cov.png",
-                "grad_norm.png", "clip_vs_mu.png", "pass_rates.png", "predicted_vs_realised.png", "would_clip.png")
+REPORT_FILES = (
+    "report.md",
+    "report.json",
+    "report.html",
+    "inspect.html",
+    "entropy.png",
+    "s_means.png",
+    "cov.png",
+    "grad_norm.png",
+    "clip_vs_mu.png",
+    "pass_rates.png",
+    "predicted_vs_realised.png",
+    "would_clip.png",
+)
 
 
-def build_report(run_dirs: list[Path | str], out: Path | str) -> Path:
-    """PNG figures and report.md for one or more runs."""
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    runs = [load_run(d) for d in run_dirs]
+def _figures(runs: list[dict], out: Path) -> tuple[list[tuple[str, Path]], dict]:
+    """The report's figures as (title, path), written into out, and the prediction correlations per run."""
     figures = [
-        ("Entropy (Figures 1, 2c-d)", _panel_plot(runs, [("entropy", "token entropy (all valid tokens)"), ("clip_frac", "clipped fraction")],
-                                                   out / "entropy.png", "Entropy and clipped fraction")),
-        ("S* and S_c batch means (Figure 3)", _panel_plot(runs, [("s_star_mean", "batch mean S*"), ("s_centered_mean", "batch mean S_c")],
-                                                           out / "s_means.png", "Corollary 2: S_c averages to about 0")),
-        ("Cov_B(A, S_c) (Figure 5)", _panel_plot(runs, [("cov_a_sc", "Cov_B(A, S_c)")], out / "cov.png", "Corollary 4's covariance")),
-        ("Gradient norm (Figure 8)", _panel_plot(runs, [("grad_norm", "grad norm"), ("reward_mean", "mean reward")],
-                                                  out / "grad_norm.png", "Gradient norm and reward")),
+        (
+            "Entropy (Figures 1, 2c-d)",
+            _panel_plot(
+                runs,
+                [("entropy", "token entropy (all valid tokens)"), ("clip_frac", "clipped fraction")],
+                out / "entropy.png",
+                "Entropy and clipped fraction",
+            ),
+        ),
+        (
+            "S* and S_c batch means (Figure 3)",
+            _panel_plot(
+                runs,
+                [("s_star_mean", "batch mean S*"), ("s_centered_mean", "batch mean S_c")],
+                out / "s_means.png",
+                "Corollary 2: S_c averages to about 0",
+            ),
+        ),
+        (
+            "Cov_B(A, S_c) (Figure 5)",
+            _panel_plot(runs, [("cov_a_sc", "Cov_B(A, S_c)")], out / "cov.png", "Corollary 4's covariance"),
+        ),
+        (
+            "Gradient norm (Figure 8)",
+            _panel_plot(
+                runs,
+                [("grad_norm", "grad norm"), ("reward_mean", "mean reward")],
+                out / "grad_norm.png",
+                "Gradient norm and reward",
+            ),
+        ),
     ]
     mu_fig = _mu_plot(runs, out / "clip_vs_mu.png")
     if mu_fig:
@@ -384,22 +486,39 @@ def build_report(run_dirs: list[Path | str], out: Path | str) -> Path:
         figures.append(("Pass-rate distribution (Figure 4)", pass_fig))
     watched = [run for run in runs if run["engine"] is not None]
     if would_clip_filters(watched):
-        figures.append(("What Clip_B and Clip_V would drop (monitored runs)", _panel_plot(
-            watched, [(f"would_{name}/frac", f"fraction {name} would drop") for name in would_clip_filters(watched)],
-            out / "would_clip.png", "Tokens the filters would drop at their default mu")))
+        figures.append(
+            (
+                "What Clip_B and Clip_V would drop (monitored runs)",
+                _panel_plot(
+                    watched,
+                    [(f"would_{name}/frac", f"fraction {name} would drop") for name in would_clip_filters(watched)],
+                    out / "would_clip.png",
+                    "Tokens the filters would drop at their default mu",
+                ),
+            )
+        )
     scatter, corr = _scatter_plot(runs, out / "predicted_vs_realised.png")
     figures.append(("Predicted against realised entropy change", scatter))
+    return figures, corr
 
-    lines = ["# entropy-rft report\n"]
-    if watched:
-        lines += engine_table(watched, corr) + [""]
+
+def _builtin_table(runs: list[dict], corr: dict) -> list[str]:
+    """The table of the built-in trainer's runs: method, mu, entropy, clipping, Avg@K and Pass@K before and
+    after, and, where a step was probed, how the first-order prediction did."""
+    lines: list[str] = []
     builtin = [run for run in runs if run["engine"] is None]
     probed = any(corr[run["name"]]["first_order"]["n"] for run in builtin)
     if builtin:
-        lines += ["| run | method | mu | steps | entropy first -> last | mean clip frac | Avg@K before -> after | "
-                  "Pass@K before -> after |" + (" corr(first order, realised) | realised / first order | sign "
-                                                "agreement (constant-sign base rate) |" if probed else ""),
-                  "|---|---|---|---|---|---|---|---|" + ("---|---|---|" if probed else "")]
+        lines += [
+            "| run | method | mu | steps | entropy first -> last | mean clip frac | Avg@K before -> after | "
+            "Pass@K before -> after |"
+            + (
+                " corr(first order, realised) | realised / first order | sign agreement (constant-sign base rate) |"
+                if probed
+                else ""
+            ),
+            "|---|---|---|---|---|---|---|---|" + ("---|---|---|" if probed else ""),
+        ]
     for run in builtin:
         cfg, ent = run["config"], [v for v in series(run, "entropy") if math.isfinite(v)]
         clip = [v for v in series(run, "clip_frac") if math.isfinite(v)]
@@ -407,23 +526,56 @@ def build_report(run_dirs: list[Path | str], out: Path | str) -> Path:
         a = f"{ev[min(ev)]['avg_at_k']:.3f} -> {ev[max(ev)]['avg_at_k']:.3f}" if ev else "not evaluated"
         p = f"{ev[min(ev)]['pass_at_k']:.3f} -> {ev[max(ev)]['pass_at_k']:.3f}" if ev else "not evaluated"
         fo = corr[run["name"]]["first_order"]
-        row = (f"| {run['name']} | {cfg.get('method', '?')} | {_mu_cell(cfg)} | {len(run['metrics'])} | "
-               f"{f'{ent[0]:.4f} -> {ent[-1]:.4f}' if ent else 'not logged'} | {f'{sum(clip) / len(clip):.4f}' if clip else 'not logged'} | "
-               f"{a} | {p} |")
+        row = (
+            f"| {run['name']} | {cfg.get('method', '?')} | {_mu_cell(cfg)} | {len(run['metrics'])} | "
+            f"{f'{ent[0]:.4f} -> {ent[-1]:.4f}' if ent else 'not logged'} | "
+            f"{f'{sum(clip) / len(clip):.4f}' if clip else 'not logged'} | "
+            f"{a} | {p} |"
+        )
         if probed:
-            row += (f" {_fmt(fo['corr'])} | {_fmt(fo['median_ratio'], '.3g')} | {_fmt(fo['sign_agreement'], '.2f')} "
-                    f"({_fmt(fo['sign_base_rate'], '.2f')}) |" if fo["n"] else " not probed | not probed | not probed |")
+            row += (
+                f" {_fmt(fo['corr'])} | {_fmt(fo['median_ratio'], '.3g')} | {_fmt(fo['sign_agreement'], '.2f')} "
+                f"({_fmt(fo['sign_base_rate'], '.2f')}) |"
+                if fo["n"]
+                else " not probed | not probed | not probed |"
+            )
         lines.append(row)
-    lines += ["", "Entropy change per probed step (`probe_every`): the exact first-order change through the network and "
-              "Corollary 4's logit-space prediction, each against the realised change of the batch's mean entropy. A "
-              "sign agreement means something only above the constant-sign base rate.", ""]
+    return lines
+
+
+def _prediction_lines(runs: list[dict], corr: dict) -> list[str]:
+    """Each run's first-order and Corollary 4 predictions against the realised entropy change."""
+    lines: list[str] = []
+    lines += [
+        "",
+        "Entropy change per probed step (`probe_every`): the exact first-order change through the network and "
+        "Corollary 4's logit-space prediction, each against the realised change of the batch's mean entropy. A "
+        "sign agreement means something only above the constant-sign base rate.",
+        "",
+    ]
     for run in runs:
         if corr[run["name"]]["first_order"]["n"]:
             lines += prediction_lines(run["name"], corr[run["name"]])
         else:
             every = run["config"].get("probe_every")
-            lines.append(f"- {run['name']}: no probed step (probe_every {every}, {len(run['metrics'])} steps logged; a "
-                         "run probes every probe_every-th step: the 10th, 20th, ... at 10)")
+            lines.append(
+                f"- {run['name']}: no probed step (probe_every {every}, {len(run['metrics'])} steps logged; a "
+                "run probes every probe_every-th step: the 10th, 20th, ... at 10)"
+            )
+    return lines
+
+
+def build_report(run_dirs: list[Path | str], out: Path | str) -> Path:
+    """PNG figures and report.md for one or more runs."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    runs = [load_run(d) for d in run_dirs]
+    figures, corr = _figures(runs, out)
+    watched = [run for run in runs if run["engine"] is not None]
+    lines = ["# entropy-rft report\n"]
+    if watched:
+        lines += engine_table(watched, corr) + [""]
+    lines += _builtin_table(runs, corr) + _prediction_lines(runs, corr)
     lines.append("")
     for title, path in figures:
         lines += [f"## {title}\n", f"![{title}]({Path(path).name})\n"]
@@ -481,15 +633,19 @@ def write_report_html(lines: list[str], figures: list[tuple[str, Path]], out: Pa
         if line.strip() and not line.startswith(("# ", "## ", "![")):  # headings and figures: below, inline
             body.append(f"<p>{_markdown_line(line)}</p>")
     if inspector is not None:
-        link = (f'<p class="inspect"><a href="{html.escape(inspector.name)}">Token view</a>: every sampled token of these '
-                "runs coloured by H, S*, S_c or its term of the entropy change, the clipped ones marked "
-                "(<code>entropy-rft inspect</code>).</p>")
+        link = (
+            f'<p class="inspect"><a href="{html.escape(inspector.name)}">Token view</a>: every sampled token of these '
+            "runs coloured by H, S*, S_c or its term of the entropy change, the clipped ones marked "
+            "(<code>entropy-rft inspect</code>).</p>"
+        )
     else:
-        link = ('<p class="inspect">No token view: these runs wrote no token samples (train with '
-                "<code>samples_every</code> &gt; 0, the default 10).</p>")
+        link = (
+            '<p class="inspect">No token view: these runs wrote no token samples (train with '
+            "<code>samples_every</code> &gt; 0, the default 10).</p>"
+        )
     for title, path in figures:
         data = base64.b64encode(Path(path).read_bytes()).decode()
-        body.append(f"<h2>{html.escape(title)}</h2><img src=\"data:image/png;base64,{data}\" alt=\"{html.escape(title)}\">")
+        body.append(f'<h2>{html.escape(title)}</h2><img src="data:image/png;base64,{data}" alt="{html.escape(title)}">')
     page = out / "report.html"
     page.write_text(
         '<!doctype html><html lang="en"><head><meta charset="utf-8"><meta name="viewport" '
@@ -498,6 +654,10 @@ def write_report_html(lines: list[str], figures: list[tuple[str, Path]], out: Pa
         "<style>body{font:14px/1.45 system-ui,sans-serif;margin:1rem 2rem;max-width:80rem}table{border-collapse:"
         "collapse;font-size:13px}th,td{border:1px solid #ccc;padding:.2rem .4rem;text-align:right}th:first-child,"
         "td:first-child{text-align:left}img{max-width:100%}li{margin:.2rem 0}.inspect{font-size:15px;padding:.4rem "
-        ".6rem;background:#f3f3f0;border-radius:4px}</style></head><body><h1>entropy-rft report</h1>" + link
-        + "".join(body) + "</body></html>\n", encoding="utf-8")
+        ".6rem;background:#f3f3f0;border-radius:4px}</style></head><body><h1>entropy-rft report</h1>"
+        + link
+        + "".join(body)
+        + "</body></html>\n",
+        encoding="utf-8",
+    )
     return page

@@ -41,8 +41,13 @@ def passes(rows: Tensor | int, rows_per_pass: int) -> tuple[Tensor, ...]:
 def objective_of(cfg: TrainConfig, control: EntropyControl, *, kl: bool, value: bool) -> Objective:
     """The run's objective: the KL term with a reference policy, the value term with a critic, the bonus with a
     fixed or adaptive coefficient, EntroPIC's term with its controller."""
-    return Objective.of(cfg, kl=kl, value=value, entropy_bonus=cfg.entropy_coef != 0 or control.adds_entropy_bonus,
-                        entropic=control.adds_entropic_term)
+    return Objective.of(
+        cfg,
+        kl=kl,
+        value=value,
+        entropy_bonus=cfg.entropy_coef != 0 or control.adds_entropy_bonus,
+        entropic=control.adds_entropic_term,
+    )
 
 
 @dataclass(frozen=True)
@@ -60,8 +65,14 @@ class StepRules:
     may_freeze: bool  # responses with advantage 0 may run without a graph (their gradient is exactly 0)
 
     @classmethod
-    def of(cls, cfg: TrainConfig, *, objective: Objective | None = None, control: EntropyControl | None = None,
-           dropout_active: bool = False) -> StepRules:
+    def of(
+        cls,
+        cfg: TrainConfig,
+        *,
+        objective: Objective | None = None,
+        control: EntropyControl | None = None,
+        dropout_active: bool = False,
+    ) -> StepRules:
         """The rules of cfg's steps. The objective defaults to the one cfg implies (a KL term when kl_coef > 0, a
         value term with a critic); dropout_active (forward's module mode) rules out reusing the update's forward
         under reuse_forward auto."""
@@ -75,11 +86,26 @@ class StepRules:
         # hold the whole batch's activations anyway (no micro-batching) and no active dropout
         reuse = cfg.reuse_forward != "off" and strict and (cfg.reuse_forward == "on" or (whole and not dropout_active))
         # advantages must be known before the forward: no rank penalty or reweighting from old log p
-        freeze = (cfg.skip_zero_advantage and reuse and objective.vanishes_at_zero_advantage
-                  and cfg.rank_penalty_beta == 0 and cfg.ar_alpha == 0)
-        return cls(cfg.micro_batch_size, 1 if cfg.lopti_eta is None else 2, cfg.ppo_epochs, cfg.mini_batches,
-                   cfg.lopti_eta, strict, reuse, critic, reference,
-                   1 if control.probes_every_step else cfg.probe_every, freeze)
+        freeze = (
+            cfg.skip_zero_advantage
+            and reuse
+            and objective.vanishes_at_zero_advantage
+            and cfg.rank_penalty_beta == 0
+            and cfg.ar_alpha == 0
+        )
+        return cls(
+            cfg.micro_batch_size,
+            1 if cfg.lopti_eta is None else 2,
+            cfg.ppo_epochs,
+            cfg.mini_batches,
+            cfg.lopti_eta,
+            strict,
+            reuse,
+            critic,
+            reference,
+            1 if control.probes_every_step else cfg.probe_every,
+            freeze,
+        )
 
     def rows_per_pass(self, n_rows: int) -> int:
         """Rows per forward pass: the update's micro-batch (the whole batch when micro_batch_size is 0 or larger)."""

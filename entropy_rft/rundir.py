@@ -35,9 +35,9 @@ Rules (entropy_rft/trainer.py's train() calls them; the CLI maps refusals to exi
    (written by something else) is one line naming the file and the parts.
    A record an --overwrite set aside and a kill left there (rule 3) is the run's: its settings are read from there
    (stored_settings), as the next claim puts it back.
-5. Retention (runstate.prune_checkpoints). After each checkpoint, all but the newest keep_checkpoints complete ones and the final one
-   (checkpoint-<steps>) are deleted (renamed to a hidden name first, so a kill mid-delete never leaves a
-   half-deleted checkpoint that looks complete).
+5. Retention (runstate.prune_checkpoints). After each checkpoint, all but the newest keep_checkpoints complete ones
+   and the final one (checkpoint-<steps>) are deleted (renamed to a hidden name first, so a kill mid-delete never leaves
+   a half-deleted checkpoint that looks complete).
 6. Other subcommands' outputs (check_output): eval, report, inspect, compare, sweep, filter, demo, theory and
    pretrain-toy never write a record entry of a run directory, nor into a directory a live run holds, nor into a
    run's directory at all unless the user named the path; refused with the reason and the fix.
@@ -87,9 +87,23 @@ from .stops import STOP_SIGNALS, Interrupted, StopSignals, stop_signals_interrup
 
 LOCK = ".lock"
 # what a run writes into its directory (anything else there, e.g. a dry run's data/, is left alone)
-RECORD = ("config.yaml", DIGEST, "metrics.jsonl", "eval.json", "latest_checkpoint", "checkpoint-*", "tensorboard",
-          "wandb", "wandb_run_id", "samples", ".checkpoint-*", ".deleting-*", ".latest_checkpoint.tmp",
-          ".metrics.jsonl.tmp", f".{DIGEST}.tmp")
+RECORD = (
+    "config.yaml",
+    DIGEST,
+    "metrics.jsonl",
+    "eval.json",
+    "latest_checkpoint",
+    "checkpoint-*",
+    "tensorboard",
+    "wandb",
+    "wandb_run_id",
+    "samples",
+    ".checkpoint-*",
+    ".deleting-*",
+    ".latest_checkpoint.tmp",
+    ".metrics.jsonl.tmp",
+    f".{DIGEST}.tmp",
+)
 
 
 def new_run_dir(method: str, name: str | None = None, root: str | Path = "runs") -> Path:
@@ -118,8 +132,6 @@ def record_entries(run_dir: Path) -> list[Path]:
     return sorted({p for pattern in RECORD for p in run_dir.glob(pattern)})
 
 
-
-
 def is_finished(run_dir: Path, steps: int) -> bool:
     """Whether a run reached `steps` and wrote its final evaluation (eval.json is written last)."""
     path = Path(run_dir) / "eval.json"
@@ -131,8 +143,13 @@ def finished_summary(run_dir: Path, cfg: TrainConfig) -> dict:
     from .logging import read_metrics
 
     evals = {int(k): v for k, v in json.loads((run_dir / "eval.json").read_text()).items()}
-    return {"config": cfg.to_dict(), "evals": evals, "checkpoint": str(run_dir / f"checkpoint-{cfg.steps}"),
-            "history": read_metrics(run_dir), "finished_before": True}
+    return {
+        "config": cfg.to_dict(),
+        "evals": evals,
+        "checkpoint": str(run_dir / f"checkpoint-{cfg.steps}"),
+        "history": read_metrics(run_dir),
+        "finished_before": True,
+    }
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -147,7 +164,7 @@ class RunLock:
         self.directory = Path(directory)
         self.fd: int | None = None
 
-    def acquire(self) -> "RunLock":
+    def acquire(self) -> RunLock:
         self.directory.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.directory / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
         try:
@@ -155,10 +172,15 @@ class RunLock:
         except OSError:
             holder = os.pread(fd, 400, 0).decode(errors="replace").split()
             os.close(fd)
-            who = (f"pid {holder[0]} on host {holder[1]}, since {holder[2]}" if len(holder) >= 3
-                   else "a process that has not yet written its pid")
-            raise RunDirError(f"{self.directory} is in use by another run ({who}); two processes never write one run "
-                              "directory. Wait for it to finish or stop it, or choose another --out/--name") from None
+            who = (
+                f"pid {holder[0]} on host {holder[1]}, since {holder[2]}"
+                if len(holder) >= 3
+                else "a process that has not yet written its pid"
+            )
+            raise RunDirError(
+                f"{self.directory} is in use by another run ({who}); two processes never write one run "
+                "directory. Wait for it to finish or stop it, or choose another --out/--name"
+            ) from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()} {socket.gethostname()} {time.strftime('%Y-%m-%dT%H:%M:%S')}\n".encode(), 0)
         self.fd = fd
@@ -169,7 +191,7 @@ class RunLock:
             os.close(self.fd)  # closing the descriptor releases the flock
             self.fd = None
 
-    def __enter__(self) -> "RunLock":
+    def __enter__(self) -> RunLock:
         return self.acquire()
 
     def __exit__(self, *exc) -> None:
@@ -184,8 +206,9 @@ class Claim:
     """A run directory held by this process for one run: `checkpoint` to resume from (or None), `replacing` (a
     record that start() replaces), `finished` (resume="auto" on a finished run: nothing to train)."""
 
-    def __init__(self, run_dir: Path, lock: RunLock, checkpoint: Path | None, *, replacing: bool, fresh: bool,
-                 finished: bool):
+    def __init__(
+        self, run_dir: Path, lock: RunLock, checkpoint: Path | None, *, replacing: bool, fresh: bool, finished: bool
+    ):
         self.run_dir, self.lock, self.checkpoint = run_dir, lock, checkpoint
         self.replacing, self.fresh, self.finished = replacing, fresh, finished
         self.started = self.committed = False
@@ -244,7 +267,7 @@ class Claim:
     def release(self) -> None:
         self.lock.release()
 
-    def __enter__(self) -> "Claim":
+    def __enter__(self) -> Claim:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -279,15 +302,21 @@ def claim(cfg: TrainConfig, *, resume: bool | str = False, overwrite: bool = Fal
         raise RunDirError("--resume and --overwrite contradict each other: continue the run, or replace it")
     run_dir = Path(cfg.out)
     if run_dir.is_symlink() and not run_dir.exists():
-        raise RunDirError(f"--out {run_dir} is a symlink to {os.readlink(run_dir)}, which does not exist; remove the "
-                          "link, or choose another --out/--name")
+        raise RunDirError(
+            f"--out {run_dir} is a symlink to {os.readlink(run_dir)}, which does not exist; remove the "
+            "link, or choose another --out/--name"
+        )
     if run_dir.exists() and not run_dir.is_dir():
-        raise RunDirError(f"--out {run_dir} is not a directory ({'a file' if run_dir.is_file() else 'a device'}); "
-                          "choose another --out/--name")
+        raise RunDirError(
+            f"--out {run_dir} is not a directory ({'a file' if run_dir.is_file() else 'a device'}); "
+            "choose another --out/--name"
+        )
     check_output(run_dir, option="--out", command="train")  # never inside another run's record
     if resume is True and not run_dir.is_dir():  # refused before the lock would create the directory
-        raise RunDirError(f"nothing to resume in {run_dir}: it does not exist. Check the path; to start the run "
-                          "there instead, use --resume-or-start (or drop --resume)")
+        raise RunDirError(
+            f"nothing to resume in {run_dir}: it does not exist. Check the path; to start the run "
+            "there instead, use --resume-or-start (or drop --resume)"
+        )
     lock = RunLock(run_dir).acquire()
     try:
         _repair(run_dir)
@@ -304,22 +333,31 @@ def claim(cfg: TrainConfig, *, resume: bool | str = False, overwrite: bool = Fal
             _check_resume(run_dir, cfg, checkpoint)
             finished = is_finished(run_dir, cfg.steps) and step_of(checkpoint) == cfg.steps
             if finished and resume is True:
-                raise RunDirError(f"{run_dir} already finished its {cfg.steps} steps (eval.json is written); nothing "
-                                  f"to resume. To train it further, resume with more steps (--steps N > {cfg.steps})")
+                raise RunDirError(
+                    f"{run_dir} already finished its {cfg.steps} steps (eval.json is written); nothing "
+                    f"to resume. To train it further, resume with more steps (--steps N > {cfg.steps})"
+                )
         elif resume is True:
-            what = ("it holds no run" if not record else
-                    "its run stopped before its first checkpoint (a kill before any save)")
-            raise RunDirError(f"nothing to resume in {run_dir}: {what}. Check the path; to start the run there "
-                              "instead, use --resume-or-start (or drop --resume"
-                              + (", with --overwrite to replace what is there)" if record else ")"))
+            what = (
+                "it holds no run"
+                if not record
+                else "its run stopped before its first checkpoint (a kill before any save)"
+            )
+            raise RunDirError(
+                f"nothing to resume in {run_dir}: {what}. Check the path; to start the run there "
+                "instead, use --resume-or-start (or drop --resume"
+                + (", with --overwrite to replace what is there)" if record else ")")
+            )
         elif record:
             if resume == "auto":  # no checkpoint: start again, but only over a record of this same run
                 _check_same_run(run_dir, cfg)
             elif not overwrite:
                 names = ", ".join(p.name for p in record[:4]) + (", ..." if len(record) > 4 else "")
-                raise RunDirError(f"{run_dir} holds another run's record ({names}); a run directory is one run's "
-                                  "record. Continue that run with --resume, replace it with --overwrite, or choose a "
-                                  "new directory (--name NAME, or no --out for a new one)")
+                raise RunDirError(
+                    f"{run_dir} holds another run's record ({names}); a run directory is one run's "
+                    "record. Continue that run with --resume, replace it with --overwrite, or choose a "
+                    "new directory (--name NAME, or no --out for a new one)"
+                )
             replacing = True
         return Claim(run_dir, lock, checkpoint, replacing=replacing, fresh=not record, finished=finished)
     except BaseException:
@@ -331,9 +369,13 @@ def _never_stepped(run_dir: Path, record: list[Path]) -> bool:
     """A record a new run left when killed before its first step (a stop is undone by Claim itself): its start's
     config.yaml and sinks, and no metrics row, evaluation or checkpoint."""
     metrics = run_dir / "metrics.jsonl"
-    return bool(record) and all(p.name in ("config.yaml", DIGEST, "metrics.jsonl", "tensorboard", "wandb",
-                                           "wandb_run_id")
-                                for p in record) and (not metrics.exists() or not metrics.read_text().strip())
+    return (
+        bool(record)
+        and all(
+            p.name in ("config.yaml", DIGEST, "metrics.jsonl", "tensorboard", "wandb", "wandb_run_id") for p in record
+        )
+        and (not metrics.exists() or not metrics.read_text().strip())
+    )
 
 
 def _repair(run_dir: Path) -> None:
@@ -350,25 +392,34 @@ def _repair(run_dir: Path) -> None:
 def _check_resume(run_dir: Path, cfg: TrainConfig, checkpoint: Path) -> None:
     stored = stored_settings(run_dir)
     if stored is None:
-        raise RunDirError(f"{run_dir} has checkpoints but no config.yaml, so its settings cannot be checked; resume "
-                          "is refused. Restore config.yaml, or start anew with --overwrite")
+        raise RunDirError(
+            f"{run_dir} has checkpoints but no config.yaml, so its settings cannot be checked; resume "
+            "is refused. Restore config.yaml, or start anew with --overwrite"
+        )
     diff = differences(run_dir, stored, cfg)
     if diff:
-        raise RunDirError(f"--resume of {run_dir} with other settings than the run's own would not continue that run: "
-                          + "; ".join(diff) + f". Only {', '.join(RESUME_SAFE)} may change on resume; drop the "
-                          "other changes, or start a new run (--name NAME) for them")
+        raise RunDirError(
+            f"--resume of {run_dir} with other settings than the run's own would not continue that run: "
+            + "; ".join(diff)
+            + f". Only {', '.join(RESUME_SAFE)} may change on resume; drop the "
+            "other changes, or start a new run (--name NAME) for them"
+        )
     if step_of(checkpoint) > cfg.steps:
-        raise RunDirError(f"{run_dir}'s newest checkpoint is at step {step_of(checkpoint)}, beyond steps={cfg.steps}; "
-                          f"resume with --steps {step_of(checkpoint)} or more")
+        raise RunDirError(
+            f"{run_dir}'s newest checkpoint is at step {step_of(checkpoint)}, beyond steps={cfg.steps}; "
+            f"resume with --steps {step_of(checkpoint)} or more"
+        )
 
 
 def _check_same_run(run_dir: Path, cfg: TrainConfig) -> None:
     stored = stored_settings(run_dir)
     diff = differences(run_dir, stored, cfg) if stored is not None else ["(no config.yaml)"]
     if diff:
-        raise RunDirError(f"{run_dir} holds a run with other settings and no checkpoint ({'; '.join(diff)}); "
-                          "--resume-or-start only restarts the same run. Replace it with --overwrite, or choose a new "
-                          "directory (--name NAME)")
+        raise RunDirError(
+            f"{run_dir} holds a run with other settings and no checkpoint ({'; '.join(diff)}); "
+            "--resume-or-start only restarts the same run. Replace it with --overwrite, or choose a new "
+            "directory (--name NAME)"
+        )
 
 
 def _remove(path: Path) -> None:
@@ -385,8 +436,11 @@ def _remove(path: Path) -> None:
 def is_run_dir(path: Path) -> bool:
     """Whether `path` holds a run's record: config.yaml with metrics.jsonl (what a run writes as it starts), or a
     checkpoint pointer."""
-    return path.is_dir() and ((path / "config.yaml").is_file() and (path / "metrics.jsonl").is_file()
-                              or (path / "latest_checkpoint").is_file())
+    return path.is_dir() and (
+        (path / "config.yaml").is_file()
+        and (path / "metrics.jsonl").is_file()
+        or (path / "latest_checkpoint").is_file()
+    )
 
 
 def held_by_a_run(path: Path) -> bool:
@@ -414,8 +468,15 @@ def _is_record_name(name: str) -> bool:
     return any(fnmatch.fnmatchcase(name, pattern) for pattern in RECORD)
 
 
-def check_output(path: str | Path, *, option: str = "--out", command: str = "", writes: tuple[str, ...] = (),
-                 named: bool = True, directory: bool = True) -> Path:
+def check_output(
+    path: str | Path,
+    *,
+    option: str = "--out",
+    command: str = "",
+    writes: tuple[str, ...] = (),
+    named: bool = True,
+    directory: bool = True,
+) -> Path:
     """Refuse (RunDirError) an output path of a subcommand that would write over a run's record (rule 6). `path` is
     a directory the command writes `writes` into (directory=True; each name a file or folder of it) or a file. A
     path is refused when it, or what the command writes there, is or lies inside a record entry (config.yaml,
@@ -426,11 +487,15 @@ def check_output(path: str | Path, *, option: str = "--out", command: str = "", 
     path = Path(path)
     where = f"{option} {path}"
     if path.is_symlink() and not path.exists():
-        raise RunDirError(f"{where} is a symlink to {os.readlink(path)}, which does not exist; remove the link or "
-                          f"point {option} at a real path")
+        raise RunDirError(
+            f"{where} is a symlink to {os.readlink(path)}, which does not exist; remove the link or "
+            f"point {option} at a real path"
+        )
     if path.exists() and directory and not path.is_dir():
-        raise RunDirError(f"{where} is not a directory ({'a device' if not path.is_file() else 'a file'}); "
-                          f"{option} takes a directory to write into")
+        raise RunDirError(
+            f"{where} is not a directory ({'a device' if not path.is_file() else 'a file'}); "
+            f"{option} takes a directory to write into"
+        )
     if path.is_dir() and not directory:
         raise RunDirError(f"{where} is a directory; {option} takes the file to write")
     targets = [path / name for name in writes] if directory and writes else [path]
@@ -444,15 +509,17 @@ def check_output(path: str | Path, *, option: str = "--out", command: str = "", 
             live = " (a live run holds it)" if held_by_a_run(resolved) else ""
             run = _shown(parent)
             if _is_record_name(inside.parts[0]):
-                raise RunDirError(f"{where}: {_shown(parent / inside.parts[0])} belongs to the run record in {run}"
-                                  f"{live}; {command or 'this command'} never writes there. Choose another {option}")
+                raise RunDirError(
+                    f"{where}: {_shown(parent / inside.parts[0])} belongs to the run record in {run}"
+                    f"{live}; {command or 'this command'} never writes there. Choose another {option}"
+                )
             if not named:
-                raise RunDirError(f"{where}: the default {option} lies in the run directory {run}{live}; name "
-                                  f"another {option} (or this one explicitly to write beside the run's record)")
+                raise RunDirError(
+                    f"{where}: the default {option} lies in the run directory {run}{live}; name "
+                    f"another {option} (or this one explicitly to write beside the run's record)"
+                )
     return path
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # Signals
-
-

@@ -51,9 +51,14 @@ class RunState:
         """The record as it stands now (copies: later steps do not change it)."""
         import torch
 
-        return {"sampler": self.sampler.state(), "update_gen": self.update_gen.get_state(),
-                "torch_rng": torch.get_rng_state(), "evals": dict(self.evals), "control": self.control.state(),
-                "pending": self.pending}
+        return {
+            "sampler": self.sampler.state(),
+            "update_gen": self.update_gen.get_state(),
+            "torch_rng": torch.get_rng_state(),
+            "evals": dict(self.evals),
+            "control": self.control.state(),
+            "pending": self.pending,
+        }
 
     def restore(self, saved: dict) -> int:
         """Continue from a checkpoint's trainer_state.pt (Adam's state is loaded by the caller); returns its step."""
@@ -73,8 +78,9 @@ class RunState:
         return saved["step"]
 
 
-def save_checkpoint(run_dir: Path, step: int, model, tokenizer, optimizer, sampler=None, value_head=None,
-                    extra: dict | None = None) -> Path:
+def save_checkpoint(
+    run_dir: Path, step: int, model, tokenizer, optimizer, sampler=None, value_head=None, extra: dict | None = None
+) -> Path:
     """RUN_DIR/checkpoint-STEP, written whole or not at all: into a hidden temporary directory, then renamed into
     place, and only then named in latest_checkpoint (itself replaced atomically). A kill at any moment leaves the
     previous checkpoint and its pointer intact. `extra` holds the rest of the run state (trainer_state.pt)."""
@@ -130,11 +136,16 @@ def checkpoint_space(run_dir: Path, step: int):
         if not out_of_space(err):
             raise
         left = find_checkpoint(Path(run_dir))
-        how = (f"continue with `entropy-rft train --resume --out {run_dir}`: it resumes exactly from {left.name}"
-               if left else f"run the same command with --resume-or-start (`entropy-rft train --resume-or-start --out "
-               f"{run_dir}` and its settings): no checkpoint was complete, so the run starts again")
-        raise RunDirError(f"no space left on the device while writing {Path(run_dir) / f'checkpoint-{step}'} (the "
-                          f"partial write was removed); free space on that disk, then {how}") from None
+        how = (
+            f"continue with `entropy-rft train --resume --out {run_dir}`: it resumes exactly from {left.name}"
+            if left
+            else f"run the same command with --resume-or-start (`entropy-rft train --resume-or-start --out "
+            f"{run_dir}` and its settings): no checkpoint was complete, so the run starts again"
+        )
+        raise RunDirError(
+            f"no space left on the device while writing {Path(run_dir) / f'checkpoint-{step}'} (the "
+            f"partial write was removed); free space on that disk, then {how}"
+        ) from None
 
 
 def prune_checkpoints(run_dir: Path, keep: int, final_step: int) -> list[str]:

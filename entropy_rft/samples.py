@@ -64,8 +64,20 @@ CONTEXT_BEFORE, CONTEXT_AFTER = 8, 4  # tokens of context around a listed token
 CONTEXT_CHARS_BEFORE, CONTEXT_CHARS_AFTER = 80, 40  # at most these characters of that context
 HEADER_BYTES = 8000  # the record's fields outside groups and top (info, batch, entropy_change, bound)
 # the step's metrics a record carries (a fixed set: the header stays bounded)
-METRIC_KEYS = ("entropy", "entropy_kept", "reward_mean", "accuracy", "clip_frac", "clip_frac_pos", "clip_frac_neg",
-               "cov_a_sc", "entropy_change/predicted", "entropy_change/first_order", "entropy_change/realised", "filter/mu")
+METRIC_KEYS = (
+    "entropy",
+    "entropy_kept",
+    "reward_mean",
+    "accuracy",
+    "clip_frac",
+    "clip_frac_pos",
+    "clip_frac_neg",
+    "cov_a_sc",
+    "entropy_change/predicted",
+    "entropy_change/first_order",
+    "entropy_change/realised",
+    "filter/mu",
+)
 TOKEN_FIELDS = ("logp", "entropy", "s_star", "s_centered", "term")  # per-token numbers, besides text and kept
 _NAME = re.compile(r"^step-(\d{6,})\.json\.gz$")
 
@@ -83,7 +95,7 @@ def choose_groups(rewards: Tensor, group_size: int, n: int) -> list[int]:
     """Indices of the n groups to write (all of them when n is 0): groups whose rewards differ first, then the
     others, each in batch order. rewards (B,), B a multiple of group_size, rows of group g at [g G, (g+1) G)."""
     values = rewards.detach().float().cpu().tolist()
-    groups = [values[i:i + group_size] for i in range(0, len(values), group_size)]
+    groups = [values[i : i + group_size] for i in range(0, len(values), group_size)]
     mixed = [max(g) > min(g) for g in groups]
     order = [g for g, m in enumerate(mixed) if m] + [g for g, m in enumerate(mixed) if not m]
     return order if n <= 0 else order[:n]
@@ -102,7 +114,7 @@ def _cut(text: str, limit: int) -> str:
     if len(text) <= limit:
         return text
     head = (2 * limit) // 3
-    return text[:head] + " \u2026 " + text[len(text) - (limit - head - 3):]
+    return text[:head] + " \u2026 " + text[len(text) - (limit - head - 3) :]
 
 
 def token_texts(tokenizer, ids: list[int]) -> list[str]:
@@ -140,12 +152,17 @@ def size_bound(groups: int, group_size: int, max_tokens: int = MAX_RESPONSE_TOKE
     per_response = 400
     per_group = (6 * MAX_PROMPT_CHARS + 3) + 200
     per_top = 6 * (MAX_TEXT_CHARS + CONTEXT_CHARS_BEFORE + CONTEXT_CHARS_AFTER) + 12 * 17 + 300
-    return (groups * group_size * (max_tokens * per_token + per_response) + groups * per_group
-            + 3 * TOP_TOKENS * per_top + HEADER_BYTES)
+    return (
+        groups * group_size * (max_tokens * per_token + per_response)
+        + groups * per_group
+        + 3 * TOP_TOKENS * per_top
+        + HEADER_BYTES
+    )
 
 
-def entropy_terms(advantages: Tensor, s_centered: Tensor, loss_mask: Tensor, step_size: float | Tensor
-                  ) -> tuple[Tensor, Tensor, dict]:
+def entropy_terms(
+    advantages: Tensor, s_centered: Tensor, loss_mask: Tensor, step_size: float | Tensor
+) -> tuple[Tensor, Tensor, dict]:
     """(term, would, totals) of one step, float64 (B, T): eq. 23's term of each token of T (the loss_mask tokens),
     term = -step_size A S_c / |T| there and 0 elsewhere; `would`, the same product at every position (what a clipped
     token would have added had it stayed in the loss); the step's totals: eq. 23's sum, the means of A and S_c over
@@ -161,23 +178,101 @@ def entropy_terms(advantages: Tensor, s_centered: Tensor, loss_mask: Tensor, ste
     term = would * m
     mean_a, mean_s = float((a * m).sum() / n), float((s * m).sum() / n)
     eq23 = float(term.sum())
-    corollary4 = float(-(size * a * (s - mean_s) * m).sum() / n)  # eq. 14: -lr / |T_B| Cov_T(A, S_c) for a constant step
-    totals = {"eq23": eq23, "mean_advantage": mean_a, "mean_s_centered": mean_s, "tokens_in_mean": int(m.sum()),
-              "corollary4": corollary4, "dropped_term": corollary4 - eq23}
+    corollary4 = float(
+        -(size * a * (s - mean_s) * m).sum() / n
+    )  # eq. 14: -lr / |T_B| Cov_T(A, S_c) for a constant step
+    totals = {
+        "eq23": eq23,
+        "mean_advantage": mean_a,
+        "mean_s_centered": mean_s,
+        "tokens_in_mean": int(m.sum()),
+        "corollary4": corollary4,
+        "dropped_term": corollary4 - eq23,
+    }
     if size.numel() == 1:
         totals["step_size"] = float(size)
     return term, would, totals
 
 
-def build_record(*, step: int, prompt_ids: Tensor, prompt_mask: Tensor, response_ids: Tensor, response_mask: Tensor,
-                 finished: Tensor, tokenizer, stats: TokenStats, advantages: Tensor, keep: Tensor, rewards: Tensor,
-                 group_size: int, step_size: float | Tensor | None, groups: int, max_tokens: int = MAX_RESPONSE_TOKENS,
-                 info: dict | None = None) -> dict:
+def _written_groups(
+    w: dict[str, Tensor],
+    chosen: list[int],
+    rows: list[int],
+    tokenizer,
+    group_size: int,
+    max_tokens: int,
+    token_level: bool,
+    has_terms: bool,
+) -> list[dict]:
+    """The chosen groups as JSON: w holds the written rows (in the order of `rows`) of the response ids, masks,
+    advantages, rewards, term scales, prompts and token statistics."""
+    out_groups = []
+    for k, g in enumerate(chosen):
+        first = k * group_size
+        prompt = _decode(tokenizer, w["prompt_ids"][first][w["prompt_mask"][first]].tolist())
+        responses = []
+        for i in range(first, first + group_size):
+            length = int(w["valid"][i].sum())
+            n = min(length, max_tokens)
+            resp = {
+                "row": rows[i],
+                "reward": _num(float(w["reward"][i])),
+                "length": length,
+                "finished": bool(w["finished"][i]),
+                "advantage": None if token_level else _num(float(w["advantage"][i])),
+                "term_scale": _num(float(w["scale"][i])) if has_terms else None,
+                "text": token_texts(tokenizer, w["ids"][i, :n].tolist()),
+                "kept": [int(x) for x in w["kept"][i, :n].tolist()],
+            }
+            if token_level:  # PPO's GAE: one advantage per token
+                resp["advantage_t"] = _nums(w["advantage"][i, :n])
+            for name in TOKEN_FIELDS:
+                resp[name] = _nums(w[name][i, :n]) if name in w else [None] * n
+            responses.append(resp)
+        out_groups.append(
+            {"index": g, "prompt": _cut(prompt, MAX_PROMPT_CHARS), "prompt_chars": len(prompt), "responses": responses}
+        )
+    return out_groups
+
+
+def _batch_summary(rewards: Tensor, group_size: int, mask: Tensor, loss_mask: Tensor, entropy: Tensor) -> dict:
+    """The whole batch's counts, mean reward and mean entropy over its valid tokens."""
+    return {
+        "groups": int(rewards.numel()) // group_size,
+        "group_size": group_size,
+        "responses": int(rewards.numel()),
+        "valid_tokens": int(mask.sum()),
+        "kept_tokens": int(loss_mask.sum()),
+        "reward_mean": _num(float(rewards.float().mean())),
+        "entropy": _num(float((entropy.float() * mask.to(entropy.device)).sum() / mask.sum().clamp_min(1))),
+    }
+
+
+def build_record(
+    *,
+    step: int,
+    prompt_ids: Tensor,
+    prompt_mask: Tensor,
+    response_ids: Tensor,
+    response_mask: Tensor,
+    finished: Tensor,
+    tokenizer,
+    stats: TokenStats,
+    advantages: Tensor,
+    keep: Tensor,
+    rewards: Tensor,
+    group_size: int,
+    step_size: float | Tensor | None,
+    groups: int,
+    max_tokens: int = MAX_RESPONSE_TOKENS,
+    info: dict | None = None,
+) -> dict:
     """One step's samples as a JSON-ready dict (module docstring). Shapes: prompt_ids, prompt_mask (B, P) left-padded;
     response_ids, response_mask, keep and the statistics (B, T); finished, rewards (B,); advantages (B,) or (B, T).
     step_size: lr times the loss's weight of a token (losses.step_sizes): a float (lr / |T_B| for a token-mean
-    loss), (B,) per row or (B, T) per token (the same within a row: it is taken per row for term_scale); None when the loss's weights are unknown (terms are then null). info: fields copied into the record (method,
-    source, the step's metrics, ...). Each response carries term_scale, its step size / |T|: a clipped token would
+    loss), (B,) per row or (B, T) per token (the same within a row: it is taken per row for term_scale); None when the
+    loss's weights are unknown (terms are then null). info: fields copied into the record (method, source, the step's
+    metrics, ...). Each response carries term_scale, its step size / |T|: a clipped token would
     have added -term_scale A S_c."""
     mask = response_mask.bool()
     stats = stats.detach()
@@ -196,45 +291,41 @@ def build_record(*, step: int, prompt_ids: Tensor, prompt_mask: Tensor, response
     chosen = choose_groups(rewards, group_size, groups)
     rows = [g * group_size + j for g in chosen for j in range(group_size)]
     index = torch.tensor(rows, dtype=torch.long)
-    cpu = lambda t: t.detach()[index.to(t.device)].cpu()  # noqa: E731  only the written rows leave the device
-    ids, valid, kept = cpu(response_ids), cpu(mask), cpu(loss_mask)
-    cols = {"logp": cpu(stats.logp).float(), "entropy": cpu(stats.entropy).float(), "s_star": cpu(stats.s_star).float(),
-            "s_centered": cpu(s_c)}
-    if term is not None:
-        cols["term"] = cpu(term)
-    a_rows = cpu(adv_t) if token_level else cpu(advantages.float())
-    r_rows, fin, scale_rows = cpu(rewards.float()), cpu(finished.bool()), cpu(scale)
-    p_ids, p_mask = cpu(prompt_ids), cpu(prompt_mask.bool())
-    out_groups = []
-    for k, g in enumerate(chosen):
-        first = k * group_size
-        prompt = _decode(tokenizer, p_ids[first][p_mask[first]].tolist())
-        responses = []
-        for i in range(first, first + group_size):
-            length = int(valid[i].sum())
-            n = min(length, max_tokens)
-            resp = {"row": rows[i], "reward": _num(float(r_rows[i])), "length": length, "finished": bool(fin[i]),
-                    "advantage": None if token_level else _num(float(a_rows[i])),
-                    "term_scale": _num(float(scale_rows[i])) if term is not None else None,
-                    "text": token_texts(tokenizer, ids[i, :n].tolist()), "kept": [int(x) for x in kept[i, :n].tolist()]}
-            if token_level:  # PPO's GAE: one advantage per token
-                resp["advantage_t"] = _nums(a_rows[i, :n])
-            for name in TOKEN_FIELDS:
-                resp[name] = _nums(cols[name][i, :n]) if name in cols else [None] * n
-            responses.append(resp)
-        out_groups.append({"index": g, "prompt": _cut(prompt, MAX_PROMPT_CHARS), "prompt_chars": len(prompt),
-                           "responses": responses})
+
+    def cpu(t: Tensor) -> Tensor:  # only the written rows leave the device
+        return t.detach()[index.to(t.device)].cpu()
+
+    written = {
+        "logp": cpu(stats.logp).float(),
+        "entropy": cpu(stats.entropy).float(),
+        "s_star": cpu(stats.s_star).float(),
+        "s_centered": cpu(s_c),
+        **({"term": cpu(term)} if term is not None else {}),
+        "ids": cpu(response_ids),
+        "valid": cpu(mask),
+        "kept": cpu(loss_mask),
+        "advantage": cpu(adv_t) if token_level else cpu(advantages.float()),
+        "reward": cpu(rewards.float()),
+        "finished": cpu(finished.bool()),
+        "scale": cpu(scale),
+        "prompt_ids": cpu(prompt_ids),
+        "prompt_mask": cpu(prompt_mask.bool()),
+    }
+    out_groups = _written_groups(
+        written, chosen, rows, tokenizer, group_size, max_tokens, token_level, term is not None
+    )
     return {
-        "format": FORMAT, "version": VERSION, "step": int(step), **(info or {}),
-        "batch": {"groups": int(rewards.numel()) // group_size, "group_size": group_size,
-                  "responses": int(rewards.numel()), "valid_tokens": int(mask.sum()), "kept_tokens": int(loss_mask.sum()),
-                  "reward_mean": _num(float(rewards.float().mean())),
-                  "entropy": _num(float((stats.entropy.float() * mask.to(s_c.device)).sum() / mask.sum().clamp_min(1)))},
+        "format": FORMAT,
+        "version": VERSION,
+        "step": int(step),
+        **(info or {}),
+        "batch": _batch_summary(rewards, group_size, mask, loss_mask, stats.entropy),
         "entropy_change": {k: (_num(v) if isinstance(v, float) else v) for k, v in totals.items()},
         "bound": {"groups": groups, "tokens_per_response": max_tokens},
         "groups": out_groups,
-        "top": {} if term is None else top_tokens(term, would, adv_t, stats, mask, loss_mask, response_ids, tokenizer,
-                                                   group_size, set(rows)),
+        "top": {}
+        if term is None
+        else top_tokens(term, would, adv_t, stats, mask, loss_mask, response_ids, tokenizer, group_size, set(rows)),
     }
 
 
@@ -245,21 +336,35 @@ def mark_tokens(record: dict, name: str, mask: Tensor, label: str) -> dict:
     rows = mask.detach().bool().cpu()
     for group in record["groups"]:
         for resp in group["responses"]:
-            resp[name] = [int(x) for x in rows[resp["row"], :len(resp["text"])].tolist()]
+            resp[name] = [int(x) for x in rows[resp["row"], : len(resp["text"])].tolist()]
     record.setdefault("marks", []).append({"key": name, "label": label})
     return record
 
 
-def top_tokens(term: Tensor, would: Tensor, adv_t: Tensor, stats: TokenStats, mask: Tensor, loss_mask: Tensor,
-               response_ids: Tensor, tokenizer, group_size: int, written: set[int], k: int = TOP_TOKENS) -> dict:
+def top_tokens(
+    term: Tensor,
+    would: Tensor,
+    adv_t: Tensor,
+    stats: TokenStats,
+    mask: Tensor,
+    loss_mask: Tensor,
+    response_ids: Tensor,
+    tokenizer,
+    group_size: int,
+    written: set[int],
+    k: int = TOP_TOKENS,
+) -> dict:
     """The batch's k tokens with the largest terms (`raise`: they push entropy up), the k with the smallest
     (`lower`), and the k clipped tokens with the largest |would-be term| (`removed`), each with its place (row,
     group, position, whether its group is written), its values and a few tokens of context."""
     places: dict[str, list[int]] = {}
     on = loss_mask.flatten().to(term.device)
     off = (mask.to(term.device) & ~loss_mask.to(term.device)).flatten()
-    for name, score, allowed in (("raise", term.flatten(), on), ("lower", -term.flatten(), on),
-                                 ("removed", would.flatten().abs(), off)):
+    for name, score, allowed in (
+        ("raise", term.flatten(), on),
+        ("lower", -term.flatten(), on),
+        ("removed", would.flatten().abs(), off),
+    ):
         allowed = allowed & (score > 0) if name != "removed" else allowed
         score = torch.where(allowed, score, torch.full_like(score, -1.0))
         top = score.topk(min(k, score.numel()))
@@ -272,16 +377,24 @@ def top_tokens(term: Tensor, would: Tensor, adv_t: Tensor, stats: TokenStats, ma
             row, pos = divmod(place, width)
             ids = response_ids[row].tolist()
             end = int(mask[row].sum())
-            value = lambda t: float(t[row, pos])  # noqa: E731
-            entries.append({
-                "row": row, "group": row // group_size, "position": pos, "written": row in written,
-                "text": token_texts(tokenizer, ids[pos:pos + 1])[0],
-                "before": _decode(tokenizer, ids[max(0, pos - CONTEXT_BEFORE):pos])[-CONTEXT_CHARS_BEFORE:],
-                "after": _decode(tokenizer, ids[pos + 1:min(pos + 1 + CONTEXT_AFTER, end)])[:CONTEXT_CHARS_AFTER],
-                "term": _num(value(would)), "advantage": _num(value(adv_t)), "s_centered": _num(value(stats.s_centered)),
-                "s_star": _num(value(stats.s_star)), "entropy": _num(value(stats.entropy)), "logp": _num(value(stats.logp)),
-                "kept": name != "removed",
-            })
+            entries.append(
+                {
+                    "row": row,
+                    "group": row // group_size,
+                    "position": pos,
+                    "written": row in written,
+                    "text": token_texts(tokenizer, ids[pos : pos + 1])[0],
+                    "before": _decode(tokenizer, ids[max(0, pos - CONTEXT_BEFORE) : pos])[-CONTEXT_CHARS_BEFORE:],
+                    "after": _decode(tokenizer, ids[pos + 1 : min(pos + 1 + CONTEXT_AFTER, end)])[:CONTEXT_CHARS_AFTER],
+                    "term": _num(float(would[row, pos])),
+                    "advantage": _num(float(adv_t[row, pos])),
+                    "s_centered": _num(float(stats.s_centered[row, pos])),
+                    "s_star": _num(float(stats.s_star[row, pos])),
+                    "entropy": _num(float(stats.entropy[row, pos])),
+                    "logp": _num(float(stats.logp[row, pos])),
+                    "kept": name != "removed",
+                }
+            )
         out[name] = entries
     return out
 
@@ -292,8 +405,11 @@ def write_record(run_dir: Path | str, record: dict) -> Path:
     folder = Path(run_dir) / SAMPLES_DIR
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / file_name(record["step"])
-    data = gzip.compress(json.dumps(record, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode(),
-                         compresslevel=6, mtime=0)
+    data = gzip.compress(
+        json.dumps(record, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode(),
+        compresslevel=6,
+        mtime=0,
+    )
     tmp = folder / f".{path.name}.{os.getpid()}.tmp"  # cut_after removes one a kill left
     try:
         tmp.write_bytes(data)
@@ -303,20 +419,55 @@ def write_record(run_dir: Path | str, record: dict) -> Path:
     return path
 
 
-def write_step(run_dir: Path | str, step: int, *, every: int, groups: int, last: int | None, rollout, tokenizer,
-               stats: TokenStats, advantages: Tensor, keep: Tensor, rewards: Tensor, group_size: int, lr: float,
-               step_size: float | Tensor, loss_agg: str, method: str, metrics: dict) -> Path | None:
+def write_step(
+    run_dir: Path | str,
+    step: int,
+    *,
+    every: int,
+    groups: int,
+    last: int | None,
+    rollout,
+    tokenizer,
+    stats: TokenStats,
+    advantages: Tensor,
+    keep: Tensor,
+    rewards: Tensor,
+    group_size: int,
+    lr: float,
+    step_size: float | Tensor,
+    loss_agg: str,
+    method: str,
+    metrics: dict,
+) -> Path | None:
     """The trainer's call, once per step: when the step is `due`, the record with the loss's per-token step sizes
     (losses.step_sizes for loss_agg; lr / |T_B| for the token-mean loss) written to RUN_DIR/samples, with the step's
     METRIC_KEYS; None on the other steps."""
     if not due(step, every, last):
         return None
-    info = {"source": "trainer", "method": method, "lr": lr, "loss_agg": loss_agg,
-            "metrics": {k: _num(v) if isinstance(v, float) else v for k, v in metrics.items() if k in METRIC_KEYS}}
-    record = build_record(step=step, prompt_ids=rollout.prompt_ids, prompt_mask=rollout.prompt_mask,
-                          response_ids=rollout.response_ids, response_mask=rollout.response_mask,
-                          finished=rollout.finished, tokenizer=tokenizer, stats=stats, advantages=advantages, keep=keep,
-                          rewards=rewards, group_size=group_size, step_size=step_size, groups=groups, info=info)
+    info = {
+        "source": "trainer",
+        "method": method,
+        "lr": lr,
+        "loss_agg": loss_agg,
+        "metrics": {k: _num(v) if isinstance(v, float) else v for k, v in metrics.items() if k in METRIC_KEYS},
+    }
+    record = build_record(
+        step=step,
+        prompt_ids=rollout.prompt_ids,
+        prompt_mask=rollout.prompt_mask,
+        response_ids=rollout.response_ids,
+        response_mask=rollout.response_mask,
+        finished=rollout.finished,
+        tokenizer=tokenizer,
+        stats=stats,
+        advantages=advantages,
+        keep=keep,
+        rewards=rewards,
+        group_size=group_size,
+        step_size=step_size,
+        groups=groups,
+        info=info,
+    )
     return write_record(run_dir, record)
 
 
@@ -347,13 +498,17 @@ def read_record(path: Path | str) -> dict:
     try:
         record = json.loads(gzip.decompress(path.read_bytes()))
     except (OSError, EOFError, ValueError) as err:
-        raise ValueError(f"{path} is not a readable samples file ({type(err).__name__}: {err}); delete it, or rerun "
-                         "the run with --resume from an earlier checkpoint to write it again") from None
+        raise ValueError(
+            f"{path} is not a readable samples file ({type(err).__name__}: {err}); delete it, or rerun "
+            "the run with --resume from an earlier checkpoint to write it again"
+        ) from None
     if not isinstance(record, dict) or record.get("format") != FORMAT:
         raise ValueError(f"{path} is not an entropy-rft samples file (no format {FORMAT!r}); delete it")
     if record.get("version") != VERSION:
-        raise ValueError(f"{path} is samples format version {record.get('version')!r}; this entropy-rft reads "
-                         f"version {VERSION}: inspect it with the entropy-rft that wrote it")
+        raise ValueError(
+            f"{path} is samples format version {record.get('version')!r}; this entropy-rft reads "
+            f"version {VERSION}: inspect it with the entropy-rft that wrote it"
+        )
     return record
 
 

@@ -79,13 +79,17 @@ def shaped_rewards(cfg: TrainConfig, rewards: Tensor, mask: Tensor) -> Tensor:
     """(B,) rewards with DAPO's soft overlong punishment, when configured."""
     if cfg.overlong_buffer_frac <= 0:
         return rewards
-    return rewards + overlong_penalty(mask.sum(-1), max_len=cfg.max_new_tokens,
-                                      buffer=round(cfg.overlong_buffer_frac * cfg.max_new_tokens),
-                                      factor=cfg.overlong_penalty_factor)
+    return rewards + overlong_penalty(
+        mask.sum(-1),
+        max_len=cfg.max_new_tokens,
+        buffer=round(cfg.overlong_buffer_frac * cfg.max_new_tokens),
+        factor=cfg.overlong_penalty_factor,
+    )
 
 
-def compute_advantages(cfg: TrainConfig, estimator, rewards, group_ids, mask, old_logp,
-                       old_values) -> tuple[Tensor, Tensor | None]:
+def compute_advantages(
+    cfg: TrainConfig, estimator, rewards, group_ids, mask, old_logp, old_values
+) -> tuple[Tensor, Tensor | None]:
     """(advantages (B,) or (B, R), returns (B, R) or None): the estimator over each group, after the reward shaping
     that reads old log p (rewarding the unlikely's rank penalty), then advantage reweighting; PPO's GAE over the
     value head's old values."""
@@ -103,20 +107,36 @@ def compute_advantages(cfg: TrainConfig, estimator, rewards, group_ids, mask, ol
     return adv, returns
 
 
-def behaviour_statistics(model, rollout: Rollout, cfg: TrainConfig, value_head=None, *, reuse: bool,
-                         frozen: Tensor | None = None,
-                         rules: StepRules | None = None) -> tuple[TokenStats, Tensor | None, HeldForward | None]:
+def behaviour_statistics(
+    model,
+    rollout: Rollout,
+    cfg: TrainConfig,
+    value_head=None,
+    *,
+    reuse: bool,
+    frozen: Tensor | None = None,
+    rules: StepRules | None = None,
+) -> tuple[TokenStats, Tensor | None, HeldForward | None]:
     """(stats, old values, held) of the behaviour policy, (B, R) each, over the whole batch. Strict on-policy with
     reuse: the update's own forward, kept with its graph until the filter has run (`held`). Otherwise one no-grad
     pass built exactly as the update's forward (forward.py: one construction): the update's micro-batches, its
     module mode, its precision, so at these weights it gives the update's log p bit for bit."""
     rows = (rules or StepRules.of(cfg)).rows_per_pass(len(rollout.texts))
     if reuse:
-        held = HeldForward(model, rollout, cfg.temperature, rows, value_head, cfg.precision,
-                           from_hidden=cfg.stats_from_hidden, frozen=frozen)
+        held = HeldForward(
+            model,
+            rollout,
+            cfg.temperature,
+            rows,
+            value_head,
+            cfg.precision,
+            from_hidden=cfg.stats_from_hidden,
+            frozen=frozen,
+        )
         return held.stats(), held.values(), held
-    stats, values = batch_forward(model, rollout, cfg.temperature, rows, value_head, cfg.precision,
-                                  from_hidden=cfg.stats_from_hidden)
+    stats, values = batch_forward(
+        model, rollout, cfg.temperature, rows, value_head, cfg.precision, from_hidden=cfg.stats_from_hidden
+    )
     return stats, values, None
 
 
@@ -154,15 +174,25 @@ class Step:
     """A run's step: its objective, control and rules, fixed at set-up; `statistics`, `decide` and `update` are the
     three phases (module docstring). The trainer, invariants.recipe_step and the tests call the same methods."""
 
-    def __init__(self, cfg: TrainConfig, model, optimizer, *, value_head=None, ref_model=None,
-                 control: EntropyControl | None = None, update_gen: torch.Generator | None = None):
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        model,
+        optimizer,
+        *,
+        value_head=None,
+        ref_model=None,
+        control: EntropyControl | None = None,
+        update_gen: torch.Generator | None = None,
+    ):
         self.cfg, self.model, self.optimizer = cfg, model, optimizer
         self.value_head, self.ref_model = value_head, ref_model
         self.method, self.estimator = METHODS.get(cfg.method), estimator_of(cfg)
         self.control = control or make_control(cfg)
         self.objective = objective_of(cfg, self.control, kl=ref_model is not None, value=value_head is not None)
-        self.rules = StepRules.of(cfg, objective=self.objective, control=self.control,
-                                  dropout_active=has_active_dropout(model))
+        self.rules = StepRules.of(
+            cfg, objective=self.objective, control=self.control, dropout_active=has_active_dropout(model)
+        )
         if self.rules.critic and value_head is None:
             raise ValueError(f"advantage {cfg.advantage!r} needs a value head: pass value_head=ValueHead(hidden_size)")
         self.loss = POLICY_LOSSES.get(cfg.policy_loss)
@@ -173,42 +203,93 @@ class Step:
         graph; otherwise one no-grad pass built exactly as the update's forward (forward.py: one construction)."""
         cfg, rollout = self.cfg, batch.rollout
         rewards = shaped_rewards(cfg, batch.rewards, rollout.response_mask)
-        frozen = (zero_advantage_rows(self.estimator, rewards, batch.group_ids)
-                  if self.rules.may_freeze and not self.rules.probing(step) else None)
-        stats, values, held = behaviour_statistics(self.model, rollout, cfg, self.value_head, reuse=self.rules.reuse,
-                                                   frozen=frozen, rules=self.rules)
+        frozen = (
+            zero_advantage_rows(self.estimator, rewards, batch.group_ids)
+            if self.rules.may_freeze and not self.rules.probing(step)
+            else None
+        )
+        stats, values, held = behaviour_statistics(
+            self.model, rollout, cfg, self.value_head, reuse=self.rules.reuse, frozen=frozen, rules=self.rules
+        )
         rows = self.rules.rows_per_pass(len(rollout.texts))
-        ref_logp = (batch_forward(self.ref_model, rollout, cfg.temperature, rows, precision=cfg.precision,
-                                  from_hidden=cfg.stats_from_hidden)[0].logp if self.ref_model is not None else None)
+        ref_logp = (
+            batch_forward(
+                self.ref_model,
+                rollout,
+                cfg.temperature,
+                rows,
+                precision=cfg.precision,
+                from_hidden=cfg.stats_from_hidden,
+            )[0].logp
+            if self.ref_model is not None
+            else None
+        )
         return Behaviour(rewards, stats, values, ref_logp, held, frozen)
 
     def decide(self, batch: Scored, behaviour: Behaviour) -> Decision:
         """Advantages, the keep mask, Clip-Cov / KL-Cov's selection and the control's knobs, over the whole batch."""
         cfg, mask, stats = self.cfg, batch.rollout.response_mask, behaviour.stats
         old_logp = stats.logp
-        adv, returns = compute_advantages(cfg, self.estimator, behaviour.rewards, batch.group_ids, mask, old_logp,
-                                          behaviour.old_values)
+        adv, returns = compute_advantages(
+            cfg, self.estimator, behaviour.rewards, batch.group_ids, mask, old_logp, behaviour.old_values
+        )
         entropy = masked_mean(stats.entropy, mask)
         keep, filter_metrics = self.control.choose_tokens(self.method, stats, adv, mask, entropy)
         loss_mask = mask & keep
         knobs = self.control.knobs(entropy, old_logp, loss_mask)
         selected = self.loss.select(adv, old_logp, loss_mask, cfg, self.update_gen) if self.loss.select else None
-        return Decision(adv, old_logp, keep, loss_mask, returns, behaviour.old_values, behaviour.ref_logp, selected,
-                        knobs, entropy, filter_metrics, stats.entropy if self.loss.entropy else None)
+        return Decision(
+            adv,
+            old_logp,
+            keep,
+            loss_mask,
+            returns,
+            behaviour.old_values,
+            behaviour.ref_logp,
+            selected,
+            knobs,
+            entropy,
+            filter_metrics,
+            stats.entropy if self.loss.entropy else None,
+        )
 
     def probe(self, rollout: Rollout, behaviour: Behaviour, step: int) -> EntropyProbe | None:
         """On probe steps, d(mean H)/d(theta) before the update (forward.EntropyProbe)."""
         if not self.rules.probing(step):
             return None
-        return EntropyProbe(self.model, rollout, self.cfg.temperature, self.rules.rows_per_pass(len(rollout.texts)),
-                            self.cfg.precision, held=behaviour.held, from_hidden=self.cfg.stats_from_hidden)
+        return EntropyProbe(
+            self.model,
+            rollout,
+            self.cfg.temperature,
+            self.rules.rows_per_pass(len(rollout.texts)),
+            self.cfg.precision,
+            held=behaviour.held,
+            from_hidden=self.cfg.stats_from_hidden,
+        )
 
-    def diagnose(self, step: int, batch: Scored, behaviour: Behaviour, decision: Decision, updated: dict,
-                 probe: EntropyProbe | None) -> dict:
+    def diagnose(
+        self,
+        step: int,
+        batch: Scored,
+        behaviour: Behaviour,
+        decision: Decision,
+        updated: dict,
+        probe: EntropyProbe | None,
+    ) -> dict:
         """The step's metrics line (diagnostics.py) without timings; the control learns from it."""
         mask, cfg = batch.rollout.response_mask, self.cfg
-        metrics = step_metrics(step, behaviour.rewards, batch.correct, decision.adv, behaviour.stats, mask,
-                               decision.keep, batch.rollout, cfg, self.optimizer)
+        metrics = step_metrics(
+            step,
+            behaviour.rewards,
+            batch.correct,
+            decision.adv,
+            behaviour.stats,
+            mask,
+            decision.keep,
+            batch.rollout,
+            cfg,
+            self.optimizer,
+        )
         metrics.update(updated)
         metrics.update(batch.info)
         # responses whose forward ran without a graph (advantage 0: their gradient is exactly 0)
@@ -216,14 +297,28 @@ class Step:
         metrics["update/frac_rows_no_backward"] = float(frozen.float().mean()) if frozen is not None else 0.0
         metrics.update(self.control.metrics(decision.knobs, mask))
         metrics.update({f"filter/{k}": v for k, v in decision.filter_metrics.items()})
-        metrics.update(after_update_metrics(self.model, batch.rollout, behaviour.stats, probe, cfg,
-                                            self.rules.rows_per_pass(len(batch.rollout.texts))))
+        metrics.update(
+            after_update_metrics(
+                self.model,
+                batch.rollout,
+                behaviour.stats,
+                probe,
+                cfg,
+                self.rules.rows_per_pass(len(batch.rollout.texts)),
+            )
+        )
         self.control.observe(metrics)
         return metrics
 
-    def update(self, rollout: Rollout, decision: Decision, *, held: HeldForward | None = None,
-               observe: Callable[[Tensor, TokenStats, Tensor], None] | None = None,
-               on_first_step: Callable[[], None] | None = None) -> dict:
+    def update(
+        self,
+        rollout: Rollout,
+        decision: Decision,
+        *,
+        held: HeldForward | None = None,
+        observe: Callable[[Tensor, TokenStats, Tensor], None] | None = None,
+        on_first_step: Callable[[], None] | None = None,
+    ) -> dict:
         """The optimizer steps of rules.schedule on the objective; gradient accumulation over each mini-batch's
         micro-batches (rules.passes) with the mini-batch's counts. `held` (strict on-policy) supplies the forward
         already computed. `observe(rows, stats, old_logp)` sees each micro-batch's forward and the old log p its loss
@@ -231,11 +326,14 @@ class Step:
         trainer holds stop signals from there). Returns UpdateLog.metrics()."""
         model, optimizer, cfg, rules = self.model, self.optimizer, self.cfg, self.rules
         device, valid = next(model.parameters()).device, rollout.response_mask
-        phases = [token_sets(m, valid, decision.knobs.high) for m in rules.phase_masks(decision.loss_mask,
-                                                                                        decision.old_logp)]
+        phases = [
+            token_sets(m, valid, decision.knobs.high) for m in rules.phase_masks(decision.loss_mask, decision.old_logp)
+        ]
         if self.loss.entropy and decision.old_entropy is None:
-            raise ValueError(f"policy loss {cfg.policy_loss!r} reads the behaviour policy's per-token entropies: give "
-                             "the Decision its old_entropy (Step.decide does)")
+            raise ValueError(
+                f"policy loss {cfg.policy_loss!r} reads the behaviour policy's per-token entropies: give "
+                "the Decision its old_entropy (Step.decide does)"
+            )
         log = UpdateLog(decision, cfg, self.loss)
         model.train()
         for phase, rows in rules.schedule(len(valid), self.update_gen):
@@ -243,15 +341,24 @@ class Step:
             counts = self.objective.counts({k: v[rows] for k, v in sets.items()}, valid[rows], device)
             optimizer.zero_grad(set_to_none=True)
             for part in rules.passes(rows):
-                stats, values = held.take(part) if held is not None else policy_forward(
-                    model, rollout.select(part), cfg.temperature, self.value_head, cfg.precision,
-                    from_hidden=cfg.stats_from_hidden)
+                stats, values = (
+                    held.take(part)
+                    if held is not None
+                    else policy_forward(
+                        model,
+                        rollout.select(part),
+                        cfg.temperature,
+                        self.value_head,
+                        cfg.precision,
+                        from_hidden=cfg.stats_from_hidden,
+                    )
+                )
                 mb = micro_batch(decision, part, sets, stats, values, first=log.first_step, device=device)
                 loss, terms, means = self.objective(mb, counts)
                 if observe is not None:
                     observe(part, stats, mb.old_logp)
                 if loss.requires_grad or held is None or held.frozen is None:  # a micro-batch of frozen rows only
-                    loss.backward()                                            # (advantage 0) has no graph
+                    loss.backward()  # (advantage 0) has no graph
                 log.micro_batch(part, mb, loss, terms, means)
             norm = clip_gradients(optimizer, cfg.grad_clip)
             check_finite(loss=log.sums["total"], gradient_norm=float(norm))  # else no optimizer step: NonFinite
@@ -271,12 +378,21 @@ def token_sets(loss: Tensor, valid: Tensor, high: Tensor | None) -> dict[str, Te
     return sets
 
 
-def micro_batch(decision: Decision, part: Tensor, sets: dict[str, Tensor], stats: TokenStats, values: Tensor | None,
-                *, first: bool, device: torch.device) -> Micro:
+def micro_batch(
+    decision: Decision,
+    part: Tensor,
+    sets: dict[str, Tensor],
+    stats: TokenStats,
+    values: Tensor | None,
+    *,
+    first: bool,
+    device: torch.device,
+) -> Micro:
     """The objective's inputs for rows `part` on the device. The first optimizer step runs at the weights that
     produced old log p: its own forward is the behaviour policy's, so it takes old log p (and old values) from it,
     detached, and its ratio is exactly 1 whatever the precision (departure 2); so does the behaviour policy's
     per-token entropy, for a loss that reads it (ERC)."""
+
     def on(t: Tensor | None) -> Tensor | None:
         return None if t is None else t[part].to(device)
 
@@ -285,10 +401,20 @@ def micro_batch(decision: Decision, part: Tensor, sets: dict[str, Tensor], stats
     old_h = None
     if decision.old_entropy is not None:
         old_h = stats.entropy.detach() if first else on(decision.old_entropy)
-    return Micro(stats, values, old, decision.adv[part].to(device), {k: v[part].to(device) for k, v in sets.items()},
-                 old_values=old_v, returns=on(decision.returns), ref_logp=on(decision.ref_logp),
-                 selected=on(decision.selected), entropy_coef=decision.knobs.entropy_coef, alpha=decision.knobs.alpha,
-                 old_entropy=old_h)
+    return Micro(
+        stats,
+        values,
+        old,
+        decision.adv[part].to(device),
+        {k: v[part].to(device) for k, v in sets.items()},
+        old_values=old_v,
+        returns=on(decision.returns),
+        ref_logp=on(decision.ref_logp),
+        selected=on(decision.selected),
+        entropy_coef=decision.knobs.entropy_coef,
+        alpha=decision.knobs.alpha,
+        old_entropy=old_h,
+    )
 
 
 def clip_gradients(optimizer, max_norm: float) -> Tensor:
@@ -319,9 +445,15 @@ class UpdateLog:
     def micro_batch(self, part: Tensor, mb: Micro, loss: Tensor, terms: dict, means: dict) -> None:
         """Terms: each micro-batch's value is its share of the mini-batch's (global counts), so they add up;
         metrics: means over the micro-batch's tokens, weighted by their count."""
-        self.ratio[part] = self.loss.factor(mb.stats.logp.detach(), mb.old_logp, mb.masks["loss"], self.cfg,
-                                            advantages=mb.adv, entropy=mb.stats.entropy.detach(),
-                                            old_entropy=mb.old_entropy).cpu()
+        self.ratio[part] = self.loss.factor(
+            mb.stats.logp.detach(),
+            mb.old_logp,
+            mb.masks["loss"],
+            self.cfg,
+            advantages=mb.adv,
+            entropy=mb.stats.entropy.detach(),
+            old_entropy=mb.old_entropy,
+        ).cpu()
         self.s_centered[part] = mb.stats.s_centered.cpu()
         self.sums["total"] = self.sums.get("total", 0.0) + float(loss.detach())
         for k, v in terms.items():
@@ -334,10 +466,14 @@ class UpdateLog:
         """Corollary 4.1, eq. 28: this optimizer step's share of the batch, at the policy it is taken from."""
         cfg, (n_tokens, n_seqs) = self.cfg, counts["loss"]
         share = float(mb_mask.sum()) / float(self.n_total)
-        step = step_sizes(mb_mask, self.agg, lr=cfg.lr, num_tokens=float(n_tokens), num_seqs=float(n_seqs),
-                          norm=cfg.max_new_tokens)
-        self.predicted_off += share * float(corollary4_entropy_change(self.adv[rows], self.s_centered[rows], mb_mask,
-                                                                      lr=cfg.lr, ratio=self.ratio[rows], step=step))
+        step = step_sizes(
+            mb_mask, self.agg, lr=cfg.lr, num_tokens=float(n_tokens), num_seqs=float(n_seqs), norm=cfg.max_new_tokens
+        )
+        self.predicted_off += share * float(
+            corollary4_entropy_change(
+                self.adv[rows], self.s_centered[rows], mb_mask, lr=cfg.lr, ratio=self.ratio[rows], step=step
+            )
+        )
         self.grad_norm, self.first_step = float(norm), False
         self.steps.append({**self.sums, **{k: num / den for k, (num, den) in self.means.items() if den > 0}})
         self.sums, self.means = {}, {}
@@ -345,6 +481,8 @@ class UpdateLog:
     def metrics(self) -> dict:
         """loss/*: the mean over the update's optimizer steps of each step's value, which micro-batching does not
         change; grad_norm: the last step's; entropy_change/predicted_offpolicy: eq. 28 summed."""
-        out = {f"loss/{k}": sum(st.get(k, 0.0) for st in self.steps) / len(self.steps)
-               for k in dict.fromkeys(k for st in self.steps for k in st)}
+        out = {
+            f"loss/{k}": sum(st.get(k, 0.0) for st in self.steps) / len(self.steps)
+            for k in dict.fromkeys(k for st in self.steps for k in st)
+        }
         return {**out, "grad_norm": self.grad_norm, "entropy_change/predicted_offpolicy": self.predicted_off}

@@ -35,13 +35,18 @@ class StopSignals:
 
     def handler(self, signum, frame):
         if self.fired or self.held is not None:
-            print(f"entropy-rft: {signal.Signals(signum).name} again while stopping; the save goes on (SIGKILL stops "
-                  "at once, losing the steps since the last checkpoint)", file=sys.stderr)
+            print(
+                f"entropy-rft: {signal.Signals(signum).name} again while stopping; the save goes on (SIGKILL stops "
+                "at once, losing the steps since the last checkpoint)",
+                file=sys.stderr,
+            )
             return
         if self.deferring:
             self.held = signum
-            print(f"entropy-rft: {signal.Signals(signum).name}: finishing the step under way, then saving",
-                  file=sys.stderr)
+            print(
+                f"entropy-rft: {signal.Signals(signum).name}: finishing the step under way, then saving",
+                file=sys.stderr,
+            )
             return
         self.fired.append(signum)
         raise Interrupted(signum)

@@ -87,8 +87,15 @@ class _Run:
         self.policy = set_up_policy(cfg, device, claim.checkpoint, critic=needs.critic, reference=needs.reference)
         control = make_control(cfg)
         update_gen = torch.Generator().manual_seed(cfg.seed + 1)
-        self.step = Step(cfg, self.policy.model, self.policy.optimizer, value_head=self.policy.value_head,
-                         ref_model=self.policy.ref_model, control=control, update_gen=update_gen)
+        self.step = Step(
+            cfg,
+            self.policy.model,
+            self.policy.optimizer,
+            value_head=self.policy.value_head,
+            ref_model=self.policy.ref_model,
+            control=control,
+            update_gen=update_gen,
+        )
         self.sampler = ProblemSampler(train_problems, cfg.seed)
         self.state = RunState(self.sampler, update_gen, control, control_name(cfg))
         self.start = 0
@@ -111,20 +118,34 @@ class _Run:
     def save(self, at: int, state: dict | None = None) -> Path:
         p = self.policy
         with checkpoint_space(self.run_dir, at):  # no space left: one line naming the checkpoint (runstate.py)
-            ckpt = save_checkpoint(self.run_dir, at, p.model, p.tokenizer, p.optimizer, None, p.value_head,
-                                   state or self.state.capture())
+            ckpt = save_checkpoint(
+                self.run_dir, at, p.model, p.tokenizer, p.optimizer, None, p.value_head, state or self.state.capture()
+            )
         prune_checkpoints(self.run_dir, self.cfg.keep_checkpoints, self.cfg.steps)  # the newest few and the final
         return ckpt
 
     def write_samples(self, step: int, batch, behaviour, decision, metrics: dict) -> None:
         """Token-level samples of the step's batch, when due (samples.py)."""
         cfg, mask = self.cfg, batch.rollout.response_mask
-        samples.write_step(self.run_dir, step + 1, every=cfg.samples_every, groups=cfg.samples_groups,
-                           last=cfg.steps, rollout=batch.rollout, tokenizer=self.policy.tokenizer,
-                           stats=behaviour.stats, advantages=decision.adv, keep=decision.keep,
-                           rewards=behaviour.rewards, group_size=cfg.group_size, lr=cfg.lr,
-                           step_size=loss_step_sizes(mask, decision.loss_mask, cfg), loss_agg=cfg.loss_agg,
-                           method=cfg.method, metrics=metrics)
+        samples.write_step(
+            self.run_dir,
+            step + 1,
+            every=cfg.samples_every,
+            groups=cfg.samples_groups,
+            last=cfg.steps,
+            rollout=batch.rollout,
+            tokenizer=self.policy.tokenizer,
+            stats=behaviour.stats,
+            advantages=decision.adv,
+            keep=decision.keep,
+            rewards=behaviour.rewards,
+            group_size=cfg.group_size,
+            lr=cfg.lr,
+            step_size=loss_step_sizes(mask, decision.loss_mask, cfg),
+            loss_agg=cfg.loss_agg,
+            method=cfg.method,
+            metrics=metrics,
+        )
 
     def eval_due(self, at: int) -> bool:
         return bool(self.cfg.eval_every) and at % self.cfg.eval_every == 0 and at < self.cfg.steps
@@ -135,8 +156,9 @@ class _Run:
         self.state.pending, metrics, at = pending, dict(pending["metrics"]), pending["step"]
         if self.eval_due(at):
             self.state.evals[at] = self.evaluate()
-            metrics.update({"eval/avg_at_k": self.state.evals[at]["avg_at_k"],
-                            "eval/pass_at_k": self.state.evals[at]["pass_at_k"]})
+            metrics.update(
+                {"eval/avg_at_k": self.state.evals[at]["avg_at_k"], "eval/pass_at_k": self.state.evals[at]["pass_at_k"]}
+            )
         self.logger.log(metrics)
         self.history.append(metrics)
         self.state.pending = None
@@ -163,8 +185,9 @@ class _Clock:
 def _loop(run: _Run, stops: StopSignals) -> dict:
     cfg, step_, state = run.cfg, run.step, run.state
     engine, final, completed = run.policy.engine, None, run.start
-    bar = tqdm(range(run.start, cfg.steps), desc=cfg.method, disable=not cfg.progress, initial=run.start,
-               total=cfg.steps)
+    bar = tqdm(
+        range(run.start, cfg.steps), desc=cfg.method, disable=not cfg.progress, initial=run.start, total=cfg.steps
+    )
     doing, stopped_at = "the evaluation before step 1", None  # what runs now (for a NonFinite's line)
     try:
         if run.start == 0:
@@ -198,8 +221,11 @@ def _loop(run: _Run, stops: StopSignals) -> dict:
             run.commit(state.pending)
             stopped_at = None
             stops.release()  # a stop held since the first optimizer step stops the run here, the step logged
-            bar.set_postfix(reward=f"{metrics['reward_mean']:.2f}", H=f"{metrics['entropy']:.3f}",
-                            clip=f"{metrics['clip_frac']:.3f}")
+            bar.set_postfix(
+                reward=f"{metrics['reward_mean']:.2f}",
+                H=f"{metrics['entropy']:.3f}",
+                clip=f"{metrics['clip_frac']:.3f}",
+            )
         final, doing = run.save(cfg.steps), "the final evaluation"
         state.evals[cfg.steps] = run.evaluate()
     except KeyboardInterrupt as err:  # Ctrl-C, or SIGTERM / SIGHUP (rundir.Interrupted)
@@ -207,17 +233,25 @@ def _loop(run: _Run, stops: StopSignals) -> dict:
         if not run.claim.committed:  # stopped before the first step: the directory is put back as it was (rundir)
             raise
         if final is not None:  # interrupted in the final evaluation: the final checkpoint is saved
-            raise SystemExit(f"{why} in the final evaluation; the trained policy is saved in {final}. "
-                             "Continue with --resume to evaluate it.") from None
+            raise SystemExit(
+                f"{why} in the final evaluation; the trained policy is saved in {final}. "
+                "Continue with --resume to evaluate it."
+            ) from None
         ckpt = run.save(completed, stopped_at)
-        raise SystemExit(f"{why}: stopped after {completed} steps; saved {ckpt}. Continue with --resume "
-                         f"--out {run.run_dir}.") from None
+        raise SystemExit(
+            f"{why}: stopped after {completed} steps; saved {ckpt}. Continue with --resume --out {run.run_dir}."
+        ) from None
     except NonFinite as err:  # nothing of the step is committed (departure 2)
-        kept = (f"{run.run_dir} is left as it was before the run" if not run.claim.committed else
-                f"its newest checkpoint stays {find_checkpoint(run.run_dir) or 'none (none was saved)'}, and "
-                f"metrics.jsonl ends at step {completed}")
-        raise NonFinite(f"{doing}: {err}; it is not committed and the run stops: {kept}. Start again with a smaller "
-                        f"lr (now {cfg.lr:g}) or other settings (a resume would meet the same step)") from None
+        kept = (
+            f"{run.run_dir} is left as it was before the run"
+            if not run.claim.committed
+            else f"its newest checkpoint stays {find_checkpoint(run.run_dir) or 'none (none was saved)'}, and "
+            f"metrics.jsonl ends at step {completed}"
+        )
+        raise NonFinite(
+            f"{doing}: {err}; it is not committed and the run stops: {kept}. Start again with a smaller "
+            f"lr (now {cfg.lr:g}) or other settings (a resume would meet the same step)"
+        ) from None
     finally:
         engine.close()
         run.logger.close()

@@ -23,12 +23,32 @@ import tempfile
 import time
 from pathlib import Path
 
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync",
-         "--disable-extensions", "--disable-default-apps", "--mute-audio", "--hide-scrollbars",
-         "--remote-debugging-pipe"]
-KEYS = {"Tab": 9, "Enter": 13, " ": 32, "End": 35, "Home": 36, "ArrowLeft": 37, "ArrowUp": 38, "ArrowRight": 39,
-        "ArrowDown": 40}
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-extensions",
+    "--disable-default-apps",
+    "--mute-audio",
+    "--hide-scrollbars",
+    "--remote-debugging-pipe",
+]
+KEYS = {
+    "Tab": 9,
+    "Enter": 13,
+    " ": 32,
+    "End": 35,
+    "Home": 36,
+    "ArrowLeft": 37,
+    "ArrowUp": 38,
+    "ArrowRight": 39,
+    "ArrowDown": 40,
+}
 
 
 def find_chromium() -> str | None:
@@ -54,11 +74,25 @@ class Browser:
         from_chrome_r, from_chrome_w = os.pipe()
         # a trampoline puts the pipes on descriptors 3 and 4, where Chromium looks for them, then becomes Chromium
         # (a POSIX shell's redirections take single-digit descriptors only)
-        hop = "import os, sys; os.dup2(int(sys.argv[1]), 3); os.dup2(int(sys.argv[2]), 4); os.execv(sys.argv[3], sys.argv[3:])"
-        cmd = [sys.executable, "-c", hop, str(to_chrome_r), str(from_chrome_w), executable, *FLAGS,
-               f"--user-data-dir={self.profile}", f"--window-size={width},{height}", "about:blank"]
-        self.proc = subprocess.Popen(cmd, pass_fds=(to_chrome_r, from_chrome_w), stdin=subprocess.DEVNULL,
-                                     stdout=self.log, stderr=self.log)
+        hop = (
+            "import os, sys; os.dup2(int(sys.argv[1]), 3); os.dup2(int(sys.argv[2]), 4); "
+            "os.execv(sys.argv[3], sys.argv[3:])"
+        )
+        cmd = [
+            sys.executable,
+            "-c",
+            hop,
+            str(to_chrome_r),
+            str(from_chrome_w),
+            executable,
+            *FLAGS,
+            f"--user-data-dir={self.profile}",
+            f"--window-size={width},{height}",
+            "about:blank",
+        ]
+        self.proc = subprocess.Popen(
+            cmd, pass_fds=(to_chrome_r, from_chrome_w), stdin=subprocess.DEVNULL, stdout=self.log, stderr=self.log
+        )
         os.close(to_chrome_r)
         os.close(from_chrome_w)
         self.writer = os.fdopen(to_chrome_w, "wb")
@@ -67,7 +101,7 @@ class Browser:
         self.next_id = 0
         self.events: list[dict] = []
 
-    def __enter__(self) -> "Browser":
+    def __enter__(self) -> Browser:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -136,15 +170,20 @@ class Browser:
             except TimeoutError:
                 return
 
-    def open(self, url: str) -> "Page":
+    def open(self, url: str) -> Page:
         """A new tab with the page loaded (its load event fired)."""
         target = self.call("Target.createTarget", url="about:blank")["targetId"]
         session = self.call("Target.attachToTarget", targetId=target, flatten=True)["sessionId"]
         page = Page(self, session)
         for domain in ("Page", "Runtime", "Log", "Network"):
             page.call(f"{domain}.enable")
-        page.call("Emulation.setDeviceMetricsOverride", width=self.width, height=self.height, deviceScaleFactor=1,
-                  mobile=False)
+        page.call(
+            "Emulation.setDeviceMetricsOverride",
+            width=self.width,
+            height=self.height,
+            deviceScaleFactor=1,
+            mobile=False,
+        )
         page.call("Page.navigate", url=url)
         page.wait_event("Page.loadEventFired")
         return page
@@ -158,8 +197,11 @@ class Page:
         return self.browser.call(method, self.session, **params)
 
     def events(self, method: str | None = None) -> list[dict]:
-        return [e for e in self.browser.events if e.get("sessionId") == self.session
-                and (method is None or e.get("method") == method)]
+        return [
+            e
+            for e in self.browser.events
+            if e.get("sessionId") == self.session and (method is None or e.get("method") == method)
+        ]
 
     def wait_event(self, method: str, timeout: float = 30.0) -> dict:
         deadline = time.time() + timeout
@@ -188,8 +230,12 @@ class Page:
     def key(self, key: str) -> None:
         """Press and release a key, as a keyboard does (focus moves, selects change, key handlers run)."""
         code = KEYS[key]
-        base = {"key": key, "code": "Space" if key == " " else key, "windowsVirtualKeyCode": code,
-                "nativeVirtualKeyCode": code}
+        base = {
+            "key": key,
+            "code": "Space" if key == " " else key,
+            "windowsVirtualKeyCode": code,
+            "nativeVirtualKeyCode": code,
+        }
         text = {"text": "\r" if key == "Enter" else key} if key in ("Enter", " ") else {}
         self.call("Input.dispatchKeyEvent", type="keyDown" if text else "rawKeyDown", **base, **text)
         self.call("Input.dispatchKeyEvent", type="keyUp", **base)
@@ -208,7 +254,9 @@ class Page:
         out = []
         for e in self.events("Runtime.consoleAPICalled"):
             if e["params"]["type"] in ("error", "assert"):
-                out.append("console: " + " ".join(str(a.get("value", a.get("description"))) for a in e["params"]["args"]))
+                out.append(
+                    "console: " + " ".join(str(a.get("value", a.get("description"))) for a in e["params"]["args"])
+                )
         for e in self.events("Runtime.exceptionThrown"):
             out.append("exception: " + json.dumps(e["params"]["exceptionDetails"])[:500])
         for e in self.events("Log.entryAdded"):

@@ -164,7 +164,7 @@ def value_gradient(critic, sequences, returns, mask):
     critic.zero_grad(set_to_none=True)
     total = 0.0
     for r, (x, n) in enumerate(sequences):
-        v = critic(input_ids=x[None]).logits[0, :, 0][len(x) - n - 1: len(x) - 1]
+        v = critic(input_ids=x[None]).logits[0, :, 0][len(x) - n - 1 : len(x) - 1]
         total = total + 0.5 * ((v - returns[r, :n]) ** 2 * mask[r, :n]).sum()
     (total / mask.sum()).backward()
     grads = flat_grad(critic)

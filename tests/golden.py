@@ -25,8 +25,18 @@ import torch
 
 FIXTURE = Path(__file__).parent / "fixtures" / "golden_steps.json"
 
-BASE = dict(steps=3, prompts_per_step=8, group_size=4, max_new_tokens=16, lr=1e-4, eval_problems=4, eval_k=2,
-            progress=False, probe_every=2, samples_every=2)
+BASE = dict(
+    steps=3,
+    prompts_per_step=8,
+    group_size=4,
+    max_new_tokens=16,
+    lr=1e-4,
+    eval_problems=4,
+    eval_k=2,
+    progress=False,
+    probe_every=2,
+    samples_every=2,
+)
 CASES: dict[str, dict] = {
     "grpo": {},
     "clip_b": {"method": "clip_b", "mu": 1.0},
@@ -71,8 +81,13 @@ def cpu_model() -> str:
 
 def platform() -> dict:
     """What the bit-exact values depend on besides the code."""
-    return {"torch": torch.__version__, "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-            "threads": torch.get_num_threads(), "python": sys.version.split()[0], "cpu": cpu_model()}
+    return {
+        "torch": torch.__version__,
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "threads": torch.get_num_threads(),
+        "python": sys.version.split()[0],
+        "cpu": cpu_model(),
+    }
 
 
 def _weights(checkpoint: Path) -> dict[str, torch.Tensor]:
@@ -103,8 +118,13 @@ def weights_move(tensors: dict[str, torch.Tensor]) -> float:
     from safetensors.torch import load_file
 
     start = load_file(POLICY_WEIGHTS)
-    return sum(float(((v.double() - start[k].double() if k in start else v.double()) ** 2).sum())
-               for k, v in tensors.items()) ** 0.5
+    return (
+        sum(
+            float(((v.double() - start[k].double() if k in start else v.double()) ** 2).sum())
+            for k, v in tensors.items()
+        )
+        ** 0.5
+    )
 
 
 def weights_digest(checkpoint: Path) -> str:
@@ -128,9 +148,13 @@ def run_case(name: str, out: Path) -> dict:
     metrics = [{k: v for k, v in row.items() if not k.startswith(UNTIMED)} for row in read_metrics(cfg.out)]
     checkpoint = Path(summary["checkpoint"])
     tensors = _weights(checkpoint)
-    return {"metrics": metrics, "evals": json.loads((out / name / "eval.json").read_text()),
-            "weights": weights_digest(checkpoint), "weights_sketch": weights_sketch(tensors),
-            "weights_move": weights_move(tensors)}
+    return {
+        "metrics": metrics,
+        "evals": json.loads((out / name / "eval.json").read_text()),
+        "weights": weights_digest(checkpoint),
+        "weights_sketch": weights_sketch(tensors),
+        "weights_move": weights_move(tensors),
+    }
 
 
 def main(argv=None) -> None:

@@ -9,8 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-SPEC = importlib.util.spec_from_file_location("avgk_analysis",
-                                              Path(__file__).resolve().parents[1] / "benchmarks" / "avgk_analysis.py")
+SPEC = importlib.util.spec_from_file_location(
+    "avgk_analysis", Path(__file__).resolve().parents[1] / "benchmarks" / "avgk_analysis.py"
+)
 avgk = importlib.util.module_from_spec(SPEC)
 SPEC.loader.exec_module(avgk)
 
@@ -22,10 +23,18 @@ def record(method: str, seed: int, final: list[int], *, steps: int = STEPS, rng=
     rng = rng or np.random.default_rng(seed)
     initial = [0] * 4 + [3] * 4 + [20] * 4
     entropy = list(np.round(np.linspace(0.5, 0.2 if method == "grpo" else 0.3, steps), 5))
-    return {"task": "countdown5_large", "method": method, "seed": seed, "key": "0" * 12, "steps": steps,
-            "eval_n": N, "initial_correct": initial, "final_correct": final,
-            "eval_correct": {"0": initial, "300": [int(v) for v in rng.integers(0, N + 1, PROBLEMS)], str(steps): final},
-            "entropy": entropy}
+    return {
+        "task": "countdown5_large",
+        "method": method,
+        "seed": seed,
+        "key": "0" * 12,
+        "steps": steps,
+        "eval_n": N,
+        "initial_correct": initial,
+        "final_correct": final,
+        "eval_correct": {"0": initial, "300": [int(v) for v in rng.integers(0, N + 1, PROBLEMS)], str(steps): final},
+        "entropy": entropy,
+    }
 
 
 def synthetic(extra: int = 6) -> list[dict]:
@@ -34,8 +43,11 @@ def synthetic(extra: int = 6) -> list[dict]:
     cells = []
     for s in range(SEEDS):
         base = [int(v) for v in np.random.default_rng(100 + s).integers(0, N - extra + 1, PROBLEMS)]
-        cells += [record("grpo", s, base), record("clip_b", s, [c + extra for c in base]),
-                  record("clip_v", s, list(base))]
+        cells += [
+            record("grpo", s, base),
+            record("clip_b", s, [c + extra for c in base]),
+            record("clip_v", s, list(base)),
+        ]
     return cells
 
 
@@ -91,7 +103,8 @@ def test_secondary_entropy_and_curves():
     assert r["entropy"]["clip_b"]["vs_grpo"]["difference"]["value"] > 0
     assert list(r["curves"]["grpo"]["evals"]) == [0, 300, STEPS]
     assert r["curves"]["clip_b"]["evals"][STEPS]["avg@32"]["value"] == pytest.approx(
-        r["absolute"]["clip_b"]["avg@32"]["value"])
+        r["absolute"]["clip_b"]["avg@32"]["value"]
+    )
 
 
 def test_incomplete_seeds_are_dropped_and_other_settings_refused():
@@ -136,7 +149,14 @@ def test_study_configuration_is_the_preregistered_one():
     for method, want in (("grpo", {}), ("clip_b", {"mu": 1.5}), ("clip_v", {"mu": 3.0, "max_frac": 0.05})):
         cfg = study.cell_config("countdown5_large", method, 2)
         assert (cfg.task, cfg.method, cfg.steps, cfg.eval_every, cfg.eval_k, cfg.eval_problems, cfg.seed) == (
-            "countdown5_large", method, avgk.STEPS, 300, avgk.EVAL_N, 0, 2)
+            "countdown5_large",
+            method,
+            avgk.STEPS,
+            300,
+            avgk.EVAL_N,
+            0,
+            2,
+        )
         assert (cfg.prompts_per_step, cfg.group_size, cfg.lr, cfg.eval_temperature) == (32, 8, 5e-5, 0.7)
         assert all(getattr(cfg, k) == v for k, v in want.items())
 

@@ -41,8 +41,9 @@ def test_advantage_reweight_and_overlong_hand_cases():
     lengths 12 -> 0, 14 -> -(14 - 12) / 4 = -0.5, 16 -> -1."""
     a = advantage_reweight(torch.tensor([2.0]), torch.log(torch.tensor([[0.5, 1.0]])), alpha=0.3)
     torch.testing.assert_close(a, torch.tensor([[1.7, 2.0]]))
-    torch.testing.assert_close(overlong_penalty(torch.tensor([12, 14, 16]), max_len=16, buffer=4),
-                               torch.tensor([0.0, -0.5, -1.0]))
+    torch.testing.assert_close(
+        overlong_penalty(torch.tensor([12, 14, 16]), max_len=16, buffer=4), torch.tensor([0.0, -0.5, -1.0])
+    )
 
 
 def test_kl_cov_selection_is_batch_level():
@@ -77,16 +78,40 @@ def test_method_defaults_sit_beneath_explicit_settings():
 
 
 ENGINE_LOSSES = ["cispo", "sapo", "dppo_tv", "dppo_kl", "geo_mean", "erc"]
-BASELINES = ["dapo", "dr_grpo", "gspo", "clip_cov", "kl_cov", "unlikely", "unlikely_2ep", "forking", "forking_all",
-             "entropy_bonus", "ar", "lopti", *ENGINE_LOSSES, "qae"]
+BASELINES = [
+    "dapo",
+    "dr_grpo",
+    "gspo",
+    "clip_cov",
+    "kl_cov",
+    "unlikely",
+    "unlikely_2ep",
+    "forking",
+    "forking_all",
+    "entropy_bonus",
+    "ar",
+    "lopti",
+    *ENGINE_LOSSES,
+    "qae",
+]
 
 
 @pytest.mark.parametrize("method", BASELINES)
 def test_every_baseline_trains(tmp_path, method):
     """Each baseline runs two steps end to end and logs finite metrics."""
     assert method in METHODS
-    cfg = load_config(None, method=method, steps=2, prompts_per_step=4, group_size=4, lr=1e-4, eval_problems=4,
-                      eval_k=2, progress=False, out=str(tmp_path))
+    cfg = load_config(
+        None,
+        method=method,
+        steps=2,
+        prompts_per_step=4,
+        group_size=4,
+        lr=1e-4,
+        eval_problems=4,
+        eval_k=2,
+        progress=False,
+        out=str(tmp_path),
+    )
     train(cfg)
     rows = read_metrics(tmp_path)
     assert len(rows) == 2 and all(r["entropy"] > 0 and r["grad_norm"] >= 0 for r in rows)
@@ -98,8 +123,21 @@ def test_clip_b_and_clip_v_compose_with_the_engines_losses(tmp_path, method, los
     steps per batch (mini_batches 2), so the loss's ratios, masks and ERC's entropy band act; the filter drops tokens
     (mu 0.5), the loss's metrics are logged and the off-policy entropy prediction with the loss's own step sizes is
     finite."""
-    cfg = load_config(None, method=method, policy_loss=loss, mu=0.5, steps=1, prompts_per_step=4, group_size=4,
-                      mini_batches=2, lr=1e-3, eval_problems=4, eval_k=2, progress=False, out=str(tmp_path))
+    cfg = load_config(
+        None,
+        method=method,
+        policy_loss=loss,
+        mu=0.5,
+        steps=1,
+        prompts_per_step=4,
+        group_size=4,
+        mini_batches=2,
+        lr=1e-3,
+        eval_problems=4,
+        eval_k=2,
+        progress=False,
+        out=str(tmp_path),
+    )
     assert cfg.policy_loss == loss and cfg.method == method
     train(cfg)
     rows = read_metrics(tmp_path)
@@ -111,17 +149,17 @@ def test_clip_b_and_clip_v_compose_with_the_engines_losses(tmp_path, method, los
 
 def test_dynamic_sampling_keeps_only_mixed_groups(tmp_path):
     """DAPO's dynamic sampling: every kept group has 0 < correct < G."""
-    from entropy_rft.rollout import HFEngine
-    from entropy_rft.tasks import CountdownTask
     from entropy_rft.policy import load_policy
     from entropy_rft.problems import ProblemSampler, default_data, load_problems, sample_batch
+    from entropy_rft.rollout import HFEngine
+    from entropy_rft.tasks import CountdownTask
 
     cfg = load_config(None, method="dapo", prompts_per_step=6, group_size=4, max_sampling_rounds=5)
     model, tok = load_policy("countdown-tiny", torch.device("cpu"))
     task = CountdownTask()
     sampler = ProblemSampler(load_problems(default_data(cfg, "train"), task), seed=0)
     scored = sample_batch(HFEngine(model, tok), task, sampler, cfg, step=0)
-    problems, rollout, rewards, correct, info = scored.problems, scored.rollout, scored.rewards, scored.correct, scored.info
+    problems, rollout, correct, info = scored.problems, scored.rollout, scored.correct, scored.info
     assert len(rollout.texts) == 4 * len(problems) == 4 * info["sampling/groups"]
     per_group = correct.view(-1, 4).sum(-1)
     assert ((per_group > 0) & (per_group < 4)).all()
@@ -134,10 +172,24 @@ def test_compare_resumes_and_summarises(tmp_path, capsys):
     from entropy_rft.cli import main
 
     cfg = tmp_path / "small.yaml"
-    cfg.write_text("common: {prompts_per_step: 4, group_size: 4, lr: 1.0e-4, eval_problems: 8, eval_k: 2}\n"
-                   "methods: {clip_b: {mu: 1.5}}\n")
-    args = ["compare", "--methods", "grpo,clip_b", "--seeds", "2", "--steps", "1", "--config", str(cfg),
-            "--out", str(tmp_path / "cmp"), "--quiet"]
+    cfg.write_text(
+        "common: {prompts_per_step: 4, group_size: 4, lr: 1.0e-4, eval_problems: 8, eval_k: 2}\n"
+        "methods: {clip_b: {mu: 1.5}}\n"
+    )
+    args = [
+        "compare",
+        "--methods",
+        "grpo,clip_b",
+        "--seeds",
+        "2",
+        "--steps",
+        "1",
+        "--config",
+        str(cfg),
+        "--out",
+        str(tmp_path / "cmp"),
+        "--quiet",
+    ]
     main(args)
     main(args)
     assert capsys.readouterr().out.count("done, skipped") == 4
@@ -160,8 +212,18 @@ def test_compare_resumes_and_summarises(tmp_path, capsys):
 def test_ppo_with_gae_trains_its_value_head(tmp_path, method):
     """PPO: GAE advantages per token from a value head that learns (its loss is logged and its weights move
     away from the zero initialisation and are checkpointed)."""
-    cfg = load_config(None, method=method, steps=3, prompts_per_step=4, group_size=2, lr=1e-4, eval_problems=4,
-                      eval_k=2, progress=False, out=str(tmp_path))
+    cfg = load_config(
+        None,
+        method=method,
+        steps=3,
+        prompts_per_step=4,
+        group_size=2,
+        lr=1e-4,
+        eval_problems=4,
+        eval_k=2,
+        progress=False,
+        out=str(tmp_path),
+    )
     assert cfg.advantage == "gae"
     summary = train(cfg)
     rows = read_metrics(tmp_path)
@@ -188,8 +250,8 @@ def test_dr_grpo_update_does_not_depend_on_the_padded_width():
     import copy
 
     from entropy_rft.forward import batch_forward
-    from entropy_rft.rollout import Rollout
     from entropy_rft.policy import load_policy
+    from entropy_rft.rollout import Rollout
     from entropy_rft.step import Decision, Step
 
     model, tok = load_policy("countdown-tiny", torch.device("cpu"), trainable=True)
@@ -203,8 +265,14 @@ def test_dr_grpo_update_does_not_depend_on_the_padded_width():
     response[~mask] = 0
     narrow = Rollout(prompt, torch.ones(n, 5, dtype=torch.bool), response, mask, mask.sum(-1) == 9, [""] * n)
     pad = torch.zeros(n, 7, dtype=torch.long)
-    wide = Rollout(prompt, torch.ones(n, 5, dtype=torch.bool), torch.cat([response, pad], 1),
-                   torch.cat([mask, pad.bool()], 1), narrow.finished, [""] * n)
+    wide = Rollout(
+        prompt,
+        torch.ones(n, 5, dtype=torch.bool),
+        torch.cat([response, pad], 1),
+        torch.cat([mask, pad.bool()], 1),
+        narrow.finished,
+        [""] * n,
+    )
     adv = torch.tensor([1.0, -0.5, 0.25, -1.0])
     losses = []
     for ro in (narrow, wide):
@@ -237,5 +305,8 @@ def test_kl_cov_recipe_is_cui_et_al_7b_and_off_policy():
     assert cfg.method == "kl_cov" and cfg.kl_cov_ratio == 2e-3 and cfg.kl_cov_coef == 1.0
     assert cfg.mini_batches * cfg.ppo_epochs > 1 and cfg.prompts_per_step % cfg.mini_batches == 0
     n = cfg.prompts_per_step * cfg.group_size * 50  # a batch of short responses
-    assert int(select_kl_cov(torch.randn(n), torch.randn(n, 1), torch.ones(n, 1, dtype=torch.bool),
-                             ratio=cfg.kl_cov_ratio).sum()) == int(cfg.kl_cov_ratio * n)
+    assert int(
+        select_kl_cov(
+            torch.randn(n), torch.randn(n, 1), torch.ones(n, 1, dtype=torch.bool), ratio=cfg.kl_cov_ratio
+        ).sum()
+    ) == int(cfg.kl_cov_ratio * n)

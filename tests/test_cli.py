@@ -38,13 +38,13 @@ def _model_work(*args, **kwargs):
 def no_model_work(monkeypatch):
     """Any case that gets as far as loading a model or training fails; torch looks like a CPU-only build and vLLM
     like a package that is not installed, whatever this machine has."""
-    for module, name in ((policy, "load_policy"), (trainer, "_Run"),
-                         (pipeline, "build_engine")):
+    for module, name in ((policy, "load_policy"), (trainer, "_Run"), (pipeline, "build_engine")):
         monkeypatch.setattr(module, name, _model_work)
     monkeypatch.setattr(torch.version, "cuda", None)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    monkeypatch.setitem(config.OPTIONAL_PACKAGES, "vllm", ("no_such_module_vllm_stand_in",
-                                                           config.OPTIONAL_PACKAGES["vllm"][1]))
+    monkeypatch.setitem(
+        config.OPTIONAL_PACKAGES, "vllm", ("no_such_module_vllm_stand_in", config.OPTIONAL_PACKAGES["vllm"][1])
+    )
 
 
 def fails(argv, capsys) -> str:
@@ -162,8 +162,7 @@ CASES = [
 
 
 @pytest.mark.parametrize("argv, names, fix", CASES, ids=[" ".join(c[0])[:60] for c in CASES])
-def test_bad_input_exits_2_with_one_line_naming_option_and_fix(argv, names, fix, tmp_path, record, capsys,
-                                                                monkeypatch):
+def test_bad_input_exits_2_with_one_line_naming_option_and_fix(argv, names, fix, tmp_path, record, capsys, monkeypatch):
     """Each case: exit code 2, one line on stderr that names the option or setting and states the fix, no
     traceback, no model loaded; a record it touches is left as it was."""
     monkeypatch.chdir(tmp_path)  # --name and default directories land here
@@ -178,25 +177,61 @@ def test_bad_input_exits_2_with_one_line_naming_option_and_fix(argv, names, fix,
 
 # options whose values argparse checks: (argv prefix, option, whole number?, lowest, highest, lowest allowed?)
 NUMERIC = [
-    (["eval"], "--eval-k", True, 1, None, True), (["eval"], "--n", True, 1, None, True),
-    (["eval"], "--eval-temperature", False, 0, None, False), (["eval"], "--top-p", False, 0, 1, False),
-    (["eval"], "--max-new-tokens", True, 1, None, True), (["eval"], "--vllm-gpu-memory", False, 0, 1, False),
-    (["eval"], "--eval-problems", True, 0, None, True), (["eval"], "--batch-size", True, 1, None, True),
-    (["eval"], "--seed", True, 0, 2**32 - 1, True), (["filter", "--model", "m"], "--n", True, 1, None, True),
+    (["eval"], "--eval-k", True, 1, None, True),
+    (["eval"], "--n", True, 1, None, True),
+    (["eval"], "--eval-temperature", False, 0, None, False),
+    (["eval"], "--top-p", False, 0, 1, False),
+    (["eval"], "--max-new-tokens", True, 1, None, True),
+    (["eval"], "--vllm-gpu-memory", False, 0, 1, False),
+    (["eval"], "--eval-problems", True, 0, None, True),
+    (["eval"], "--batch-size", True, 1, None, True),
+    (["eval"], "--seed", True, 0, 2**32 - 1, True),
+    (["filter", "--model", "m"], "--n", True, 1, None, True),
     (["filter", "--model", "m"], "--temperature", False, 0, None, False),
-    (["filter", "--model", "m"], "--limit", True, 0, None, True), (["theory"], "--batches", True, 1, None, True),
-    (["theory"], "--lr", False, 0, None, False), (["compare"], "--seeds", True, 1, None, True),
-    (["compare"], "--steps", True, 1, None, True), (["sweep"], "--max-frac", False, 0, None, False),
-    (["sweep"], "--steps", True, 1, None, True), (["demo"], "--steps", True, 1, None, True),
-    (["train"], "--steps", True, 1, None, True), (["plan"], "--device-memory", False, 0, None, False),
-    (["plan"], "--prompt-tokens", True, 1, None, True), (["pretrain-toy"], "--sft-steps", True, 1, None, True),
-    (["pretrain-toy"], "--train-problems", True, 1, None, True), (["pretrain-toy"], "--eval-problems", True, 1, None, True),
+    (["filter", "--model", "m"], "--limit", True, 0, None, True),
+    (["theory"], "--batches", True, 1, None, True),
+    (["theory"], "--lr", False, 0, None, False),
+    (["compare"], "--seeds", True, 1, None, True),
+    (["compare"], "--steps", True, 1, None, True),
+    (["sweep"], "--max-frac", False, 0, None, False),
+    (["sweep"], "--steps", True, 1, None, True),
+    (["demo"], "--steps", True, 1, None, True),
+    (["train"], "--steps", True, 1, None, True),
+    (["plan"], "--device-memory", False, 0, None, False),
+    (["plan"], "--prompt-tokens", True, 1, None, True),
+    (["pretrain-toy"], "--sft-steps", True, 1, None, True),
+    (["pretrain-toy"], "--train-problems", True, 1, None, True),
+    (["pretrain-toy"], "--eval-problems", True, 1, None, True),
 ]
 FLOAT32_FIELDS = {"--eval-temperature", "--top-p", "--vllm-gpu-memory", "--temperature", "--max-frac"}  # setting(...)
-TEXTS = st.one_of(st.integers(-5, 5).map(str), st.integers(-2**40, 2**40).map(str),
-                  st.floats(allow_nan=True, allow_infinity=True).map(repr), st.floats(-2, 2).map(str),
-                  st.sampled_from(["", "x", "1e400", "-0", "0.0", "1.0", "2.5", "1,2", "nan", "inf", "1_0", " 3",
-                                   "0x10", "1.", "\u00b2", "4294967296", "4294967295", "1e3"]))
+TEXTS = st.one_of(
+    st.integers(-5, 5).map(str),
+    st.integers(-(2**40), 2**40).map(str),
+    st.floats(allow_nan=True, allow_infinity=True).map(repr),
+    st.floats(-2, 2).map(str),
+    st.sampled_from(
+        [
+            "",
+            "x",
+            "1e400",
+            "-0",
+            "0.0",
+            "1.0",
+            "2.5",
+            "1,2",
+            "nan",
+            "inf",
+            "1_0",
+            " 3",
+            "0x10",
+            "1.",
+            "\u00b2",
+            "4294967296",
+            "4294967295",
+            "1e3",
+        ]
+    ),
+)
 
 
 def _number(text: str):
@@ -241,8 +276,16 @@ def test_the_in_process_path_is_the_one_users_meet(record, capsys):
     train(); each gives the same exit code and the same one line on stderr as in-process."""
     cases = [["eval", "--batch-size", "0"], ["train", "--out", str(record), "--steps", "2"]]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    procs = [subprocess.Popen([sys.executable, "-m", "entropy_rft.cli", *case], cwd=ROOT, env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for case in cases]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "entropy_rft.cli", *case],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        for case in cases
+    ]
     for case, proc in zip(cases, procs):
         _, err = proc.communicate(timeout=300)
         line = fails(case, capsys)
@@ -283,8 +326,10 @@ def fake_train(calls):
         (run / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict()))
         rows = [{"step": s, "entropy": 0.5, "clip_frac": 0.0, "reward_mean": 0.1} for s in range(1, cfg.steps + 1)]
         (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-        evals = {0: {"k": cfg.eval_k, "avg_at_k": 0.2, "pass_at_k": 0.4, "pass_rates": [0.0, 0.25, 0.375]},
-                 cfg.steps: {"k": cfg.eval_k, "avg_at_k": 0.3, "pass_at_k": 0.5, "pass_rates": [0.125, 0.25, 0.5]}}
+        evals = {
+            0: {"k": cfg.eval_k, "avg_at_k": 0.2, "pass_at_k": 0.4, "pass_rates": [0.0, 0.25, 0.375]},
+            cfg.steps: {"k": cfg.eval_k, "avg_at_k": 0.3, "pass_at_k": 0.5, "pass_rates": [0.125, 0.25, 0.5]},
+        }
         (run / "eval.json").write_text(json.dumps(evals))
         return {"evals": evals, "history": rows, "checkpoint": str(run / f"checkpoint-{cfg.steps}")}
 
@@ -299,8 +344,23 @@ def test_set_is_repeatable_merged_and_later_wins(tmp_path, monkeypatch, capsys):
     recipe = tmp_path / "r.yaml"
     recipe.write_text("method: clip_b\nmu: 1.5\nsteps: 4\n")
     main(["train", "--out", str(tmp_path / "a"), "--set", "lr=1e-3", "--set", "method=clip_v", "mu=2.0"])
-    main(["train", "--out", str(tmp_path / "b"), "--config", str(recipe), "--set", "lr=1e-3", "lr=2e-3",
-          "--set", "mu=null", "steps=7", "--steps", "5"])
+    main(
+        [
+            "train",
+            "--out",
+            str(tmp_path / "b"),
+            "--config",
+            str(recipe),
+            "--set",
+            "lr=1e-3",
+            "lr=2e-3",
+            "--set",
+            "mu=null",
+            "steps=7",
+            "--steps",
+            "5",
+        ]
+    )
     (a, *_), (b, *_) = calls
     assert (a.lr, a.method, a.mu) == (1e-3, "clip_v", 2.0)
     assert (b.lr, b.method, b.mu, b.steps) == (2e-3, "clip_b", None, 5)
@@ -310,8 +370,9 @@ def test_eval_old_spellings_still_work_with_a_note(monkeypatch, capsys):
     """eval --k/--limit/--temperature/--vllm-memory parse to the same values as the TrainConfig names, with a note."""
     parser = build_parser()
     old = parser.parse_args(["eval", "--k", "4", "--limit", "3", "--temperature", "0.5", "--vllm-memory", "0.4"])
-    new = parser.parse_args(["eval", "--eval-k", "4", "--eval-problems", "3", "--eval-temperature", "0.5",
-                             "--vllm-gpu-memory", "0.4"])
+    new = parser.parse_args(
+        ["eval", "--eval-k", "4", "--eval-problems", "3", "--eval-temperature", "0.5", "--vllm-gpu-memory", "0.4"]
+    )
     assert vars(old) == vars(new)
     from entropy_rft.cli import _note_renamed
 
@@ -376,7 +437,10 @@ def test_demo_takes_a_flat_recipe_and_set_and_refuses_an_earlier_demo(tmp_path, 
     out = tmp_path / "d"
     main(["demo", "--config", str(flat), "--set", "lr=1e-3", "--out", str(out), "--quiet"])
     assert [(c.method, c.steps, c.prompts_per_step, c.lr) for c, *_ in calls] == [
-        ("grpo", 2, 4, 1e-3), ("clip_b", 2, 4, 1e-3), ("clip_v", 2, 4, 1e-3)]
+        ("grpo", 2, 4, 1e-3),
+        ("clip_b", 2, 4, 1e-3),
+        ("clip_v", 2, 4, 1e-3),
+    ]
     line = fails(["demo", "--config", flat, "--set", "lr=1e-3", "--out", out], capsys)
     assert "holds an earlier demo" in line and "--resume" in line and "--overwrite" in line
     main(["demo", "--config", str(flat), "--set", "lr=1e-3", "--out", str(out), "--resume", "--quiet"])

@@ -3,8 +3,8 @@
 import pytest
 
 from entropy_rft.config import load_config
-from entropy_rft.registry import Registry
 from entropy_rft.policy import resolve_model_path
+from entropy_rft.registry import Registry
 
 
 def test_registry_duplicate_and_unknown():

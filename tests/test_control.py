@@ -84,7 +84,7 @@ def test_unit_change_is_eq23_on_the_kept_set_and_predicts_the_logit_step():
     with torch.no_grad():
         lp2 = (z - eta * grad).log_softmax(-1)
         realised = float((-(lp2.exp() * lp2).sum(-1) - h).mean())
-    s_c = (s_star - s_expect)
+    s_c = s_star - s_expect
     unit = unit_entropy_change(adv, s_c, kept)
     loop = -sum(float(adv[i] * s_c[i, j]) for i in range(rows) for j in range(width) if kept[i, j]) / int(kept.sum())
     assert unit == pytest.approx(loop, rel=1e-9)
@@ -128,7 +128,9 @@ def test_controller_uses_the_denominator_all_scaling():
     keep, _ = METHODS.get("clip_b").apply(stats, adv, mask, mu=1.0)
     kept = mask & keep
     full = unit_entropy_change(adv, stats.s_centered, kept, num_tokens=float(mask.sum()))
-    assert full == pytest.approx(unit_entropy_change(adv, stats.s_centered, kept) * float(kept.sum()) / float(mask.sum()))
+    assert full == pytest.approx(
+        unit_entropy_change(adv, stats.s_centered, kept) * float(kept.sum()) / float(mask.sum())
+    )
 
 
 def test_mu_controller_state_round_trips_everything_it_learns():
@@ -172,8 +174,8 @@ def test_entropic_pi_law_against_a_hand_computation():
 def test_entropic_term_reweights_high_probability_tokens_by_one_plus_minus_alpha():
     """Policy loss + EntroPIC's term has the gradient of a token-mean loss whose high-probability tokens (p_old > tau)
     weigh (1 + alpha |T| / |T_hi|) in positive samples and (1 - alpha |T| / |T_hi|) in negative ones (the term is a
-    token mean over T_hi): d/dlogp of  -sum_T A r / |T|  +  alpha * sum_{T_hi} -|A| r / |T_hi|. Checked token by token in float64
-    against that hand-built weighting (a loop), and the high-probability set against its definition."""
+    token mean over T_hi): d/dlogp of  -sum_T A r / |T|  +  alpha * sum_{T_hi} -|A| r / |T_hi|. Checked token by token
+    in float64 against that hand-built weighting (a loop), and the high-probability set against its definition."""
     from entropy_rft.control import high_probability_tokens
     from entropy_rft.losses import entropic_adjustment
 
@@ -184,8 +186,9 @@ def test_entropic_term_reweights_high_probability_tokens_by_one_plus_minus_alpha
     mask = torch.ones(6, 5, dtype=torch.bool)
     mask[2, 3:] = False
     high = high_probability_tokens(old, mask, threshold=0.95)
-    assert all(bool(high[i, j]) == (bool(mask[i, j]) and math.exp(float(old[i, j])) > 0.95)
-               for i in range(6) for j in range(5))
+    assert all(
+        bool(high[i, j]) == (bool(mask[i, j]) and math.exp(float(old[i, j])) > 0.95) for i in range(6) for j in range(5)
+    )
     assert 0 < int(high.sum()) < int(mask.sum())
     alpha = 0.3
     ratio = (logp - old).exp()
@@ -205,8 +208,9 @@ def test_entropic_term_reweights_high_probability_tokens_by_one_plus_minus_alpha
             assert float(grad[i, j]) == pytest.approx(want, rel=1e-12, abs=1e-15)
 
 
-def _tabular_grpo(target, control, steps=240, contexts=32, actions=8, group=8, lr=30.0, seed=0, k_p=10.0, k_i=0.5,
-                  tau=0.95):
+def _tabular_grpo(
+    target, control, steps=240, contexts=32, actions=8, group=8, lr=30.0, seed=0, k_p=10.0, k_i=0.5, tau=0.95
+):
     """A tabular softmax policy (one logit row per context, float64) trained by on-policy GRPO with SGD: each step
     samples `group` actions per context, rewards each with its action's fixed success probability, and updates on
     the token-mean loss, plus EntroPIC's term when `control`. Returns the mean entropy before each step."""
@@ -231,8 +235,9 @@ def _tabular_grpo(target, control, steps=240, contexts=32, actions=8, group=8, l
         loss = -(adv[:, None] * (logp - old).exp()).mean()
         if pi is not None:
             high = high_probability_tokens(old, torch.ones_like(old, dtype=torch.bool), threshold=tau)
-            term, _ = entropic_adjustment(logp, old, adv, high, alpha=pi.update(history[-1]),
-                                          num_tokens=high.sum().clamp_min(1))
+            term, _ = entropic_adjustment(
+                logp, old, adv, high, alpha=pi.update(history[-1]), num_tokens=high.sum().clamp_min(1)
+            )
             loss = loss + term
         opt.zero_grad()
         loss.backward()
@@ -275,10 +280,9 @@ def test_entropic_update_in_the_trainer_is_the_reweighted_gradient(micro, shippe
     import copy
 
     from entropy_rft.config import load_config
-    from entropy_rft.control import high_probability_tokens
+    from entropy_rft.control import Knobs, high_probability_tokens
     from entropy_rft.forward import batch_forward, policy_forward
     from entropy_rft.rollout import Rollout
-    from entropy_rft.control import Knobs
     from entropy_rft.step import Decision, Step
 
     base = shipped_policy
@@ -291,8 +295,16 @@ def test_entropic_update_in_the_trainer_is_the_reweighted_gradient(micro, shippe
     resp[~rm] = 0
     ro = Rollout(prompt, pm, resp, rm, lengths == 8, [""] * 12)
     adv = torch.tensor([0.7, -1.2, 0.5, 0.0, 1.1, -0.4, 1.0, -0.3, -1.0, 0.2, 0.9, -0.8])
-    cfg = load_config(None, prompts_per_step=4, group_size=3, probe_every=0, grad_clip=0.0, micro_batch_size=micro,
-                      entropy_target=0.5, entropy_control="pi")  # the objective with EntroPIC's term
+    cfg = load_config(
+        None,
+        prompts_per_step=4,
+        group_size=3,
+        probe_every=0,
+        grad_clip=0.0,
+        micro_batch_size=micro,
+        entropy_target=0.5,
+        entropy_control="pi",
+    )  # the objective with EntroPIC's term
     base.eval()
     old = batch_forward(base, ro, 1.0, 12)[0].logp  # (B, T)
     valid = ro.response_mask
@@ -320,8 +332,20 @@ def test_trainer_runs_entropic_with_the_pi_law_on_the_logged_entropy(tmp_path):
     from entropy_rft.logging import read_metrics
     from entropy_rft.trainer import train
 
-    cfg = load_config(None, method="grpo", entropy_target=0.5, entropy_control="pi", steps=3, prompts_per_step=4,
-                      group_size=4, lr=1e-4, eval_problems=4, eval_k=2, progress=False, out=str(tmp_path / "pi"))
+    cfg = load_config(
+        None,
+        method="grpo",
+        entropy_target=0.5,
+        entropy_control="pi",
+        steps=3,
+        prompts_per_step=4,
+        group_size=4,
+        lr=1e-4,
+        eval_problems=4,
+        eval_k=2,
+        progress=False,
+        out=str(tmp_path / "pi"),
+    )
     summary = train(cfg)
     rows = read_metrics(cfg.out)
     errors = [r["entropy"] - 0.5 for r in rows]

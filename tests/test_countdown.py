@@ -5,19 +5,15 @@ import random
 import pytest
 from transformers import AutoTokenizer
 
-from entropy_rft.tasks.countdown import (
-    Problem,
-    evaluate_expression,
-    make_problems,
-    random_problem,
-    reward,
-)
 from entropy_rft.policy import BUILTIN_MODELS
+from entropy_rft.tasks.countdown import Problem, evaluate_expression, make_problems, random_problem, reward
 
 P = Problem((3, 5, 7), 22)
 
 
-@pytest.mark.parametrize("expr,value", [("3*5+7", 22), ("(3+5)*7", 56), ("7-5-3", -1), ("7-(5-3)", 5), ("2*(3*(4+1))", 30)])
+@pytest.mark.parametrize(
+    "expr,value", [("3*5+7", 22), ("(3+5)*7", 56), ("7-5-3", -1), ("7-(5-3)", 5), ("2*(3*(4+1))", 30)]
+)
 def test_parser_values(expr, value):
     """The recursive-descent parser gives Python's integer arithmetic for + - * and parentheses."""
     assert evaluate_expression(expr)[0] == value == eval(expr)  # noqa: S307 - literal test inputs only
@@ -89,8 +85,8 @@ def test_countdown5_ships_a_filtered_split_of_five_number_problems():
     import json
 
     from entropy_rft.config import load_config
-    from entropy_rft.tasks import TASKS
     from entropy_rft.problems import default_data, load_problems
+    from entropy_rft.tasks import TASKS
 
     task = TASKS.get("countdown5")
     cfg = load_config(None, task="countdown5")

@@ -4,8 +4,8 @@ and nothing reaches for the network."""
 import json
 
 import pytest
-
 from conftest import FIXTURES
+
 from entropy_rft.data import dapo_split, detect_schema, load_math, read_rows, to_problems, write_jsonl
 from entropy_rft.tasks.math import MathProblem
 

@@ -9,16 +9,26 @@ from entropy_rft.rollout.decode import unsupported
 from entropy_rft.rollout.hf import response_mask_from_lengths, sequence_forward
 from entropy_rft.rollout.sampling import sample
 
-SMALL = dict(vocab_size=29, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
-             num_key_value_heads=2, max_position_embeddings=128)
+SMALL = dict(
+    vocab_size=29,
+    hidden_size=32,
+    intermediate_size=48,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=128,
+)
 
 
 def _model(family: str, dtype=torch.float32, seed: int = 0, **extra):
     import transformers
 
-    config_cls, model_cls = {"qwen2": ("Qwen2Config", "Qwen2ForCausalLM"), "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"),
-                             "llama": ("LlamaConfig", "LlamaForCausalLM"),
-                             "mistral": ("MistralConfig", "MistralForCausalLM")}[family]
+    config_cls, model_cls = {
+        "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
+        "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"),
+        "llama": ("LlamaConfig", "LlamaForCausalLM"),
+        "mistral": ("MistralConfig", "MistralForCausalLM"),
+    }[family]
     torch.manual_seed(seed)
     cfg = getattr(transformers, config_cls)(**{**SMALL, **extra})
     model = getattr(transformers, model_cls)(cfg).eval()
@@ -44,18 +54,40 @@ def _both(model, temperature=0.8, n=5, new=12, seed=3):
     ids, mask = _prompts(model.config.vocab_size, torch.Generator().manual_seed(seed))
     runs = {}
     for path in ("hf", "hand"):
-        runs[path] = sample(model, ids, mask, n=n, temperature=temperature, top_p=1.0, max_new_tokens=new,
-                            eos_ids=[3], pad_id=0, generator=torch.Generator().manual_seed(seed), decode=path)
+        runs[path] = sample(
+            model,
+            ids,
+            mask,
+            n=n,
+            temperature=temperature,
+            top_p=1.0,
+            max_new_tokens=new,
+            eos_ids=[3],
+            pad_id=0,
+            generator=torch.Generator().manual_seed(seed),
+            decode=path,
+        )
     return ids, mask, runs
 
 
 FAMILIES = [
     ("qwen2", {}),
     ("qwen3", {"head_dim": 16}),  # per-head q/k norms; a head_dim other than hidden / heads
-    ("llama", {"attention_bias": True, "mlp_bias": True,
-               "rope_parameters": {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0,
-                                   "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                                   "original_max_position_embeddings": 16}}),
+    (
+        "llama",
+        {
+            "attention_bias": True,
+            "mlp_bias": True,
+            "rope_parameters": {
+                "rope_type": "llama3",
+                "rope_theta": 10000.0,
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 16,
+            },
+        },
+    ),
     ("mistral", {"sliding_window": 64}),
 ]
 
@@ -98,12 +130,16 @@ def _lora(model):
     return get_peft_model(model, LoraConfig(r=2, target_modules=["q_proj", "v_proj"])).base_model.model
 
 
-@pytest.mark.parametrize("change,reason", [
-    (lambda m: _lora(m), "layer 0"),
-    (lambda m: setattr(m.model.layers[1].mlp, "forward", lambda x: x), "forward is replaced"),
-    (lambda m: setattr(m.model.rotary_emb, "rope_type", "dynamic"), "changes with the length"),
-    (lambda m: setattr(m.config, "hidden_act", "gelu"), "activation"),
-], ids=["lora", "patched-forward", "dynamic-rope", "gelu"])
+@pytest.mark.parametrize(
+    "change,reason",
+    [
+        (lambda m: _lora(m), "layer 0"),
+        (lambda m: setattr(m.model.layers[1].mlp, "forward", lambda x: x), "forward is replaced"),
+        (lambda m: setattr(m.model.rotary_emb, "rope_type", "dynamic"), "changes with the length"),
+        (lambda m: setattr(m.config, "hidden_act", "gelu"), "activation"),
+    ],
+    ids=["lora", "patched-forward", "dynamic-rope", "gelu"],
+)
 def test_models_it_cannot_read_decode_through_the_forward(change, reason):
     """A model the hand step does not mirror exactly is named unsupported (with why); decode='auto' then samples
     through the model's forward (the same tokens as decode='hf'), and decode='hand' refuses with the reason."""
@@ -163,6 +199,7 @@ def test_shipped_policy_is_hand_decoded_and_the_option_is_checked():
 # The fixed-shape path (decode="static": rollout/sampling.py's sample_static, decode.py's FixedSteps): the path a GPU
 # captures in a CUDA graph, run here eagerly.
 
+
 def _static(model, ids, mask, seed, **kw):
     kwargs = {**dict(n=5, temperature=0.8, top_p=1.0, max_new_tokens=12, eos_ids=[3], pad_id=0), **kw}
     return sample(model, ids, mask, generator=torch.Generator().manual_seed(seed), decode="static", **kwargs)
@@ -179,8 +216,9 @@ def test_static_decode_samples_the_hand_paths_tokens(family, extra, top_p):
     model = _model(family, **extra)
     ids, mask = _prompts(model.config.vocab_size, torch.Generator().manual_seed(3))
     kwargs = dict(n=5, temperature=0.8, top_p=top_p, max_new_tokens=12, eos_ids=[3], pad_id=0)
-    hand_tokens, hand_logp = sample(model, ids, mask, generator=torch.Generator().manual_seed(3), decode="hand",
-                                    **kwargs)
+    hand_tokens, hand_logp = sample(
+        model, ids, mask, generator=torch.Generator().manual_seed(3), decode="hand", **kwargs
+    )
     tokens, logp = _static(model, ids, mask, 3, top_p=top_p)
     assert torch.equal(tokens, hand_tokens)
     done = (tokens == 3).any(1)
@@ -230,9 +268,21 @@ def test_static_tokens_do_not_depend_on_check_every(noise):
     for k in (1, 2, 5, 16):
         generator = torch.Generator().manual_seed(3)
         with torch.inference_mode():
-            tokens, logp = sample_static(model, HandDecoder(model), ids, mask, n=5, temperature=0.8, top_p=1.0,
-                                         max_new_tokens=40, eos_ids=[3, 4, 5, 6, 7, 8], pad_id=0,
-                                         generator=generator, check_every=k, noise=noise)
+            tokens, logp = sample_static(
+                model,
+                HandDecoder(model),
+                ids,
+                mask,
+                n=5,
+                temperature=0.8,
+                top_p=1.0,
+                max_new_tokens=40,
+                eos_ids=[3, 4, 5, 6, 7, 8],
+                pad_id=0,
+                generator=generator,
+                check_every=k,
+                noise=noise,
+            )
         runs.append((tokens.clone(), logp.clone(), generator.get_state()))
     assert runs[0][0].shape[1] < 40  # every row finished before max_new_tokens: the early stop was exercised
     for tokens, logp, state in runs[1:]:
@@ -248,9 +298,20 @@ def test_device_noise_samples_the_policy():
     model = _model("llama")
     ids, mask = _prompts(model.config.vocab_size, torch.Generator().manual_seed(4))
     with torch.inference_mode():
-        tokens, logp = sample_static(model, HandDecoder(model), ids, mask, n=5, temperature=0.8, top_p=1.0,
-                                     max_new_tokens=12, eos_ids=[3], pad_id=0,
-                                     generator=torch.Generator().manual_seed(4), noise="device")
+        tokens, logp = sample_static(
+            model,
+            HandDecoder(model),
+            ids,
+            mask,
+            n=5,
+            temperature=0.8,
+            top_p=1.0,
+            max_new_tokens=12,
+            eos_ids=[3],
+            pad_id=0,
+            generator=torch.Generator().manual_seed(4),
+            noise="device",
+        )
     tokens, logp = tokens.clone(), logp.clone()
     rmask, finished = response_mask_from_lengths(tokens, 3)
     rows = torch.arange(3).repeat_interleave(5)
@@ -304,11 +365,21 @@ def _static_state(model, max_new: int = 6):
     ids, mask = _prompts(model.config.vocab_size, torch.Generator().manual_seed(3))
     rows = torch.arange(3).repeat_interleave(2)
     with torch.no_grad():
-        out = model(input_ids=ids, attention_mask=mask.long(), position_ids=position_ids(mask), use_cache=True,
-                    logits_to_keep=1)
+        out = model(
+            input_ids=ids, attention_mask=mask.long(), position_ids=position_ids(mask), use_cache=True, logits_to_keep=1
+        )
     steps = FixedSteps(HandDecoder(model), cache_of(out), rows, mask, max_new)
-    state = StaticRollout(steps, len(rows), model.config.vocab_size, max_new, eos_ids=[3], pad_id=0,
-                          temperature=0.8, top_p=0.9, device=torch.device("cpu"))
+    state = StaticRollout(
+        steps,
+        len(rows),
+        model.config.vocab_size,
+        max_new,
+        eos_ids=[3],
+        pad_id=0,
+        temperature=0.8,
+        top_p=0.9,
+        device=torch.device("cpu"),
+    )
     stream_noise(torch.Generator().manual_seed(0))(state)
     state.record(out.logits[rows, -1])
     return state
@@ -324,8 +395,14 @@ def _to_meta(state):
         if isinstance(x, list):
             return [meta(v) for v in x]
         if isinstance(x, Weights):
-            return Weights(meta(x.embed), [Layer(*(meta(v) for v in layer)) for layer in x.layers], meta(x.norm),
-                           x.norm_eps, meta(x.head), meta(x.head_bias))
+            return Weights(
+                meta(x.embed),
+                [Layer(*(meta(v) for v in layer)) for layer in x.layers],
+                meta(x.norm),
+                x.norm_eps,
+                meta(x.head),
+                meta(x.head_bias),
+            )
         return x
 
     for obj in (state, state.steps):
@@ -354,6 +431,7 @@ def _leak(kind: str):
         elif kind == "nonzero":
             token = token.index_fill(0, (token == 3).nonzero().squeeze(1), 0)
         return token, logp
+
     return leaky
 
 
@@ -410,14 +488,35 @@ def test_captured_step_replays_the_eager_step_on_cuda():
     runs = []
     for capture in (False, True):
         with torch.inference_mode():
-            tokens, logp = sample_static(model, HandDecoder(model), ids, mask, n=5, temperature=0.8, top_p=0.9,
-                                         max_new_tokens=12, eos_ids=[3], pad_id=0,
-                                         generator=torch.Generator("cuda").manual_seed(3), capture=capture)
+            tokens, logp = sample_static(
+                model,
+                HandDecoder(model),
+                ids,
+                mask,
+                n=5,
+                temperature=0.8,
+                top_p=0.9,
+                max_new_tokens=12,
+                eos_ids=[3],
+                pad_id=0,
+                generator=torch.Generator("cuda").manual_seed(3),
+                capture=capture,
+            )
         runs.append((tokens.clone(), logp.clone()))
     assert torch.equal(runs[0][0], runs[1][0])  # cuBLAS may choose another kernel under capture: log-probs close
     torch.testing.assert_close(runs[0][1], runs[1][1], atol=1e-5, rtol=0)
-    auto = sample(model, ids, mask, n=5, temperature=0.8, top_p=0.9, max_new_tokens=12, eos_ids=[3], pad_id=0,
-                  generator=torch.Generator("cuda").manual_seed(3))
+    auto = sample(
+        model,
+        ids,
+        mask,
+        n=5,
+        temperature=0.8,
+        top_p=0.9,
+        max_new_tokens=12,
+        eos_ids=[3],
+        pad_id=0,
+        generator=torch.Generator("cuda").manual_seed(3),
+    )
     assert torch.equal(auto[0], runs[1][0])
     state = _static_state(model.cpu())
     model.cuda()

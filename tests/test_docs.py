@@ -37,8 +37,11 @@ LINKED = ("entropy_rft", "examples", "benchmarks")
 SHELL = {"bash", "sh", "shell"}
 FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})([^`]*)$")
 # what only a GPU runs (or only a machine with the hub and a GPU): CUDA, hub models, vLLM, multi-GPU launchers
-GPU_SIGNS = re.compile(r"cuda|\bbf16=True|--engine[ =]vllm|engine: vllm|accelerate launch|torchrun|deepspeed|"
-                       r"nvidia-smi|[\"' ](Qwen|meta-llama|mistralai|deepseek-ai|google)/[\w.-]+", re.IGNORECASE)
+GPU_SIGNS = re.compile(
+    r"cuda|\bbf16=True|--engine[ =]vllm|engine: vllm|accelerate launch|torchrun|deepspeed|"
+    r"nvidia-smi|[\"' ](Qwen|meta-llama|mistralai|deepseek-ai|google)/[\w.-]+",
+    re.IGNORECASE,
+)
 
 
 @dataclasses.dataclass
@@ -73,8 +76,9 @@ def blocks(markdown: str, page: str) -> list[Block]:
         while j < len(lines) and not re.match(rf"^ {{0,3}}{fence[0]}{{{len(fence)},}}\s*$", lines[j]):
             body.append(lines[j])
             j += 1
-        out.append(Block(page, i + 1, info.split()[0] if info else "", title.group(1) if title else "",
-                         "\n".join(body)))
+        out.append(
+            Block(page, i + 1, info.split()[0] if info else "", title.group(1) if title else "", "\n".join(body))
+        )
         i = j + 1
     return out
 
@@ -113,8 +117,10 @@ def validate(block: Block) -> None:
     elif block.lang == "yaml":
         yaml.safe_load(block.text)
     else:
-        pytest.fail(f"{block.where}: a {block.lang or 'plain'!r} block can be neither run nor validated; use bash, "
-                    "python or yaml, or text for what is not code")
+        pytest.fail(
+            f"{block.where}: a {block.lang or 'plain'!r} block can be neither run nor validated; use bash, "
+            "python or yaml, or text for what is not code"
+        )
 
 
 def run(block: Block) -> None:
@@ -154,9 +160,15 @@ def needs_gpu(block: Block) -> str | None:
     if "GRPOConfig(" in block.text and "bf16=False" not in block.text:
         return "GRPOConfig without bf16=False (TRL's default bf16 needs a GPU)"
     for line in block.text.splitlines():
-        if (re.search(r"entropy-rft (train|eval|filter)\b", line) and re.search(r"configs/(paper|one_gpu)/|"
-                                                                                r"--config (paper|one_gpu)/", line)
-                and "--dry-run" not in line):
+        if (
+            re.search(r"entropy-rft (train|eval|filter)\b", line)
+            and re.search(
+                r"configs/(paper|one_gpu)/|"
+                r"--config (paper|one_gpu)/",
+                line,
+            )
+            and "--dry-run" not in line
+        ):
             return "a paper-scale recipe trained or evaluated for real (--dry-run runs it on the CPU)"
     return None
 
@@ -168,8 +180,10 @@ def check_twins(found: list[Block]) -> None:
         if block.title.startswith("needs a GPU"):
             beside = [code[j] for j in (i - 1, i + 1) if 0 <= j < len(code)]
             if not any(not b.marked for b in beside):
-                pytest.fail(f"{block.where}: a GPU-only block needs its CPU twin beside it (an unmarked block just "
-                            "before or after it)")
+                pytest.fail(
+                    f"{block.where}: a GPU-only block needs its CPU twin beside it (an unmarked block just "
+                    "before or after it)"
+                )
 
 
 def check_page(markdown: str, page: str, directory: Path) -> None:
@@ -191,8 +205,10 @@ def check_page(markdown: str, page: str, directory: Path) -> None:
             if block.lang == "text":
                 continue
             if not block.marked and needs_gpu(block):
-                pytest.fail(f"{block.where}: needs a GPU ({needs_gpu(block)}) but is not marked: give it a title "
-                            '"needs a GPU ..." and a CPU twin beside it')
+                pytest.fail(
+                    f"{block.where}: needs a GPU ({needs_gpu(block)}) but is not marked: give it a title "
+                    '"needs a GPU ..." and a CPU twin beside it'
+                )
             try:
                 validate(block) if block.marked else run(block)
             except Exception as err:  # noqa: BLE001 - any error of a block's code is that block's failure
@@ -221,7 +237,7 @@ def watched_run(run: Path) -> None:
 
 # what a page's example claims to show, checked on what its blocks wrote (issue 43: examples that show what they claim)
 CLAIMS = {
-    "README.md": lambda d: all(n > 0 for n in clipped_tokens(d / "runs/readme")),            # Clip_B clips tokens
+    "README.md": lambda d: all(n > 0 for n in clipped_tokens(d / "runs/readme")),  # Clip_B clips tokens
     "docs/getting-started.md": lambda d: all(n > 0 for n in clipped_tokens(d / "runs/first")),
     "docs/watch.md": lambda d: watched_run(d / "runs/watched"),
 }
@@ -241,23 +257,39 @@ def test_every_code_block_of_the_page_runs_or_is_marked_and_validated(page, tmp_
 # The checker itself: a failing block must fail it
 
 
-@pytest.mark.parametrize("markdown", [
-    "```bash\nentropy-rft train --steps 0\n```\n",                      # refused value, unmarked: runs and fails
-    "```bash\nfalse\n```\n",                                            # any failing shell line
-    "```python\nraise RuntimeError('stale example')\n```\n",            # python that raises
-    "```yaml\nno_such_field: 1\n```\n",                                 # a recipe key TrainConfig does not have
-    '```bash title="needs a GPU"\nentropy-rft train --stepz 2\n```\n',  # marked, but the parser refuses it
-    '```bash title="needs verl"\nif then fi\n```\n',                    # marked, but not shell
-    '```python title="needs a GPU"\ndef broken(:\n```\n',               # marked, but not python
-    "```toml\na = 1\n```\n",                                            # unmarked language that cannot run here
-    "```bash\nentropy-rft eval --model Qwen/Qwen2.5-7B-Instruct\n```\n",    # a hub model, unmarked
-    "```python\nGRPOConfig(output_dir='x')\n```\n",                        # TRL's bf16 default, unmarked
-    "```bash\nentropy-rft train --config paper/qwen3-4b-base_grpo\n```\n",  # a paper recipe for real, unmarked
-    "```bash\nentropy-rft eval --device cuda\n```\n",                     # CUDA, unmarked
-    '```bash title="needs a GPU"\nentropy-rft --version\n```\n',          # a GPU block without a CPU twin
-], ids=["cli-refused", "shell-fails", "python-raises", "yaml-unknown-key", "marked-cli-refused", "marked-bash-syntax",
-        "marked-python-syntax", "unknown-language", "unmarked-hub-model", "unmarked-trl-bf16", "unmarked-paper-recipe",
-        "unmarked-cuda", "gpu-block-without-twin"])
+@pytest.mark.parametrize(
+    "markdown",
+    [
+        "```bash\nentropy-rft train --steps 0\n```\n",  # refused value, unmarked: runs and fails
+        "```bash\nfalse\n```\n",  # any failing shell line
+        "```python\nraise RuntimeError('stale example')\n```\n",  # python that raises
+        "```yaml\nno_such_field: 1\n```\n",  # a recipe key TrainConfig does not have
+        '```bash title="needs a GPU"\nentropy-rft train --stepz 2\n```\n',  # marked, but the parser refuses it
+        '```bash title="needs verl"\nif then fi\n```\n',  # marked, but not shell
+        '```python title="needs a GPU"\ndef broken(:\n```\n',  # marked, but not python
+        "```toml\na = 1\n```\n",  # unmarked language that cannot run here
+        "```bash\nentropy-rft eval --model Qwen/Qwen2.5-7B-Instruct\n```\n",  # a hub model, unmarked
+        "```python\nGRPOConfig(output_dir='x')\n```\n",  # TRL's bf16 default, unmarked
+        "```bash\nentropy-rft train --config paper/qwen3-4b-base_grpo\n```\n",  # a paper recipe for real, unmarked
+        "```bash\nentropy-rft eval --device cuda\n```\n",  # CUDA, unmarked
+        '```bash title="needs a GPU"\nentropy-rft --version\n```\n',  # a GPU block without a CPU twin
+    ],
+    ids=[
+        "cli-refused",
+        "shell-fails",
+        "python-raises",
+        "yaml-unknown-key",
+        "marked-cli-refused",
+        "marked-bash-syntax",
+        "marked-python-syntax",
+        "unknown-language",
+        "unmarked-hub-model",
+        "unmarked-trl-bf16",
+        "unmarked-paper-recipe",
+        "unmarked-cuda",
+        "gpu-block-without-twin",
+    ],
+)
 def test_a_failing_block_fails_the_check(markdown, tmp_path):
     """Property: the checker is not vacuous: each kind of broken block makes it fail, naming the block."""
     with pytest.raises(pytest.fail.Exception, match="synthetic.md:1"):
@@ -266,12 +298,14 @@ def test_a_failing_block_fails_the_check(markdown, tmp_path):
 
 def test_passing_blocks_pass_and_text_is_skipped(tmp_path):
     """Property: valid blocks of each kind pass, and a text block is never run."""
-    markdown = ('```text\nentropy-rft train --stepz nonsense\n```\n'
-                '```bash title="long: minutes of CPU"\nentropy-rft compare --methods grpo,clip_b --seeds 3\n```\n'
-                '```python title="needs a GPU"\nimport torch\n```\n'
-                "```bash\nentropy-rft train --config paper/qwen3-4b-base_grpo --dry-run --help\n```\n"  # its twin
-                "```yaml\nmethod: clip_b\nmu: 1.5\n```\n"
-                "```bash\necho ok > made.txt\n```\n")
+    markdown = (
+        "```text\nentropy-rft train --stepz nonsense\n```\n"
+        '```bash title="long: minutes of CPU"\nentropy-rft compare --methods grpo,clip_b --seeds 3\n```\n'
+        '```python title="needs a GPU"\nimport torch\n```\n'
+        "```bash\nentropy-rft train --config paper/qwen3-4b-base_grpo --dry-run --help\n```\n"  # its twin
+        "```yaml\nmethod: clip_b\nmu: 1.5\n```\n"
+        "```bash\necho ok > made.txt\n```\n"
+    )
     check_page(markdown, "synthetic.md", tmp_path)
     assert (tmp_path / "made.txt").read_text() == "ok\n"
 
@@ -351,7 +385,6 @@ def test_the_readme_is_a_landing_page():
     assert "](docs/inspect.png)" in text and (ROOT / "docs/inspect.png").exists()
 
 
-
 def test_the_changelog_starts_with_this_release():
     """Property: CHANGELOG.md's first release heading is the version pyproject.toml builds."""
     import tomllib
@@ -399,7 +432,9 @@ class _Html(HTMLParser):
 
 LIST_IN_PARAGRAPH = re.compile(r"\n[ \t]*([-*+]|\d{1,9}[.)])[ \t]+\S")
 # our own top-level folders: a path under one of them, with a file extension, must exist in the repository
-OWN_PATH = re.compile(r"(?:entropy_rft|tests|benchmarks|docs)/[\w./-]*\.(?:py|md|jsonl|json|yaml|png|txt|html|js|css)\b")
+OWN_PATH = re.compile(
+    r"(?:entropy_rft|tests|benchmarks|docs)/[\w./-]*\.(?:py|md|jsonl|json|yaml|png|txt|html|js|css)\b"
+)
 NOT_IN_REPO = re.compile(r"shared/notes|shared/oracles|\bDESIGN\.md")
 
 
@@ -408,14 +443,19 @@ def rendering_defects(html: str, page: str) -> list[str]:
     repository does not hold."""
     parser = _Html()
     parser.feed(html)
-    out = [f"{page}: list marker inside a paragraph: {p.strip()[:80]!r}" for p in parser.paragraphs
-           if LIST_IN_PARAGRAPH.search(p)]
+    out = [
+        f"{page}: list marker inside a paragraph: {p.strip()[:80]!r}"
+        for p in parser.paragraphs
+        if LIST_IN_PARAGRAPH.search(p)
+    ]
     for code in parser.codes:
         for path in OWN_PATH.findall(code):
             if not (ROOT / path).exists():
                 out.append(f"{page}: cites {path}, which the repository does not hold")
-    out += [f"{page}: cites {m.group(0)}, which is not in the repository" for m in NOT_IN_REPO.finditer(
-        " ".join(parser.paragraphs + parser.codes))]
+    out += [
+        f"{page}: cites {m.group(0)}, which is not in the repository"
+        for m in NOT_IN_REPO.finditer(" ".join(parser.paragraphs + parser.codes))
+    ]
     return out
 
 
@@ -425,8 +465,14 @@ def site(tmp_path_factory) -> Path:
     pytest.importorskip("mkdocs")
     out = tmp_path_factory.mktemp("site")
     env = {**os.environ, "PYTHONPATH": str(ROOT), "NO_MKDOCS_2_WARNING": "1"}
-    done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(out)], cwd=ROOT,
-                          env=env, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(out)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return out
 
@@ -454,13 +500,16 @@ def test_the_site_shows_the_version_the_changelog_and_every_metric(site):
     assert all(f"<code>{m.name}</code>" in metrics for m in METRICS)
 
 
-@pytest.mark.parametrize("html, found", [
-    ("<p>Steps:\n- one\n- two</p>", "list marker inside a paragraph"),
-    ("<p>Departures:\n1. first</p>", "list marker inside a paragraph"),
-    ("<p>see <code>entropy_rft/no_such_module.py</code></p>", "cites entropy_rft/no_such_module.py"),
-    ("<p>(shared/notes/streaming-token-stats.md)</p>", "cites shared/notes"),
-    ("<p>Beyond DESIGN.md's layout</p>", "cites DESIGN.md"),
-])
+@pytest.mark.parametrize(
+    "html, found",
+    [
+        ("<p>Steps:\n- one\n- two</p>", "list marker inside a paragraph"),
+        ("<p>Departures:\n1. first</p>", "list marker inside a paragraph"),
+        ("<p>see <code>entropy_rft/no_such_module.py</code></p>", "cites entropy_rft/no_such_module.py"),
+        ("<p>(shared/notes/streaming-token-stats.md)</p>", "cites shared/notes"),
+        ("<p>Beyond DESIGN.md's layout</p>", "cites DESIGN.md"),
+    ],
+)
 def test_the_rendering_check_finds_each_defect(html, found):
     """Property: the check is not vacuous: each kind of defect is reported."""
     assert any(found in d for d in rendering_defects(html, "p.html"))

@@ -19,9 +19,21 @@ def opt_model():
     from transformers import OPTConfig, OPTForCausalLM
 
     torch.manual_seed(0)
-    return OPTForCausalLM(OPTConfig(vocab_size=64, hidden_size=32, ffn_dim=64, num_hidden_layers=2,
-                                    num_attention_heads=4, max_position_embeddings=64, word_embed_proj_dim=32,
-                                    dropout=0.1, attention_dropout=0.1, activation_dropout=0.1, layerdrop=0.1))
+    return OPTForCausalLM(
+        OPTConfig(
+            vocab_size=64,
+            hidden_size=32,
+            ffn_dim=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            max_position_embeddings=64,
+            word_embed_proj_dim=32,
+            dropout=0.1,
+            attention_dropout=0.1,
+            activation_dropout=0.1,
+            layerdrop=0.1,
+        )
+    )
 
 
 def test_float_dropout_attributes_are_switched_off():
@@ -47,9 +59,19 @@ def test_router_jitter_is_switched_off():
     from transformers import MixtralConfig, MixtralForCausalLM
 
     torch.manual_seed(0)
-    model = MixtralForCausalLM(MixtralConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                                             num_attention_heads=4, num_key_value_heads=2, num_local_experts=4,
-                                             num_experts_per_tok=2, router_jitter_noise=0.5))
+    model = MixtralForCausalLM(
+        MixtralConfig(
+            vocab_size=64,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            router_jitter_noise=0.5,
+        )
+    )
     a, b = two_forwards(model)
     assert not torch.equal(a, b)
     disable_dropout(model)
@@ -88,8 +110,16 @@ def test_trainer_refuses_a_random_model(tmp_path, monkeypatch):
         return model
 
     monkeypatch.setattr(policy, "prepare_policy", noisy)  # the set-up's (policy.set_up_policy)
-    cfg = load_config(None, steps=1, prompts_per_step=2, group_size=2, eval_problems=1, eval_k=1, progress=False,
-                      out=str(tmp_path / "run"))
+    cfg = load_config(
+        None,
+        steps=1,
+        prompts_per_step=2,
+        group_size=2,
+        eval_problems=1,
+        eval_k=1,
+        progress=False,
+        out=str(tmp_path / "run"),
+    )
     with pytest.raises(RuntimeError, match=r"model\.layers\.0\.mlp\.act_fn"):
         trainer.train(cfg)
     assert not (tmp_path / "run" / "metrics.jsonl").exists()

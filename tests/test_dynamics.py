@@ -58,8 +58,12 @@ def test_against_verl_entropy_and_logprobs():
     for case in load_fixture("verl_entropy.json")["cases"]:
         z, t, out = f32(case["inputs"]["logits"]), torch.tensor(case["inputs"]["labels"]), case["outputs"]
         st = token_stats(z, t)
-        torch.testing.assert_close(st.entropy.double(), torch.tensor(out["entropy_fp64_reference"], dtype=torch.float64), atol=2e-4, rtol=1e-5)
-        torch.testing.assert_close(st.logp.double(), torch.tensor(out["logprobs_fp64_reference"], dtype=torch.float64), atol=2e-4, rtol=1e-5)
+        torch.testing.assert_close(
+            st.entropy.double(), torch.tensor(out["entropy_fp64_reference"], dtype=torch.float64), atol=2e-4, rtol=1e-5
+        )
+        torch.testing.assert_close(
+            st.logp.double(), torch.tensor(out["logprobs_fp64_reference"], dtype=torch.float64), atol=2e-4, rtol=1e-5
+        )
         if "offset" not in case["name"]:
             torch.testing.assert_close(st.entropy, f32(out["entropy"]), atol=1e-5, rtol=1e-5)
             torch.testing.assert_close(st.s_expect, f32(out["necs"]), atol=1e-5, rtol=1e-4)
@@ -163,7 +167,11 @@ def test_theorem1_first_order_error_shrinks_quadratically():
         eps = [0.1 / 2**i for i in range(5)]
         dz = torch.zeros_like(z)
         dz[k] = 1.0
-        err = _errors(lambda e: theorem1_entropy_change(s_star, e), lambda e: entropy64(z + e * dz) - entropy64(z), eps)
+        err = _errors(
+            lambda e, s_star=s_star: theorem1_entropy_change(s_star, e),
+            lambda e, z=z, dz=dz: entropy64(z + e * dz) - entropy64(z),
+            eps,
+        )
         ratios = [err[i] / err[i + 1] for i in range(4)]
         assert all(3.5 < r < 4.5 for r in ratios), ratios
 
@@ -182,8 +190,11 @@ def test_theorem2_grpo_step_first_order():
     torch.testing.assert_close(zr.grad, e_k - p)  # eq. 9
     for sign in (1.0, -1.0):
         alphas = [sign * 0.2 / 2**i for i in range(5)]
-        err = _errors(lambda a: theorem2_entropy_change(s_star[0] - s_exp[0], a),
-                      lambda a: entropy64(z + a * (e_k - p)) - entropy64(z), alphas)
+        err = _errors(
+            lambda a: theorem2_entropy_change(s_star[0] - s_exp[0], a),
+            lambda a: entropy64(z + a * (e_k - p)) - entropy64(z),
+            alphas,
+        )
         assert all(3.5 < err[i] / err[i + 1] < 4.5 for i in range(4)), err
 
 
@@ -199,7 +210,12 @@ def test_corollary4_batch_covariance_form():
     want = -0.01 * ((a * x).mean() - a.mean() * x.mean())
     got = corollary4_entropy_change(adv, sc, mask, lr=0.01, ratio=r)
     torch.testing.assert_close(got.double(), want, atol=1e-7, rtol=1e-5)
-    torch.testing.assert_close(batch_mean_entropy_change(adv, sc, mask, lr=0.01, ratio=r).double(), -0.01 * (a * x).mean(), atol=1e-7, rtol=1e-5)
+    torch.testing.assert_close(
+        batch_mean_entropy_change(adv, sc, mask, lr=0.01, ratio=r).double(),
+        -0.01 * (a * x).mean(),
+        atol=1e-7,
+        rtol=1e-5,
+    )
     sc2 = sc.clone()
     sc2[~mask] = 1e6
     torch.testing.assert_close(corollary4_entropy_change(adv, sc2, mask, lr=0.01, ratio=r), got)
@@ -234,9 +250,14 @@ from hypothesis.extra.numpy import arrays  # noqa: E402
 
 
 @settings(max_examples=60, deadline=None)
-@given(arrays(dtype=float, shape=st.tuples(st.integers(1, 4), st.integers(2, 40)),
-              elements=st.floats(-1e4, 1e4, allow_nan=False, width=32)),
-       st.integers(0, 10**6))
+@given(
+    arrays(
+        dtype=float,
+        shape=st.tuples(st.integers(1, 4), st.integers(2, 40)),
+        elements=st.floats(-1e4, 1e4, allow_nan=False, width=32),
+    ),
+    st.integers(0, 10**6),
+)
 def test_any_finite_logits_give_valid_statistics(z, seed):
     """For any finite logits: statistics are finite, 0 <= H <= log V, log p <= 0, and Corollary 1 holds (the
     p-weighted mean of S_c over every possible token is 0, up to float32 rounding)."""

@@ -22,8 +22,14 @@ def _t(x) -> torch.Tensor:
 
 def _batch(case):
     b = LOSSES["batches"][case["batch"]]
-    return (_t(b["log_prob"]).requires_grad_(), _t(b["old_log_prob"]), _t(b["advantages"]), _t(b["response_mask"]),
-            _t(b["entropy"]), _t(b["old_entropy"]))
+    return (
+        _t(b["log_prob"]).requires_grad_(),
+        _t(b["old_log_prob"]),
+        _t(b["advantages"]),
+        _t(b["response_mask"]),
+        _t(b["entropy"]),
+        _t(b["old_entropy"]),
+    )
 
 
 def _verl_counts(case, mask) -> dict:
@@ -31,8 +37,11 @@ def _verl_counts(case, mask) -> dict:
     p, agg = case["params"], case["params"]["loss_agg_mode"]
     gbi = p["global_batch_info"]
     if gbi:
-        return dict(num_tokens=gbi["batch_num_tokens"] / gbi["dp_size"],
-                    num_seqs=gbi["global_batch_size"] / gbi["dp_size"], norm=gbi["loss_scale_factor"])
+        return dict(
+            num_tokens=gbi["batch_num_tokens"] / gbi["dp_size"],
+            num_seqs=gbi["global_batch_size"] / gbi["dp_size"],
+            norm=gbi["loss_scale_factor"],
+        )
     return dict(norm=mask.shape[-1]) if agg == "seq-mean-token-sum-norm" else {}  # verl: the padded width
 
 
@@ -55,8 +64,16 @@ def test_cispo_matches_verl(case):
     """CISPO: loss, gradient, clip fraction and ppo_kl equal verl 0.9.1's compute_policy_loss_cispo."""
     logp, old, adv, mask, _, _ = _batch(case)
     p, out = case["params"], case["outputs"]
-    loss, m = losses.cispo_loss(logp, old, adv, mask, eps_low=p["clip_ratio_low"], eps_high=p["clip_ratio_high"],
-                                agg=p["loss_agg_mode"], **_verl_counts(case, mask))
+    loss, m = losses.cispo_loss(
+        logp,
+        old,
+        adv,
+        mask,
+        eps_low=p["clip_ratio_low"],
+        eps_high=p["clip_ratio_high"],
+        agg=p["loss_agg_mode"],
+        **_verl_counts(case, mask),
+    )
     _check(loss, logp, out)
     assert float(m["clipfrac"]) == pytest.approx(out["metrics"]["actor/pg_clipfrac"], abs=FRAC)
     assert float(m["ppo_kl"]) == pytest.approx(out["metrics"]["actor/ppo_kl"], abs=1e-12)
@@ -69,8 +86,9 @@ def test_sapo_matches_verl(case):
     logp, old, adv, mask, _, _ = _batch(case)
     p, out = case["params"], case["outputs"]
     counts = _verl_counts(case, mask)
-    loss, m = losses.sapo_loss(logp, old, adv, mask, tau_pos=p["tau_pos"], tau_neg=p["tau_neg"],
-                               num_seqs=counts.get("num_seqs"))
+    loss, m = losses.sapo_loss(
+        logp, old, adv, mask, tau_pos=p["tau_pos"], tau_neg=p["tau_neg"], num_seqs=counts.get("num_seqs")
+    )
     _check(loss, logp, out)
     assert float(m["ppo_kl"]) == pytest.approx(out["metrics"]["actor/ppo_kl"], abs=1e-12)
 
@@ -82,8 +100,17 @@ def test_dppo_matches_verl(case):
     logp, old, adv, mask, _, _ = _batch(case)
     p, out = case["params"], case["outputs"]
     fn = losses.dppo_tv_loss if p["loss_mode"] == "dppo_tv" else losses.dppo_kl_loss
-    loss, m = fn(logp, old, adv, mask, eps_low=p["clip_ratio_low"], eps_high=p["clip_ratio_high"],
-                 clip_ratio_c=p["clip_ratio_c"], agg=p["loss_agg_mode"], **_verl_counts(case, mask))
+    loss, m = fn(
+        logp,
+        old,
+        adv,
+        mask,
+        eps_low=p["clip_ratio_low"],
+        eps_high=p["clip_ratio_high"],
+        clip_ratio_c=p["clip_ratio_c"],
+        agg=p["loss_agg_mode"],
+        **_verl_counts(case, mask),
+    )
     _check(loss, logp, out)
     assert float(m["clipfrac"]) == pytest.approx(out["metrics"]["actor/pg_clipfrac"], abs=FRAC)
     assert float(m["clipfrac_trunc"]) == pytest.approx(out["metrics"]["actor/pg_clipfrac_lower"], abs=FRAC)
@@ -96,8 +123,9 @@ def test_geo_mean_matches_verl(case):
     loss_agg_mode and global_batch_info; with that count, loss, gradient and clip fractions equal verl's."""
     logp, old, adv, mask, _, _ = _batch(case)
     p, out = case["params"], case["outputs"]
-    loss, m = losses.geo_mean_loss(logp, old, adv, mask, eps_low=p["clip_ratio_low"], eps_high=p["clip_ratio_high"],
-                                   num_seqs=mask.shape[0])
+    loss, m = losses.geo_mean_loss(
+        logp, old, adv, mask, eps_low=p["clip_ratio_low"], eps_high=p["clip_ratio_high"], num_seqs=mask.shape[0]
+    )
     _check(loss, logp, out)
     assert float(m["clipfrac"]) == pytest.approx(out["metrics"]["actor/pg_clipfrac"], abs=FRAC)
     assert float(m["clipfrac_low"]) == pytest.approx(out["metrics"]["actor/pg_clipfrac_lower"], abs=FRAC)
@@ -114,10 +142,12 @@ def test_geo_mean_takes_no_other_aggregation():
 # seq-mean-token-sum(-norm) by every row (no empty rows in those cases), -norm without the mean over rows
 def _erc_counts(agg, mask) -> dict:
     rows = mask.shape[0]
-    return {"token-mean": dict(num_tokens=float(mask.sum()) + 1e-8),
-            "seq-mean-token-mean": dict(num_seqs=rows),
-            "seq-mean-token-sum": dict(num_seqs=rows),
-            "seq-mean-token-sum-norm": dict(num_seqs=1.0, norm=mask.shape[-1])}[agg]
+    return {
+        "token-mean": dict(num_tokens=float(mask.sum()) + 1e-8),
+        "seq-mean-token-mean": dict(num_seqs=rows),
+        "seq-mean-token-sum": dict(num_seqs=rows),
+        "seq-mean-token-sum-norm": dict(num_seqs=1.0, norm=mask.shape[-1]),
+    }[agg]
 
 
 @pytest.mark.parametrize("case", _cases("erc"), ids=_ids)
@@ -128,10 +158,21 @@ def test_erc_matches_the_authors_code(case):
     logp, old, adv, mask, h, h_old = _batch(case)
     p, out = case["params"], case["outputs"]
     agg = p["loss_agg_mode"]
-    loss, m = losses.erc_loss(logp, old, adv, mask, entropy=h, old_entropy=h_old, eps_low=p["clip_ratio_low"],
-                              eps_high=p["clip_ratio_high"], dual_clip_c=p["clip_ratio_c"],
-                              erc_low=p["entropy_mask_low"], erc_high=p["entropy_mask_high"], agg=agg,
-                              **_erc_counts(agg, mask))
+    loss, m = losses.erc_loss(
+        logp,
+        old,
+        adv,
+        mask,
+        entropy=h,
+        old_entropy=h_old,
+        eps_low=p["clip_ratio_low"],
+        eps_high=p["clip_ratio_high"],
+        dual_clip_c=p["clip_ratio_c"],
+        erc_low=p["entropy_mask_low"],
+        erc_high=p["entropy_mask_high"],
+        agg=agg,
+        **_erc_counts(agg, mask),
+    )
     _check(loss, logp, out, rtol=2e-8 if agg == "seq-mean-token-mean" else 1e-12)
     assert float(m["clipfrac"]) == pytest.approx(out["metrics"]["pg_clipfrac"], abs=FRAC)
     assert float(m["ppo_kl"]) == pytest.approx(out["metrics"]["ppo_kl"], abs=1e-12)
@@ -154,8 +195,13 @@ def test_qae_matches_the_authors_baseline(case):
     """QAE: the group's K-quantile baseline (torch.quantile) over GRPO's std, singleton and equal-reward groups
     included, K 0.2 / 0.4 / 0.8, without std normalisation, and K outside (0, 1) falling back to the mean."""
     i, p = case["inputs"], case["params"]
-    adv = qae(_t(i["scores"]), group_ids(i["uid"]), quantile_k=p["quantile_k"],
-              norm_by_std=p["norm_adv_by_std_in_grpo"], epsilon=p["epsilon"])
+    adv = qae(
+        _t(i["scores"]),
+        group_ids(i["uid"]),
+        quantile_k=p["quantile_k"],
+        norm_by_std=p["norm_adv_by_std_in_grpo"],
+        epsilon=p["epsilon"],
+    )
     torch.testing.assert_close(adv[:, None] * _t(i["response_mask"]), _t(case["outputs"]["advantages"]), **F64)
 
 

@@ -8,16 +8,30 @@ import numpy as np
 import pytest
 
 from entropy_rft.evaluate import pass_at_k
-from entropy_rft.evidence import (Estimate, avg_scores, bootstrap_means, estimate, evaluate_grid, markdown_table,
-                                  paired_difference, pass_at_k_scores, seed_estimate)
+from entropy_rft.evidence import (
+    Estimate,
+    avg_scores,
+    bootstrap_means,
+    estimate,
+    evaluate_grid,
+    markdown_table,
+    paired_difference,
+    pass_at_k_scores,
+    seed_estimate,
+)
 
 
 def exact_bootstrap(x: np.ndarray) -> np.ndarray:
     """Every equally likely pigeonhole resample of a small grid, enumerated: the mean over rows I and columns J for
     each tuple of row indices I and column indices J (R^R C^C of them)."""
     rows, cols = x.shape
-    return np.array([x[np.ix_(i, j)].mean() for i in itertools.product(range(rows), repeat=rows)
-                     for j in itertools.product(range(cols), repeat=cols)])
+    return np.array(
+        [
+            x[np.ix_(i, j)].mean()
+            for i in itertools.product(range(rows), repeat=rows)
+            for j in itertools.product(range(cols), repeat=cols)
+        ]
+    )
 
 
 def pigeonhole_variance(x: np.ndarray) -> float:
@@ -25,10 +39,14 @@ def pigeonhole_variance(x: np.ndarray) -> float:
     E[m^2] sums x[I_i, J_j] x[I_i', J_j'] over index pairs, whose expectation is mean(x^2) when i = i' and j = j',
     the mean squared row mean when only i = i', the mean squared column mean when only j = j', and mean(x)^2 else."""
     rows, cols = x.shape
-    m2, a, b, m = (x ** 2).mean(), (x.mean(1) ** 2).mean(), (x.mean(0) ** 2).mean(), x.mean()
-    second = (rows * cols * m2 + rows * cols * (cols - 1) * a + cols * rows * (rows - 1) * b
-              + rows * (rows - 1) * cols * (cols - 1) * m ** 2) / (rows * cols) ** 2
-    return second - m ** 2
+    m2, a, b, m = (x**2).mean(), (x.mean(1) ** 2).mean(), (x.mean(0) ** 2).mean(), x.mean()
+    second = (
+        rows * cols * m2
+        + rows * cols * (cols - 1) * a
+        + cols * rows * (rows - 1) * b
+        + rows * (rows - 1) * cols * (cols - 1) * m**2
+    ) / (rows * cols) ** 2
+    return second - m**2
 
 
 def test_pass_at_k_scores_equal_the_estimator_and_subset_enumeration():
@@ -55,8 +73,12 @@ def test_bootstrap_distribution_matches_enumeration():
     reps = bootstrap_means(x, np.random.default_rng(0), replicates=20000)
     exact, reps = exact.round(9), reps.round(9)  # the same atoms, summed in another order
     grid = np.unique(exact)
-    gap = np.max(np.abs(np.searchsorted(np.sort(reps), grid, side="right") / reps.size
-                        - np.searchsorted(np.sort(exact), grid, side="right") / exact.size))
+    gap = np.max(
+        np.abs(
+            np.searchsorted(np.sort(reps), grid, side="right") / reps.size
+            - np.searchsorted(np.sort(exact), grid, side="right") / exact.size
+        )
+    )
     assert gap < 0.02
     assert gap > 0  # Monte Carlo, not the enumeration itself
 
@@ -79,7 +101,9 @@ def test_seed_only_interval_is_the_one_level_bootstrap():
     exact = np.array([values[list(i)].mean() for i in itertools.product(range(3), repeat=3)]).round(9)
     reps = bootstrap_means(values[:, None], np.random.default_rng(3), replicates=20000).round(9)
     for q in (0.1, 0.5, 0.9):
-        assert np.mean(reps <= np.quantile(exact, q)) == pytest.approx(np.mean(exact <= np.quantile(exact, q)), abs=0.02)
+        assert np.mean(reps <= np.quantile(exact, q)) == pytest.approx(
+            np.mean(exact <= np.quantile(exact, q)), abs=0.02
+        )
     est = seed_estimate(values, np.random.default_rng(3))
     assert est.seeds == 3 and est.problems == 0 and est.value == pytest.approx(values.mean())
     assert values.min() <= est.low <= est.value <= est.high <= values.max()

@@ -7,11 +7,11 @@ import pytest
 import torch
 
 from entropy_rft.config import load_config
-from entropy_rft.dynamics import token_stats
 from entropy_rft.dropout import disable_dropout, has_active_dropout
+from entropy_rft.dynamics import token_stats
 from entropy_rft.forward import EntropyProbe, HeldForward, batch_forward, policy_forward, streams_from_hidden
-from entropy_rft.rollout import Rollout
 from entropy_rft.policy import load_policy
+from entropy_rft.rollout import Rollout
 from entropy_rft.rules import StepRules
 from entropy_rft.step import Decision, Step, zero_advantage_rows
 from entropy_rft.trainer import train
@@ -87,8 +87,19 @@ def test_statistics_pass_runs_in_the_update_mode(policy):
 
 
 def step_weights(tmp_path, name, **kw):
-    cfg = load_config(None, steps=1, prompts_per_step=4, group_size=4, lr=1e-3, eval_problems=2, eval_k=1,
-                      progress=False, probe_every=0, out=str(tmp_path / name), **kw)
+    cfg = load_config(
+        None,
+        steps=1,
+        prompts_per_step=4,
+        group_size=4,
+        lr=1e-3,
+        eval_problems=2,
+        eval_k=1,
+        progress=False,
+        probe_every=0,
+        out=str(tmp_path / name),
+        **kw,
+    )
     train(cfg)
     from safetensors.torch import load_file
 
@@ -162,8 +173,18 @@ def test_realised_entropy_change_follows_the_first_order_prediction(tmp_path):
     """On small steps the realised change of the batch's mean entropy is close to the first-order change the
     probe predicts: the ratio is within 10% of 1 on every probed step (measured: 0.98-1.01 at lr 1e-6; it
     drifts from 1 as the step grows, 0.5-2.1 at lr 2e-5 on these 32-row batches, as a first-order term should)."""
-    cfg = load_config(None, steps=4, prompts_per_step=8, group_size=4, lr=1e-6, eval_problems=2, eval_k=1,
-                      progress=False, probe_every=1, out=str(tmp_path / "probe"))
+    cfg = load_config(
+        None,
+        steps=4,
+        prompts_per_step=8,
+        group_size=4,
+        lr=1e-6,
+        eval_problems=2,
+        eval_k=1,
+        progress=False,
+        probe_every=1,
+        out=str(tmp_path / "probe"),
+    )
     history = train(cfg)["history"]
     for row in history:
         fo, real = row["entropy_change/first_order"], row["entropy_change/realised"]
@@ -200,12 +221,19 @@ def test_offpolicy_prediction_uses_the_current_policy(policy):
         now, _ = batch_forward(work, ro.select(rows), 1.0, 6)
         ratio = (now.logp - stats.logp[rows]).exp()
         share = float(mask[rows].sum()) / float(mask.sum())
-        expected += share * float(corollary4_entropy_change(adv[rows], now.s_centered, mask[rows], lr=cfg.lr, ratio=ratio,
-                                                            num_tokens=float(mask[rows].sum())))
-    behaviour = sum(float(mask[r].sum()) / float(mask.sum())
-                    * float(corollary4_entropy_change(adv[r], stats.s_centered[r], mask[r], lr=cfg.lr,
-                                                      num_tokens=float(mask[r].sum())))
-                    for r in order.chunk(2))
+        expected += share * float(
+            corollary4_entropy_change(
+                adv[rows], now.s_centered, mask[rows], lr=cfg.lr, ratio=ratio, num_tokens=float(mask[rows].sum())
+            )
+        )
+    behaviour = sum(
+        float(mask[r].sum())
+        / float(mask.sum())
+        * float(
+            corollary4_entropy_change(adv[r], stats.s_centered[r], mask[r], lr=cfg.lr, num_tokens=float(mask[r].sum()))
+        )
+        for r in order.chunk(2)
+    )
     assert out["entropy_change/predicted_offpolicy"] == pytest.approx(expected, rel=1e-4, abs=1e-12)
     assert abs(expected - behaviour) > 1e-4 * abs(expected)  # the behaviour policy's S_c would be a different value
 
@@ -216,9 +244,14 @@ def test_token_stats_of_held_forward_match_separate_pass(policy):
     ro = make_rollout(policy[1])
     held = HeldForward(model, ro, 1.0, 4)
     sep, _ = batch_forward(model, ro, 1.0, 4)
-    ref = token_stats(model(input_ids=ro.input_ids(), attention_mask=ro.attention_mask().long(),
-                            position_ids=(ro.attention_mask().long().cumsum(-1) - 1).clamp_min(0)).logits[:, 6:-1],
-                      ro.response_ids)
+    ref = token_stats(
+        model(
+            input_ids=ro.input_ids(),
+            attention_mask=ro.attention_mask().long(),
+            position_ids=(ro.attention_mask().long().cumsum(-1) - 1).clamp_min(0),
+        ).logits[:, 6:-1],
+        ro.response_ids,
+    )
     got, m = held.stats(), ro.response_mask
     for key in ("logp", "entropy", "s_star", "s_expect"):
         assert torch.equal(getattr(got, key), getattr(sep, key))
@@ -250,8 +283,10 @@ def test_shared_prompt_prefix_equals_full_sequences(policy):
     assert prompt_groups(ro).tolist() == [0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3]
     # a rollout already on the model's device (TRL hands over CUDA tensors) keeps its groups there: the meta
     # device stands in for CUDA, where mixing devices raised (found on an H100)
-    on_device = Rollout(*(t.to("meta") for t in (ro.prompt_ids, ro.prompt_mask, ro.response_ids, ro.response_mask,
-                                                  ro.finished)), ro.texts)
+    on_device = Rollout(
+        *(t.to("meta") for t in (ro.prompt_ids, ro.prompt_mask, ro.response_ids, ro.response_mask, ro.finished)),
+        ro.texts,
+    )
     assert prompt_groups(on_device).device.type == "meta"
     a, _ = policy_forward(model, ro, 0.9, share_prefix=True)
     b, _ = policy_forward(model, ro, 0.9, share_prefix=False)
@@ -285,9 +320,14 @@ def test_length_buckets_are_the_least_padded_split(seed):
         assert torch.equal(rows, torch.arange(len(lengths)))
         assert all(w == int(lengths[r].max()) for r, w in parts) and len(parts) <= most
         values = sorted(set(lengths.tolist()))
-        best = min(sum(int((lengths > lo).logical_and(lengths <= hi).sum()) * hi
-                       for lo, hi in zip((-1,) + cut, cut + (values[-1],)))
-                   for k in range(min(most, len(values))) for cut in itertools.combinations(values[:-1], k))
+        best = min(
+            sum(
+                int((lengths > lo).logical_and(lengths <= hi).sum()) * hi
+                for lo, hi in zip((-1,) + cut, cut + (values[-1],))
+            )
+            for k in range(min(most, len(values)))
+            for cut in itertools.combinations(values[:-1], k)
+        )
         assert _positions(lengths.tolist(), parts) == best
 
 
@@ -362,15 +402,24 @@ def test_zero_advantage_rows_skip_the_backward_not_the_update(policy, micro):
     ro = grouped_rollout(groups=4, size=3, seed=2)
     adv = torch.tensor([0.7, -1.2, 0.5, 0.0, 0.0, 0.0, 1.0, 0.0, -1.0, 0.0, 0.0, 0.0])
     frozen = adv == 0
-    cfg = load_config(None, prompts_per_step=4, group_size=3, lr=1e-3, probe_every=0, method="clip_b", mu=0.5,
-                      micro_batch_size=0 if micro == 12 else micro)
+    cfg = load_config(
+        None,
+        prompts_per_step=4,
+        group_size=3,
+        lr=1e-3,
+        probe_every=0,
+        method="clip_b",
+        mu=0.5,
+        micro_batch_size=0 if micro == 12 else micro,
+    )
     out = {}
     for name, rows in (("full", None), ("skip", frozen)):
         model = copy.deepcopy(policy[0])
         optimizer = torch.optim.SGD(model.parameters(), lr=1.0)  # the step is the gradient (Adam's first step is
-        saved = []                                               # its sign: ill-conditioned where it is ~0)
-        with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.numel() * t.element_size()) or t,
-                                                      lambda t: t):
+        saved = []  # its sign: ill-conditioned where it is ~0)
+        with torch.autograd.graph.saved_tensors_hooks(
+            lambda t, saved=saved: saved.append(t.numel() * t.element_size()) or t, lambda t: t
+        ):
             held = HeldForward(model, ro, 1.0, micro, frozen=rows)
         stats = held.stats()
         step = Step(cfg, model, optimizer, update_gen=torch.Generator().manual_seed(0))
@@ -413,8 +462,7 @@ def test_zero_advantage_skip_only_where_the_gradient_is_exactly_zero():
     rules = StepRules.of(load_config(None, prompts_per_step=2, group_size=2, probe_every=10))
     assert [s + 1 for s in range(30) if rules.probing(s)] == [10, 20, 30]
     groups = torch.tensor([0, 0, 1, 1])
-    assert zero_advantage_rows(grpo, torch.tensor([1.0, 0.0, 1.0, 1.0]), groups).tolist() == [False, False, True,
-                                                                                               True]
+    assert zero_advantage_rows(grpo, torch.tensor([1.0, 0.0, 1.0, 1.0]), groups).tolist() == [False, False, True, True]
     assert zero_advantage_rows(grpo, torch.tensor([1.0, 1.0, 0.0, 0.0]), groups) is None
     eight = torch.arange(8).repeat_interleave(2)  # 1 group of 8 all right: 1/8 of the rows, below MIN_FROZEN_SHARE
     assert zero_advantage_rows(grpo, torch.tensor([1.0, 1.0] + [1.0, 0.0] * 7), eight) is None

@@ -18,16 +18,24 @@ from hypothesis import strategies as st
 
 from entropy_rft.config import ConfigError, TrainConfig, load_config
 from entropy_rft.data import to_problems
+from entropy_rft.policy import BUILTIN_MODELS, load_policy, resolve_model_path
 from entropy_rft.report import load_run
 from entropy_rft.tasks.countdown import Problem
-from entropy_rft.policy import BUILTIN_MODELS, load_policy, resolve_model_path
 
 FIELDS = {f: TrainConfig.__dataclass_fields__[f] for f in TrainConfig.__dataclass_fields__}
-JSON_SCALARS = st.one_of(st.none(), st.booleans(), st.integers(min_value=-2**70, max_value=2**70),
-                         st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=12))
-ODD_VALUES = st.one_of(JSON_SCALARS, st.lists(JSON_SCALARS, max_size=3),
-                       st.dictionaries(st.text(max_size=4), JSON_SCALARS, max_size=2),
-                       st.sampled_from(["1e-5", "3", "-1", "nan", "inf", "true", "None", "", "2.5", "1e400"]))
+JSON_SCALARS = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(2**70), max_value=2**70),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=12),
+)
+ODD_VALUES = st.one_of(
+    JSON_SCALARS,
+    st.lists(JSON_SCALARS, max_size=3),
+    st.dictionaries(st.text(max_size=4), JSON_SCALARS, max_size=2),
+    st.sampled_from(["1e-5", "3", "-1", "nan", "inf", "true", "None", "", "2.5", "1e400"]),
+)
 FAST = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
@@ -37,7 +45,9 @@ def _holds_type(kind: str, value) -> bool:
 
     options = [k.strip() for k in kind.split("|")]
     for k in options:  # a choice: one of the literal values
-        if k.startswith(("Literal[", "typing.Literal[")) and value in ast.literal_eval("[" + k.split("[", 1)[1][:-1] + "]"):
+        if k.startswith(("Literal[", "typing.Literal[")) and value in ast.literal_eval(
+            "[" + k.split("[", 1)[1][:-1] + "]"
+        ):
             return True
     if value is None:
         return "None" in options
@@ -80,9 +90,17 @@ def test_config_values_are_coerced_exactly_or_rejected_by_name(name, value):
         assert got == (float(value) if isinstance(got, float) else value)
 
 
-@pytest.mark.parametrize("key, text, expected", [("lr", "1e-5", 1e-5), ("lr", "1e-6", 1e-6), ("mu", "1.5", 1.5),
-                                                  ("steps", "3", 3), ("progress", "false", False),
-                                                  ("betas", "[0.9, 0.99]", (0.9, 0.99))])
+@pytest.mark.parametrize(
+    "key, text, expected",
+    [
+        ("lr", "1e-5", 1e-5),
+        ("lr", "1e-6", 1e-6),
+        ("mu", "1.5", 1.5),
+        ("steps", "3", 3),
+        ("progress", "false", False),
+        ("betas", "[0.9, 0.99]", (0.9, 0.99)),
+    ],
+)
 def test_recipe_and_set_values_that_yaml_reads_as_text_are_coerced(tmp_path, key, text, expected):
     """The issue's example: YAML reads 1e-5 as a string; from a recipe and from --set it becomes the float."""
     from entropy_rft.cli import set_item
@@ -113,12 +131,19 @@ def test_config_errors_name_field_value_and_expectation():
 # ---------------------------------------------------------------------------------------------------------------
 # dataset rows
 
-ROW_VALUES = st.one_of(JSON_SCALARS, st.lists(JSON_SCALARS, max_size=4), st.lists(st.integers(0, 99), min_size=1, max_size=4))
+ROW_VALUES = st.one_of(
+    JSON_SCALARS, st.lists(JSON_SCALARS, max_size=4), st.lists(st.integers(0, 99), min_size=1, max_size=4)
+)
 
 
 @FAST
-@given(row=st.one_of(st.dictionaries(st.sampled_from(["numbers", "target", "solution", "other"]), ROW_VALUES, max_size=4),
-                     JSON_SCALARS, st.lists(JSON_SCALARS, max_size=2)))
+@given(
+    row=st.one_of(
+        st.dictionaries(st.sampled_from(["numbers", "target", "solution", "other"]), ROW_VALUES, max_size=4),
+        JSON_SCALARS,
+        st.lists(JSON_SCALARS, max_size=2),
+    )
+)
 def test_countdown_rows_are_taken_exactly_or_rejected(row):
     """A countdown row is either read exactly as written (ints stay the same ints) or rejected with a ValueError
     that names the row and what a row needs."""
@@ -132,9 +157,16 @@ def test_countdown_rows_are_taken_exactly_or_rejected(row):
 
 
 @FAST
-@given(row=st.one_of(st.dictionaries(st.sampled_from(["question", "answer", "problem", "prompt", "solution",
-                                                      "reward_model", "id"]), ROW_VALUES, max_size=4),
-                     JSON_SCALARS))
+@given(
+    row=st.one_of(
+        st.dictionaries(
+            st.sampled_from(["question", "answer", "problem", "prompt", "solution", "reward_model", "id"]),
+            ROW_VALUES,
+            max_size=4,
+        ),
+        JSON_SCALARS,
+    )
+)
 def test_math_rows_are_taken_exactly_or_rejected(row):
     """A math dataset row (any schema) is either read into a problem whose question and answer are the row's own
     text, or rejected with a ValueError that names the dataset."""
@@ -151,8 +183,8 @@ def test_math_rows_are_taken_exactly_or_rejected(row):
 
 def test_problem_file_with_a_bad_line_names_file_and_line(tmp_path):
     """load_problems names the file and the line of a bad row."""
-    from entropy_rft.tasks import TASKS
     from entropy_rft.problems import load_problems
+    from entropy_rft.tasks import TASKS
 
     path = tmp_path / "train.jsonl"
     path.write_text('{"numbers": [1, 2], "target": 3}\n{"numbers": [1, 2.5], "target": 3}\n')
@@ -172,7 +204,9 @@ DAMAGE = {
     "unknown model_type": lambda d: (d / "config.json").write_text('{"model_type": "nope"}'),
     "no weights": lambda d: (d / "model.safetensors").unlink(),
     "corrupt weights": lambda d: (d / "model.safetensors").write_bytes(b"\x00garbage" * 10),
-    "truncated weights": lambda d: (d / "model.safetensors").write_bytes((SRC / "model.safetensors").read_bytes()[:5000]),
+    "truncated weights": lambda d: (d / "model.safetensors").write_bytes(
+        (SRC / "model.safetensors").read_bytes()[:5000]
+    ),
     "no tokenizer": lambda d: [(d / f).unlink() for f in ("tokenizer.json", "tokenizer_config.json")],
     "tokenizer.json not JSON": lambda d: (d / "tokenizer.json").write_text("{{{"),
 }
@@ -204,8 +238,15 @@ ROWS = [{"step": s, "entropy_all_tokens": 1.0 / s, "clip_frac": 0.01 * s, "rewar
 
 
 @FAST
-@given(cut=st.integers(0, 400), garbage=st.one_of(st.none(), st.text(max_size=20), st.sampled_from(
-    ['{"step": "3"}', "[1, 2]", '{"step": 6, "clip_frac": "x"}', "{", "null"])), at_end=st.booleans())
+@given(
+    cut=st.integers(0, 400),
+    garbage=st.one_of(
+        st.none(),
+        st.text(max_size=20),
+        st.sampled_from(['{"step": "3"}', "[1, 2]", '{"step": 6, "clip_frac": "x"}', "{", "null"]),
+    ),
+    at_end=st.booleans(),
+)
 def test_run_directory_metrics_are_read_exactly_or_rejected(tmp_path_factory, cut, garbage, at_end):
     """metrics.jsonl truncated anywhere (a killed run) and/or holding a garbage line: load_run returns exactly the
     whole rows written (never a half row, never an invented one) or raises naming the run directory."""
@@ -222,9 +263,17 @@ def test_run_directory_metrics_are_read_exactly_or_rejected(tmp_path_factory, cu
     assert loaded == ROWS[: len(loaded)] and loaded
 
 
-@pytest.mark.parametrize("name, content", [("config.yaml", "a: [1"), ("config.yaml", "- 1\n- 2\n"),
-                                           ("eval.json", "{"), ("eval.json", '{"x": 1}'),
-                                           ("eval.json", '{"0": {"avg_at_k": "high"}}'), ("metrics.jsonl", "")])
+@pytest.mark.parametrize(
+    "name, content",
+    [
+        ("config.yaml", "a: [1"),
+        ("config.yaml", "- 1\n- 2\n"),
+        ("eval.json", "{"),
+        ("eval.json", '{"x": 1}'),
+        ("eval.json", '{"0": {"avg_at_k": "high"}}'),
+        ("metrics.jsonl", ""),
+    ],
+)
 def test_damaged_run_directory_files_are_named(tmp_path, name, content):
     """A damaged config.yaml or eval.json, or an empty metrics.jsonl, raises ValueError naming the run directory."""
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in ROWS))

@@ -46,23 +46,38 @@ import math
 from pathlib import Path
 
 import pytest
-
 from golden import BASE, CASES, FIXTURE, platform, run_case
 
 RECORD = json.loads(FIXTURE.read_text())
 SAME_PLATFORM = RECORD["platform"] == platform()
 
-POLICY = json.loads((Path(__file__).parents[1] / "entropy_rft" / "assets" / "countdown-tiny" / "config.json")
-                    .read_text())
-U = 2.0 ** -24  # float32's unit roundoff
+POLICY = json.loads(
+    (Path(__file__).parents[1] / "entropy_rft" / "assets" / "countdown-tiny" / "config.json").read_text()
+)
+U = 2.0**-24  # float32's unit roundoff
 WIDEST = max(POLICY["hidden_size"], POLICY["intermediate_size"])
 FORWARD = (2 * POLICY["num_hidden_layers"] + 3) * WIDEST * U
 STEPS = BASE["steps"]
 RTOL = 2 * STEPS * FORWARD
 
-DECISIONS = ("step", "accuracy", "reward_mean", "response_length", "truncation_rate", "frac_zero_advantage",
-             "sampling/", "update/frac_rows_no_backward", "clip_frac", "filter/frac_clipped", "filter/mu",
-             "loss/clipfrac", "loss/cov_selected_frac", "loss/vf_clipfrac", "entropic/high_prob_frac", "lr")
+DECISIONS = (
+    "step",
+    "accuracy",
+    "reward_mean",
+    "response_length",
+    "truncation_rate",
+    "frac_zero_advantage",
+    "sampling/",
+    "update/frac_rows_no_backward",
+    "clip_frac",
+    "filter/frac_clipped",
+    "filter/mu",
+    "loss/clipfrac",
+    "loss/cov_selected_frac",
+    "loss/vf_clipfrac",
+    "entropic/high_prob_frac",
+    "lr",
+)
 ROUNDING_SCALE = ("rollout/sampler_logp_gap", "loss/ppo_kl", "loss/ratio_mean")
 
 
@@ -84,16 +99,18 @@ def within(key: str, got, want, row: dict) -> bool:
         return got == want
     if not (math.isfinite(got) and math.isfinite(want)):
         return got == want
-    floor = {"rounding": 1.0,
-             "loss": max(abs(v) for k, v in row.items() if k.startswith("loss/") and kind(k) == "loss"),
-             "difference": abs(row.get("entropy", 0.0))}.get(kind(key), 0.0)
+    floor = {
+        "rounding": 1.0,
+        "loss": max(abs(v) for k, v in row.items() if k.startswith("loss/") and kind(k) == "loss"),
+        "difference": abs(row.get("entropy", 0.0)),
+    }.get(kind(key), 0.0)
     return abs(got - want) <= RTOL * (max(abs(got), abs(want)) + floor)
 
 
 def test_the_bounds_are_the_derived_ones():
     """The bounds are computed from the shipped policy's shape (not tuned): 2.5e-4 a forward, 1.5e-3 over 3 steps."""
     assert (POLICY["num_hidden_layers"], WIDEST) == (4, 384)
-    assert math.isclose(FORWARD, 11 * 384 * 2.0 ** -24) and math.isclose(RTOL, 6 * FORWARD)
+    assert math.isclose(FORWARD, 11 * 384 * 2.0**-24) and math.isclose(RTOL, 6 * FORWARD)
 
 
 def weights_distance(got: list[float], want: list[float]) -> float:
@@ -128,12 +145,16 @@ def test_golden_case(name, tmp_path):
     got = run_case(name, tmp_path)
     assert [row["step"] for row in got["metrics"]] == [1, 2, 3]
     problems = beyond_bounds(got, want)
-    assert not problems, (f"{problems}; if this platform ({platform()}) differs from the recording one "
-                          f"({RECORD['platform']}) and the step's logic did not change, a decision sat on a rounding "
-                          f"tie: rewrite with `python tests/golden.py --write {name}` and say why in the commit")
+    assert not problems, (
+        f"{problems}; if this platform ({platform()}) differs from the recording one "
+        f"({RECORD['platform']}) and the step's logic did not change, a decision sat on a rounding "
+        f"tie: rewrite with `python tests/golden.py --write {name}` and say why in the commit"
+    )
     if SAME_PLATFORM:  # the bit-exact tier
         for row, expected in zip(got["metrics"], want["metrics"]):
-            moved = {k: (expected.get(k), row.get(k)) for k in set(row) | set(expected) if row.get(k) != expected.get(k)}
+            moved = {
+                k: (expected.get(k), row.get(k)) for k in set(row) | set(expected) if row.get(k) != expected.get(k)
+            }
             assert not moved, f"step {row['step']} (bit-exact on the recording platform): {moved}"
         assert got["weights"] == want["weights"]
 

@@ -16,18 +16,45 @@ import sys
 import pytest
 import torch
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (make test-gpu on a GPU machine)")
+pytestmark = pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA GPU (make test-gpu on a GPU machine)"
+)
 
-SMALL = ["prompts_per_step=8", "group_size=4", "max_new_tokens=16", "eval_problems=8", "eval_k=2", "progress=false",
-         "device=cuda", "precision=bf16"]
+SMALL = [
+    "prompts_per_step=8",
+    "group_size=4",
+    "max_new_tokens=16",
+    "eval_problems=8",
+    "eval_k=2",
+    "progress=false",
+    "device=cuda",
+    "precision=bf16",
+]
 
 
 @pytest.mark.parametrize("method", ["clip_b", "ppo"])
 def test_three_steps_train_on_cuda(method, tmp_path):
     """`entropy-rft train --method M --steps 3` on CUDA in bf16: 3 metrics lines, all finite, ratio exactly 1."""
     out = tmp_path / method
-    done = subprocess.run([sys.executable, "-m", "entropy_rft.cli", "train", "--method", method, "--steps", "3",
-                           "--out", str(out), "--set", *SMALL], capture_output=True, text=True, timeout=900)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "entropy_rft.cli",
+            "train",
+            "--method",
+            method,
+            "--steps",
+            "3",
+            "--out",
+            str(out),
+            "--set",
+            *SMALL,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3]

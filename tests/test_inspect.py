@@ -12,17 +12,27 @@ from pathlib import Path
 
 import pytest
 import torch
+from cdp import Browser, find_chromium
 
 from entropy_rft import inspect_page, samples
 from entropy_rft.config import load_config
 from entropy_rft.logging import read_metrics
 from entropy_rft.trainer import train
 
-from cdp import Browser, find_chromium
-
 # two methods on the same seed: the same rollouts at step 1; Clip_B at mu 0.5 clips tokens in negative samples
-RUN = dict(steps=2, prompts_per_step=4, group_size=4, max_new_tokens=8, eval_problems=2, eval_k=1, lr=1e-4,
-           progress=False, samples_every=1, samples_groups=0, probe_every=0)
+RUN = dict(
+    steps=2,
+    prompts_per_step=4,
+    group_size=4,
+    max_new_tokens=8,
+    eval_problems=2,
+    eval_k=1,
+    lr=1e-4,
+    progress=False,
+    samples_every=1,
+    samples_groups=0,
+    probe_every=0,
+)
 NASTY = ["</script><script>window.hacked=1</script>", "<!--", "é", "line\nbreak", "", "&amp;", " ", "\u2028"]
 
 
@@ -45,8 +55,9 @@ def crafted_run(root: Path) -> Path:
     batch["response_mask"][:] = True
     batch["response_ids"] = torch.arange(len(NASTY)).repeat(2, 1)
     batch["prompt_ids"], batch["prompt_mask"] = torch.zeros(2, 1, dtype=torch.long), torch.ones(2, 1, dtype=torch.bool)
-    rec = samples.build_record(step=1, tokenizer=ListTokenizer(NASTY), step_size=1e-3, groups=0,
-                               info={"method": "crafted"}, **batch)
+    rec = samples.build_record(
+        step=1, tokenizer=ListTokenizer(NASTY), step_size=1e-3, groups=0, info={"method": "crafted"}, **batch
+    )
     samples.write_record(root / "crafted", rec)
     return root / "crafted"
 
@@ -83,8 +94,10 @@ def test_a_page_over_the_data_budget_shows_fewer_steps(tmp_path, monkeypatch):
 
     batch = random_batch()
     for step in range(1, 11):
-        samples.write_record(tmp_path / "run", samples.build_record(step=step, tokenizer=ListTokenizer("abcde"),
-                                                                    step_size=1e-3, groups=0, **batch))
+        samples.write_record(
+            tmp_path / "run",
+            samples.build_record(step=step, tokenizer=ListTokenizer("abcde"), step_size=1e-3, groups=0, **batch),
+        )
     one = len(json.dumps(samples.read_samples(tmp_path / "run")[1]))
     monkeypatch.setattr(inspect_page, "MAX_DATA_BYTES", int(3.5 * one))
     page = inspect_page.build_page([tmp_path / "run"], tmp_path / "p.html").read_text()
@@ -142,7 +155,9 @@ def test_trainer_terms_sum_to_the_logged_prediction(runs):
             ec = rec["entropy_change"]
             assert sum(terms) == pytest.approx(ec["eq23"], abs=1e-6 * size)
             assert ec["eq23"] + ec["dropped_term"] == pytest.approx(row["entropy_change/predicted"], abs=1e-4 * size)
-            assert rec["metrics"]["entropy_change/predicted"] == pytest.approx(row["entropy_change/predicted"], rel=1e-6)
+            assert rec["metrics"]["entropy_change/predicted"] == pytest.approx(
+                row["entropy_change/predicted"], rel=1e-6
+            )
             assert rec["batch"]["entropy"] == pytest.approx(row["entropy"], rel=1e-6)
             clipped = sum(k == 0 for r in tokens for k in r["kept"])
             assert clipped / rec["batch"]["valid_tokens"] == pytest.approx(row["clip_frac"], rel=1e-6)
@@ -205,15 +220,19 @@ def _check_dom(page, records: list[dict | None]) -> None:
     for r, rec in enumerate(records):
         n, clipped = _token_places(rec)
         assert page.evaluate(f"document.querySelectorAll('.tok[data-run=\"{r}\"]').length") == n
-        got = page.evaluate(f"Array.from(document.querySelectorAll('.tok.clipped[data-run=\"{r}\"]'))"
-                            ".map(e => [+e.dataset.group, +e.dataset.resp, +e.dataset.pos])")
+        got = page.evaluate(
+            f"Array.from(document.querySelectorAll('.tok.clipped[data-run=\"{r}\"]'))"
+            ".map(e => [+e.dataset.group, +e.dataset.resp, +e.dataset.pos])"
+        )
         assert {tuple(x) for x in got} == clipped
 
 
 def _check_details(page, rec: dict, k: int, j: int, t: int) -> None:
     """The details panel shows the stored values of token (k, j, t)."""
-    fields = page.evaluate("Object.fromEntries(Array.from(document.querySelectorAll('#details dd'))"
-                           ".map(e => [e.dataset.field, e.textContent]))")
+    fields = page.evaluate(
+        "Object.fromEntries(Array.from(document.querySelectorAll('#details dd'))"
+        ".map(e => [e.dataset.field, e.textContent]))"
+    )
     resp = rec["groups"][k]["responses"][j]
     for name in ("logp", "entropy", "s_star", "s_centered"):
         assert _close(fields[name], resp[name][t]), (name, fields[name], resp[name][t])
@@ -248,17 +267,20 @@ def test_page_in_chromium(runs, tmp_path):
         page.wait_for("document.body.dataset.ready === '1'")
         assert page.evaluate("window.hacked === undefined")  # the crafted '</script><script>' stayed text
         _check_dom(page, [rec.get(1) for rec in recs])
-        assert page.evaluate("document.querySelector('.tok[data-run=\"2\"][data-pos=\"0\"]').textContent") == NASTY[0]
+        assert page.evaluate('document.querySelector(\'.tok[data-run="2"][data-pos="0"]\').textContent') == NASTY[0]
 
         # keyboard: Tab from the top of the page until a token has focus, then one to the right
         _tab_to_token(page)
-        index = ("(e => Array.from(document.querySelectorAll(`.tok[data-run=\"${e.dataset.run}\"]`)).indexOf(e))"
-                 "(document.activeElement)")
+        index = (
+            '(e => Array.from(document.querySelectorAll(`.tok[data-run="${e.dataset.run}"]`)).indexOf(e))'
+            "(document.activeElement)"
+        )
         before = page.evaluate(index)
         page.key("ArrowRight")
         assert page.evaluate(index) == before + 1
-        where = page.evaluate("(e => [+e.dataset.run, +e.dataset.group, +e.dataset.resp, +e.dataset.pos])"
-                              "(document.activeElement)")
+        where = page.evaluate(
+            "(e => [+e.dataset.run, +e.dataset.group, +e.dataset.resp, +e.dataset.pos])(document.activeElement)"
+        )
         r, k, j, t = where
         assert page.evaluate("document.activeElement.classList.contains('tok')")
         _check_details(page, recs[r][1], k, j, t)
@@ -266,8 +288,10 @@ def test_page_in_chromium(runs, tmp_path):
         # hover: the first clipped token of clip_b
         k, j, t = min(_token_places(recs[1][1])[1])
         page.evaluate(f"document.getElementById('t-1-{k}-{j}-{t}').scrollIntoView({{block: 'center'}})")
-        box = page.evaluate(f"(r => [r.x + r.width / 2, r.y + r.height / 2])(document.getElementById('t-1-{k}-{j}-{t}')"
-                            ".getBoundingClientRect())")
+        box = page.evaluate(
+            f"(r => [r.x + r.width / 2, r.y + r.height / 2])(document.getElementById('t-1-{k}-{j}-{t}')"
+            ".getBoundingClientRect())"
+        )
         page.hover(*box)
         page.wait_for(f"document.getElementById('t-1-{k}-{j}-{t}').classList.contains('sel')", timeout=5)
         _check_details(page, recs[1][1], k, j, t)

@@ -36,7 +36,8 @@ for n, d, v, t, vc, rc in [(37, 24, 203, 1.0, 64, 16), (29, 16, 150, 0.7, 50, 29
     h32, w32 = h.float().requires_grad_(), w.float().requires_grad_()
     got = token_stats_from_hidden(h32, w32, tok, temperature=t, vocab_chunk=vc, row_chunk=rc, use_triton=True)
     ((got.logp * gl.float()).sum() + (got.entropy * gh.float()).sum()).backward()
-    err = {k: (getattr(got, k).double() - getattr(ref, k)).abs().max().item() for k in ("logp", "entropy", "s_star", "s_expect")}
+    fields = ("logp", "entropy", "s_star", "s_expect")
+    err = {k: (getattr(got, k).double() - getattr(ref, k)).abs().max().item() for k in fields}
     err["grad_h"] = ((h32.grad.double() - hr.grad).abs().max() / hr.grad.abs().max()).item()
     err["grad_w"] = ((w32.grad.double() - wr.grad).abs().max() / wr.grad.abs().max()).item()
     out[f"{n}x{v}"] = err

@@ -152,7 +152,11 @@ def test_clipped_fractions_empty_side():
     keep = mask.clone()
     keep[0, 0] = False
     f = clipped_fractions(mask, keep, torch.tensor([1.0, 2.0]))
-    assert f == {"frac_clipped": pytest.approx(1 / 6), "frac_clipped_pos": pytest.approx(1 / 6), "frac_clipped_neg": 0.0}
+    assert f == {
+        "frac_clipped": pytest.approx(1 / 6),
+        "frac_clipped_pos": pytest.approx(1 / 6),
+        "frac_clipped_neg": 0.0,
+    }
 
 
 @pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"])
@@ -175,8 +179,9 @@ def test_micro_batches_change_no_mask_and_no_gradient(agg, method):
     for rows in (slice(0, 5), slice(5, 7), slice(7, 12)):
         k_micro, _ = fn(s, adv, mask, **kw)  # recomputed per micro-batch from the whole batch: identical
         assert torch.equal(k_micro, keep)
-        part, _ = ppo_clip_loss(new[rows], old[rows], adv[rows], loss_mask[rows], agg=agg, num_tokens=n_tok,
-                              num_seqs=n_seq, norm=16)
+        part, _ = ppo_clip_loss(
+            new[rows], old[rows], adv[rows], loss_mask[rows], agg=agg, num_tokens=n_tok, num_seqs=n_seq, norm=16
+        )
         total = total + part
     (g_micro,) = torch.autograd.grad(total, new)
     torch.testing.assert_close(g_micro, g_full, atol=1e-7, rtol=1e-5)
@@ -190,12 +195,15 @@ def test_aggregate_loop_reference():
     rows = [[float(x[i, j]) for j in range(6) if m[i, j]] for i in range(4)]
     rows = [r for r in rows if r]
     assert float(aggregate(x, m, "token-mean")) == pytest.approx(sum(map(sum, rows)) / sum(map(len, rows)), rel=1e-5)
-    assert float(aggregate(x, m, "seq-mean-token-mean")) == pytest.approx(sum(sum(r) / len(r) for r in rows) / 3, rel=1e-5)
+    assert float(aggregate(x, m, "seq-mean-token-mean")) == pytest.approx(
+        sum(sum(r) / len(r) for r in rows) / 3, rel=1e-5
+    )
     assert float(aggregate(x, m, "seq-mean-token-sum")) == pytest.approx(sum(map(sum, rows)) / 3, rel=1e-5)
     assert float(aggregate(x, m, "token-sum")) == pytest.approx(sum(map(sum, rows)), rel=1e-5)
     norm = 16  # the generation budget (max_new_tokens), a constant, not the padded width 6
-    assert float(aggregate(x, m, "seq-mean-token-sum-norm", norm=norm)) == pytest.approx(sum(map(sum, rows)) / 3 / norm,
-                                                                                        rel=1e-5)
+    assert float(aggregate(x, m, "seq-mean-token-sum-norm", norm=norm)) == pytest.approx(
+        sum(map(sum, rows)) / 3 / norm, rel=1e-5
+    )
     with pytest.raises(ValueError, match="unknown loss aggregation"):
         aggregate(x, m, "token-product")
 

@@ -3,11 +3,11 @@
 import time
 
 import pytest
-
 from conftest import load_fixture
+
 from entropy_rft.tasks import TASKS
 from entropy_rft.tasks.checkers import dapo_check, equivalent, last_boxed, normalize_final_answer
-from entropy_rft.tasks.math import MathProblem, TimeoutPool, judge, strip_template, TEMPLATES
+from entropy_rft.tasks.math import TEMPLATES, MathProblem, TimeoutPool, judge, strip_template
 
 CASES = load_fixture("math_rewards.json")["cases"]
 
@@ -183,7 +183,10 @@ def test_pathological_answer_is_timed_out_and_scored_wrong():
     try:
         problems = [MathProblem("q", "7"), MathProblem("q2", "7")]
         t0 = time.time()
-        assert task.score_batch(["Answer: 9^{9^{9^{9}}}", "Answer: 7"], [True, True], problems) == [(-0.1, False), (1.0, True)]
+        assert task.score_batch(["Answer: 9^{9^{9^{9}}}", "Answer: 7"], [True, True], problems) == [
+            (-0.1, False),
+            (1.0, True),
+        ]
         assert time.time() - t0 < 60 and task._pool.timeouts == 1
         assert task.score_batch(["Answer: 7", "Answer: 8"], [True, False], problems) == [(1.0, True), (-1.0, False)]
     finally:

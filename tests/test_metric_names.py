@@ -36,8 +36,18 @@ def written(tmp_path_factory) -> dict[str, set[str]]:
     torch.set_num_threads(1)  # the 0.8M-parameter policy: one thread is as fast and spares a shared machine
     try:
         for name, settings in CASES.items():
-            base = dict(steps=1, prompts_per_step=2, group_size=4, lr=1e-4, eval_problems=2, eval_k=2,
-                        progress=False, probe_every=1, samples_every=0, out=str(root / name))
+            base = dict(
+                steps=1,
+                prompts_per_step=2,
+                group_size=4,
+                lr=1e-4,
+                eval_problems=2,
+                eval_k=2,
+                progress=False,
+                probe_every=1,
+                samples_every=0,
+                out=str(root / name),
+            )
             train(load_config(None, **{**base, **settings}))
             lines = (root / name / "metrics.jsonl").read_text().splitlines()
             out[name] = set().union(*(json.loads(line) for line in lines))

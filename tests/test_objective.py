@@ -28,20 +28,36 @@ def batch(seed: int = 0) -> dict:
     logp = (-torch.rand(B, R, generator=g) * 2).requires_grad_()
     entropy = (torch.rand(B, R, generator=g) * 2).requires_grad_()
     values = torch.randn(B, R, generator=g).requires_grad_()
-    return {"logp": logp, "entropy": entropy, "values": values, "valid": valid, "loss": loss,
-            "old_logp": logp.detach() + 0.1 * torch.randn(B, R, generator=g),
-            "ref_logp": logp.detach() + 0.2 * torch.randn(B, R, generator=g),
-            "old_values": values.detach() + 0.3 * torch.randn(B, R, generator=g),
-            "returns": torch.randn(B, R, generator=g), "adv": torch.randn(B, generator=g),
-            "high": loss & (torch.rand(B, R, generator=g) < 0.5)}
+    return {
+        "logp": logp,
+        "entropy": entropy,
+        "values": values,
+        "valid": valid,
+        "loss": loss,
+        "old_logp": logp.detach() + 0.1 * torch.randn(B, R, generator=g),
+        "ref_logp": logp.detach() + 0.2 * torch.randn(B, R, generator=g),
+        "old_values": values.detach() + 0.3 * torch.randn(B, R, generator=g),
+        "returns": torch.randn(B, R, generator=g),
+        "adv": torch.randn(B, generator=g),
+        "high": loss & (torch.rand(B, R, generator=g) < 0.5),
+    }
 
 
 def micro(d: dict, rows, *, entropy_coef: float = 0.0, alpha: float = 0.0) -> Micro:
     stats = TokenStats(d["logp"][rows], d["entropy"][rows], torch.zeros(len(rows), R), torch.zeros(len(rows), R))
     masks = {"loss": d["loss"][rows], "valid": d["valid"][rows], "high": d["high"][rows]}
-    return Micro(stats, d["values"][rows], d["old_logp"][rows], d["adv"][rows], masks,
-                 old_values=d["old_values"][rows], returns=d["returns"][rows], ref_logp=d["ref_logp"][rows],
-                 entropy_coef=entropy_coef, alpha=alpha)
+    return Micro(
+        stats,
+        d["values"][rows],
+        d["old_logp"][rows],
+        d["adv"][rows],
+        masks,
+        old_values=d["old_values"][rows],
+        returns=d["returns"][rows],
+        ref_logp=d["ref_logp"][rows],
+        entropy_coef=entropy_coef,
+        alpha=alpha,
+    )
 
 
 def run(objective: Objective, d: dict, parts: list[torch.Tensor], **knobs) -> tuple[float, dict, list[torch.Tensor]]:
@@ -106,8 +122,9 @@ def test_terms_equal_their_formulas_token_by_token():
 
 def test_a_zero_coefficient_skips_its_term():
     """The adaptive bonus at coefficient 0 (and EntroPIC at alpha 0) leave the step: no value, no loss share."""
-    objective = Objective.of(load_config(None, max_new_tokens=R), kl=False, value=False, entropy_bonus=True,
-                             entropic=True)
+    objective = Objective.of(
+        load_config(None, max_new_tokens=R), kl=False, value=False, entropy_bonus=True, entropic=True
+    )
     _, terms, _ = run(objective, batch(), [torch.arange(B)], entropy_coef=0.0, alpha=0.0)
     assert set(terms) == {"policy"}
 
@@ -132,7 +149,8 @@ def test_denominator_all_counts_every_valid_token():
     d = batch()
     masks = {k: d[k] for k in ("loss", "valid", "high")}
     kept = Objective.of(load_config(None), kl=False, value=False, entropy_bonus=False, entropic=False)
-    every = Objective.of(load_config(None, denominator="all"), kl=False, value=False, entropy_bonus=False,
-                         entropic=False)
+    every = Objective.of(
+        load_config(None, denominator="all"), kl=False, value=False, entropy_bonus=False, entropic=False
+    )
     assert int(kept.counts(masks, d["valid"], "cpu")["loss"][0]) == int(d["loss"].sum())
     assert int(every.counts(masks, d["valid"], "cpu")["loss"][0]) == int(d["valid"].sum()) > int(d["loss"].sum())

@@ -57,7 +57,9 @@ def test_clip_v_from_token_stats_matches_oracle_necs():
 
         st = token_stats(f32(i["logits"]), torch.tensor(i["token_ids"]), temperature=i["temperature"])
         mask = f32(i["response_mask"]).bool()
-        torch.testing.assert_close(st.s_expect[mask], f32(i["necs"])[mask], atol=1e-5, rtol=0)  # oracle necs uses fp32 log_softmax (~1e-6 error)
+        torch.testing.assert_close(
+            st.s_expect[mask], f32(i["necs"])[mask], atol=1e-5, rtol=0
+        )  # oracle necs uses fp32 log_softmax (~1e-6 error)
         params = {k: v for k, v in case["params"].items() if k != "epsilon"}
         keep, _ = clip_v(st.s_centered, _grpo_of(case), mask, **params)
         assert torch.equal(keep, f32(case["outputs"]["response_mask"]).bool()), case["name"]
@@ -72,7 +74,9 @@ def test_advantages_match_verl(case):
     if fn == "compute_gae_advantage_return":
         a, ret = adv_lib.gae(rewards, f32(i["values"]), mask, gamma=p["gamma"], lam=p["lam"])
     elif fn == "compute_grpo_outcome_advantage":
-        a = adv_lib.grpo(rewards.sum(-1), group_ids(i["uid"]), norm_by_std=p["norm_adv_by_std_in_grpo"], epsilon=p["epsilon"])
+        a = adv_lib.grpo(
+            rewards.sum(-1), group_ids(i["uid"]), norm_by_std=p["norm_adv_by_std_in_grpo"], epsilon=p["epsilon"]
+        )
         a = ret = a.unsqueeze(-1) * mask
     elif fn == "compute_rloo_outcome_advantage":
         a = ret = adv_lib.rloo(rewards.sum(-1), group_ids(i["uid"])).unsqueeze(-1) * mask
@@ -94,13 +98,24 @@ def test_ppo_clip_loss_matches_verl(case):
     gbi = p["global_batch_info"]
     kw = {}
     if gbi:
-        kw = dict(num_tokens=gbi["batch_num_tokens"] / gbi["dp_size"], num_seqs=gbi["global_batch_size"] / gbi["dp_size"],
-                  norm=gbi["loss_scale_factor"])
+        kw = dict(
+            num_tokens=gbi["batch_num_tokens"] / gbi["dp_size"],
+            num_seqs=gbi["global_batch_size"] / gbi["dp_size"],
+            norm=gbi["loss_scale_factor"],
+        )
     elif p["loss_agg_mode"] == "seq-mean-token-sum-norm":  # verl's default loss_scale_factor is the response
         kw = dict(norm=len(b["log_prob"][0]))  # width, which verl pads to max_response_length: the budget
-    loss, m = losses.ppo_clip_loss(logp, f32(b["old_log_prob"]), f32(b["advantages"]), f32(b["response_mask"]),
-                                   eps_low=p["clip_ratio_low"], eps_high=p["clip_ratio_high"],
-                                   dual_clip_c=p["clip_ratio_c"], agg=p["loss_agg_mode"], **kw)
+    loss, m = losses.ppo_clip_loss(
+        logp,
+        f32(b["old_log_prob"]),
+        f32(b["advantages"]),
+        f32(b["response_mask"]),
+        eps_low=p["clip_ratio_low"],
+        eps_high=p["clip_ratio_high"],
+        dual_clip_c=p["clip_ratio_c"],
+        agg=p["loss_agg_mode"],
+        **kw,
+    )
     loss.backward()
     assert float(loss.detach()) == pytest.approx(out["loss"], abs=1e-6)
     torch.testing.assert_close(logp.grad, f32(out["grad_log_prob"]), atol=1e-7, rtol=1e-5)
@@ -125,7 +140,9 @@ def _assert_loss_matches(loss, logp, out):
     torch.testing.assert_close(logp.grad, f32(out["grad_log_prob"]), atol=1e-7, rtol=1e-5)
 
 
-@pytest.mark.parametrize("case", [c for c in LOSS["cases"] if c["function"] == "compute_policy_loss_kl_cov"], ids=lambda c: c["name"])
+@pytest.mark.parametrize(
+    "case", [c for c in LOSS["cases"] if c["function"] == "compute_policy_loss_kl_cov"], ids=lambda c: c["name"]
+)
 def test_kl_cov_matches_verl(case):
     """KL-Cov: the per-token covariance, the top-k selection, the loss and its gradient equal verl's."""
     logp, old, adv, mask = _loss_batch(case)
@@ -138,7 +155,9 @@ def test_kl_cov_matches_verl(case):
     assert float(m["ppo_kl"]) == pytest.approx(out["metrics"]["actor/ppo_kl"], abs=1e-6)
 
 
-@pytest.mark.parametrize("case", [c for c in LOSS["cases"] if c["function"] == "compute_policy_loss_clip_cov"], ids=lambda c: c["name"])
+@pytest.mark.parametrize(
+    "case", [c for c in LOSS["cases"] if c["function"] == "compute_policy_loss_clip_cov"], ids=lambda c: c["name"]
+)
 def test_clip_cov_matches_verl(case):
     """Clip-Cov: verl's candidate set and count exactly; the loss equals verl's for verl's own selection, and our
     seeded selection is a subset of the candidates of the right size that is reproducible."""
@@ -157,18 +176,30 @@ def test_clip_cov_matches_verl(case):
     verl_sel = torch.zeros_like(mask, dtype=torch.bool)
     for b, t in out["selected_positions"]:
         verl_sel[b, t] = True
-    loss, m = losses.clip_cov_loss(logp, old, adv, mask, selected=verl_sel, eps_low=p["clip_ratio_low"],
-                                   eps_high=p["clip_ratio_high"], agg=p["loss_agg_mode"])
+    loss, m = losses.clip_cov_loss(
+        logp,
+        old,
+        adv,
+        mask,
+        selected=verl_sel,
+        eps_low=p["clip_ratio_low"],
+        eps_high=p["clip_ratio_high"],
+        agg=p["loss_agg_mode"],
+    )
     _assert_loss_matches(loss, logp, out)
     assert float(m["clipfrac"]) == pytest.approx(out["metrics"]["actor/pg_clipfrac"], abs=1e-6)
 
 
-@pytest.mark.parametrize("case", [c for c in LOSS["cases"] if c["function"] == "compute_policy_loss_gspo"], ids=lambda c: c["name"])
+@pytest.mark.parametrize(
+    "case", [c for c in LOSS["cases"] if c["function"] == "compute_policy_loss_gspo"], ids=lambda c: c["name"]
+)
 def test_gspo_matches_verl(case):
     """GSPO: loss, gradient and clip fraction equal verl's."""
     logp, old, adv, mask = _loss_batch(case)
     p, out = case["params"], case["outputs"]
-    loss, m = losses.gspo_loss(logp, old, adv, mask, eps_low=p["clip_ratio_low"], eps_high=p["clip_ratio_high"], agg=p["loss_agg_mode"])
+    loss, m = losses.gspo_loss(
+        logp, old, adv, mask, eps_low=p["clip_ratio_low"], eps_high=p["clip_ratio_high"], agg=p["loss_agg_mode"]
+    )
     _assert_loss_matches(loss, logp, out)
     assert float(m["clipfrac"]) == pytest.approx(out["metrics"]["actor/pg_clipfrac"], abs=1e-6)
 

@@ -11,10 +11,17 @@ import yaml
 
 from entropy_rft.config import load_config
 from entropy_rft.forward import policy_forward
-from entropy_rft.plan import (GIB, SHAPES_DIR, ModelShape, pass_activation_bytes, plan_for_config, plan_memory,
-                              shipped_shape_dir)
-from entropy_rft.rollout.hf import Rollout
+from entropy_rft.plan import (
+    GIB,
+    SHAPES_DIR,
+    ModelShape,
+    pass_activation_bytes,
+    plan_for_config,
+    plan_memory,
+    shipped_shape_dir,
+)
 from entropy_rft.policy import prepare_policy
+from entropy_rft.rollout.hf import Rollout
 
 ROOT = Path(__file__).parent.parent / "entropy_rft" / "configs"
 RECIPES = sorted((ROOT / "paper").glob("*.yaml")) + sorted((ROOT / "one_gpu").glob("*.yaml"))
@@ -23,8 +30,16 @@ TABLE1_MODELS = ("Qwen/Qwen2.5-7B-Instruct", "Qwen/Qwen3-4B-Base")
 
 
 def tiny_config(kind: str, **extra) -> dict:
-    d = {"model_type": kind, "vocab_size": 300, "hidden_size": 64, "intermediate_size": 160, "num_hidden_layers": 3,
-         "num_attention_heads": 4, "num_key_value_heads": 2, "tie_word_embeddings": kind != "llama"}
+    d = {
+        "model_type": kind,
+        "vocab_size": 300,
+        "hidden_size": 64,
+        "intermediate_size": 160,
+        "num_hidden_layers": 3,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "tie_word_embeddings": kind != "llama",
+    }
     return {**d, **extra}
 
 
@@ -43,10 +58,15 @@ def padded_rollout(rows=4, prompt=12, response=20, vocab=300, *, full_length=Fal
     pm[0, :3] = False
     rm = torch.ones(rows, response, dtype=torch.bool)
     if not full_length:
-        rm[1, response - 5:] = False
-    return Rollout(torch.randint(0, vocab, (rows, prompt), generator=g), pm,
-                   torch.randint(0, vocab, (rows, response), generator=g), rm, torch.ones(rows, dtype=torch.bool),
-                   [""] * rows)
+        rm[1, response - 5 :] = False
+    return Rollout(
+        torch.randint(0, vocab, (rows, prompt), generator=g),
+        pm,
+        torch.randint(0, vocab, (rows, response), generator=g),
+        rm,
+        torch.ones(rows, dtype=torch.bool),
+        [""] * rows,
+    )
 
 
 def nbytes(tensors) -> int:
@@ -68,9 +88,14 @@ def test_parameter_counts_of_the_published_shapes():
     device) agree."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    want = {"Qwen/Qwen2.5-7B-Instruct": 7_615_616_512, "Qwen/Qwen2.5-Math-7B": 7_615_616_512,
-            "Qwen/Qwen2.5-0.5B-Instruct": 494_032_768, "Qwen/Qwen2.5-1.5B-Instruct": 1_543_714_304,
-            "Qwen/Qwen3-4B-Base": 4_022_468_096, "smollm2-135m": 134_515_008}
+    want = {
+        "Qwen/Qwen2.5-7B-Instruct": 7_615_616_512,
+        "Qwen/Qwen2.5-Math-7B": 7_615_616_512,
+        "Qwen/Qwen2.5-0.5B-Instruct": 494_032_768,
+        "Qwen/Qwen2.5-1.5B-Instruct": 1_543_714_304,
+        "Qwen/Qwen3-4B-Base": 4_022_468_096,
+        "smollm2-135m": 134_515_008,
+    }
     assert sorted(p.name for p in SHAPES_DIR.iterdir() if p.is_dir()) == sorted(n.replace("/", "--") for n in want)
     for name, count in want.items():
         path = shipped_shape_dir(name)
@@ -114,8 +139,16 @@ def test_hand_computed_plan_of_a_small_config():
     autocast casts: 2 bytes x 2 layers x 2304 linear weights per layer = 9216; statistics tile: the Triton default
     8192 x 8192 clipped to 10 response tokens x V 50 in bf16, 1000 bytes; its backward adds d hidden 4*16*10 = 640
     and the longer tile side's GEMM product in bf16 and float32 (2 + 4)*50*16 = 4800."""
-    config = {"model_type": "qwen2", "hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 2,
-              "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 50, "tie_word_embeddings": True}
+    config = {
+        "model_type": "qwen2",
+        "hidden_size": 16,
+        "intermediate_size": 32,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "vocab_size": 50,
+        "tie_word_embeddings": True,
+    }
     shape = ModelShape.from_config(config)
     assert shape.layer_linear_params() == 16 * 16 * 2 + 16 * 8 * 2 + 3 * 16 * 32 == 2304
     assert shape.layer_params() == 2304 + (16 + 8 + 8) + 2 * 16 == 2368
@@ -126,8 +159,16 @@ def test_hand_computed_plan_of_a_small_config():
     # checkpointed: 2 layers x 14 tokens x 4*16 inputs + the rest outside the layers + the boolean mask 2 x 7 x 7
     assert ckpt["saved"] == 2 * 14 * 64 + 1848 + 720 + 170 + 448 + 192 + 98 == 5268
     assert ckpt["backward"] == 5268 + 14 * 838 + 8 * 14 * 16
-    cfg = load_config(None, precision="bf16", micro_batch_size=2, prompts_per_step=2, group_size=1,
-                      max_new_tokens=5, probe_every=0, advantage="rloo")
+    cfg = load_config(
+        None,
+        precision="bf16",
+        micro_batch_size=2,
+        prompts_per_step=2,
+        group_size=1,
+        max_new_tokens=5,
+        probe_every=0,
+        advantage="rloo",
+    )
     plan = plan_memory(cfg, shape, device_gib=1.0, prompt_tokens=3)
     assert plan.items["weights (float32, the master copy)"] == 4 * 5552
     assert plan.items["gradients (float32)"] == 4 * 5552
@@ -136,16 +177,21 @@ def test_hand_computed_plan_of_a_small_config():
     # the three moments: forward = casts + saved + the tile; the statistics' backward = casts (held by autograd
     # without checkpointing) + saved + tile, d hidden and GEMM product + LM head gradient 4*50*16; the layers'
     # backward = casts + saved + residual gradients; generation (engine hf)
-    assert plan.phase_totals == {"forward": held + 9216 + 26842 + 1000,
-                                 "statistics backward": held + 9216 + 26842 + 1000 + 640 + 4800 + 3200,
-                                 "layer backward": held + 9216 + 28634,
-                                 # HF generate: float32 KV cache 2 x 2 layers x 2 KV heads x 4 x 4 bytes x 2 rows x 8
-                                 # tokens, and a step's logits 3 x 4 x 2 rows x 50
-                                 "generate": held + 2048 + 1200}
+    assert plan.phase_totals == {
+        "forward": held + 9216 + 26842 + 1000,
+        "statistics backward": held + 9216 + 26842 + 1000 + 640 + 4800 + 3200,
+        "layer backward": held + 9216 + 28634,
+        # HF generate: float32 KV cache 2 x 2 layers x 2 KV heads x 4 x 4 bytes x 2 rows x 8
+        # tokens, and a step's logits 3 x 4 x 2 rows x 50
+        "generate": held + 2048 + 1200,
+    }
     assert plan.phase == "statistics backward"
-    assert plan.peak_items == {"bf16 weight casts (autocast)": 2 * 2 * 2304, "activations": 26842,
-                               "statistics tile (8192 x 8192 bf16; backward: + d hidden)": 1000 + 640 + 4800,
-                               "LM head gradient buffer (float32 [V, h])": 4 * 50 * 16}
+    assert plan.peak_items == {
+        "bf16 weight casts (autocast)": 2 * 2 * 2304,
+        "activations": 26842,
+        "statistics tile (8192 x 8192 bf16; backward: + d hidden)": 1000 + 640 + 4800,
+        "LM head gradient buffer (float32 [V, h])": 4 * 50 * 16,
+    }
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -164,9 +210,16 @@ def one_update(model, cfg, rollout):
     return model, optimizer
 
 
-@pytest.mark.parametrize("kind,extra,lora", [("qwen2", {}, 0), ("qwen3", {"head_dim": 32}, 0),
-                                             ("llama", {"attention_bias": True}, 0), ("qwen2", {}, 8),
-                                             ("qwen3", {"head_dim": 32}, 4)])
+@pytest.mark.parametrize(
+    "kind,extra,lora",
+    [
+        ("qwen2", {}, 0),
+        ("qwen3", {"head_dim": 32}, 0),
+        ("llama", {"attention_bias": True}, 0),
+        ("qwen2", {}, 8),
+        ("qwen3", {"head_dim": 32}, 4),
+    ],
+)
 def test_model_states_match_the_bytes_of_real_tensors(kind, extra, lora):
     """After one Adam step of the trainer's own setup (random-init tiny models; LoRA through PEFT), the plan's
     weights, gradients and Adam rows equal the sum of numel x element_size of the parameters, of their .grad and of
@@ -209,8 +262,9 @@ def saved_bytes(model, rollout, precision) -> int:
 
 
 @pytest.mark.parametrize("precision", ["bf16", "fp32"])
-@pytest.mark.parametrize("kind,extra", [("qwen2", {}), ("qwen3", {"head_dim": 32}), ("llama", {"attention_bias": True}),
-                                        ("mistral", {})])
+@pytest.mark.parametrize(
+    "kind,extra", [("qwen2", {}), ("qwen3", {"head_dim": 32}), ("llama", {"attention_bias": True}), ("mistral", {})]
+)
 def test_activation_formula_equals_what_autograd_saves(kind, extra, precision):
     """Without checkpointing, the plan's activations (plus, in bf16, autocast's weight casts) equal the bytes of
     every tensor autograd saves in a forward on the CPU with left-padded prompts and full-length responses, exactly,
@@ -230,13 +284,15 @@ def test_lora_activations_within_five_percent_of_what_autograd_saves():
     adapters' rank-r inputs) are within 5% above the bytes autograd saves (without checkpointing layer 0's input
     needs no gradient, so its q, k, v keep less: the plan is a slight overestimate)."""
     config = tiny_config("qwen2")
-    cfg = load_config(None, precision="bf16", lora_rank=8, probe_every=0, prompts_per_step=4, group_size=1,
-                      max_new_tokens=20)
+    cfg = load_config(
+        None, precision="bf16", lora_rank=8, probe_every=0, prompts_per_step=4, group_size=1, max_new_tokens=20
+    )
     model = prepare_policy(tiny_model(config), cfg)
     measured = saved_bytes(model, padded_rollout(), "bf16")
     plan = plan_memory(cfg, ModelShape.from_config(config), device_gib=1.0, prompt_tokens=12)
-    act = pass_activation_bytes(plan.shape, rows=4, prompt=12, response=20, precision="bf16", checkpointing=False,
-                                lora_rank=8, lora_layers=7)["saved"]
+    act = pass_activation_bytes(
+        plan.shape, rows=4, prompt=12, response=20, precision="bf16", checkpointing=False, lora_rank=8, lora_layers=7
+    )["saved"]
     casts = plan.peak_items["bf16 weight casts (autocast)"]
     assert measured <= act + casts <= 1.05 * measured
 
@@ -315,8 +371,9 @@ def run_cli(args, capsys):
 
 def test_cli_fails_with_what_would_fit(capsys):
     """`plan` on a full fine-tuning recipe exits 1 naming fixes that fit (LoRA, several GPUs under ZeRO-3)."""
-    code, out, err = run_cli(["plan", "--config", str(ROOT / "paper" / "qwen2.5-7b-instruct_clip_b.yaml"),
-                              "--device-memory", "80"], capsys)
+    code, out, err = run_cli(
+        ["plan", "--config", str(ROOT / "paper" / "qwen2.5-7b-instruct_clip_b.yaml"), "--device-memory", "80"], capsys
+    )
     assert code == 1
     assert "does NOT fit" in out and "Adam" in out
     assert "Would fit" in err and "lora_rank" in err and "ZeRO-3" in err
@@ -330,8 +387,9 @@ def test_cli_fits_json_and_model_directory(tmp_path, capsys):
     assert code == 0 and report["fits"] and report["params"] == 4_022_468_096
     assert report["training_gib"] == pytest.approx(sum(report["gib"].values()), abs=0.02)
     (tmp_path / "config.json").write_text(json.dumps(tiny_config("qwen2")))
-    code, out, _ = run_cli(["plan", "--config", recipe, "--model", str(tmp_path), "--device-memory", "80", "--json"],
-                           capsys)
+    code, out, _ = run_cli(
+        ["plan", "--config", recipe, "--model", str(tmp_path), "--device-memory", "80", "--json"], capsys
+    )
     assert code == 0 and json.loads(out)["params"] == 149056
     code, _, err = run_cli(["plan", "--set", "model=Org/Unknown-Model"], capsys)
     assert code == 2 and "--model DIR" in err
@@ -343,8 +401,17 @@ def test_dry_run_prints_the_recipes_plan(tmp_path, capsys, monkeypatch):
     import entropy_rft.pipeline
 
     monkeypatch.setattr(entropy_rft.pipeline, "dry_run", lambda cfg, out, **kw: {"ok": True})
-    code, out, _ = run_cli(["train", "--config", str(ROOT / "one_gpu" / "qwen2.5-7b-instruct_clip_b_lora.yaml"),
-                            "--dry-run", "--out", str(tmp_path)], capsys)
+    code, out, _ = run_cli(
+        [
+            "train",
+            "--config",
+            str(ROOT / "one_gpu" / "qwen2.5-7b-instruct_clip_b_lora.yaml"),
+            "--dry-run",
+            "--out",
+            str(tmp_path),
+        ],
+        capsys,
+    )
     assert code == 0 and "dry run passed" in out
     assert "Memory plan for Qwen/Qwen2.5-7B-Instruct" in out and "LoRA rank 32" in out and "-> fits" in out
 
@@ -378,17 +445,28 @@ def measured_peak(model, rollout, precision) -> int:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("checkpointing,precision,lora", [(False, "bf16", 0), (True, "bf16", 0), (True, "fp32", 0),
-                                                          (True, "bf16", 8)])
+@pytest.mark.parametrize(
+    "checkpointing,precision,lora", [(False, "bf16", 0), (True, "bf16", 0), (True, "fp32", 0), (True, "bf16", 8)]
+)
 def test_peak_matches_the_profilers_measured_peak(checkpointing, precision, lora):
     """The plan's peak minus what it holds throughout (weights, gradients, Adam, the fixed CUDA row) is within 5%
     of the peak memory the profiler measures above the start of a real update pass on the CPU, with and without
     gradient checkpointing, in bf16 and fp32, full and LoRA (4 layers, 4 rows of 16 + 32 tokens, V 1000).
     Measured when written: within 1.5% in each case."""
     config = tiny_config("qwen2", num_hidden_layers=4, vocab_size=1000)
-    cfg = load_config(None, precision=precision, gradient_checkpointing=checkpointing, lora_rank=lora,
-                      probe_every=0, advantage="rloo", prompts_per_step=4, group_size=2, max_new_tokens=32,
-                      micro_batch_size=4, engine="hf")
+    cfg = load_config(
+        None,
+        precision=precision,
+        gradient_checkpointing=checkpointing,
+        lora_rank=lora,
+        probe_every=0,
+        advantage="rloo",
+        prompts_per_step=4,
+        group_size=2,
+        max_new_tokens=32,
+        micro_batch_size=4,
+        engine="hf",
+    )
     model = prepare_policy(tiny_model(config), cfg)
     measured = measured_peak(model, padded_rollout(rows=4, prompt=16, response=32, vocab=1000), precision)
     plan = plan_memory(cfg, ModelShape.from_config(config), device_gib=1.0, prompt_tokens=16, kernel="torch")

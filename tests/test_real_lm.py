@@ -44,26 +44,33 @@ def test_packaged_model_brings_its_recipe_beneath_the_given_settings():
     cfg = resolve_config({"model": NAME, "steps": 3})
     assert (cfg.task, cfg.chat_template, cfg.prompts_per_step, cfg.steps) == ("countdown_chat", True, 4, 3)
     cfg = resolve_config({"prompts_per_step": 2}, {"model": NAME, "method": "clip_b", "lr": 1e-5})
-    assert (cfg.prompts_per_step, cfg.lr, cfg.method, cfg.mu) == (2, 1e-5, "clip_b", resolve_config(
-        {"method": "clip_b"}).mu)
+    assert (cfg.prompts_per_step, cfg.lr, cfg.method, cfg.mu) == (
+        2,
+        1e-5,
+        "clip_b",
+        resolve_config({"method": "clip_b"}).mu,
+    )
     assert resolve_config({}).task == "countdown"  # other models are unchanged
 
 
 PROBLEM = Problem((3, 5, 7), 22)
 
 
-@pytest.mark.parametrize("completion,finished,expected", [
-    ("3 times 5 is 15, plus 7 is 22.\nAnswer: 3*5+7", True, (1.0, True)),
-    ("Answer: $3 \\times 5 + 7 = 22$.", True, (1.0, True)),
-    ("**Answer:** (5 x 3) + 7", True, (1.0, True)),
-    ("Answer: 3*5+7\nI hope this helps.", True, (0.0, True)),  # the answer line is not the last
-    ("Answer: 3*5+7", False, (0.0, True)),  # no EOS
-    ("Answer: 3*5+7+7", True, (-0.1, False)),  # 7 used twice
-    ("Answer: 3*7+5", True, (-0.1, False)),  # 26
-    ("3*5+7=22", True, (-0.1, False)),  # no Answer: line
-    ("Let me think about", False, (-1.0, False)),
-    ("Answer: 3*5+7\nAnswer: 22", True, (-0.1, False)),  # the last Answer: line counts
-])
+@pytest.mark.parametrize(
+    "completion,finished,expected",
+    [
+        ("3 times 5 is 15, plus 7 is 22.\nAnswer: 3*5+7", True, (1.0, True)),
+        ("Answer: $3 \\times 5 + 7 = 22$.", True, (1.0, True)),
+        ("**Answer:** (5 x 3) + 7", True, (1.0, True)),
+        ("Answer: 3*5+7\nI hope this helps.", True, (0.0, True)),  # the answer line is not the last
+        ("Answer: 3*5+7", False, (0.0, True)),  # no EOS
+        ("Answer: 3*5+7+7", True, (-0.1, False)),  # 7 used twice
+        ("Answer: 3*7+5", True, (-0.1, False)),  # 26
+        ("3*5+7=22", True, (-0.1, False)),  # no Answer: line
+        ("Let me think about", False, (-1.0, False)),
+        ("Answer: 3*5+7\nAnswer: 22", True, (-0.1, False)),  # the last Answer: line counts
+    ],
+)
 def test_countdown_in_words_reward(completion, finished, expected):
     """The paper's Appendix B reward over the last Answer: line: 1 correct and well formed, 0 correct but not
     ending on that line or not finished, -0.1 wrong, -1 wrong and overlong."""
@@ -155,10 +162,22 @@ PROBLEMS = [Problem((3, 5, 7), 22), Problem((12, 4, 9, 25), 61), Problem((8, 2),
 def _both(model, tokenizer, new, n=2, temperature=1.0):
     ids, mask = _chat_prompts(tokenizer, PROBLEMS)
     assert not mask.all()  # some left padding
-    runs = {path: sample(model, ids, mask, n=n, temperature=temperature, top_p=1.0, max_new_tokens=new,
-                         eos_ids=[tokenizer.eos_token_id], pad_id=tokenizer.pad_token_id,
-                         generator=torch.Generator().manual_seed(0), decode=path)
-            for path in ("hf", "hand")}
+    runs = {
+        path: sample(
+            model,
+            ids,
+            mask,
+            n=n,
+            temperature=temperature,
+            top_p=1.0,
+            max_new_tokens=new,
+            eos_ids=[tokenizer.eos_token_id],
+            pad_id=tokenizer.pad_token_id,
+            generator=torch.Generator().manual_seed(0),
+            decode=path,
+        )
+        for path in ("hf", "hand")
+    }
     return ids, mask, runs
 
 
@@ -231,8 +250,17 @@ def test_hand_decode_on_smollm2_in_bfloat16_is_as_close_as_the_models_own(policy
     assert hand_error <= 2 * hf_error + 0.05, (hand_error, hf_error)
 
 
-SMALL_RUN = {"steps": 1, "prompts_per_step": 2, "group_size": 2, "max_new_tokens": 8, "eval_every": 0,
-             "eval_problems": 2, "eval_k": 1, "device": "cpu", "progress": False}
+SMALL_RUN = {
+    "steps": 1,
+    "prompts_per_step": 2,
+    "group_size": 2,
+    "max_new_tokens": 8,
+    "eval_every": 0,
+    "eval_problems": 2,
+    "eval_k": 1,
+    "device": "cpu",
+    "progress": False,
+}
 
 
 @pytest.mark.real_lm
@@ -258,8 +286,15 @@ def test_trl_monitor_mode_on_smollm2(converted, tmp_path):
     from entropy_rft import samples
     from entropy_rft.integrations.trl_countdown import countdown_trainer
 
-    trainer = countdown_trainer(tmp_path / "trl", model=NAME, method="none", steps=1, per_device_train_batch_size=4,
-                                num_generations=2, max_completion_length=8)
+    trainer = countdown_trainer(
+        tmp_path / "trl",
+        model=NAME,
+        method="none",
+        steps=1,
+        per_device_train_batch_size=4,
+        num_generations=2,
+        max_completion_length=8,
+    )
     trainer.train()
     logged = [h for h in trainer.state.log_history if "entropy_rft/entropy" in h]
     assert logged and logged[0]["entropy_rft/entropy"] > 0

@@ -26,9 +26,17 @@ from hypothesis import strategies as st
 pytest.importorskip("peft")
 from entropy_rft.advantages import ADVANTAGES  # noqa: E402
 from entropy_rft.config import load_config  # noqa: E402
-from entropy_rft.invariants import (float64_reference, grad_distance, grad_norm, recipe_step, scaled_model,  # noqa: E402
-                                    stats_tolerance, synthetic_batch)
 from entropy_rft.forward import policy_forward  # noqa: E402
+from entropy_rft.invariants import (  # noqa: E402
+    StepRecord,
+    float64_reference,
+    grad_distance,
+    grad_norm,
+    recipe_step,
+    scaled_model,
+    stats_tolerance,
+    synthetic_batch,
+)
 from entropy_rft.methods import METHODS  # noqa: E402
 from entropy_rft.policy import ValueHead  # noqa: E402
 from entropy_rft.rules import StepRules, passes  # noqa: E402
@@ -41,16 +49,28 @@ PROMPTS, GROUP, RESPONSE = 3, 4, 10  # 12 rows: micro-batches of 8 split it unev
 OTHER_MICRO = 3  # the second micro-batch size each recipe is compared with (uneven: 3 + 3 + 3 + 3)
 # options under which each filter clips a tenth or more of these batches' tokens (the recipes' own mu 2.5 / 8.5
 # with max_frac 1e-4 may clip nothing on 100 tokens), so the whole-batch check has decisions to compare
-AMPLIFIED = {"clip_b": {"mu": 0.5}, "ppo_clip_b": {"mu": 0.5}, "clip_v": {"mu": 0.5, "max_frac": 0.3},
-             "ppo_clip_v": {"mu": 0.5, "max_frac": 0.3}, "forking": {}}
+AMPLIFIED = {
+    "clip_b": {"mu": 0.5},
+    "ppo_clip_b": {"mu": 0.5},
+    "clip_v": {"mu": 0.5, "max_frac": 0.3},
+    "ppo_clip_v": {"mu": 0.5, "max_frac": 0.3},
+    "forking": {},
+}
 
 
 def scaled(recipe: Path, **kw):
     cfg = load_config(recipe)
     prompts = -(-PROMPTS // cfg.mini_batches) * cfg.mini_batches  # whole prompts per mini-batch (KL-Cov's 8)
     # grad_clip 0: the gradient is recorded before clipping, which would rescale a wrong gradient to norm 1
-    return dataclasses.replace(cfg, prompts_per_step=prompts, group_size=min(cfg.group_size, GROUP),
-                               max_new_tokens=RESPONSE, grad_clip=0.0, device=DEVICE, **kw)
+    return dataclasses.replace(
+        cfg,
+        prompts_per_step=prompts,
+        group_size=min(cfg.group_size, GROUP),
+        max_new_tokens=RESPONSE,
+        grad_clip=0.0,
+        device=DEVICE,
+        **kw,
+    )
 
 
 _MODELS: dict = {}
@@ -70,8 +90,9 @@ def value_head(cfg):
 
 
 def batch(cfg, seed=0):
-    return synthetic_batch(cfg.prompts_per_step, cfg.group_size, vocab=2304, max_response=RESPONSE, seed=seed,
-                           model=model_for(cfg))
+    return synthetic_batch(
+        cfg.prompts_per_step, cfg.group_size, vocab=2304, max_response=RESPONSE, seed=seed, model=model_for(cfg)
+    )
 
 
 def strict(cfg) -> bool:
@@ -97,8 +118,10 @@ def filter_keep(cfg, stats, adv, mask, rows=None):
     options = {**cfg.method_overrides(), **AMPLIFIED.get(cfg.method, {})}
     if rows is None:
         return method.apply(stats, adv, mask, **options)[0]
-    parts = [method.apply(stats.map(lambda x, s=s: x[s]), adv[s], mask[s], **options)[0]
-             for s in torch.arange(mask.shape[0]).split(rows)]
+    parts = [
+        method.apply(stats.map(lambda x, s=s: x[s]), adv[s], mask[s], **options)[0]
+        for s in torch.arange(mask.shape[0]).split(rows)
+    ]
     return torch.cat(parts)
 
 
@@ -115,8 +138,9 @@ def test_recipe_invariants(recipe):
     assert_on_policy(a, mask, cfg)
     method = METHODS.get(cfg.method)
     assert torch.equal(a.keep, method.apply(a.stats, a.adv, mask, **cfg.method_overrides())[0])
-    b = recipe_step(dataclasses.replace(cfg, micro_batch_size=OTHER_MICRO), model, ro, rewards, gids, value_head=head,
-                    given=a)
+    b = recipe_step(
+        dataclasses.replace(cfg, micro_batch_size=OTHER_MICRO), model, ro, rewards, gids, value_head=head, given=a
+    )
     assert_on_policy(b, mask, cfg)
     c = recipe_step(dataclasses.replace(cfg, precision="fp32"), model, ro, rewards, gids, value_head=head, given=a)
     assert_on_policy(c, mask, cfg)
@@ -132,7 +156,9 @@ def test_recipe_invariants(recipe):
     if cfg.method in AMPLIFIED:
         fp32 = dataclasses.replace(cfg, precision="fp32")
         s1 = c.stats
-        s2 = behaviour_statistics(model, ro, dataclasses.replace(fp32, micro_batch_size=OTHER_MICRO), head, reuse=False)[0]
+        s2 = behaviour_statistics(
+            model, ro, dataclasses.replace(fp32, micro_batch_size=OTHER_MICRO), head, reuse=False
+        )[0]
         keep1, keep2 = filter_keep(fp32, s1, a.adv, mask), filter_keep(fp32, s2, a.adv, mask)
         assert 0 < int((mask & ~keep1).sum()) and torch.equal(keep1, keep2)
 
@@ -172,12 +198,20 @@ _F64 = {}
 def f64_model(cfg):
     key = cfg.gradient_checkpointing
     if key not in _F64:
-        _F64[key] = scaled_model("Qwen/Qwen2.5-7B-Instruct", cfg, device=DEVICE, hidden_size=32,
-                                 intermediate_size=64, num_attention_heads=2, head_dim=16, vocab_size=300).double()
+        _F64[key] = scaled_model(
+            "Qwen/Qwen2.5-7B-Instruct",
+            cfg,
+            device=DEVICE,
+            hidden_size=32,
+            intermediate_size=64,
+            num_attention_heads=2,
+            head_dim=16,
+            vocab_size=300,
+        ).double()
     return _F64[key]
 
 
-def contribution_sizes(cfg, model, ro, rewards, gids) -> tuple["StepRecord", list[float]]:
+def contribution_sizes(cfg, model, ro, rewards, gids) -> tuple[StepRecord, list[float]]:
     """The step's record and, per optimizer step, S = sum over tokens t of (8 + 4 |log p_t|) |c_t|, where
     |c_t| = |d L / d log p_t| |grad_theta log p_t| is the size of token t's contribution c_t to that step's gradient
     g = sum_t c_t and 8 + 4 |log p_t| its count of float32 roundings (the bound below). The coefficients
@@ -215,17 +249,34 @@ def contribution_sizes(cfg, model, ro, rewards, gids) -> tuple["StepRecord", lis
 # which, unlike N 2^-24 |g|, holds when the contributions cancel (|g| << sum_t |c_t|). A random search with this
 # bound runs on every CI run (the earlier bound failed on per_mini_batch 2, group 3, response 1, micro 1, seed 541).
 @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(per_mini_batch=st.integers(1, 2), group=st.integers(2, 4), response=st.integers(1, 9), micro=st.integers(1, 5),
-       seed=st.integers(0, 10**6), checkpointing=st.booleans(), mini_batches=st.sampled_from([1, 2]))
+@given(
+    per_mini_batch=st.integers(1, 2),
+    group=st.integers(2, 4),
+    response=st.integers(1, 9),
+    micro=st.integers(1, 5),
+    seed=st.integers(0, 10**6),
+    checkpointing=st.booleans(),
+    mini_batches=st.sampled_from([1, 2]),
+)
 def test_invariants_over_batch_shapes(per_mini_batch, group, response, micro, seed, checkpointing, mini_batches):
     """For any batch shape and micro-batch size: the first optimizer step's ratio is exactly 1 (strict: the update's
     forward equals the statistics pass bit for bit); the Clip_B keep mask is the same for every micro-batch size;
     each optimizer step's gradient is the same within 2^-24 sum_t (8 + 4 |log p_t|) |c_t| (+ float64's own
     rounding), c_t its per-token contributions (the derivation above)."""
     prompts = per_mini_batch * mini_batches
-    cfg = load_config(None, method="clip_b", mu=0.5, prompts_per_step=prompts, group_size=group,
-                      max_new_tokens=response, micro_batch_size=micro, gradient_checkpointing=checkpointing,
-                      mini_batches=mini_batches, grad_clip=0.0, device=DEVICE)
+    cfg = load_config(
+        None,
+        method="clip_b",
+        mu=0.5,
+        prompts_per_step=prompts,
+        group_size=group,
+        max_new_tokens=response,
+        micro_batch_size=micro,
+        gradient_checkpointing=checkpointing,
+        mini_batches=mini_batches,
+        grad_clip=0.0,
+        device=DEVICE,
+    )
     model = f64_model(cfg)
     ro, rewards, gids = synthetic_batch(prompts, group, vocab=300, max_response=response, seed=seed, model=model)
     mask = ro.response_mask
@@ -235,7 +286,7 @@ def test_invariants_over_batch_shapes(per_mini_batch, group, response, micro, se
     assert torch.equal(a.keep, whole.keep)
     n = int(mask.sum())
     for ga, gw, size in zip(a.grads, whole.grads, sizes):  # size >= 8 sum_t |c_t|, so 2 N 2^-53 / 8 covers the sum
-        assert grad_distance(ga, gw) <= (2.0 ** -24 + n * 2.0 ** -55) * size
+        assert grad_distance(ga, gw) <= (2.0**-24 + n * 2.0**-55) * size
 
 
 def test_a_per_micro_batch_filter_is_caught(monkeypatch):
@@ -246,15 +297,25 @@ def test_a_per_micro_batch_filter_is_caught(monkeypatch):
 
     def per_micro_batch(self, method, stats, adv, mask, entropy_now):
         rows = passes(mask.shape[0], self.cfg.micro_batch_size)  # the update's micro-batches
-        parts = [method.apply(stats.map(lambda x, r=r: x[r]), adv[r], mask[r], **self.cfg.method_overrides())
-                 for r in rows]
+        parts = [
+            method.apply(stats.map(lambda x, r=r: x[r]), adv[r], mask[r], **self.cfg.method_overrides()) for r in rows
+        ]
         return torch.cat([k for k, _ in parts]), {}
 
     monkeypatch.setattr(EntropyControl, "choose_tokens", per_micro_batch)
     caught = 0
     for seed in range(3):
-        cfg = load_config(None, method="clip_b", mu=0.5, prompts_per_step=2, group_size=4, max_new_tokens=6,
-                          micro_batch_size=2, grad_clip=0.0, device=DEVICE)
+        cfg = load_config(
+            None,
+            method="clip_b",
+            mu=0.5,
+            prompts_per_step=2,
+            group_size=4,
+            max_new_tokens=6,
+            micro_batch_size=2,
+            grad_clip=0.0,
+            device=DEVICE,
+        )
         model = f64_model(cfg)
         ro, rewards, gids = synthetic_batch(2, 4, vocab=300, max_response=6, seed=seed, model=model)
         a = recipe_step(cfg, model, ro, rewards, gids)
@@ -272,59 +333,101 @@ _REF = {}
 def f64_reference_model(cfg):
     """A second float64 model of f64_model's shape (another seed), the KL term's reference policy."""
     if "ref" not in _REF:
-        _REF["ref"] = scaled_model("Qwen/Qwen2.5-7B-Instruct", cfg, seed=1, device=DEVICE, hidden_size=32,
-                                   intermediate_size=64, num_attention_heads=2, head_dim=16,
-                                   vocab_size=300).double().eval()
+        _REF["ref"] = (
+            scaled_model(
+                "Qwen/Qwen2.5-7B-Instruct",
+                cfg,
+                seed=1,
+                device=DEVICE,
+                hidden_size=32,
+                intermediate_size=64,
+                num_attention_heads=2,
+                head_dim=16,
+                vocab_size=300,
+            )
+            .double()
+            .eval()
+        )
     return _REF["ref"]
 
 
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
-@given(agg=st.sampled_from(["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]),
-       micro=st.integers(1, 5), seed=st.integers(0, 10**6), mini_batches=st.sampled_from([1, 2]),
-       variant=st.sampled_from(["clip_b", "gspo", "kl", "bonus", "ppo", "entropic"]))
+@given(
+    agg=st.sampled_from(["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]),
+    micro=st.integers(1, 5),
+    seed=st.integers(0, 10**6),
+    mini_batches=st.sampled_from([1, 2]),
+    variant=st.sampled_from(["clip_b", "gspo", "kl", "bonus", "ppo", "entropic"]),
+)
 def test_loss_metrics_do_not_depend_on_the_micro_batch_size(agg, micro, seed, mini_batches, variant):
     """Every loss/* metric (the objective loss/total, each term's value, the terms' means) is the same for any
     micro-batch size, for every loss aggregation, with each term of the objective in play: a term's micro-batch
     values are shares of the mini-batch's (global counts) and add up; its metrics are token-weighted means. Bound:
     the statistics are float32, so each per-token quantity carries one rounding (2^-24 relative) and a sum of N of
     them N 2^-24 of its size; ppo_kl and the ratios' rounding-sized values get the same bound absolutely."""
-    kw = {"clip_b": dict(method="clip_b", mu=0.5), "gspo": dict(method="gspo"), "kl": dict(kl_coef=0.05),
-          "bonus": dict(entropy_coef=0.01), "ppo": dict(method="ppo"),
-          "entropic": dict(entropy_target=0.5, entropy_control="pi", pi_threshold=0.05)}[variant]
+    kw = {
+        "clip_b": dict(method="clip_b", mu=0.5),
+        "gspo": dict(method="gspo"),
+        "kl": dict(kl_coef=0.05),
+        "bonus": dict(entropy_coef=0.01),
+        "ppo": dict(method="ppo"),
+        "entropic": dict(entropy_target=0.5, entropy_control="pi", pi_threshold=0.05),
+    }[variant]
     prompts = 2 * mini_batches
-    cfg = load_config(None, **{**kw, "loss_agg": agg}, prompts_per_step=prompts, group_size=3, max_new_tokens=6,
-                      micro_batch_size=micro, mini_batches=mini_batches, grad_clip=0.0, device=DEVICE)
+    cfg = load_config(
+        None,
+        **{**kw, "loss_agg": agg},
+        prompts_per_step=prompts,
+        group_size=3,
+        max_new_tokens=6,
+        micro_batch_size=micro,
+        mini_batches=mini_batches,
+        grad_clip=0.0,
+        device=DEVICE,
+    )
     model = f64_model(cfg)
     ro, rewards, gids = synthetic_batch(prompts, 3, vocab=300, max_response=6, seed=seed, model=model)
     head = ValueHead(32).to(DEVICE) if variant == "ppo" else None
     ref = f64_reference_model(cfg) if variant == "kl" else None
     a = recipe_step(cfg, model, ro, rewards, gids, value_head=head, ref_model=ref)
-    whole = recipe_step(dataclasses.replace(cfg, micro_batch_size=0), model, ro, rewards, gids, value_head=head,
-                        ref_model=ref, given=a)
+    whole = recipe_step(
+        dataclasses.replace(cfg, micro_batch_size=0), model, ro, rewards, gids, value_head=head, ref_model=ref, given=a
+    )
     keys = {k for k in a.metrics if k.startswith("loss/")}
     assert keys == {k for k in whole.metrics if k.startswith("loss/")} and "loss/total" in keys
     assert {"kl": "loss/kl", "bonus": "loss/entropy_bonus", "ppo": "loss/value", "entropic": "loss/entropic"}.get(
-        variant, "loss/policy") in keys
+        variant, "loss/policy"
+    ) in keys
     n = int(ro.response_mask.sum())
     for k in keys:
         x, y = a.metrics[k], whole.metrics[k]
-        assert abs(x - y) <= n * 2.0 ** -24 * (max(abs(x), abs(y)) + 1.0), (k, x, y)
+        assert abs(x - y) <= n * 2.0**-24 * (max(abs(x), abs(y)) + 1.0), (k, x, y)
 
 
 def test_the_step_shapes_rewards_with_the_overlong_penalty():
     """DAPO's soft overlong punishment reaches the real step's advantages: the decision's advantages are GRPO's over
     the rewards plus the penalty computed here by hand (0 up to max_len - buffer, then falling linearly to -factor at
     max_len). Mutation check: a step that drops the penalty fails this (responses end at every length here)."""
-    cfg = load_config(None, method="dapo", prompts_per_step=3, group_size=4, max_new_tokens=8, dynamic_sampling=False,
-                      grad_clip=0.0, device=DEVICE)
+    cfg = load_config(
+        None,
+        method="dapo",
+        prompts_per_step=3,
+        group_size=4,
+        max_new_tokens=8,
+        dynamic_sampling=False,
+        grad_clip=0.0,
+        device=DEVICE,
+    )
     assert cfg.overlong_buffer_frac > 0
     model = f64_model(cfg)
     ro, rewards, gids = synthetic_batch(3, 4, vocab=300, max_response=8, seed=3, model=model)
     rec = recipe_step(cfg, model, ro, rewards, gids)
     buffer = round(cfg.overlong_buffer_frac * cfg.max_new_tokens)
     start = cfg.max_new_tokens - buffer
-    penalty = [0.0 if n <= start else -cfg.overlong_penalty_factor * min(n - start, buffer) / buffer
-               for n in ro.response_mask.sum(-1).tolist()]
+    penalty = [
+        0.0 if n <= start else -cfg.overlong_penalty_factor * min(n - start, buffer) / buffer
+        for n in ro.response_mask.sum(-1).tolist()
+    ]
     assert any(p < 0 for p in penalty)
     shaped = rewards + torch.tensor(penalty)
     want = ADVANTAGES.get(cfg.advantage)(shaped, gids)
@@ -336,14 +439,15 @@ def test_rows_without_a_graph_keep_every_term_that_does_not_vanish():
     zero gradient at A = 0. With a KL term to a reference policy they stay in the graph, so the gradient with
     skip_zero_advantage on equals the one with it off, to float32 rounding of the statistics. Mutation check: a
     step that froze those rows anyway (the KL term claiming to vanish) fails this."""
-    cfg = load_config(None, kl_coef=0.5, prompts_per_step=3, group_size=4, max_new_tokens=6, grad_clip=0.0,
-                      device=DEVICE)
+    cfg = load_config(
+        None, kl_coef=0.5, prompts_per_step=3, group_size=4, max_new_tokens=6, grad_clip=0.0, device=DEVICE
+    )
     model, ref = f64_model(cfg), f64_reference_model(cfg)
     ro, rewards, gids = synthetic_batch(3, 4, vocab=300, max_response=6, seed=5, model=model)
     on = recipe_step(cfg, model, ro, rewards, gids, ref_model=ref)
     off = recipe_step(dataclasses.replace(cfg, skip_zero_advantage=False), model, ro, rewards, gids, ref_model=ref)
     assert bool((on.adv == 0).any())  # the first group: all rewards 1
-    tol = int(ro.response_mask.sum()) * 2.0 ** -24
+    tol = int(ro.response_mask.sum()) * 2.0**-24
     assert grad_distance(on.grads[0], off.grads[0]) <= tol * grad_norm(off.grads[0]) + 1e-12
     # the same batch without the KL term does freeze those rows (the rule is what decides)
     plain = recipe_step(dataclasses.replace(cfg, kl_coef=0.0), model, ro, rewards, gids)

@@ -31,7 +31,9 @@ from test_records import SITECUSTOMIZE, SMALL, cli, env, ok, one_line, snapshot
 
 from entropy_rft.masks import clip_b, clip_v
 
-HOOKS = SITECUSTOMIZE + '''
+HOOKS = (
+    SITECUSTOMIZE
+    + """
 if os.environ.get("TEST_NAN_GRAD_AT"):  # the gradient norm of the Nth optimizer step is NaN
     import torch
     real_clip, clip_calls = torch.nn.utils.clip_grad_norm_, [0]
@@ -54,7 +56,8 @@ if os.environ.get("TEST_NAN_LOGITS_AT_STEP"):  # the logits step N samples from 
         out = real_logits(z, top_p)
         return out * float("nan") if poisoned[0] else out
     problems.sample_batch, sampling.nucleus_logits = sample_batch, nucleus_logits
-'''
+"""
+)
 RUN3 = ["--steps", 3, *SMALL, "save_every=1"]  # checkpoints 2 and 3 kept (keep_checkpoints 2), samples at 1 and 3
 
 
@@ -109,8 +112,12 @@ def test_a_cut_metrics_line_is_trained_again_never_a_gap(trained3, tmp_path):
     shutil.rmtree(run / "checkpoint-2")
     (run / "metrics.jsonl").write_text(text[:-40])
     before = snapshot(run)
-    one_line(cli(["train", "--out", "only3", "--resume", "--steps", 4], tmp_path),
-             "only3/metrics.jsonl:3 is cut off", "no checkpoint before step 3", "Restore the file")
+    one_line(
+        cli(["train", "--out", "only3", "--resume", "--steps", 4], tmp_path),
+        "only3/metrics.jsonl:3 is cut off",
+        "no checkpoint before step 3",
+        "Restore the file",
+    )
     assert snapshot(run) == before
 
 
@@ -140,19 +147,30 @@ def test_a_hand_edit_of_config_yaml_is_refused_naming_the_fields(trained3, tmp_p
     edit trains on."""
     run = copy_run(trained3, tmp_path)
     config = (run / "config.yaml").read_text()
-    for edit, shown in ((config.replace("group_size: 4\n", "group_size: 8\n"), "group_size=8"),
-                        ("".join(line + "\n" for line in config.splitlines() if not line.startswith("lr:")),
-                         "lr=4.0e-07 (deleted: its default)")):
+    for edit, shown in (
+        (config.replace("group_size: 4\n", "group_size: 8\n"), "group_size=8"),
+        (
+            "".join(line + "\n" for line in config.splitlines() if not line.startswith("lr:")),
+            "lr=4.0e-07 (deleted: its default)",
+        ),
+    ):
         (run / "config.yaml").write_text(edit)
         before = snapshot(run)
-        one_line(cli(["train", "--out", "r", "--resume", "--steps", 4], tmp_path),
-                 "r/config.yaml was edited by hand since the run wrote it", shown, "differs from the settings the run "
-                 "trained with (config.digest)")
+        one_line(
+            cli(["train", "--out", "r", "--resume", "--steps", 4], tmp_path),
+            "r/config.yaml was edited by hand since the run wrote it",
+            shown,
+            "differs from the settings the run trained with (config.digest)",
+        )
         assert snapshot(run) == before
 
     (run / "config.yaml").write_text(config.replace("steps: 3\n", "steps: 4\n"))
-    one_line(cli(["train", "--out", "r", "--resume"], tmp_path), "edited by hand", "(steps=4)",
-             "to accept, give it on the command line too (--set steps=4)")
+    one_line(
+        cli(["train", "--out", "r", "--resume"], tmp_path),
+        "edited by hand",
+        "(steps=4)",
+        "to accept, give it on the command line too (--set steps=4)",
+    )
     (run / "config.yaml").write_text(config.replace("steps: 3\n", "steps: 4\n").replace("eval_k: 2\n", "eval_k: 8\n"))
     ok(cli(["train", "--out", "r", "--resume", "--steps", 4, "--set", "eval_k=2"], tmp_path))
     assert [r["step"] for r in rows(run)] == [1, 2, 3, 4] and "eval_k: 2\n" in (run / "config.yaml").read_text()
@@ -166,11 +184,12 @@ def test_settings_that_cannot_run_are_one_line_before_the_directory_is_taken(tmp
     """lr 1e30 (the issue: a committed step of weights near 1e30, then a traceback), a learning rate below float32's
     range, max_new_tokens 1e9 (the issue: a 2 TB allocation) and a batch of 1e8 prompts: exit 2, one line naming the
     field, and no run directory."""
-    for setting, fragments in (("lr=1e30", ("lr=1e+30 must be at most 1", "float32")),
-                               ("lr=1e-45", ("lr=1e-45 must be 0 or within float32's range",)),
-                               ("max_new_tokens=1000000000", ("max_new_tokens=1000000000 cannot be allocated",
-                                                              "lower max_new_tokens")),
-                               ("prompts_per_step=100000000", ("prompts_per_step=100000000 cannot be allocated",))):
+    for setting, fragments in (
+        ("lr=1e30", ("lr=1e+30 must be at most 1", "float32")),
+        ("lr=1e-45", ("lr=1e-45 must be 0 or within float32's range",)),
+        ("max_new_tokens=1000000000", ("max_new_tokens=1000000000 cannot be allocated", "lower max_new_tokens")),
+        ("prompts_per_step=100000000", ("prompts_per_step=100000000 cannot be allocated",)),
+    ):
         one_line(cli(["train", "--out", "r", "--set", setting], tmp_path), *fragments)
         assert not (tmp_path / "r").exists()
         one_line(cli(["train", "--set", setting], tmp_path), *fragments)
@@ -183,8 +202,13 @@ def test_a_step_that_is_not_finite_is_not_committed(hooks, tmp_path):
     run. NaN logits while step 2 samples (torch's own error before): the same, at step 2. At step 1 of a new run:
     the directory is left as it was (nothing)."""
     proc = cli(["train", "--out", "r", *RUN3], tmp_path, hooks=hooks, TEST_NAN_GRAD_AT="3")
-    one_line(proc, "step 3: the gradient norm is nan; it is not committed", "newest checkpoint stays r/checkpoint-2",
-             "metrics.jsonl ends at step 2", after_training=True)
+    one_line(
+        proc,
+        "step 3: the gradient norm is nan; it is not committed",
+        "newest checkpoint stays r/checkpoint-2",
+        "metrics.jsonl ends at step 2",
+        after_training=True,
+    )
     run = tmp_path / "r"
     assert [r["step"] for r in rows(run)] == [1, 2] and (run / "latest_checkpoint").read_text() == "checkpoint-2"
     assert not (run / "checkpoint-3").exists() and not (run / "eval.json").exists()
@@ -192,8 +216,9 @@ def test_a_step_that_is_not_finite_is_not_committed(hooks, tmp_path):
     assert [r["step"] for r in rows(run)] == [1, 2, 3] and (run / "eval.json").exists()
 
     proc = cli(["train", "--out", "s", *RUN3], tmp_path, hooks=hooks, TEST_NAN_LOGITS_AT_STEP="2")
-    one_line(proc, "step 2: the sampled logits are not finite", "newest checkpoint stays s/checkpoint-1",
-             after_training=True)
+    one_line(
+        proc, "step 2: the sampled logits are not finite", "newest checkpoint stays s/checkpoint-1", after_training=True
+    )
     assert [r["step"] for r in rows(tmp_path / "s")] == [1]
 
     proc = cli(["train", "--out", "t", *RUN3], tmp_path, hooks=hooks, TEST_NAN_GRAD_AT="1")
@@ -208,10 +233,17 @@ def test_a_step_that_is_not_finite_is_not_committed(hooks, tmp_path):
 def test_a_full_disk_before_any_checkpoint_advises_what_works(hooks, tmp_path):
     """The disk fills at a new run's first checkpoint: the one line advises --resume-or-start (plain --resume would
     be refused: no checkpoint), and that command finishes the run."""
-    line = one_line(cli(["train", "--out", "r", "--steps", 1, *SMALL, "save_every=1"], tmp_path, hooks=hooks,
-                        TEST_ENOSPC_ON_WRITE="1"),
-                    "no space left on the device while writing r/checkpoint-1", "--resume-or-start",
-                    after_training=True)
+    line = one_line(
+        cli(
+            ["train", "--out", "r", "--steps", 1, *SMALL, "save_every=1"],
+            tmp_path,
+            hooks=hooks,
+            TEST_ENOSPC_ON_WRITE="1",
+        ),
+        "no space left on the device while writing r/checkpoint-1",
+        "--resume-or-start",
+        after_training=True,
+    )
     assert "--resume --out" not in line
     ok(cli(["train", "--out", "r", "--resume-or-start", "--steps", 1, *SMALL, "save_every=1"], tmp_path))
     assert [r["step"] for r in rows(tmp_path / "r")] == [1]
@@ -222,9 +254,28 @@ def test_an_overwrite_killed_while_the_old_record_is_aside_resumes_the_old_run(t
     where the record is; a plain --resume continues the old run with its own settings (eval_k 2), not the dead
     start's."""
     run = copy_run(trained3, tmp_path)
-    proc = subprocess.Popen([sys.executable, "-m", "entropy_rft.cli", "train", "--out", "r", "--overwrite", "--steps",
-                             "3", "--set", "prompts_per_step=4", "group_size=4", "progress=false", "eval_k=32"],
-                            cwd=tmp_path, env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "entropy_rft.cli",
+            "train",
+            "--out",
+            "r",
+            "--overwrite",
+            "--steps",
+            "3",
+            "--set",
+            "prompts_per_step=4",
+            "group_size=4",
+            "progress=false",
+            "eval_k=32",
+        ],
+        cwd=tmp_path,
+        env=env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.time() + 120
     while time.time() < deadline and not list(run.glob(".replaced-*")):
         time.sleep(0.02)
@@ -241,16 +292,19 @@ def test_an_overwrite_killed_while_the_old_record_is_aside_resumes_the_old_run(t
 def test_minor_messages(trained3, tmp_path):
     """eval --data countdown@16 --n 4 is refused as --eval-k 16 --n 4 is; betas=[0.9] says betas takes 2 numbers;
     a trainer_state.pt without its optimizer is one line naming the file and the part."""
-    one_line(cli(["eval", "--data", "countdown@16", "--n", 4, "--out", "ev"], tmp_path),
-             "--n 4 is below --data countdown@16")
+    one_line(
+        cli(["eval", "--data", "countdown@16", "--n", 4, "--out", "ev"], tmp_path), "--n 4 is below --data countdown@16"
+    )
     one_line(cli(["train", "--out", "b", "--set", "betas=[0.9]"], tmp_path), "betas takes 2 numbers", "[0.9]")
     run = copy_run(trained3, tmp_path)
     path = run / "checkpoint-3" / "trainer_state.pt"
     state = torch.load(path, weights_only=False)
     del state["optimizer"]
     torch.save(state, path)
-    one_line(cli(["train", "--out", "r", "--resume", "--steps", 4], tmp_path),
-             "r/checkpoint-3/trainer_state.pt lacks optimizer of the run state")
+    one_line(
+        cli(["train", "--out", "r", "--resume", "--steps", 4], tmp_path),
+        "r/checkpoint-3/trainer_state.pt lacks optimizer of the run state",
+    )
 
 
 def test_clip_frac_clipped_is_zero_on_an_empty_mask():

@@ -39,14 +39,14 @@ import entropy_rft.theory as theory
 import entropy_rft.toy as toy
 import entropy_rft.trainer as trainer
 from entropy_rft.cli import main
-from entropy_rft.rundir import RECORD, RunLock, claim, record_entries
+from entropy_rft.rundir import RunLock, claim, record_entries
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = ["--set", "prompts_per_step=4", "group_size=4", "eval_problems=4", "eval_k=2", "lr=1e-4", "progress=false"]
 
 # test hooks loaded at interpreter start by the subprocesses that need them (PYTHONPATH=HOOKS): a full disk on the
 # Nth safetensors write (what safetensors raises: SafetensorError wrapping the OS error 28), and a frozen clock
-SITECUSTOMIZE = '''
+SITECUSTOMIZE = """
 import os
 if os.environ.get("TEST_ENOSPC_ON_WRITE"):
     import safetensors.torch as st
@@ -63,7 +63,7 @@ if os.environ.get("TEST_FROZEN_CLOCK"):
     import time
     real_strftime = time.strftime
     time.strftime = lambda fmt, *t: ("20260101-000000" if fmt == "%Y%m%d-%H%M%S" and not t else real_strftime(fmt, *t))
-'''
+"""
 
 
 def env(hooks: Path | None = None, **extra) -> dict:
@@ -72,8 +72,14 @@ def env(hooks: Path | None = None, **extra) -> dict:
 
 
 def cli(args, cwd: Path, *, hooks: Path | None = None, timeout: float = 240, **extra) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "entropy_rft.cli", *map(str, args)], cwd=cwd, env=env(hooks, **extra),
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "entropy_rft.cli", *map(str, args)],
+        cwd=cwd,
+        env=env(hooks, **extra),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def one_line(proc: subprocess.CompletedProcess, *fragments: str, after_training: bool = False) -> str:
@@ -138,8 +144,11 @@ def test_eval_into_a_run_is_refused_and_the_run_still_reports(trained, tmp_path)
     so `report r` still reads it; a directory a live run holds is refused too."""
     run = copy_run(trained, tmp_path)
     before = snapshot(run)
-    one_line(cli(["eval", "--eval-k", 2, "--eval-problems", 2, "--out", "r"], tmp_path),
-             "r/eval.json belongs to the run record in r", "Choose another --out")
+    one_line(
+        cli(["eval", "--eval-k", 2, "--eval-problems", 2, "--out", "r"], tmp_path),
+        "r/eval.json belongs to the run record in r",
+        "Choose another --out",
+    )
     assert snapshot(run) == before
     ok(cli(["report", "r", "--out", "rep"], tmp_path))
     with RunLock(tmp_path / "live"):  # a run that has just started: only its lock is there yet
@@ -147,11 +156,18 @@ def test_eval_into_a_run_is_refused_and_the_run_still_reports(trained, tmp_path)
     assert not (tmp_path / "live" / "eval.json").exists()
 
 
-def _stop_when_started(cmd: list, cwd: Path, config_yaml: Path, steps: int,
-                       sig: int = signal.SIGTERM) -> subprocess.CompletedProcess:
+def _stop_when_started(
+    cmd: list, cwd: Path, config_yaml: Path, steps: int, sig: int = signal.SIGTERM
+) -> subprocess.CompletedProcess:
     """Start the CLI, wait until the run has started (its config.yaml says `steps`), then send it `sig`."""
-    proc = subprocess.Popen([sys.executable, "-m", "entropy_rft.cli", *map(str, cmd)], cwd=cwd, env=env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "entropy_rft.cli", *map(str, cmd)],
+        cwd=cwd,
+        env=env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.time() + 120
     while time.time() < deadline and proc.poll() is None:
         if config_yaml.exists() and f"steps: {steps}\n" in config_yaml.read_text():
@@ -182,8 +198,9 @@ def test_a_run_stopped_before_its_first_step_changes_nothing(trained, tmp_path):
     cfg = config.load_config(None, out=str(tmp_path / "s"), steps=3)
     claim(cfg).release()  # what the same command's start does: no refusal
 
-    proc = _stop_when_started(["train", "--out", "k", *slow], tmp_path, tmp_path / "k" / "config.yaml", 3,
-                              signal.SIGKILL)
+    proc = _stop_when_started(
+        ["train", "--out", "k", *slow], tmp_path, tmp_path / "k" / "config.yaml", 3, signal.SIGKILL
+    )
     assert proc.returncode == -signal.SIGKILL
     names = {p.name for p in record_entries(tmp_path / "k")}  # config.digest too, unless killed just before it
     assert {"config.yaml", "metrics.jsonl"} <= names <= {"config.yaml", "config.digest", "metrics.jsonl"}
@@ -207,8 +224,9 @@ def _fake_run(run: Path) -> None:
     torch.save({"step": 2}, run / "checkpoint-2" / "trainer_state.pt")
     (run / "checkpoint-2" / "model.safetensors").write_bytes(b"weights")
     (run / "latest_checkpoint").write_text("checkpoint-2")
-    (run / "eval.json").write_text('{"0": {"avg_at_k": 0.1, "pass_at_k": 0.2}, '
-                                   '"2": {"avg_at_k": 0.3, "pass_at_k": 0.4}}')
+    (run / "eval.json").write_text(
+        '{"0": {"avg_at_k": 0.1, "pass_at_k": 0.2}, "2": {"avg_at_k": 0.3, "pass_at_k": 0.4}}'
+    )
     (run / "samples").mkdir()
     (run / "samples" / "step-000001.json.gz").write_bytes(b"not really")
 
@@ -226,19 +244,35 @@ WRITERS = {
     "pretrain-toy": ["pretrain-toy", "--out", "{out}"],
     "dry-run": ["train", "--dry-run", "--out", "{out}"],
 }
-TARGETS = ["", "eval.json", "config.yaml", "metrics.jsonl", "latest_checkpoint", "checkpoint-2",
-           "checkpoint-2/trainer_state.pt", "checkpoint-2/sub", "samples", "samples/x.html"]
+TARGETS = [
+    "",
+    "eval.json",
+    "config.yaml",
+    "metrics.jsonl",
+    "latest_checkpoint",
+    "checkpoint-2",
+    "checkpoint-2/trainer_state.pt",
+    "checkpoint-2/sub",
+    "samples",
+    "samples/x.html",
+]
 
 
-@pytest.mark.parametrize("command,target,live", [(c, t, live) for c, t in product(WRITERS, TARGETS)
-                                                  for live in (False, True)])
+@pytest.mark.parametrize(
+    "command,target,live", [(c, t, live) for c, t in product(WRITERS, TARGETS) for live in (False, True)]
+)
 def test_no_output_path_changes_a_run_record(command, target, live, tmp_path, monkeypatch, capsys):
     """Item 3 (fuzz): every subcommand's output path pointed at a run directory or into its record (each entry, a
     file in a checkpoint, a new name inside one), with the run idle or held by a live run: the command is refused
     (exit 2, one line, no traceback) or goes on to write only beside the record; the record is byte-identical
     afterwards and holds no new entry."""
-    for module, name in ((trainer, "_Run"), (policy, "load_policy"),
-                         (pipeline, "build_engine"), (toy, "pretrain"), (theory, "tabular_checks")):
+    for module, name in (
+        (trainer, "_Run"),
+        (policy, "load_policy"),
+        (pipeline, "build_engine"),
+        (toy, "pretrain"),
+        (theory, "tabular_checks"),
+    ):
         monkeypatch.setattr(module, name, _work)
     monkeypatch.chdir(tmp_path)
     run = tmp_path / "r"
@@ -273,15 +307,24 @@ def test_no_space_while_checkpointing_is_one_line_and_resume_recovers(trained, h
     """Item 5: the disk fills while checkpoint-2 is written (safetensors' SafetensorError, OS error 28): exit 2,
     one line naming checkpoint-2, the checkpoint left (checkpoint-1) and --resume; no partial checkpoint remains.
     After freeing space, --resume finishes the run with the weights of the run that never failed."""
-    one_line(cli(["train", "--out", "r", "--steps", 2, *SMALL, "save_every=1", "keep_checkpoints=0"], tmp_path,
-                 hooks=hooks, TEST_ENOSPC_ON_WRITE="2"),
-             "no space left on the device while writing r/checkpoint-2", "--resume --out r", "from checkpoint-1",
-             after_training=True)
+    one_line(
+        cli(
+            ["train", "--out", "r", "--steps", 2, *SMALL, "save_every=1", "keep_checkpoints=0"],
+            tmp_path,
+            hooks=hooks,
+            TEST_ENOSPC_ON_WRITE="2",
+        ),
+        "no space left on the device while writing r/checkpoint-2",
+        "--resume --out r",
+        "from checkpoint-1",
+        after_training=True,
+    )
     run = tmp_path / "r"
     assert sorted(p.name for p in run.glob("*checkpoint-*")) == ["checkpoint-1"]
     ok(cli(["train", "--out", "r", "--resume"], tmp_path))
-    assert ((run / "checkpoint-2" / "model.safetensors").read_bytes()
-            == (trained / "checkpoint-2" / "model.safetensors").read_bytes())
+    assert (run / "checkpoint-2" / "model.safetensors").read_bytes() == (
+        trained / "checkpoint-2" / "model.safetensors"
+    ).read_bytes()
 
 
 def test_a_truncated_trainer_state_falls_back_to_the_previous_checkpoint(trained, tmp_path):
@@ -298,8 +341,11 @@ def test_a_truncated_trainer_state_falls_back_to_the_previous_checkpoint(trained
     shutil.copytree(trained, run, ignore=shutil.ignore_patterns(".lock"))
     for ckpt in ("checkpoint-1", "checkpoint-2"):
         (run / ckpt / "trainer_state.pt").write_bytes(b"PK\x03\x04 cut")
-    one_line(cli(["train", "--out", "both", "--resume", "--steps", 3], tmp_path),
-             "both/checkpoint-2/trainer_state.pt is damaged", "no earlier complete checkpoint")
+    one_line(
+        cli(["train", "--out", "both", "--resume", "--steps", 3], tmp_path),
+        "both/checkpoint-2/trainer_state.pt is damaged",
+        "no earlier complete checkpoint",
+    )
 
 
 def test_a_config_yaml_that_is_not_yaml_is_one_line(trained, tmp_path):
@@ -310,8 +356,14 @@ def test_a_config_yaml_that_is_not_yaml_is_one_line(trained, tmp_path):
 
 
 def study(args, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(ROOT / "benchmarks" / "study.py"), *map(str, args)], cwd=cwd,
-                          env=env(), capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "study.py"), *map(str, args)],
+        cwd=cwd,
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def test_study_refuses_unknown_names_and_zero_jobs(tmp_path):
@@ -340,20 +392,42 @@ def test_runs_started_in_the_same_second_get_two_directories(hooks, tmp_path):
     """Item 10: two `train` runs without --out, started at once with the clock frozen at one second, both finish,
     in runs/grpo-20260101-000000 and runs/grpo-20260101-000000-2."""
     args = [sys.executable, "-m", "entropy_rft.cli", "train", "--steps", "1", *SMALL]
-    procs = [subprocess.Popen(args, cwd=tmp_path, env=env(hooks, TEST_FROZEN_CLOCK="1"), stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    procs = [
+        subprocess.Popen(
+            args,
+            cwd=tmp_path,
+            env=env(hooks, TEST_FROZEN_CLOCK="1"),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(2)
+    ]
     results = [p.communicate(timeout=240) + (p.returncode,) for p in procs]
     assert [rc for *_, rc in results] == [0, 0], [err[-2000:] for _, err, _ in results]
-    dirs = sorted(json.loads(out[out.index("{"):])["run_dir"] for out, _, _ in results)
+    dirs = sorted(json.loads(out[out.index("{") :])["run_dir"] for out, _, _ in results)
     assert dirs == ["runs/grpo-20260101-000000", "runs/grpo-20260101-000000-2"]
 
 
 def _cell(task: str, method: str, seed: int, steps: int, value: int) -> dict:
     """A finished study cell whose numbers all come from `value` (so mixing cells would show)."""
-    return {"task": task, "method": method, "seed": seed, "key": "k", "settings": {}, "resumed": False,
-            "wall_seconds_this_process": 1.0, "eval_n": 32, "steps": steps,
-            "initial_correct": [value] * 5, "final_correct": [value] * 5, "step_seconds": [0.1] * steps,
-            "entropy": [value / 100] * steps, "clip_frac": [0.0] * steps, "control": [0.0] * steps}
+    return {
+        "task": task,
+        "method": method,
+        "seed": seed,
+        "key": "k",
+        "settings": {},
+        "resumed": False,
+        "wall_seconds_this_process": 1.0,
+        "eval_n": 32,
+        "steps": steps,
+        "initial_correct": [value] * 5,
+        "final_correct": [value] * 5,
+        "step_seconds": [0.1] * steps,
+        "entropy": [value / 100] * steps,
+        "clip_frac": [0.0] * steps,
+        "control": [0.0] * steps,
+    }
 
 
 def test_study_summarise_uses_its_own_cells_and_writes_the_committed_results_only_when_asked(tmp_path):
@@ -382,8 +456,9 @@ def test_study_summarise_uses_its_own_cells_and_writes_the_committed_results_onl
     assert study([*args, "--steps", 3, "--dest", tmp_path / "trial"], tmp_path).returncode == 0
     assert json.loads((tmp_path / "trial" / "study.json").read_text())["tasks"]["countdown"]["steps"] == 3
     one_line(study(["summarise", "--out", tmp_path / "stduy"], tmp_path), "holds no study cells")
-    assert {p.name: hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in (ROOT / "benchmarks" / "study").iterdir()} == committed
+    assert {
+        p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in (ROOT / "benchmarks" / "study").iterdir()
+    } == committed
 
 
 def test_set_reaches_eval_theory_filter_and_pretrain_toy(tmp_path, monkeypatch, capsys):
@@ -419,13 +494,19 @@ def test_messages_say_what_is_wrong(trained, tmp_path):
     (run / "metrics.jsonl").write_text(f"{rows[0]}\n{{not json\n{rows[1]}\n")
     one_line(cli(["report", "r"], tmp_path), "r/metrics.jsonl:2 is not a JSON line")
     one_line(cli(["train", "--out", "r", "--resume", "--steps", 3], tmp_path), "r/metrics.jsonl:2 is not a JSON line")
-    one_line(cli(["train", "--dry-run", "--out", "d"], tmp_path, ENTROPY_RFT_CACHE="/dev/null/cache"),
-             "cache /dev/null/cache cannot be created", "ENTROPY_RFT_CACHE")
+    one_line(
+        cli(["train", "--dry-run", "--out", "d"], tmp_path, ENTROPY_RFT_CACHE="/dev/null/cache"),
+        "cache /dev/null/cache cannot be created",
+        "ENTROPY_RFT_CACHE",
+    )
     ok(cli(["report", str(trained), f"{trained}/", "--out", "rep"], tmp_path))
     assert list(json.loads((tmp_path / "rep" / "report.json").read_text())) == ["r"]
     assert (tmp_path / "rep" / "report.md").read_text().count(f"| {trained.name} |") == 1
-    for command, options in (("eval", ("--seed", "--eval-problems", "--data-dir")),
-                             ("filter", ("--limit", "--seed", "--data-dir")), ("theory", ("--seed",))):
+    for command, options in (
+        ("eval", ("--seed", "--eval-problems", "--data-dir")),
+        ("filter", ("--limit", "--seed", "--data-dir")),
+        ("theory", ("--seed",)),
+    ):
         entries = {}  # option -> its help entry (from its line `  --option ...` to the next option's)
         for line in ok(cli([command, "--help"], tmp_path)).stdout.splitlines():
             if line.startswith("  -"):
@@ -460,8 +541,9 @@ print(err(lambda: corollary4_entropy_change(torch.ones(2), torch.ones(2, 3), ~m,
 print(err(lambda: aggregate(torch.ones(2, 3), ~m, 'token-mean', num_tokens=0)))
 print(err(lambda: TrainConfig(out=5)))
 """
-    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env(), capture_output=True, text=True,
-                          timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, env=env(), capture_output=True, text=True, timeout=120
+    )
     lines = proc.stdout.splitlines()
     assert proc.returncode == 0 and len(lines) == 5, proc.stderr
     assert lines[0].startswith("ValueError: temperature must be a finite number > 0, got nan")
@@ -485,8 +567,9 @@ def test_shipped_recipes_by_name_version_and_inspect_html_suffix(trained, tmp_pa
     readme = cli(["plan", "--config", "entropy_rft/configs/paper/qwen3-4b-base_grpo.yaml", "--json"], tmp_path)
     assert json.loads(readme.stdout)["model"] == "Qwen/Qwen3-4B-Base", readme.stderr  # the README's clone path
     one_line(cli(["train", "--config", "paper/no-such-recipe"], tmp_path), "entropy-rft recipes")
-    version = next(line.split('"')[1] for line in (ROOT / "pyproject.toml").read_text().splitlines()
-                   if line.startswith("version"))
+    version = next(
+        line.split('"')[1] for line in (ROOT / "pyproject.toml").read_text().splitlines() if line.startswith("version")
+    )
     assert ok(cli(["--version"], tmp_path)).stdout.strip() == f"entropy-rft {version}"
     proc = ok(cli(["inspect", trained, "--out", "page"], tmp_path))
     assert (tmp_path / "page.html").is_file() and not (tmp_path / "page").exists()

@@ -13,8 +13,16 @@ from entropy_rft.trainer import train
 
 
 def small(tmp_path, name, **kw):
-    base = dict(steps=3, prompts_per_step=4, group_size=4, lr=1e-4, eval_problems=8, eval_k=2, progress=False,
-                out=str(tmp_path / name))
+    base = dict(
+        steps=3,
+        prompts_per_step=4,
+        group_size=4,
+        lr=1e-4,
+        eval_problems=8,
+        eval_k=2,
+        progress=False,
+        out=str(tmp_path / name),
+    )
     return load_config(None, **{**base, **kw})
 
 
@@ -35,7 +43,9 @@ def test_prediction_summary_against_numpy_and_base_rate():
     x, y = np.array([1.0, 2.0, -0.5, 0.8, 1.5, 0.2]), np.array([0.9, 1.7, -0.2, -0.1, 1.2, 0.3])
     assert s["n"] == 6 and s["corr"] == pytest.approx(np.corrcoef(x, y)[0, 1])
     assert s["sign_agreement"] == pytest.approx(5 / 6) and s["sign_base_rate"] == pytest.approx(4 / 6)
-    assert s["median_ratio"] == pytest.approx(np.median(y / x)) and s["slope"] == pytest.approx((x * y).sum() / (x * x).sum())
+    assert s["median_ratio"] == pytest.approx(np.median(y / x)) and s["slope"] == pytest.approx(
+        (x * y).sum() / (x * x).sum()
+    )
     assert sign_base_rate([-1.0, -2.0, 3.0, 0.0]) == pytest.approx(2 / 3)
 
 
@@ -48,16 +58,27 @@ def test_report_shows_first_order_beside_realised(tmp_path):
     fo = [1e-3, -2e-3, 5e-4, 3e-3, -1e-3, 2e-3]
     rows = []
     for i, f in enumerate(fo):
-        row = {"step": i + 1, "entropy": 0.3, "clip_frac": 0.0, "s_star_mean": 0.1, "s_centered_mean": 0.0,
-               "cov_a_sc": 0.01, "grad_norm": 1.0, "reward_mean": 0.5, "entropy_change/predicted": -f * 1e-3}
+        row = {
+            "step": i + 1,
+            "entropy": 0.3,
+            "clip_frac": 0.0,
+            "s_star_mean": 0.1,
+            "s_centered_mean": 0.0,
+            "cov_a_sc": 0.01,
+            "grad_norm": 1.0,
+            "reward_mean": 0.5,
+            "entropy_change/predicted": -f * 1e-3,
+        }
         row.update({"entropy_change/first_order": f, "entropy_change/realised": 0.9 * f})
         rows.append(row)
     rows.append({"step": 7, "entropy": 0.3, "clip_frac": 0.0, "entropy_change/predicted": 1.0})  # not probed
     (run / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     page = build_report([run], tmp_path / "rep")
     text = page.read_text()
-    assert ("r, first-order change against realised over 6 probed steps: r = 1.000, realised / predicted median 0.9 "
-            "(slope 0.9), same sign on 100% of steps against 67% for a constant-sign guess") in text
+    assert (
+        "r, first-order change against realised over 6 probed steps: r = 1.000, realised / predicted median 0.9 "
+        "(slope 0.9), same sign on 100% of steps against 67% for a constant-sign guess"
+    ) in text
     assert "Corollary 4 (logit space, SGD step sizes) against realised over 6 probed steps: r = -1.000" in text
     got = json.loads((tmp_path / "rep" / "report.json").read_text())["r"]
     assert got["first_order"]["median_ratio"] == pytest.approx(0.9) and got["logit_space"]["sign_agreement"] == 0.0
@@ -65,13 +86,23 @@ def test_report_shows_first_order_beside_realised(tmp_path):
 
 def test_report_writes_every_figure(tmp_path):
     """Two Clip_B runs at different mu and a GRPO run give all figures, the mu figure included."""
-    for name, kw in {"b1": {"method": "clip_b", "mu": 1.0}, "b2": {"method": "clip_b", "mu": 2.0},
-                     "g": {"method": "grpo"}}.items():
+    for name, kw in {
+        "b1": {"method": "clip_b", "mu": 1.0},
+        "b2": {"method": "clip_b", "mu": 2.0},
+        "g": {"method": "grpo"},
+    }.items():
         train(small(tmp_path, name, **kw))
     page = build_report([tmp_path / n for n in ("b1", "b2", "g")], tmp_path / "rep")
     text = page.read_text()
-    for png in ("entropy.png", "s_means.png", "cov.png", "grad_norm.png", "clip_vs_mu.png", "pass_rates.png",
-                "predicted_vs_realised.png"):
+    for png in (
+        "entropy.png",
+        "s_means.png",
+        "cov.png",
+        "grad_norm.png",
+        "clip_vs_mu.png",
+        "pass_rates.png",
+        "predicted_vs_realised.png",
+    ):
         assert (tmp_path / "rep" / png).read_bytes()[:4] == b"\x89PNG", png
         assert png in text
     assert text.count("| clip_b |") == 2
@@ -127,8 +158,19 @@ def test_a_short_run_gets_no_placeholder_rows(tmp_path):
     run = tmp_path / "short"
     run.mkdir()
     (run / "config.yaml").write_text("method: clip_b\nmu: null\nprobe_every: 10\n")
-    rows = [{"step": s, "entropy": 0.4, "clip_frac": 0.0, "s_star_mean": 0.1, "s_centered_mean": 0.0,
-             "cov_a_sc": 0.0, "grad_norm": 1.0, "reward_mean": 0.5} for s in (1, 2)]
+    rows = [
+        {
+            "step": s,
+            "entropy": 0.4,
+            "clip_frac": 0.0,
+            "s_star_mean": 0.1,
+            "s_centered_mean": 0.0,
+            "cov_a_sc": 0.0,
+            "grad_norm": 1.0,
+            "reward_mean": 0.5,
+        }
+        for s in (1, 2)
+    ]
     (run / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     text = build_report([run], tmp_path / "rep").read_text().split("\n## ")[0]
     row = next(line for line in text.splitlines() if line.startswith("| short |"))

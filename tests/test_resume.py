@@ -24,8 +24,20 @@ from entropy_rft.trainer import train
 ROOT = Path(__file__).resolve().parents[1]
 # the smallest run that exercises every piece of state: the entropy controller (mu chosen each step from its
 # fitted kappa), Adam, the problem sampler; a checkpoint every 2 steps
-SETTINGS = dict(method="clip_b", entropy_target=1.0, steps=6, save_every=2, prompts_per_step=2, group_size=4,
-                max_new_tokens=8, eval_problems=2, eval_k=1, lr=1e-4, progress=False, samples_every=1)
+SETTINGS = dict(
+    method="clip_b",
+    entropy_target=1.0,
+    steps=6,
+    save_every=2,
+    prompts_per_step=2,
+    group_size=4,
+    max_new_tokens=8,
+    eval_problems=2,
+    eval_k=1,
+    lr=1e-4,
+    progress=False,
+    samples_every=1,
+)
 
 
 def _policy_parts(tmp_path):
@@ -138,8 +150,9 @@ def test_sigterm_saves_where_the_run_stands_and_resume_matches_an_uninterrupted_
     outer = signal.signal(signal.SIGTERM, unhandled)
     run = tmp_path / "run"
     try:
-        with pytest.raises(SystemExit, match="SIGTERM: stopped after 3 steps; saved .*checkpoint-3. Continue with "
-                                             "--resume"):
+        with pytest.raises(
+            SystemExit, match="SIGTERM: stopped after 3 steps; saved .*checkpoint-3. Continue with --resume"
+        ):
             train(load_config(None, **SETTINGS, out=str(run)))
         assert signal.getsignal(signal.SIGTERM) is unhandled  # the run's handler is gone with the run
     finally:

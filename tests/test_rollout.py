@@ -3,17 +3,17 @@
 import torch
 
 from entropy_rft.config import TrainConfig
-from entropy_rft.rollout import HFEngine, Rollout
-from entropy_rft.rollout.hf import response_mask_from_lengths
-from entropy_rft.tasks import CountdownTask
 from entropy_rft.forward import batch_stats
 from entropy_rft.policy import load_policy
 from entropy_rft.problems import default_data, load_problems
+from entropy_rft.rollout import HFEngine, Rollout
+from entropy_rft.rollout.hf import response_mask_from_lengths
+from entropy_rft.tasks import CountdownTask
 
 
 def test_mask_from_lengths_not_from_pad():
     """The mask runs through the first EOS (included) or to the end; a pad id inside a response is kept."""
-    eos, pad = 1, 0
+    eos = 1  # the pad id is 0: it occurs inside row 0's response and after its EOS
     ids = torch.tensor([[5, 0, 6, 1, 0, 0], [5, 6, 7, 8, 9, 4], [1, 3, 1, 0, 0, 0]])
     mask, finished = response_mask_from_lengths(ids, eos)
     assert mask.tolist() == [[1, 1, 1, 1, 0, 0], [1] * 6, [1, 0, 0, 0, 0, 0]]
@@ -31,10 +31,20 @@ def test_recomputed_logprobs_equal_sampling_logprobs():
     ids, mask = engine.encode_prompts([task.prompt(p) for p in problems])
     assert len(set(mask.sum(-1).tolist())) > 1  # prompts of different lengths
     torch.manual_seed(0)
-    out = model.generate(input_ids=ids, attention_mask=mask.long(), do_sample=True, temperature=1.0, top_p=1.0,
-                         top_k=0, max_new_tokens=16, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
-                         output_scores=True, return_dict_in_generate=True)
-    resp = out.sequences[:, ids.shape[1]:]
+    out = model.generate(
+        input_ids=ids,
+        attention_mask=mask.long(),
+        do_sample=True,
+        temperature=1.0,
+        top_p=1.0,
+        top_k=0,
+        max_new_tokens=16,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+        output_scores=True,
+        return_dict_in_generate=True,
+    )
+    resp = out.sequences[:, ids.shape[1] :]
     sampled = torch.stack(out.scores, 1).log_softmax(-1).gather(-1, resp.unsqueeze(-1)).squeeze(-1)
     rmask, finished = response_mask_from_lengths(resp, tok.eos_token_id)
     stats = batch_stats(model, Rollout(ids, mask, resp, rmask, finished, [""] * 12), 1.0, 5)
@@ -55,8 +65,15 @@ def _tiny_lm(vocab: int = 24, seed: int = 0):
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(seed)
-    cfg = Qwen2Config(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
+    cfg = Qwen2Config(
+        vocab_size=vocab,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+    )
     return Qwen2ForCausalLM(cfg).eval()
 
 
@@ -160,8 +177,19 @@ def test_a_training_step_uses_no_deprecated_transformers_name(tmp_path):
         with warnings.catch_warnings():
             warnings.simplefilter("error", FutureWarning)
             warnings.simplefilter("error", DeprecationWarning)
-            train(load_config(None, steps=1, prompts_per_step=2, group_size=2, max_new_tokens=8, eval_problems=2,
-                              eval_k=1, progress=False, out=str(tmp_path / "run")))
+            train(
+                load_config(
+                    None,
+                    steps=1,
+                    prompts_per_step=2,
+                    group_size=2,
+                    max_new_tokens=8,
+                    eval_problems=2,
+                    eval_k=1,
+                    progress=False,
+                    out=str(tmp_path / "run"),
+                )
+            )
     finally:
         logging.getLogger("transformers").removeHandler(handler)
     assert not [m for m in said if "deprecat" in m.lower()], said
@@ -199,8 +227,15 @@ def test_synthetic_batches_draw_on_the_models_device(monkeypatch):
         return torch.zeros(ids.shape[0] * n, max_new_tokens, dtype=torch.long), None
 
     cfg = load_config(None)
-    model = invariants.scaled_model("Qwen/Qwen2.5-7B-Instruct", cfg, hidden_size=16, intermediate_size=32,
-                                    num_attention_heads=2, head_dim=8, vocab_size=50)
+    model = invariants.scaled_model(
+        "Qwen/Qwen2.5-7B-Instruct",
+        cfg,
+        hidden_size=16,
+        intermediate_size=32,
+        num_attention_heads=2,
+        head_dim=8,
+        vocab_size=50,
+    )
     monkeypatch.setattr(invariants.torch, "Generator", recording)
     monkeypatch.setattr(invariants, "sample", fake_sample)
     invariants.synthetic_batch(2, 2, vocab=50, max_response=3, model=model)

@@ -80,8 +80,16 @@ def test_step_rules_of_each_shipped_recipe(name):
     cfg = CONFIGS[name]
     rules = StepRules.of(cfg)
     batch = cfg.prompts_per_step * cfg.group_size
-    got = (rules.rows_per_pass(batch), rules.optimizer_steps, rules.strict, rules.reuse, rules.critic,
-           rules.reference, rules.probe_every, rules.may_freeze)
+    got = (
+        rules.rows_per_pass(batch),
+        rules.optimizer_steps,
+        rules.strict,
+        rules.reuse,
+        rules.critic,
+        rules.reference,
+        rules.probe_every,
+        rules.may_freeze,
+    )
     assert got == TABLE[name]
     assert len(rules.passes(batch)) == -(-batch // rules.rows_per_pass(batch))
 
@@ -114,8 +122,17 @@ def reference_schedule(cfg, loss_mask, old_logp, gen):
     return out
 
 
-@pytest.mark.parametrize("kw", [{}, {"mini_batches": 2}, {"mini_batches": 4, "ppo_epochs": 2}, {"ppo_epochs": 3},
-                                {"method": "lopti"}, {"method": "lopti", "mini_batches": 2, "ppo_epochs": 2}])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {},
+        {"mini_batches": 2},
+        {"mini_batches": 4, "ppo_epochs": 2},
+        {"ppo_epochs": 3},
+        {"method": "lopti"},
+        {"method": "lopti", "mini_batches": 2, "ppo_epochs": 2},
+    ],
+)
 def test_schedule_draws_what_the_update_drew(kw):
     """schedule + phase_masks give the same (phase tokens, mini-batch rows) sequence as the old loop, from the same
     generator state, and leave the generator in the same state (the next step's draws are unchanged); the count is
@@ -145,12 +162,30 @@ def test_probe_cadence_is_the_steps_and_the_plans():
     off = load_config(None, probe_every=0)
     assert StepRules.of(mu).probe_every == 1 and [s for s in range(4) if StepRules.of(mu).probing(s)] == [0, 1, 2, 3]
     assert StepRules.of(plain).probe_every == 10 and not StepRules.of(off).probing(9)
-    shape = ModelShape("qwen2", hidden=64, intermediate=128, layers=2, heads=4, kv_heads=4, head_dim=16, vocab=256,
-                       tied=True, qkv_bias=True, o_bias=False, mlp_bias=False, qk_norm=False)
-    labels = {name: [k for k in plan_memory(c, shape).items if k.startswith("entropy probe")]
-              for name, c in (("mu", mu), ("plain", plain), ("off", off))}
-    assert labels == {"mu": ["entropy probe: d(mean H)/d(theta) (every step)"],
-                      "plain": ["entropy probe: d(mean H)/d(theta) (every 10 steps)"], "off": []}
+    shape = ModelShape(
+        "qwen2",
+        hidden=64,
+        intermediate=128,
+        layers=2,
+        heads=4,
+        kv_heads=4,
+        head_dim=16,
+        vocab=256,
+        tied=True,
+        qkv_bias=True,
+        o_bias=False,
+        mlp_bias=False,
+        qk_norm=False,
+    )
+    labels = {
+        name: [k for k in plan_memory(c, shape).items if k.startswith("entropy probe")]
+        for name, c in (("mu", mu), ("plain", plain), ("off", off))
+    }
+    assert labels == {
+        "mu": ["entropy probe: d(mean H)/d(theta) (every step)"],
+        "plain": ["entropy probe: d(mean H)/d(theta) (every 10 steps)"],
+        "off": [],
+    }
 
 
 def test_needs_follow_the_config():

@@ -44,8 +44,11 @@ def fake_record(run_dir: Path, cfg, steps=(2,), metrics=3) -> dict:
 
 
 def snapshot(run_dir: Path) -> dict:
-    return {str(p.relative_to(run_dir)): p.read_bytes() for p in sorted(run_dir.rglob("*"))
-            if p.is_file() and p.name != ".lock"}
+    return {
+        str(p.relative_to(run_dir)): p.read_bytes()
+        for p in sorted(run_dir.rglob("*"))
+        if p.is_file() and p.name != ".lock"
+    }
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -67,10 +70,16 @@ def test_a_second_holder_is_refused_at_once_naming_the_first(tmp_path):
 def test_a_sigkilled_holder_leaves_no_stale_lock(tmp_path):
     """A process holding the lock and killed with SIGKILL (no clean-up runs) releases it: the OS drops the flock
     with the process, so the next run takes the directory without any manual step."""
-    code = ("import sys, time; from entropy_rft.rundir import RunLock; RunLock(sys.argv[1]).acquire(); "
-            "print('held', flush=True); time.sleep(60)")
-    proc = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], cwd=ROOT, stdout=subprocess.PIPE,
-                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    code = (
+        "import sys, time; from entropy_rft.rundir import RunLock; RunLock(sys.argv[1]).acquire(); "
+        "print('held', flush=True); time.sleep(60)"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, str(tmp_path)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert proc.stdout.readline().strip() == b"held"
     with pytest.raises(RunDirError, match=f"pid {proc.pid} "):
         RunLock(tmp_path).acquire()
@@ -123,8 +132,16 @@ def test_resume_with_other_settings_names_each_difference(tmp_path):
         claim(cfg_at(run, method="clip_b", lr=1e-3, mu=2.0, steps=9), resume=True)
     msg = str(err.value)
     assert "lr: 0.0001 -> 0.001" in msg and "mu: None -> 2.0" in msg and "steps:" not in msg
-    safe = cfg_at(tmp_path / "moved", method="clip_b", lr=1e-4, steps=9, save_every=3, keep_checkpoints=5,
-                  eval_every=2, sinks=("tensorboard",))
+    safe = cfg_at(
+        tmp_path / "moved",
+        method="clip_b",
+        lr=1e-4,
+        steps=9,
+        save_every=3,
+        keep_checkpoints=5,
+        eval_every=2,
+        sinks=("tensorboard",),
+    )
     assert setting_differences(json.loads(json.dumps(cfg_at(run, method="clip_b", lr=1e-4).to_dict())), safe) == []
     with claim(cfg_at(run, method="clip_b", lr=1e-4, steps=9, save_every=3), resume=True) as c:
         assert c.checkpoint == run / "checkpoint-2"
@@ -136,11 +153,27 @@ def test_settings_key_ignores_bookkeeping_only(tmp_path):
     """settings_key changes with any field that changes what a run computes, never with where or how it is
     recorded (out, sinks, progress, save_every, keep_checkpoints, eval_every)."""
     base = cfg_at(tmp_path / "a", method="clip_b")
-    same = cfg_at(tmp_path / "b", method="clip_b", sinks=("tensorboard",), progress=True, save_every=7,
-                  keep_checkpoints=0, eval_every=3)
+    same = cfg_at(
+        tmp_path / "b",
+        method="clip_b",
+        sinks=("tensorboard",),
+        progress=True,
+        save_every=7,
+        keep_checkpoints=0,
+        eval_every=3,
+    )
     assert settings_key(base) == settings_key(same)
-    for change in ({"lr": 1e-6}, {"seed": 1}, {"mu": 1.5}, {"steps": 7}, {"group_size": 8}, {"eval_k": 4},
-                   {"method": "clip_v"}, {"device": "cpu"}, {"betas": (0.9, 0.99)}):
+    for change in (
+        {"lr": 1e-6},
+        {"seed": 1},
+        {"mu": 1.5},
+        {"steps": 7},
+        {"group_size": 8},
+        {"eval_k": 4},
+        {"method": "clip_v"},
+        {"device": "cpu"},
+        {"betas": (0.9, 0.99)},
+    ):
         assert settings_key(cfg_at(tmp_path / "a", **{"method": "clip_b", **change})) != settings_key(base), change
 
 
@@ -159,7 +192,6 @@ def test_a_failed_start_puts_the_replaced_record_back(tmp_path):
         (run / "metrics.jsonl").write_text("")  # what a sink writes before it fails
         (run / "wandb").mkdir()
         raise ValueError("no API key")
-
 
     new = cfg_at(run, lr=1e-3)
     with claim(new, overwrite=True) as c:
@@ -234,8 +266,12 @@ def test_a_start_killed_midway_is_repaired_by_the_next_claim(tmp_path):
 
 
 @settings(max_examples=60, deadline=None)
-@given(steps=st.sets(st.integers(1, 30), min_size=1, max_size=8), keep=st.integers(0, 4), final=st.integers(1, 30),
-       latest_index=st.integers(0, 7))
+@given(
+    steps=st.sets(st.integers(1, 30), min_size=1, max_size=8),
+    keep=st.integers(0, 4),
+    final=st.integers(1, 30),
+    latest_index=st.integers(0, 7),
+)
 def test_prune_keeps_the_newest_n_the_final_and_the_latest(tmp_path_factory, steps, keep, final, latest_index):
     """After pruning, the checkpoints left are exactly the newest `keep` (all when keep is 0), checkpoint-<final> if
     it existed, and the one latest_checkpoint names; the rest are gone, with no hidden leftovers."""

@@ -7,6 +7,8 @@ capture is a copy (later steps do not change it); checkpoints written before upd
 saved resume without them, and a control state under its old key is read; a damaged trainer_state.pt is skipped for
 the newest earlier intact checkpoint, and an unreadable one raises RunDirError naming the file."""
 
+import errno
+
 import pytest
 import torch
 
@@ -15,15 +17,16 @@ from entropy_rft.control import control_name, make_control
 from entropy_rft.problems import ProblemSampler
 from entropy_rft.record import RunDirError, find_checkpoint, load_trainer_state, resume_checkpoint
 from entropy_rft.record import step_of as checkpoint_step
-from entropy_rft.runstate import RunState
+from entropy_rft.runstate import RunState, checkpoint_space, out_of_space
 
 CFG = load_config(None, entropy_target=0.4, entropy_control="pi")
 
 
 def fresh() -> RunState:
     control = make_control(CFG)
-    return RunState(ProblemSampler(list(range(10)), seed=3), torch.Generator().manual_seed(CFG.seed + 1), control,
-                    control_name(CFG))
+    return RunState(
+        ProblemSampler(list(range(10)), seed=3), torch.Generator().manual_seed(CFG.seed + 1), control, control_name(CFG)
+    )
 
 
 def advance(state: RunState) -> None:
@@ -37,8 +40,12 @@ def advance(state: RunState) -> None:
 def future(state: RunState) -> tuple:
     """What the next step would draw and set."""
     knobs = state.control.knobs(0.5, torch.zeros(2, 3), torch.ones(2, 3, dtype=torch.bool))
-    return (state.sampler.next(6), torch.randperm(8, generator=state.update_gen).tolist(), torch.rand(3).tolist(),
-            knobs.alpha)
+    return (
+        state.sampler.next(6),
+        torch.randperm(8, generator=state.update_gen).tolist(),
+        torch.rand(3).tolist(),
+        knobs.alpha,
+    )
 
 
 def test_capture_restore_continues_exactly(tmp_path):
@@ -109,3 +116,34 @@ def test_an_unreadable_state_names_the_file(tmp_path):
     make_checkpoints(tmp_path, [5], damaged=[5])
     with pytest.raises(RunDirError, match=r"checkpoint-5/trainer_state.pt cannot be read"):
         load_trainer_state(tmp_path / "checkpoint-5")
+
+
+@pytest.mark.parametrize(
+    "err, full",
+    [
+        (OSError(errno.ENOSPC, "No space left on device"), True),
+        (OSError(errno.EDQUOT, "Disk quota exceeded"), True),
+        (RuntimeError('IoError(Os { code: 28, kind: StorageFull, message: "No space left on device" })'), True),
+        (OSError(errno.EACCES, "Permission denied"), False),
+        (ValueError("bad value"), False),
+    ],
+)
+def test_out_of_space_is_recognised_and_named(tmp_path, err, full):
+    """out_of_space recognises ENOSPC and EDQUOT and safetensors' wrapped StorageFull, and nothing else; inside
+    checkpoint_space a full disk becomes one RunDirError naming the checkpoint being written and the way out (--resume
+    from the newest complete checkpoint, or --resume-or-start when none is complete), any other error passes
+    unchanged."""
+    assert out_of_space(err) is full
+    make_checkpoints(tmp_path / "some", [2])
+    (tmp_path / "none").mkdir()
+    for run, way in (
+        (tmp_path / "some", "it resumes exactly from checkpoint-2"),
+        (tmp_path / "none", "--resume-or-start"),
+    ):
+        with pytest.raises(RunDirError if full else type(err)) as raised:
+            with checkpoint_space(run, 4):
+                raise err
+        if full:
+            assert f"while writing {run / 'checkpoint-4'}" in str(raised.value) and way in str(raised.value)
+        else:
+            assert raised.value is err

@@ -31,16 +31,28 @@ def random_batch(groups=3, group_size=4, width=6, seed=0, token_level=False):
     b = groups * group_size
     lengths = torch.randint(1, width + 1, (b,), generator=g)
     mask = torch.arange(width)[None, :] < lengths[:, None]
-    stats = TokenStats(-torch.rand(b, width, generator=g) * 3, torch.rand(b, width, generator=g) * 2,
-                       torch.randn(b, width, generator=g) * 0.3, torch.randn(b, width, generator=g) * 0.1)
+    stats = TokenStats(
+        -torch.rand(b, width, generator=g) * 3,
+        torch.rand(b, width, generator=g) * 2,
+        torch.randn(b, width, generator=g) * 0.3,
+        torch.randn(b, width, generator=g) * 0.1,
+    )
     rewards = torch.randint(0, 2, (b,), generator=g).float()
     rewards[:group_size] = 1.0  # group 0 has equal rewards: it goes last in the choice
     adv = torch.randn(b, width, generator=g) if token_level else torch.randn(b, generator=g)
     keep = torch.rand(b, width, generator=g) > 0.25
-    return dict(prompt_ids=torch.randint(0, 5, (b, 3), generator=g), prompt_mask=torch.ones(b, 3, dtype=torch.bool),
-                response_ids=torch.randint(0, 5, (b, width), generator=g), response_mask=mask,
-                finished=lengths < width, stats=stats, advantages=adv, keep=keep, rewards=rewards,
-                group_size=group_size)
+    return dict(
+        prompt_ids=torch.randint(0, 5, (b, 3), generator=g),
+        prompt_mask=torch.ones(b, 3, dtype=torch.bool),
+        response_ids=torch.randint(0, 5, (b, width), generator=g),
+        response_mask=mask,
+        finished=lengths < width,
+        stats=stats,
+        advantages=adv,
+        keep=keep,
+        rewards=rewards,
+        group_size=group_size,
+    )
 
 
 def test_due_steps():
@@ -76,7 +88,11 @@ def test_terms_equal_a_float64_loop_and_sum_to_eq23(token_level):
             assert resp["length"] == int(mask[i].sum()) == len(resp["term"])
             for t in range(resp["length"]):
                 a = float(adv[i, t]) if token_level else float(adv[i])
-                want = -step * a * (float(stats.s_star[i, t]) - float(stats.s_expect[i, t])) / n if loss_mask[i, t] else 0.0
+                want = (
+                    -step * a * (float(stats.s_star[i, t]) - float(stats.s_expect[i, t])) / n
+                    if loss_mask[i, t]
+                    else 0.0
+                )
                 assert resp["term"][t] == pytest.approx(want, rel=1e-6, abs=1e-30)
                 assert resp["kept"][t] == int(loss_mask[i, t])
                 total += resp["term"][t]
@@ -106,7 +122,9 @@ def test_per_row_step_sizes_and_would_be_terms():
     kept_mask = batch["response_mask"] & batch["keep"]
     cells = [(i, t) for i in range(rows) for t in range(sc.shape[1]) if kept_mask[i, t]]
     mean_s = sum(float(sc[i, t]) for i, t in cells) / len(cells)
-    cor4 = -sum(float(step[i]) * float(batch["advantages"][i]) * (float(sc[i, t]) - mean_s) for i, t in cells) / len(cells)
+    cor4 = -sum(float(step[i]) * float(batch["advantages"][i]) * (float(sc[i, t]) - mean_s) for i, t in cells) / len(
+        cells
+    )
     assert rec["entropy_change"]["corollary4"] == pytest.approx(cor4, rel=1e-5)
     assert "step_size" not in rec["entropy_change"]  # no single step size
     for grp in rec["groups"]:
@@ -115,8 +133,9 @@ def test_per_row_step_sizes_and_would_be_terms():
             assert resp["term_scale"] == pytest.approx(float(step[i]) / n, rel=1e-6)
             for t, kept in enumerate(resp["kept"]):
                 would = -resp["term_scale"] * resp["advantage"] * resp["s_centered"][t]
-                assert would == pytest.approx(-float(step[i]) * float(batch["advantages"][i]) * float(sc[i, t]) / n,
-                                              rel=1e-5)
+                assert would == pytest.approx(
+                    -float(step[i]) * float(batch["advantages"][i]) * float(sc[i, t]) / n, rel=1e-5
+                )
                 assert resp["term"][t] == (pytest.approx(would, rel=1e-5) if kept else 0.0)
 
 
@@ -126,8 +145,12 @@ def test_top_lists_are_the_extreme_terms_of_the_whole_batch():
     batch = random_batch(groups=4, width=8, seed=2)
     rec = samples.build_record(step=1, tokenizer=ListTokenizer("abcde"), step_size=1e-2, groups=1, **batch)
     full = samples.build_record(step=1, tokenizer=ListTokenizer("abcde"), step_size=1e-2, groups=0, **batch)
-    terms = [(r["term"][t], r["row"], t, r["kept"][t], -r["term_scale"] * r["advantage"] * r["s_centered"][t])
-             for g in full["groups"] for r in g["responses"] for t in range(r["length"])]
+    terms = [
+        (r["term"][t], r["row"], t, r["kept"][t], -r["term_scale"] * r["advantage"] * r["s_centered"][t])
+        for g in full["groups"]
+        for r in g["responses"]
+        for t in range(r["length"])
+    ]
     k = samples.TOP_TOKENS
     want_raise = sorted([x for x in terms if x[3] and x[0] > 0], key=lambda x: -x[0])[:k]
     want_lower = sorted([x for x in terms if x[3] and x[0] < 0], key=lambda x: x[0])[:k]
@@ -164,8 +187,15 @@ def test_files_stay_under_the_size_bound():
     batch["response_mask"][:] = True
     batch["rewards"] = torch.arange(groups * g, dtype=torch.float32)
     tok = ListTokenizer(["\x01" * 5000] * 5)
-    rec = samples.build_record(step=1, tokenizer=tok, step_size=-1.234567e-300, groups=groups, max_tokens=width,
-                               info={"method": "s_sign:retain:pos_s:neg_samples"}, **batch)
+    rec = samples.build_record(
+        step=1,
+        tokenizer=tok,
+        step_size=-1.234567e-300,
+        groups=groups,
+        max_tokens=width,
+        info={"method": "s_sign:retain:pos_s:neg_samples"},
+        **batch,
+    )
     size = len(json.dumps(rec, ensure_ascii=False, separators=(",", ":")).encode())
     bound = samples.size_bound(groups, g, width)
     assert bound / 2 < size <= bound
@@ -177,8 +207,10 @@ def test_write_is_atomic_and_resume_cuts_later_steps(tmp_path):
     damaged file is refused with its path."""
     batch = random_batch()
     for step in (1, 2, 3, 10):
-        samples.write_record(tmp_path, samples.build_record(step=step, tokenizer=ListTokenizer("abcde"),
-                                                            step_size=1e-3, groups=2, **batch))
+        samples.write_record(
+            tmp_path,
+            samples.build_record(step=step, tokenizer=ListTokenizer("abcde"), step_size=1e-3, groups=2, **batch),
+        )
     folder = tmp_path / "samples"
     assert sorted(p.name for p in folder.iterdir()) == [samples.file_name(s) for s in (1, 2, 3, 10)]
     first = (folder / samples.file_name(1)).read_bytes()
@@ -208,12 +240,32 @@ def test_write_step_writes_due_steps_with_clean_metrics(tmp_path):
     from entropy_rft.rollout import Rollout
 
     b = random_batch()
-    rollout = Rollout(b["prompt_ids"], b["prompt_mask"], b["response_ids"], b["response_mask"], b["finished"],
-                      [""] * len(b["rewards"]))
+    rollout = Rollout(
+        b["prompt_ids"],
+        b["prompt_mask"],
+        b["response_ids"],
+        b["response_mask"],
+        b["finished"],
+        [""] * len(b["rewards"]),
+    )
     metrics = {"entropy": 0.5, "entropy_change/realised": float("nan"), "loss/policy": 1.0}
-    kw = dict(every=10, groups=2, last=25, rollout=rollout, tokenizer=ListTokenizer("abcde"), stats=b["stats"],
-              advantages=b["advantages"], keep=b["keep"], rewards=b["rewards"], group_size=b["group_size"], lr=1e-3,
-              step_size=1e-3 / 50.0, loss_agg="token-mean", method="clip_b", metrics=metrics)
+    kw = dict(
+        every=10,
+        groups=2,
+        last=25,
+        rollout=rollout,
+        tokenizer=ListTokenizer("abcde"),
+        stats=b["stats"],
+        advantages=b["advantages"],
+        keep=b["keep"],
+        rewards=b["rewards"],
+        group_size=b["group_size"],
+        lr=1e-3,
+        step_size=1e-3 / 50.0,
+        loss_agg="token-mean",
+        method="clip_b",
+        metrics=metrics,
+    )
     written = [s for s in range(1, 26) if samples.write_step(tmp_path, s, **kw) is not None]
     assert written == [1, 10, 20, 25] == samples.steps_written(tmp_path)
     rec = samples.read_samples(tmp_path)[25]

@@ -7,8 +7,17 @@ from entropy_rft.trainer import train
 
 
 def run(tmp_path, sinks):
-    cfg = load_config(None, steps=2, prompts_per_step=2, group_size=2, eval_problems=2, eval_k=1, progress=False,
-                      out=str(tmp_path), sinks=sinks)
+    cfg = load_config(
+        None,
+        steps=2,
+        prompts_per_step=2,
+        group_size=2,
+        eval_problems=2,
+        eval_k=1,
+        progress=False,
+        out=str(tmp_path),
+        sinks=sinks,
+    )
     train(cfg)
 
 
@@ -48,4 +57,11 @@ def test_tensorboard_steps_after_the_resumed_checkpoint_are_purged(tmp_path):
     again.close()
     acc = EventAccumulator(str(tmp_path / "tensorboard"))
     acc.Reload()
-    assert [(e.step, e.value) for e in acc.Scalars("x")] == [(1, 1.0), (2, 2.0), (3, 3.0), (4, 40.0), (5, 50.0), (6, 60.0)]
+    assert [(e.step, e.value) for e in acc.Scalars("x")] == [
+        (1, 1.0),
+        (2, 2.0),
+        (3, 3.0),
+        (4, 40.0),
+        (5, 50.0),
+        (6, 60.0),
+    ]

@@ -42,8 +42,14 @@ def test_math_identity_ignores_whitespace_and_loading_deduplicates_by_it():
     b = MathProblem(" What is $2 + 2$?", "4")
     assert a.identity == b.identity and a.key == a.identity
     assert MathProblem("What is $2 + 3$?", "5").identity != a.identity
-    got = to_problems([{"question": a.question, "answer": "4"}, {"question": b.question, "answer": "4"},
-                       {"question": "What is $2 + 3$?", "answer": "5"}], "t")
+    got = to_problems(
+        [
+            {"question": a.question, "answer": "4"},
+            {"question": b.question, "answer": "4"},
+            {"question": "What is $2 + 3$?", "answer": "5"},
+        ],
+        "t",
+    )
     assert [p.question for p in got] == [a.question, "What is $2 + 3$?"]
 
 
@@ -68,9 +74,12 @@ def test_split_overlaps_matches_a_brute_force_count():
             return sum(any(xs[j].identity == xs[i].identity for j in range(i)) for i in range(len(xs)))
 
         distinct_eval = {p.identity for p in evals}
-        want = {"train_repeats": repeats(train), "eval_repeats": repeats(evals),
-                "eval_in_train": sum(any(q.identity == e for q in train) for e in distinct_eval),
-                "eval_in_warmup": sum(any(q.identity == e for q in warm) for e in distinct_eval)}
+        want = {
+            "train_repeats": repeats(train),
+            "eval_repeats": repeats(evals),
+            "eval_in_train": sum(any(q.identity == e for q in train) for e in distinct_eval),
+            "eval_in_warmup": sum(any(q.identity == e for q in warm) for e in distinct_eval),
+        }
         assert split_overlaps(train, evals, warmup=warm) == want
 
 

@@ -25,8 +25,22 @@ from entropy_rft.trainer import train
 
 ROOT = Path(__file__).resolve().parents[1]
 # two optimizer steps per update, an evaluation every 2 steps, no periodic checkpoint: only the stop saves
-SETTINGS = dict(method="clip_b", mu=1.0, steps=4, mini_batches=2, eval_every=2, save_every=0, prompts_per_step=4,
-                group_size=4, max_new_tokens=8, eval_problems=2, eval_k=2, lr=1e-3, progress=False, samples_every=2)
+SETTINGS = dict(
+    method="clip_b",
+    mu=1.0,
+    steps=4,
+    mini_batches=2,
+    eval_every=2,
+    save_every=0,
+    prompts_per_step=4,
+    group_size=4,
+    max_new_tokens=8,
+    eval_problems=2,
+    eval_k=2,
+    lr=1e-3,
+    progress=False,
+    samples_every=2,
+)
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +65,8 @@ def _assert_same_run(a: Path, b: Path) -> None:
 
 
 class _Signals:
-    """Send this process SIGTERM from inside the run, with a fallback handler that fails the test if the run had none."""
+    """Send this process SIGTERM from inside the run, with a fallback handler that fails the test if the run had
+    none."""
 
     def __enter__(self):
         def unhandled(signum, frame):
@@ -119,7 +134,9 @@ def test_a_stop_during_a_mid_run_evaluation_keeps_the_step(tmp_path, whole_run, 
 def test_a_real_sigterm_to_a_train_process_resumes_to_the_same_run(tmp_path, whole_run):
     """A real SIGTERM to `entropy-rft train` once step 1 is logged (wherever in step 2 it lands), then --resume:
     the same final weights, each step logged once, every evaluation recorded."""
-    sets = [f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in {**SETTINGS, "out": tmp_path / "r"}.items()]
+    sets = [
+        f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in {**SETTINGS, "out": tmp_path / "r"}.items()
+    ]
     cmd = [sys.executable, "-m", "entropy_rft.cli", "train", "--set", *sets]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     run = tmp_path / "r"

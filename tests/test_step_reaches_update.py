@@ -1,9 +1,9 @@
 """The method reaches the update: what the real step (step.Step: statistics -> decide -> update) differentiates is
 what the method, the advantage estimator, the entropy control and the objective's terms say, token by token.
 
-Each test runs the real step on a float64 model (so every comparison is exact up to the float32 rounding of the loss) and hooks
-each micro-batch's forward through the update's `observe` callback: the gradient of the objective with respect to
-every token's log p (and entropy, and value) is the per-token coefficient the update applies. It is compared with a
+Each test runs the real step on a float64 model (so every comparison is exact up to the float32 rounding of the loss)
+and hooks each micro-batch's forward through the update's `observe` callback: the gradient of the objective with respect
+to every token's log p (and entropy, and value) is the per-token coefficient the update applies. It is compared with a
 reference built here from the pieces alone: the method's filter (METHODS), the estimator (ADVANTAGES), the policy
 loss (POLICY_LOSSES) on the expected mask with counts taken by hand, and the KL, value, bonus and EntroPIC terms
 written out by hand. A step whose keep mask, denominators, ratio, advantages, KL or value term stop reaching the
@@ -27,14 +27,18 @@ from entropy_rft.step import Step, compute_advantages, shaped_rewards
 
 PROMPTS, GROUP, RESPONSE = 3, 4, 6
 # options under which each filter drops some tokens of these small batches (the defaults may drop none)
-DROPPING = {"clip_b": {"mu": 0.5}, "ppo_clip_b": {"mu": 0.5}, "clip_v": {"mu": 0.5, "max_frac": 0.3},
-            "ppo_clip_v": {"mu": 0.5, "max_frac": 0.3}}
+DROPPING = {
+    "clip_b": {"mu": 0.5},
+    "ppo_clip_b": {"mu": 0.5},
+    "clip_v": {"mu": 0.5, "max_frac": 0.3},
+    "ppo_clip_v": {"mu": 0.5, "max_frac": 0.3},
+}
 # The statistics (log p, H) are float32 whatever the model's dtype (dynamics' tiles), so the loss and its backward run
 # in float32: a token's coefficient -A r w (times a clip branch, a KL or bonus derivative) is a product of at most
 # four float32 roundings (r, A r, the weight, the mean's division), each 2^-24 relative; 16 u of the largest
 # coefficient covers a sum of two such terms twice over. A dropped token, a wrong denominator or advantage moves a
 # coefficient by O(1) of itself.
-RTOL = 16 * 2.0 ** -24
+RTOL = 16 * 2.0**-24
 
 
 class CountingSGD(torch.optim.SGD):
@@ -57,8 +61,15 @@ class Capture:
         self.optimizer, self.parts = optimizer, []
 
     def __call__(self, rows, stats, old):
-        rec = {"step": self.optimizer.taken, "rows": rows, "logp": stats.logp.detach().clone(), "old": old.clone(),
-               "entropy": stats.entropy.detach().clone(), "g_logp": None, "g_entropy": None}
+        rec = {
+            "step": self.optimizer.taken,
+            "rows": rows,
+            "logp": stats.logp.detach().clone(),
+            "old": old.clone(),
+            "entropy": stats.entropy.detach().clone(),
+            "g_logp": None,
+            "g_entropy": None,
+        }
         for key, t in (("g_logp", stats.logp), ("g_entropy", stats.entropy)):
             if t.requires_grad:
                 t.register_hook(lambda g, key=key: rec.__setitem__(key, g.detach().clone()))
@@ -77,8 +88,16 @@ class Capture:
 
 
 def f64_policy(cfg, seed: int = 0):
-    return scaled_model("Qwen/Qwen2.5-7B-Instruct", cfg, seed=seed, hidden_size=32, intermediate_size=64,
-                        num_attention_heads=2, head_dim=16, vocab_size=300).double()
+    return scaled_model(
+        "Qwen/Qwen2.5-7B-Instruct",
+        cfg,
+        seed=seed,
+        hidden_size=32,
+        intermediate_size=64,
+        num_attention_heads=2,
+        head_dim=16,
+        vocab_size=300,
+    ).double()
 
 
 @dataclasses.dataclass
@@ -98,8 +117,17 @@ class Ran:
 
 def run_step(seed: int = 0, *, lr: float = 0.0, ref: bool = False, **settings) -> Ran:
     """One real step (statistics, decide, update) of a float64 policy on a synthetic batch, every forward hooked."""
-    cfg = load_config(None, **{"prompts_per_step": PROMPTS, "group_size": GROUP, "max_new_tokens": RESPONSE,
-                               "grad_clip": 0.0, "dynamic_sampling": False, **settings})
+    cfg = load_config(
+        None,
+        **{
+            "prompts_per_step": PROMPTS,
+            "group_size": GROUP,
+            "max_new_tokens": RESPONSE,
+            "grad_clip": 0.0,
+            "dynamic_sampling": False,
+            **settings,
+        },
+    )
     model = f64_policy(cfg)
     head = None
     values: list = []
@@ -116,8 +144,9 @@ def run_step(seed: int = 0, *, lr: float = 0.0, ref: bool = False, **settings) -
     params = [p for p in model.parameters() if p.requires_grad] + (list(head.parameters()) if head else [])
     optimizer = CountingSGD(params, lr=lr)
     ref_model = f64_policy(cfg, seed=1).eval() if ref else None
-    runner = Step(cfg, model, optimizer, value_head=head, ref_model=ref_model,
-                  update_gen=torch.Generator().manual_seed(seed))
+    runner = Step(
+        cfg, model, optimizer, value_head=head, ref_model=ref_model, update_gen=torch.Generator().manual_seed(seed)
+    )
     ro, rewards, gids = synthetic_batch(PROMPTS, GROUP, vocab=300, max_response=RESPONSE, seed=seed, model=model)
     batch = Scored([None] * PROMPTS, ro, rewards, rewards > 0)
     behaviour = runner.statistics(batch, 0)
@@ -133,8 +162,9 @@ def expected_advantages(ran: Ran) -> torch.Tensor:
     cfg, b = ran.cfg, ran.behaviour
     estimator = ADVANTAGES.get(cfg.advantage)
     if cfg.rank_penalty_beta > 0 or cfg.ar_alpha > 0 or isinstance(estimator, TokenLevel):
-        return compute_advantages(cfg, estimator, b.rewards, ran.batch.group_ids, ran.mask, b.stats.logp,
-                                  b.old_values)[0]
+        return compute_advantages(cfg, estimator, b.rewards, ran.batch.group_ids, ran.mask, b.stats.logp, b.old_values)[
+            0
+        ]
     return estimator(shaped_rewards(cfg, ran.batch.rewards, ran.mask), ran.batch.group_ids)
 
 
@@ -153,8 +183,18 @@ def policy_grad(cfg, logp, old, adv, loss_mask, count_mask, selected=None, entro
         extra.update(entropy=entropy.double(), old_entropy=old_entropy.double())
     n_tokens = count_mask.sum().clamp_min(1).double()
     n_seqs = (count_mask.sum(-1) > 0).sum().clamp_min(1).double()
-    loss, _ = spec.fn(x, old.double(), adv.double(), loss_mask, agg=spec.agg or cfg.loss_agg, num_tokens=n_tokens,
-                      num_seqs=n_seqs, norm=cfg.max_new_tokens, **spec.kwargs(cfg), **extra)
+    loss, _ = spec.fn(
+        x,
+        old.double(),
+        adv.double(),
+        loss_mask,
+        agg=spec.agg or cfg.loss_agg,
+        num_tokens=n_tokens,
+        num_seqs=n_seqs,
+        norm=cfg.max_new_tokens,
+        **spec.kwargs(cfg),
+        **extra,
+    )
     loss.backward()
     return x.grad
 
@@ -245,7 +285,7 @@ def test_the_value_term_reaches_the_loss():
     returns."""
     ran = run_step(method="ppo")
     mask, d = ran.mask, ran.decision
-    (v, g), = [rec for rec in ran.values if rec[1] is not None]  # the one call the update differentiated
+    ((v, g),) = [rec for rec in ran.values if rec[1] is not None]  # the one call the update differentiated
     v, g = v.double()[:, : mask.shape[1]], g.double()[:, : mask.shape[1]]
     want = ran.cfg.vf_coef * (v - d.returns.double()) * mask / float(mask.sum())
     assert float(want.abs().max()) > 0
@@ -255,8 +295,10 @@ def test_the_value_term_reaches_the_loss():
 def test_the_entropy_bonus_coefficient_reaches_the_loss():
     """A fixed bonus (method entropy_bonus) and the adaptive one (entropy_control bonus): each loss token's entropy
     gets -c / N, c the decision's coefficient, and no other token any."""
-    for settings in ({"method": "entropy_bonus"},
-                     {"entropy_target": 5.0, "entropy_control": "bonus", "entropy_coef": 0.01}):
+    for settings in (
+        {"method": "entropy_bonus"},
+        {"entropy_target": 5.0, "entropy_control": "bonus", "entropy_coef": 0.01},
+    ):
         ran = run_step(**settings)
         mask, c = ran.mask, ran.decision.knobs.entropy_coef
         assert c > 0

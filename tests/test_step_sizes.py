@@ -8,31 +8,23 @@ import pytest
 import torch
 
 from entropy_rft import losses as losses_mod
-from entropy_rft.dynamics import (
-    batch_covariance,
-    batch_mean_entropy_change,
-    corollary4_entropy_change,
-)
-from entropy_rft.losses import (
-    AGG_MODES,
-    gspo_loss,
-    ppo_clip_loss,
-    sequence_ratio,
-    step_sizes,
-    token_weights,
-)
+from entropy_rft.dynamics import batch_covariance, batch_mean_entropy_change, corollary4_entropy_change
+from entropy_rft.losses import AGG_MODES, gspo_loss, ppo_clip_loss, sequence_ratio, step_sizes, token_weights
 
 # two responses: three valid tokens, and one valid token then padding
 MASK = torch.tensor([[True, True, True], [True, False, False]])
 
 
-@pytest.mark.parametrize("mode, want", [
-    ("token-mean", 1 / 4),  # |T_B| = 4 tokens: a float
-    ("seq-mean-token-mean", [[1 / 6, 1 / 6, 1 / 6], [1 / 2, 0, 0]]),  # 1 / (2 sequences x |o_b|)
-    ("seq-mean-token-sum", [[1 / 2, 1 / 2, 1 / 2], [1 / 2, 0, 0]]),  # 1 / 2 sequences
-    ("seq-mean-token-sum-norm", [[1 / 16, 1 / 16, 1 / 16], [1 / 16, 0, 0]]),  # 1 / (2 sequences x norm 8)
-    ("token-sum", [[1, 1, 1], [1, 0, 0]]),  # no denominator (verl's token-sum at one rank)
-])
+@pytest.mark.parametrize(
+    "mode, want",
+    [
+        ("token-mean", 1 / 4),  # |T_B| = 4 tokens: a float
+        ("seq-mean-token-mean", [[1 / 6, 1 / 6, 1 / 6], [1 / 2, 0, 0]]),  # 1 / (2 sequences x |o_b|)
+        ("seq-mean-token-sum", [[1 / 2, 1 / 2, 1 / 2], [1 / 2, 0, 0]]),  # 1 / 2 sequences
+        ("seq-mean-token-sum-norm", [[1 / 16, 1 / 16, 1 / 16], [1 / 16, 0, 0]]),  # 1 / (2 sequences x norm 8)
+        ("token-sum", [[1, 1, 1], [1, 0, 0]]),  # no denominator (verl's token-sum at one rank)
+    ],
+)
 def test_token_weights_by_hand(mode, want):
     """Each mode's weight of a token, computed by hand for a 3-token and a 1-token response (norm 8)."""
     w = token_weights(MASK, mode, norm=8)
@@ -86,8 +78,9 @@ def test_predictions_with_a_constant_step_are_the_covariance_forms():
     mask = torch.rand(5, 8, generator=gen) < 0.8
     step = torch.full((5, 8), 2e-3, dtype=torch.float64) * mask
     cov_form = -2e-3 * batch_covariance(adv[:, None].expand(5, 8), s_c, mask)
-    assert float(corollary4_entropy_change(adv, s_c, mask, lr=0.0, step=step)) == pytest.approx(float(cov_form),
-                                                                                                rel=1e-5)
+    assert float(corollary4_entropy_change(adv, s_c, mask, lr=0.0, step=step)) == pytest.approx(
+        float(cov_form), rel=1e-5
+    )
     eq23 = batch_mean_entropy_change(adv, s_c, mask, lr=2e-3)
     assert float(batch_mean_entropy_change(adv, s_c, mask, lr=0.0, step=step)) == pytest.approx(float(eq23), rel=1e-5)
 
@@ -136,8 +129,9 @@ def test_dppo_tv_factor_by_hand():
     old = torch.tensor([[0.5, 0.5, 0.1]]).log()
     pos = _factor("dppo_tv", torch.tensor([[0.6, 0.8, 0.4]]).log(), old, torch.tensor([1.0]))
     assert torch.allclose(pos, torch.tensor([[1.2, 0.0, 0.0]]), rtol=1e-6)
-    neg = _factor("dppo_tv", torch.tensor([[0.8, 0.2, 0.4]]).log(), torch.tensor([[0.5, 0.05, 0.5]]).log(),
-                  torch.tensor([-1.0]))
+    neg = _factor(
+        "dppo_tv", torch.tensor([[0.8, 0.2, 0.4]]).log(), torch.tensor([[0.5, 0.05, 0.5]]).log(), torch.tensor([-1.0])
+    )
     assert torch.allclose(neg, torch.tensor([[1.6, 3.0, 0.8]]), rtol=1e-6)
 
 
@@ -193,5 +187,6 @@ def test_engine_losses_step_sizes_are_their_gradients(name):
             assert (kept == 0).any()  # the trust region, the clip or the band removes some token's gradient
         step = step_sizes(mask, mode, lr=0.1, ratio=factor, **counts)
         # GMPO's sequence advantage is mean(A) over the row with + 1e-8 in the count: 1e-8 relative
-        torch.testing.assert_close(grad, -adv[:, None] * step / 0.1, rtol=1e-7 if name == "geo_mean" else 1e-12,
-                                   atol=1e-15)
+        torch.testing.assert_close(
+            grad, -adv[:, None] * step / 0.1, rtol=1e-7 if name == "geo_mean" else 1e-12, atol=1e-15
+        )

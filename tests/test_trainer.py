@@ -10,15 +10,39 @@ from entropy_rft.config import load_config
 from entropy_rft.logging import read_metrics
 from entropy_rft.trainer import train
 
-REQUIRED = {"step", "reward_mean", "accuracy", "entropy", "clip_frac", "clip_frac_pos", "clip_frac_neg",
-            "response_length", "lr", "grad_norm", "seconds", "s_star_mean", "s_centered_mean", "cov_a_sc",
-            "entropy_change/predicted", "entropy_change/predicted_offpolicy", "truncation_rate"}
+REQUIRED = {
+    "step",
+    "reward_mean",
+    "accuracy",
+    "entropy",
+    "clip_frac",
+    "clip_frac_pos",
+    "clip_frac_neg",
+    "response_length",
+    "lr",
+    "grad_norm",
+    "seconds",
+    "s_star_mean",
+    "s_centered_mean",
+    "cov_a_sc",
+    "entropy_change/predicted",
+    "entropy_change/predicted_offpolicy",
+    "truncation_rate",
+}
 PROBED = {"entropy_change/realised", "entropy_change/first_order"}  # on probe steps only
 
 
 def tiny(tmp_path, name="run", **kw):
-    base = dict(steps=3, prompts_per_step=4, group_size=4, lr=1e-4, eval_problems=8, eval_k=2, progress=False,
-                out=str(tmp_path / name))
+    base = dict(
+        steps=3,
+        prompts_per_step=4,
+        group_size=4,
+        lr=1e-4,
+        eval_problems=8,
+        eval_k=2,
+        progress=False,
+        out=str(tmp_path / name),
+    )
     return load_config(None, **{**base, **kw})
 
 
@@ -45,8 +69,12 @@ def test_headline_entropy_is_the_policys_whatever_the_filter(tmp_path):
     """`entropy` is the policy's mean over every valid response token, so at step 1 (same policy, seed and
     rollouts) every method logs GRPO's value; the kept-token mean is `entropy_kept`, which the filters move."""
     rows = {}
-    for method, kw in {"grpo": {}, "clip_b": {"mu": 0.5}, "clip_v": {"mu": 0.5, "max_frac": 0.05},
-                       "forking": {}}.items():
+    for method, kw in {
+        "grpo": {},
+        "clip_b": {"mu": 0.5},
+        "clip_v": {"mu": 0.5, "max_frac": 0.05},
+        "forking": {},
+    }.items():
         cfg = tiny(tmp_path, method, method=method, steps=1, eval_problems=2, **kw)
         train(cfg)
         rows[method] = read_metrics(cfg.out)[0]
@@ -60,8 +88,10 @@ def test_headline_entropy_is_the_policys_whatever_the_filter(tmp_path):
 
 def test_seeded_runs_are_identical(tmp_path):
     """Same config and seed on CPU give identical metrics (timings aside)."""
-    strip = lambda rows: [{k: v for k, v in r.items() if k != "seconds" and not k.startswith("time/")}  # noqa: E731
-                          for r in rows]
+
+    def strip(rows):
+        return [{k: v for k, v in r.items() if k != "seconds" and not k.startswith("time/")} for r in rows]
+
     train(tiny(tmp_path, "a"))
     train(tiny(tmp_path, "b"))
     assert strip(read_metrics(tmp_path / "a")) == strip(read_metrics(tmp_path / "b"))
@@ -129,7 +159,7 @@ def test_micro_batches_give_the_same_update():
         whole = recipe_step(cfg, model, ro, rewards, gids)
         micro = recipe_step(dataclasses.replace(cfg, micro_batch_size=3), model, ro, rewards, gids)
         assert len(whole.grads) == len(micro.grads) == mini_batches
-        tol = int(ro.response_mask.sum()) * 2.0 ** -24
+        tol = int(ro.response_mask.sum()) * 2.0**-24
         for a, b in zip(whole.grads, micro.grads):
             assert grad_distance(a, b) <= tol * grad_norm(a) and grad_norm(a) > 0
 
@@ -139,8 +169,20 @@ def test_strict_on_policy_is_exact_in_the_shape_users_train_in(tmp_path):
     autocast with LoRA, micro-batches of 2 and gradient checkpointing: no token is clipped and ppo_kl is exactly 0
     (the statistics pass and the update's forward are one construction; the first step's old log p is its own)."""
     pytest.importorskip("peft")
-    cfg = tiny(tmp_path, steps=1, policy_loss="gspo", eps_low=3e-4, eps_high=4e-4, precision="bf16", lora_rank=8,
-               micro_batch_size=2, gradient_checkpointing=True, probe_every=0, eval_problems=2, eval_k=1)
+    cfg = tiny(
+        tmp_path,
+        steps=1,
+        policy_loss="gspo",
+        eps_low=3e-4,
+        eps_high=4e-4,
+        precision="bf16",
+        lora_rank=8,
+        micro_batch_size=2,
+        gradient_checkpointing=True,
+        probe_every=0,
+        eval_problems=2,
+        eval_k=1,
+    )
     train(cfg)
     row = read_metrics(cfg.out)[0]
     assert row["loss/ppo_kl"] == 0.0 and row["loss/clipfrac"] == 0.0

@@ -57,8 +57,9 @@ def check_against_authors(case, method, keys, log_prob_key):
     """Our advantage function and the authors' (Trinity's clipb/clipv) on the same DataProto: advantages,
     returns and the written-back response_mask equal the fixture exactly, metrics to 1e-6."""
     i, out = case["inputs"], case["outputs"]
-    ours = ADVANTAGE_FN.get(ADV_PATH)(method=method, base_args={"epsilon": case["params"]["epsilon"]},
-                                      log_prob_key=log_prob_key, **options(case))
+    ours = ADVANTAGE_FN.get(ADV_PATH)(
+        method=method, base_args={"epsilon": case["params"]["epsilon"]}, log_prob_key=log_prob_key, **options(case)
+    )
     batch, metrics = ours(data_proto(i, keys))
     authors = ADVANTAGE_FN.get(method.replace("_", ""))(**case["params"])
     theirs, _ = authors(data_proto(i, keys))
@@ -98,7 +99,8 @@ def test_keep_mask_is_the_whole_batch_filter_not_per_micro_batch():
     case = CLIP_B[0]
     i = case["inputs"]
     batch, _ = trinity_adapter.EntropyAdvantageFn(method="clip_b", log_prob_key="rollout_log_probs", **options(case))(
-        data_proto(i, ("rollout_log_probs", "entropys")))
+        data_proto(i, ("rollout_log_probs", "entropys"))
+    )
     lp, h, mask = f32(i["rollout_log_probs"]), f32(i["entropys"]), f32(i["response_mask"]).bool()
     s_star, adv = lp.exp() * (h + lp), batch.batch["advantages"]
     whole, _ = masks.clip_b(s_star, adv, mask, **options(case))
@@ -141,8 +143,9 @@ def test_no_cap_and_figure1_filters_run():
     assert int(mask.sum()) - int(capped.batch["response_mask"].sum()) == 1
     assert int(free.batch["response_mask"].sum()) < int(capped.batch["response_mask"].sum())
     sign, _ = trinity_adapter.EntropyAdvantageFn(method="s_sign:mask:pos_s:neg_samples")(data_proto(i, keys))
-    expected, _ = masks.s_sign(lp.exp() * (h + lp), sign.batch["advantages"], mask, action="mask", sign="positive",
-                               samples="negative")
+    expected, _ = masks.s_sign(
+        lp.exp() * (h + lp), sign.batch["advantages"], mask, action="mask", sign="positive", samples="negative"
+    )
     assert torch.equal(sign.batch["response_mask"], expected)
 
 
@@ -209,18 +212,25 @@ def trainer_batch(seed: int, rows: int = 6, prompt: int = 4, response: int = 7) 
     responses = torch.zeros(rows, response, dtype=torch.long)
     attention = torch.zeros(rows, prompt + response, dtype=torch.long)
     for b in range(rows):
-        prompts[b, prompt - p_len[b]:] = torch.randint(0, VOCAB, (int(p_len[b]),), generator=g)
+        prompts[b, prompt - p_len[b] :] = torch.randint(0, VOCAB, (int(p_len[b]),), generator=g)
         responses[b, : r_len[b]] = torch.randint(0, VOCAB, (int(r_len[b]),), generator=g)
-        attention[b, prompt - p_len[b]: prompt + r_len[b]] = 1
+        attention[b, prompt - p_len[b] : prompt + r_len[b]] = 1
     response_mask = attention[:, prompt:].bool()
     position = (attention.cumsum(-1) - 1).clamp_min(0)
     rewards = torch.zeros(rows, response)
     rewards[torch.arange(rows), r_len - 1] = torch.randint(0, 2, (rows,), generator=g).float()
     return DataProto.from_dict(
-        tensors={"input_ids": torch.cat([prompts, responses], -1), "attention_mask": attention,
-                 "position_ids": position, "prompts": prompts, "responses": responses, "response_mask": response_mask,
-                 "token_level_rewards": rewards},
-        non_tensors={"uid": np.array([f"q{b // 3}" for b in range(rows)], dtype=object)})
+        tensors={
+            "input_ids": torch.cat([prompts, responses], -1),
+            "attention_mask": attention,
+            "position_ids": position,
+            "prompts": prompts,
+            "responses": responses,
+            "response_mask": response_mask,
+            "token_level_rewards": rewards,
+        },
+        non_tensors={"uid": np.array([f"q{b // 3}" for b in range(rows)], dtype=object)},
+    )
 
 
 def reference_stats(batch: DataProto, table: torch.Tensor):
@@ -271,8 +281,9 @@ def stand_in_trainer(advantage_fn, table):
     trainer = object.__new__(VERLTrainer)
     trainer.advantage_fn, trainer.actor_rollout_wg = advantage_fn, StandInWorkers(table)
     trainer.config = SimpleNamespace(actor=SimpleNamespace(calculate_sum_pi_squared=False))
-    trainer.global_config = SimpleNamespace(model=SimpleNamespace(temperature=TEMPERATURE),
-                                            algorithm=SimpleNamespace(loss_agg_mode="token-mean"))
+    trainer.global_config = SimpleNamespace(
+        model=SimpleNamespace(temperature=TEMPERATURE), algorithm=SimpleNamespace(loss_agg_mode="token-mean")
+    )
     return trainer
 
 
@@ -298,8 +309,11 @@ def test_trainer_recompute_brings_s_expect_for_clip_v():
 
     unhooked = stand_in_trainer(clip_v, table)
     unhooked.actor_rollout_wg.compute_log_prob = lambda td: tu.get_tensordict(
-        tensor_dict={k: v for k, v in engine_outputs(cpu_engine(), table, td, remove_padding=True).items()
-                     if k != "necs"}, non_tensor_dict={"metrics": {}})
+        tensor_dict={
+            k: v for k, v in engine_outputs(cpu_engine(), table, td, remove_padding=True).items() if k != "necs"
+        },
+        non_tensor_dict={"metrics": {}},
+    )
     with pytest.raises(RuntimeError, match="policy_loss_fn"):
         unhooked._compute_old_log_prob(trainer_batch(3, rows=9), {})
 
@@ -324,8 +338,9 @@ def process_group(tmp_path_factory):
     import torch.distributed as dist
 
     if not dist.is_initialized():
-        dist.init_process_group("gloo", init_method=f"file://{tmp_path_factory.mktemp('pg')}/store", rank=0,
-                                world_size=1)
+        dist.init_process_group(
+            "gloo", init_method=f"file://{tmp_path_factory.mktemp('pg')}/store", rank=0, world_size=1
+        )
     yield
     dist.destroy_process_group()
 
@@ -347,15 +362,25 @@ def engine_gradient(policy_loss_fn: str, micro_batch_size: int) -> torch.Tensor:
     from trinity.common.config import AlgorithmConfig
     from trinity.trainer.verl.losses import TrinityPolicyLoss
 
-    config = AlgorithmConfig(policy_loss_fn=policy_loss_fn, policy_loss_fn_args={"clip_range": 0.2},
-                             kl_loss_fn="none", kl_loss_fn_args={}, entropy_loss_fn="none",
-                             entropy_loss_fn_args={"entropy_coef": 0.0},
-                             loss_agg_mode="token-mean")
+    config = AlgorithmConfig(
+        policy_loss_fn=policy_loss_fn,
+        policy_loss_fn_args={"clip_range": 0.2},
+        kl_loss_fn="none",
+        kl_loss_fn_args={},
+        entropy_loss_fn="none",
+        entropy_loss_fn_args={"entropy_coef": 0.0},
+        loss_agg_mode="token-mean",
+    )
     engine = cpu_engine(BigramEngine)
     engine.table = torch.randn(VOCAB, VOCAB, generator=torch.Generator().manual_seed(4)).requires_grad_()
     td = left_right_2_no_padding(loss_batch(engine.table.detach()).to_tensordict())
-    tu.assign_non_tensor(td, temperature=TEMPERATURE, calculate_entropy=False, use_dynamic_bsz=False,
-                         micro_batch_size_per_gpu=micro_batch_size)
+    tu.assign_non_tensor(
+        td,
+        temperature=TEMPERATURE,
+        calculate_entropy=False,
+        use_dynamic_bsz=False,
+        micro_batch_size_per_gpu=micro_batch_size,
+    )
     engine.forward_backward_batch(td, TrinityPolicyLoss(config), forward_only=False)
     return engine.table.grad
 
@@ -371,8 +396,18 @@ def whole_batch_token_mean_gradient(micro_batches: int = 1) -> torch.Tensor:
     total = 0
     for rows in torch.arange(8).chunk(micro_batches):
         b = batch.batch
-        total = total + ppo_clip_loss(stats.logp[rows], b["old_log_probs"][rows], b["advantages"][rows],
-                                      b["response_mask"][rows], eps_low=0.2, eps_high=0.2, dual_clip_c=3.0)[0]
+        total = (
+            total
+            + ppo_clip_loss(
+                stats.logp[rows],
+                b["old_log_probs"][rows],
+                b["advantages"][rows],
+                b["response_mask"][rows],
+                eps_low=0.2,
+                eps_high=0.2,
+                dual_clip_c=3.0,
+            )[0]
+        )
     total.backward()
     return table.grad
 
@@ -435,14 +470,20 @@ def whole_step_env(process_group):
         mp.setattr(fsdp_impl, "get_device_id", lambda: "cpu")
         mp.setattr(fsdp_impl, "get_device_name", lambda: "cpu")
         mp.setattr(seqlen_balancing, "get_device_name", lambda: "cpu")
-        mp.setattr(engine_workers, "get_torch_device", lambda: SimpleNamespace(
-            max_memory_allocated=lambda: 0, max_memory_reserved=lambda: 0))
+        mp.setattr(
+            engine_workers,
+            "get_torch_device",
+            lambda: SimpleNamespace(max_memory_allocated=lambda: 0, max_memory_reserved=lambda: 0),
+        )
         mp.setattr(dist, "all_reduce", partial(all_reduce_with_average, dist.all_reduce))
         torch.manual_seed(0)  # the value head is initialised at random
         critic = AutoModelForTokenClassification.from_pretrained(tiny, num_labels=1).float()
         critic.dropout.p = 0.0  # the head's dropout would make each gradient random
-        yield SimpleNamespace(actor=AutoModelForCausalLM.from_pretrained(tiny).float(),
-                              ref=AutoModelForCausalLM.from_pretrained(tiny).float(), critic=critic)
+        yield SimpleNamespace(
+            actor=AutoModelForCausalLM.from_pretrained(tiny).float(),
+            ref=AutoModelForCausalLM.from_pretrained(tiny).float(),
+            critic=critic,
+        )
     torch.set_num_threads(threads)
 
 
@@ -455,9 +496,15 @@ def experiences(vocab, seed=0):
     out = []
     for i in range(GROUPS * N):
         p, r = int(torch.randint(2, 6, (), generator=g)), int(torch.randint(3, 11, (), generator=g))
-        out.append(Experience(eid=EID(batch=0, task=i // N, run=i % N), tokens=torch.randint(2, vocab, (p + r,),
-                   generator=g), prompt_length=p, reward=float(torch.rand((), generator=g)),
-                   logprobs=-torch.rand(r, generator=g)))
+        out.append(
+            Experience(
+                eid=EID(batch=0, task=i // N, run=i % N),
+                tokens=torch.randint(2, vocab, (p + r,), generator=g),
+                prompt_length=p,
+                reward=float(torch.rand((), generator=g)),
+                logprobs=-torch.rand(r, generator=g),
+            )
+        )
     return out
 
 
@@ -477,14 +524,30 @@ def trinity_trainer(env, method, options, *, ppo=False, policy_loss_fn=LOSS_PATH
     from verl.workers.utils.losses import value_loss
 
     algo = AlgorithmConfig(
-        algorithm_type="ppo" if ppo else "grpo_verl", advantage_fn=ADV_PATH,
+        algorithm_type="ppo" if ppo else "grpo_verl",
+        advantage_fn=ADV_PATH,
         advantage_fn_args={"method": method, "base": "ppo" if ppo else "grpo_verl", **options},
-        kl_penalty_fn="none", kl_penalty_fn_args={}, policy_loss_fn=policy_loss_fn,
-        policy_loss_fn_args={"clip_range": 0.2}, kl_loss_fn="none", kl_loss_fn_args={}, entropy_loss_fn="none",
-        entropy_loss_fn_args={"entropy_coef": 0.0}, loss_agg_mode="token-mean", bypass_old_logprobs=False)
-    eng_cfg = FSDPEngineConfig(strategy="fsdp", use_dynamic_bsz=micro_batch is None, max_token_len_per_gpu=24,
-                               infer_max_token_len_per_gpu=24, micro_batch_size_per_gpu=micro_batch,
-                               infer_micro_batch_size_per_gpu=4, use_remove_padding=True, use_torch_compile=False)
+        kl_penalty_fn="none",
+        kl_penalty_fn_args={},
+        policy_loss_fn=policy_loss_fn,
+        policy_loss_fn_args={"clip_range": 0.2},
+        kl_loss_fn="none",
+        kl_loss_fn_args={},
+        entropy_loss_fn="none",
+        entropy_loss_fn_args={"entropy_coef": 0.0},
+        loss_agg_mode="token-mean",
+        bypass_old_logprobs=False,
+    )
+    eng_cfg = FSDPEngineConfig(
+        strategy="fsdp",
+        use_dynamic_bsz=micro_batch is None,
+        max_token_len_per_gpu=24,
+        infer_max_token_len_per_gpu=24,
+        micro_batch_size_per_gpu=micro_batch,
+        infer_micro_batch_size_per_gpu=4,
+        use_remove_padding=True,
+        use_torch_compile=False,
+    )
     actor = training_worker(fsdp_engine(FSDPEngineWithLMHead, env.actor, eng_cfg), None, True)
     ref = training_worker(fsdp_engine(FSDPEngineWithLMHead, env.ref, eng_cfg), None, True)
     worker = actor_rollout_ref_worker(actor, ref, cls=TrinityActorRolloutRefWorker)
@@ -492,24 +555,34 @@ def trinity_trainer(env, method, options, *, ppo=False, policy_loss_fn=LOSS_PATH
     rows = GROUPS * N // MINI_BATCHES
     trainer = object.__new__(VERLTrainer)
     trainer.logger, trainer.global_steps = logging.getLogger("trinity-step"), 0
-    trainer.global_config = SimpleNamespace(model=SimpleNamespace(temperature=1.0), algorithm=algo,
-                                            trainer=SimpleNamespace(balance_batch=True, critic_warmup=0))
+    trainer.global_config = SimpleNamespace(
+        model=SimpleNamespace(temperature=1.0),
+        algorithm=algo,
+        trainer=SimpleNamespace(balance_batch=True, critic_warmup=0),
+    )
     trainer.algorithm_config, trainer.algorithm = algo, ALGORITHM_TYPE.get(algo.algorithm_type)
     trainer.advantage_fn = ADVANTAGE_FN.get(algo.advantage_fn)(**algo.advantage_fn_args)
     trainer.kl_fn = KL_FN.get(algo.kl_penalty_fn)(**algo.kl_penalty_fn_args)
     loop = SimpleNamespace(ppo_mini_batch_size=rows, ppo_epochs=EPOCHS, data_loader_seed=42, shuffle=False)
-    trainer.config = SimpleNamespace(actor=SimpleNamespace(calculate_sum_pi_squared=False, **vars(loop)),
-                                     critic=loop)
+    trainer.config = SimpleNamespace(actor=SimpleNamespace(calculate_sum_pi_squared=False, **vars(loop)), critic=loop)
     trainer.actor_rollout_wg = trainer.ref_policy_wg = InProcessWorkerGroup(worker)
     trainer.use_reference_policy, trainer.ref_in_actor = True, False
     trainer.use_critic = trainer.algorithm.use_critic
     if trainer.use_critic:  # verl 0.8's value loss averages each micro-batch: one micro-batch per mini-batch
-        critic_cfg = FSDPEngineConfig(strategy="fsdp", use_dynamic_bsz=False, micro_batch_size_per_gpu=rows,
-                                      infer_micro_batch_size_per_gpu=4, use_remove_padding=True,
-                                      use_torch_compile=False)
+        critic_cfg = FSDPEngineConfig(
+            strategy="fsdp",
+            use_dynamic_bsz=False,
+            micro_batch_size_per_gpu=rows,
+            infer_micro_batch_size_per_gpu=4,
+            use_remove_padding=True,
+            use_torch_compile=False,
+        )
         loss = partial(value_loss, SimpleNamespace(cliprange_value=0.5, loss_agg_mode="token-mean"))
-        trainer.critic_wg = InProcessWorkerGroup(training_worker(
-            fsdp_engine(FSDPEngineWithValueHead, env.critic, critic_cfg), loss, True, cls=TrinityCriticWorker))
+        trainer.critic_wg = InProcessWorkerGroup(
+            training_worker(
+                fsdp_engine(FSDPEngineWithValueHead, env.critic, critic_cfg), loss, True, cls=TrinityCriticWorker
+            )
+        )
     trainer.tokenizer, trainer.empty_model = SimpleNamespace(pad_token_id=0), SimpleNamespace()
     trainer.resource_pool_manager = SimpleNamespace(get_n_gpus=lambda: 1)
     return trainer
@@ -529,8 +602,9 @@ def run_train_step(trainer):
 
     trainer.advantage_fn = spy
     trainer.advantage_fn.needs_s_expect = real.needs_s_expect
-    metrics = asyncio.run(trainer.train_step(experiences(trainer.actor_rollout_wg.worker.actor.engine.module
-                                                         .config.vocab_size)))
+    metrics = asyncio.run(
+        trainer.train_step(experiences(trainer.actor_rollout_wg.worker.actor.engine.module.config.vocab_size))
+    )
     batch = seen["batch"].batch
     p = batch["prompts"].shape[1]
     sequences = [(ids[att.bool()], int(att[p:].sum())) for ids, att in zip(batch["input_ids"], batch["attention_mask"])]
@@ -574,8 +648,13 @@ def check_trinity_actor(trainer, env, batch, sequences, keep):
     grads = trainer.actor_rollout_wg.worker.actor.engine.optimizer.grads
     assert len(grads) == MINI_BATCHES * EPOCHS
     for k, (rows, got) in enumerate(zip(trinity_blocks(), grads, strict=True)):
-        want = policy_gradient(env.actor, [sequences[r] for r in rows], batch["advantages"][rows].float(),
-                               keep[rows].float(), keep[rows].sum())
+        want = policy_gradient(
+            env.actor,
+            [sequences[r] for r in rows],
+            batch["advantages"][rows].float(),
+            keep[rows].float(),
+            keep[rows].sum(),
+        )
         assert rel_diff(got, want) < GRAD_RTOL, f"actor step {k}: relative difference {rel_diff(got, want):.2e}"
 
 
@@ -592,11 +671,15 @@ def check_trinity_critic(trainer, env, batch, sequences):
         assert rel_diff(got, want) < GRAD_RTOL, f"critic step {k}: relative difference {rel_diff(got, want):.2e}"
 
 
-@pytest.mark.parametrize("method,options,micro_batch", [
-    ("clip_b", {"mu": 0.2}, None),
-    ("clip_v", {"mu": 0.5, "max_frac": None}, 2),
-    ("s_sign:mask:neg_s:neg_samples", {}, 2),
-], ids=["clip_b-dynamic_bsz", "clip_v-micro2", "s_sign-micro2"])
+@pytest.mark.parametrize(
+    "method,options,micro_batch",
+    [
+        ("clip_b", {"mu": 0.2}, None),
+        ("clip_v", {"mu": 0.5, "max_frac": None}, 2),
+        ("s_sign:mask:neg_s:neg_samples", {}, 2),
+    ],
+    ids=["clip_b-dynamic_bsz", "clip_v-micro2", "s_sign-micro2"],
+)
 def test_whole_train_step_actor_gradients_are_the_kept_token_mean(whole_step_env, method, options, micro_batch):
     """Trinity's whole train_step (GRPO in the trainer, recompute on, GlobalTokenMeanPPO, 2 mini-batches x 2
     epochs): the filter is over the whole batch (Clip_V with the engine's E_p[S]) and every actor optimizer step's
@@ -606,7 +689,8 @@ def test_whole_train_step_actor_gradients_are_the_kept_token_mean(whole_step_env
     keep = step_keep(batch, sequences, whole_step_env, method, options)
     check_trinity_actor(trainer, whole_step_env, batch, sequences, keep)
     assert metrics["advantage/entropy_rft/kept_frac"] == pytest.approx(
-        float(keep.sum() / batch[trinity_adapter.VALID_KEY].sum()))
+        float(keep.sum() / batch[trinity_adapter.VALID_KEY].sum())
+    )
 
 
 def test_whole_train_step_ppo_critic_learns_on_every_valid_token(whole_step_env):
@@ -619,8 +703,9 @@ def test_whole_train_step_ppo_critic_learns_on_every_valid_token(whole_step_env)
     check_trinity_actor(trainer, whole_step_env, batch, sequences, keep)
 
 
-@pytest.mark.parametrize("mutation", ["terms and denominator unfiltered", "per-micro-batch denominator",
-                                      "critic sees the filter"])
+@pytest.mark.parametrize(
+    "mutation", ["terms and denominator unfiltered", "per-micro-batch denominator", "critic sees the filter"]
+)
 def test_mutations_fail_the_train_step_oracle(whole_step_env, monkeypatch, mutation):
     """Mutation checks: no write-back (the loss keeps every token), Trinity's own ppo loss (a token mean per
     micro-batch, summed) and a critic that reads the filtered mask each make the oracle checks above fail."""
@@ -634,11 +719,18 @@ def test_mutations_fail_the_train_step_oracle(whole_step_env, monkeypatch, mutat
     else:
         monkeypatch.setattr(VERLTrainer, "_update_critic", VERLTrainer._update_critic.original)
         ppo = True
-    trainer = trinity_trainer(whole_step_env, "clip_b", {"mu": 0.2}, ppo=ppo, policy_loss_fn=loss,
-                              micro_batch=micro_batch)
+    trainer = trinity_trainer(
+        whole_step_env, "clip_b", {"mu": 0.2}, ppo=ppo, policy_loss_fn=loss, micro_batch=micro_batch
+    )
     batch, sequences, _ = run_train_step(trainer)
-    keep = step_keep(batch, sequences, whole_step_env, "clip_b", {"mu": 0.2},
-                     written_back=mutation != "terms and denominator unfiltered")
+    keep = step_keep(
+        batch,
+        sequences,
+        whole_step_env,
+        "clip_b",
+        {"mu": 0.2},
+        written_back=mutation != "terms and denominator unfiltered",
+    )
     with pytest.raises(AssertionError, match="relative difference"):
         if ppo:
             check_trinity_critic(trainer, whole_step_env, batch, sequences)

@@ -15,10 +15,10 @@ pytest.importorskip("trl")
 from datasets import Dataset  # noqa: E402
 from trl import GRPOConfig, GRPOTrainer  # noqa: E402
 
-from entropy_rft.integrations.trl import EntropyGRPOTrainer, rollout_of  # noqa: E402
-from entropy_rft.methods import METHODS  # noqa: E402
 from entropy_rft.dynamics import TokenStats  # noqa: E402
 from entropy_rft.forward import policy_stats  # noqa: E402
+from entropy_rft.integrations.trl import EntropyGRPOTrainer, rollout_of  # noqa: E402
+from entropy_rft.methods import METHODS  # noqa: E402
 from entropy_rft.policy import STAND_IN, resolve_model_path  # noqa: E402
 
 
@@ -28,10 +28,23 @@ def reward_a(completions, **kwargs):
 
 
 def config(tmp_path, **kw):
-    base = dict(output_dir=str(tmp_path / "out"), per_device_train_batch_size=4, num_generations=4,
-                max_completion_length=8, max_steps=2, learning_rate=1e-3, use_cpu=True, report_to=[],
-                logging_steps=1, save_strategy="no", steps_per_generation=2, gradient_accumulation_steps=2, seed=0,
-                bf16=False, disable_tqdm=True)
+    base = dict(
+        output_dir=str(tmp_path / "out"),
+        per_device_train_batch_size=4,
+        num_generations=4,
+        max_completion_length=8,
+        max_steps=2,
+        learning_rate=1e-3,
+        use_cpu=True,
+        report_to=[],
+        logging_steps=1,
+        save_strategy="no",
+        steps_per_generation=2,
+        gradient_accumulation_steps=2,
+        seed=0,
+        bf16=False,
+        disable_tqdm=True,
+    )
     return GRPOConfig(**{**base, **kw})
 
 
@@ -80,12 +93,19 @@ def test_keep_mask_is_the_methods_over_the_whole_generation_batch(tmp_path):
     assert (mask & ~want).any()  # mu 0.5 drops tokens: the test sees a real filter
     logged = trainer.state.log_history[0]
     assert logged["entropy_rft/frac_clipped"] > 0 and logged["entropy_rft/kept_frac"] < 1
-    assert {"entropy_rft/s_star_mean", "entropy_rft/cov_a_sc", "entropy_rft/entropy", "entropy_rft/entropy_kept"} <= set(logged)
+    assert {
+        "entropy_rft/s_star_mean",
+        "entropy_rft/cov_a_sc",
+        "entropy_rft/entropy",
+        "entropy_rft/entropy_kept",
+    } <= set(logged)
     # the headline entropy is the policy's over every valid completion token, not over the kept ones
     m = mask.float()
     assert logged["entropy_rft/entropy"] == pytest.approx(float((stats.entropy * m).sum() / m.sum()), rel=1e-5)
     kept = (want & mask).float()
-    assert logged["entropy_rft/entropy_kept"] == pytest.approx(float((stats.entropy * kept).sum() / kept.sum()), rel=1e-5)
+    assert logged["entropy_rft/entropy_kept"] == pytest.approx(
+        float((stats.entropy * kept).sum() / kept.sum()), rel=1e-5
+    )
     check_samples(tmp_path / "out", out, stats, want & mask)
 
 
@@ -114,9 +134,23 @@ def check_samples(run_dir, out, stats, kept):
 
 def launch_two(tmp_path, steps: int, mode: str) -> None:
     """tests/trl_worker.py in two processes under `accelerate launch --multi_gpu` (CPU processes over gloo)."""
-    cmd = [str(Path(sys.executable).parent / "accelerate"), "launch", "--multi_gpu", "--num_processes", "2",
-           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-           str(Path(__file__).parent / "trl_worker.py"), str(tmp_path), str(steps), mode]
+    cmd = [
+        str(Path(sys.executable).parent / "accelerate"),
+        "launch",
+        "--multi_gpu",
+        "--num_processes",
+        "2",
+        "--num_machines",
+        "1",
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
+        str(Path(__file__).parent / "trl_worker.py"),
+        str(tmp_path),
+        str(steps),
+        mode,
+    ]
     if not Path(cmd[0]).exists():
         cmd[:1] = [sys.executable, "-m", "accelerate.commands.launch"]
     root = str(Path(__file__).parents[1])  # this checkout's entropy_rft, not the one the environment installed
@@ -127,9 +161,9 @@ def launch_two(tmp_path, steps: int, mode: str) -> None:
 
 def test_two_processes_filter_the_batch_they_share(tmp_path):
     """TRL's own training loop in two processes (`accelerate launch --multi_gpu --num_processes 2`: CPU processes over
-    gloo) on countdown with Clip_B, three steps of 8 rows a process: at every step each process's kept tokens are its rows of Clip_B applied
-    to both processes' generation batches together, and filtering each process's rows alone would give another
-    mask (so the check can tell them apart)."""
+    gloo) on countdown with Clip_B, three steps of 8 rows a process: at every step each process's kept tokens are its
+    rows of Clip_B applied to both processes' generation batches together, and filtering each process's rows alone would
+    give another mask (so the check can tell them apart)."""
     steps = 3
     launch_two(tmp_path, steps, "clip_b")
     ranks = [torch.load(tmp_path / f"rank{i}.pt", weights_only=False) for i in range(2)]
@@ -139,7 +173,7 @@ def test_two_processes_filter_the_batch_they_share(tmp_path):
         runs = [r[step] for r in ranks]
         width = max(r["out"]["completion_mask"].shape[1] for r in runs)
 
-        def joined(get):
+        def joined(get, runs=runs, width=width):
             return torch.cat([torch.nn.functional.pad(get(r), (0, width - get(r).shape[1])) for r in runs])
 
         stats = TokenStats(*(joined(lambda r, k=k: r["stats"][k]) for k in ("logp", "entropy", "s_star", "s_expect")))
@@ -260,8 +294,10 @@ def watched(tmp_path, **kw):
     return build(tmp_path, method="none", method_options=None, **kw)
 
 
-@pytest.mark.parametrize("loss_type, level, iterations, probe", [
-    ("grpo", "token", 1, 0), ("dapo", "token", 1, 1), ("bnpo", "token", 1, 0), ("grpo", "sequence", 2, 1)])
+@pytest.mark.parametrize(
+    "loss_type, level, iterations, probe",
+    [("grpo", "token", 1, 0), ("dapo", "token", 1, 1), ("bnpo", "token", 1, 0), ("grpo", "sequence", 2, 1)],
+)
 def test_monitor_trains_exactly_as_plain_trl(tmp_path, loss_type, level, iterations, probe):
     """method "none" on grpo, dapo, bnpo and GSPO (sequence-level ratio, two iterations per generation batch, so the
     later steps are off-policy): every logged loss and every final weight equal GRPOTrainer's in the same test, bit
@@ -281,8 +317,14 @@ def test_monitor_trains_exactly_as_plain_trl(tmp_path, loss_type, level, iterati
     assert len(generated) == 4 // iterations
     assert [h for h in ours.state.log_history if "entropy_rft/entropy" in h] == generated
     for h in generated:
-        assert {"entropy_rft/entropy", "entropy_rft/s_star_mean", "entropy_rft/s_centered_mean", "entropy_rft/cov_a_sc",
-                "entropy_rft/would_clip_b/frac", "entropy_rft/would_clip_v/frac"} <= set(h)
+        assert {
+            "entropy_rft/entropy",
+            "entropy_rft/s_star_mean",
+            "entropy_rft/s_centered_mean",
+            "entropy_rft/cov_a_sc",
+            "entropy_rft/would_clip_b/frac",
+            "entropy_rft/would_clip_v/frac",
+        } <= set(h)
         assert ("entropy_rft/entropy_change/predicted" in h) == (loss_type != "bnpo")  # departure 5
         assert "entropy_rft/kept_frac" not in h  # no filter
     probed = [h["step"] for h in ours.state.log_history if "entropy_rft/entropy_change/first_order" in h]
@@ -312,20 +354,32 @@ def test_monitor_metrics_against_the_captured_batch(tmp_path):
     s_c, a = stats.s_centered.double()[mask], adv[:, None].expand_as(mask)[mask]
     step = lr / n
     assert logged["entropy_rft/entropy_change/predicted"] == pytest.approx(
-        float(-(step * a * (s_c - s_c.mean())).mean()), rel=1e-4)
+        float(-(step * a * (s_c - s_c.mean())).mean()), rel=1e-4
+    )
     assert logged["entropy_rft/entropy"] == pytest.approx(float(stats.entropy.double()[mask].mean()), rel=1e-5)
     assert logged["entropy_rft/s_centered_mean"] == pytest.approx(float(s_c.mean()), rel=1e-4, abs=1e-7)
-    for name, keep in (("clip_b", masks.clip_b(stats.s_star, out["advantages"], mask, mu=2.5)[0]),
-                       ("clip_v", masks.clip_v(stats.s_centered, out["advantages"], mask, mu=8.5, max_frac=1e-4)[0])):
+    for name, keep in (
+        ("clip_b", masks.clip_b(stats.s_star, out["advantages"], mask, mu=2.5)[0]),
+        ("clip_v", masks.clip_v(stats.s_centered, out["advantages"], mask, mu=8.5, max_frac=1e-4)[0]),
+    ):
         dropped = ~keep[mask]
         assert logged[f"entropy_rft/would_{name}/frac"] == pytest.approx(float(dropped.sum()) / n, rel=1e-6)
         share = float(-(step * a * s_c)[dropped].sum() / n)
         assert logged[f"entropy_rft/would_{name}/entropy_change"] == pytest.approx(share, rel=1e-4, abs=1e-15)
 
 
-@pytest.mark.parametrize("loss_type, level", [
-    ("grpo", "token"), ("dapo", "token"), ("dr_grpo", "token"), ("sapo", "token"), ("luspo", "sequence"),
-    ("cispo", "token"), ("grpo", "sequence")])
+@pytest.mark.parametrize(
+    "loss_type, level",
+    [
+        ("grpo", "token"),
+        ("dapo", "token"),
+        ("dr_grpo", "token"),
+        ("sapo", "token"),
+        ("luspo", "sequence"),
+        ("cispo", "token"),
+        ("grpo", "sequence"),
+    ],
+)
 def test_step_sizes_are_trls_own_gradients(tmp_path, loss_type, level):
     """The per-token step the monitor predicts with is TRL's loss: for one micro-batch of the generation batch (rows
     0-3 of 8) at ratio 1, d loss / d log p_t from TRL's own _compute_loss under autograd equals -A_t step_t / lr, for
@@ -388,8 +442,9 @@ def test_monitor_writes_what_inspect_and_report_read(tmp_path):
     assert undocumented(set().union(*lines), "trl") == []  # every key is in the metrics reference (issue 43)
     root = Path(__file__).parents[1]
     for cmd in (["inspect", str(run)], ["report", str(run), "--out", str(tmp_path / "report")]):
-        done = subprocess.run([sys.executable, "-m", "entropy_rft.cli", *cmd], capture_output=True, text=True,
-                              cwd=root, timeout=300)
+        done = subprocess.run(
+            [sys.executable, "-m", "entropy_rft.cli", *cmd], capture_output=True, text=True, cwd=root, timeout=300
+        )
         assert done.returncode == 0, done.stderr[-2000:]
     assert (run / "inspect.html").stat().st_size > 0 and (tmp_path / "report" / "report.md").exists()
 
@@ -447,8 +502,14 @@ def test_monitor_forwards_only_for_logged_steps(tmp_path):
             return super()._token_stats(out)
 
     path = resolve_model_path(STAND_IN)
-    trainer = Counting(model=path, reward_funcs=reward_a, args=config(tmp_path, max_steps=4, logging_steps=2),
-                       train_dataset=dataset(), method="none", samples_every=0)
+    trainer = Counting(
+        model=path,
+        reward_funcs=reward_a,
+        args=config(tmp_path, max_steps=4, logging_steps=2),
+        train_dataset=dataset(),
+        method="none",
+        samples_every=0,
+    )
     trainer.forwards = []
     trainer.train()
     assert trainer.forwards == [2, 4]
@@ -481,8 +542,16 @@ def test_inspect_page_of_a_monitored_run_in_chromium(tmp_path):
     countdown_trainer(run, method="none", steps=1).train()
     rec = samples.read_samples(run)[1]
     assert _token_places(rec)[1] == set()  # nothing clipped
-    marked = {m["key"]: {(k, j, t) for k, g in enumerate(rec["groups"]) for j, resp in enumerate(g["responses"])
-                         for t, x in enumerate(resp[m["key"]]) if x} for m in rec["marks"]}
+    marked = {
+        m["key"]: {
+            (k, j, t)
+            for k, g in enumerate(rec["groups"])
+            for j, resp in enumerate(g["responses"])
+            for t, x in enumerate(resp[m["key"]])
+            if x
+        }
+        for m in rec["marks"]
+    }
     assert list(marked) == ["would_clip_b", "would_clip_v"]  # which tokens: the written groups may hold none
     # the same record as a loss whose step sizes are unknown (bnpo): no terms, coloured by -A S_c instead; three
     # tokens of its first response marked as Clip_B's, so the underlining is checked on tokens that are marked
@@ -502,21 +571,26 @@ def test_inspect_page_of_a_monitored_run_in_chromium(tmp_path):
         coloured = bnpo.evaluate("Array.from(document.querySelectorAll('.tok')).filter(e => e.style.background).length")
         assert coloured > 0.5 * _token_places(rec)[0]
         assert "\u22120 " not in bnpo.evaluate("document.getElementById('legend').textContent")
-        got = bnpo.evaluate("Array.from(document.querySelectorAll('#runs .tok.mark-0'))"
-                            ".map(e => [+e.dataset.group, +e.dataset.resp, +e.dataset.pos])")
+        got = bnpo.evaluate(
+            "Array.from(document.querySelectorAll('#runs .tok.mark-0'))"
+            ".map(e => [+e.dataset.group, +e.dataset.resp, +e.dataset.pos])"
+        )
         assert {tuple(x) for x in got} == planted | marked["would_clip_b"]
         assert "Clip_B (mu 2.5) would drop it" in bnpo.evaluate("document.getElementById('legend').textContent")
         page = browser.open(out.resolve().as_uri())
         page.wait_for("document.body.dataset.ready === '1'")
         _check_dom(page, [rec])
         for i, places in enumerate(marked.values()):
-            got = page.evaluate(f"Array.from(document.querySelectorAll('#runs .tok.mark-{i}'))"
-                                ".map(e => [+e.dataset.group, +e.dataset.resp, +e.dataset.pos])")
+            got = page.evaluate(
+                f"Array.from(document.querySelectorAll('#runs .tok.mark-{i}'))"
+                ".map(e => [+e.dataset.group, +e.dataset.resp, +e.dataset.pos])"
+            )
             assert {tuple(x) for x in got} == places
         assert "Clip_B (mu 2.5) would drop it" in page.evaluate("document.getElementById('legend').textContent")
         _tab_to_token(page)
-        r, k, j, t = page.evaluate("(e => [+e.dataset.run, +e.dataset.group, +e.dataset.resp, +e.dataset.pos])"
-                                   "(document.activeElement)")
+        r, k, j, t = page.evaluate(
+            "(e => [+e.dataset.run, +e.dataset.group, +e.dataset.resp, +e.dataset.pos])(document.activeElement)"
+        )
         _check_details(page, rec, k, j, t)
         shot = page.screenshot(tmp_path / "inspect.png")
         browser.pump(0.2)
@@ -552,7 +626,7 @@ def test_probe_first_order_predicts_the_realised_change(tmp_path):
     from entropy_rft.report import build_report
 
     text = build_report([tmp_path / "out"], tmp_path / "report").read_text()
-    table = text[text.index("| run | engine"):].split("\n")
+    table = text[text.index("| run | engine") :].split("\n")
     head, row = table[0], dict(zip(table[0].strip("|").split(" | "), table[2].strip("|").split(" | ")))
     assert "mean clip frac" not in head and "| run | method | mu |" not in text  # the built-in runs' table
     assert row["engine"].strip() == "trl 1.16.0" and row["method"] == "none" and row["loss watched"] == "dapo"

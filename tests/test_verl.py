@@ -41,10 +41,21 @@ pytest.importorskip("transfer_queue")
 import ray  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import transfer_queue as tq  # noqa: E402
-import verl.utils.torch_functional as verl_F  # noqa: E402
 import verl.utils.seqlen_balancing as seqlen_balancing  # noqa: E402
+import verl.utils.torch_functional as verl_F  # noqa: E402
 import verl.workers.engine.fsdp.transformer_impl as fsdp_impl  # noqa: E402
 import verl.workers.engine_workers as engine_workers  # noqa: E402
+from engine_step import (  # noqa: E402
+    GRAD_RTOL,
+    InProcessWorkerGroup,
+    actor_rollout_ref_worker,
+    all_reduce_with_average,
+    fsdp_engine,
+    policy_gradient,
+    rel_diff,
+    training_worker,
+    value_gradient,
+)
 from omegaconf import OmegaConf  # noqa: E402
 from tensordict import TensorDict  # noqa: E402
 from transformers import AutoModelForCausalLM  # noqa: E402
@@ -60,13 +71,19 @@ import entropy_rft  # noqa: E402
 from entropy_rft.dynamics import TokenStats, token_stats  # noqa: E402
 from entropy_rft.integrations import verl as adapter  # noqa: E402
 from entropy_rft.integrations.verl import (  # noqa: E402
-    ENGINE_VENDOR, KEEP, S_EXPECT, TRAINER_NAME, WANT_S_EXPECT, EntropyFSDPEngine, EntropyRFTTrainer, Settings,
-    check_config, stats_from_engine)
+    ENGINE_VENDOR,
+    KEEP,
+    S_EXPECT,
+    TRAINER_NAME,
+    WANT_S_EXPECT,
+    EntropyFSDPEngine,
+    EntropyRFTTrainer,
+    Settings,
+    check_config,
+    stats_from_engine,
+)
 from entropy_rft.masks import clip_b, clip_v  # noqa: E402
 from entropy_rft.methods import METHODS  # noqa: E402
-from engine_step import (  # noqa: E402
-    GRAD_RTOL, InProcessWorkerGroup, actor_rollout_ref_worker, all_reduce_with_average, fsdp_engine, policy_gradient,
-    rel_diff, training_worker, value_gradient)
 
 TINY = Path(entropy_rft.__file__).parent / "assets" / "countdown-tiny"
 ROOT = Path(__file__).resolve().parents[1]
@@ -96,10 +113,18 @@ except ValueError:
 
 def _run_verl_import(env_extra: dict, code: str = LOOKUPS) -> subprocess.Popen:
     """A fresh python running `code`, in the environment this process had before it imported verl."""
-    env = {k: v for k, v in ENV_BEFORE_VERL.items() if k not in ("VERL_USE_EXTERNAL_MODULES", "VERL_USE_EXTERNAL_PLUGINS")}
+    env = {
+        k: v for k, v in ENV_BEFORE_VERL.items() if k not in ("VERL_USE_EXTERNAL_MODULES", "VERL_USE_EXTERNAL_PLUGINS")
+    }
     env.update(env_extra)
-    return subprocess.Popen([sys.executable, "-W", "ignore", "-c", code], env=env, cwd=ROOT, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    return subprocess.Popen(
+        [sys.executable, "-W", "ignore", "-c", code],
+        env=env,
+        cwd=ROOT,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
 
 
 @pytest.mark.slow
@@ -111,8 +136,9 @@ def test_plugin_loads_through_verl_entry_point_and_explicit_module():
     runs = {
         "entry point": _run_verl_import({}),
         "plugins off": _run_verl_import({"VERL_USE_EXTERNAL_PLUGINS": "none"}),
-        "explicit": _run_verl_import({"VERL_USE_EXTERNAL_PLUGINS": "none",
-                                      "VERL_USE_EXTERNAL_MODULES": "entropy_rft.integrations.verl"}),
+        "explicit": _run_verl_import(
+            {"VERL_USE_EXTERNAL_PLUGINS": "none", "VERL_USE_EXTERNAL_MODULES": "entropy_rft.integrations.verl"}
+        ),
     }
     out = {}
     for name, proc in runs.items():
@@ -146,9 +172,17 @@ def test_import_verl_with_the_plugin_costs_nothing():
     (no TORCH_CUDA_ARCH_LIST) and warning filters."""
     import json
 
-    runs = {name: _run_verl_import(env, IMPORT_COST) for name, env in
-            (("plugin", {}), ("off", {"VERL_USE_EXTERNAL_PLUGINS": "none"}),
-             ("adapter", {"VERL_USE_EXTERNAL_PLUGINS": "none", "VERL_USE_EXTERNAL_MODULES": "entropy_rft.integrations.verl"}))}
+    runs = {
+        name: _run_verl_import(env, IMPORT_COST)
+        for name, env in (
+            ("plugin", {}),
+            ("off", {"VERL_USE_EXTERNAL_PLUGINS": "none"}),
+            (
+                "adapter",
+                {"VERL_USE_EXTERNAL_PLUGINS": "none", "VERL_USE_EXTERNAL_MODULES": "entropy_rft.integrations.verl"},
+            ),
+        )
+    }
     seen = {}
     for name, proc in runs.items():
         stdout, stderr = proc.communicate(timeout=300)
@@ -181,25 +215,39 @@ def test_trainer_and_engine_registry_lookups(monkeypatch):
 
 
 def _verl_config(**over):
-    base = {"entropy_rft": {"method": "clip_v", "options": {"mu": 8.5, "max_frac": None}},
-            "algorithm": {"adv_estimator": "grpo", "use_kl_in_reward": False, "gamma": 1.0, "lam": 1.0,
-                          "norm_adv_by_std_in_grpo": True, "rollout_correction": None},
-            "actor_rollout_ref": {"actor": {"strategy": "fsdp"}, "model": {"use_fused_kernels": False},
-                                  "rollout": {"n": 4}}}
+    base = {
+        "entropy_rft": {"method": "clip_v", "options": {"mu": 8.5, "max_frac": None}},
+        "algorithm": {
+            "adv_estimator": "grpo",
+            "use_kl_in_reward": False,
+            "gamma": 1.0,
+            "lam": 1.0,
+            "norm_adv_by_std_in_grpo": True,
+            "rollout_correction": None,
+        },
+        "actor_rollout_ref": {
+            "actor": {"strategy": "fsdp"},
+            "model": {"use_fused_kernels": False},
+            "rollout": {"n": 4},
+        },
+    }
     cfg = OmegaConf.create(base)
     for key, value in over.items():
         OmegaConf.update(cfg, key, value, merge=False, force_add=True)
     return cfg
 
 
-@pytest.mark.parametrize("key,value,match", [
-    ("actor_rollout_ref.model.use_fused_kernels", True, "use_fused_kernels"),
-    ("actor_rollout_ref.actor.strategy", "megatron", "megatron"),
-    ("algorithm.rollout_correction", {"bypass_mode": True}, "bypass_mode"),
-])
+@pytest.mark.parametrize(
+    "key,value,match",
+    [
+        ("actor_rollout_ref.model.use_fused_kernels", True, "use_fused_kernels"),
+        ("actor_rollout_ref.actor.strategy", "megatron", "megatron"),
+        ("algorithm.rollout_correction", {"bypass_mode": True}, "bypass_mode"),
+    ],
+)
 def test_clip_v_refuses_configs_without_logits_or_entropies(key, value, match):
-    """Clip_V and the monitor are refused, naming the setting, with fused kernels, Megatron and bypass mode; Clip_B runs with fused
-    kernels and Megatron (it needs only verl's entropies) but not in bypass mode (no entropies at all)."""
+    """Clip_V and the monitor are refused, naming the setting, with fused kernels, Megatron and bypass mode; Clip_B runs
+    with fused kernels and Megatron (it needs only verl's entropies) but not in bypass mode (no entropies at all)."""
     cfg = _verl_config(**{key: value})
     with pytest.raises(ValueError, match=match):
         check_config(Settings.from_config(cfg), cfg)
@@ -233,10 +281,13 @@ def test_settings_name_what_is_wrong():
     assert Settings(method="none").monitor and Settings(method="none").needs_s_expect
 
 
-@pytest.mark.parametrize("name,method,options", [
-    ("qwen2.5-7b-instruct_clip_b", "clip_b", {"mu": 2.5}),
-    ("qwen2.5-7b-instruct_clip_v", "clip_v", {"mu": 8.5, "max_frac": 1e-4}),
-])
+@pytest.mark.parametrize(
+    "name,method,options",
+    [
+        ("qwen2.5-7b-instruct_clip_b", "clip_b", {"mu": 2.5}),
+        ("qwen2.5-7b-instruct_clip_v", "clip_v", {"mu": 8.5, "max_frac": 1e-4}),
+    ],
+)
 def test_example_configs_compose_with_verl_and_hold_table_1_settings(name, method, options):
     """The examples/verl configs compose with verl's own ppo_trainer config through Hydra, pass verl's
     validate_config and the adapter's start-up checks, hold Table 1's settings, and build the trainer they select,
@@ -283,8 +334,13 @@ def engine():
         mp.setattr(fsdp_impl, "get_device_id", lambda: "cpu")  # verl has no CPU platform (module docstring)
         mp.setattr(fsdp_impl, "get_device_name", lambda: "cpu")
         mp.setattr(seqlen_balancing, "get_device_name", lambda: "cpu")  # dynamic batch sizes
-        mp.setattr(engine_workers, "get_torch_device", lambda: types.SimpleNamespace(  # TrainingWorker's metrics
-            max_memory_allocated=lambda: 0, max_memory_reserved=lambda: 0))
+        mp.setattr(
+            engine_workers,
+            "get_torch_device",
+            lambda: types.SimpleNamespace(  # TrainingWorker's metrics
+                max_memory_allocated=lambda: 0, max_memory_reserved=lambda: 0
+            ),
+        )
         mp.setattr(dist, "all_reduce", partial(all_reduce_with_average, dist.all_reduce))
         created = not dist.is_initialized()
         if created:
@@ -292,8 +348,7 @@ def engine():
         eng = object.__new__(EntropyFSDPEngine)  # as verl's own *_on_cpu tests build it
         eng.module = AutoModelForCausalLM.from_pretrained(TINY).float().eval()
         eng.use_ulysses_sp, eng.ulysses_sequence_parallel_size, eng.ulysses_device_mesh = False, 1, None
-        eng.engine_config = types.SimpleNamespace(entropy_checkpointing=False,
-                                                  entropy_from_logits_with_chunking=False)
+        eng.engine_config = types.SimpleNamespace(entropy_checkpointing=False, entropy_from_logits_with_chunking=False)
         eng.compute_entropy_from_logits = verl_F.entropy_from_logits
         eng.pad_to_length, eng._autocast_dtype, eng.scaler = False, torch.float32, None
         yield eng
@@ -310,9 +365,18 @@ def token_batch(vocab, *, seed=0, b=8, temperature=0.7):
     responses = [torch.randint(2, vocab, (n,), generator=g) for n in r_len]
     ids = [torch.cat([p, r]) for p, r in zip(prompts, responses)]
     ones = [torch.ones(n, dtype=torch.int64) for n in r_len]
-    data = TensorDict({"input_ids": nested(ids), "position_ids": nested(torch.arange(len(x)) for x in ids),
-                       "prompts": nested(prompts), "responses": nested(responses), "response_mask": nested(ones),
-                       "loss_mask": nested(ones), "temperature": torch.full((b,), temperature)}, batch_size=b)
+    data = TensorDict(
+        {
+            "input_ids": nested(ids),
+            "position_ids": nested(torch.arange(len(x)) for x in ids),
+            "prompts": nested(prompts),
+            "responses": nested(responses),
+            "response_mask": nested(ones),
+            "loss_mask": nested(ones),
+            "temperature": torch.full((b,), temperature),
+        },
+        batch_size=b,
+    )
     tu.assign_non_tensor(data, pad_mode=DatasetPadMode.NO_PADDING, use_fused_kernels=False)
     return data, ids
 
@@ -338,7 +402,7 @@ def test_engine_stats_equal_token_stats(engine, packed):
             _, out = engine.forward_step(data, loss_function=None, forward_only=True)
     finally:
         handle.remove()
-    z = seen[0].squeeze(0) if packed else torch.cat([seen[0][i, :len(x)] for i, x in enumerate(ids)])
+    z = seen[0].squeeze(0) if packed else torch.cat([seen[0][i, : len(x)] for i, x in enumerate(ids)])
     labels = torch.roll(torch.cat(ids), -1)  # verl's label layout: position t predicts token t + 1
     ours = token_stats(z, labels, temperature=0.7)
     mo = out["model_output"]
@@ -346,8 +410,9 @@ def test_engine_stats_equal_token_stats(engine, packed):
     for name, key in (("logp", "log_probs"), ("entropy", "entropy"), ("s_expect", S_EXPECT)):
         torch.testing.assert_close(mo[key].values(), getattr(ours, name), atol=1e-5, rtol=1e-5)
     logp, h, s_expect = brute_force(z, 0.7)
-    torch.testing.assert_close(mo["log_probs"].values().double(), logp.gather(-1, labels[:, None]).squeeze(-1),
-                               atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(
+        mo["log_probs"].values().double(), logp.gather(-1, labels[:, None]).squeeze(-1), atol=1e-5, rtol=1e-5
+    )
     torch.testing.assert_close(mo["entropy"].values().double(), h, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(mo[S_EXPECT].values().double(), s_expect, atol=1e-6, rtol=1e-5)
 
@@ -415,9 +480,18 @@ def driver_batch(seed=0, groups=4, n=4):
         score[-1] = float(torch.rand((), generator=g) > 0.5)
         scores.append(score)
     ones = [torch.ones(t, dtype=torch.int64) for t in r_len]
-    fields = TensorDict({"uid": torch.arange(b) // n, "response_mask": nested(ones), "loss_mask": nested(ones),
-                         "rm_scores": nested(scores), "old_log_probs": nested(old), "entropy": nested(ent),
-                         S_EXPECT: nested(s_full)}, batch_size=b)
+    fields = TensorDict(
+        {
+            "uid": torch.arange(b) // n,
+            "response_mask": nested(ones),
+            "loss_mask": nested(ones),
+            "rm_scores": nested(scores),
+            "old_log_probs": nested(old),
+            "entropy": nested(ent),
+            S_EXPECT: nested(s_full),
+        },
+        batch_size=b,
+    )
     keys = [f"g{i // n}_s{i}_0" for i in range(b)]
     return keys, fields, r_len
 
@@ -442,8 +516,11 @@ def run_driver_step(method, options, partition):
     trainer.entropy_rft_generator = torch.Generator().manual_seed(0)
     metrics = {}
     trainer._compute_advantage(meta, metrics)
-    after = tq.kv_batch_get(keys=keys, partition_id=partition, select_fields=[
-        "response_mask", "loss_mask", KEEP, "advantages", "old_log_probs", "entropy"]).to_padded_tensor()
+    after = tq.kv_batch_get(
+        keys=keys,
+        partition_id=partition,
+        select_fields=["response_mask", "loss_mask", KEEP, "advantages", "old_log_probs", "entropy"],
+    ).to_padded_tensor()
     s_expect = torch.nested.to_padded_tensor(response_from_nested(fields[S_EXPECT], fields["response_mask"]), 0.0)
     valid = torch.nested.to_padded_tensor(fields["response_mask"], 0).bool()
     stats = stats_from_engine(after["old_log_probs"], after["entropy"], s_expect)
@@ -473,9 +550,18 @@ def test_driver_keep_mask_is_the_whole_batch_filter(transfer_queue, method, opti
     assert int((valid & ~want).sum()) > 0
     assert_written_back(after, want, valid)
     halves = [slice(0, 8), slice(8, 16)]
-    per_micro = torch.cat([expected_keep(method, TokenStats(*(getattr(stats, f)[h] for f in
-                                                               ("logp", "entropy", "s_star", "s_expect"))),
-                                         adv[h], valid[h], **options) for h in halves])
+    per_micro = torch.cat(
+        [
+            expected_keep(
+                method,
+                TokenStats(*(getattr(stats, f)[h] for f in ("logp", "entropy", "s_star", "s_expect"))),
+                adv[h],
+                valid[h],
+                **options,
+            )
+            for h in halves
+        ]
+    )
     assert not torch.equal(per_micro, want)
     assert metrics["entropy_rft/kept_frac"] == pytest.approx(float((want & valid).sum() / valid.sum()))
 
@@ -502,10 +588,12 @@ def test_driver_clip_cov_zeroes_whole_batch_selection(transfer_queue):
     """Clip-Cov on the driver: masks unchanged, and exactly the tokens losses.select_clip_cov picks over the whole
     batch (same generator seed) get advantage 0; the others keep verl's GRPO advantage."""
     from entropy_rft.losses import select_clip_cov
+
     plain, _, valid, _ = run_driver_step("clip_b", {"mu": 1e9}, "train_plain")  # mu huge: nothing dropped
     after, stats, _, _ = run_driver_step("clip_cov", {"ratio": 0.05, "lb": -1e9, "ub": 1e9}, "train_cov")
-    selected = select_clip_cov(plain["advantages"], stats.logp, valid, ratio=0.05, lb=-1e9, ub=1e9,
-                               generator=torch.Generator().manual_seed(0))
+    selected = select_clip_cov(
+        plain["advantages"], stats.logp, valid, ratio=0.05, lb=-1e9, ub=1e9, generator=torch.Generator().manual_seed(0)
+    )
     assert int(selected.sum()) == max(int(0.05 * int(valid.sum())), 1)
     assert_written_back(after, valid, valid)
     torch.testing.assert_close(after["advantages"], torch.where(selected, 0.0, plain["advantages"]) * valid)
@@ -530,17 +618,28 @@ def verl_cfg():
     from hydra import compose, initialize_config_module
 
     with initialize_config_module(config_module="verl.trainer.config", version_base=None):
-        return compose(config_name="ppo_trainer", overrides=[
-            f"actor_rollout_ref.model.path={TINY}", f"critic.model.path={TINY}",
-            f"actor_rollout_ref.rollout.n={N}", f"actor_rollout_ref.actor.ppo_mini_batch_size={GROUPS // MINI_BATCHES}",
-            f"actor_rollout_ref.actor.ppo_epochs={EPOCHS}", "actor_rollout_ref.rollout.temperature=1.0",
-            "actor_rollout_ref.actor.use_kl_loss=false", "algorithm.use_kl_in_reward=false",
-            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2", "critic.ppo_micro_batch_size_per_gpu=2",
-            "actor_rollout_ref.rollout.calculate_log_probs=false", "algorithm.adv_estimator=grpo",
-            "trainer.critic_warmup=0",
-            # one data-parallel rank, as the in-process stand-in of verl's dispatch runs (the monitor's step sizes
-            # compose mini-batches over trainer.nnodes x n_gpus_per_node ranks: adapter.actor_dp_size)
-            "trainer.nnodes=1", "trainer.n_gpus_per_node=1"])
+        return compose(
+            config_name="ppo_trainer",
+            overrides=[
+                f"actor_rollout_ref.model.path={TINY}",
+                f"critic.model.path={TINY}",
+                f"actor_rollout_ref.rollout.n={N}",
+                f"actor_rollout_ref.actor.ppo_mini_batch_size={GROUPS // MINI_BATCHES}",
+                f"actor_rollout_ref.actor.ppo_epochs={EPOCHS}",
+                "actor_rollout_ref.rollout.temperature=1.0",
+                "actor_rollout_ref.actor.use_kl_loss=false",
+                "algorithm.use_kl_in_reward=false",
+                "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+                "critic.ppo_micro_batch_size_per_gpu=2",
+                "actor_rollout_ref.rollout.calculate_log_probs=false",
+                "algorithm.adv_estimator=grpo",
+                "trainer.critic_warmup=0",
+                # one data-parallel rank, as the in-process stand-in of verl's dispatch runs (the monitor's step sizes
+                # compose mini-batches over trainer.nnodes x n_gpus_per_node ranks: adapter.actor_dp_size)
+                "trainer.nnodes=1",
+                "trainer.n_gpus_per_node=1",
+            ],
+        )
 
 
 @pytest.fixture(scope="module")
@@ -570,15 +669,25 @@ def rollout_batch(policy, *, seed, rollout_noise=0.0):
     scores = [torch.zeros(len(r)) for r in responses]
     for s in scores:  # graded rewards: every group has positive and negative advantages
         s[-1] = float(torch.rand((), generator=g))
-    fields = TensorDict({
-        "prompts": nested(prompts), "responses": nested(responses), "input_ids": nested(ids),
-        "position_ids": nested(torch.arange(len(x)) for x in ids), "response_mask": nested(ones),
-        "loss_mask": nested(ones), "rm_scores": nested(scores), "uid": torch.arange(b) // N}, batch_size=b)
+    fields = TensorDict(
+        {
+            "prompts": nested(prompts),
+            "responses": nested(responses),
+            "input_ids": nested(ids),
+            "position_ids": nested(torch.arange(len(x)) for x in ids),
+            "response_mask": nested(ones),
+            "loss_mask": nested(ones),
+            "rm_scores": nested(scores),
+            "uid": torch.arange(b) // N,
+        },
+        batch_size=b,
+    )
     if rollout_noise:
         logp = [reference_stats(policy, x, len(r)).logp for x, r in zip(ids, responses)]
         fields["rollout_log_probs"] = nested(lp + rollout_noise * torch.randn(lp.shape, generator=g) for lp in logp)
-    tags = [{"seq_len": len(x), "prompt_len": len(p), "response_len": len(r)}
-            for x, p, r in zip(ids, prompts, responses)]
+    tags = [
+        {"seq_len": len(x), "prompt_len": len(p), "response_len": len(r)} for x, p, r in zip(ids, prompts, responses)
+    ]
     return fields, tags
 
 
@@ -594,10 +703,16 @@ def engine_config(*, remove_padding=True, dynamic_bsz=True):
     micro-batches of 2 rows for training and 4 for the forwards."""
     from verl.workers.config import FSDPEngineConfig
 
-    return FSDPEngineConfig(strategy="fsdp", use_dynamic_bsz=dynamic_bsz, max_token_len_per_gpu=24,
-                            infer_max_token_len_per_gpu=24, micro_batch_size_per_gpu=2,
-                            infer_micro_batch_size_per_gpu=4, use_remove_padding=remove_padding,
-                            use_torch_compile=False)
+    return FSDPEngineConfig(
+        strategy="fsdp",
+        use_dynamic_bsz=dynamic_bsz,
+        max_token_len_per_gpu=24,
+        infer_max_token_len_per_gpu=24,
+        micro_batch_size_per_gpu=2,
+        infer_micro_batch_size_per_gpu=4,
+        use_remove_padding=remove_padding,
+        use_torch_compile=False,
+    )
 
 
 @dataclasses.dataclass
@@ -605,6 +720,7 @@ class Step:
     """What one whole step left: the rows in the order the workers saw them (after verl's batch balancing), each
     row's token ids and response length, TransferQueue's fields after the step (padded [B, T], in that order), the
     gradients each engine's optimizer recorded (one per mini-batch and epoch), and the step's metrics."""
+
     keys: list
     ids: list
     response_lens: list
@@ -619,8 +735,19 @@ class Step:
         return torch.arange(self.after["advantages"].shape[1])[None, :] < torch.tensor(self.response_lens)[:, None]
 
 
-def whole_step(cfg, models, partition, *, adapter_on=True, critic=False, seed=0, rollout_noise=0.0,
-               remove_padding=True, dynamic_bsz=True, tokenizer=None) -> Step:
+def whole_step(
+    cfg,
+    models,
+    partition,
+    *,
+    adapter_on=True,
+    critic=False,
+    seed=0,
+    rollout_noise=0.0,
+    remove_padding=True,
+    dynamic_bsz=True,
+    tokenizer=None,
+) -> Step:
     """One _step_once of verl's sync V1 trainer (EntropyRFTTrainer, or verl's own PPOTrainerSync with its own
     engines when adapter_on is False) on a fresh batch in TransferQueue partition `partition`; `tokenizer` the
     trainer's (default: a stand-in with the eos id alone, all that batch balancing reads)."""
@@ -630,9 +757,11 @@ def whole_step(cfg, models, partition, *, adapter_on=True, critic=False, seed=0,
 
     lm_engine = EntropyFSDPEngine if adapter_on else FSDPEngineWithLMHead
     eng_cfg = engine_config(remove_padding=remove_padding, dynamic_bsz=dynamic_bsz)
-    actor = training_worker(fsdp_engine(lm_engine, models.actor, eng_cfg),
-                            partial(ppo_loss, config=omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)),
-                            remove_padding)
+    actor = training_worker(
+        fsdp_engine(lm_engine, models.actor, eng_cfg),
+        partial(ppo_loss, config=omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)),
+        remove_padding,
+    )
     ref = training_worker(fsdp_engine(lm_engine, models.ref, eng_cfg), None, remove_padding)
     trainer = object.__new__(EntropyRFTTrainer if adapter_on else get_trainer_cls("sync"))
     trainer.config = cfg
@@ -643,9 +772,11 @@ def whole_step(cfg, models, partition, *, adapter_on=True, critic=False, seed=0,
     trainer.actor_rollout_wg = trainer.ref_policy_wg = InProcessWorkerGroup(actor_rollout_ref_worker(actor, ref))
     trainer.use_reference_policy, trainer.ref_in_actor, trainer.use_critic = True, False, critic
     if critic:
-        critic_worker = training_worker(fsdp_engine(FSDPEngineWithValueHead, models.critic, eng_cfg),
-                                        partial(value_loss, config=omega_conf_to_dataclass(cfg.critic)),
-                                        remove_padding)
+        critic_worker = training_worker(
+            fsdp_engine(FSDPEngineWithValueHead, models.critic, eng_cfg),
+            partial(value_loss, config=omega_conf_to_dataclass(cfg.critic)),
+            remove_padding,
+        )
         trainer.critic_wg = InProcessWorkerGroup(critic_worker)
     fields, tags = rollout_batch(models.actor, seed=seed, rollout_noise=rollout_noise)
     keys = [f"{partition}_{i // N}_{i % N}_0" for i in range(len(tags))]
@@ -658,13 +789,20 @@ def whole_step(cfg, models, partition, *, adapter_on=True, critic=False, seed=0,
     metrics = {}
     out = trainer._step_once(metrics, {}, len(keys))
     order = [keys.index(k) for k in out.keys]
-    after = tq.kv_batch_get(keys=out.keys, partition_id=partition).exclude("uid", "prompts", "input_ids",
-                                                                           "position_ids")
+    after = tq.kv_batch_get(keys=out.keys, partition_id=partition).exclude(
+        "uid", "prompts", "input_ids", "position_ids"
+    )
     if S_EXPECT in after.keys():  # the engine's full-sequence E_p[S], cut to the response tokens as verl cuts H
         after[S_EXPECT] = response_from_nested(after[S_EXPECT], after["loss_mask"])
-    return Step(list(out.keys), [fields["input_ids"][i] for i in order],
-                [len(fields["responses"][i]) for i in order], after.to_padded_tensor(),
-                actor.engine.optimizer.grads, critic_worker.engine.optimizer.grads if critic else [], metrics)
+    return Step(
+        list(out.keys),
+        [fields["input_ids"][i] for i in order],
+        [len(fields["responses"][i]) for i in order],
+        after.to_padded_tensor(),
+        actor.engine.optimizer.grads,
+        critic_worker.engine.optimizer.grads if critic else [],
+        metrics,
+    )
 
 
 def mini_batches(step):
@@ -680,8 +818,13 @@ def check_actor(step, policy, terms, count_mask):
     adv = step.after["advantages"]
     assert len(step.actor_grads) == MINI_BATCHES * EPOCHS
     for k, (rows, got) in enumerate(zip(mini_batches(step), step.actor_grads, strict=True)):
-        want = policy_gradient(policy, [(step.ids[r], step.response_lens[r]) for r in rows], adv[rows],
-                               terms[rows].float(), count_mask[rows].sum())
+        want = policy_gradient(
+            policy,
+            [(step.ids[r], step.response_lens[r]) for r in rows],
+            adv[rows],
+            terms[rows].float(),
+            count_mask[rows].sum(),
+        )
         assert rel_diff(got, want) < GRAD_RTOL, f"actor step {k}: relative difference {rel_diff(got, want):.2e}"
 
 
@@ -689,8 +832,12 @@ def check_critic(step, critic, mask):
     """Every critic optimizer step's gradient = the value loss's token mean over the mini-batch's `mask` tokens."""
     assert len(step.critic_grads) == MINI_BATCHES * EPOCHS
     for k, (rows, got) in enumerate(zip(mini_batches(step), step.critic_grads, strict=True)):
-        want = value_gradient(critic, [(step.ids[r], step.response_lens[r]) for r in rows], step.after["returns"][rows],
-                              mask[rows].float())
+        want = value_gradient(
+            critic,
+            [(step.ids[r], step.response_lens[r]) for r in rows],
+            step.after["returns"][rows],
+            mask[rows].float(),
+        )
         assert rel_diff(got, want) < GRAD_RTOL, f"critic step {k}: relative difference {rel_diff(got, want):.2e}"
 
 
@@ -706,8 +853,9 @@ def whole_batch_keep(step, policy, method, options, dropped_range=(0.03, 0.75)):
         if S_EXPECT in step.after.keys():
             torch.testing.assert_close(stats.s_expect[r, :n], ours.s_expect, atol=1e-5, rtol=1e-4)
     score = stats.s_centered if METHODS.get(method).score == "s_centered" else stats.s_star
-    keep, _ = METHODS.get(method).filter(score, step.after["advantages"], valid,
-                                         **{**METHODS.get(method).options, **options})
+    keep, _ = METHODS.get(method).filter(
+        score, step.after["advantages"], valid, **{**METHODS.get(method).options, **options}
+    )
     dropped = int((valid & ~keep).sum()) / int(valid.sum())
     assert dropped_range[0] <= dropped < dropped_range[1], f"dropped {dropped:.2f}, expected within {dropped_range}"
     assert torch.equal(step.after[KEEP].bool(), keep & valid)
@@ -726,20 +874,27 @@ def step_config(verl_cfg, method, options, **over):
 GAE = {"algorithm.adv_estimator": "gae"}
 # verl's token-level rejection sampling on 0.5 (log r)^2 <= 0.02 (|log r| <= 0.2), r = pi_old / pi_rollout, with
 # rollout log-probs 0.15 off (std) the policy's: it rejects about a sixth of the tokens
-REJECTION = {"algorithm.rollout_correction.rollout_rs": "token_k2",
-             "algorithm.rollout_correction.rollout_rs_threshold": 0.02,
-             "actor_rollout_ref.rollout.calculate_log_probs": True}
+REJECTION = {
+    "algorithm.rollout_correction.rollout_rs": "token_k2",
+    "algorithm.rollout_correction.rollout_rs_threshold": 0.02,
+    "actor_rollout_ref.rollout.calculate_log_probs": True,
+}
 ROLLOUT_NOISE = 0.15
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method,options,layout", [
-    ("clip_b", {"mu": 0.5}, {}),
-    ("clip_v", {"mu": 0.5, "max_frac": None}, {"remove_padding": False, "dynamic_bsz": False}),
-    ("s_sign:mask:neg_s:neg_samples", {}, {"dynamic_bsz": False}),
-], ids=["clip_b-packed-dynamic_bsz", "clip_v-padded-micro2", "s_sign-packed-micro2"])
-def test_whole_step_actor_gradients_are_the_kept_token_mean(transfer_queue, engine, verl_cfg, models, method,
-                                                            options, layout):
+@pytest.mark.parametrize(
+    "method,options,layout",
+    [
+        ("clip_b", {"mu": 0.5}, {}),
+        ("clip_v", {"mu": 0.5, "max_frac": None}, {"remove_padding": False, "dynamic_bsz": False}),
+        ("s_sign:mask:neg_s:neg_samples", {}, {"dynamic_bsz": False}),
+    ],
+    ids=["clip_b-packed-dynamic_bsz", "clip_v-padded-micro2", "s_sign-packed-micro2"],
+)
+def test_whole_step_actor_gradients_are_the_kept_token_mean(
+    transfer_queue, engine, verl_cfg, models, method, options, layout
+):
     """verl's whole GRPO step (2 mini-batches x 2 epochs) with the filter: the keep mask is the filter over the
     whole batch; every actor optimizer step's gradient is the token mean over the mini-batch's kept tokens; the masks
     every other reader sees are verl's own again after the update; Clip_V's E_p[S] (stored in TransferQueue) reaches
@@ -747,8 +902,7 @@ def test_whole_step_actor_gradients_are_the_kept_token_mean(transfer_queue, engi
     step = whole_step(step_config(verl_cfg, method, options), models, f"actor_{method}", **layout)
     keep = whole_batch_keep(step, models.actor, method, options)
     valid = step.valid
-    assert torch.equal(step.after["response_mask"].bool(), valid) and torch.equal(step.after["loss_mask"].bool(),
-                                                                                  valid)
+    assert torch.equal(step.after["response_mask"].bool(), valid) and torch.equal(step.after["loss_mask"].bool(), valid)
     check_actor(step, models.actor, keep, keep)
     assert step.metrics["entropy_rft/kept_frac"] == pytest.approx(float(keep.sum() / valid.sum()))
 
@@ -774,8 +928,9 @@ def test_whole_step_clip_b_on_verls_engine_losses(transfer_queue, engine, verl_c
     assert len(step.actor_grads) == MINI_BATCHES * EPOCHS
     for k, (rows, got) in enumerate(zip(mini_batches(step), step.actor_grads, strict=True)):
         count = len(rows) if loss_mode == "sapo" else 2
-        want = policy_gradient(models.actor, [(step.ids[r], step.response_lens[r]) for r in rows], adv[rows],
-                               per_row[rows], count)
+        want = policy_gradient(
+            models.actor, [(step.ids[r], step.response_lens[r]) for r in rows], adv[rows], per_row[rows], count
+        )
         assert rel_diff(got, want) < GRAD_RTOL, f"actor step {k}: relative difference {rel_diff(got, want):.2e}"
 
 
@@ -787,12 +942,25 @@ def test_example_clip_v_config_runs_the_whole_step(transfer_queue, engine, model
     from hydra import compose, initialize_config_dir
 
     with initialize_config_dir(config_dir=str(ROOT / "examples" / "verl"), version_base=None):
-        cfg = compose(config_name="qwen2.5-7b-instruct_clip_v", overrides=[
-            f"actor_rollout_ref.model.path={TINY}", f"critic.model.path={TINY}", f"data.train_batch_size={GROUPS}",
-            f"actor_rollout_ref.rollout.n={N}", f"actor_rollout_ref.actor.ppo_mini_batch_size={GROUPS // MINI_BATCHES}",
-            f"actor_rollout_ref.actor.ppo_epochs={EPOCHS}", "actor_rollout_ref.rollout.calculate_log_probs=false"])
-    step = whole_step(cfg, models, "example_clip_v", remove_padding=cfg.actor_rollout_ref.model.use_remove_padding,
-                      dynamic_bsz=cfg.actor_rollout_ref.actor.use_dynamic_bsz)
+        cfg = compose(
+            config_name="qwen2.5-7b-instruct_clip_v",
+            overrides=[
+                f"actor_rollout_ref.model.path={TINY}",
+                f"critic.model.path={TINY}",
+                f"data.train_batch_size={GROUPS}",
+                f"actor_rollout_ref.rollout.n={N}",
+                f"actor_rollout_ref.actor.ppo_mini_batch_size={GROUPS // MINI_BATCHES}",
+                f"actor_rollout_ref.actor.ppo_epochs={EPOCHS}",
+                "actor_rollout_ref.rollout.calculate_log_probs=false",
+            ],
+        )
+    step = whole_step(
+        cfg,
+        models,
+        "example_clip_v",
+        remove_padding=cfg.actor_rollout_ref.model.use_remove_padding,
+        dynamic_bsz=cfg.actor_rollout_ref.actor.use_dynamic_bsz,
+    )
     keep = whole_batch_keep(step, models.actor, "clip_v", dict(cfg.entropy_rft.options), dropped_range=(0.0, 0.01))
     check_actor(step, models.actor, keep, keep)
 
@@ -855,7 +1023,6 @@ def _denominator_from_rejection(data):
     return masks.update({"loss_mask": masks["response_mask"]})
 
 
-
 def _critic_sees_the_filter(monkeypatch):
     """Mutation: the advantage step writes the actor's filtered masks into TransferQueue (the old adapter), so the
     critic's update reads them too."""
@@ -863,16 +1030,18 @@ def _critic_sees_the_filter(monkeypatch):
 
     def compute_advantage(self, batch, metrics):
         batch = real(self, batch, metrics)
-        data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id,
-                               select_fields=["response_mask", "loss_mask", KEEP])
+        data = tq.kv_batch_get(
+            keys=batch.keys, partition_id=batch.partition_id, select_fields=["response_mask", "loss_mask", KEEP]
+        )
         return tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id, fields=adapter_actor_masks(data))
 
     monkeypatch.setattr(EntropyRFTTrainer, "_compute_advantage", compute_advantage)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mutation", ["terms unfiltered", "denominator unfiltered", "denominator from rejection",
-                                      "critic sees the filter"])
+@pytest.mark.parametrize(
+    "mutation", ["terms unfiltered", "denominator unfiltered", "denominator from rejection", "critic sees the filter"]
+)
 def test_mutations_fail_the_whole_step_oracle(transfer_queue, engine, verl_cfg, models, monkeypatch, mutation):
     """Mutation checks: a wrong mask in the actor's loss terms, a wrong denominator (with or without rejection
     sampling) and a critic that reads the filtered masks each make the oracle checks of the tests above fail."""
@@ -881,8 +1050,11 @@ def test_mutations_fail_the_whole_step_oracle(transfer_queue, engine, verl_cfg, 
         _critic_sees_the_filter(monkeypatch)
         over, critic = GAE, True
     else:
-        mutant = {"terms unfiltered": _terms_unfiltered, "denominator unfiltered": _denominator_unfiltered,
-                  "denominator from rejection": _denominator_from_rejection}[mutation]
+        mutant = {
+            "terms unfiltered": _terms_unfiltered,
+            "denominator unfiltered": _denominator_unfiltered,
+            "denominator from rejection": _denominator_from_rejection,
+        }[mutation]
         monkeypatch.setattr(adapter, "actor_masks", mutant)
         if mutation == "denominator from rejection":
             over, noise = REJECTION, ROLLOUT_NOISE
@@ -898,8 +1070,9 @@ def test_mutations_fail_the_whole_step_oracle(transfer_queue, engine, verl_cfg, 
 
 
 @pytest.mark.slow
-def test_whole_step_monitor_is_stock_verl_and_writes_what_inspect_reads(transfer_queue, engine, verl_cfg, models,
-                                                                        tmp_path):
+def test_whole_step_monitor_is_stock_verl_and_writes_what_inspect_reads(
+    transfer_queue, engine, verl_cfg, models, tmp_path
+):
     """entropy_rft.method=none (monitor) with rejection sampling on: every actor optimizer step's gradient equals
     stock verl's (its own trainer and engines) on the same batch, to float32 rounding (GRAD_RTOL); verl's masks are
     untouched. The step's metrics over the whole batch: entropy over every valid token; the predicted change
@@ -917,7 +1090,9 @@ def test_whole_step_monitor_is_stock_verl_and_writes_what_inspect_reads(transfer
     from entropy_rft.report import build_report
 
     cfg = step_config(verl_cfg, "none", {}, **REJECTION, **{"trainer.default_local_dir": str(tmp_path / "exp")})
-    ours = whole_step(cfg, models, "monitor_ours", rollout_noise=ROLLOUT_NOISE, tokenizer=AutoTokenizer.from_pretrained(TINY))
+    ours = whole_step(
+        cfg, models, "monitor_ours", rollout_noise=ROLLOUT_NOISE, tokenizer=AutoTokenizer.from_pretrained(TINY)
+    )
     stock = whole_step(cfg, models, "monitor_stock", rollout_noise=ROLLOUT_NOISE, adapter_on=False)
     assert ours.keys == [k.replace("stock", "ours") for k in stock.keys]
     for got, want in zip(ours.actor_grads, stock.actor_grads, strict=True):
@@ -974,8 +1149,9 @@ def _mini_batches_of_rank(rank: int, world: int, rows: int, mini_rows: int, port
         tokens = (row % 5 + 1).float()  # a different token count per row
         batch = TensorDict({"row": row, "tokens": tokens}, batch_size=[rows])
         mine = BatchData(batch).chunk(chunks=world)[rank]
-        steps = tu.make_iterator(mine, mini_batch_size=mini_rows // world, epochs=1, seed=42 + rank,
-                                 dataloader_kwargs={"shuffle": False})
+        steps = tu.make_iterator(
+            mine, mini_batch_size=mini_rows // world, epochs=1, seed=42 + rank, dataloader_kwargs={"shuffle": False}
+        )
         seen = []
         for mini in steps:
             total = mini["tokens"].sum().reshape(1)
@@ -1005,20 +1181,35 @@ def test_actor_mini_batches_are_verls_with_two_data_parallel_ranks(tmp_path):
     mp.spawn(_mini_batches_of_rank, args=(2, 16, 8, port, str(out)), nprocs=2, join=True)
     seen = torch.load(out)
     ours = adapter.actor_mini_batches(16, 8, 2)
-    assert [rows for rows, _ in seen] == [sorted(b.tolist()) for b in ours] == [[0, 1, 2, 3, 8, 9, 10, 11],
-                                                                              [4, 5, 6, 7, 12, 13, 14, 15]]
+    assert (
+        [rows for rows, _ in seen]
+        == [sorted(b.tolist()) for b in ours]
+        == [[0, 1, 2, 3, 8, 9, 10, 11], [4, 5, 6, 7, 12, 13, 14, 15]]
+    )
     # the step sizes the monitor gives each token: lr / the tokens of its mini-batch over both ranks
-    cfg = OmegaConf.create({"trainer": {"nnodes": 1, "n_gpus_per_node": 2},
-                            "actor_rollout_ref": {"rollout": {"n": 4}, "actor": {
-                                "loss_agg_mode": "token-mean", "shuffle": False, "ppo_mini_batch_size": 2,
-                                "fsdp_config": {"ulysses_sequence_parallel_size": 1}, "optim": {"lr": 1e-3}}}})
+    cfg = OmegaConf.create(
+        {
+            "trainer": {"nnodes": 1, "n_gpus_per_node": 2},
+            "actor_rollout_ref": {
+                "rollout": {"n": 4},
+                "actor": {
+                    "loss_agg_mode": "token-mean",
+                    "shuffle": False,
+                    "ppo_mini_batch_size": 2,
+                    "fsdp_config": {"ulysses_sequence_parallel_size": 1},
+                    "optim": {"lr": 1e-3},
+                },
+            },
+        }
+    )
     width = 5
     valid = torch.arange(width)[None, :] < (torch.arange(16) % 5 + 1)[:, None]  # row r has r % 5 + 1 tokens
     step = adapter.verl_step_sizes(cfg, valid, valid)
     for rows, total in seen:
         for r in rows:
-            assert torch.allclose(step[r][valid[r]], torch.full((int(valid[r].sum()),), 1e-3 / total,
-                                                                dtype=torch.float64))
+            assert torch.allclose(
+                step[r][valid[r]], torch.full((int(valid[r].sum()),), 1e-3 / total, dtype=torch.float64)
+            )
 
 
 @pytest.mark.parametrize("kind, warmup", [("constant", 3), ("cosine", 2), ("cosine", -1)])
@@ -1026,8 +1217,16 @@ def test_actor_lr_is_the_lr_verls_scheduler_applies(kind, warmup):
     """actor_lr(config, s) equals the lr verl 0.9.1's FSDP engine applies at global step s: its own
     _build_lr_scheduler on the same optim config (warmup steps, or the warmup ratio when lr_warmup_steps <= 0),
     stepped once after each step, as TrainingWorker.train_batch steps it after a step's last mini-batch."""
-    optim = {"lr": 1e-3, "lr_scheduler_type": kind, "lr_warmup_steps": warmup, "lr_warmup_steps_ratio": 0.25,
-             "total_training_steps": 10, "min_lr_ratio": 0.1, "num_cycles": 0.5, "zero_indexed_step": True}
+    optim = {
+        "lr": 1e-3,
+        "lr_scheduler_type": kind,
+        "lr_warmup_steps": warmup,
+        "lr_warmup_steps_ratio": 0.25,
+        "total_training_steps": 10,
+        "min_lr_ratio": 0.1,
+        "num_cycles": 0.5,
+        "zero_indexed_step": True,
+    }
     cfg = OmegaConf.create({"actor_rollout_ref": {"actor": {"optim": optim}}})
     engine = types.SimpleNamespace(optimizer_config=types.SimpleNamespace(**optim), rank=1)
     weight = torch.nn.Parameter(torch.zeros(1))
@@ -1049,17 +1248,29 @@ def test_a_malformed_group_skips_the_samples_with_a_warning(monkeypatch, tmp_pat
 
     data = TensorDict({"uid": torch.tensor([0, 0, 0, 1])}, batch_size=[4])
     with pytest.raises(adapter.MalformedGroups, match="rollout.n=2"):
-        adapter.samples_record(data, None, None, None, None, None, tokenizer=None, step_number=1, group_size=2,
-                               groups=1, info={})
+        adapter.samples_record(
+            data, None, None, None, None, None, tokenizer=None, step_number=1, group_size=2, groups=1, info={}
+        )
     monkeypatch.setattr(adapter.tq, "kv_batch_get", lambda **kw: data)
     trainer = types.SimpleNamespace(
-        entropy_rft=adapter.Settings(method="none", samples_every=1, samples_dir=str(tmp_path)), global_steps=1,
-        config=OmegaConf.create({"trainer": {"default_local_dir": str(tmp_path)}, "actor_rollout_ref": {
-            "rollout": {"n": 2}, "actor": {"loss_agg_mode": "token-mean", "optim": {"lr": 1e-3}}}}),
-        tokenizer=None, total_training_steps=3)
+        entropy_rft=adapter.Settings(method="none", samples_every=1, samples_dir=str(tmp_path)),
+        global_steps=1,
+        config=OmegaConf.create(
+            {
+                "trainer": {"default_local_dir": str(tmp_path)},
+                "actor_rollout_ref": {
+                    "rollout": {"n": 2},
+                    "actor": {"loss_agg_mode": "token-mean", "optim": {"lr": 1e-3}},
+                },
+            }
+        ),
+        tokenizer=None,
+        total_training_steps=3,
+    )
     batch = types.SimpleNamespace(keys=["a"], partition_id="p")
     with pytest.warns(UserWarning, match="no token samples at step 1.*rollout.n=2"):
-        adapter.EntropyRFTTrainer._entropy_rft_record(trainer, batch, None, None, None, None, None,
-                                                      {"entropy_rft/entropy": 1.0})
+        adapter.EntropyRFTTrainer._entropy_rft_record(
+            trainer, batch, None, None, None, None, None, {"entropy_rft/entropy": 1.0}
+        )
     trainer.entropy_rft_metrics.close()
     assert samples.steps_written(tmp_path) == [] and [m["step"] for m in read_metrics(tmp_path)] == [1]

@@ -10,15 +10,15 @@ import json
 
 import pytest
 import torch
-
 from conftest import FIXTURES
+
 from entropy_rft.cli import main
 from entropy_rft.config import load_config
+from entropy_rft.forward import policy_forward
 from entropy_rft.logging import read_metrics
+from entropy_rft.policy import load_policy
 from entropy_rft.rollout.vllm import VLLMEngine
 from entropy_rft.toy import build_stand_in
-from entropy_rft.forward import policy_forward
-from entropy_rft.policy import load_policy
 from entropy_rft.trainer import train
 
 pytest.importorskip("vllm")
@@ -79,9 +79,23 @@ class TestEngine:
 def run(tmp_path, name, stand_in, **kw):
     """Three training steps with the vLLM engine; each step's sampler gap. The random stand-in solves nothing, so
     every advantage is 0: the entropy bonus is what moves the weights (asserted through the gradient norm)."""
-    cfg = load_config(None, model=stand_in, engine="vllm", vllm_gpu_memory=MEMORY, steps=3, prompts_per_step=2,
-                      group_size=4, max_new_tokens=8, lr=1e-2, entropy_coef=0.1, eval_problems=2, eval_k=1,
-                      progress=False, out=str(tmp_path / name), **kw)
+    cfg = load_config(
+        None,
+        model=stand_in,
+        engine="vllm",
+        vllm_gpu_memory=MEMORY,
+        steps=3,
+        prompts_per_step=2,
+        group_size=4,
+        max_new_tokens=8,
+        lr=1e-2,
+        entropy_coef=0.1,
+        eval_problems=2,
+        eval_k=1,
+        progress=False,
+        out=str(tmp_path / name),
+        **kw,
+    )
     train(cfg)
     rows = read_metrics(cfg.out)
     assert all(row["grad_norm"] > 0 for row in rows)
@@ -110,8 +124,27 @@ def test_eval_cli_with_vllm(tmp_path, stand_in, capsys):
     pytest.importorskip("math_verify")
     out = tmp_path / "eval"
     data = f"aime24={FIXTURES / 'math' / 'aime24.parquet'},aime25={FIXTURES / 'math' / 'aime25.jsonl'}@2"
-    main(["eval", "--model", stand_in, "--data", data, "--k", "3", "--limit", "2", "--max-new-tokens", "8",
-          "--engine", "vllm", "--vllm-memory", str(MEMORY), "--out", str(out)])
+    main(
+        [
+            "eval",
+            "--model",
+            stand_in,
+            "--data",
+            data,
+            "--k",
+            "3",
+            "--limit",
+            "2",
+            "--max-new-tokens",
+            "8",
+            "--engine",
+            "vllm",
+            "--vllm-memory",
+            str(MEMORY),
+            "--out",
+            str(out),
+        ]
+    )
     report = json.loads((out / "eval.json").read_text())
     assert set(report["results"]) == {"aime24", "aime25"}
     assert report["results"]["aime24"]["k"] == 3 and report["results"]["aime25"]["k"] == 2

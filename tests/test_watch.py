@@ -41,8 +41,10 @@ def by_loop(stats, adv, mask, step):
         "cov_a_sc": sum((a[k] - mean_a) * (sc[k] - mean_sc) for k in toks) / n,
         "entropy_change/predicted": -sum(size[k] * a[k] * (sc[k] - mean_sc) for k in toks) / n,
     }
-    for name, keep in (("clip_b", masks.clip_b(stats.s_star, adv, mask)[0]),
-                       ("clip_v", masks.clip_v(stats.s_centered, adv, mask)[0])):
+    for name, keep in (
+        ("clip_b", masks.clip_b(stats.s_star, adv, mask)[0]),
+        ("clip_v", masks.clip_v(stats.s_centered, adv, mask)[0]),
+    ):
         dropped = [k for k in toks if not keep[k]]
         out[f"would_{name}/frac"] = len(dropped) / n
         out[f"would_{name}/entropy_change"] = -sum(size[k] * a[k] * sc[k] for k in dropped) / n
@@ -68,8 +70,12 @@ def test_padding_never_changes_a_result():
     stats, adv, mask = batch(1)
     step = step_sizes(mask, "seq-mean-token-mean", lr=0.1)
     base = watch_metrics(stats, adv, mask, mask, step)
-    noisy = TokenStats(*(torch.where(mask, x, torch.full_like(x, 1e3)) for x in
-                         (stats.logp, stats.entropy, stats.s_star, stats.s_expect)))
+    noisy = TokenStats(
+        *(
+            torch.where(mask, x, torch.full_like(x, 1e3))
+            for x in (stats.logp, stats.entropy, stats.s_star, stats.s_expect)
+        )
+    )
     pad = lambda x, v=0: torch.nn.functional.pad(x, (0, 3), value=v)  # noqa: E731
     wide = TokenStats(*(pad(x, 7.0) for x in (noisy.logp, noisy.entropy, noisy.s_star, noisy.s_expect)))
     got = watch_metrics(wide, adv, pad(mask), pad(mask), pad(step))

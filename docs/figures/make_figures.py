@@ -130,8 +130,13 @@ def figure_clipping(stats, advantages, mask) -> None:
     ):
         std = float(score.std(unbiased=False))
         bins = torch.linspace(float(score.min()), float(score.max()), 50)
-        ax.hist([score[adv > 0], score[(adv < 0) & keep], score[~keep]], bins=bins.numpy(), stacked=True,
-                color=["tab:blue", "tab:orange", "tab:red"], label=["A > 0", "A < 0, kept", "clipped"])
+        ax.hist(
+            [score[adv > 0], score[(adv < 0) & keep], score[~keep]],
+            bins=bins.numpy(),
+            stacked=True,
+            color=["tab:blue", "tab:orange", "tab:red"],
+            label=["A > 0", "A < 0, kept", "clipped"],
+        )
         ax.axvline(centre - 1.5 * std, color="tab:red", ls="--", lw=1, label="threshold")
         ax.set_yscale("log")
         ax.set_xlabel(name.split(" on ")[1].split(" ")[0])
@@ -149,16 +154,34 @@ def figure_first_order(stats, advantages, mask) -> None:
     fig, ax = plt.subplots(figsize=(6.2, 4.2))
     lim = float(term.abs().max())
     sc = ax.scatter(stats.s_centered[keep], adv[keep], c=term[keep], cmap="coolwarm_r", vmin=-lim, vmax=lim, s=9)
-    ax.scatter(stats.s_centered[~keep], adv[~keep], facecolors="none", edgecolors="k", s=26, lw=0.8,
-               label="clipped by Clip_B (mu 1.5)")
+    ax.scatter(
+        stats.s_centered[~keep],
+        adv[~keep],
+        facecolors="none",
+        edgecolors="k",
+        s=26,
+        lw=0.8,
+        label="clipped by Clip_B (mu 1.5)",
+    )
     ax.axhline(0, color="0.6", lw=0.8)
     ax.axvline(0, color="0.6", lw=0.8)
     ax.set_xlabel("S_c = S* - E_p[S]")
     ax.set_ylabel("advantage A")
-    for x, y, text in ((0.98, 0.96, "A > 0, S_c > 0:\nentropy down"), (0.02, 0.96, "A > 0, S_c < 0:\nentropy up"),
-                       (0.98, 0.04, "A < 0, S_c > 0:\nentropy up"), (0.02, 0.04, "A < 0, S_c < 0:\nentropy down")):
-        ax.text(x, y, text, transform=ax.transAxes, ha="right" if x > 0.5 else "left",
-                va="top" if y > 0.5 else "bottom", fontsize=8)
+    for x, y, text in (
+        (0.98, 0.96, "A > 0, S_c > 0:\nentropy down"),
+        (0.02, 0.96, "A > 0, S_c < 0:\nentropy up"),
+        (0.98, 0.04, "A < 0, S_c > 0:\nentropy up"),
+        (0.02, 0.04, "A < 0, S_c < 0:\nentropy down"),
+    ):
+        ax.text(
+            x,
+            y,
+            text,
+            transform=ax.transAxes,
+            ha="right" if x > 0.5 else "left",
+            va="top" if y > 0.5 else "bottom",
+            fontsize=8,
+        )
     fig.colorbar(sc, ax=ax, label="-A S_c: the sign and size of the token's term")
     ax.legend(loc="center left", fontsize=8)
     fig.tight_layout()

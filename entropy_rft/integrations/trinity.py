@@ -73,15 +73,18 @@ try:
     from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead
     from verl.workers.utils.padding import no_padding_2_padding
 except ImportError as err:  # the adapter is an optional extra
-    raise ImportError("entropy_rft.integrations.trinity needs Trinity-RFT 0.6: "
-                      "pip install 'entropy-rft[trinity]'") from err
+    raise ImportError(
+        "entropy_rft.integrations.trinity needs Trinity-RFT 0.6: pip install 'entropy-rft[trinity]'"
+    ) from err
 
 S_EXPECT_KEY = "necs"  # E_p[S] in the trainer's batch, the authors' name for it
 VALID_KEY = "entropy_rft_valid"  # the response tokens before the filter, which the critic learns on
 # A name no stored field has: Trinity hands every later worker call every field of the batch.
 _REQUEST = "entropy_rft_want_s_expect"  # non-tensor flag on the log-prob request that asks the engine for E_p[S]
-_BYPASS_HINT = ("set `algorithm.bypass_old_logprobs: false` in the Trinity config (Trinity 0.6.0 defaults to true, "
-                "which skips the recompute that produces `entropys`)")
+_BYPASS_HINT = (
+    "set `algorithm.bypass_old_logprobs: false` in the Trinity config (Trinity 0.6.0 defaults to true, "
+    "which skips the recompute that produces `entropys`)"
+)
 
 
 def _filters() -> str:
@@ -102,7 +105,8 @@ def batch_token_stats(batch: dict, *, log_prob_key: str, need_s_expect: bool) ->
         raise ValueError(
             f"the batch has no E_p[S] (`{S_EXPECT_KEY}`), which Clip_V reads: set `algorithm.policy_loss_fn: "
             "entropy_rft.integrations.trinity.GlobalTokenMeanPPO` so the workers load the engine hook, keep "
-            f"algorithm.bypass_old_logprobs false, and use the FSDP engine without fused kernels")
+            f"algorithm.bypass_old_logprobs false, and use the FSDP engine without fused kernels"
+        )
     s_expect = batch[S_EXPECT_KEY].float() if need_s_expect else torch.zeros_like(s_star)
     return TokenStats(logp, entropy, s_star, s_expect)
 
@@ -121,20 +125,30 @@ class EntropyAdvantageFn(AdvantageFn):
     (default grpo_verl, GRPO on DataProto); log_prob_key: departure 1; options: the filter's keyword options
     (e.g. mu, max_frac, mu_plus, side), defaults from METHODS. max_frac: null clips every Clip_V violator."""
 
-    def __init__(self, method: str = "clip_b", base: str = "grpo_verl", base_args: dict | None = None,
-                 log_prob_key: str = "old_log_probs", **options) -> None:
+    def __init__(
+        self,
+        method: str = "clip_b",
+        base: str = "grpo_verl",
+        base_args: dict | None = None,
+        log_prob_key: str = "old_log_probs",
+        **options,
+    ) -> None:
         spec = METHODS.get(method)
         if spec.filter is None:
-            raise ValueError(f"method {method!r} is not a token filter, so it has no Trinity advantage function; "
-                             f"filters: {_filters()}")
+            raise ValueError(
+                f"method {method!r} is not a token filter, so it has no Trinity advantage function; "
+                f"filters: {_filters()}"
+            )
         accepted = {p.name for p in inspect.signature(spec.filter).parameters.values() if p.kind is p.KEYWORD_ONLY}
         unknown = sorted(set(options) - accepted)
         if unknown:
             raise ValueError(f"{method} takes no option {unknown}; its options: {sorted(accepted)}")
         base_cls = ADVANTAGE_FN.get(base)
         if not base_cls.compute_in_trainer():
-            raise ValueError(f"base advantage {base!r} runs in the explorer on experiences, not in the trainer on the "
-                             "whole batch; use one computed in the trainer, e.g. grpo_verl, ppo, reinforceplusplus")
+            raise ValueError(
+                f"base advantage {base!r} runs in the explorer on experiences, not in the trainer on the "
+                "whole batch; use one computed in the trainer, e.g. grpo_verl, ppo, reinforceplusplus"
+            )
         self.base = base_cls(**(base_args or {}))
         self.method = spec
         self.options = {**spec.options, **options}
@@ -154,11 +168,13 @@ class EntropyAdvantageFn(AdvantageFn):
         batch[VALID_KEY] = batch["response_mask"].clone()  # for the critic's update (departure 4)
         write_back(batch, keep)
         metrics = {**base_metrics, **{f"entropy_rft/{k}": float(v) for k, v in metrics.items()}}
-        metrics.update({
-            "entropy_rft/kept_frac": float(masked_mean((keep & mask).float(), mask)),
-            "entropy_rft/s_star_mean": float(masked_mean(stats.s_star, mask)),
-            "entropy_rft/entropy": float(masked_mean(stats.entropy, mask)),
-        })
+        metrics.update(
+            {
+                "entropy_rft/kept_frac": float(masked_mean((keep & mask).float(), mask)),
+                "entropy_rft/s_star_mean": float(masked_mean(stats.s_star, mask)),
+                "entropy_rft/entropy": float(masked_mean(stats.entropy, mask)),
+            }
+        )
         if self.needs_s_expect:
             metrics["entropy_rft/s_centered_mean"] = float(masked_mean(stats.s_centered, mask))
             cov = batch_covariance(broadcast_advantages(adv, mask), stats.s_centered, mask)  # Corollary 4
@@ -175,23 +191,39 @@ class GlobalTokenMeanPPO(PolicyLossFn):
     kept-token losses / (batch_num_tokens / dp_size), so the engine's sum over micro-batches (and the
     data-parallel gradient average) is the mini-batch token mean (departure 2)."""
 
-    def __init__(self, backend: str = "verl", clip_range: float = 0.2, clip_range_low: float | None = None,
-                 clip_range_high: float | None = None, clip_ratio_c: float = 3.0,
-                 loss_agg_mode: str = "token-mean") -> None:
+    def __init__(
+        self,
+        backend: str = "verl",
+        clip_range: float = 0.2,
+        clip_range_low: float | None = None,
+        clip_range_high: float | None = None,
+        clip_ratio_c: float = 3.0,
+        loss_agg_mode: str = "token-mean",
+    ) -> None:
         super().__init__(backend=backend)
         if loss_agg_mode != "token-mean":
-            raise ValueError(f"GlobalTokenMeanPPO is a token mean over the whole mini-batch; loss_agg_mode "
-                             f"{loss_agg_mode!r} asks for another aggregation: set algorithm.loss_agg_mode: token-mean "
-                             "or use Trinity's ppo loss")
+            raise ValueError(
+                f"GlobalTokenMeanPPO is a token mean over the whole mini-batch; loss_agg_mode "
+                f"{loss_agg_mode!r} asks for another aggregation: set algorithm.loss_agg_mode: token-mean "
+                "or use Trinity's ppo loss"
+            )
         self.eps_low = clip_range if clip_range_low is None else clip_range_low
         self.eps_high = clip_range if clip_range_high is None else clip_range_high
         self.clip_ratio_c = clip_ratio_c
 
     def __call__(self, logprob, old_logprob, action_mask, advantages, batch_num_tokens, dp_size, **kwargs):
         # a mini-batch with no kept token (all filtered) gives a zero loss, as the authors' clamp_min(1) does
-        loss, metrics = ppo_clip_loss(logprob, old_logprob, advantages, action_mask, eps_low=self.eps_low,
-                                      eps_high=self.eps_high, dual_clip_c=self.clip_ratio_c, agg="token-mean",
-                                      num_tokens=max(batch_num_tokens, 1) / dp_size)
+        loss, metrics = ppo_clip_loss(
+            logprob,
+            old_logprob,
+            advantages,
+            action_mask,
+            eps_low=self.eps_low,
+            eps_high=self.eps_high,
+            dual_clip_c=self.clip_ratio_c,
+            agg="token-mean",
+            num_tokens=max(batch_num_tokens, 1) / dp_size,
+        )
         return loss, {f"pg_{k}": float(v) for k, v in metrics.items()} | {"pg_loss": float(loss.detach())}
 
     @classmethod
@@ -206,11 +238,15 @@ class GlobalTokenMeanPPO(PolicyLossFn):
 def _s_expect_like_engine(self, output, output_args, micro_batch: TensorDict) -> torch.Tensor:
     """E_p[S] per position as a jagged tensor laid out as verl's log_probs, from the temperature-scaled logits."""
     if tu.get_non_tensor_data(data=micro_batch, key="use_fused_kernels", default=False):
-        raise NotImplementedError("E_p[S] (Clip_V) needs the logits, which fused kernels never materialise: set "
-                                  "the actor's use_fused_kernels: false (Trinity's default)")
+        raise NotImplementedError(
+            "E_p[S] (Clip_V) needs the logits, which fused kernels never materialise: set "
+            "the actor's use_fused_kernels: false (Trinity's default)"
+        )
     if getattr(self, "use_ulysses_sp", False):
-        raise NotImplementedError("E_p[S] (Clip_V) is not gathered across Ulysses sequence-parallel ranks: set "
-                                  "trainer.ulysses_sequence_parallel_size: 1")
+        raise NotImplementedError(
+            "E_p[S] (Clip_V) is not gathered across Ulysses sequence-parallel ranks: set "
+            "trainer.ulysses_sequence_parallel_size: 1"
+        )
     offsets = micro_batch["input_ids"].offsets()
     with torch.no_grad():
         if tu.get_non_tensor_data(data=micro_batch, key="use_remove_padding", default=True):
@@ -285,7 +321,8 @@ def _install_trainer_hook() -> None:
             raise RuntimeError(
                 "the workers returned no E_p[S] for Clip_V: they load entropy-rft's engine hook when they resolve "
                 "`algorithm.policy_loss_fn: entropy_rft.integrations.trinity.GlobalTokenMeanPPO`; the hook covers "
-                "verl's FSDP engine (not Megatron)")
+                "verl's FSDP engine (not Megatron)"
+            )
         batch.batch[S_EXPECT_KEY] = no_padding_2_padding(s_expect, seen["request"]).float()
         return batch
 

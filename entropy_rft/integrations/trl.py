@@ -98,7 +98,8 @@ TRL_TESTED = ((1, 16), (1, 17))  # [lowest, first untested)
 TRL_KNOWN_CHANGES = (
     "1.17: vLLM log-probs renormalised under top-k/top-p/min-p for the importance-sampling correction (not in "
     "the monitor's step sizes either way); 1.18: AsyncGRPOTrainer stable, a separate trainer with its own rollout "
-    "worker and loss path, which EntropyGRPOTrainer does not wrap")
+    "worker and loss path, which EntropyGRPOTrainer does not wrap"
+)
 OUT_KEYS = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "advantages")  # what we read
 UNTESTED_TRL = "ENTROPY_RFT_ALLOW_UNTESTED_TRL"  # set to 1: warn instead of refusing an untested TRL release
 
@@ -112,10 +113,12 @@ def check_trl_version(version: str, allow_untested: bool = False) -> None:
     lo, hi = TRL_TESTED
     if lo <= parts < hi:
         return
-    message = (f"entropy_rft.integrations.trl is tested with TRL >= {lo[0]}.{lo[1]}, < {hi[0]}.{hi[1]}; this is TRL "
-               f"{version}. It overrides GRPOTrainer internals (_generate_and_score_completions, _calculate_rewards, "
-               f"the loss_type aggregations) that may differ there. Known since: {TRL_KNOWN_CHANGES}. Install "
-               f"'trl>={lo[0]}.{lo[1]},<{hi[0]}.{hi[1]}', or set {UNTESTED_TRL}=1 to run untested")
+    message = (
+        f"entropy_rft.integrations.trl is tested with TRL >= {lo[0]}.{lo[1]}, < {hi[0]}.{hi[1]}; this is TRL "
+        f"{version}. It overrides GRPOTrainer internals (_generate_and_score_completions, _calculate_rewards, "
+        f"the loss_type aggregations) that may differ there. Known since: {TRL_KNOWN_CHANGES}. Install "
+        f"'trl>={lo[0]}.{lo[1]},<{hi[0]}.{hi[1]}', or set {UNTESTED_TRL}=1 to run untested"
+    )
     if not allow_untested:
         raise RuntimeError(message)
     warnings.warn(message, stacklevel=3)
@@ -124,11 +127,18 @@ def check_trl_version(version: str, allow_untested: bool = False) -> None:
 def check_trl_internals(trainer_cls) -> None:
     """The GRPOTrainer methods and settings this adapter uses exist (a clear error before training, not a wrong
     statistic after)."""
-    missing = [name for name in ("_generate_and_score_completions", "_calculate_rewards", "_compute_loss")
-               if not callable(getattr(trainer_cls, name, None))]
+    missing = [
+        name
+        for name in ("_generate_and_score_completions", "_calculate_rewards", "_compute_loss")
+        if not callable(getattr(trainer_cls, name, None))
+    ]
     if missing:
-        raise RuntimeError(f"this TRL's GRPOTrainer has no {', '.join(missing)}: entropy_rft.integrations.trl needs "
-                           f"TRL >= {TRL_TESTED[0][0]}.{TRL_TESTED[0][1]}, < {TRL_TESTED[1][0]}.{TRL_TESTED[1][1]}")
+        raise RuntimeError(
+            f"this TRL's GRPOTrainer has no {', '.join(missing)}: entropy_rft.integrations.trl needs "
+            f"TRL >= {TRL_TESTED[0][0]}.{TRL_TESTED[0][1]}, < {TRL_TESTED[1][0]}.{TRL_TESTED[1][1]}"
+        )
+
+
 TRL_EQUIVALENTS = {
     "grpo": f"method={MONITOR!r} (TRL's own loss, watched)",
     "dapo": "GRPOConfig(loss_type='dapo', epsilon_high=0.28)",
@@ -144,8 +154,14 @@ TRL_EQUIVALENTS = {
 def rollout_of(out: dict) -> Rollout:
     """A generation batch of GRPOTrainer (prompt/completion ids and masks) as entropy-rft's Rollout."""
     b = out["completion_ids"].shape[0]
-    return Rollout(out["prompt_ids"], out["prompt_mask"].bool(), out["completion_ids"], out["completion_mask"].bool(),
-                   torch.ones(b, dtype=torch.bool), [""] * b)
+    return Rollout(
+        out["prompt_ids"],
+        out["prompt_mask"].bool(),
+        out["completion_ids"],
+        out["completion_mask"].bool(),
+        torch.ones(b, dtype=torch.bool),
+        [""] * b,
+    )
 
 
 class MetricsFile(TrainerCallback):
@@ -224,33 +240,44 @@ class EntropyGRPOTrainer(GRPOTrainer):
 
     probe_every: N > 0 probes the generation batches that feed an optimizer step divisible by N (0: never; None,
     the default, is the built-in trainer's TrainConfig.probe_every, 10, which is also TRL's default logging_steps,
-    so each default log line carries one probe, and 0 where the weights are sharded): the gradient of the batch's mean entropy over its valid completion
-    tokens at the weights that generated it (one extra forward and backward), TRL's own optimizer steps on the
-    batch, then that mean entropy on the same tokens at the new weights (one extra forward), logged at the batch's
-    last optimizer step as entropy_rft/entropy_change/first_order (gradient . parameter change, the change to
-    first order through the network of the step Adam really took) and entropy_rft/entropy_change/realised
+    so each default log line carries one probe, and 0 where the weights are sharded): the gradient of the batch's mean
+    entropy over its valid completion tokens at the weights that generated it (one extra forward and backward), TRL's
+    own optimizer steps on the batch, then that mean entropy on the same tokens at the new weights (one extra forward),
+    logged at the batch's last optimizer step as entropy_rft/entropy_change/first_order (gradient . parameter change,
+    the change to first order through the network of the step Adam really took) and entropy_rft/entropy_change/realised
     (departure 6)."""
 
-    def __init__(self, *args, method: str = "clip_b", method_options: dict | None = None,
-                 samples_every: int = TrainConfig.samples_every, samples_groups: int = TrainConfig.samples_groups,
-                 probe_every: int | None = None, **kwargs):
+    def __init__(
+        self,
+        *args,
+        method: str = "clip_b",
+        method_options: dict | None = None,
+        samples_every: int = TrainConfig.samples_every,
+        samples_groups: int = TrainConfig.samples_groups,
+        probe_every: int | None = None,
+        **kwargs,
+    ):
         if probe_every is not None and probe_every < 0:
             raise ValueError(f"probe_every must be >= 0 (0: never probe), got {probe_every}")
         check_trl_version(trl.__version__, os.environ.get(UNTESTED_TRL) == "1")
         check_trl_internals(GRPOTrainer)
         if method == MONITOR:
             if method_options:
-                raise ValueError(f"method {MONITOR!r} changes nothing in the loss, so it takes no method_options "
-                                 f"(got {method_options}); pick a filter (clip_b, clip_v, ...) to pass options")
+                raise ValueError(
+                    f"method {MONITOR!r} changes nothing in the loss, so it takes no method_options "
+                    f"(got {method_options}); pick a filter (clip_b, clip_v, ...) to pass options"
+                )
             spec = None
         else:
             spec = METHODS.get(method)
             if spec.filter is None:
                 hint = TRL_EQUIVALENTS.get(method, "no TRL equivalent here")
-                raise ValueError(f"method {method!r} is not a token filter, so EntropyGRPOTrainer has nothing to add: "
-                                 f"use {hint}. Filters: "
-                                 f"{', '.join(n for n in METHODS.names() if METHODS.get(n).filter)}; "
-                                 f"method={MONITOR!r} watches TRL's own loss")
+                raise ValueError(
+                    f"method {method!r} is not a token filter, so EntropyGRPOTrainer has nothing to add: "
+                    f"use {hint}. Filters: "
+                    f"{', '.join(n for n in METHODS.names() if METHODS.get(n).filter)}; "
+                    f"method={MONITOR!r} watches TRL's own loss"
+                )
         self.entropy_method = spec
         self.method_options = dict(method_options or {})
         self.samples_every, self.samples_groups = samples_every, samples_groups
@@ -259,8 +286,10 @@ class EntropyGRPOTrainer(GRPOTrainer):
         super().__init__(*args, **kwargs)
         if self.probe_every and sharded(self.accelerator):
             if probe_every is not None:
-                raise ValueError(f"probe_every={probe_every} needs every process to hold the whole model; this run "
-                                 f"shards it ({self.accelerator.distributed_type.value}): set probe_every=0")
+                raise ValueError(
+                    f"probe_every={probe_every} needs every process to hold the whole model; this run "
+                    f"shards it ({self.accelerator.distributed_type.value}): set probe_every=0"
+                )
             self.probe_every = 0  # the default probes only where it can
         self.add_callback(MetricsFile(self._about()))
         self.add_callback(ProbeCallback(self))
@@ -268,13 +297,20 @@ class EntropyGRPOTrainer(GRPOTrainer):
     def _about(self) -> dict:
         """The settings `entropy-rft report` names for this run (diagnostics.write_engine_run)."""
         args = self.args
-        return {"source": "trl", "trl_version": trl.__version__, "method": self.method_name,
-                "method_options": self.method_options, "loss_type": self.loss_type,
-                "importance_sampling_level": self.importance_sampling_level, "num_generations": self.num_generations,
-                "learning_rate": args.learning_rate,
-                "lr_scheduler_type": getattr(args.lr_scheduler_type, "value", args.lr_scheduler_type),
-                "logging_steps": args.logging_steps, "probe_every": self.probe_every,
-                "samples_every": self.samples_every}
+        return {
+            "source": "trl",
+            "trl_version": trl.__version__,
+            "method": self.method_name,
+            "method_options": self.method_options,
+            "loss_type": self.loss_type,
+            "importance_sampling_level": self.importance_sampling_level,
+            "num_generations": self.num_generations,
+            "learning_rate": args.learning_rate,
+            "lr_scheduler_type": getattr(args.lr_scheduler_type, "value", args.lr_scheduler_type),
+            "logging_steps": args.logging_steps,
+            "probe_every": self.probe_every,
+            "samples_every": self.samples_every,
+        }
 
     @property
     def method_name(self) -> str:
@@ -289,8 +325,10 @@ class EntropyGRPOTrainer(GRPOTrainer):
             return out
         missing = [k for k in OUT_KEYS if k not in out]
         if missing:
-            raise RuntimeError(f"TRL's generation batch has no {', '.join(missing)}: this TRL ({trl.__version__}) "
-                               f"differs from the tested range {TRL_TESTED} (check_trl_version)")
+            raise RuntimeError(
+                f"TRL's generation batch has no {', '.join(missing)}: this TRL ({trl.__version__}) "
+                f"differs from the tested range {TRL_TESTED} (check_trl_version)"
+            )
         loss_mask = out["completion_mask"].bool()
         if "tool_mask" in out:
             loss_mask = loss_mask & out["tool_mask"].bool()
@@ -303,9 +341,11 @@ class EntropyGRPOTrainer(GRPOTrainer):
             keep = mask
         else:
             keep, metrics = self._whole_batch_filter(every, adv, mask)
-            rows = slice(self.accelerator.process_index * loss_mask.shape[0],
-                         (self.accelerator.process_index + 1) * loss_mask.shape[0])
-            mine = keep[rows, :loss_mask.shape[1]].to(loss_mask.device)
+            rows = slice(
+                self.accelerator.process_index * loss_mask.shape[0],
+                (self.accelerator.process_index + 1) * loss_mask.shape[0],
+            )
+            mine = keep[rows, : loss_mask.shape[1]].to(loss_mask.device)
             base = out["tool_mask"] if "tool_mask" in out else torch.ones_like(out["completion_mask"])
             out["tool_mask"] = base * mine.to(base.dtype)
             if "num_items_in_batch" in out:  # departure 3
@@ -330,8 +370,11 @@ class EntropyGRPOTrainer(GRPOTrainer):
         """Whether one of the steps this generation batch feeds logs, writes samples or is probed: the monitor's
         statistics are for them."""
         steps = self._fed_steps()
-        return self._feeds_log() or self._probing() or any(samples.due(s, self.samples_every, self.state.max_steps)
-                                                     for s in steps)
+        return (
+            self._feeds_log()
+            or self._probing()
+            or any(samples.due(s, self.samples_every, self.state.max_steps) for s in steps)
+        )
 
     def _feeds_log(self) -> bool:
         """Whether one of the steps this generation batch feeds logs (TRL's logging_steps, logging_first_step; every
@@ -350,10 +393,16 @@ class EntropyGRPOTrainer(GRPOTrainer):
         """The gradient of this process's rows' mean entropy at the behaviour weights (forward.EntropyProbe, in the
         statistics pass's module mode, so no random number is drawn), kept until the batch's last optimizer step."""
         rollout = rollout_of(out)
-        probe = EntropyProbe(self.model, rollout, self.temperature, self.args.per_device_train_batch_size,
-                             in_update_mode=True)
-        self._probe = (probe, rollout, mean_entropy(before, rollout.response_mask), float(rollout.response_mask.sum()),
-                       self._fed_steps()[-1])
+        probe = EntropyProbe(
+            self.model, rollout, self.temperature, self.args.per_device_train_batch_size, in_update_mode=True
+        )
+        self._probe = (
+            probe,
+            rollout,
+            mean_entropy(before, rollout.response_mask),
+            float(rollout.response_mask.sum()),
+            self._fed_steps()[-1],
+        )
 
     def _finish_probe(self, step: int) -> None:
         """After the optimizer step `step`: if it is the probed batch's last, the first-order and the realised change
@@ -363,10 +412,13 @@ class EntropyGRPOTrainer(GRPOTrainer):
             return
         probe, rollout, before, n, _ = self._probe
         self._probe = None
-        after = mean_entropy(batch_stats(self.model, rollout, self.temperature, self.args.per_device_train_batch_size),
-                             rollout.response_mask)
-        local = torch.tensor([n, n * probe.first_order(), n * (after - before)], dtype=torch.float64,
-                             device=self.accelerator.device)
+        after = mean_entropy(
+            batch_stats(self.model, rollout, self.temperature, self.args.per_device_train_batch_size),
+            rollout.response_mask,
+        )
+        local = torch.tensor(
+            [n, n * probe.first_order(), n * (after - before)], dtype=torch.float64, device=self.accelerator.device
+        )
         total = self.accelerator.gather(local[None]).sum(0).cpu()
         tokens = max(float(total[0]), 1.0)
         self._metrics["train"]["entropy_rft/entropy_change/first_order"].append(float(total[1]) / tokens)
@@ -401,9 +453,12 @@ class EntropyGRPOTrainer(GRPOTrainer):
         every, adv, mask, keep = self._filtered
         tokenizer = getattr(self.processing_class, "tokenizer", self.processing_class)
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-        prompt_ids, prompt_mask = (acc.gather(acc.pad_across_processes(out[k], dim=1, pad_index=pad if k == "prompt_ids"
-                                                                       else 0, pad_first=True))
-                                   for k in ("prompt_ids", "prompt_mask"))
+        prompt_ids, prompt_mask = (
+            acc.gather(
+                acc.pad_across_processes(out[k], dim=1, pad_index=pad if k == "prompt_ids" else 0, pad_first=True)
+            )
+            for k in ("prompt_ids", "prompt_mask")
+        )
         completion_ids = acc.gather(acc.pad_across_processes(out["completion_ids"], dim=1, pad_index=pad))
         if not acc.is_main_process:
             return
@@ -412,12 +467,29 @@ class EntropyGRPOTrainer(GRPOTrainer):
         finished = (lengths > 0) & (last == tokenizer.eos_token_id)
         lr = self._lr()
         record = samples.build_record(
-            step=done + 1, prompt_ids=prompt_ids, prompt_mask=prompt_mask.bool(), response_ids=completion_ids,
-            response_mask=mask, finished=finished, tokenizer=tokenizer, stats=every, advantages=adv, keep=keep,
-            rewards=self._batch_rewards, group_size=self.num_generations, groups=self.samples_groups,
+            step=done + 1,
+            prompt_ids=prompt_ids,
+            prompt_mask=prompt_mask.bool(),
+            response_ids=completion_ids,
+            response_mask=mask,
+            finished=finished,
+            tokenizer=tokenizer,
+            stats=every,
+            advantages=adv,
+            keep=keep,
+            rewards=self._batch_rewards,
+            group_size=self.num_generations,
+            groups=self.samples_groups,
             step_size=self._step_sizes,
-            info={"source": "trl", "method": self.method_name, "loss_type": self.loss_type,
-                  "importance_sampling_level": self.importance_sampling_level, "lr": lr, "steps": [steps[0], steps[-1]]})
+            info={
+                "source": "trl",
+                "method": self.method_name,
+                "loss_type": self.loss_type,
+                "importance_sampling_level": self.importance_sampling_level,
+                "lr": lr,
+                "steps": [steps[0], steps[-1]],
+            },
+        )
         if self.entropy_method is None:  # what the filters would drop (watch_metrics' would_<name>/frac)
             for name in WOULD_CLIP:
                 dropped = mask & ~METHODS.get(name).apply(every, adv, mask)[0]

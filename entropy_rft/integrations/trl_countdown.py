@@ -76,8 +76,15 @@ def countdown_reward(problems: list, task_name: str = "countdown", eos_id: int |
     return reward
 
 
-def countdown_args(out: str | Path, *, seed: int = 0, steps: int | None = None, processes: int = 1,
-                   cfg: TrainConfig | None = None, **overrides):
+def countdown_args(
+    out: str | Path,
+    *,
+    seed: int = 0,
+    steps: int | None = None,
+    processes: int = 1,
+    cfg: TrainConfig | None = None,
+    **overrides,
+):
     """GRPOConfig with the run's settings (the demo's unless `cfg` is given; module docstring); `overrides` are
     GRPOConfig fields."""
     from trl import GRPOConfig
@@ -86,20 +93,54 @@ def countdown_args(out: str | Path, *, seed: int = 0, steps: int | None = None, 
     rows = cfg.prompts_per_step * cfg.group_size
     if rows % processes:
         raise ValueError(f"{rows} rows per step do not split over {processes} processes")
-    base = dict(output_dir=str(out), per_device_train_batch_size=rows // processes, num_generations=cfg.group_size,
-                max_completion_length=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p, top_k=0,
-                learning_rate=cfg.lr, adam_beta1=cfg.betas[0], adam_beta2=cfg.betas[1], weight_decay=cfg.weight_decay,
-                lr_scheduler_type="constant", warmup_steps=0, max_grad_norm=cfg.grad_clip, beta=0.0,
-                epsilon=cfg.eps_low, epsilon_high=cfg.eps_high, num_iterations=1, steps_per_generation=1,
-                gradient_accumulation_steps=1, loss_type="dapo", max_steps=steps or cfg.steps, use_cpu=True,
-                report_to=[], save_strategy="no", logging_steps=1, disable_tqdm=True, seed=seed, bf16=False,
-                disable_dropout=True, log_completions=False)
+    base = dict(
+        output_dir=str(out),
+        per_device_train_batch_size=rows // processes,
+        num_generations=cfg.group_size,
+        max_completion_length=cfg.max_new_tokens,
+        temperature=cfg.temperature,
+        top_p=cfg.top_p,
+        top_k=0,
+        learning_rate=cfg.lr,
+        adam_beta1=cfg.betas[0],
+        adam_beta2=cfg.betas[1],
+        weight_decay=cfg.weight_decay,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        max_grad_norm=cfg.grad_clip,
+        beta=0.0,
+        epsilon=cfg.eps_low,
+        epsilon_high=cfg.eps_high,
+        num_iterations=1,
+        steps_per_generation=1,
+        gradient_accumulation_steps=1,
+        loss_type="dapo",
+        max_steps=steps or cfg.steps,
+        use_cpu=True,
+        report_to=[],
+        save_strategy="no",
+        logging_steps=1,
+        disable_tqdm=True,
+        seed=seed,
+        bf16=False,
+        disable_dropout=True,
+        log_completions=False,
+    )
     return GRPOConfig(**{**base, **overrides})
 
 
-def countdown_trainer(out: str | Path, *, method: str | None = "clip_b", method_options: dict | None = None,
-                      seed: int = 0, steps: int | None = None, processes: int = 1, cls=None,
-                      model: str = "countdown-tiny", **overrides):
+def countdown_trainer(
+    out: str | Path,
+    *,
+    method: str | None = "clip_b",
+    method_options: dict | None = None,
+    seed: int = 0,
+    steps: int | None = None,
+    processes: int = 1,
+    cls=None,
+    model: str = "countdown-tiny",
+    **overrides,
+):
     """EntropyGRPOTrainer (or GRPOTrainer when method is None, or `cls`) on the shipped countdown policy and task, or
     on a packaged model (`model`, packaged.py) with its recipe. method_options default to the demo's for the method
     (Clip_B mu 1.5; Clip_V mu 3.0, max_frac 0.05; a packaged model: the filter's defaults); method "none" watches
@@ -124,8 +165,11 @@ def countdown_trainer(out: str | Path, *, method: str | None = "clip_b", method_
     elif method is not None and packaged:
         extra = {"method": method, "method_options": method_options or {}}
     elif method is not None:  # the demo's options where the demo runs the method (None values: the filter's defaults)
-        options = method_options if method_options is not None else run_config(load_demo_config(), method).method_overrides()
+        options = (
+            method_options if method_options is not None else run_config(load_demo_config(), method).method_overrides()
+        )
         extra = {"method": method, "method_options": options}
     trainer_cls = cls or (EntropyGRPOTrainer if method is not None else GRPOTrainer)
-    return trainer_cls(model=policy, reward_funcs=reward, args=args, train_dataset=data, processing_class=tokenizer,
-                       **extra)
+    return trainer_cls(
+        model=policy, reward_funcs=reward, args=args, train_dataset=data, processing_class=tokenizer, **extra
+    )

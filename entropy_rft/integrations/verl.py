@@ -104,8 +104,10 @@ try:
     from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead
     from verl.workers.utils.padding import response_from_nested, response_to_nested
 except ImportError as err:  # the adapter is an optional extra
-    raise ImportError(f"entropy_rft.integrations.verl needs verl 0.9 with its V1 trainer (TransferQueue): "
-                      f"pip install 'entropy-rft[verl]' ({err})") from err
+    raise ImportError(
+        f"entropy_rft.integrations.verl needs verl 0.9 with its V1 trainer (TransferQueue): "
+        f"pip install 'entropy-rft[verl]' ({err})"
+    ) from err
 
 TRAINER_NAME = "entropy_rft"  # trainer.v1.trainer_mode
 ENGINE_VENDOR = "entropy_rft"  # VERL_ENGINE_VENDOR in the workers' environment
@@ -142,17 +144,22 @@ class Settings:
     def __post_init__(self):
         if self.method == MONITOR:
             if self.options:
-                raise ValueError(f"entropy_rft.method={MONITOR} changes nothing in verl's loss, so it takes no "
-                                 f"options (got {dict(self.options)}); pick a filter (clip_b, clip_v, ...) to pass them")
+                raise ValueError(
+                    f"entropy_rft.method={MONITOR} changes nothing in verl's loss, so it takes no "
+                    f"options (got {dict(self.options)}); pick a filter (clip_b, clip_v, ...) to pass them"
+                )
             return
         spec = METHODS.get(self.method)
         if spec.filter is None and self.method != CLIP_COV:
             filters = ", ".join(n for n in METHODS.names() if METHODS.get(n).filter)
-            raise ValueError(f"entropy_rft.method={self.method!r} is not a token filter, so it has no driver step in "
-                             f"verl; use one of {filters} or {CLIP_COV}, or {MONITOR} to watch verl's own loss (other "
-                             f"rows of METHODS are verl settings: docs/howto/verl.md)")
-        accepted = set(CLIP_COV_DEFAULTS) if spec.filter is None else set(
-            list(inspect.signature(spec.filter).parameters)[3:])  # after (score, advantages, mask)
+            raise ValueError(
+                f"entropy_rft.method={self.method!r} is not a token filter, so it has no driver step in "
+                f"verl; use one of {filters} or {CLIP_COV}, or {MONITOR} to watch verl's own loss (other "
+                f"rows of METHODS are verl settings: docs/howto/verl.md)"
+            )
+        accepted = (
+            set(CLIP_COV_DEFAULTS) if spec.filter is None else set(list(inspect.signature(spec.filter).parameters)[3:])
+        )  # after (score, advantages, mask)
         if set(self.options) - accepted:
             raise ValueError(f"{self.method} takes options {sorted(accepted)}, got {sorted(self.options)}")
 
@@ -166,12 +173,14 @@ class Settings:
         return self.monitor or (self.method != CLIP_COV and METHODS.get(self.method).score == "s_centered")
 
     @classmethod
-    def from_config(cls, config) -> "Settings":
+    def from_config(cls, config) -> Settings:
         section = config.get("entropy_rft", None)
         if section is None:
-            raise ValueError(f"trainer.v1.trainer_mode={TRAINER_NAME} needs an `entropy_rft` section, e.g. "
-                             "+entropy_rft.method=clip_b +entropy_rft.options.mu=2.5 (or +entropy_rft.method=none "
-                             "to watch verl's own loss)")
+            raise ValueError(
+                f"trainer.v1.trainer_mode={TRAINER_NAME} needs an `entropy_rft` section, e.g. "
+                "+entropy_rft.method=clip_b +entropy_rft.options.mu=2.5 (or +entropy_rft.method=none "
+                "to watch verl's own loss)"
+            )
         section = dict(section)
         names = [f.name for f in dataclasses.fields(cls)]
         unknown = set(section) - set(names)
@@ -188,8 +197,9 @@ def stats_from_engine(old_log_probs: Tensor, entropy: Tensor, s_expect: Tensor |
     return TokenStats(logp, h, s_star, torch.zeros_like(logp) if s_expect is None else s_expect.float())
 
 
-def whole_batch_step(settings: Settings, stats: TokenStats, advantages: Tensor, mask: Tensor, *,
-                     generator: torch.Generator | None = None) -> tuple[Tensor, Tensor, dict[str, float]]:
+def whole_batch_step(
+    settings: Settings, stats: TokenStats, advantages: Tensor, mask: Tensor, *, generator: torch.Generator | None = None
+) -> tuple[Tensor, Tensor, dict[str, float]]:
     """(keep [B, T] bool, advantages [B, T], metrics) for the whole batch: a token filter's keep mask (advantages
     unchanged), or for Clip-Cov the mask unchanged and the selected tokens' advantages zeroed (departure 3)."""
     mask = mask.bool()
@@ -218,19 +228,25 @@ def check_config(settings: Settings, config) -> None:
     """Refuse, at start-up, configurations the method cannot run in (departure 2)."""
     corr = config.algorithm.get("rollout_correction", None)
     if corr is not None and corr.get("bypass_mode", False):
-        raise ValueError("entropy_rft needs verl's recomputed old log-probs and entropies, but "
-                         "algorithm.rollout_correction.bypass_mode=true skips that step: set it to false")
+        raise ValueError(
+            "entropy_rft needs verl's recomputed old log-probs and entropies, but "
+            "algorithm.rollout_correction.bypass_mode=true skips that step: set it to false"
+        )
     if not settings.needs_s_expect:
         return
     what = f"the monitor (entropy_rft.method={MONITOR}, for S_c)" if settings.monitor else settings.method
     strategy = config.actor_rollout_ref.actor.get("strategy", "fsdp")
     if strategy not in ("fsdp", "fsdp2"):
-        raise ValueError(f"{what} needs E_p[S] from the full token distribution, which only the FSDP "
-                         f"engine computes here; actor strategy {strategy!r} (Megatron and the others) never "
-                         "materialises the logits: use actor.strategy=fsdp or fsdp2, or Clip_B")
+        raise ValueError(
+            f"{what} needs E_p[S] from the full token distribution, which only the FSDP "
+            f"engine computes here; actor strategy {strategy!r} (Megatron and the others) never "
+            "materialises the logits: use actor.strategy=fsdp or fsdp2, or Clip_B"
+        )
     if config.actor_rollout_ref.model.get("use_fused_kernels", False):
-        raise ValueError(f"{what} needs E_p[S] from the logits, but actor_rollout_ref.model."
-                         "use_fused_kernels=true never materialises them: set it to false, or use Clip_B")
+        raise ValueError(
+            f"{what} needs E_p[S] from the logits, but actor_rollout_ref.model."
+            "use_fused_kernels=true never materialises them: set it to false, or use Clip_B"
+        )
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -274,8 +290,9 @@ class EntropyRFTTrainer(PPOTrainerSync):
         if self.entropy_rft.needs_s_expect:
             fields.append(S_EXPECT)
         if self.entropy_rft.monitor:  # verl's batch stays as verl made it
-            data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id,
-                                   select_fields=[*fields, "response_mask"])
+            data = tq.kv_batch_get(
+                keys=batch.keys, partition_id=batch.partition_id, select_fields=[*fields, "response_mask"]
+            )
             stats, valid, used, adv = monitor_inputs(data)
             step = verl_step_sizes(self.config, valid, used, int(self.global_steps))
             watched = watch_metrics(stats, adv, valid, used, step)
@@ -298,8 +315,9 @@ class EntropyRFTTrainer(PPOTrainerSync):
         try:
             return super()._update_actor(batch, metrics)
         finally:
-            tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id,
-                            fields=data.select("response_mask", "loss_mask"))
+            tq.kv_batch_put(
+                keys=batch.keys, partition_id=batch.partition_id, fields=data.select("response_mask", "loss_mask")
+            )
 
     def _entropy_rft_record(self, batch, stats, adv, valid, used, step, metrics: dict) -> None:
         """SAMPLES_DIR/metrics.jsonl (a line per step: the entropy_rft metrics, as the built-in trainer names them)
@@ -311,24 +329,45 @@ class EntropyRFTTrainer(PPOTrainerSync):
             samples.cut_after(run_dir, done - 1)  # a resumed run writes the later steps again
             self.entropy_rft_metrics = JsonlSink(Path(run_dir), {}, start_step=done - 1)
             actor = self.config.actor_rollout_ref.actor
-            write_engine_run(run_dir, {"source": "verl", "verl_version": getattr(verl, "__version__", None),
-                                       "method": settings.method, "loss_agg_mode": actor.loss_agg_mode,
-                                       "policy_loss": actor.get("policy_loss", {}).get("loss_mode"),
-                                       "rollout_n": int(self.config.actor_rollout_ref.rollout.n),
-                                       "lr": actor_lr(self.config), "samples_every": settings.samples_every})
+            write_engine_run(
+                run_dir,
+                {
+                    "source": "verl",
+                    "verl_version": getattr(verl, "__version__", None),
+                    "method": settings.method,
+                    "loss_agg_mode": actor.loss_agg_mode,
+                    "policy_loss": actor.get("policy_loss", {}).get("loss_mode"),
+                    "rollout_n": int(self.config.actor_rollout_ref.rollout.n),
+                    "lr": actor_lr(self.config),
+                    "samples_every": settings.samples_every,
+                },
+            )
         ours = {k.removeprefix("entropy_rft/"): v for k, v in metrics.items() if k.startswith("entropy_rft/")}
         self.entropy_rft_metrics.log({"step": done, **ours})
         if not samples.due(done, settings.samples_every, getattr(self, "total_training_steps", None)):
             return
-        data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id,
-                               select_fields=["prompts", "responses", "uid", "rm_scores"])
+        data = tq.kv_batch_get(
+            keys=batch.keys, partition_id=batch.partition_id, select_fields=["prompts", "responses", "uid", "rm_scores"]
+        )
         try:
-            record = samples_record(data, stats, adv, valid, used, step, tokenizer=self.tokenizer, step_number=done,
-                                    group_size=int(self.config.actor_rollout_ref.rollout.n),
-                                    groups=settings.samples_groups,
-                                    info={"source": "verl", "method": settings.method,
-                                          "lr": actor_lr(self.config, done),
-                                          "loss_agg": self.config.actor_rollout_ref.actor.loss_agg_mode})
+            record = samples_record(
+                data,
+                stats,
+                adv,
+                valid,
+                used,
+                step,
+                tokenizer=self.tokenizer,
+                step_number=done,
+                group_size=int(self.config.actor_rollout_ref.rollout.n),
+                groups=settings.samples_groups,
+                info={
+                    "source": "verl",
+                    "method": settings.method,
+                    "lr": actor_lr(self.config, done),
+                    "loss_agg": self.config.actor_rollout_ref.actor.loss_agg_mode,
+                },
+            )
         except MalformedGroups as err:  # the samples are a diagnostic: the run goes on without them (departure 8)
             warnings.warn(f"entropy_rft: no token samples at step {done}: {err}", stacklevel=2)
             return
@@ -341,9 +380,11 @@ def monitor_inputs(data: TensorDict) -> tuple[TokenStats, Tensor, Tensor, Tensor
     denominator), loss tokens = that & response_mask (verl's rejection sampling removes tokens from the loss's
     terms only)."""
     if S_EXPECT not in data.keys():
-        raise RuntimeError(f"entropy_rft.method={MONITOR} needs E_p[S] for S_c, but the actor workers did not return "
-                           f"{S_EXPECT!r}: start them with VERL_ENGINE_VENDOR={ENGINE_VENDOR} (e.g. "
-                           f"+ray_kwargs.ray_init.runtime_env.env_vars.VERL_ENGINE_VENDOR={ENGINE_VENDOR})")
+        raise RuntimeError(
+            f"entropy_rft.method={MONITOR} needs E_p[S] for S_c, but the actor workers did not return "
+            f"{S_EXPECT!r}: start them with VERL_ENGINE_VENDOR={ENGINE_VENDOR} (e.g. "
+            f"+ray_kwargs.ray_init.runtime_env.env_vars.VERL_ENGINE_VENDOR={ENGINE_VENDOR})"
+        )
     nested_mask = data["loss_mask"]
     padded = data.exclude(S_EXPECT).to_padded_tensor()
     valid = padded["loss_mask"].bool()
@@ -361,10 +402,7 @@ def actor_lr(config, step: int | None = None) -> float:
     lr = float(optim.lr)
     if step is None:
         return lr
-    from verl.utils.torch_functional import (
-        get_constant_schedule_with_warmup,
-        get_cosine_schedule_with_warmup,
-    )
+    from verl.utils.torch_functional import get_constant_schedule_with_warmup, get_cosine_schedule_with_warmup
 
     total = int(optim.get("total_training_steps", -1))
     warmup = int(optim.get("lr_warmup_steps", -1) or -1)
@@ -375,10 +413,14 @@ def actor_lr(config, step: int | None = None) -> float:
     if kind == "constant":
         schedule = get_constant_schedule_with_warmup(optimizer=probe, num_warmup_steps=warmup)
     elif kind == "cosine":
-        schedule = get_cosine_schedule_with_warmup(optimizer=probe, num_warmup_steps=warmup, num_training_steps=total,
-                                                   min_lr_ratio=optim.get("min_lr_ratio", 0.0),
-                                                   num_cycles=optim.get("num_cycles", 0.5),
-                                                   zero_indexed_step=optim.get("zero_indexed_step", True))
+        schedule = get_cosine_schedule_with_warmup(
+            optimizer=probe,
+            num_warmup_steps=warmup,
+            num_training_steps=total,
+            min_lr_ratio=optim.get("min_lr_ratio", 0.0),
+            num_cycles=optim.get("num_cycles", 0.5),
+            zero_indexed_step=optim.get("zero_indexed_step", True),
+        )
     else:
         raise ValueError(f"actor.optim.lr_scheduler_type={kind!r}: verl's FSDP engine has constant and cosine only")
     return lr * float(schedule.lr_lambdas[0](max(int(step) - 1, 0)))
@@ -389,8 +431,11 @@ def actor_dp_size(config) -> int:
     Ulysses sequence-parallel size (FSDPEngine.get_data_parallel_size)."""
     actor = config.actor_rollout_ref.actor
     world = int(config.trainer.nnodes) * int(config.trainer.n_gpus_per_node)
-    sp = actor.get("fsdp_config", {}).get("ulysses_sequence_parallel_size", None) \
-        or actor.get("ulysses_sequence_parallel_size", 1) or 1
+    sp = (
+        actor.get("fsdp_config", {}).get("ulysses_sequence_parallel_size", None)
+        or actor.get("ulysses_sequence_parallel_size", 1)
+        or 1
+    )
     return max(world // int(sp), 1)
 
 
@@ -401,13 +446,17 @@ def actor_mini_batches(rows: int, mini_batch_rows: int, dp_size: int) -> list[Te
     mini_batch_rows / dp_size rows (tensordict_utils.make_iterator); the k-th optimizer step is the k-th block of
     every rank. With one rank, contiguous blocks of the batch."""
     if rows % dp_size or mini_batch_rows % dp_size:
-        raise ValueError(f"verl needs the batch ({rows} rows) and the mini-batch ({mini_batch_rows} rows) to divide "
-                         f"among {dp_size} data-parallel ranks")
+        raise ValueError(
+            f"verl needs the batch ({rows} rows) and the mini-batch ({mini_batch_rows} rows) to divide "
+            f"among {dp_size} data-parallel ranks"
+        )
     chunk, per_rank = rows // dp_size, mini_batch_rows // dp_size
     if chunk % per_rank:
         raise ValueError(f"verl needs each rank's {chunk} rows to split into mini-batches of {per_rank} rows")
-    return [torch.cat([torch.arange(r * chunk + k, r * chunk + k + per_rank) for r in range(dp_size)])
-            for k in range(0, chunk, per_rank)]
+    return [
+        torch.cat([torch.arange(r * chunk + k, r * chunk + k + per_rank) for r in range(dp_size)])
+        for k in range(0, chunk, per_rank)
+    ]
 
 
 def verl_step_sizes(config, denominator: Tensor, used: Tensor, step: int | None = None) -> Tensor | None:
@@ -435,19 +484,32 @@ class MalformedGroups(ValueError):
     """A batch whose uid groups are not all rollout.n rows (a rollout that lost or added rows)."""
 
 
-def samples_record(data: TensorDict, stats: TokenStats, adv: Tensor, valid: Tensor, keep: Tensor, step, *,
-                   tokenizer, step_number: int, group_size: int, groups: int, info: dict) -> dict:
+def samples_record(
+    data: TensorDict,
+    stats: TokenStats,
+    adv: Tensor,
+    valid: Tensor,
+    keep: Tensor,
+    step,
+    *,
+    tokenizer,
+    step_number: int,
+    group_size: int,
+    groups: int,
+    info: dict,
+) -> dict:
     """samples.build_record of the batch, its rows regrouped by uid (verl's batch balancing reorders rows; a group's
     rows keep their batch order), prompts left-padded, rewards the sum of rm_scores over the response."""
     uids = data["uid"].tolist()
     first = {}
-    for i, u in enumerate(uids):
+    for u in uids:
         first.setdefault(u, len(first))
     order = sorted(range(len(uids)), key=lambda i: first[uids[i]])  # stable: batch order within a group
     counts = [uids.count(u) for u in first]
     if any(c != group_size for c in counts):
-        raise MalformedGroups(f"token samples need groups of rollout.n={group_size} rows, got group sizes "
-                              f"{sorted(set(counts))}")
+        raise MalformedGroups(
+            f"token samples need groups of rollout.n={group_size} rows, got group sizes {sorted(set(counts))}"
+        )
     idx = torch.tensor(order)
     prompts = [data["prompts"][i] for i in order]
     width = max(len(p) for p in prompts)
@@ -460,11 +522,22 @@ def samples_record(data: TensorDict, stats: TokenStats, adv: Tensor, valid: Tens
     lengths = mask.sum(-1)
     last = responses.gather(1, (lengths - 1).clamp_min(0)[:, None]).squeeze(1)
     return samples.build_record(
-        step=step_number, prompt_ids=prompt_ids, prompt_mask=prompt_mask, response_ids=responses, response_mask=mask,
-        finished=(lengths > 0) & (last == tokenizer.eos_token_id), tokenizer=tokenizer,
+        step=step_number,
+        prompt_ids=prompt_ids,
+        prompt_mask=prompt_mask,
+        response_ids=responses,
+        response_mask=mask,
+        finished=(lengths > 0) & (last == tokenizer.eos_token_id),
+        tokenizer=tokenizer,
         stats=TokenStats(*(t[idx] for t in (stats.logp, stats.entropy, stats.s_star, stats.s_expect))),
-        advantages=adv[idx], keep=keep[idx], rewards=(padded["rm_scores"][idx].float() * mask).sum(-1),
-        group_size=group_size, step_size=None if step is None else step[idx], groups=groups, info=info)
+        advantages=adv[idx],
+        keep=keep[idx],
+        rewards=(padded["rm_scores"][idx].float() * mask).sum(-1),
+        group_size=group_size,
+        step_size=None if step is None else step[idx],
+        groups=groups,
+        info=info,
+    )
 
 
 def filter_batch(settings: Settings, data: TensorDict, *, generator=None) -> tuple[TensorDict, dict[str, float]]:
@@ -474,9 +547,11 @@ def filter_batch(settings: Settings, data: TensorDict, *, generator=None) -> tup
     The population is every valid response token, `loss_mask` (as the rollout wrote it: verl's rejection sampling
     rewrites only `response_mask`), with verl's advantages (0 on the tokens rejection sampling dropped)."""
     if settings.needs_s_expect and S_EXPECT not in data.keys():
-        raise RuntimeError(f"{settings.method} needs E_p[S], but the actor workers did not return {S_EXPECT!r}: "
-                           f"start them with VERL_ENGINE_VENDOR={ENGINE_VENDOR} (e.g. "
-                           f"+ray_kwargs.ray_init.runtime_env.env_vars.VERL_ENGINE_VENDOR={ENGINE_VENDOR})")
+        raise RuntimeError(
+            f"{settings.method} needs E_p[S], but the actor workers did not return {S_EXPECT!r}: "
+            f"start them with VERL_ENGINE_VENDOR={ENGINE_VENDOR} (e.g. "
+            f"+ray_kwargs.ray_init.runtime_env.env_vars.VERL_ENGINE_VENDOR={ENGINE_VENDOR})"
+        )
     nested_mask = data["loss_mask"]
     padded = data.exclude(S_EXPECT).to_padded_tensor()
     valid = padded["loss_mask"].bool()  # (B, T)
@@ -485,8 +560,10 @@ def filter_batch(settings: Settings, data: TensorDict, *, generator=None) -> tup
         s_expect = torch.nested.to_padded_tensor(response_from_nested(data[S_EXPECT], nested_mask), 0.0)
     stats = stats_from_engine(padded["old_log_probs"], padded["entropy"], s_expect)
     keep, adv, metrics = whole_batch_step(settings, stats, padded["advantages"], valid, generator=generator)
-    out = {KEEP: response_to_nested(keep.to(padded["loss_mask"].dtype), nested_mask),
-           "advantages": response_to_nested(adv.to(padded["advantages"].dtype), nested_mask)}
+    out = {
+        KEEP: response_to_nested(keep.to(padded["loss_mask"].dtype), nested_mask),
+        "advantages": response_to_nested(adv.to(padded["advantages"].dtype), nested_mask),
+    }
     return TensorDict(out, batch_size=len(nested_mask)), metrics
 
 
@@ -497,8 +574,13 @@ def actor_masks(data: TensorDict) -> TensorDict:
     template = data["loss_mask"]
     padded = data.to_padded_tensor()
     keep = padded[KEEP].bool()
-    return TensorDict({key: response_to_nested(padded[key] * keep.to(padded[key].dtype), template)
-                       for key in ("response_mask", "loss_mask")}, batch_size=len(template))
+    return TensorDict(
+        {
+            key: response_to_nested(padded[key] * keep.to(padded[key].dtype), template)
+            for key in ("response_mask", "loss_mask")
+        },
+        batch_size=len(template),
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -510,13 +592,18 @@ def s_expect_of_logits(logits: Tensor, temperature: Tensor) -> Tensor:
     token_stats one chunk of rows at a time (no [N, V] copy for the temperature)."""
     rows = max(1, _ROW_ELEMENTS // max(logits.shape[-1], 1))
     zeros = torch.zeros(logits.shape[0], dtype=torch.long, device=logits.device)  # E_p[S] does not read the token
-    parts = [token_stats(logits[i:i + rows].float() / temperature[i:i + rows, None].float(), zeros[i:i + rows]).s_expect
-             for i in range(0, logits.shape[0], rows)]
+    parts = [
+        token_stats(
+            logits[i : i + rows].float() / temperature[i : i + rows, None].float(), zeros[i : i + rows]
+        ).s_expect
+        for i in range(0, logits.shape[0], rows)
+    ]
     return torch.cat(parts) if parts else logits.new_zeros(0, dtype=torch.float32)
 
 
-@EngineRegistry.register(model_type="language_model", backend=["fsdp", "fsdp2"], device=["cuda", "npu"],
-                         vendor=ENGINE_VENDOR)
+@EngineRegistry.register(
+    model_type="language_model", backend=["fsdp", "fsdp2"], device=["cuda", "npu"], vendor=ENGINE_VENDOR
+)
 class EntropyFSDPEngine(FSDPEngineWithLMHead):
     """verl's FSDP language-model engine; when a forward is asked for E_p[S] (WANT_S_EXPECT, the trainer's
     old-log-prob step for Clip_V) it also returns it as S_EXPECT, laid out as verl's entropy output (nested, full
@@ -533,8 +620,10 @@ class EntropyFSDPEngine(FSDPEngineWithLMHead):
     @torch.no_grad()
     def _s_expect(self, output, output_args, micro_batch) -> Tensor:
         if tu.get_non_tensor_data(data=micro_batch, key="use_fused_kernels", default=False):
-            raise ValueError("Clip_V needs E_p[S] from the logits, but use_fused_kernels=true never materialises "
-                             "them: set actor_rollout_ref.model.use_fused_kernels=false, or use Clip_B")
+            raise ValueError(
+                "Clip_V needs E_p[S] from the logits, but use_fused_kernels=true never materialises "
+                "them: set actor_rollout_ref.model.use_fused_kernels=false, or use Clip_B"
+            )
         logits = output.logits
         if isinstance(logits, DTensor):  # tensor parallel: sharded over the vocabulary
             logits = logits.full_tensor()
@@ -550,7 +639,23 @@ class EntropyFSDPEngine(FSDPEngineWithLMHead):
         return torch.nested.nested_tensor_from_jagged(s, offsets)
 
 
-__all__ = ["EntropyRFTTrainer", "EntropyFSDPEngine", "Settings", "filter_batch", "monitor_inputs", "verl_step_sizes",
-           "samples_record", "MONITOR", "actor_masks", "whole_batch_step",
-           "stats_from_engine", "s_expect_of_logits", "check_config", "TRAINER_NAME", "ENGINE_VENDOR",
-           "WANT_S_EXPECT", "S_EXPECT", "KEEP"]
+__all__ = [
+    "EntropyRFTTrainer",
+    "EntropyFSDPEngine",
+    "Settings",
+    "filter_batch",
+    "monitor_inputs",
+    "verl_step_sizes",
+    "samples_record",
+    "MONITOR",
+    "actor_masks",
+    "whole_batch_step",
+    "stats_from_engine",
+    "s_expect_of_logits",
+    "check_config",
+    "TRAINER_NAME",
+    "ENGINE_VENDOR",
+    "WANT_S_EXPECT",
+    "S_EXPECT",
+    "KEEP",
+]

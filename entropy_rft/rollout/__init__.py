@@ -11,17 +11,30 @@ ENGINES: Registry = Registry("engine")
 
 @ENGINES.register("hf")
 def build_hf(model, tokenizer, cfg, model_path: str):
-    return HFEngine(model, tokenizer, chat_template=cfg.chat_template, decode=cfg.decode,
-                    precision=cfg.precision, check_every=cfg.decode_check_every or None)
+    return HFEngine(
+        model,
+        tokenizer,
+        chat_template=cfg.chat_template,
+        decode=cfg.decode,
+        precision=cfg.precision,
+        check_every=cfg.decode_check_every or None,
+    )
 
 
 @ENGINES.register("vllm")
 def build_vllm(model, tokenizer, cfg, model_path: str):
     from .vllm import VLLMEngine
 
-    return VLLMEngine(model, tokenizer, model_path=model_path, chat_template=cfg.chat_template,
-                      gpu_memory=cfg.vllm_gpu_memory, dtype="bfloat16" if cfg.precision == "bf16" else "float32",
-                      seed=cfg.seed, llm_args=cfg.vllm_args)
+    return VLLMEngine(
+        model,
+        tokenizer,
+        model_path=model_path,
+        chat_template=cfg.chat_template,
+        gpu_memory=cfg.vllm_gpu_memory,
+        dtype="bfloat16" if cfg.precision == "bf16" else "float32",
+        seed=cfg.seed,
+        llm_args=cfg.vllm_args,
+    )
 
 
 __all__ = ["ENGINES", "HFEngine", "Rollout"]

@@ -30,7 +30,7 @@ class Rollout:
         return torch.cat([self.prompt_mask, self.response_mask], dim=1)
 
     @staticmethod
-    def concat(parts: list["Rollout"], pad_id: int) -> "Rollout":
+    def concat(parts: list[Rollout], pad_id: int) -> Rollout:
         """Rows of several rollouts in one: prompts left-padded, responses right-padded to common widths."""
         wp = max(r.prompt_ids.shape[1] for r in parts)
         wr = max(r.response_ids.shape[1] for r in parts)
@@ -48,8 +48,13 @@ class Rollout:
             sampler,
         )
 
-    def select(self, rows) -> "Rollout":
-        return Rollout(self.prompt_ids[rows], self.prompt_mask[rows], self.response_ids[rows],
-                       self.response_mask[rows], self.finished[rows],
-                       [self.texts[i] for i in torch.arange(len(self.texts))[rows].tolist()],
-                       None if self.sampler_logp is None else self.sampler_logp[rows])
+    def select(self, rows) -> Rollout:
+        return Rollout(
+            self.prompt_ids[rows],
+            self.prompt_mask[rows],
+            self.response_ids[rows],
+            self.response_mask[rows],
+            self.finished[rows],
+            [self.texts[i] for i in torch.arange(len(self.texts))[rows].tolist()],
+            None if self.sampler_logp is None else self.sampler_logp[rows],
+        )

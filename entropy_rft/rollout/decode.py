@@ -80,11 +80,14 @@ def unsupported(model) -> str | None:
         return f"activation {getattr(model.config, 'hidden_act', None)!r} is not silu"
     for i, layer in enumerate(base.layers):
         attn, mlp = layer.self_attn, layer.mlp
-        parts = [type(attn).__name__ == attn_cls, type(mlp).__name__ == mlp_cls,
-                 type(layer.input_layernorm).__name__ == norm_cls,
-                 type(layer.post_attention_layernorm).__name__ == norm_cls,
-                 all(_is_linear(getattr(attn, p)) for p in ("q_proj", "k_proj", "v_proj", "o_proj")),
-                 all(_is_linear(getattr(mlp, p)) for p in ("gate_proj", "up_proj", "down_proj"))]
+        parts = [
+            type(attn).__name__ == attn_cls,
+            type(mlp).__name__ == mlp_cls,
+            type(layer.input_layernorm).__name__ == norm_cls,
+            type(layer.post_attention_layernorm).__name__ == norm_cls,
+            all(_is_linear(getattr(attn, p)) for p in ("q_proj", "k_proj", "v_proj", "o_proj")),
+            all(_is_linear(getattr(mlp, p)) for p in ("gate_proj", "up_proj", "down_proj")),
+        ]
         if not all(parts):
             return f"layer {i} has a module this file does not mirror (a LoRA or patched layer?)"
         for extra in ("q_norm", "k_norm"):
@@ -98,6 +101,7 @@ def unsupported(model) -> str | None:
 
 class Layer(NamedTuple):
     """One decoder layer's tensors as the step reads them (biases and Qwen3's q/k norms None where absent)."""
+
     ln1: Tensor
     eps1: float
     q: Tensor
@@ -125,6 +129,7 @@ class Layer(NamedTuple):
 class Weights(NamedTuple):
     """Every tensor the step reads: the model's parameters themselves (so an in-place update is seen), or copies
     in another dtype made once per rollout (bfloat16 generation)."""
+
     embed: Tensor
     layers: list[Layer]
     norm: Tensor
@@ -157,6 +162,7 @@ class HandDecoder:
 
     def weights(self, dtype: torch.dtype | None = None) -> Weights:
         """The tensors the step reads: the parameters themselves, or (dtype given and different) copies in dtype."""
+
         def cast(t):
             return t if t is None or dtype is None or t.dtype == dtype else t.to(dtype)
 
@@ -165,17 +171,40 @@ class HandDecoder:
             attn, mlp = layer.self_attn, layer.mlp
             qn, kn = getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)
             ln1, ln2 = layer.input_layernorm, layer.post_attention_layernorm
-            layers.append(Layer(
-                cast(ln1.weight), ln1.variance_epsilon,
-                cast(attn.q_proj.weight), cast(attn.q_proj.bias), cast(attn.k_proj.weight), cast(attn.k_proj.bias),
-                cast(attn.v_proj.weight), cast(attn.v_proj.bias), cast(attn.o_proj.weight), cast(attn.o_proj.bias),
-                None if qn is None else cast(qn.weight), 0.0 if qn is None else qn.variance_epsilon,
-                None if kn is None else cast(kn.weight), 0.0 if kn is None else kn.variance_epsilon,
-                cast(ln2.weight), ln2.variance_epsilon,
-                cast(mlp.gate_proj.weight), cast(mlp.gate_proj.bias), cast(mlp.up_proj.weight),
-                cast(mlp.up_proj.bias), cast(mlp.down_proj.weight), cast(mlp.down_proj.bias)))
-        return Weights(cast(self.embed.weight), layers, cast(self.norm.weight), self.norm.variance_epsilon,
-                       cast(self.head.weight), cast(self.head.bias))
+            layers.append(
+                Layer(
+                    cast(ln1.weight),
+                    ln1.variance_epsilon,
+                    cast(attn.q_proj.weight),
+                    cast(attn.q_proj.bias),
+                    cast(attn.k_proj.weight),
+                    cast(attn.k_proj.bias),
+                    cast(attn.v_proj.weight),
+                    cast(attn.v_proj.bias),
+                    cast(attn.o_proj.weight),
+                    cast(attn.o_proj.bias),
+                    None if qn is None else cast(qn.weight),
+                    0.0 if qn is None else qn.variance_epsilon,
+                    None if kn is None else cast(kn.weight),
+                    0.0 if kn is None else kn.variance_epsilon,
+                    cast(ln2.weight),
+                    ln2.variance_epsilon,
+                    cast(mlp.gate_proj.weight),
+                    cast(mlp.gate_proj.bias),
+                    cast(mlp.up_proj.weight),
+                    cast(mlp.up_proj.bias),
+                    cast(mlp.down_proj.weight),
+                    cast(mlp.down_proj.bias),
+                )
+            )
+        return Weights(
+            cast(self.embed.weight),
+            layers,
+            cast(self.norm.weight),
+            self.norm.variance_epsilon,
+            cast(self.head.weight),
+            cast(self.head.bias),
+        )
 
     def rope_table(self, positions: int, dtype: torch.dtype, device) -> tuple[Tensor, Tensor]:
         """(cos, sin), (positions, head_dim) each: the rotary module's formula at positions 0 .. positions - 1."""
@@ -280,8 +309,15 @@ class FixedSteps:
     dtype: the dtype of the weights, cache and arithmetic (None: the model's; bfloat16 generation casts the weights
     once here)."""
 
-    def __init__(self, decoder: HandDecoder, cache, rows: Tensor, prompt_mask: Tensor, max_new_tokens: int,
-                 dtype: torch.dtype | None = None):
+    def __init__(
+        self,
+        decoder: HandDecoder,
+        cache,
+        rows: Tensor,
+        prompt_mask: Tensor,
+        max_new_tokens: int,
+        dtype: torch.dtype | None = None,
+    ):
         self.decoder, self.weights = decoder, decoder.weights(dtype)
         width = prompt_mask.shape[1]
         columns = width + max_new_tokens

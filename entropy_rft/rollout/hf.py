@@ -25,7 +25,9 @@ def response_mask_from_lengths(response_ids: Tensor, eos_token_id: int | list[in
     eos = torch.tensor([eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id))
     is_eos = torch.isin(response_ids, eos.to(response_ids.device))
     finished = is_eos.any(dim=1)
-    first = torch.where(finished, is_eos.int().argmax(dim=1) + 1, torch.full_like(finished, response_ids.shape[1], dtype=torch.long))
+    first = torch.where(
+        finished, is_eos.int().argmax(dim=1) + 1, torch.full_like(finished, response_ids.shape[1], dtype=torch.long)
+    )
     mask = torch.arange(response_ids.shape[1], device=response_ids.device).unsqueeze(0) < first.unsqueeze(1)
     return mask, finished
 
@@ -38,8 +40,10 @@ def eos_ids(model, tokenizer) -> list[int]:
     if listed is not None:
         ids.update(int(i) for i in ([listed] if isinstance(listed, int) else listed))
     if not ids:
-        raise ValueError("neither the tokenizer nor the model's generation_config names an EOS token; set "
-                         "tokenizer.eos_token (responses would never end)")
+        raise ValueError(
+            "neither the tokenizer nor the model's generation_config names an EOS token; set "
+            "tokenizer.eos_token (responses would never end)"
+        )
     return sorted(ids)
 
 
@@ -49,18 +53,31 @@ def render_prompts(tokenizer, prompts: list[str], chat_template: bool) -> list[s
     if not chat_template:
         return list(prompts)
     if not getattr(tokenizer, "chat_template", None):
-        raise ValueError("chat_template=True but the tokenizer has no chat template; set chat_template: false "
-                         "for a base model without one")
-    return [tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True)
-            for p in prompts]
+        raise ValueError(
+            "chat_template=True but the tokenizer has no chat template; set chat_template: false "
+            "for a base model without one"
+        )
+    return [
+        tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True)
+        for p in prompts
+    ]
 
 
 class HFEngine:
     """Generation with a transformers causal LM and its tokenizer."""
 
-    def __init__(self, model, tokenizer, *, batch_size: int = 512, chat_template: bool = False,
-                 progress: bool = False, decode: str = "auto", precision: str = "fp32",
-                 check_every: int | None = None):
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        *,
+        batch_size: int = 512,
+        chat_template: bool = False,
+        progress: bool = False,
+        decode: str = "auto",
+        precision: str = "fp32",
+        check_every: int | None = None,
+    ):
         self.model = model
         self.decode = check_decode(decode)
         # the fixed-shape path decodes in bfloat16 where the policy trains under bf16 autocast; the others in the
@@ -89,8 +106,16 @@ class HFEngine:
         return enc["input_ids"], enc["attention_mask"].bool()
 
     @torch.no_grad()
-    def generate(self, prompts: list[str], *, n: int = 1, temperature: float = 1.0, top_p: float = 1.0,
-                 max_new_tokens: int = 32, seed: int | None = None) -> Rollout:
+    def generate(
+        self,
+        prompts: list[str],
+        *,
+        n: int = 1,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        max_new_tokens: int = 32,
+        seed: int | None = None,
+    ) -> Rollout:
         """n samples of each prompt, grouped: rows [i * n, (i + 1) * n) belong to prompts[i]. sampler_logp holds
         each token's log-probability under the distribution it was drawn from (softmax(z / T) on the nucleus)."""
         if temperature <= 0:
@@ -111,15 +136,27 @@ class HFEngine:
         for start in starts:  # sample() runs the model in eval mode: the rollouts come from the policy itself
             ids, mask = self.encode_prompts(prompts[start : start + per_pass])
             response_ids, sampler_logp = sample(
-                self.model, ids.to(device), mask.to(device), n=n, temperature=temperature, top_p=top_p,
-                max_new_tokens=max_new_tokens, eos_ids=self.eos_ids, pad_id=self.tokenizer.pad_token_id,
-                generator=generator, decode=self.decode, dtype=self.dtype, check_every=self.check_every,
+                self.model,
+                ids.to(device),
+                mask.to(device),
+                n=n,
+                temperature=temperature,
+                top_p=top_p,
+                max_new_tokens=max_new_tokens,
+                eos_ids=self.eos_ids,
+                pad_id=self.tokenizer.pad_token_id,
+                generator=generator,
+                decode=self.decode,
+                dtype=self.dtype,
+                check_every=self.check_every,
             )
             response_ids, sampler_logp = response_ids.cpu(), sampler_logp.cpu()
             response_mask, finished = response_mask_from_lengths(response_ids, self.eos_ids)
             shown = (response_mask & ~torch.isin(response_ids, torch.tensor(self.eos_ids))).tolist()
-            texts = [self.tokenizer.decode([t for t, keep in zip(r, k) if keep], skip_special_tokens=False)
-                     for r, k in zip(response_ids.tolist(), shown)]
+            texts = [
+                self.tokenizer.decode([t for t, keep in zip(r, k) if keep], skip_special_tokens=False)
+                for r, k in zip(response_ids.tolist(), shown)
+            ]
             rows = torch.arange(ids.shape[0]).repeat_interleave(n)
             parts.append(Rollout(ids[rows], mask[rows], response_ids, response_mask, finished, texts, sampler_logp))
         return Rollout.concat(parts, self.tokenizer.pad_token_id)
@@ -130,7 +167,8 @@ def sequence_forward(model, rollout: Rollout, *, hidden: bool = False) -> tuple[
     positions, (B, R, D): one forward pass over prompt + response with the position ids generation used."""
     input_ids = rollout.input_ids().to(model.device)
     attn = rollout.attention_mask().to(model.device)
-    out = model(input_ids=input_ids, attention_mask=attn.long(), position_ids=position_ids(attn),
-                output_hidden_states=hidden)
+    out = model(
+        input_ids=input_ids, attention_mask=attn.long(), position_ids=position_ids(attn), output_hidden_states=hidden
+    )
     p = rollout.prompt_ids.shape[1]
     return out.logits[:, p - 1 : -1], (out.hidden_states[-1][:, p - 1 : -1] if hidden else None)

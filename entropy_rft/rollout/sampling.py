@@ -82,14 +82,28 @@ def check_generator(generator: torch.Generator | None, device: torch.device) -> 
     """A sampling generator must live on the device the model samples on (torch.multinomial draws there): a CPU
     generator with a CUDA model fails deep inside multinomial, so it is refused here naming both devices."""
     if generator is not None and generator.device.type != torch.device(device).type:
-        raise ValueError(f"the sampling generator is on {generator.device} but the model samples on {device}: "
-                         f"create it with torch.Generator(device={str(device)!r})")
+        raise ValueError(
+            f"the sampling generator is on {generator.device} but the model samples on {device}: "
+            f"create it with torch.Generator(device={str(device)!r})"
+        )
 
 
-def sample(model, prompt_ids: Tensor, prompt_mask: Tensor, *, n: int, temperature: float, top_p: float,
-           max_new_tokens: int, eos_ids: list[int], pad_id: int, generator: torch.Generator | None = None,
-           decode: str = "auto", dtype: torch.dtype | None = None, check_every: int | None = None,
-           ) -> tuple[Tensor, Tensor]:
+def sample(
+    model,
+    prompt_ids: Tensor,
+    prompt_mask: Tensor,
+    *,
+    n: int,
+    temperature: float,
+    top_p: float,
+    max_new_tokens: int,
+    eos_ids: list[int],
+    pad_id: int,
+    generator: torch.Generator | None = None,
+    decode: str = "auto",
+    dtype: torch.dtype | None = None,
+    check_every: int | None = None,
+) -> tuple[Tensor, Tensor]:
     """n samples of each left-padded prompt, grouped (rows [i n, (i + 1) n) are prompt i's).
 
     The model runs in eval mode (its training flag is restored after). Returns (response_ids [P n, R],
@@ -113,9 +127,21 @@ def sample(model, prompt_ids: Tensor, prompt_mask: Tensor, *, n: int, temperatur
     model.eval()  # the policy itself (no dropout), and a cache: gradient checkpointing turns it off in training mode
     try:
         with torch.inference_mode():
-            response, logp = _sample(model, prompt_ids, prompt_mask, n=n, temperature=temperature, top_p=top_p,
-                                     max_new_tokens=max_new_tokens, eos_ids=eos_ids, pad_id=pad_id,
-                                     generator=generator, decode=decode, dtype=dtype, check_every=check_every)
+            response, logp = _sample(
+                model,
+                prompt_ids,
+                prompt_mask,
+                n=n,
+                temperature=temperature,
+                top_p=top_p,
+                max_new_tokens=max_new_tokens,
+                eos_ids=eos_ids,
+                pad_id=pad_id,
+                generator=generator,
+                decode=decode,
+                dtype=dtype,
+                check_every=check_every,
+            )
     finally:
         model.train(was_training)
     return response.clone(), logp.clone()
@@ -163,30 +189,70 @@ class _ForwardSteps:
 
     def __call__(self, token: Tensor) -> Tensor:
         self.attn = torch.cat([self.attn, self.attn.new_ones(self.attn.shape[0], 1)], dim=1)
-        out = self.model(input_ids=token[:, None], attention_mask=self.attn, position_ids=self.position[:, None],
-                         **cache_arg(self.cache), use_cache=True, logits_to_keep=1)
+        out = self.model(
+            input_ids=token[:, None],
+            attention_mask=self.attn,
+            position_ids=self.position[:, None],
+            **cache_arg(self.cache),
+            use_cache=True,
+            logits_to_keep=1,
+        )
         self.cache = cache_of(out)
         self.position = self.position + 1
         return out.logits[:, -1]
 
 
-def _sample(model, prompt_ids: Tensor, prompt_mask: Tensor, *, n: int, temperature: float, top_p: float,
-            max_new_tokens: int, eos_ids: list[int], pad_id: int, generator: torch.Generator | None, decode: str,
-            dtype: torch.dtype | None, check_every: int | None) -> tuple[Tensor, Tensor]:
+def _sample(
+    model,
+    prompt_ids: Tensor,
+    prompt_mask: Tensor,
+    *,
+    n: int,
+    temperature: float,
+    top_p: float,
+    max_new_tokens: int,
+    eos_ids: list[int],
+    pad_id: int,
+    generator: torch.Generator | None,
+    decode: str,
+    dtype: torch.dtype | None,
+    check_every: int | None,
+) -> tuple[Tensor, Tensor]:
     device = prompt_ids.device
     path, hand = decode_path(model, decode, prompt_ids.shape[1] + max_new_tokens, device)  # before any model work
     if path == "static":
-        return sample_static(model, hand, prompt_ids, prompt_mask, n=n, temperature=temperature, top_p=top_p,
-                             max_new_tokens=max_new_tokens, eos_ids=eos_ids, pad_id=pad_id, generator=generator,
-                             dtype=dtype, check_every=check_every, capture=device.type == "cuda")
+        return sample_static(
+            model,
+            hand,
+            prompt_ids,
+            prompt_mask,
+            n=n,
+            temperature=temperature,
+            top_p=top_p,
+            max_new_tokens=max_new_tokens,
+            eos_ids=eos_ids,
+            pad_id=pad_id,
+            generator=generator,
+            dtype=dtype,
+            check_every=check_every,
+            capture=device.type == "cuda",
+        )
     rows = prompt_ids.shape[0] * n
     eos = torch.tensor(sorted(set(eos_ids)), device=device)
-    out = model(input_ids=prompt_ids, attention_mask=prompt_mask.long(), position_ids=position_ids(prompt_mask),
-                use_cache=True, logits_to_keep=1)
+    out = model(
+        input_ids=prompt_ids,
+        attention_mask=prompt_mask.long(),
+        position_ids=position_ids(prompt_mask),
+        use_cache=True,
+        logits_to_keep=1,
+    )
     prompt_of = torch.arange(prompt_ids.shape[0], device=device).repeat_interleave(n)  # (rows,)
     logits = out.logits[prompt_of, -1]
-    steps = (HandSteps(hand, cache_of(out), prompt_of, prompt_mask, max_new_tokens) if hand is not None
-             else _ForwardSteps(model, cache_of(out), prompt_of, prompt_mask))
+    steps = (
+        HandSteps(hand, cache_of(out), prompt_of, prompt_mask, max_new_tokens)
+        if hand is not None
+        else _ForwardSteps(model, cache_of(out), prompt_of, prompt_mask)
+    )
     del out
     live = torch.arange(rows, device=device)
     response = torch.full((rows, max_new_tokens), pad_id, dtype=torch.long, device=device)
@@ -226,8 +292,19 @@ class StaticRollout:
     graph captures: forward the last tokens, sample the next for every row from `noise`, record them where the row
     is still live (pad and 0 where it has finished), all on the device without reading anything back."""
 
-    def __init__(self, steps: FixedSteps, rows: int, vocab: int, max_new_tokens: int, *, eos_ids: list[int],
-                 pad_id: int, temperature: float, top_p: float, device: torch.device):
+    def __init__(
+        self,
+        steps: FixedSteps,
+        rows: int,
+        vocab: int,
+        max_new_tokens: int,
+        *,
+        eos_ids: list[int],
+        pad_id: int,
+        temperature: float,
+        top_p: float,
+        device: torch.device,
+    ):
         self.steps, self.pad_id, self.temperature, self.top_p = steps, pad_id, temperature, top_p
         self.eos = torch.tensor(sorted(set(eos_ids)), device=device)  # (E,)
         self.token = torch.full((rows,), pad_id, dtype=torch.long, device=device)  # the last token of each row
@@ -263,12 +340,14 @@ def stream_noise(generator: torch.Generator | None):
     samples the tokens the row-dropping loop samples. It reads which rows are live, a host read that costs
     nothing on the CPU (nothing to wait for), and draws nothing once every row is done: the generator ends where
     today's leaves it, whatever check_every is."""
+
     def fill(state: StaticRollout) -> None:
         live = (~state.done).nonzero().squeeze(1)
         if len(live):
             values = torch.empty(len(live), state.noise.shape[1], dtype=state.noise.dtype, device=state.noise.device)
             values.exponential_(1, generator=generator)
             state.noise.index_copy_(0, live, values)
+
     return fill
 
 
@@ -277,14 +356,16 @@ def device_noise(generator: torch.Generator | None, device: torch.device):
     rollout seeded once from `generator` (one host read per rollout), so the caller's generator advances by the
     same amount whatever the number of steps and check_every. Clamped away from 0: a zero would make 0 / 0 for a
     token outside the nucleus, and argmax takes NaN for the largest."""
-    seed = torch.randint(0, 2**62, (1,), device=generator.device if generator is not None else device,
-                         generator=generator)
+    seed = torch.randint(
+        0, 2**62, (1,), device=generator.device if generator is not None else device, generator=generator
+    )
     own = torch.Generator(device=device)
     own.manual_seed(int(seed))
     tiny = torch.finfo(torch.float32).tiny
 
     def fill(state: StaticRollout) -> None:
         state.noise.exponential_(1, generator=own).clamp_min_(tiny)
+
     return fill
 
 
@@ -307,11 +388,24 @@ def captured(state: StaticRollout, warmup: int = 2):
     return graph.replay
 
 
-def sample_static(model, decoder: HandDecoder, prompt_ids: Tensor, prompt_mask: Tensor, *, n: int,
-                  temperature: float, top_p: float, max_new_tokens: int, eos_ids: list[int], pad_id: int,
-                  generator: torch.Generator | None, dtype: torch.dtype | None = None,
-                  check_every: int | None = None, capture: bool = False, noise: str | None = None,
-                  ) -> tuple[Tensor, Tensor]:
+def sample_static(
+    model,
+    decoder: HandDecoder,
+    prompt_ids: Tensor,
+    prompt_mask: Tensor,
+    *,
+    n: int,
+    temperature: float,
+    top_p: float,
+    max_new_tokens: int,
+    eos_ids: list[int],
+    pad_id: int,
+    generator: torch.Generator | None,
+    dtype: torch.dtype | None = None,
+    check_every: int | None = None,
+    capture: bool = False,
+    noise: str | None = None,
+) -> tuple[Tensor, Tensor]:
     """`sample`'s "static" path (call it through `sample`): the prefill as in the other paths, then one
     StaticRollout step per token, captured in a CUDA graph and replayed when `capture`, with every row in place
     to the end; the loop stops at max_new_tokens or when a look, every check_every steps, finds every row done.
@@ -324,14 +418,28 @@ def sample_static(model, decoder: HandDecoder, prompt_ids: Tensor, prompt_mask: 
     if dtype is None and torch.is_autocast_enabled(device.type):  # a caller generating under autocast
         dtype = torch.get_autocast_dtype(device.type)
     with torch.autocast(device.type, dtype=dtype or torch.bfloat16, enabled=dtype in (torch.bfloat16, torch.float16)):
-        out = model(input_ids=prompt_ids, attention_mask=prompt_mask.long(), position_ids=position_ids(prompt_mask),
-                    use_cache=True, logits_to_keep=1)
+        out = model(
+            input_ids=prompt_ids,
+            attention_mask=prompt_mask.long(),
+            position_ids=position_ids(prompt_mask),
+            use_cache=True,
+            logits_to_keep=1,
+        )
     prompt_of = torch.arange(prompt_ids.shape[0], device=device).repeat_interleave(n)  # (rows,)
     logits = out.logits[prompt_of, -1]
     steps = FixedSteps(decoder, cache_of(out), prompt_of, prompt_mask, max_new_tokens, dtype=dtype)
     del out  # the prefill's cache, copied into the step's buffers
-    state = StaticRollout(steps, len(prompt_of), logits.shape[-1], max_new_tokens, eos_ids=eos_ids, pad_id=pad_id,
-                          temperature=temperature, top_p=top_p, device=device)
+    state = StaticRollout(
+        steps,
+        len(prompt_of),
+        logits.shape[-1],
+        max_new_tokens,
+        eos_ids=eos_ids,
+        pad_id=pad_id,
+        temperature=temperature,
+        top_p=top_p,
+        device=device,
+    )
     noise = noise or ("stream" if device.type == "cpu" else "device")
     noise = stream_noise(generator) if noise == "stream" else device_noise(generator, device)
     with torch.autocast(device.type, enabled=False):  # the step's dtypes are its own (dtype), not autocast's

