@@ -48,8 +48,9 @@ REPO = Path(__file__).resolve().parents[1]
 TASKS = {  # task name -> (steps, entropy target in nats)
     "countdown": {"steps": 150, "target": 0.33},
     "countdown5": {"steps": 450, "target": 0.45},
-    # issue 31: the 25,000-problem pool (1,500 steps x 32 prompts draw each problem at most twice), evaluated every
-    # 300 steps on its 1,000 held-out problems; the target only matters to the target methods, not run there
+    # issue 31: the 8,000-problem pool (1,500 steps x 32 prompts draw each problem about 6 times; docs/prereg_avgk.md
+    # Amendment 2), evaluated every 300 steps on its 1,000 held-out problems; the target only matters to the target
+    # methods, not run there
     "countdown5_large": {"steps": 1500, "target": 0.45, "eval_every": 300},
 }
 METHODS = {  # study name -> TrainConfig overrides; "TARGET" is replaced by the task's target

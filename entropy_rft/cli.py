@@ -899,7 +899,7 @@ def _add_pretrain_toy(command) -> None:
         choices=["countdown5_large"],
         default=None,
         help="build only this data split into --out, with the existing policy --policy (countdown5_large: "
-        "25,000 filtered training problems and 1,000 stratified evaluation problems; the shipped copy "
+        "8,000 filtered training problems and 1,000 stratified evaluation problems; the shipped copy "
         "is entropy_rft/assets/countdown-tiny/data/countdown5_large)",
     )
     pt.add_argument("--policy", default="countdown-tiny", help="with --split: the policy that filters and stratifies")
@@ -907,7 +907,7 @@ def _add_pretrain_toy(command) -> None:
         "--train-problems",
         type=whole(1),
         default=None,
-        help="with --split: training problems to keep (default 25000; fewer give a prefix of the split)",
+        help="with --split: training problems to keep (default 8000; fewer give a prefix of the split)",
     )
     pt.add_argument(
         "--eval-problems",

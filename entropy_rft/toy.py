@@ -11,7 +11,7 @@ by supervised training on synthetic solutions, and the pass-rate-filtered proble
     data/countdown5/   the harder setting (task `countdown5`): five numbers instead of three, which the policy never
                        saw in its warm-up; train.jsonl filtered the same way with the same policy, eval.jsonl held out.
                        The policy solves few of these (Pass@8 about 0.4 at the start), so exploration matters there.
-    data/countdown5_large/   (task `countdown5_large`, issue 31) 25,000 five-number training problems filtered the
+    data/countdown5_large/   (task `countdown5_large`, issue 31) 8,000 five-number training problems filtered the
                        same way with the same policy, and 1,000 held-out evaluation problems, each with the policy's
                        correct count at 64 samples (temperature 0.7) and its initial-difficulty `stratum`; built by
                        `build_pool`, not by `pretrain-toy` without --split (see below)
@@ -278,11 +278,12 @@ def build_split(engine, out: Path, cfg: ToyConfig) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# countdown5_large (issue 31): a training pool large enough that a 1,500-step run at 32 prompts a step draws no
-# puzzle more than twice (48,000 draws from 25,000 distinct puzzles), filtered exactly as build_split filters
+# countdown5_large (issue 31): a training pool of 8,000 distinct puzzles, filtered exactly as build_split filters
 # countdown5, and 1,000 held-out puzzles, each with a stratum of initial difficulty. Puzzles are told apart by identity
 # (issue 39): the pool shipped before it held 25,000 rows but 12,335 distinct puzzles, 439 of the evaluation's among
-# them.
+# them. 8,000, not the 25,000 first planned: about 10,150 distinct puzzles of the stream pass the filter under the
+# shipped policy (benchmarks/pool_capacity.py; docs/prereg_avgk.md, Amendment 2), so a 1,500-step run at 32 prompts
+# a step draws each about 6 times.
 
 STRATA = ("unsolved", "hard", "easier")  # see stratum()
 
@@ -307,7 +308,7 @@ class PoolConfig:
     file (with a training pool that then may differ)."""
 
     seed: int = 0
-    n_train: int = 25_000  # filtered training problems kept (the first n_train that pass the filter)
+    n_train: int = 8_000  # filtered training problems kept (the first n_train that pass the filter)
     n_eval: int = 1_000  # held-out evaluation problems (unfiltered)
     numbers: int = 5  # numbers per problem, as countdown5
     chunk: int = 500  # candidates filtered per seeded sampling call

@@ -1,4 +1,4 @@
-"""The countdown5_large split (issue 31; toy.build_pool): a 25,000-problem training pool filtered with the shipped
+"""The countdown5_large split (issue 31; toy.build_pool): an 8,000-problem training pool filtered with the shipped
 policy as countdown5 is filtered, and 1,000 held-out problems with an initial-difficulty stratum. Checked: the
 stratum rule against its definition, a small build against itself (bytes), a larger build (prefix) and independent
 re-sampling (the filter's and the strata's counts), and the shipped files (sizes, the filter rule, strata, no
@@ -18,9 +18,6 @@ from entropy_rft.tasks.countdown import Problem, random_problem
 from entropy_rft.toy import PARTIAL, STRATA, PoolConfig, _PoolState, build_pool, stratum
 
 SHIPPED = SHIPPED_DATA["countdown5_large"]
-# the shipped files predate one puzzle identity and the rebuilt policy; their rebuild (Amendment 1 of
-# docs/prereg_avgk.md) is pending: strict, so these fail once it lands and must be unmarked then
-LARGE_PENDING = pytest.mark.xfail(strict=True, reason="countdown5_large is not rebuilt yet (issue 39, Amendment 1)")
 
 
 @pytest.fixture(scope="module")
@@ -142,34 +139,32 @@ def test_a_stopped_build_resumes_to_the_unstopped_files(engine, tmp_path, monkey
     assert full["chunks"] >= 3 and not (tmp_path / "stopped" / PARTIAL).exists()
 
 
-@LARGE_PENDING
 def test_shipped_split_sizes_filter_strata_and_disjointness():
-    """The shipped countdown5_large: 25,000 training problems of five numbers, each with a pass rate strictly between
+    """The shipped countdown5_large: 8,000 training problems of five numbers, each with a pass rate strictly between
     1/16 and 15/16 in sixteenths; 1,000 evaluation problems whose stratum follows their count of 64; no puzzle twice
-    and none in both (by identity: 25,000 and 1,000 distinct puzzles); each known solution scores correct; build.json's
+    and none in both (by identity: 8,000 and 1,000 distinct puzzles); each known solution scores correct; build.json's
     counts match the files; it is the task's default data."""
     from entropy_rft.config import load_config
 
     cfg = load_config(None, task="countdown5_large")
     assert default_data(cfg, "train") == SHIPPED / "train.jsonl" and default_data(cfg, "eval") == SHIPPED / "eval.jsonl"
     train, evals = rows(SHIPPED / "train.jsonl"), rows(SHIPPED / "eval.jsonl")
-    assert len(train) == 25_000 and len(evals) == 1_000
+    assert len(train) == 8_000 and len(evals) == 1_000
     assert all(1 / 16 < r["pass_rate"] < 15 / 16 and (16 * r["pass_rate"]).is_integer() for r in train)
     assert all(r["stratum"] == stratum(r["initial_correct"], 64) for r in evals)
     task = TASKS.get("countdown5_large")
     problems = [Problem.from_json(r) for r in train + evals]
     assert all(len(p.numbers) == 5 for p in problems)
-    keys_t, keys_e = {p.identity for p in problems[:25_000]}, {p.identity for p in problems[25_000:]}
-    assert len(keys_t) == 25_000 and len(keys_e) == 1_000 and not keys_t & keys_e
+    keys_t, keys_e = {p.identity for p in problems[:8_000]}, {p.identity for p in problems[8_000:]}
+    assert len(keys_t) == 8_000 and len(keys_e) == 1_000 and not keys_t & keys_e
     for p in problems[::50]:
         assert task.score(p.solution.split("=")[0] + f"={p.target}", True, p) == (1.0, True)
     build = json.loads((SHIPPED / "build.json").read_text())
-    assert (build["train"], build["eval"]) == (25_000, 1_000)
+    assert (build["train"], build["eval"]) == (8_000, 1_000)
     assert build["strata"] == {s: sum(r["stratum"] == s for r in evals) for s in STRATA}
     assert build["config"] == {**PoolConfig().__dict__}
 
 
-@LARGE_PENDING
 def test_shipped_split_regenerates_from_its_seed(engine, tmp_path):
     """The shipped files come from PoolConfig's defaults: a build keeping the first 40 training problems (one chunk
     of the stream; the 1,000 evaluation problems at 64 samples each, about 20 s on one thread) reproduces the shipped

@@ -102,13 +102,7 @@ def warmup_identities() -> set[str]:
     return seen
 
 
-# countdown5_large is the pool of the first Avg@K study, built before one puzzle identity and with the earlier policy:
-# its rebuild (Amendment 1 of docs/prereg_avgk.md) did not finish in the session that cleaned the other pools, so
-# this test records that it is not clean yet (strict: it fails once the rebuilt pool lands, to be unmarked then)
-LARGE_PENDING = pytest.mark.xfail(strict=True, reason="countdown5_large is not rebuilt yet (issue 39, Amendment 1)")
-
-
-@pytest.mark.parametrize("task", ["countdown", "countdown5", pytest.param("countdown5_large", marks=LARGE_PENDING)])
+@pytest.mark.parametrize("task", ["countdown", "countdown5", "countdown5_large"])
 def test_shipped_pool_is_clean(task, warmup_identities):
     """The shipped pool of `task`: no puzzle twice in train.jsonl, none twice in eval.jsonl, no evaluation puzzle in
     training, and no evaluation puzzle in the warm-up that built the shipped policy; the build's record says the same

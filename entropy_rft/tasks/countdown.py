@@ -266,6 +266,6 @@ TASKS.register("countdown", CountdownTask())
 # The harder setting: the same prompts and reward over problems of five numbers (entropy_rft/toy.py, build_split);
 # its default data is the shipped countdown5 split.
 TASKS.register("countdown5", CountdownTask(name="countdown5"))
-# The same over a large pool (issue 31: 25,000 filtered training problems, 1,000 evaluation problems with an initial-
+# The same over a large pool (issue 31: 8,000 filtered training problems, 1,000 evaluation problems with an initial-
 # difficulty stratum; toy.build_pool); its default data is the shipped countdown5_large split.
 TASKS.register("countdown5_large", CountdownTask(name="countdown5_large"))
