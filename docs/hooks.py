@@ -33,7 +33,11 @@ PUBLISHED = {
     "changelog.md": "CHANGELOG.md",
     "evidence/avgk_overlap.md": "benchmarks/study_avgk/overlap_posthoc.md",
 }
-PUBLISHED_GLOBS = {"evidence/study": "benchmarks/study/*.png", "evidence/study_avgk": "benchmarks/study_avgk/*.png"}
+PUBLISHED_GLOBS = {
+    "evidence/study": "benchmarks/study/*.png",
+    "evidence/study_avgk": "benchmarks/study_avgk/*.png",
+    "evidence/compare_engines": "benchmarks/compare_engines/*.png",
+}
 
 
 def _cell(text: str) -> str:
