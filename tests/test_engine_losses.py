@@ -211,3 +211,41 @@ def test_qae_zeroes_most_binary_advantages():
     scores = torch.tensor([1.0] + [0.0] * 7 + [1.0] * 7 + [0.0])
     adv = qae(scores, torch.arange(2).repeat_interleave(8))
     assert adv[0] > 0 and (adv[1:8] == 0).all() and (adv[8:15] == 0).all() and adv[15] < 0
+
+
+@pytest.mark.parametrize("name", ["cispo", "dppo_tv", "dppo_kl", "erc", "sapo", "geo_mean"])
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "token-sum"])
+def test_on_policy_each_engine_loss_has_grpos_gradient(name, agg):
+    """At the behaviour policy (every ratio exactly 1, the entropies unchanged: the strict on-policy step) no clip,
+    mask, gate or band of these losses acts, so d loss / d log p is PPO-clip's (GRPO's), -A w_t with w_t the
+    aggregation's token weight, within float64 rounding; SAPO and GMPO under their own aggregation (verl's
+    seq-mean-token-mean) against PPO-clip under the same. This is why their demo runs equal GRPO's bit for bit
+    (docs/evidence, the losses engines ship)."""
+    from entropy_rft.config import load_config
+    from entropy_rft.methods import POLICY_LOSSES
+
+    g = torch.Generator().manual_seed(3)
+    mask = (torch.rand(6, 9, generator=g) < 0.8).double()
+    mask[2] = 0.0  # an empty row
+    adv = torch.randn(6, generator=g, dtype=torch.float64).unsqueeze(-1).expand(6, 9)
+    adv = torch.where(torch.arange(6).unsqueeze(-1) == 4, 0.0, adv)  # a row with A = 0
+    old = -torch.rand(6, 9, generator=g, dtype=torch.float64) * 3
+    ent = torch.rand(6, 9, generator=g, dtype=torch.float64)
+    cfg = load_config(None, method=name)
+
+    def grad(loss_name):
+        spec = POLICY_LOSSES.get(loss_name)
+        logp = old.clone().requires_grad_()
+        extra = {"entropy": ent, "old_entropy": ent} if spec.entropy else {}
+        mode = POLICY_LOSSES.get(name).agg or agg
+        counts = {"num_tokens": mask.sum(), "num_seqs": 6.0, "norm": 9.0}
+        loss, _ = spec.fn(logp, old, adv, mask, agg=mode, **counts, **spec.kwargs(cfg), **extra)
+        loss.backward()
+        return logp.grad
+
+    reference = grad("ppo")
+    assert reference.abs().sum() > 0 and (reference[mask == 0] == 0).all()
+    # GMPO, as verl, divides by a row's token count + 1e-8 (in its ratio's exponent and its advantage's mean), which
+    # moves its gradient by up to 1e-8 relative to one token's; the others compute the same float64 expression
+    rtol = 2e-8 if name == "geo_mean" else 1e-12
+    torch.testing.assert_close(grad(name), reference, rtol=rtol, atol=1e-15)
