@@ -19,7 +19,7 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
 METRICS = ("avg@32", "pass@8", "pass@32")
 COLOURS = {"grpo": "tab:gray", "clip_b": "tab:blue", "clip_v": "tab:orange"}

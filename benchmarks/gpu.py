@@ -462,7 +462,7 @@ def bench_decode(shapes: list[str], args) -> list[dict]:
                                 sync()
                                 reps.append(time.perf_counter() - t0)
                             times[tokens] = statistics.median(reps)
-                    except Exception as e:  # noqa: BLE001  one path failing (memory, a transformers change) leaves the other
+                    except Exception as e:  # one path failing (memory, a transformers change) leaves the other
                         row[f"{name}_error"] = f"{type(e).__name__}: {e}"[:300]
                         continue
                     step_s = (times[new] - times[half]) / (new - half)

@@ -30,7 +30,7 @@ import sys
 from pathlib import Path
 
 from . import __version__
-from .options import entries_list, methods_list, mu_list, positive, set_item, setting, steps_list, whole  # noqa: F401
+from .options import entries_list, methods_list, mu_list, positive, set_item, setting, steps_list, whole
 
 # old spellings still accepted (grammar departure 2): subcommand -> {old: new}
 RENAMED = {

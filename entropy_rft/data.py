@@ -219,7 +219,7 @@ def _download(hub_id: str) -> Path:
         raise ImportError("downloading datasets needs huggingface_hub (installed with transformers)") from err
     try:
         return Path(snapshot_download(hub_id, repo_type="dataset", allow_patterns=[f"*{x}" for x in DATA_SUFFIXES]))
-    except Exception as err:  # noqa: BLE001 - offline, missing repo, auth: all mean "no local copy could be made"
+    except Exception as err:  # offline, missing repo, auth: all mean "no local copy could be made"
         raise FileNotFoundError(
             f"dataset {hub_id!r} is not available locally and could not be downloaded ({err}); "
             f"download it where you are online and pass its path, e.g. --data NAME=/data/copy"

@@ -7,7 +7,7 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
 LABELS = {"grpo": "GRPO", "clip_b": "GRPO+Clip_B", "clip_v": "GRPO+Clip_V"}
 

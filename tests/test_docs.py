@@ -211,7 +211,7 @@ def check_page(markdown: str, page: str, directory: Path) -> None:
                 )
             try:
                 validate(block) if block.marked else run(block)
-            except Exception as err:  # noqa: BLE001 - any error of a block's code is that block's failure
+            except Exception as err:  # any error of a block's code is that block's failure
                 pytest.fail(f"{block.where}: {type(err).__name__}: {err}")
 
 

@@ -24,10 +24,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 pytest.importorskip("peft")
-from entropy_rft.advantages import ADVANTAGES  # noqa: E402
-from entropy_rft.config import load_config  # noqa: E402
-from entropy_rft.forward import policy_forward  # noqa: E402
-from entropy_rft.invariants import (  # noqa: E402
+from entropy_rft.advantages import ADVANTAGES
+from entropy_rft.config import load_config
+from entropy_rft.forward import policy_forward
+from entropy_rft.invariants import (
     StepRecord,
     float64_reference,
     grad_distance,
@@ -37,10 +37,10 @@ from entropy_rft.invariants import (  # noqa: E402
     stats_tolerance,
     synthetic_batch,
 )
-from entropy_rft.methods import METHODS  # noqa: E402
-from entropy_rft.policy import ValueHead  # noqa: E402
-from entropy_rft.rules import StepRules, passes  # noqa: E402
-from entropy_rft.step import behaviour_statistics  # noqa: E402
+from entropy_rft.methods import METHODS
+from entropy_rft.policy import ValueHead
+from entropy_rft.rules import StepRules, passes
+from entropy_rft.step import behaviour_statistics
 
 CONFIGS = Path(__file__).parents[1] / "entropy_rft" / "configs"
 RECIPES = sorted(CONFIGS.glob("paper/*.yaml")) + sorted(CONFIGS.glob("one_gpu/*.yaml"))

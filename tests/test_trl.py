@@ -12,14 +12,14 @@ import pytest
 import torch
 
 pytest.importorskip("trl")
-from datasets import Dataset  # noqa: E402
-from trl import GRPOConfig, GRPOTrainer  # noqa: E402
+from datasets import Dataset
+from trl import GRPOConfig, GRPOTrainer
 
-from entropy_rft.dynamics import TokenStats  # noqa: E402
-from entropy_rft.forward import policy_stats  # noqa: E402
-from entropy_rft.integrations.trl import EntropyGRPOTrainer, rollout_of  # noqa: E402
-from entropy_rft.methods import METHODS  # noqa: E402
-from entropy_rft.policy import STAND_IN, resolve_model_path  # noqa: E402
+from entropy_rft.dynamics import TokenStats
+from entropy_rft.forward import policy_stats
+from entropy_rft.integrations.trl import EntropyGRPOTrainer, rollout_of
+from entropy_rft.methods import METHODS
+from entropy_rft.policy import STAND_IN, resolve_model_path
 
 
 def reward_a(completions, **kwargs):

@@ -21,11 +21,11 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import torch  # noqa: E402
+import matplotlib.pyplot as plt
+import torch
 
-from entropy_rft.dynamics import theorem1_entropy_change, theorem2_entropy_change, token_stats  # noqa: E402
-from entropy_rft.masks import clip_b, clip_v  # noqa: E402
+from entropy_rft.dynamics import theorem1_entropy_change, theorem2_entropy_change, token_stats
+from entropy_rft.masks import clip_b, clip_v
 
 OUT = Path(__file__).resolve().parent
 torch.set_default_dtype(torch.float64)  # the exact changes are differences of entropies: float64 keeps them exact

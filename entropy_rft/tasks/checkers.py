@@ -183,5 +183,5 @@ def equivalent(completion: str, ground_truth: str, *, timeout: int | None = None
         if not gold or not pred:
             return False
         return bool(mv.verify(gold, pred, timeout_seconds=timeout))
-    except Exception:  # noqa: BLE001 - math-verify raises many kinds on unparsable input; verl scores them 0
+    except Exception:  # math-verify raises many kinds on unparsable input; verl scores them 0
         return False

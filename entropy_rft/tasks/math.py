@@ -164,7 +164,7 @@ def _serve(conn, modules: tuple[str, ...]) -> None:
         conn.send("started")  # a worker that dies before this never ran the call: the parent hands it on
         try:
             conn.send((True, fn(*args)))
-        except Exception as err:  # noqa: BLE001 - reported to the parent, which scores the call as failed
+        except Exception as err:  # reported to the parent, which scores the call as failed
             conn.send((False, f"{type(err).__name__}: {err}"))
 
 
