@@ -907,7 +907,9 @@ def _add_pretrain_toy(command) -> None:
         "--train-problems",
         type=whole(1),
         default=None,
-        help="with --split: training problems to keep (default 8000; fewer give a prefix of the split)",
+        help="with --split: training problems to keep (default 8000; fewer give a prefix of the split; about 10,150 "
+        "distinct puzzles can pass the filter under the shipped policy, benchmarks/pool_capacity.py, so far more "
+        "than 8,000 makes the build crawl)",
     )
     pt.add_argument(
         "--eval-problems",
