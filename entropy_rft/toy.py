@@ -356,9 +356,9 @@ class _PoolState:
         state = pickle.loads(path.read_bytes())
         if state["cfg"] != asdict(cfg):
             return None
-        self = cls.__new__(cls)
-        self.__dict__.update({**state, "cfg": cfg})
-        return self
+        resumed = cls.__new__(cls)
+        resumed.__dict__.update({**state, "cfg": cfg})
+        return resumed
 
     def next_chunk(self) -> list[Problem]:
         """cfg.chunk new puzzles from the stream, none seen before (evaluation problems included)."""
