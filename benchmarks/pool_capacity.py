@@ -26,7 +26,7 @@ sys.path.insert(0, str(REPO))  # this checkout's entropy_rft, before an installe
 
 import torch
 
-from entropy_rft.evaluate import sample_correctness
+from entropy_rft.evaluate import filter_by_pass_rate, sample_correctness
 from entropy_rft.policy import load_policy
 from entropy_rft.rollout import HFEngine
 from entropy_rft.tasks.countdown import CountdownTask, random_problem
@@ -63,7 +63,7 @@ def main() -> None:
             engine, task, sample, n=cfg.filter_samples, temperature=cfg.filter_temperature,
             max_new_tokens=cfg.max_new_tokens, seed=7 + lo,
         )  # fmt: skip
-        frac = sum(1 < sum(c) < cfg.filter_samples - 1 for c in got) / len(sample)
+        frac = len(filter_by_pass_rate(sample, [sum(c) / cfg.filter_samples for c in got])) / len(sample)
         total += frac * len(part)
         var += len(part) ** 2 * frac * (1 - frac) / len(sample)
         bins.append({"first_found": [lo, lo + len(part)], "sampled": len(sample), "pass_filter_fraction": frac})
