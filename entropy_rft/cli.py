@@ -18,6 +18,8 @@ One grammar for every subcommand:
    other output path follows one rule (rundir.check_output): never a file of a run's record, never into a live
    run's directory or a run's directory at all unless the path was named.
 5. --help shows every option with its default.
+6. Every subcommand that draws progress bars (demo, train, eval, filter, compare, sweep, pretrain-toy) takes --quiet
+   to draw none; train's is its `progress` setting, so a recipe's `progress: false` stays off without it.
 """
 
 from __future__ import annotations
@@ -258,6 +260,8 @@ def cmd_train(args) -> None:
     options = {
         k: v for k, v in {"method": args.method, "model": args.model, "steps": args.steps}.items() if v is not None
     }
+    if args.quiet:  # else the recipe's or the resumed run's own setting
+        options["progress"] = False
     out = args.out or (out_dir(args, "") if args.name else None) or sets.get("out") or recipe.get("out")
     if resume and out is None:
         raise ValueError("--resume needs the run's directory: --out DIR or --name NAME")
@@ -383,6 +387,7 @@ def cmd_eval(args) -> None:
         seed=args.seed,
         batch_size=args.batch_size,
         vllm_memory=args.vllm_gpu_memory,
+        progress=not args.quiet,
     )
     print((Path(args.out) / "eval.md").read_text())
     print(f"wrote {args.out}/eval.json, eval.md, pass_rates.png and samples/ in {report['meta']['seconds']:.0f} s")
@@ -408,6 +413,7 @@ def cmd_filter(args) -> None:
         limit=args.limit,
         seed=args.seed,
         vllm_memory=args.vllm_gpu_memory,
+        progress=not args.quiet,
     )
     print(json.dumps(summary, indent=1))
 
@@ -530,7 +536,8 @@ def cmd_pretrain_toy(args) -> None:
     if args.split:
         sizes = {k: v for k, v in (("n_train", args.train_problems), ("n_eval", args.eval_problems)) if v}
         pool = PoolConfig(seed=args.seed, **sizes)
-        print(json.dumps(build_pool_split(pool, *load_policy(args.policy, "cpu"), Path(args.out)), indent=1))
+        built = build_pool_split(pool, *load_policy(args.policy, "cpu"), Path(args.out), progress=not args.quiet)
+        print(json.dumps(built, indent=1))
         return
     cfg = ToyConfig(seed=args.seed, **({"sft_steps": args.sft_steps} if args.sft_steps else {}))
     guard(
@@ -538,7 +545,7 @@ def cmd_pretrain_toy(args) -> None:
         args.out,
         ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "data", "build.json"),
     )
-    print(json.dumps(pretrain(cfg, Path(args.out)), indent=1))
+    print(json.dumps(pretrain(cfg, Path(args.out), progress=not args.quiet), indent=1))
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -581,6 +588,11 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def quiet_option(parser) -> None:
+    """--quiet, the same on every subcommand that shows progress bars."""
+    parser.add_argument("--quiet", action="store_true", help="no progress bars")
+
+
 def _add_demo(command) -> None:
     """The `demo` subcommand's options."""
     d = command("demo", "train GRPO, Clip_B and Clip_V on countdown on the CPU and report", cmd_demo)
@@ -609,7 +621,7 @@ def _add_demo(command) -> None:
         help="comma-separated entries of the demo config's methods (a flat recipe: method names; default: "
         "every entry, or grpo,clip_b,clip_v)",
     )
-    d.add_argument("--quiet", action="store_true", help="no progress bars")
+    quiet_option(d)
 
 
 def _add_train(command) -> None:
@@ -639,6 +651,7 @@ def _add_train(command) -> None:
         help="continue the run in --out/--name if it has a "
         "checkpoint, else start it there (for job scripts that requeue); never replaces another run",
     )
+    quiet_option(t)
     t.add_argument("--help-config", action="store_true", help="list every config field with default and help")
     t.add_argument(
         "--dry-run",
@@ -677,6 +690,7 @@ def _add_plan(command) -> None:
 def _add_eval(command) -> None:
     """The `eval` subcommand's options."""
     e = command("eval", "Avg@K, Pass@K and pass-rate distribution of a policy on one or more datasets", cmd_eval)
+    quiet_option(e)
     e.add_argument("--model", default="countdown-tiny", help="local directory, hub id or shipped model name")
     e.add_argument(
         "--data",
@@ -750,6 +764,7 @@ def _add_eval(command) -> None:
 def _add_filter(command) -> None:
     """The `filter` subcommand's options."""
     fl = command("filter", "pass-rate filter of a training set (paper 5.1: keep 1/16 < rate < 15/16)", cmd_filter)
+    quiet_option(fl)
     fl.add_argument("--model", required=True, help="the policy that scores the problems (paper: Qwen2.5-7B-Instruct)")
     fl.add_argument("--data", default="dapo_train", help="dataset spec (DAPO-Math-17k minus DAPO500)")
     fl.add_argument("--task", default="math_boxed", help="math task scoring the answers")
@@ -809,7 +824,7 @@ def _add_compare(command) -> None:
         help="directory of the cells (runs/<method>/seed<i>-<settings "
         "key>) and the table; a rerun reuses only cells with the same settings",
     )
-    c.add_argument("--quiet", action="store_true", help="no progress bars")
+    quiet_option(c)
 
 
 def _add_report(command) -> None:
@@ -881,12 +896,13 @@ def _add_sweep(command) -> None:
         help="directory of the cells (runs/<method>_mu<mu>-<settings key>) "
         "and the report; a rerun reuses only cells with the same settings",
     )
-    sw.add_argument("--quiet", action="store_true", help="no progress bars")
+    quiet_option(sw)
 
 
 def _add_pretrain_toy(command) -> None:
     """The `pretrain-toy` subcommand's options."""
     pt = command("pretrain-toy", "rebuild the shipped tiny countdown policy and its data splits", cmd_pretrain_toy)
+    quiet_option(pt)
     pt.add_argument(
         "--out",
         default="runs/countdown-tiny",

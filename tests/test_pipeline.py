@@ -140,6 +140,25 @@ def test_eval_cli_on_fixture_datasets(tmp_path, capsys):
     assert (tmp_path / "pass_rates.png").stat().st_size > 0
 
 
+def test_eval_quiet_draws_no_generation_bar(tmp_path, capsys):
+    """`eval --quiet` generates without the per-batch bar that a plain eval draws on stderr (four batches here:
+    --batch-size 3 holds one problem's 3 samples), and scores the same: the bar is display only."""
+    from entropy_rft.cli import main
+
+    data = f"aime24={FIXTURES / 'math' / 'aime24.parquet'}"
+    args = ["eval", "--model", STAND_IN, "--data", data, "--k", "3", "--max-new-tokens", "4", "--batch-size", "3"]
+    main([*args, "--out", str(tmp_path / "loud")])
+    loud = capsys.readouterr().err
+    main([*args, "--out", str(tmp_path / "quiet"), "--quiet"])
+    quiet = capsys.readouterr().err
+    assert "generate" in loud and "generate" not in quiet
+    rates = [
+        json.loads((tmp_path / d / "eval.json").read_text())["results"]["aime24"]["pass_rates"]
+        for d in ("loud", "quiet")
+    ]
+    assert rates[0] == rates[1]
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Recipes
 
