@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from .config import TrainConfig, settings_key
-from .evidence import evaluate_grid, markdown_table
+from .evidence import evaluate_grid, markdown_table, seed_t_interval
 from .logging import read_metrics
 from .rundir import RunLock, is_finished
 
@@ -96,7 +96,14 @@ def run_compare(
         (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
         (out / "results.md").write_text(results_table(results))
         curves = {m: r["entropy_curve"] for m, r in results["methods"].items()}
-        plot_curves(curves, out / "entropy.png", ylabel="token entropy (mean over seeds)", title="Entropy by method")
+        bands = {m: r["entropy_band"] for m, r in results["methods"].items()} if seeds > 1 else None
+        plot_curves(
+            curves,
+            out / "entropy.png",
+            ylabel="token entropy (mean over seeds)",
+            title="Entropy by method" + (" (shaded: range over seeds)" if bands else ""),
+            bands=bands,
+        )
     return results
 
 
@@ -197,6 +204,8 @@ def summarise(cells: dict[str, list[TrainConfig]]) -> dict:
             "entropy_final": _mean_std([c["H"] for c in rows]),
             "clip_fraction": _mean_std([c["clip"] for c in rows]),
             "entropy_curve": [sum(c["curve"][i] for c in rows) / len(rows) for i in range(width)],
+            "entropy_band": [[min(step), max(step)] for step in zip(*(c["curve"][:width] for c in rows))],
+            "entropy_final_seeds": [c["H"] for c in rows],
             "correct": [c["correct"] for c in rows],
             "correct0": [c["correct0"] for c in rows],
         }
@@ -208,13 +217,36 @@ def summarise(cells: dict[str, list[TrainConfig]]) -> dict:
         **{m: np.array(r["correct"]) for m, r in table.items()},
     }
     evidence = evaluate_grid(grids, k, np.random.default_rng(0), ks=(k,), baseline="grpo")
-    return {"k": k, "seeds": seeds, "methods": table, "settings": shared_settings(cells), "evidence": evidence}
+    task = next(iter(cells.values()))[0].task
+    return {
+        "k": k,
+        "seeds": seeds,
+        "task": task,
+        "methods": table,
+        "settings": shared_settings(cells),
+        "evidence": evidence,
+        **({"entropy_evidence": entropy_evidence(table)} if seeds > 1 else {}),
+    }
+
+
+def entropy_evidence(table: dict, baseline: str = "grpo") -> dict:
+    """Each method's final entropy (mean of its last 10% of steps) with the Student-t interval over seeds, and its
+    difference from the baseline's paired by seed (cell i of every method starts from seed + i, so their first
+    rollouts are the same): evidence.seed_t_interval, as a handful of seeds is too few for the bootstrap."""
+    out = {}
+    for method, r in table.items():
+        row = {"final": seed_t_interval(r["entropy_final_seeds"]).to_json()}
+        if baseline in table and method != baseline:
+            base = table[baseline]["entropy_final_seeds"]
+            row[f"vs_{baseline}"] = seed_t_interval(np.subtract(r["entropy_final_seeds"], base)).to_json()
+        out[method] = row
+    return out
 
 
 def results_table(results: dict) -> str:
     k = results["k"]
     lines = [
-        f"# Comparison on countdown ({results['seeds']} seeds, mean ± std)\n",
+        f"# Comparison on {results.get('task', 'countdown')} ({results['seeds']} seeds, mean ± std)\n",
         f"| Method | Avg@{k} | Pass@{k} | entropy start | entropy end (last 10% of steps) | mean clipped fraction |",
         "|---|---|---|---|---|---|",
     ]
@@ -239,4 +271,27 @@ def results_table(results: dict) -> str:
         ]
     if "evidence" in results:
         lines += ["", "## 95% intervals over seeds and evaluation problems", "", markdown_table(results["evidence"])]
+    if "entropy_evidence" in results:
+        lines += ["", entropy_table(results["entropy_evidence"], results["seeds"])]
     return "\n".join(lines) + "\n"
+
+
+def entropy_table(evidence: dict, seeds: int, baseline: str = "grpo") -> str:
+    """The final entropies and their differences from the baseline, each with its 95% Student-t interval."""
+    text = lambda d: f"{d['value']:.3f} [{d['low']:.3f}, {d['high']:.3f}]"  # noqa: E731
+    lines = [
+        "## Entropy at the end (mean of the last 10% of steps), 95% Student-t intervals over seeds",
+        "",
+        f"| method | entropy (nats) | minus {baseline}, paired by seed |",
+        "|---|---|---|",
+    ]
+    for method, row in evidence.items():
+        diff = row.get(f"vs_{baseline}")
+        star = " *" if diff and (diff["low"] > 0 or diff["high"] < 0) else ""
+        lines.append(f"| {method} | {text(row['final'])} | {text(diff) + star if diff else ''} |")
+    lines += [
+        "",
+        f"Each interval rests on {seeds} seeds (t with {seeds - 1} degrees of freedom, entropy_rft/evidence.py, "
+        "departure 4); * marks a difference whose interval excludes 0.",
+    ]
+    return "\n".join(lines)

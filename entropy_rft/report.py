@@ -17,12 +17,23 @@ def label(name: str) -> str:
 
 
 def plot_curves(
-    runs: dict[str, list[float]], path: Path | str, *, ylabel: str, title: str = "", logy: bool = False
+    runs: dict[str, list[float]],
+    path: Path | str,
+    *,
+    ylabel: str,
+    title: str = "",
+    logy: bool = False,
+    bands: dict[str, list[list[float]]] | None = None,
 ) -> Path:
-    """One line per run of a per-step metric, saved as PNG."""
+    """One line per run of a per-step metric, saved as PNG; `bands` shades a [low, high] per step under a run's
+    line (compare: the range over seeds)."""
     fig, ax = plt.subplots(figsize=(6, 3.6), dpi=120)
     for name, values in runs.items():
-        ax.plot(range(1, len(values) + 1), values, label=label(name), linewidth=1.6)
+        steps = range(1, len(values) + 1)
+        (line,) = ax.plot(steps, values, label=label(name), linewidth=1.6)
+        if bands and name in bands:
+            low, high = zip(*bands[name])
+            ax.fill_between(steps, low, high, color=line.get_color(), alpha=0.18, linewidth=0)
     ax.set_xlabel("step")
     ax.set_ylabel(ylabel)
     if logy:

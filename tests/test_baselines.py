@@ -3,6 +3,7 @@ through the trainer."""
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -206,6 +207,23 @@ def test_compare_resumes_and_summarises(tmp_path, capsys):
     assert (est["seeds"], est["problems"], est["samples"]) == (2, 8, 2) and est["low"] <= est["value"] <= est["high"]
     assert est["value"] == pytest.approx(mean)
     assert "2 training seeds x 8 evaluation problems x 2 samples" in (tmp_path / "results.md").read_text()
+    # the final entropy of each method with its t interval over the 2 seeds (t_{0.975, 1} = 12.706), and clip_b's
+    # difference from GRPO paired by seed, recomputed here from each cell's own metrics
+    table = (tmp_path / "results.md").read_text()
+    assert "# Comparison on countdown (2 seeds" in table and "95% Student-t intervals over seeds" in table
+    final = {
+        m: [read_metrics(tmp_path / "runs" / c)[-1]["entropy"] for c in res["settings"]["cells"][m]]
+        for m in ("grpo", "clip_b")
+    }
+    ent = res["entropy_evidence"]
+    for m, values in final.items():
+        half = 12.706205 * np.std(values, ddof=1) / np.sqrt(2)
+        assert ent[m]["final"]["value"] == pytest.approx(np.mean(values), rel=1e-6)
+        assert ent[m]["final"]["high"] - ent[m]["final"]["value"] == pytest.approx(half, rel=1e-5, abs=1e-9)
+    diff = np.subtract(final["clip_b"], final["grpo"])
+    assert ent["clip_b"]["vs_grpo"]["value"] == pytest.approx(diff.mean(), abs=1e-7) and "vs_grpo" not in ent["grpo"]
+    # one step: the shaded band of step 1 is the range of the seeds' entropies
+    assert res["methods"]["grpo"]["entropy_band"] == [[min(final["grpo"]), max(final["grpo"])]]
 
 
 @pytest.mark.parametrize("method", ["ppo", "ppo_clip_b", "ppo_clip_v"])
