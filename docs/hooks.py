@@ -32,11 +32,13 @@ PUBLISHED = {
     "evidence/avgk.md": "benchmarks/study_avgk/avgk.md",
     "changelog.md": "CHANGELOG.md",
     "evidence/avgk_overlap.md": "benchmarks/study_avgk/overlap_posthoc.md",
+    "evidence/real_lm_dynamics.md": "benchmarks/real_lm_dynamics/results.md",
 }
 PUBLISHED_GLOBS = {
     "evidence/study": "benchmarks/study/*.png",
     "evidence/study_avgk": "benchmarks/study_avgk/*.png",
     "evidence/compare_engines": "benchmarks/compare_engines/*.png",
+    "evidence/real_lm_dynamics": "benchmarks/real_lm_dynamics/*.png",
 }
 
 
