@@ -44,8 +44,9 @@ def _draw(stream, n: int, seen: set) -> list:
     """The next n problems of the stream whose content is not in seen (which they join)."""
     out = []
     for p in stream:
-        if content(p.question) not in seen:
-            seen.add(content(p.question))
+        key = content(p.question)
+        if key not in seen:
+            seen.add(key)
             out.append(p)
             if len(out) == n:
                 break

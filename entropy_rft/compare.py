@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from .config import TrainConfig, settings_key
-from .evidence import evaluate_grid, markdown_table, seed_t_interval
+from .evidence import Estimate, evaluate_grid, markdown_table, seed_t_interval
 from .logging import read_metrics
 from .rundir import RunLock, is_finished
 
@@ -278,7 +278,7 @@ def results_table(results: dict) -> str:
 
 def entropy_table(evidence: dict, seeds: int, baseline: str = "grpo") -> str:
     """The final entropies and their differences from the baseline, each with its 95% Student-t interval."""
-    text = lambda d: f"{d['value']:.3f} [{d['low']:.3f}, {d['high']:.3f}]"  # noqa: E731
+    text = lambda d: Estimate.from_json(d).text(scale=1.0, digits=3)  # noqa: E731
     lines = [
         "## Entropy at the end (mean of the last 10% of steps), 95% Student-t intervals over seeds",
         "",
@@ -287,7 +287,7 @@ def entropy_table(evidence: dict, seeds: int, baseline: str = "grpo") -> str:
     ]
     for method, row in evidence.items():
         diff = row.get(f"vs_{baseline}")
-        star = " *" if diff and (diff["low"] > 0 or diff["high"] < 0) else ""
+        star = " *" if diff and diff["excludes_zero"] else ""
         lines.append(f"| {method} | {text(row['final'])} | {text(diff) + star if diff else ''} |")
     lines += [
         "",

@@ -88,6 +88,11 @@ class Estimate:
     def to_json(self) -> dict:
         return {**asdict(self), "excludes_zero": self.excludes_zero}
 
+    @classmethod
+    def from_json(cls, d: dict) -> Estimate:
+        """The Estimate to_json wrote (its derived excludes_zero dropped)."""
+        return cls(**{k: v for k, v in d.items() if k != "excludes_zero"})
+
     def text(self, scale: float = 100.0, digits: int = 1) -> str:
         """'57.6 [55.1, 60.0]' (scaled, e.g. to percent)."""
         return f"{scale * self.value:.{digits}f} [{scale * self.low:.{digits}f}, {scale * self.high:.{digits}f}]"
@@ -302,12 +307,7 @@ def markdown_table(evidence: dict, *, baseline: str = "grpo", level: float = LEV
     pct = f"{100 * level:g}%"
     lines = ["| method | " + " | ".join(f"{label[n]} [{pct} CI]" for n in names) + " |", "|---|" + "---|" * len(names)]
     lines += [
-        f"| {m} | "
-        + " | ".join(
-            Estimate(**{k: v for k, v in evidence[m][n].items() if k != "excludes_zero"}).text() for n in names
-        )
-        + " |"
-        for m in methods
+        f"| {m} | " + " | ".join(Estimate.from_json(evidence[m][n]).text() for n in names) + " |" for m in methods
     ]
     others = [m for m in methods if f"vs_{baseline}" in evidence[m]]
     if others:
@@ -320,7 +320,7 @@ def markdown_table(evidence: dict, *, baseline: str = "grpo", level: float = LEV
             cells = []
             for n in names:
                 d = evidence[m][f"vs_{baseline}"][n]
-                est = Estimate(**{k: v for k, v in d.items() if k != "excludes_zero"})
+                est = Estimate.from_json(d)
                 cells.append(est.text() + (" *" if est.excludes_zero else ""))
             lines.append(f"| {m} | " + " | ".join(cells) + " |")
     plural = lambda n, word: f"{n} {word}" + ("s" if n != 1 else "")  # noqa: E731
