@@ -4,6 +4,7 @@ whose differences are computed here by loops, and records that the pre-registrat
 
 import importlib.util
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -178,3 +179,81 @@ def test_figures_plot_the_analysis_numbers(tmp_path):
     strata, diff, _, _ = plotted["stratum avg@32"]["clip_b"]
     first = r["by_stratum"][strata[0]]["clip_b avg@32"]["value"]
     assert strata == list(r["by_stratum"]) and diff[0] == pytest.approx(100 * first)
+
+
+REPO = Path(__file__).resolve().parents[1]
+# The committed studies: their directory, the evaluation file their records were scored on, their seeds.
+COMMITTED = {
+    "first run (issue 31)": (REPO / "benchmarks/study_avgk", REPO / "benchmarks/study_avgk/first_pool/eval.jsonl", 5),
+    "clean re-run (issue 39)": (
+        REPO / "benchmarks/study_avgk_clean",
+        REPO / "entropy_rft/assets/countdown-tiny/data/countdown5_large/eval.jsonl",
+        15,
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(COMMITTED))
+def test_committed_reports_agree_with_their_records(name):
+    """A committed study cannot contradict itself: its cells.jsonl holds exactly the committed cell records, every
+    point estimate in avgk.json is the mean its records give (recomputed here with plain numpy, not the analysis's
+    code path), the Holm adjustments and verdicts follow from its p-values, avgk.md is avgk.json's tables, and the
+    Evidence page quotes its primary endpoints as they are. Intervals and p-values are the bootstrap's and are
+    reproduced by rerunning the analysis, not here. Exact to 1e-12: each value is one mean of at most 15 x 1,000
+    multiples of 1/32 or of float entropies, and the two sums differ only in order."""
+    dest, eval_file, n_seeds = COMMITTED[name]
+    if not (dest / "avgk.json").exists():
+        pytest.skip(f"{dest.name}: no report yet (the study's stopping rule: nothing is analysed before every cell)")
+    result = json.loads((dest / "avgk.json").read_text())
+    records = avgk.load_records(dest / "cells.jsonl")
+    committed = avgk.load_records(dest)
+    assert sorted(json.dumps(c, sort_keys=True) for c in records) == sorted(
+        json.dumps(c, sort_keys=True) for c in committed
+    )
+    assert len(records) == 3 * n_seeds and result["seeds"] == list(range(n_seeds))
+    strata = avgk.load_strata(eval_file)
+    assert result["problems"] == len(strata)
+    by = {(c["method"], c["seed"]): c for c in records}
+    seeds = result["seeds"]
+
+    def grid(method, field="final_correct"):
+        return np.array([by[(method, s)][field] for s in seeds], dtype=np.float64)
+
+    def pass_k(counts, k):  # 1 - C(n - c, k) / C(n, k), as a product
+        out = np.ones_like(counts)
+        for i in range(k):
+            out *= np.clip((N - counts - i) / (N - i), 0, None)
+        return 1 - out
+
+    metric = {"avg@32": lambda c: c / N, "pass@8": lambda c: pass_k(c, 8), "pass@32": lambda c: pass_k(c, 32)}
+    base = grid("grpo")
+    for m in avgk.METHODS:
+        assert result["primary"][m]["value"] == pytest.approx((grid(m) / N - base / N).mean(), abs=1e-12)
+        for k in ("pass@8", "pass@32"):
+            want = (metric[k](grid(m)) - metric[k](base)).mean()
+            assert result["secondary"][f"{m} {k}"]["value"] == pytest.approx(want, abs=1e-12)
+        for stratum, row in result["by_stratum"].items():
+            cols = np.array([s == stratum for s in strata])
+            assert row["problems"] == cols.sum()
+            want = (grid(m)[:, cols] - base[:, cols]).mean() / N
+            assert row[f"{m} avg@32"]["value"] == pytest.approx(want, abs=1e-12)
+    for m in ("grpo", *avgk.METHODS):
+        for k, f in metric.items():
+            assert result["absolute"][m][k]["value"] == pytest.approx(f(grid(m)).mean(), abs=1e-12)
+        last = [np.mean(by[(m, s)]["entropy"][-max(1, len(by[(m, s)]["entropy"]) // 10) :]) for s in seeds]
+        assert result["entropy"][m]["value"]["value"] == pytest.approx(np.mean(last), abs=1e-12)
+    initial = metric["avg@32"](grid("grpo", "initial_correct")).mean()
+    assert result["absolute"]["initial policy"]["avg@32"]["value"] == pytest.approx(initial, abs=1e-12)
+    for family in ("primary", "secondary"):
+        rows = result[family]
+        adjusted = avgk.holm({k: r["p"] for k, r in rows.items()})
+        assert {k: r["p_holm"] for k, r in rows.items()} == pytest.approx(adjusted)
+    for m, r in result["primary"].items():
+        assert r["raises"] == (r["p_holm"] < avgk.ALPHA and r["value"] > 0)
+        assert r["lowers"] == (r["p_holm"] < avgk.ALPHA and r["value"] < 0)
+    assert (dest / "avgk.md").read_text() == avgk.markdown(result)
+    evidence = (REPO / "docs/evidence/index.md").read_text()
+    for m, r in result["primary"].items():
+        value, interval = avgk._pt(r).split(" ", 1)  # "+0.8 [-0.8, +2.4]", quoted as "+0.8 points [-0.8, +2.4]"
+        quoted = re.compile(re.escape(value) + r"( points)? " + re.escape(interval))
+        assert quoted.search(evidence), f"the Evidence page does not quote {name}'s {m} primary endpoint {avgk._pt(r)}"
