@@ -33,10 +33,12 @@ PUBLISHED = {
     "changelog.md": "CHANGELOG.md",
     "evidence/avgk_overlap.md": "benchmarks/study_avgk/overlap_posthoc.md",
     "evidence/real_lm_dynamics.md": "benchmarks/real_lm_dynamics/results.md",
+    "evidence/avgk_clean.md": "benchmarks/study_avgk_clean/avgk.md",
 }
 PUBLISHED_GLOBS = {
     "evidence/study": "benchmarks/study/*.png",
     "evidence/study_avgk": "benchmarks/study_avgk/*.png",
+    "evidence/study_avgk_clean": "benchmarks/study_avgk_clean/*.png",
     "evidence/compare_engines": "benchmarks/compare_engines/*.png",
     "evidence/real_lm_dynamics": "benchmarks/real_lm_dynamics/*.png",
 }

@@ -248,7 +248,7 @@ def test_committed_reports_agree_with_their_records(name):
         rows = result[family]
         adjusted = avgk.holm({k: r["p"] for k, r in rows.items()})
         assert {k: r["p_holm"] for k, r in rows.items()} == pytest.approx(adjusted)
-    for m, r in result["primary"].items():
+    for r in result["primary"].values():
         assert r["raises"] == (r["p_holm"] < avgk.ALPHA and r["value"] > 0)
         assert r["lowers"] == (r["p_holm"] < avgk.ALPHA and r["value"] < 0)
     assert (dest / "avgk.md").read_text() == avgk.markdown(result)
