@@ -1031,6 +1031,13 @@ def bench_decode(shapes: list[str], args) -> list[dict]:
     return out
 
 
+def fill(args, **defaults) -> None:
+    """The subcommand's own default for each option left out (None)."""
+    for name, value in defaults.items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("what", choices=["stats", "trainer", "trl", "decode", "step-vs-trl"])
@@ -1075,11 +1082,11 @@ def main() -> None:
     if args.what == "decode" and not CUDA and not args.smoke:
         print("benchmarks/gpu.py decode needs CUDA (it times the CUDA-graph decode step); no CUDA device here")
         return
-    if args.what != "decode" and not CUDA and not (args.smoke and args.what == "step-vs-trl"):
-        print(
-            f"benchmarks/gpu.py {args.what} needs CUDA (step-vs-trl --smoke checks the script on the CPU); "
-            "no CUDA device here"
-        )
+    if args.what == "stats" and not CUDA:
+        print("benchmarks/gpu.py stats needs CUDA (it times the Triton kernels against TRL's); no CUDA device here")
+        return
+    if args.what == "step-vs-trl" and not CUDA and not args.smoke:
+        print("benchmarks/gpu.py step-vs-trl needs CUDA (--smoke checks the script on the CPU); no CUDA device here")
         return
     print(json.dumps({"gpu": torch.cuda.get_device_name() if CUDA else "none", "torch": torch.__version__}), flush=True)
     shapes = args.shape or (
@@ -1090,24 +1097,18 @@ def main() -> None:
     if args.what == "stats":
         results = bench_stats(args.n, args.d, args.v)
     elif args.what == "trainer":
-        args.prompt_tokens, args.response = args.prompt_tokens or 512, args.response or 2048
-        args.prompts, args.group, args.micro = args.prompts or 8, args.group or 4, args.micro or 4
-        args.steps = args.steps or 1
+        fill(args, prompt_tokens=512, response=2048, prompts=8, group=4, micro=4, steps=1)
         results = bench_trainer(shapes[0], args)
     elif args.what == "decode":
         results = bench_decode(shapes, args)
     elif args.what == "step-vs-trl":
-        small = args.smoke  # the CPU check: 2 x 4 rows of 8 tokens after 8-token prompts, one measured step
-        args.prompts, args.group = args.prompts or 2, args.group or (4 if small else 16)
-        args.prompt_tokens, args.response = (
-            args.prompt_tokens or (8 if small else 32),
-            args.response or (8 if small else 256),
-        )
-        args.micro, args.steps = args.micro or 0, args.steps or (1 if small else 2)
+        if args.smoke:  # the CPU check: 2 x 4 rows of 8 tokens after 8-token prompts, one measured step
+            fill(args, prompts=2, group=4, prompt_tokens=8, response=8, micro=0, steps=1)
+        fill(args, prompts=2, group=16, prompt_tokens=32, response=256, micro=0, steps=2)
         bench_step_vs_trl(shapes[0], args)  # it writes its lines to --out as it goes
         return
     else:
-        args.response, args.steps = args.response or 2048, args.steps or 1
+        fill(args, response=2048, steps=1)
         results = bench_trl(shapes[0], args)
     if args.out:
         with open(args.out, "a") as f:
