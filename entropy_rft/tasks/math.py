@@ -1,12 +1,15 @@
 """Math word problems with a final answer: the paper's training and evaluation task (DAPO-Math-17k, AIME, DAPO500).
 
-Prompt templates (registered as three tasks):
+Prompt templates and checkers (registered as four tasks):
     math        DAPO's template: "Solve ... The last line of your response should be of the form Answer: $Answer
                 ..." (the prompt of DAPO-Math-17k); the stated answer is the last "Answer:" line
     math_boxed  "... put your final answer within \\boxed{}" (the Qwen/DeepSeek convention); the stated answer is
                 the last \\boxed{}
     math_strict DAPO's template with DAPO's string checker alone (verl's `math_dapo.compute_score`, the reference
                 code's reward), no math-verify: for generated arithmetic, where departure 2 below is a reward hack
+    math_numeral  DAPO's template; a stated answer is read by DAPO's string checker, a response without one by its
+                last number (GSM8K's "flexible extract"): computed integer answers get departure 2's partial credit
+                for a right value in the wrong form, and an echoed expression earns none
 
 Reward, the paper's Appendix B:
     1.0   answer correct and format correct
@@ -34,6 +37,7 @@ import atexit
 import hashlib
 import multiprocessing
 import multiprocessing.connection
+import re
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -117,7 +121,18 @@ class Verdict:
     stated: str | None  # the answer in the template's form, if any
 
 
-VERIFIERS = ("math_verify", "dapo")  # departure 2 (the string checker, then math-verify); the string checker alone
+VERIFIERS = (
+    "math_verify",
+    "dapo",
+    "numeral",
+)  # departure 2; the string checker alone; the string checker or last number
+LAST_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
+
+
+def last_number(text: str) -> str | None:
+    """The last number written in text, thousands commas and a trailing period removed (GSM8K's flexible extract)."""
+    found = LAST_NUMBER.findall(text)
+    return found[-1].replace(",", "") if found else None
 
 
 def judge(
@@ -130,7 +145,8 @@ def judge(
     verifier: str = "math_verify",
 ) -> Verdict:
     """The paper's reward for one response (module docstring); runs the checkers in this process. verifier "dapo"
-    counts an answer correct only when the template's string checker does (no math-verify)."""
+    counts an answer correct only when the template's string checker does (no math-verify); "numeral" reads a stated
+    answer with the string checker and, without one, compares the response's last number with the ground truth."""
     if verifier not in VERIFIERS:
         raise ValueError(f"verifier {verifier!r} is not one of {', '.join(VERIFIERS)}")
     if template == "dapo":
@@ -140,6 +156,8 @@ def judge(
         strict, stated = checkers.boxed_check(completion, answer)
     if verifier == "dapo":
         correct = strict
+    elif verifier == "numeral":
+        correct = strict if stated is not None else last_number(completion) == answer.strip()
     elif stated is not None:
         correct = strict or checkers.equivalent(f"${stated.strip().strip('$')}$", answer, timeout=mv_timeout)
     else:
@@ -344,3 +362,4 @@ class MathTask:
 TASKS.register("math", MathTask("math", "dapo"))
 TASKS.register("math_boxed", MathTask("math_boxed", "boxed"))
 TASKS.register("math_strict", MathTask("math_strict", "dapo", verifier="dapo"))
+TASKS.register("math_numeral", MathTask("math_numeral", "dapo", verifier="numeral"))
