@@ -388,6 +388,13 @@ def cmd_eval(args) -> None:
         batch_size=args.batch_size,
         vllm_memory=args.vllm_gpu_memory,
         progress=not args.quiet,
+        options={
+            "n": "--n" if args.n is not None else "--eval-k",
+            **{f"n:{spec}": f"--data {spec}@" for spec, _ in specs if spec in own and args.n is None},
+            "max_new_tokens": "--max-new-tokens",
+            "problems": "--eval-problems",
+            "batch_size": "--batch-size",
+        },
     )
     print((Path(args.out) / "eval.md").read_text())
     print(f"wrote {args.out}/eval.json, eval.md, pass_rates.png and samples/ in {report['meta']['seconds']:.0f} s")

@@ -165,15 +165,29 @@ def evaluate_to_dir(
     batch_size: int = 512,
     vllm_memory: float = 0.9,
     progress: bool = True,
+    options: dict[str, str] | None = None,
 ) -> dict:
     """Evaluate one policy on several datasets; write eval.json, eval.md, pass_rates.png and samples/*.jsonl.
-    `task_name` scores every dataset, or is a list of one task per entry of `specs` (entry_tasks)."""
+    `task_name` scores every dataset, or is a list of one task per entry of `specs` (entry_tasks). Sizes that cannot
+    be allocated are refused before anything is written (plan.check_eval_fits), naming them as `options` says (size
+    -> the option that set it: n, max_new_tokens, problems, batch_size; "n:SPEC" for one entry's own K)."""
     out = Path(out)
     tasks = [task_name] * len(specs) if isinstance(task_name, str) else list(task_name)
     by_task: dict[str, list] = {}
     for spec, task in zip(specs, tasks):
         by_task.setdefault(task, []).append(spec)
     datasets = {t: load_task_datasets(t, s, data_dir=data_dir, limit=limit) for t, s in by_task.items()}
+    check_eval_memory(
+        model,
+        datasets,
+        by_task,
+        n=n,
+        max_new_tokens=max_new_tokens,
+        engine=engine,
+        device=device,
+        batch_size=batch_size,
+        options=options or {},
+    )
     (out / "samples").mkdir(parents=True, exist_ok=True)
     eng = build_engine(
         engine,
@@ -226,6 +240,39 @@ def evaluate_to_dir(
     for name, rows in samples.items():
         (out / "samples" / f"{name}.jsonl").write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
     return {"meta": meta, "results": results}
+
+
+def check_eval_memory(
+    model: str,
+    datasets: dict[str, dict[str, tuple[list, int]]],
+    by_task: dict[str, list[tuple[str, int]]],
+    *,
+    n: int | None,
+    max_new_tokens: int | None,
+    engine: str,
+    device: str,
+    batch_size: int,
+    options: dict[str, str],
+) -> None:
+    """plan.check_eval_fits for each dataset of an evaluation (datasets: task -> {name: (problems, K)}, loaded from
+    by_task: task -> its --data entries), before any model loads or file is written: the device's memory for the HF
+    engine, this machine's for vLLM (its samples)."""
+    from .plan import check_eval_fits
+    from .policy import pick_device
+
+    where = pick_device(device) if engine == "hf" else "cpu"
+    for task, sets in datasets.items():
+        for (spec, _), (problems, k) in zip(by_task[task], sets.values()):
+            check_eval_fits(
+                model,
+                where,
+                problems=len(problems),
+                n=max(n or k, k),
+                max_new_tokens=response_limit(task, max_new_tokens),
+                batch_size=batch_size,
+                engine=engine,
+                options={**options, "n": options.get(f"n:{spec}", options.get("n", "n"))},
+            )
 
 
 def _read_scored(path: Path) -> dict[str, float]:
