@@ -465,6 +465,14 @@ def cmd_inspect(args) -> None:
     elif out.suffix != ".html":  # the page is HTML: --out NAME writes NAME.html
         out = out.with_name(out.name + ".html")
     guard(args, out, directory=False, named=True)  # the default page, RUN_DIR/inspect.html, names the run
+    from .logging import read_metrics
+
+    for run in args.runs:  # the page shows samples, but a damaged record is named as every reader names it
+        if (Path(run) / "metrics.jsonl").is_file():
+            try:
+                read_metrics(run)
+            except ValueError as err:
+                print(f"entropy-rft inspect: warning: {' '.join(str(err).split())}", file=sys.stderr)
     page = build_page(args.runs, out, steps=args.steps, max_steps=args.max_steps or MAX_STEPS)
     print(
         f"wrote {page} ({page.stat().st_size / 1e6:.2f} MB); open it in a browser (it loads nothing from the network)"

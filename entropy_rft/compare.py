@@ -23,8 +23,8 @@ import numpy as np
 
 from .config import TrainConfig, settings_key
 from .evidence import Estimate, evaluate_grid, markdown_table, seed_t_interval
-from .logging import read_metrics
-from .rundir import RunLock, is_finished
+from .logging import read_metrics_file
+from .rundir import RunDirError, RunLock, is_finished
 
 DEFAULT_METHODS = "grpo,clip_b,clip_v,clip_cov,kl_cov,unlikely,forking,entropy_bonus,dapo"
 
@@ -175,7 +175,7 @@ def summarise(cells: dict[str, list[TrainConfig]]) -> dict:
         for cfg in cfgs:
             run_dir = Path(cfg.out)
             evals = {int(a): b for a, b in json.loads((run_dir / "eval.json").read_text()).items()}
-            metrics = read_metrics(run_dir)
+            metrics = cell_metrics(run_dir, cfg.steps)
             first, last = evals[min(evals)], evals[max(evals)]
             k = last["k"]
             ent = [m["entropy"] for m in metrics]
@@ -227,6 +227,22 @@ def summarise(cells: dict[str, list[TrainConfig]]) -> dict:
         "evidence": evidence,
         **({"entropy_evidence": entropy_evidence(table)} if seeds > 1 else {}),
     }
+
+
+def cell_metrics(run_dir: Path, steps: int) -> list[dict]:
+    """A finished cell's metrics rows, one per step 1..steps (logging.read_metrics_file, the reader train --resume
+    uses); a cell whose record lacks a step (a cut-off last line, a deleted line) is refused naming the file: its
+    entropy would read short, and the table would move without a word."""
+    metrics = read_metrics_file(run_dir)
+    logged = [row["step"] for row in metrics.rows]
+    missing = next((s for s in range(1, steps + 1) if s not in logged), None)
+    if missing is None:
+        return metrics.rows
+    what = metrics.cut_off(missing) or f"{metrics.path} holds no line for step {missing}"
+    raise RunDirError(
+        f"{what}, though the cell finished its {steps} steps (eval.json): its entropy would read short. Restore the "
+        f"file, or delete {run_dir} and compare trains the cell again (its settings and seed make it the same run)"
+    )
 
 
 def entropy_evidence(table: dict, baseline: str = "grpo") -> dict:

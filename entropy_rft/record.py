@@ -323,18 +323,6 @@ def edited_fields(folder: Path, stored: dict) -> tuple[list[str], TrainConfig | 
     return differing_fields(digests, now), now
 
 
-def _torn_line(path: Path) -> int | None:
-    """The number of a last line cut short (no final newline, not JSON), or None."""
-    text = path.read_text(errors="replace")
-    if not text or text.endswith("\n"):
-        return None
-    try:
-        json.loads(text.rsplit("\n", 1)[-1])
-        return None
-    except json.JSONDecodeError:
-        return text.count("\n") + 1
-
-
 def _readable(path: Path) -> bool:
     try:
         json.loads(gzip.decompress(path.read_bytes()))
@@ -347,21 +335,19 @@ def first_gap(run_dir: Path, step: int, pending: Callable[[], bool]) -> tuple[in
     """(the first step <= `step` the record lacks, "metrics" or "samples", what is wrong), or None when it holds
     every step: a step with no complete line in metrics.jsonl (the line of `step` itself may be missing when
     `pending()`: the checkpoint holds that step unlogged), or a samples file that does not read whole. A damaged line
-    before the last raises ValueError naming it (logging.read_metrics)."""
-    from .logging import read_metrics
+    before the last raises ValueError naming it (logging.read_metrics_file, the one reader)."""
+    from .logging import read_metrics_file
     from .samples import SAMPLES_DIR, file_name, steps_written
 
     run_dir = Path(run_dir)
     path = run_dir / "metrics.jsonl"
-    logged = {row["step"] for row in read_metrics(run_dir)} if path.exists() else set()
+    metrics = read_metrics_file(run_dir) if path.exists() else None
+    logged = {row["step"] for row in metrics.rows} if metrics else set()
     gaps = []
     missing = next((s for s in range(1, step + 1) if s not in logged), None)
     if missing is not None and not (missing == step and pending()):
-        torn = _torn_line(path) if path.exists() else None
-        what = (
-            f"{path}:{torn} is cut off (a crash while it was written?), so step {missing} has no metrics line"
-            if torn
-            else f"{path} holds no line for step {missing}" + ("" if path.exists() else " (it is missing)")
+        what = (metrics.cut_off(missing) if metrics else None) or (
+            f"{path} holds no line for step {missing}" + ("" if path.exists() else " (it is missing)")
         )
         gaps.append((missing, "metrics", what))
     for s in steps_written(run_dir):
