@@ -363,9 +363,15 @@ def _check_machine(args) -> None:
 
 
 def cmd_eval(args) -> None:
-    from .pipeline import entry_tasks, evaluate_to_dir, parse_data_specs
+    from .pipeline import entry_tasks, evaluate_to_dir, model_to_evaluate, packaged_prompt_settings, parse_data_specs
 
-    data = args.data or "countdown"
+    args.model = model_to_evaluate(args.model)
+    # a packaged model's recipe gives its prompt settings beneath the options, as it does for train (config.py)
+    recipe = packaged_prompt_settings(args.model)
+    if args.chat_template == "auto" and "chat_template" in recipe:
+        args.chat_template = "on" if recipe["chat_template"] else "off"
+    args.max_new_tokens = args.max_new_tokens or recipe.get("max_new_tokens")
+    data = args.data or recipe.get("task") or "countdown"
     specs = parse_data_specs(data, args.eval_k)
     own = {x.strip().rpartition("@")[0] for x in data.split(",") if x.strip().rpartition("@")[2].isdigit()}
     for spec, k in specs:  # every entry's K, its own (@K) or --eval-k, needs n >= K samples per problem

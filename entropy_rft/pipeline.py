@@ -30,6 +30,41 @@ DEFAULT_MAX_NEW_TOKENS = {
 }  # other tasks: 7168, the authors' response length
 
 
+def packaged_prompt_settings(model: str) -> dict:
+    """The prompt settings a packaged model's shipped recipe gives (task, chat_template, max_new_tokens), which eval
+    takes beneath its own options as train does (config.resolve_config); {} for any other model."""
+    from .config import read_recipe
+    from .packaged import PACKAGED
+
+    if model not in PACKAGED:
+        return {}
+    recipe = read_recipe(PACKAGED[model].recipe)
+    return {k: recipe[k] for k in ("task", "chat_template", "max_new_tokens") if k in recipe}
+
+
+def model_to_evaluate(model: str) -> str:
+    """The model eval loads for `model`: a run directory (a record of `entropy-rft train`, no config.json of its own)
+    means its newest complete checkpoint, named in a note on stderr; anything else is itself."""
+    import sys
+
+    from .record import find_checkpoint
+    from .rundir import is_run_dir
+
+    path = Path(model)
+    if not path.is_dir() or (path / "config.json").exists() or not is_run_dir(path):
+        return model
+    ckpt = find_checkpoint(path)
+    if ckpt is None:
+        raise FileNotFoundError(
+            f"--model {model} is a run directory with no complete checkpoint yet (one is written at the end of the "
+            "run, every save_every steps and when it is stopped); evaluate it once it has one, or pass a model"
+        )
+    print(
+        f"entropy-rft eval: note: {model} is a run directory; evaluating its newest checkpoint, {ckpt}", file=sys.stderr
+    )
+    return str(ckpt)
+
+
 def response_limit(task_name: str, given: int | None) -> int:
     return given or DEFAULT_MAX_NEW_TOKENS.get(task_name, 7168)
 
