@@ -19,7 +19,8 @@ One grammar for every subcommand:
    run's directory or a run's directory at all unless the path was named.
 5. --help shows every option with its default.
 6. Every subcommand that draws progress bars (demo, train, eval, filter, compare, sweep, pretrain-toy) takes --quiet
-   to draw none; train's is its `progress` setting, so a recipe's `progress: false` stays off without it.
+   to draw none; train's, demo's, compare's and sweep's is their `progress` setting, so a recipe's `progress: false`
+   (or --set progress=false) stays off without it.
 """
 
 from __future__ import annotations
@@ -239,7 +240,7 @@ def cmd_demo(args) -> None:
         steps=args.steps,
         methods=args.methods,
         sets=given_sets(args, reserved={"out": "--out", "method": "--methods"}),
-        progress=not args.quiet,
+        progress=False if args.quiet else None,  # else the settings' own (grammar rule 6)
         resume=args.resume,
         overwrite=args.overwrite,
     )
@@ -449,7 +450,7 @@ def cmd_compare(args) -> None:
         steps=args.steps,
         config=args.config,
         sets=given_sets(args, reserved={"method": "--methods", "out": "--out"}),
-        progress=not args.quiet,
+        progress=False if args.quiet else None,  # else the settings' own (grammar rule 6)
     )
     print((Path(args.out) / "results.md").read_text())
 
@@ -541,7 +542,7 @@ def cmd_sweep(args) -> None:
         steps=args.steps,
         max_frac=args.max_frac,
         sets=given_sets(args, reserved={"method": "--method", "mu": "--mu", "out": "--out"}),
-        progress=not args.quiet,
+        progress=False if args.quiet else None,  # else the settings' own (grammar rule 6)
     )
     page = build_report(runs, args.out)
     print(page.read_text().split("\n## ")[0])

@@ -46,7 +46,7 @@ def compare_cells(
     *,
     sets: dict | None = None,
     steps: int | None = None,
-    progress: bool = True,
+    progress: bool | None = True,
 ) -> dict[str, list[TrainConfig]]:
     """{method: [TrainConfig of each seed]}, each with its keyed run directory."""
     from .demo import run_config
@@ -80,7 +80,7 @@ def run_compare(
     steps: int | None = None,
     config: Path | str | None = None,
     sets: dict | None = None,
-    progress: bool = True,
+    progress: bool | None = True,
     log=print,
 ) -> dict:
     from .demo import load_demo_config
@@ -116,7 +116,7 @@ def run_sweep(
     steps: int | None = None,
     max_frac: float | None = None,
     sets: dict | None = None,
-    progress: bool = True,
+    progress: bool | None = True,
     log=print,
 ) -> list[Path]:
     """One run of `method` per mu with the spec's common settings; returns the cells' run directories."""
@@ -289,6 +289,12 @@ def results_table(results: dict) -> str:
         lines += ["", "## 95% intervals over seeds and evaluation problems", "", markdown_table(results["evidence"])]
     if "entropy_evidence" in results:
         lines += ["", entropy_table(results["entropy_evidence"], results["seeds"])]
+    elif results["seeds"] < 2:
+        lines += [
+            "",
+            "No interval for the final entropy: its Student-t interval over seeds needs at least 2 seeds, and this "
+            f"comparison has {results['seeds']} (--seeds 2 or more).",
+        ]
     return "\n".join(lines) + "\n"
 
 
