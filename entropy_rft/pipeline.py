@@ -237,25 +237,9 @@ def evaluate_to_dir(
     )
     torch.manual_seed(seed)
     t0 = time.time()
-    samples: dict = {}
-    results: dict = {}
-    try:
-        for task, sets in datasets.items():
-            results.update(
-                evaluate_datasets(
-                    eng,
-                    TASKS.get(task),
-                    sets,
-                    n=n,
-                    temperature=temperature,
-                    top_p=top_p,
-                    max_new_tokens=response_limit(task, max_new_tokens),
-                    seed=seed,
-                    samples=samples,
-                )
-            )
-    finally:
-        eng.close()
+    results, samples = evaluate_all(
+        eng, datasets, n=n, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens, seed=seed
+    )
     meta = {
         "model": model,
         "task": ",".join(by_task),
@@ -265,6 +249,29 @@ def evaluate_to_dir(
         "seed": seed,
         "seconds": time.time() - t0,
     }
+    write_eval(out, meta, results, samples)
+    return {"meta": meta, "results": results}
+
+
+def evaluate_all(eng, datasets: dict, *, max_new_tokens: int | None, **sampling) -> tuple[dict, dict]:
+    """(results, samples) of every dataset (datasets: task -> {name: (problems, K)}, each task at its response
+    limit); the engine is closed afterwards."""
+    samples: dict = {}
+    results: dict = {}
+    try:
+        for task, sets in datasets.items():
+            limit = response_limit(task, max_new_tokens)
+            results.update(
+                evaluate_datasets(eng, TASKS.get(task), sets, max_new_tokens=limit, samples=samples, **sampling)
+            )
+    finally:
+        eng.close()
+    return results, samples
+
+
+def write_eval(out: Path, meta: dict, results: dict, samples: dict) -> None:
+    """An evaluation's files: eval.json (meta and results), eval.md, pass_rates.png and samples/<dataset>.jsonl."""
+    model, temperature = meta["model"], meta["temperature"]
     (out / "eval.json").write_text(json.dumps({"meta": meta, "results": results}, indent=1) + "\n")
     (out / "eval.md").write_text(results_markdown(results, title=f"Evaluation of {model} (temperature {temperature})"))
     plot_pass_rates(
@@ -274,7 +281,6 @@ def evaluate_to_dir(
     )
     for name, rows in samples.items():
         (out / "samples" / f"{name}.jsonl").write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
-    return {"meta": meta, "results": results}
 
 
 def check_eval_memory(
