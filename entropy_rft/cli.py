@@ -720,14 +720,19 @@ def _add_eval(command) -> None:
     """The `eval` subcommand's options."""
     e = command("eval", "Avg@K, Pass@K and pass-rate distribution of a policy on one or more datasets", cmd_eval)
     quiet_option(e)
-    e.add_argument("--model", default="countdown-tiny", help="local directory, hub id or shipped model name")
+    e.add_argument(
+        "--model",
+        default="countdown-tiny",
+        help="local directory, hub id or shipped model name; a run directory means its newest checkpoint; a packaged "
+        "model (smollm2-135m) brings its recipe's task, chat template and max_new_tokens beneath these options",
+    )
     e.add_argument(
         "--data",
         default=None,
         help="comma-separated datasets: names (aime24, aime25, amc23, dapo500, "
         "countdown, countdown5, countdown5_large), name=path or paths; "
         "a trailing @K sets that dataset's K (dapo500@8). "
-        "Default: shipped countdown",
+        "Default: shipped countdown (a packaged model: its recipe's task, countdown_chat)",
     )
     e.add_argument(
         "--task",
@@ -755,7 +760,7 @@ def _add_eval(command) -> None:
         "--max-new-tokens",
         type=setting("max_new_tokens"),
         default=None,
-        help="response length limit (default: 16 for countdown, 7168 for math)",
+        help="response length limit (default: a packaged model's recipe's, else 16 for countdown, 7168 for math)",
     )
     e.add_argument("--engine", choices=["hf", "vllm"], default="hf", help="generation engine")
     e.add_argument(
@@ -769,7 +774,7 @@ def _add_eval(command) -> None:
         "--chat-template",
         choices=["auto", "on", "off"],
         default="auto",
-        help="auto: on for math when the tokenizer has one",
+        help="auto: a packaged model's recipe's, else on for math when the tokenizer has one",
     )
     e.add_argument(
         "--data-dir",

@@ -207,7 +207,8 @@ class TrainConfig:
     dual_clip_c: float | None = _f(3.0, "dual-clip constant for A < 0 (verl default 3); None disables")
     loss_agg: str = _f(
         "token-mean",
-        "token-mean (paper eq. 1), seq-mean-token-mean, seq-mean-token-sum, seq-mean-token-sum-norm, token-sum",
+        "token-mean (paper eq. 1), seq-mean-token-mean, seq-mean-token-sum, seq-mean-token-sum-norm, token-sum; "
+        "policy_loss sapo and geo_mean always use seq-mean-token-mean (as verl), which is what is recorded",
     )
     kl_coef: float = _f(0.0, "weight of the k3 KL penalty to the initial policy (paper: 0, omitted)")
     entropy_coef: float = _f(0.0, "entropy bonus weight (0: none, the paper's assumption (ii))")
@@ -248,17 +249,19 @@ class TrainConfig:
         "CISPO: TRL's form, the weight min(r, eps_high) capped from above only at the "
         "absolute eps_high (e.g. 5), instead of verl's clip(r, 1 - eps_low, 1 + eps_high)",
     )
-    tau_pos: float = _f(1.0, "SAPO: gate temperature for A > 0 (verl ActorConfig tau_pos)")
-    tau_neg: float = _f(1.05, "SAPO: gate temperature for A <= 0 (verl ActorConfig tau_neg)")
+    tau_pos: float = _f(1.0, "SAPO: gate temperature for A > 0, > 0 (verl ActorConfig tau_pos)")
+    tau_neg: float = _f(1.05, "SAPO: gate temperature for A <= 0, > 0 (verl ActorConfig tau_neg)")
     erc_low: float = _f(
         0.95,
-        "ERC: lower bound of the entropy ratio H / H_old that keeps a token's gradient "
+        "ERC: lower bound of the entropy ratio H / H_old that keeps a token's gradient, in [0, 1) "
         "(the authors' scripts; their config default 0.8)",
     )
-    erc_high: float = _f(1.05, "ERC: upper bound of the entropy ratio (the authors' scripts; their config default 1.2)")
+    erc_high: float = _f(
+        1.05, "ERC: upper bound of the entropy ratio, > 1 (the authors' scripts; their config default 1.2)"
+    )
     quantile_k: float = _f(
         0.4,
-        "QAE: the quantile of the group's rewards used as the baseline (the authors' "
+        "QAE: the quantile of the group's rewards used as the baseline, in (0, 1) (the authors' "
         "scripts: 0.4); read by advantage 'qae' only",
     )
 
