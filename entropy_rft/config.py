@@ -249,8 +249,8 @@ class TrainConfig:
         "CISPO: TRL's form, the weight min(r, eps_high) capped from above only at the "
         "absolute eps_high (e.g. 5), instead of verl's clip(r, 1 - eps_low, 1 + eps_high)",
     )
-    tau_pos: float = _f(1.0, "SAPO: gate temperature for A > 0, > 0 (verl ActorConfig tau_pos)")
-    tau_neg: float = _f(1.05, "SAPO: gate temperature for A <= 0, > 0 (verl ActorConfig tau_neg)")
+    tau_pos: float = _f(1.0, "SAPO: gate temperature (> 0) for A > 0 (verl ActorConfig tau_pos)")
+    tau_neg: float = _f(1.05, "SAPO: gate temperature (> 0) for A <= 0 (verl ActorConfig tau_neg)")
     erc_low: float = _f(
         0.95,
         "ERC: lower bound of the entropy ratio H / H_old that keeps a token's gradient, in [0, 1) "

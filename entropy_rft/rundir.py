@@ -228,7 +228,10 @@ class RunLock:
         if tidy:
             for made in reversed(self.made):
                 try:
-                    made.unlink() if made.name == LOCK else made.rmdir()
+                    if made.name == LOCK:
+                        made.unlink()
+                    else:
+                        made.rmdir()
                 except OSError:  # written to since (not empty): kept, and so are the directories above it
                     break
         os.close(self.fd)  # closing the descriptor releases the flock
