@@ -202,12 +202,16 @@ def cmd_run(args) -> None:
     run_cells(Path(args.out), cells, args.jobs, args.steps)
 
 
-def run_cells(out: Path, cells: list[tuple[str, str, int]], jobs: int, steps: int | None = None, script=None) -> None:
+def run_cells(
+    out: Path, cells: list[tuple[str, str, int]], jobs: int, steps: int | None = None, script=None, where=None
+) -> None:
     """Each cell not yet done in its own process (`SCRIPT cell --out OUT --task T --method M --seed S`; script:
-    this file unless given), at most `jobs` at a time, one thread each; their output goes to OUT/cells.log."""
+    this file unless given), at most `jobs` at a time, one thread each; their output goes to OUT/cells.log. A cell is
+    done when where(out, task, method, seed, steps)/cell.json exists (where: this file's cell_dir unless given)."""
     script = Path(script or __file__).resolve()
+    cell_dir_of = where or cell_dir
     out.mkdir(parents=True, exist_ok=True)
-    pending = [c for c in cells if not (cell_dir(out, *c, steps) / "cell.json").exists()]
+    pending = [c for c in cells if not (cell_dir_of(out, *c, steps) / "cell.json").exists()]
     print(
         f"{len(cells) - len(pending)} of {len(cells)} cells done; running {len(pending)} with --jobs {jobs}",
         flush=True,
@@ -241,7 +245,7 @@ def run_cells(out: Path, cells: list[tuple[str, str, int]], jobs: int, steps: in
         for proc, cell, t0 in list(running):
             if proc.poll() is not None:
                 running.remove((proc, cell, t0))
-                done = (cell_dir(out, *cell, steps) / "cell.json").exists()
+                done = (cell_dir_of(out, *cell, steps) / "cell.json").exists()
                 state = (
                     "done"
                     if done
