@@ -150,7 +150,11 @@ COMMON = {  # every cell's settings beneath its method's (registered)
     "keep_checkpoints": 1,
     "progress": False,
 }
-METHODS = {"grpo": {"method": "grpo"}, "clip_b": {"method": "clip_b", "mu": 0.9}}
+METHODS = {  # mu by the pilot's rule (docs/prereg_real_lm.md, pilot item 4)
+    "grpo": {"method": "grpo"},
+    "clip_b": {"method": "clip_b", "mu": 1.0},
+    "clip_v": {"method": "clip_v", "mu": 2.0, "max_frac": 0.05},
+}
 SEEDS = range(5)
 
 

@@ -121,3 +121,34 @@ def test_analysis_primary_is_the_paired_mean_difference_and_refuses_other_settin
     with pytest.raises(ValueError, match="eval_k 4"):
         study.analyse(bad)
     json.dumps(r)  # the record it writes is plain JSON
+
+
+def test_the_cells_run_the_registered_methods_with_the_pilots_mu():
+    """The study's methods are the registration's (GRPO, Clip_B, Clip_V), and each mu is what the pilot's rule gives
+    on the committed pilot samples (benchmarks/real_lm_pilot.py mu): the smallest mu of the grid clipping at most 5%
+    of the negative-advantage tokens. (The first start of the runner had Clip_B at a draft's 0.9 and no Clip_V.)"""
+    spec = importlib.util.spec_from_file_location("real_lm_pilot", ROOT / "benchmarks" / "real_lm_pilot.py")
+    pilot = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(pilot)
+    rule = pilot.main(ROOT / "benchmarks" / "real_lm_study" / "pilot" / "runs" / "n_mul2x1")
+    assert rule["negative_tokens"] == 1052
+    assert set(study.METHODS) == {"grpo", "clip_b", "clip_v"}
+    assert (
+        study.METHODS["clip_b"]
+        == {"method": "clip_b", "mu": rule["chosen_mu"]["clip_b"]}
+        == {"method": "clip_b", "mu": 1.0}
+    )
+    assert study.METHODS["clip_v"] == {
+        "method": "clip_v",
+        "mu": rule["chosen_mu"]["clip_v"],
+        "max_frac": pilot.MAX_FRAC,
+    }
+    cfg = study.cell_config("clip_v", 3)
+    assert (cfg.method, cfg.mu, cfg.max_frac, cfg.seed, cfg.steps, cfg.task) == (
+        "clip_v",
+        2.0,
+        0.05,
+        3,
+        100,
+        "math_numeral",
+    )
