@@ -37,11 +37,13 @@ the kept sets against TopPLogitsWarper and the sampled frequencies against the m
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 from torch import Tensor
 
 from .cache import cache_arg, cache_of
-from .decode import FixedSteps, HandDecoder, HandSteps, unsupported
+from .decode import Dims, Fixed, FixedSteps, HandDecoder, HandSteps, Weights, fixed_logits, unsupported
 
 
 def nucleus_logits(logits: Tensor, top_p: float) -> Tensor:
@@ -286,11 +288,46 @@ def draw(logits: Tensor, noise: Tensor, *, temperature: float, top_p: float) -> 
     return token, log_probs.gather(1, token[:, None]).squeeze(1)
 
 
+class Sampled(NamedTuple):
+    """The sampling state of a fixed-shape rollout as the pure step reads it (StaticRollout owns the tensors)."""
+
+    token: Tensor  # (n,) the last token of each row
+    noise: Tensor  # (n, V) Exp(1) draws, filled before each step
+    eos: Tensor  # (E,) the ids that end a response
+    t: Tensor  # (1,) the response column the next token goes to
+    done: Tensor  # (n,) bool: the row has sampled an EOS id
+    length: Tensor  # (n,) tokens recorded per row
+    response: Tensor  # (n, R)
+    logp: Tensor  # (n, R) float32
+
+
+def record(logits: Tensor, state: Sampled, *, temperature: float, top_p: float, pad_id: int) -> None:
+    """Sample column t of every row from logits (n, V) and the noise; a finished row records pad_id and 0."""
+    token, logp = draw(logits, state.noise, temperature=temperature, top_p=top_p)
+    live = ~state.done
+    state.response.index_copy_(1, state.t, torch.where(live, token, pad_id)[:, None])
+    state.logp.index_copy_(1, state.t, torch.where(live, logp, 0.0)[:, None])
+    state.length.add_(live.long())
+    state.done.logical_or_(live & (token[:, None] == state.eos).any(-1))
+    state.token.copy_(token)
+    state.t.add_(1)
+
+
+def fixed_step(
+    w: Weights, dims: Dims, fixed: Fixed, sampled: Sampled, *, temperature: float, top_p: float, pad_id: int
+) -> None:
+    """One whole fixed-shape decode step, every tensor passed in and changed in place, nothing read back: forward the
+    last tokens (decode.fixed_logits), sample the next for every row, record them where the row is still live. The
+    unit a CUDA graph captures (decode="static") and torch.compile compiles (decode="compile")."""
+    record(fixed_logits(w, dims, fixed, sampled.token), sampled, temperature=temperature, top_p=top_p, pad_id=pad_id)
+
+
 class StaticRollout:
     """The fixed-shape sampling loop's state: FixedSteps plus the sampled tokens, their log-probs, each row's
-    length and whether it has finished, all in buffers of the rollout's full size. `step()` is the unit a CUDA
-    graph captures: forward the last tokens, sample the next for every row from `noise`, record them where the row
-    is still live (pad and 0 where it has finished), all on the device without reading anything back."""
+    length and whether it has finished, all in buffers of the rollout's full size. `step()` runs `fixed_step` (or
+    `fn`, its compiled form) on them: forward the last tokens, sample the next for every row from `noise`, record
+    them where the row is still live (pad and 0 where it has finished), all on the device without reading anything
+    back."""
 
     def __init__(
         self,
@@ -306,6 +343,7 @@ class StaticRollout:
         device: torch.device,
     ):
         self.steps, self.pad_id, self.temperature, self.top_p = steps, pad_id, temperature, top_p
+        self.fn = fixed_step
         self.eos = torch.tensor(sorted(set(eos_ids)), device=device)  # (E,)
         self.token = torch.full((rows,), pad_id, dtype=torch.long, device=device)  # the last token of each row
         self.t = torch.zeros(1, dtype=torch.long, device=device)  # the response column the next token goes to
@@ -319,19 +357,24 @@ class StaticRollout:
         """Every tensor a step changes besides the key/value columns (saved around a capture's warm-up)."""
         return [self.token, self.t, self.done, self.length, self.response, self.logp, *self.steps.state()]
 
+    def sampled(self) -> Sampled:
+        """The sampling state as `record` reads it (the tensors themselves)."""
+        return Sampled(self.token, self.noise, self.eos, self.t, self.done, self.length, self.response, self.logp)
+
     def record(self, logits: Tensor) -> None:
-        """Sample column t of every row from logits (n, V) and the noise; a finished row records pad_id and 0."""
-        token, logp = draw(logits, self.noise, temperature=self.temperature, top_p=self.top_p)
-        live = ~self.done
-        self.response.index_copy_(1, self.t, torch.where(live, token, self.pad_id)[:, None])
-        self.logp.index_copy_(1, self.t, torch.where(live, logp, 0.0)[:, None])
-        self.length.add_(live.long())
-        self.done.logical_or_(live & (token[:, None] == self.eos).any(-1))
-        self.token.copy_(token)
-        self.t.add_(1)
+        """`record` on this state (column 0 comes from the prefill's logits)."""
+        record(logits, self.sampled(), temperature=self.temperature, top_p=self.top_p, pad_id=self.pad_id)
 
     def step(self) -> None:
-        self.record(self.steps(self.token))
+        self.fn(
+            self.steps.weights,
+            self.steps.decoder.dims,
+            self.steps.fixed(),
+            self.sampled(),
+            temperature=self.temperature,
+            top_p=self.top_p,
+            pad_id=self.pad_id,
+        )
 
 
 def stream_noise(generator: torch.Generator | None):
