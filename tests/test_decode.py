@@ -339,16 +339,20 @@ def test_static_decode_in_bfloat16():
     torch.testing.assert_close(logp16[same, :width], logp32[same, :width], atol=0.05, rtol=0)
 
 
-def test_auto_takes_the_captured_path_on_cuda():
-    """decode='auto': the row-dropping hand step on the CPU, the fixed-shape step (captured in a CUDA graph) on
-    CUDA, the model's forward for a model the step cannot read; 'static' refuses such a model with the reason.
-    (Only the choice: no GPU is needed to make it.)"""
+def test_auto_takes_the_compiled_path_on_cuda():
+    """decode='auto': the row-dropping hand step on the CPU, the fixed-shape step compiled and captured in a CUDA
+    graph on CUDA (the static step, captured uncompiled, once compiling has failed in the session), the model's
+    forward for a model the step cannot read; 'static' refuses such a model with the reason. (Only the choice: no
+    GPU is needed to make it.)"""
     from entropy_rft.rollout.sampling import decode_path
 
     model = _model("qwen2")
     assert decode_path(model, "auto", 16, torch.device("cpu"))[0] == "hand"
-    assert decode_path(model, "auto", 16, torch.device("cuda"))[0] == "static"
+    assert decode_path(model, "auto", 16, torch.device("cpu"), compile_failed=True)[0] == "hand"
+    assert decode_path(model, "auto", 16, torch.device("cuda"))[0] == "compile"
+    assert decode_path(model, "auto", 16, torch.device("cuda"), compile_failed=True)[0] == "static"
     assert decode_path(model, "static", 16, torch.device("cpu"))[0] == "static"
+    assert decode_path(model, "compile", 16, torch.device("cpu"))[0] == "compile"
     assert decode_path(model, "hf", 16, torch.device("cuda")) == ("hf", None)
     lora = _lora(_model("qwen2"))
     assert decode_path(lora, "auto", 16, torch.device("cuda")) == ("hf", None)
@@ -477,14 +481,14 @@ CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @CUDA
 def test_captured_step_replays_the_eager_step_on_cuda():
     """On CUDA: the step captured once in a CUDA graph and replayed gives the same tokens as the same step run
-    eagerly with the same noise, and log-probs within float32 rounding; decode='auto' takes that path; and the step
-    itself makes no host synchronisation (torch.cuda's sync debug mode raises on one)."""
+    eagerly with the same noise, and log-probs within float32 rounding, also through sample(decode='static'); and
+    the step itself makes no host synchronisation (torch.cuda's sync debug mode raises on one)."""
     from entropy_rft.rollout.decode import HandDecoder
     from entropy_rft.rollout.sampling import decode_path, sample_static
 
     model = _model("qwen2").cuda()
     ids, mask = (t.cuda() for t in _prompts(model.config.vocab_size, torch.Generator().manual_seed(3)))
-    assert decode_path(model, "auto", 18, ids.device)[0] == "static"
+    assert decode_path(model, "static", 18, ids.device)[0] == "static"
     runs = []
     for capture in (False, True):
         with torch.inference_mode():
@@ -505,7 +509,7 @@ def test_captured_step_replays_the_eager_step_on_cuda():
         runs.append((tokens.clone(), logp.clone()))
     assert torch.equal(runs[0][0], runs[1][0])  # cuBLAS may choose another kernel under capture: log-probs close
     torch.testing.assert_close(runs[0][1], runs[1][1], atol=1e-5, rtol=0)
-    auto = sample(
+    static = sample(
         model,
         ids,
         mask,
@@ -516,8 +520,9 @@ def test_captured_step_replays_the_eager_step_on_cuda():
         eos_ids=[3],
         pad_id=0,
         generator=torch.Generator("cuda").manual_seed(3),
+        decode="static",
     )
-    assert torch.equal(auto[0], runs[1][0])
+    assert torch.equal(static[0], runs[1][0])
     state = _static_state(model.cpu())
     model.cuda()
     for obj in (state, state.steps):

@@ -1,6 +1,7 @@
 """Generation engines, chosen by name through ENGINES: `hf` (transformers generate, CPU or GPU; the default) and
 `vllm` (optional extra, imported only when built). Every engine has `generate(...) -> Rollout`,
-`sync_weights()` (called after each optimizer step) and `close()`."""
+`sync_weights()` (called after each optimizer step), `pop_compile_seconds()` (seconds spent compiling since the last
+call: the trainer's time/compile) and `close()`."""
 
 from ..registry import Registry
 from .batch import Rollout

@@ -138,11 +138,10 @@ class Weights(NamedTuple):
     head_bias: Tensor | None
 
 
-def _tensors(w: Weights):
+def weight_tensors(w: Weights) -> list[Tensor]:
     """Every tensor of w in a fixed order (None and the float fields skipped)."""
-    for value in (w.embed, *(v for layer in w.layers for v in layer), w.norm, w.head, w.head_bias):
-        if isinstance(value, Tensor):
-            yield value
+    values = (w.embed, *(v for layer in w.layers for v in layer), w.norm, w.head, w.head_bias)
+    return [v for v in values if isinstance(v, Tensor)]
 
 
 class Dims(NamedTuple):
@@ -182,7 +181,7 @@ class HandDecoder:
         (tied embedding and LM head) is copied once."""
         if out is not None:
             done: set[int] = set()
-            for mine, theirs in zip(_tensors(out), _tensors(self.weights()), strict=True):
+            for mine, theirs in zip(weight_tensors(out), weight_tensors(self.weights()), strict=True):
                 if mine is not theirs and id(mine) not in done:
                     mine.copy_(theirs)
                     done.add(id(mine))

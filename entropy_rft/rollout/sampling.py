@@ -37,13 +37,25 @@ the kept sets against TopPLogitsWarper and the sampled frequencies against the m
 
 from __future__ import annotations
 
+import time
+import warnings
 from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
 from .cache import cache_arg, cache_of
-from .decode import Dims, Fixed, FixedSteps, HandDecoder, HandSteps, Weights, fixed_logits, unsupported
+from .decode import (
+    Dims,
+    Fixed,
+    FixedSteps,
+    HandDecoder,
+    HandSteps,
+    Weights,
+    fixed_logits,
+    unsupported,
+    weight_tensors,
+)
 
 
 def nucleus_logits(logits: Tensor, top_p: float) -> Tensor:
@@ -64,7 +76,7 @@ def position_ids(mask: Tensor) -> Tensor:
     return (mask.long().cumsum(-1) - 1).clamp_min(0)
 
 
-DECODE = ("auto", "hand", "hf", "static")  # how tokens after the prompt go through the model (see `sample`)
+DECODE = ("auto", "hand", "hf", "static", "compile")  # how tokens after the prompt go through the model (see `sample`)
 
 
 def check_decode(decode: str) -> str:
@@ -105,6 +117,7 @@ def sample(
     decode: str = "auto",
     dtype: torch.dtype | None = None,
     check_every: int | None = None,
+    session: DecodeSession | None = None,
 ) -> tuple[Tensor, Tensor]:
     """n samples of each left-padded prompt, grouped (rows [i n, (i + 1) n) are prompt i's).
 
@@ -117,11 +130,16 @@ def sample(
     decode: how each new token goes through the model after the prefill. "hf": the model's forward with its
     cache; "hand": rollout/decode.py's step (the same arithmetic without transformers' per-call machinery; an
     error for a model it cannot read), finished rows leaving the batch; "static": the same step at fixed shapes
-    (`sample_static`), captured once in a CUDA graph and replayed on a GPU, run as it is on the CPU; "auto":
-    "hand" on the CPU and "static" on CUDA for a model the step reads, else "hf".
-    dtype (static path only): the weights' and cache's dtype while decoding (bfloat16 where the policy trains
-    under bf16 autocast; None: the model's). check_every (static path only): steps between two looks at whether
-    every row is done (None: `check_every_default`); the tokens do not depend on it.
+    (`sample_static`), captured once in a CUDA graph and replayed on a GPU, run as it is on the CPU; "compile":
+    that step compiled whole by torch.compile (Inductor) for the rollout's shape, the prompt width bucketed
+    (`bucket_width`), then captured and replayed as "static" is (departures 3-5); "auto": "hand" on the CPU and
+    "compile" on CUDA for a model the step reads ("static" for the rest of the session once compiling failed,
+    with a warning), else "hf".
+    dtype (static and compile paths): the weights' and cache's dtype while decoding (bfloat16 where the policy
+    trains under bf16 autocast; None: the model's). check_every (same): steps between two looks at whether every
+    row is done (None: `check_every_default`); the tokens do not depend on it. session: what these paths keep
+    across the rollouts of a run (`DecodeSession`: the bfloat16 copy of the weights, the compiler's state and
+    seconds, a failure); None: a fresh one for this call.
     """
     check_decode(decode)
     check_generator(generator, prompt_ids.device)
@@ -143,6 +161,7 @@ def sample(
                 decode=decode,
                 dtype=dtype,
                 check_every=check_every,
+                session=session or DecodeSession(),
             )
     finally:
         model.train(was_training)
@@ -158,21 +177,25 @@ def hand_decoder(model, decode: str, columns: int, device: torch.device):
     decoder = HandDecoder(model) if reason is None else None
     if decoder is not None and decoder.window is not None and columns > decoder.window:
         reason, decoder = f"{columns} tokens exceed the sliding attention window of {decoder.window}", None
-    if decoder is None and decode in ("hand", "static"):
+    if decoder is None and decode in ("hand", "static", "compile"):
         raise ValueError(f"decode={decode!r} cannot decode this model: {reason}; use decode='auto' or 'hf'")
     return decoder
 
 
-def decode_path(model, decode: str, columns: int, device: torch.device) -> tuple[str, HandDecoder | None]:
-    """The path `decode` takes on `device` ("hf", "hand" or "static") and its decoder. "auto": the fastest exact
-    one, "hand" on the CPU (its tokens and the golden runs' values are today's) and "static" on CUDA (one graph
-    replay a step instead of hundreds of kernel launches and a host round-trip), "hf" for a model the step does
-    not read."""
+def decode_path(
+    model, decode: str, columns: int, device: torch.device, compile_failed: bool = False
+) -> tuple[str, HandDecoder | None]:
+    """The path `decode` takes on `device` ("hf", "hand", "static" or "compile") and its decoder. "auto": the
+    fastest exact one, "hand" on the CPU (its tokens and the golden runs' values are today's) and "compile" on CUDA
+    (one graph replay a step of fused kernels instead of hundreds of launches and a host round-trip), "static"
+    there once compiling has failed in this session (compile_failed), "hf" for a model the step does not read."""
     decoder = hand_decoder(model, decode, columns, device)
     if decoder is None:
         return "hf", None
     if decode == "auto":
-        return ("static" if device.type == "cuda" else "hand"), decoder
+        if device.type != "cuda":
+            return "hand", decoder
+        return ("static" if compile_failed else "compile"), decoder
     return decode, decoder
 
 
@@ -219,10 +242,12 @@ def _sample(
     decode: str,
     dtype: torch.dtype | None,
     check_every: int | None,
+    session: DecodeSession,
 ) -> tuple[Tensor, Tensor]:
     device = prompt_ids.device
-    path, hand = decode_path(model, decode, prompt_ids.shape[1] + max_new_tokens, device)  # before any model work
-    if path == "static":
+    columns = prompt_ids.shape[1] + max_new_tokens
+    path, hand = decode_path(model, decode, columns, device, session.failed is not None)  # before any model work
+    if path in ("static", "compile"):
         return sample_static(
             model,
             hand,
@@ -238,6 +263,9 @@ def _sample(
             dtype=dtype,
             check_every=check_every,
             capture=device.type == "cuda",
+            session=session,
+            compiled=path == "compile",
+            fallback=decode == "auto",
         )
     rows = prompt_ids.shape[0] * n
     eos = torch.tensor(sorted(set(eos_ids)), device=device)
@@ -431,6 +459,133 @@ def captured(state: StaticRollout, warmup: int = 2):
     return graph.replay
 
 
+# decode="compile" (departures 3-5). COMPILE_MODE is Inductor's mode: None (its default: fused Triton kernels,
+# cuBLAS matmuls, no CUDA graphs of its own), captured and replayed by `captured` as the static step is;
+# "max-autotune-no-cudagraphs" the same with autotuned matmul templates (minutes more of cold compile);
+# "reduce-overhead" Inductor's own CUDA graphs (graph trees) instead of `captured`, every tensor of the step marked a
+# static address and each step begun with cudagraph_mark_step_begin. One line to switch; none measured on a GPU yet.
+COMPILE_MODE: str | None = None
+
+
+def compile_backend(backend, mode: str | None):
+    """torch.compile(fixed_step, fullgraph=True, dynamic=False) with this backend (and Inductor's mode): one
+    wrapper per (backend, mode) for the process, so a later rollout or a new session of the same shape finds
+    dynamo's compiled graph instead of compiling again. fullgraph: a graph break raises instead of splitting the
+    step; dynamic=False: one graph per shape, guarded on shapes and dtypes only (weights and buffers are
+    arguments, so a new rollout's buffers and weights updated in place need no recompile)."""
+    key = (backend, mode)
+    if key not in _COMPILED:
+        options = {"mode": mode} if backend == "inductor" and mode is not None else {}
+        _COMPILED[key] = torch.compile(fixed_step, fullgraph=True, dynamic=False, backend=backend, **options)
+    return _COMPILED[key]
+
+
+_COMPILED: dict = {}
+
+
+def bucket_width(width: int) -> int:
+    """The prompt width a compiled step is built for: the smallest of 16, 24, 32, 48, 64, 96, 128, 192, ...
+    (2^k and 3 * 2^(k-1)) that holds `width`. Prompt batches whose widths share a bucket share one compiled
+    step; a bucket wastes under half of the prompt's width in padding, and widths from w to 4w need at most 4
+    (each bucket a compile, against dynamo's recompile_limit of 8 graphs per function)."""
+    bucket = 16
+    while bucket < width:
+        bucket = bucket * 3 // 2 if bucket & (bucket - 1) == 0 else bucket * 4 // 3
+    return bucket
+
+
+def pad_left(ids: Tensor, mask: Tensor, width: int, pad_id: int) -> tuple[Tensor, Tensor]:
+    """Left-padded prompts (P, W) padded further on the left to (P, width)."""
+    extra = width - ids.shape[1]
+    if extra <= 0:
+        return ids, mask
+    return (
+        torch.cat([ids.new_full((ids.shape[0], extra), pad_id), ids], dim=1),
+        torch.cat([mask.new_zeros(mask.shape[0], extra), mask], dim=1),
+    )
+
+
+def _compiles() -> int:
+    """Graphs dynamo has compiled in this process (its own counter)."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
+
+
+def failure_reason(err: BaseException) -> str:
+    """One line naming why compiling failed: the innermost exception's type and first line (dynamo wraps a
+    backend's error in BackendCompilerFailed, Inductor a toolchain's in InductorError), with the outer type."""
+    inner = err
+    while inner.__cause__ is not None or getattr(inner, "inner_exception", None) is not None:
+        inner = inner.__cause__ or inner.inner_exception
+    lines = [line for line in str(inner).splitlines() if line.strip()]
+    reason = f"{type(inner).__name__}: {lines[0].strip() if lines else ''}"
+    return reason if inner is err else f"{type(err).__name__}, {reason}"
+
+
+class DecodeSession:
+    """What the fixed-shape paths keep across the rollouts of a run (an engine holds one; `sample` makes a fresh
+    one per call when none is given):
+    - the decode copy of the weights in another dtype (bfloat16 decoding of a float32 policy), made once and
+      overwritten in place (copy_) at each rollout, so the step reads the updated policy at the same addresses;
+    - decode="compile"'s backend (Inductor unless a test passes another) and mode, the seconds spent compiling not
+      yet reported (`pop_compile_seconds`), the number of graphs compiled, and why compiling failed, if it did
+      (decode="auto" then decodes with "static" for the rest of the session)."""
+
+    def __init__(self, *, backend="inductor", mode: str | None = COMPILE_MODE):
+        self.backend, self.mode = backend, mode
+        self.failed: str | None = None
+        self.compile_seconds = 0.0
+        self.compiled = 0
+        self._copy: tuple[int, torch.dtype, Weights] | None = None
+
+    def weights(self, model, decoder: HandDecoder, dtype: torch.dtype | None) -> Weights:
+        """The weights the step reads in dtype: the parameters themselves where they have it already, else the
+        session's copy of this model's, refreshed in place."""
+        params = decoder.weights()
+        if dtype is None or all(t.dtype == dtype for t in weight_tensors(params)):
+            return params
+        if self._copy is not None and self._copy[:2] == (id(model), dtype):
+            return decoder.weights(dtype, out=self._copy[2])
+        self._copy = (id(model), dtype, decoder.weights(dtype))
+        return self._copy[2]
+
+    def pop_compile_seconds(self) -> float:
+        """Seconds spent compiling since the last call (0.0 when nothing compiled)."""
+        seconds, self.compile_seconds = self.compile_seconds, 0.0
+        return seconds
+
+    def compile(self, state: StaticRollout, *, fallback: bool) -> None:
+        """Make state.step run the compiled step, paying any compile now: one step is run (compiling a shape seen
+        for the first time; timed into compile_seconds when dynamo compiled) and its effect undone, so the caller's
+        first step is still column 1. When compiling fails: with fallback, warn once in one line, remember the
+        reason (the session's later rollouts take "static") and leave the step eager; without, raise."""
+        saved = [t.clone() for t in state.state()]
+        state.fn = compile_backend(self.backend, self.mode)
+        before, start = _compiles(), time.perf_counter()
+        try:
+            state.step()
+            if state.token.is_cuda:
+                torch.cuda.synchronize()
+        except Exception as err:  # any compiler failure (dynamo, Inductor, a C or Triton toolchain): see docstring
+            state.fn = fixed_step
+            if not fallback:
+                raise
+            self.failed = failure_reason(err)
+            warnings.warn(
+                f"decode='auto': compiling the decode step failed ({self.failed[:300]}); decoding with 'static' "
+                "for the rest of the run",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+        finally:
+            for t, s in zip(state.state(), saved):
+                t.copy_(s)
+        if _compiles() > before:
+            self.compiled += _compiles() - before
+            self.compile_seconds += time.perf_counter() - start
+
+
 def sample_static(
     model,
     decoder: HandDecoder,
@@ -448,18 +603,30 @@ def sample_static(
     check_every: int | None = None,
     capture: bool = False,
     noise: str | None = None,
+    session: DecodeSession | None = None,
+    compiled: bool = False,
+    fallback: bool = False,
 ) -> tuple[Tensor, Tensor]:
-    """`sample`'s "static" path (call it through `sample`): the prefill as in the other paths, then one
-    StaticRollout step per token, captured in a CUDA graph and replayed when `capture`, with every row in place
-    to the end; the loop stops at max_new_tokens or when a look, every check_every steps, finds every row done.
-    noise: "stream" (`stream_noise`: the tokens of the "hand" path) or "device" (`device_noise`: no host read);
-    None: "stream" on the CPU, "device" elsewhere."""
+    """`sample`'s "static" and "compile" paths (call it through `sample`): the prefill as in the other paths, then
+    one StaticRollout step per token, captured in a CUDA graph and replayed when `capture`, with every row in
+    place to the end; the loop stops at max_new_tokens or when a look, every check_every steps, finds every row
+    done. noise: "stream" (`stream_noise`: the tokens of the "hand" path) or "device" (`device_noise`: no host
+    read); None: "stream" on the CPU, "device" elsewhere. compiled: the step compiled by the session's backend
+    (`DecodeSession.compile`), the prompts left-padded to `bucket_width` and the rope table as long as the
+    columns, so that every rollout of a bucket has one shape; fallback: a compile failure leaves this and the
+    session's later rollouts on the static step with a warning instead of raising."""
     device = prompt_ids.device
+    session = session or DecodeSession()
     check_every = check_every or check_every_default(device)
     if check_every < 1:
         raise ValueError(f"check_every must be >= 1, got {check_every}")
     if dtype is None and torch.is_autocast_enabled(device.type):  # a caller generating under autocast
         dtype = torch.get_autocast_dtype(device.type)
+    if compiled:  # one shape per bucket (within a sliding window, which padding must not outgrow)
+        width = bucket_width(prompt_ids.shape[1])
+        if decoder.window is not None:
+            width = max(prompt_ids.shape[1], min(width, decoder.window - max_new_tokens))
+        prompt_ids, prompt_mask = pad_left(prompt_ids, prompt_mask, width, pad_id)
     with torch.autocast(device.type, dtype=dtype or torch.bfloat16, enabled=dtype in (torch.bfloat16, torch.float16)):
         out = model(
             input_ids=prompt_ids,
@@ -470,7 +637,17 @@ def sample_static(
         )
     prompt_of = torch.arange(prompt_ids.shape[0], device=device).repeat_interleave(n)  # (rows,)
     logits = out.logits[prompt_of, -1]
-    steps = FixedSteps(decoder, cache_of(out), prompt_of, prompt_mask, max_new_tokens, dtype=dtype)
+    columns = prompt_ids.shape[1] + max_new_tokens
+    steps = FixedSteps(
+        decoder,
+        cache_of(out),
+        prompt_of,
+        prompt_mask,
+        max_new_tokens,
+        dtype=dtype,
+        weights=session.weights(model, decoder, dtype),
+        rope_positions=columns if compiled else None,
+    )
     del out  # the prefill's cache, copied into the step's buffers
     state = StaticRollout(
         steps,
@@ -485,15 +662,23 @@ def sample_static(
     )
     noise = noise or ("stream" if device.type == "cpu" else "device")
     noise = stream_noise(generator) if noise == "stream" else device_noise(generator, device)
+    own_graphs = compiled and capture and session.mode == "reduce-overhead"  # Inductor's graphs, not `captured`
     with torch.autocast(device.type, enabled=False):  # the step's dtypes are its own (dtype), not autocast's
         noise(state)
         state.record(logits)  # column 0, from the prefill
+        if own_graphs:
+            for t in [*state.state(), state.noise, *weight_tensors(steps.weights), *steps.keys, *steps.values]:
+                torch._dynamo.mark_static_address(t)
+        if compiled and max_new_tokens > 1:
+            session.compile(state, fallback=fallback)
         # the warm-up's steps write response columns 1, 2: within the buffers when max_new_tokens > 2
-        step = captured(state) if capture and max_new_tokens > 2 else state.step
+        step = captured(state) if capture and not own_graphs and max_new_tokens > 2 else state.step
         for t in range(1, max_new_tokens):
             if t % check_every == 0 and bool(state.done.all()):
                 break
             noise(state)
+            if own_graphs:
+                torch.compiler.cudagraph_mark_step_begin()
             step()
     width = int(state.length.max())
     return state.response[:, :width], state.logp[:, :width]

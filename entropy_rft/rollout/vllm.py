@@ -151,6 +151,10 @@ class VLLMEngine:
             unmerge(self.model)
         self.llm.reset_prefix_cache()  # cached prefixes were computed with the old weights
 
+    def pop_compile_seconds(self) -> float:
+        """0.0: vLLM compiles (and captures) its model when the engine is built, before the first step."""
+        return 0.0
+
     def close(self) -> None:
         """Shut vLLM's engine down and free its memory (weights, KV cache), so another engine can start."""
         core = getattr(getattr(self.llm, "llm_engine", None), "engine_core", None)
