@@ -505,7 +505,12 @@ def pad_left(ids: Tensor, mask: Tensor, width: int, pad_id: int) -> tuple[Tensor
     )
 
 
-def _compiles() -> int:
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def compiled_graphs() -> int:
     """Graphs dynamo has compiled in this process (its own counter)."""
     from torch._dynamo.utils import counters
 
@@ -532,12 +537,15 @@ class DecodeSession:
       yet reported (`pop_compile_seconds`), the number of graphs compiled, and why compiling failed, if it did
       (decode="auto" then decodes with "static" for the rest of the session)."""
 
-    def __init__(self, *, backend="inductor", mode: str | None = COMPILE_MODE):
+    def __init__(self, *, backend="inductor", mode: str | None = COMPILE_MODE, timing: bool = False):
         self.backend, self.mode = backend, mode
         self.failed: str | None = None
         self.compile_seconds = 0.0
         self.compiled = 0
         self._copy: tuple[int, torch.dtype, Weights] | None = None
+        # timing (benchmarks/gpu.py): each rollout's (decode steps, seconds of its decode loop), the prefill, the
+        # compile and the capture left out; the device is synchronised around the loop, so off in training
+        self.timing, self.loops = timing, []
 
     def weights(self, model, decoder: HandDecoder, dtype: torch.dtype | None) -> Weights:
         """The weights the step reads in dtype: the parameters themselves where they have it already, else the
@@ -562,11 +570,10 @@ class DecodeSession:
         reason (the session's later rollouts take "static") and leave the step eager; without, raise."""
         saved = [t.clone() for t in state.state()]
         state.fn = compile_backend(self.backend, self.mode)
-        before, start = _compiles(), time.perf_counter()
+        before, start = compiled_graphs(), time.perf_counter()
         try:
             state.step()
-            if state.token.is_cuda:
-                torch.cuda.synchronize()
+            _synchronize(state.token.device)
         except Exception as err:  # any compiler failure (dynamo, Inductor, a C or Triton toolchain): see docstring
             state.fn = fixed_step
             if not fallback:
@@ -581,8 +588,8 @@ class DecodeSession:
         finally:
             for t, s in zip(state.state(), saved):
                 t.copy_(s)
-        if _compiles() > before:
-            self.compiled += _compiles() - before
+        if compiled_graphs() > before:
+            self.compiled += compiled_graphs() - before
             self.compile_seconds += time.perf_counter() - start
 
 
@@ -673,6 +680,10 @@ def sample_static(
             session.compile(state, fallback=fallback)
         # the warm-up's steps write response columns 1, 2: within the buffers when max_new_tokens > 2
         step = captured(state) if capture and not own_graphs and max_new_tokens > 2 else state.step
+        steps = 0
+        if session.timing:
+            _synchronize(device)
+        start = time.perf_counter()
         for t in range(1, max_new_tokens):
             if t % check_every == 0 and bool(state.done.all()):
                 break
@@ -680,5 +691,9 @@ def sample_static(
             if own_graphs:
                 torch.compiler.cudagraph_mark_step_begin()
             step()
+            steps = t
+        if session.timing:
+            _synchronize(device)
+            session.loops.append((steps, time.perf_counter() - start))
     width = int(state.length.max())
     return state.response[:, :width], state.logp[:, :width]
