@@ -540,3 +540,29 @@ def test_captured_step_replays_the_eager_step_on_cuda():
                 state.step()
     finally:
         torch.cuda.set_sync_debug_mode("default")
+
+
+@CUDA
+def test_auto_compiles_the_step_and_replays_it_like_the_eager_step_on_cuda():
+    """On CUDA: decode='auto' takes decode='compile' (the session compiled one graph, Inductor, and did not fail),
+    and the compiled step captured in a CUDA graph samples the tokens of the same step run eagerly, uncompiled and
+    uncaptured, from the same seed (the same noise), log-probs within float32 rounding of Inductor's fused
+    kernels; a second rollout of the same shape compiles nothing."""
+    from entropy_rft.rollout.decode import HandDecoder
+    from entropy_rft.rollout.sampling import DecodeSession, bucket_width, pad_left, sample_static
+
+    model = _model("qwen2").cuda()
+    ids, mask = (t.cuda() for t in _prompts(model.config.vocab_size, torch.Generator().manual_seed(3)))
+    kwargs = dict(n=5, temperature=0.8, top_p=0.9, max_new_tokens=12, eos_ids=[3], pad_id=0)
+    session = DecodeSession()
+    auto = sample(model, ids, mask, generator=torch.Generator("cuda").manual_seed(3), session=session, **kwargs)
+    assert session.compiled == 1 and session.failed is None and session.pop_compile_seconds() > 0
+    wide = pad_left(ids, mask, bucket_width(ids.shape[1]), 0)  # the compiled path's prompts, for the same prefill
+    with torch.inference_mode():
+        eager = sample_static(
+            model, HandDecoder(model), *wide, generator=torch.Generator("cuda").manual_seed(3), **kwargs
+        )
+    assert torch.equal(auto[0], eager[0])
+    torch.testing.assert_close(auto[1], eager[1], atol=1e-5, rtol=0)
+    sample(model, ids, mask, generator=torch.Generator("cuda").manual_seed(4), session=session, **kwargs)
+    assert session.compiled == 1 and session.pop_compile_seconds() == 0.0

@@ -1,7 +1,8 @@
 """A hand-written decode step for the Llama family (Qwen2, Qwen3, Llama, Mistral), used by the sampling loop of
 rollout/sampling.py: on the CPU with finished rows leaving the batch (HandSteps), on CUDA at fixed shapes so that
-one CUDA graph replays the whole step (FixedSteps: every buffer allocated once per rollout, the column and the
-positions index tensors, nothing read back to the host).
+one CUDA graph replays the whole step (FixedSteps over the pure `fixed_logits`: every buffer allocated once per
+rollout, the column and the positions index tensors, nothing read back to the host), compiled whole by
+torch.compile there (sampling.py departure 3).
 
 Why: decoding one token runs the whole model on a [rows, 1] input. At the demo's sizes most of that time is not the
 matmuls but the machinery around them: transformers rebuilds the attention mask and the rotary cos/sin on every
@@ -20,6 +21,17 @@ one query: the query heads of a key/value head act as its queries), and the gate
 tests/test_decode.py samples with this step and through the model's forward for each family (biases, GQA, left
 padding, a llama3 rope, bfloat16) and checks the same tokens come out and every sampled log-prob equals a full
 forward's.
+
+Attention at fixed shapes reads every column of the preallocated cache, the unwritten ones hidden (-inf before the
+softmax), not only the filled part: one graph per rollout shape. The cost, for the Qwen2.5-0.5B shape in bf16
+(24 layers, 2 key/value heads of 64) with 128 prompt and 256 new columns: keys and values are 12,288 bytes per row
+and column, so a step reads 151 MB of cache at 32 rows and 1.21 GB at 256 rows, against a mean filled part of
+101 MB and 805 MB; the waste is 50 MB (4% of a step's bytes with the 0.99 GB of weights) at 32 rows and 403 MB
+(18%) at 256 rows. Reading only the filled part needs a kernel that takes each row's length as a tensor
+(FlashAttention's kv-cache kernel, FlexAttention's block mask), which the CPU tests cannot check against the
+module's arithmetic, or a few extent buckets, each its own compile and graph, several times the compile time and
+capture work for at most 18% of the bytes; kept as the next step if a GPU profile shows attention leading at 256
+rows.
 
 Only a model this file can read exactly is decoded here; anything else returns a reason from `unsupported` and
 the loop uses the model's forward: an architecture outside the family, a wrapped or replaced module (a PEFT LoRA

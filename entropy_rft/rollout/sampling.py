@@ -9,11 +9,14 @@ temperature and top-p, and it is faster on GRPO batches:
   rows;
 - after the prefill, on the CPU, tokens go through rollout/decode.py's hand-written step for the model families it
   reads exactly (Qwen2, Qwen3, Llama, Mistral): the same arithmetic without transformers' per-call work;
-- on CUDA, the same step runs at fixed shapes (`sample_static`, decode="static"): rows stay in place to the end
-  (finished rows masked), every buffer is allocated once per rollout, the step is captured once in a CUDA graph
-  and replayed, and "every row done" is read back every check_every steps only. Measured on an H200 before this
-  path (issue 45): the row-dropping loop spent 19.0 ms a step at 32 rows of the Qwen2.5-0.5B shape, bound by
-  kernel launches and host round-trips; this path has not been timed on a GPU yet (benchmarks/gpu.py decode).
+- the same step at fixed shapes (`sample_static`, decode="static"): rows stay in place to the end (finished rows
+  masked), every buffer is allocated once per rollout, the step is captured once in a CUDA graph and replayed,
+  and "every row done" is read back every check_every steps only. Measured on an H100 (benchmarks/gpu.md section
+  4): 3.51 ms a step at 32 rows of the Qwen2.5-0.5B shape in bf16, against 19.0 ms for the row-dropping loop
+  (issue 45, an H200), bound by kernel launches and host round-trips;
+- on CUDA (decode="auto" there, or "compile"), that whole step compiled by torch.compile into fused kernels
+  before the capture (departures 3-5): the captured static step is still several hundred kernels (every norm,
+  rotary embedding, activation and the sampler apart). Not yet timed on a GPU (benchmarks/gpu.py decode).
 
 Departures of the fixed-shape path:
 1. Sampling is the exponential race argmax(p / E), E ~ Exp(1) per token (`draw`), which is what torch.multinomial
@@ -28,6 +31,29 @@ Departures of the fixed-shape path:
    the written ones only. The gaps are a few float32
    ulps (<= 5e-7 on tests/test_decode.py's families, about 1e-5 on the demo's batch; the hf path's gap to "hand"
    is the same size), so "auto" keeps the "hand" path on the CPU and the recorded golden runs do not move.
+3. decode="compile" compiles `fixed_step`, a module-level function of explicit tensors (the weights as a
+   NamedTuple pytree, the key/value buffers, the state buffers, the noise, the cos/sin tables: `Fixed`, `Sampled`),
+   with torch.compile(fullgraph=True, dynamic=False), Inductor by default: one graph per rollout shape and process,
+   guarded on shapes and dtypes only, so a new rollout of the shape (new buffers) and weights updated in place by
+   an optimizer step reuse it (tests/test_compile_decode.py counts the graphs). The graph is compiled by one
+   step run before the capture (`DecodeSession.compile`, its effect undone), then captured and replayed as the
+   static step is. Inductor's mode is COMPILE_MODE, one line: None (its default: fused Triton kernels, cuBLAS
+   matmuls, no CUDA graphs of its own) inside our capture, chosen without a GPU measurement because it keeps the
+   capture the static path proved and the cold compile short; "max-autotune-no-cudagraphs" adds autotuned
+   matmuls (as SGLang compiles inside its own capture), "reduce-overhead" uses Inductor's graph trees instead of
+   our capture (every tensor of the step marked a static address, each step begun with
+   cudagraph_mark_step_begin). Inductor writes each step's key/value column into the cache buffers in place
+   (checked on its generated CPU code: no kernel over a whole buffer). A cold compile of the tests' 2-layer model
+   took 31-45 s on a shared 2-core CPU (aot_eager: 1-2 s); it is paid on a run's first rollout of each shape and
+   reported as time/compile. decode="auto" on CUDA takes this path; when compiling fails it warns once, in one
+   line naming the error, and decodes with "static" for the rest of the session.
+4. Compiled rollouts left-pad their prompts to `bucket_width` (16, 24, 32, 48, 64, 96, ...), so batches of similar
+   width share a graph; the padding is masked like any left padding, and costs its key/value reads (under half of
+   the prompt's width). The rope table spans every column, so its shape too is the bucket's.
+5. bfloat16 decoding of a float32 policy (precision bf16) reads a decode copy of the weights the session keeps
+   and overwrites in place (copy_) at each rollout, instead of fresh casts: the addresses a compiled or captured
+   step reads stay valid and no allocation churns, at the price of the copy staying allocated between rollouts
+   (0.99 GB for the Qwen2.5-0.5B shape). A float32 policy decoded in float32 reads its parameters themselves.
 
 Top-p is the nucleus of Holtzman et al. as transformers' TopPLogitsWarper computes it: sort by probability,
 keep the smallest prefix whose mass reaches top_p (a token is kept when the mass strictly before it is below
@@ -481,6 +507,10 @@ def compile_backend(backend, mode: str | None):
 
 
 _COMPILED: dict = {}
+# graphs of the step one process may compile (one per shape): dynamo's own limit per function (8) would refuse a
+# ninth shape under fullgraph; a run meets a handful (training and evaluation rows, prompt-width buckets)
+MAX_SHAPES = 64
+RECOMPILE_LIMIT = "recompile_limit" if hasattr(torch._dynamo.config, "recompile_limit") else "cache_size_limit"
 
 
 def bucket_width(width: int) -> int:
@@ -572,7 +602,8 @@ class DecodeSession:
         state.fn = compile_backend(self.backend, self.mode)
         before, start = compiled_graphs(), time.perf_counter()
         try:
-            state.step()
+            with torch._dynamo.config.patch(**{RECOMPILE_LIMIT: MAX_SHAPES}):
+                state.step()
             _synchronize(state.token.device)
         except Exception as err:  # any compiler failure (dynamo, Inductor, a C or Triton toolchain): see docstring
             state.fn = fixed_step
