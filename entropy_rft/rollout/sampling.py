@@ -665,39 +665,10 @@ def sample_static(
         if decoder.window is not None:
             width = max(prompt_ids.shape[1], min(width, decoder.window - max_new_tokens))
         prompt_ids, prompt_mask = pad_left(prompt_ids, prompt_mask, width, pad_id)
-    with torch.autocast(device.type, dtype=dtype or torch.bfloat16, enabled=dtype in (torch.bfloat16, torch.float16)):
-        out = model(
-            input_ids=prompt_ids,
-            attention_mask=prompt_mask.long(),
-            position_ids=position_ids(prompt_mask),
-            use_cache=True,
-            logits_to_keep=1,
-        )
-    prompt_of = torch.arange(prompt_ids.shape[0], device=device).repeat_interleave(n)  # (rows,)
-    logits = out.logits[prompt_of, -1]
-    columns = prompt_ids.shape[1] + max_new_tokens
-    steps = FixedSteps(
-        decoder,
-        cache_of(out),
-        prompt_of,
-        prompt_mask,
-        max_new_tokens,
-        dtype=dtype,
-        weights=session.weights(model, decoder, dtype),
-        rope_positions=columns if compiled else None,
-    )
-    del out  # the prefill's cache, copied into the step's buffers
-    state = StaticRollout(
-        steps,
-        len(prompt_of),
-        logits.shape[-1],
-        max_new_tokens,
-        eos_ids=eos_ids,
-        pad_id=pad_id,
-        temperature=temperature,
-        top_p=top_p,
-        device=device,
-    )
+    sampling = dict(eos_ids=eos_ids, pad_id=pad_id, temperature=temperature, top_p=top_p)
+    prompts = (prompt_ids, prompt_mask)
+    state, logits = _prefilled(model, decoder, *prompts, n, max_new_tokens, dtype, session, compiled, sampling)
+    steps = state.steps
     noise = noise or ("stream" if device.type == "cpu" else "device")
     noise = stream_noise(generator) if noise == "stream" else device_noise(generator, device)
     own_graphs = compiled and capture and session.mode == "reduce-overhead"  # Inductor's graphs, not `captured`
@@ -711,20 +682,55 @@ def sample_static(
             session.compile(state, fallback=fallback)
         # the warm-up's steps write response columns 1, 2: within the buffers when max_new_tokens > 2
         step = captured(state) if capture and not own_graphs and max_new_tokens > 2 else state.step
-        steps = 0
-        if session.timing:
-            _synchronize(device)
-        start = time.perf_counter()
-        for t in range(1, max_new_tokens):
-            if t % check_every == 0 and bool(state.done.all()):
-                break
-            noise(state)
-            if own_graphs:
-                torch.compiler.cudagraph_mark_step_begin()
-            step()
-            steps = t
-        if session.timing:
-            _synchronize(device)
-            session.loops.append((steps, time.perf_counter() - start))
+        _run(state, step, noise, max_new_tokens, check_every, session, own_graphs)
     width = int(state.length.max())
     return state.response[:, :width], state.logp[:, :width]
+
+
+def _prefilled(model, decoder, prompt_ids, prompt_mask, n, max_new_tokens, dtype, session, compiled, sampling):
+    """(StaticRollout, logits (rows, V) after each prompt): the prefill (under autocast to `dtype` where it is a
+    half type), each prompt's keys and values repeated to its n rows in FixedSteps' buffers; sampling holds
+    StaticRollout's eos_ids, pad_id, temperature and top_p."""
+    device = prompt_ids.device
+    with torch.autocast(device.type, dtype=dtype or torch.bfloat16, enabled=dtype in (torch.bfloat16, torch.float16)):
+        out = model(
+            input_ids=prompt_ids,
+            attention_mask=prompt_mask.long(),
+            position_ids=position_ids(prompt_mask),
+            use_cache=True,
+            logits_to_keep=1,
+        )
+    prompt_of = torch.arange(prompt_ids.shape[0], device=device).repeat_interleave(n)  # (rows,)
+    logits = out.logits[prompt_of, -1]
+    steps = FixedSteps(
+        decoder,
+        cache_of(out),
+        prompt_of,
+        prompt_mask,
+        max_new_tokens,
+        dtype=dtype,
+        weights=session.weights(model, decoder, dtype),
+        rope_positions=prompt_ids.shape[1] + max_new_tokens if compiled else None,
+    )
+    del out  # the prefill's cache, copied into the step's buffers
+    return StaticRollout(steps, len(prompt_of), logits.shape[-1], max_new_tokens, device=device, **sampling), logits
+
+
+def _run(state: StaticRollout, step, noise, max_new_tokens: int, check_every: int, session, own_graphs: bool):
+    """Steps 1 .. max_new_tokens - 1 (column 0 came from the prefill), stopping early when a look every
+    check_every steps finds every row done; timed into session.loops when the session times."""
+    device, done = state.token.device, 0
+    if session.timing:
+        _synchronize(device)
+    start = time.perf_counter()
+    for t in range(1, max_new_tokens):
+        if t % check_every == 0 and bool(state.done.all()):
+            break
+        noise(state)
+        if own_graphs:
+            torch.compiler.cudagraph_mark_step_begin()
+        step()
+        done = t
+    if session.timing:
+        _synchronize(device)
+        session.loops.append((done, time.perf_counter() - start))
