@@ -517,7 +517,7 @@ def bucket_width(width: int) -> int:
     """The prompt width a compiled step is built for: the smallest of 16, 24, 32, 48, 64, 96, 128, 192, ...
     (2^k and 3 * 2^(k-1)) that holds `width`. Prompt batches whose widths share a bucket share one compiled
     step; a bucket wastes under half of the prompt's width in padding, and widths from w to 4w need at most 4
-    (each bucket a compile, against dynamo's recompile_limit of 8 graphs per function)."""
+    (each bucket a compile, of at most MAX_SHAPES graphs per process)."""
     bucket = 16
     while bucket < width:
         bucket = bucket * 3 // 2 if bucket & (bucket - 1) == 0 else bucket * 4 // 3
@@ -551,8 +551,11 @@ def failure_reason(err: BaseException) -> str:
     """One line naming why compiling failed: the innermost exception's type and first line (dynamo wraps a
     backend's error in BackendCompilerFailed, Inductor a toolchain's in InductorError), with the outer type."""
     inner = err
-    while inner.__cause__ is not None or getattr(inner, "inner_exception", None) is not None:
-        inner = inner.__cause__ or inner.inner_exception
+    for _ in range(8):  # a few wrappings deep at most
+        wrapped = inner.__cause__ or getattr(inner, "inner_exception", None)
+        if not isinstance(wrapped, BaseException) or wrapped is inner:
+            break
+        inner = wrapped
     lines = [line for line in str(inner).splitlines() if line.strip()]
     reason = f"{type(inner).__name__}: {lines[0].strip() if lines else ''}"
     return reason if inner is err else f"{type(err).__name__}, {reason}"
