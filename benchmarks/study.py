@@ -119,8 +119,11 @@ def cell_dir(out: Path, task: str, method: str, seed: int, steps: int | None = N
     return out / "cells" / task / method / f"seed{seed}-{settings_key(cell_config(task, method, seed, steps=steps))}"
 
 
-def run_cell(task: str, method: str, seed: int, out: Path, steps: int | None = None) -> dict | None:
-    """Train and evaluate one cell in this process; returns its record (None when another process holds it)."""
+def run_cell(task: str, method: str, seed: int, out: Path, steps: int | None = None, after=None) -> dict | None:
+    """Train and evaluate one cell in this process; returns its record (None when another process holds it).
+    after(run, cfg) -> dict, when given, runs once training has finished and before the checkpoints are removed (its
+    final checkpoint is run/checkpoint-<steps>); what it returns joins the record (benchmarks/solution_sharing.py
+    evaluates the final policy on a second evaluation set there)."""
     one_thread()
     import torch
 
@@ -167,6 +170,8 @@ def run_cell(task: str, method: str, seed: int, out: Path, steps: int | None = N
             "torch_threads": torch.get_num_threads(),
             "code": os.environ.get("STUDY_CODE", "worktree"),
         }
+        if after is not None:
+            record.update(after(run, cfg))
         for ckpt in run.glob("checkpoint-*"):  # keep the record, drop the weights (about 10 MB each)
             shutil.rmtree(ckpt, ignore_errors=True)
         tmp = run_dir / "cell.json.tmp"
@@ -193,12 +198,22 @@ def all_cells(tasks, methods, seeds) -> list[tuple[str, str, int]]:
 
 
 def cmd_run(args) -> None:
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     cells = all_cells(args.tasks.split(","), args.methods.split(","), range(args.seeds))
-    pending = [c for c in cells if not (cell_dir(out, *c, args.steps) / "cell.json").exists()]
+    run_cells(Path(args.out), cells, args.jobs, args.steps)
+
+
+def run_cells(
+    out: Path, cells: list[tuple[str, str, int]], jobs: int, steps: int | None = None, script=None, where=None
+) -> None:
+    """Each cell not yet done in its own process (`SCRIPT cell --out OUT --task T --method M --seed S`; script:
+    this file unless given), at most `jobs` at a time, one thread each; their output goes to OUT/cells.log. A cell is
+    done when where(out, task, method, seed, steps)/cell.json exists (where: this file's cell_dir unless given)."""
+    script = Path(script or __file__).resolve()
+    cell_dir_of = where or cell_dir
+    out.mkdir(parents=True, exist_ok=True)
+    pending = [c for c in cells if not (cell_dir_of(out, *c, steps) / "cell.json").exists()]
     print(
-        f"{len(cells) - len(pending)} of {len(cells)} cells done; running {len(pending)} with --jobs {args.jobs}",
+        f"{len(cells) - len(pending)} of {len(cells)} cells done; running {len(pending)} with --jobs {jobs}",
         flush=True,
     )
     running: list[tuple[subprocess.Popen, tuple, float]] = []
@@ -211,21 +226,10 @@ def cmd_run(args) -> None:
     }
     queue = list(pending)
     while queue or running:
-        while queue and len(running) < args.jobs:
+        while queue and len(running) < jobs:
             task, method, seed = queue.pop(0)
-            cmd = [
-                sys.executable,
-                str(Path(__file__).resolve()),
-                "cell",
-                "--out",
-                str(out),
-                "--task",
-                task,
-                "--method",
-                method,
-                "--seed",
-                str(seed),
-            ] + (["--steps", str(args.steps)] if args.steps else [])
+            cmd = [sys.executable, str(script), "cell", "--out", str(out), "--task", task, "--method", method]
+            cmd += ["--seed", str(seed)] + (["--steps", str(steps)] if steps else [])
             log = open(out / "cells.log", "a")
             running.append(
                 (
@@ -241,7 +245,7 @@ def cmd_run(args) -> None:
         for proc, cell, t0 in list(running):
             if proc.poll() is not None:
                 running.remove((proc, cell, t0))
-                done = (cell_dir(out, *cell, args.steps) / "cell.json").exists()
+                done = (cell_dir_of(out, *cell, steps) / "cell.json").exists()
                 state = (
                     "done"
                     if done

@@ -19,7 +19,8 @@ One grammar for every subcommand:
    run's directory or a run's directory at all unless the path was named.
 5. --help shows every option with its default.
 6. Every subcommand that draws progress bars (demo, train, eval, filter, compare, sweep, pretrain-toy) takes --quiet
-   to draw none; train's is its `progress` setting, so a recipe's `progress: false` stays off without it.
+   to draw none; train's, demo's, compare's and sweep's is their `progress` setting, so a recipe's `progress: false`
+   (or --set progress=false) stays off without it.
 """
 
 from __future__ import annotations
@@ -239,7 +240,7 @@ def cmd_demo(args) -> None:
         steps=args.steps,
         methods=args.methods,
         sets=given_sets(args, reserved={"out": "--out", "method": "--methods"}),
-        progress=not args.quiet,
+        progress=False if args.quiet else None,  # else the settings' own (grammar rule 6)
         resume=args.resume,
         overwrite=args.overwrite,
     )
@@ -288,14 +289,21 @@ def cmd_train(args) -> None:
 
     preflight(cfg)
     check_fits(cfg, pick_device(cfg.device))  # before a new directory is made for the run
-    if cfg.out is None:  # a new directory, created at once (two runs started in the same second get two)
+    made = cfg.out is None
+    if made:  # a new directory, created at once (two runs started in the same second get two)
         from .rundir import new_run_dir
 
         cfg = dataclasses.replace(cfg, out=str(new_run_dir(cfg.method)))
     if not (out or resume):  # a new directory the user did not name: say where the run goes
         print(f"entropy-rft train: run directory {cfg.out}", file=sys.stderr)
+    try:
+        summary = train(cfg, resume=resume, overwrite=args.overwrite)
+    except BaseException:
+        if made:  # a run that never started leaves no directory (rundir.py rule 3)
+            from .rundir import remove_if_empty
 
-    summary = train(cfg, resume=resume, overwrite=args.overwrite)
+            remove_if_empty(cfg.out)
+        raise
     if summary.get("finished_before"):
         print(f"{cfg.out} had already finished its {cfg.steps} steps; nothing to do", file=sys.stderr)
     print(
@@ -356,9 +364,15 @@ def _check_machine(args) -> None:
 
 
 def cmd_eval(args) -> None:
-    from .pipeline import entry_tasks, evaluate_to_dir, parse_data_specs
+    from .pipeline import entry_tasks, evaluate_to_dir, model_to_evaluate, packaged_prompt_settings, parse_data_specs
 
-    data = args.data or "countdown"
+    args.model = model_to_evaluate(args.model)
+    # a packaged model's recipe gives its prompt settings beneath the options, as it does for train (config.py)
+    recipe = packaged_prompt_settings(args.model)
+    if args.chat_template == "auto" and "chat_template" in recipe:
+        args.chat_template = "on" if recipe["chat_template"] else "off"
+    args.max_new_tokens = args.max_new_tokens or recipe.get("max_new_tokens")
+    data = args.data or recipe.get("task") or "countdown"
     specs = parse_data_specs(data, args.eval_k)
     own = {x.strip().rpartition("@")[0] for x in data.split(",") if x.strip().rpartition("@")[2].isdigit()}
     for spec, k in specs:  # every entry's K, its own (@K) or --eval-k, needs n >= K samples per problem
@@ -388,6 +402,13 @@ def cmd_eval(args) -> None:
         batch_size=args.batch_size,
         vllm_memory=args.vllm_gpu_memory,
         progress=not args.quiet,
+        options={
+            "n": "--n" if args.n is not None else "--eval-k",
+            **{f"n:{spec}": f"--data {spec}@" for spec, _ in specs if spec in own and args.n is None},
+            "max_new_tokens": "--max-new-tokens",
+            "problems": "--eval-problems",
+            "batch_size": "--batch-size",
+        },
     )
     print((Path(args.out) / "eval.md").read_text())
     print(f"wrote {args.out}/eval.json, eval.md, pass_rates.png and samples/ in {report['meta']['seconds']:.0f} s")
@@ -429,7 +450,7 @@ def cmd_compare(args) -> None:
         steps=args.steps,
         config=args.config,
         sets=given_sets(args, reserved={"method": "--methods", "out": "--out"}),
-        progress=not args.quiet,
+        progress=False if args.quiet else None,  # else the settings' own (grammar rule 6)
     )
     print((Path(args.out) / "results.md").read_text())
 
@@ -458,6 +479,14 @@ def cmd_inspect(args) -> None:
     elif out.suffix != ".html":  # the page is HTML: --out NAME writes NAME.html
         out = out.with_name(out.name + ".html")
     guard(args, out, directory=False, named=True)  # the default page, RUN_DIR/inspect.html, names the run
+    from .logging import read_metrics
+
+    for run in args.runs:  # the page shows samples, but a damaged record is named as every reader names it
+        if (Path(run) / "metrics.jsonl").is_file():
+            try:
+                read_metrics(run)
+            except ValueError as err:
+                print(f"entropy-rft inspect: warning: {' '.join(str(err).split())}", file=sys.stderr)
     page = build_page(args.runs, out, steps=args.steps, max_steps=args.max_steps or MAX_STEPS)
     print(
         f"wrote {page} ({page.stat().st_size / 1e6:.2f} MB); open it in a browser (it loads nothing from the network)"
@@ -513,7 +542,7 @@ def cmd_sweep(args) -> None:
         steps=args.steps,
         max_frac=args.max_frac,
         sets=given_sets(args, reserved={"method": "--method", "mu": "--mu", "out": "--out"}),
-        progress=not args.quiet,
+        progress=False if args.quiet else None,  # else the settings' own (grammar rule 6)
     )
     page = build_report(runs, args.out)
     print(page.read_text().split("\n## ")[0])
@@ -691,14 +720,19 @@ def _add_eval(command) -> None:
     """The `eval` subcommand's options."""
     e = command("eval", "Avg@K, Pass@K and pass-rate distribution of a policy on one or more datasets", cmd_eval)
     quiet_option(e)
-    e.add_argument("--model", default="countdown-tiny", help="local directory, hub id or shipped model name")
+    e.add_argument(
+        "--model",
+        default="countdown-tiny",
+        help="local directory, hub id or shipped model name; a run directory means its newest checkpoint; a packaged "
+        "model (smollm2-135m) brings its recipe's task, chat template and max_new_tokens beneath these options",
+    )
     e.add_argument(
         "--data",
         default=None,
         help="comma-separated datasets: names (aime24, aime25, amc23, dapo500, "
         "countdown, countdown5, countdown5_large), name=path or paths; "
         "a trailing @K sets that dataset's K (dapo500@8). "
-        "Default: shipped countdown",
+        "Default: shipped countdown (a packaged model: its recipe's task, countdown_chat)",
     )
     e.add_argument(
         "--task",
@@ -726,7 +760,7 @@ def _add_eval(command) -> None:
         "--max-new-tokens",
         type=setting("max_new_tokens"),
         default=None,
-        help="response length limit (default: 16 for countdown, 7168 for math)",
+        help="response length limit (default: a packaged model's recipe's, else 16 for countdown, 7168 for math)",
     )
     e.add_argument("--engine", choices=["hf", "vllm"], default="hf", help="generation engine")
     e.add_argument(
@@ -740,7 +774,7 @@ def _add_eval(command) -> None:
         "--chat-template",
         choices=["auto", "on", "off"],
         default="auto",
-        help="auto: on for math when the tokenizer has one",
+        help="auto: a packaged model's recipe's, else on for math when the tokenizer has one",
     )
     e.add_argument(
         "--data-dir",

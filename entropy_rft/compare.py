@@ -23,8 +23,8 @@ import numpy as np
 
 from .config import TrainConfig, settings_key
 from .evidence import Estimate, evaluate_grid, markdown_table, seed_t_interval
-from .logging import read_metrics
-from .rundir import RunLock, is_finished
+from .logging import read_metrics_file
+from .rundir import RunDirError, RunLock, is_finished
 
 DEFAULT_METHODS = "grpo,clip_b,clip_v,clip_cov,kl_cov,unlikely,forking,entropy_bonus,dapo"
 
@@ -46,7 +46,7 @@ def compare_cells(
     *,
     sets: dict | None = None,
     steps: int | None = None,
-    progress: bool = True,
+    progress: bool | None = True,
 ) -> dict[str, list[TrainConfig]]:
     """{method: [TrainConfig of each seed]}, each with its keyed run directory."""
     from .demo import run_config
@@ -80,7 +80,7 @@ def run_compare(
     steps: int | None = None,
     config: Path | str | None = None,
     sets: dict | None = None,
-    progress: bool = True,
+    progress: bool | None = True,
     log=print,
 ) -> dict:
     from .demo import load_demo_config
@@ -116,7 +116,7 @@ def run_sweep(
     steps: int | None = None,
     max_frac: float | None = None,
     sets: dict | None = None,
-    progress: bool = True,
+    progress: bool | None = True,
     log=print,
 ) -> list[Path]:
     """One run of `method` per mu with the spec's common settings; returns the cells' run directories."""
@@ -175,7 +175,7 @@ def summarise(cells: dict[str, list[TrainConfig]]) -> dict:
         for cfg in cfgs:
             run_dir = Path(cfg.out)
             evals = {int(a): b for a, b in json.loads((run_dir / "eval.json").read_text()).items()}
-            metrics = read_metrics(run_dir)
+            metrics = cell_metrics(run_dir, cfg.steps)
             first, last = evals[min(evals)], evals[max(evals)]
             k = last["k"]
             ent = [m["entropy"] for m in metrics]
@@ -229,6 +229,22 @@ def summarise(cells: dict[str, list[TrainConfig]]) -> dict:
     }
 
 
+def cell_metrics(run_dir: Path, steps: int) -> list[dict]:
+    """A finished cell's metrics rows, one per step 1..steps (logging.read_metrics_file, the reader train --resume
+    uses); a cell whose record lacks a step (a cut-off last line, a deleted line) is refused naming the file: its
+    entropy would read short, and the table would move without a word."""
+    metrics = read_metrics_file(run_dir)
+    logged = [row["step"] for row in metrics.rows]
+    missing = next((s for s in range(1, steps + 1) if s not in logged), None)
+    if missing is None:
+        return metrics.rows
+    what = metrics.cut_off(missing) or f"{metrics.path} holds no line for step {missing}"
+    raise RunDirError(
+        f"{what}, though the cell finished its {steps} steps (eval.json): its entropy would read short. Restore the "
+        f"file, or delete {run_dir} and compare trains the cell again (its settings and seed make it the same run)"
+    )
+
+
 def entropy_evidence(table: dict, baseline: str = "grpo") -> dict:
     """Each method's final entropy (mean of its last 10% of steps) with the Student-t interval over seeds, and its
     difference from the baseline's paired by seed (cell i of every method starts from seed + i, so their first
@@ -273,6 +289,12 @@ def results_table(results: dict) -> str:
         lines += ["", "## 95% intervals over seeds and evaluation problems", "", markdown_table(results["evidence"])]
     if "entropy_evidence" in results:
         lines += ["", entropy_table(results["entropy_evidence"], results["seeds"])]
+    elif results["seeds"] < 2:
+        lines += [
+            "",
+            "No interval for the final entropy: its Student-t interval over seeds needs at least 2 seeds, and this "
+            f"comparison has {results['seeds']} (--seeds 2 or more).",
+        ]
     return "\n".join(lines) + "\n"
 
 

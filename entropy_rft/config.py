@@ -207,7 +207,8 @@ class TrainConfig:
     dual_clip_c: float | None = _f(3.0, "dual-clip constant for A < 0 (verl default 3); None disables")
     loss_agg: str = _f(
         "token-mean",
-        "token-mean (paper eq. 1), seq-mean-token-mean, seq-mean-token-sum, seq-mean-token-sum-norm, token-sum",
+        "token-mean (paper eq. 1), seq-mean-token-mean, seq-mean-token-sum, seq-mean-token-sum-norm, token-sum; "
+        "policy_loss sapo and geo_mean always use seq-mean-token-mean (as verl), which is what is recorded",
     )
     kl_coef: float = _f(0.0, "weight of the k3 KL penalty to the initial policy (paper: 0, omitted)")
     entropy_coef: float = _f(0.0, "entropy bonus weight (0: none, the paper's assumption (ii))")
@@ -248,17 +249,19 @@ class TrainConfig:
         "CISPO: TRL's form, the weight min(r, eps_high) capped from above only at the "
         "absolute eps_high (e.g. 5), instead of verl's clip(r, 1 - eps_low, 1 + eps_high)",
     )
-    tau_pos: float = _f(1.0, "SAPO: gate temperature for A > 0 (verl ActorConfig tau_pos)")
-    tau_neg: float = _f(1.05, "SAPO: gate temperature for A <= 0 (verl ActorConfig tau_neg)")
+    tau_pos: float = _f(1.0, "SAPO: gate temperature (> 0) for A > 0 (verl ActorConfig tau_pos)")
+    tau_neg: float = _f(1.05, "SAPO: gate temperature (> 0) for A <= 0 (verl ActorConfig tau_neg)")
     erc_low: float = _f(
         0.95,
-        "ERC: lower bound of the entropy ratio H / H_old that keeps a token's gradient "
+        "ERC: lower bound of the entropy ratio H / H_old that keeps a token's gradient, in [0, 1) "
         "(the authors' scripts; their config default 0.8)",
     )
-    erc_high: float = _f(1.05, "ERC: upper bound of the entropy ratio (the authors' scripts; their config default 1.2)")
+    erc_high: float = _f(
+        1.05, "ERC: upper bound of the entropy ratio, > 1 (the authors' scripts; their config default 1.2)"
+    )
     quantile_k: float = _f(
         0.4,
-        "QAE: the quantile of the group's rewards used as the baseline (the authors' "
+        "QAE: the quantile of the group's rewards used as the baseline, in (0, 1) (the authors' "
         "scripts: 0.4); read by advantage 'qae' only",
     )
 
@@ -508,6 +511,45 @@ class TrainConfig:
             f"{value!r}; write out='{value}' for a directory of that name"
         )
 
+    @field_validator("tau_pos", "tau_neg")
+    @classmethod
+    def _sapo_tau(cls, value, info):
+        """SAPO's gate sigmoid(tau (r - 1)) with weight 4 / tau: tau 0 divides by 0 (a NaN loss), a negative tau
+        flips the loss's sign."""
+        if not value > 0:
+            raise ValueError(
+                f"{info.field_name} must be > 0, got {value}: SAPO's gate temperature (sigmoid(tau (r - 1)) 4 / tau; "
+                "verl ActorConfig: tau_pos 1.0, tau_neg 1.05); 0 divides by zero and a negative one flips the loss"
+            )
+        return value
+
+    @field_validator("erc_low", "erc_high")
+    @classmethod
+    def _erc_band(cls, value, info):
+        """ERC keeps a token's gradient while its entropy ratio H / H_old lies in (erc_low, erc_high), a band around
+        1: a ratio is >= 0, and a band without 1 drops every token of a strict on-policy step (ratio exactly 1)."""
+        low = info.field_name == "erc_low"
+        if (low and not 0 <= value < 1) or (not low and not value > 1):
+            raise ValueError(
+                f"{info.field_name} must be {'in [0, 1)' if low else '> 1'}, got {value}: ERC's band (erc_low, "
+                "erc_high) of the entropy ratio H / H_old holds 1 (Kwai-Klear/ERC: 0.95 and 1.05 in the authors' "
+                "scripts, 0.8 and 1.2 in their config); a band without 1 drops every token of an on-policy step, "
+                "and an empty one trains nothing"
+            )
+        return value
+
+    @field_validator("quantile_k")
+    @classmethod
+    def _quantile_k(cls, value):
+        """QAE's baseline is the group's quantile_k-quantile; outside (0, 1) verl falls back to the mean (GRPO)."""
+        if not 0 < value < 1:
+            raise ValueError(
+                f"quantile_k must be in (0, 1), got {value}: QAE's baseline is the K-quantile of the group's "
+                "rewards (the authors' scripts: 0.4); outside (0, 1) their code takes the mean, which is GRPO "
+                "(advantage grpo)"
+            )
+        return value
+
     @field_validator("dual_clip_c")
     @classmethod
     def _dual_clip(cls, value):
@@ -529,11 +571,22 @@ class TrainConfig:
                 "build it with load_config(...) (as the CLI does) to apply the method's defaults",
                 stacklevel=2,
             )
-        POLICY_LOSSES.get(self.policy_loss)
+        own_agg = POLICY_LOSSES.get(self.policy_loss).agg
         ADVANTAGES.get(self.advantage)
         TASKS.get(self.task)
         if self.loss_agg not in AGG_MODES:
             raise ValueError(f"loss_agg {self.loss_agg!r} unknown; choose one of {', '.join(AGG_MODES)}")
+        if own_agg is not None and self.loss_agg != own_agg:  # the loss aggregates its own way: record that way
+            if self.loss_agg != base["loss_agg"].default:
+                by_method = METHODS.get(self.method).config.get("loss_agg") == self.loss_agg
+                raise ValueError(
+                    f"loss_agg {self.loss_agg!r}"
+                    + (f" (method {self.method!r} sets it)" if by_method else "")
+                    + f" does nothing with policy_loss {self.policy_loss!r}, which always aggregates {own_agg} (as "
+                    "verl, whatever loss_agg_mode says); "
+                    + ("use another method or policy loss" if by_method else f"drop loss_agg or set it to {own_agg}")
+                )
+            self.loss_agg = own_agg
         from .rollout.sampling import check_decode
 
         check_decode(self.decode)

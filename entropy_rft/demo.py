@@ -44,7 +44,7 @@ def run_demo(
     steps: int | None = None,
     methods: list[str] | None = None,
     sets: dict | None = None,
-    progress: bool = True,
+    progress: bool | None = True,
     resume: bool = False,
     overwrite: bool = False,
 ) -> dict:

@@ -16,6 +16,8 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from .registry import Registry
@@ -37,7 +39,8 @@ class JsonlSink:
     def __init__(self, run_dir: Path, config: dict, start_step: int = 0):
         self.path = Path(run_dir) / "metrics.jsonl"
         if self.path.exists():
-            kept = [line for n, line in _complete_rows(self.path) if _row(self.path, n, line)["step"] <= start_step]
+            lines, _ = _complete_rows(self.path)  # a cut-off last line is dropped: its step comes again
+            kept = [line for n, line in lines if _row(self.path, n, line)["step"] <= start_step]
             tmp = self.path.with_name(".metrics.jsonl.tmp")
             tmp.write_text("".join(line + "\n" for line in kept))
             os.replace(tmp, self.path)
@@ -132,17 +135,18 @@ class MetricLogger:
             sink.close()
 
 
-def _complete_rows(path: Path) -> list[tuple[int, str]]:
-    """(line number, text) of the JSON lines of a metrics file; a last line cut by a kill mid-write (no newline, not
-    JSON) is left out."""
+def _complete_rows(path: Path) -> tuple[list[tuple[int, str]], int | None]:
+    """((line number, text) of the JSON lines of a metrics file, the number of a last line cut by a kill mid-write or
+    None): a last line with no final newline that does not parse is left out."""
     text = path.read_text(errors="replace")
     lines = text.split("\n")
+    cut = None
     if lines and lines[-1].strip():  # no final newline: written whole only if it parses
         try:
             json.loads(lines[-1])
         except json.JSONDecodeError:
-            lines = lines[:-1]
-    return [(n, line) for n, line in enumerate(lines, 1) if line.strip()]
+            cut, lines = len(lines), lines[:-1]
+    return [(n, line) for n, line in enumerate(lines, 1) if line.strip()], cut
 
 
 def _row(path: Path, n: int, line: str) -> dict:
@@ -162,13 +166,46 @@ def _row(path: Path, n: int, line: str) -> dict:
     return row
 
 
-def read_metrics(run_dir: Path | str) -> list[dict]:
-    """Every step's metrics of a run directory; a torn last line (a killed run) is skipped, any other line that is
-    not a JSON object raises ValueError naming the file and line."""
+@dataclass(frozen=True)
+class Metrics:
+    """A run's metrics.jsonl as every reader takes it (read_metrics_file): train --resume (record.first_gap), a
+    finished run's summary, report, compare and inspect, so a damaged record reads the same everywhere."""
+
+    path: Path
+    rows: list[dict]  # every complete line, in order
+    cut_line: int | None  # a last line cut off mid-write (no final newline, not JSON), left out of rows
+
+    def cut_off(self, step: int | None = None) -> str | None:
+        """The one line naming a cut-off last line (and `step`, the step it lacks: by default the one after the last
+        complete row), or None."""
+        if self.cut_line is None:
+            return None
+        step = step if step is not None else (self.rows[-1]["step"] + 1 if self.rows else 1)
+        return (
+            f"{self.path}:{self.cut_line} is cut off (a crash while it was written?), so step {step} has no "
+            "metrics line"
+        )
+
+
+def read_metrics_file(run_dir: Path | str) -> Metrics:
+    """The one reader of a run's metrics.jsonl: its complete rows and a cut-off last line, named, not read (a killed
+    run); any other line that is not a JSON object raises ValueError naming the file and line."""
     path = Path(run_dir) / "metrics.jsonl"
     if not path.exists():
         raise FileNotFoundError(f"{run_dir} has no metrics.jsonl: pass a run directory written by `entropy-rft train`")
-    return [_row(path, n, line) for n, line in _complete_rows(path)]
+    lines, cut = _complete_rows(path)
+    return Metrics(path, [_row(path, n, line) for n, line in lines], cut)
+
+
+def read_metrics(run_dir: Path | str, *, warn: bool = True) -> list[dict]:
+    """Every step's metrics of a run directory (read_metrics_file's rows); a cut-off last line is left out with a
+    warning naming it on stderr (warn=False: silently, for a caller that says it itself)."""
+    metrics = read_metrics_file(run_dir)
+    cut = metrics.cut_off()
+    if cut and warn:
+        n = len(metrics.rows)
+        print(f"entropy-rft: warning: {cut}; read as the {n} line{'s' * (n != 1)} before it", file=sys.stderr)
+    return metrics.rows
 
 
 # what an engine adapter (TRL, verl) writes beside metrics.jsonl: which engine, method and loss it watched or ran

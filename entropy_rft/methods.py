@@ -237,6 +237,9 @@ for _loss, _summary in (
             },
         ),
     )
+# the names these go by in their papers (suggested, never looked up: registry.py)
+METHODS.alias("gmpo", "geo_mean")
+METHODS.alias("dppo", "dppo_tv", "dppo_kl")
 METHODS.register(
     "qae",
     Method(
@@ -340,6 +343,8 @@ POLICY_LOSSES.register(
 POLICY_LOSSES.register(
     "geo_mean", PolicyLoss(losses.geo_mean_loss, _clip_range, ratio=losses.geo_mean_ratio, agg="seq-mean-token-mean")
 )
+POLICY_LOSSES.alias("gmpo", "geo_mean")
+POLICY_LOSSES.alias("dppo", "dppo_tv", "dppo_kl")
 POLICY_LOSSES.register(
     "erc",
     PolicyLoss(

@@ -110,11 +110,8 @@ def methods_list(text: str) -> list[str]:
     names = _names(text, "grpo,clip_b,clip_v")
     unknown = [m for m in names if m not in METHODS]
     if unknown:
-        from .registry import did_you_mean
-
         raise argparse.ArgumentTypeError(
-            f"unknown method {unknown[0]!r}{did_you_mean(unknown[0], METHODS.names())}; "
-            f"known: {', '.join(METHODS.names())}"
+            f"unknown method {unknown[0]!r}{METHODS.hint(unknown[0])}; known: {', '.join(METHODS.names())}"
         )
     return names
 

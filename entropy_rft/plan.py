@@ -714,58 +714,158 @@ def device_memory(device) -> tuple[float | None, str]:
     return None, device.type
 
 
+def _shape_of(model: str) -> ModelShape | None:
+    """The model's shape for a refusal check, or None where the plan cannot read it (then nothing is checked): the dry
+    run's stand-in before it is built (building it here would print its own progress before any refusal), a model
+    without a config.json here."""
+    from .policy import STAND_IN, cache_dir
+
+    if model == STAND_IN and not (cache_dir() / STAND_IN / "config.json").exists():
+        return None
+    try:
+        config, source = find_model_config(model)
+        return ModelShape.from_config(config, source=source)
+    except (FileNotFoundError, ValueError, OSError):
+        return None
+
+
+def _refuse_if_too_big(
+    need,
+    smallest: dict[str, dict],
+    *,
+    names: dict[str, str],
+    shown: dict[str, str],
+    total: float,
+    where: str,
+    device,
+    what: str,
+    fixes: dict,
+) -> None:
+    """The one refusal of a size that cannot be allocated (check_fits, check_eval_fits). need(changes) is the bytes
+    with `changes` applied, arithmetic on sizes only. When need({}) exceeds `total`, ConfigError names the first size
+    of `smallest` (name -> the changes that make it smallest) whose smallest setting fits, else "model": as
+    `shown[name]` says it (the field or option and its value), with `fixes[name]` (else fixes["*"] with {name} the
+    field or option, names[name])."""
+    import warnings
+
+    from .config import ConfigError
+
+    bytes_needed = need({})
+    if bytes_needed <= total:
+        return
+    culprit = "model"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for name, changes in smallest.items():
+            try:
+                if need(changes) <= total:
+                    culprit = name
+                    break
+            except ValueError:
+                continue
+    fix = fixes.get(culprit, fixes["*"].format(name=names.get(culprit, culprit)))
+    raise ConfigError(
+        f"{shown[culprit]} cannot be allocated: {what.format(gib=f'{bytes_needed / GIB:.3g}')} and {where} "
+        f"({device}) holds {total / GIB:,.1f} GiB; {fix}",
+        [(culprit, "cannot be allocated")],
+    )
+
+
 def check_fits(cfg: TrainConfig, device) -> None:
     """Refuse, with ConfigError naming the field, a run whose memory plan (module docstring) exceeds the device's
     memory even at its smallest: a 1-token prompt, no headroom, no CUDA row on a CPU. So only lengths and batch
     sizes that cannot be allocated at all stop here (`--set max_new_tokens=1000000000` would ask 2 TB); a plan near
-    the limit is the `plan` subcommand's to judge. A model whose shape the plan cannot read is not checked, nor the
-    dry run's stand-in before it is built (building it here would print its own progress before any refusal)."""
-    import warnings
-
-    from .config import ConfigError
-    from .policy import STAND_IN, cache_dir
-
-    if cfg.model == STAND_IN and not (cache_dir() / STAND_IN / "config.json").exists():
-        return
-    try:
-        config, source = find_model_config(cfg.model)
-        shape = ModelShape.from_config(config, source=source)
-    except (FileNotFoundError, ValueError, OSError):
+    the limit is the `plan` subcommand's to judge. The plan is arithmetic on sizes (no tensor of rows), so a batch of
+    10^9 rows is refused in milliseconds (benchmarks/refusal_times.py). A model whose shape the plan cannot read is
+    not checked (_shape_of)."""
+    shape = _shape_of(cfg.model)
+    if shape is None:
         return
     total, where = device_memory(device)
     if total is None:
         return
     cuda = str(device).startswith("cuda")
 
-    def need(c: TrainConfig) -> float:
+    def need(changes: dict) -> float:
+        c = dataclasses.replace(cfg, **changes) if changes else cfg
         p = plan_memory(c, shape, device_gib=total / GIB, prompt_tokens=1, kernel="triton" if cuda else "torch")
         return p.training_bytes + p.vllm_bytes - (0 if cuda else CUDA_CONTEXT_BYTES)
 
-    bytes_needed = need(cfg)
-    if bytes_needed <= total:
+    names = ("max_new_tokens", "prompts_per_step", "group_size", "micro_batch_size")
+    _refuse_if_too_big(
+        need,
+        {n: {n: 1, **({"mini_batches": 1} if n == "prompts_per_step" else {})} for n in names},
+        names={},
+        shown={"model": f"model={cfg.model}", **{n: f"{n}={getattr(cfg, n)}" for n in names}},
+        total=total,
+        where=where,
+        device=device,
+        what="the run needs about {gib} GiB (the memory plan of `entropy-rft plan`, at its smallest: a 1-token prompt)",
+        fixes={
+            "model": "the model's weights, gradients and Adam state alone exceed it: use LoRA (lora_rank), a smaller "
+            "model or a larger device",
+            "max_new_tokens": "lower max_new_tokens",
+            "*": "lower {name}, or set micro_batch_size to a few rows (gradients accumulate over smaller passes)",
+        },
+    )
+
+
+def generate_rows(prompts: int, n: int, batch_size: int) -> int:
+    """Rows of one HF generate call (rollout.hf.HFEngine.generate): max(1, batch_size // n) prompts at a time, each
+    sampled n times, so a call holds at least n rows whatever batch_size says."""
+    return min(prompts, max(1, batch_size // n)) * n
+
+
+def eval_bytes(
+    shape: ModelShape,
+    *,
+    problems: int,
+    n: int,
+    max_new_tokens: int,
+    batch_size: int,
+    engine: str,
+    prompt_tokens: int = 1,
+) -> float:
+    """What `entropy-rft eval` holds at its peak (bytes), as plan_memory counts a training run: the float32 weights
+    (row 1), one HF generate call (row 9's generate moment: its rows' float32 KV cache and a step's logits), and the
+    samples of every row, kept until they are scored (the rollout's token ids, masks and sampler log p: 13 bytes per
+    response token, 9 per prompt token; their texts left out). vLLM holds its own weights and cache in its share of
+    the device: only the samples are counted."""
+    rows = problems * n
+    samples = rows * (13 * max_new_tokens + 9 * prompt_tokens + 1)
+    if engine != "hf":
+        return float(samples)
+    call = generate_rows(problems, n, batch_size)
+    return 4 * shape.params() + sum(_generate_items(shape, call, prompt_tokens + max_new_tokens).values()) + samples
+
+
+def check_eval_fits(
+    model: str, device, *, problems: int, n: int, max_new_tokens: int, batch_size: int, engine: str, options: dict
+) -> None:
+    """check_fits for `entropy-rft eval`: refuse, with ConfigError naming the option (`options`: size -> the option
+    given, e.g. {"n": "--eval-k"}), an evaluation whose eval_bytes at a 1-token prompt exceed the device's memory.
+    Arithmetic on sizes only; a model whose shape the plan cannot read is not checked."""
+    shape = _shape_of(model)
+    if shape is None:
         return
-    culprit = "model"
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        for name in ("max_new_tokens", "prompts_per_step", "group_size", "micro_batch_size"):
-            try:
-                smaller = dataclasses.replace(
-                    cfg, **{name: 1, **({"mini_batches": 1} if name == "prompts_per_step" else {})}
-                )
-            except ValueError:
-                continue
-            if need(smaller) <= total:
-                culprit = name
-                break
-    fix = {
-        "model": "the model's weights, gradients and Adam state alone exceed it: use LoRA (lora_rank), a smaller "
-        "model or a larger device",
-        "max_new_tokens": "lower max_new_tokens",
-    }.get(culprit, f"lower {culprit}, or set micro_batch_size to a few rows (gradients accumulate over smaller passes)")
-    what = f"model={cfg.model}" if culprit == "model" else f"{culprit}={getattr(cfg, culprit)}"
-    raise ConfigError(
-        f"{what} cannot be allocated: the run needs about {bytes_needed / GIB:.3g} GiB (the memory plan "
-        f"of `entropy-rft plan`, at its smallest: a 1-token prompt) and {where} ({device}) holds "
-        f"{total / GIB:,.1f} GiB; {fix}",
-        [(culprit, "cannot be allocated")],
+    total, where = device_memory(device)
+    if total is None:
+        return
+    sizes = {"n": n, "max_new_tokens": max_new_tokens, "problems": problems, "batch_size": batch_size}
+    label = lambda k: options.get(k, k) + ("" if options.get(k, k).endswith("@") else " ")  # noqa: E731
+    _refuse_if_too_big(
+        lambda changes: eval_bytes(shape, engine=engine, **{**sizes, **changes}),
+        {name: {name: 1} for name in sizes},
+        names=options,
+        shown={"model": f"--model {model}", **{k: f"{label(k)}{v}" for k, v in sizes.items()}},
+        total=total,
+        where=where,
+        device=device,
+        what=f"{problems} problem{'s' if problems != 1 else ''} x {n} samples of up to {max_new_tokens} tokens need "
+        "about {gib} GiB (the "
+        "weights, one generate call and every sample, at a 1-token prompt: plan.eval_bytes)",
+        fixes={
+            "model": "the model's weights alone exceed it: use a smaller model or a larger device",
+            "*": "lower {name}",
+        },
     )

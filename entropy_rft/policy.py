@@ -6,6 +6,9 @@ Departures, numbered:
    rather than a separate critic model; it has its own learning rate (critic_lr, default 10 x lr).
 2. Dropout is switched off for RL (dropout.py, as TRL's disable_dropout), and checked: sampling, old log p and the
    update then see one policy.
+3. A hub id is loaded from the hub cache alone (local_files_only) when the hub cannot be reached from here (one
+   connection attempt of HUB_PROBE_SECONDS, `hub_unreachable`), as HF_HUB_OFFLINE=1 would: huggingface_hub would
+   otherwise retry each file five times with backoff (about 45 s and 12 lines of retries) before the same error.
 """
 
 from __future__ import annotations
@@ -98,6 +101,47 @@ def resolve_model_path(name: str) -> str:
     return name
 
 
+HUB_PROBE_SECONDS = 3.0
+
+
+def hub_unreachable(timeout: float = HUB_PROBE_SECONDS) -> str | None:
+    """Why the model hub (HF_ENDPOINT, default huggingface.co) cannot be reached from here, or None: one TCP
+    connection to its host, given `timeout` seconds (name resolution included). None in offline mode
+    (HF_HUB_OFFLINE), where huggingface_hub reads the cache without trying the network."""
+    import socket
+    import threading
+    from urllib.parse import urlparse
+
+    from huggingface_hub import constants
+
+    if constants.HF_HUB_OFFLINE:
+        return None
+    url = urlparse(constants.ENDPOINT)
+    host, port = url.hostname or "", url.port or (80 if url.scheme == "http" else 443)
+    answer: list[str | None] = []
+
+    def probe() -> None:
+        try:
+            socket.create_connection((host, port), timeout=timeout).close()
+            answer.append(None)
+        except OSError as err:
+            answer.append(f"{host}:{port}: {err.strerror or type(err).__name__}")
+
+    thread = threading.Thread(target=probe, daemon=True)  # name resolution takes no timeout of its own
+    thread.start()
+    thread.join(timeout)
+    return answer[0] if answer else f"{host}:{port}: no answer in {timeout:g} s"
+
+
+def hub_options(path: str) -> tuple[dict, str | None]:
+    """from_pretrained's options for a model path, and why the hub cannot be reached (departure 3): a hub id is read
+    from the cache alone (local_files_only) when the hub is unreachable; a local directory needs nothing."""
+    if Path(path).is_dir():
+        return {}, None
+    why = hub_unreachable()
+    return ({"local_files_only": True} if why else {}), why
+
+
 def load_policy(name: str, device: torch.device, *, trainable: bool = False):
     """(model, tokenizer) in float32 (master weights; bf16 runs use autocast). A directory holding a PEFT adapter
     (a LoRA checkpoint) loads its base model with the adapter, trainable when asked, else merged."""
@@ -112,8 +156,9 @@ def load_policy(name: str, device: torch.device, *, trainable: bool = False):
             f"model directory {path} has no tokenizer (tokenizer_config.json or tokenizer.json); "
             "save the tokenizer next to the model: tokenizer.save_pretrained(directory)"
         )
+    hub, unreachable = hub_options(path)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(path)
+        tokenizer = AutoTokenizer.from_pretrained(path, **hub)
         if (Path(path) / "adapter_config.json").exists():
             from peft import AutoPeftModelForCausalLM
 
@@ -121,7 +166,7 @@ def load_policy(name: str, device: torch.device, *, trainable: bool = False):
             if not trainable:
                 model = model.merge_and_unload()
         else:
-            model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, **hub)
     except (OSError, ValueError, TypeError, KeyError, SafetensorError) as err:
         if local:  # what transformers says about a damaged directory is about its files, not about the hub
             raise OSError(
@@ -132,6 +177,12 @@ def load_policy(name: str, device: torch.device, *, trainable: bool = False):
             ) from None
         if not isinstance(err, OSError):
             raise
+        if unreachable:
+            raise OSError(
+                f"could not load model {name!r}: it is not a local directory nor in the hub cache, and the hub "
+                f"cannot be reached from here ({unreachable}); connect to the network, or download the model where "
+                f"there is one (`hf download {name} --local-dir DIR`) and pass --model DIR"
+            ) from None
         raise OSError(
             f"could not load model {name!r}: not a local directory, and the hub could not be reached or "
             f"has no such model ({err})"

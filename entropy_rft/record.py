@@ -8,8 +8,10 @@ before it trusts them (rundir.py's rules, rule 4 above all, say what follows fro
    (config.settings_digests), written with config.yaml whenever a run starts or resumes there. A field whose value
    differs from its digest was edited by hand since (`edited_fields`); resume compares the new settings with the
    digest rather than with the file, so a hand edit of config.yaml is refused as `--set` is, naming the field
-   (`check_hand_edits`, `differences`). A record written before the digest existed has none: its config.yaml is
-   trusted as before.
+   (`check_hand_edits`, `differences`). A record with a checkpoint but no digest was damaged (the digest is written
+   before the first step): its resume is refused naming the file (`check_digest_kept`), since a hand edit could no
+   longer be told. A record with no checkpoint and no digest (a run killed before its first step) is checked
+   against config.yaml.
 3. Completeness: metrics.jsonl holds a line for every step up to the checkpoint's (less a step the checkpoint holds
    pending, runstate.py), and every samples file of those steps reads whole (`first_gap`). A line cut off by a crash
    while it was written, or a lost or damaged file, is a gap that a resume from that checkpoint would never fill:
@@ -223,6 +225,7 @@ def differences(run_dir: Path, stored: dict, cfg: TrainConfig) -> list[str]:
     was edited by hand since; config.yaml itself in a record without a digest."""
     digests = read_digest(run_dir)
     if digests is None:
+        check_digest_kept(run_dir)
         return setting_differences(stored, cfg)
     edited, _ = edited_fields(run_dir, stored)
     new = cfg.to_dict()
@@ -245,6 +248,7 @@ def check_hand_edits(run_dir: Path, given: set[str] | frozenset[str] = frozenset
     stored = stored_settings(run_dir)
     if stored is None:
         return
+    check_digest_kept(folder)
     edited, now = edited_fields(folder, stored)
     path = folder / "config.yaml"
     shown = {
@@ -268,6 +272,24 @@ def check_hand_edits(run_dir: Path, given: set[str] | frozenset[str] = frozenset
             f"to accept, give {it} on the command line too (--set {listed}), or put the file back as it "
             "was"
         )
+
+
+def check_digest_kept(folder: Path) -> None:
+    """Refuse (RunDirError) a record with a checkpoint but no config.digest (rule 2): every entropy-rft that writes
+    checkpoints writes the digest with config.yaml before its first step, so one missing beside a checkpoint was
+    deleted or left behind by a copy, and a hand edit of config.yaml since could no longer be told (a resume would
+    train with the edited value while the record claims it for every step). Records of source trees from before the
+    digest (unreleased, before 2026-11-26) are refused the same way: the message says how to go on."""
+    folder = Path(folder)
+    ckpts = sorted(checkpoint_dirs(folder, complete=True), key=step_of)
+    if (folder / DIGEST).exists() or not ckpts:
+        return
+    raise RunDirError(
+        f"{folder / DIGEST} is missing beside {ckpts[-1].name}: entropy-rft writes it with config.yaml before a "
+        "run's first step, so the record was damaged (the file deleted, or the directory copied without it), and a "
+        f"hand edit of config.yaml since can no longer be told from the settings the run trained with. Put {DIGEST} "
+        f"back, or train config.yaml's settings as a new run (--name NAME --config {folder / 'config.yaml'})"
+    )
 
 
 def _yaml_value(value) -> str:
@@ -323,18 +345,6 @@ def edited_fields(folder: Path, stored: dict) -> tuple[list[str], TrainConfig | 
     return differing_fields(digests, now), now
 
 
-def _torn_line(path: Path) -> int | None:
-    """The number of a last line cut short (no final newline, not JSON), or None."""
-    text = path.read_text(errors="replace")
-    if not text or text.endswith("\n"):
-        return None
-    try:
-        json.loads(text.rsplit("\n", 1)[-1])
-        return None
-    except json.JSONDecodeError:
-        return text.count("\n") + 1
-
-
 def _readable(path: Path) -> bool:
     try:
         json.loads(gzip.decompress(path.read_bytes()))
@@ -347,21 +357,19 @@ def first_gap(run_dir: Path, step: int, pending: Callable[[], bool]) -> tuple[in
     """(the first step <= `step` the record lacks, "metrics" or "samples", what is wrong), or None when it holds
     every step: a step with no complete line in metrics.jsonl (the line of `step` itself may be missing when
     `pending()`: the checkpoint holds that step unlogged), or a samples file that does not read whole. A damaged line
-    before the last raises ValueError naming it (logging.read_metrics)."""
-    from .logging import read_metrics
+    before the last raises ValueError naming it (logging.read_metrics_file, the one reader)."""
+    from .logging import read_metrics_file
     from .samples import SAMPLES_DIR, file_name, steps_written
 
     run_dir = Path(run_dir)
     path = run_dir / "metrics.jsonl"
-    logged = {row["step"] for row in read_metrics(run_dir)} if path.exists() else set()
+    metrics = read_metrics_file(run_dir) if path.exists() else None
+    logged = {row["step"] for row in metrics.rows} if metrics else set()
     gaps = []
     missing = next((s for s in range(1, step + 1) if s not in logged), None)
     if missing is not None and not (missing == step and pending()):
-        torn = _torn_line(path) if path.exists() else None
-        what = (
-            f"{path}:{torn} is cut off (a crash while it was written?), so step {missing} has no metrics line"
-            if torn
-            else f"{path} holds no line for step {missing}" + ("" if path.exists() else " (it is missing)")
+        what = (metrics.cut_off(missing) if metrics else None) or (
+            f"{path} holds no line for step {missing}" + ("" if path.exists() else " (it is missing)")
         )
         gaps.append((missing, "metrics", what))
     for s in steps_written(run_dir):

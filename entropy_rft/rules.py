@@ -31,11 +31,18 @@ from .control import EntropyControl, make_control
 from .objective import Objective
 
 
+def pass_size(n_rows: int, rows_per_pass: int) -> int:
+    """Rows in each forward pass over n_rows rows (the last may hold fewer): rows_per_pass, or all of them when it is
+    0 or more than there are; at least 1. Arithmetic on sizes only, so the memory plan of a batch of 10^9 rows costs
+    nothing (plan.check_fits)."""
+    return max(min(rows_per_pass or n_rows, n_rows), 1)
+
+
 def passes(rows: Tensor | int, rows_per_pass: int) -> tuple[Tensor, ...]:
-    """The rows of each forward pass over `rows` (a count: rows 0..n-1): consecutive slices of rows_per_pass rows
-    (0 or more than there are: all at once). The one split every forward over a batch uses."""
+    """The rows of each forward pass over `rows` (a count: rows 0..n-1): consecutive slices of `pass_size` rows. The
+    one split every forward over a batch uses."""
     rows = torch.arange(rows) if isinstance(rows, int) else rows
-    return rows.split(max(min(rows_per_pass or len(rows), len(rows)), 1))
+    return rows.split(pass_size(len(rows), rows_per_pass))
 
 
 def objective_of(cfg: TrainConfig, control: EntropyControl, *, kl: bool, value: bool) -> Objective:
@@ -109,7 +116,7 @@ class StepRules:
 
     def rows_per_pass(self, n_rows: int) -> int:
         """Rows per forward pass: the update's micro-batch (the whole batch when micro_batch_size is 0 or larger)."""
-        return len(passes(n_rows, self.micro_batch_size)[0]) if n_rows else 0
+        return pass_size(n_rows, self.micro_batch_size) if n_rows else 0
 
     def passes(self, rows: Tensor | int) -> tuple[Tensor, ...]:
         """The rows of each forward pass over `rows` (module function `passes`)."""

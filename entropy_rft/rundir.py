@@ -14,14 +14,16 @@ Rules (entropy_rft/trainer.py's train() calls them; the CLI maps refusals to exi
    writes config.yaml with its settings digest, config.digest (record.py). A new run (in a new directory or over a
    replaced record) commits when it logs its first step: only then is the replaced record deleted. A run that fails
    or is stopped before that puts the directory back as it was (the old record, or nothing that reads as a record),
-   so the same command works again; a resumed run commits at start (its record is its own). A process killed
+   so the same command works again, and a run refused or undone before its first step removes the lock file and the
+   directories it created (Claim.release); a resumed run commits at start (its record is its own). A process killed
    before committing is repaired by the next claim: a replaced record comes back, and what a new run wrote before
    its first step goes.
 4. Resume is exact or refused. The run's settings must equal the new settings in every field except RESUME_SAFE
    (config.py: where and how the run is recorded, and steps); each other difference is named; a config.yaml that is
    not YAML is named with the way out. The run's settings are those its digest recorded (record.py), so a hand edit
    of config.yaml is refused as --set is, naming the fields (check_hand_edits: a field that may change on resume is
-   accepted when the command line gives it too); a record without a digest (older) is checked against config.yaml.
+   accepted when the command line gives it too); a record with a checkpoint but no digest was damaged and is
+   refused naming the file (record.check_digest_kept), one with neither is checked against config.yaml.
    The record must hold every step up to the checkpoint (record.first_gap): a metrics line cut off by a crash, or a
    samples file that does not read whole, sends the resume back to the newest checkpoint before that step, whose
    later steps are trained again (with a warning naming the file and line), or, with none, refuses it naming them:
@@ -114,6 +116,8 @@ def new_run_dir(method: str, name: str | None = None, root: str | Path = "runs")
             raise RunDirError(f"--name {name!r}: a run name is one path component (no '/'); use --out for a path")
         return Path(root) / name
     base = Path(root) / f"{method.replace(':', '_')}-{time.strftime('%Y%m%d-%H%M%S')}"
+    if not Path(root).exists():
+        _MADE_ROOTS.add(Path(root))
     Path(root).mkdir(parents=True, exist_ok=True)
     path, n = base, 1
     while True:
@@ -123,6 +127,20 @@ def new_run_dir(method: str, name: str | None = None, root: str | Path = "runs")
         except FileExistsError:
             n += 1
             path = base.with_name(f"{base.name}-{n}")
+
+
+_MADE_ROOTS: set[Path] = set()  # the roots (runs/) new_run_dir created in this process
+
+
+def remove_if_empty(path: Path | str) -> None:
+    """Remove a directory new_run_dir made for a run that never started (nothing written there), and the root it
+    made for it when that is empty too; else keep them."""
+    try:
+        Path(path).rmdir()
+        if Path(path).parent in _MADE_ROOTS:
+            Path(path).parent.rmdir()
+    except OSError:
+        pass
 
 
 def record_entries(run_dir: Path) -> list[Path]:
@@ -163,39 +181,67 @@ class RunLock:
     def __init__(self, directory: Path | str):
         self.directory = Path(directory)
         self.fd: int | None = None
+        self.made: list[Path] = []  # what acquire() created: the directories (outermost first), then the lock file
 
     def acquire(self) -> RunLock:
+        made = [p for p in (*reversed(self.directory.parents), self.directory) if not p.exists()]
         self.directory.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.directory / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            holder = os.pread(fd, 400, 0).decode(errors="replace").split()
+        path = self.directory / LOCK
+        while True:
+            try:
+                fd, created = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644), True
+            except FileExistsError:
+                try:
+                    fd, created = os.open(path, os.O_RDWR), False
+                except FileNotFoundError:  # its holder removed it just now (release(tidy=True)): create it
+                    continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                holder = os.pread(fd, 400, 0).decode(errors="replace").split()
+                os.close(fd)
+                who = (
+                    f"pid {holder[0]} on host {holder[1]}, since {holder[2]}"
+                    if len(holder) >= 3
+                    else "a process that has not yet written its pid"
+                )
+                raise RunDirError(
+                    f"{self.directory} is in use by another run ({who}); two processes never write one run "
+                    "directory. Wait for it to finish or stop it, or choose another --out/--name"
+                ) from None
+            try:  # a holder that tidied up removed the file between our open and flock: lock the one the path names
+                if os.stat(path).st_ino == os.fstat(fd).st_ino:
+                    break
+            except FileNotFoundError:
+                pass
             os.close(fd)
-            who = (
-                f"pid {holder[0]} on host {holder[1]}, since {holder[2]}"
-                if len(holder) >= 3
-                else "a process that has not yet written its pid"
-            )
-            raise RunDirError(
-                f"{self.directory} is in use by another run ({who}); two processes never write one run "
-                "directory. Wait for it to finish or stop it, or choose another --out/--name"
-            ) from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()} {socket.gethostname()} {time.strftime('%Y-%m-%dT%H:%M:%S')}\n".encode(), 0)
-        self.fd = fd
+        self.fd, self.made = fd, made + ([path] if created else [])
         return self
 
-    def release(self) -> None:
-        if self.fd is not None:
-            os.close(self.fd)  # closing the descriptor releases the flock
-            self.fd = None
+    def release(self, *, tidy: bool = False) -> None:
+        """Let the directory go. tidy: first remove what acquire() created, the lock file and the directories, where
+        nothing else was written there since (a run refused or undone before its first step leaves nothing)."""
+        if self.fd is None:
+            return
+        if tidy:
+            for made in reversed(self.made):
+                try:
+                    if made.name == LOCK:
+                        made.unlink()
+                    else:
+                        made.rmdir()
+                except OSError:  # written to since (not empty): kept, and so are the directories above it
+                    break
+        os.close(self.fd)  # closing the descriptor releases the flock
+        self.fd = None
 
     def __enter__(self) -> RunLock:
         return self.acquire()
 
     def __exit__(self, *exc) -> None:
-        self.release()
+        self.release(tidy=exc[0] is not None)  # a command that failed leaves no lock file it made
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -265,7 +311,9 @@ class Claim:
         self.started = False
 
     def release(self) -> None:
-        self.lock.release()
+        """Let the directory go; a run that never committed (refused, failed or stopped before its first step, and
+        undone) leaves nothing that this claim created: no lock file, no new directory (rule 3)."""
+        self.lock.release(tidy=not self.committed)
 
     def __enter__(self) -> Claim:
         return self
@@ -361,7 +409,7 @@ def claim(cfg: TrainConfig, *, resume: bool | str = False, overwrite: bool = Fal
             replacing = True
         return Claim(run_dir, lock, checkpoint, replacing=replacing, fresh=not record, finished=finished)
     except BaseException:
-        lock.release()
+        lock.release(tidy=True)
         raise
 
 

@@ -45,7 +45,7 @@ from .policy import pick_device, resolve_model_path, set_up_policy
 from .problems import ProblemSampler, sample_batch, task_problems
 from .record import find_checkpoint, load_trainer_state
 from .rules import StepRules
-from .rundir import Claim, StopSignals, finished_summary, new_run_dir, stop_signals_interrupt
+from .rundir import Claim, StopSignals, finished_summary, new_run_dir, remove_if_empty, stop_signals_interrupt
 from .rundir import claim as claim_run_dir
 from .runstate import RunState, checkpoint_space, prune_checkpoints, save_checkpoint
 from .step import Step
@@ -64,12 +64,18 @@ def train(cfg: TrainConfig, *, resume: bool | str = False, overwrite: bool = Fal
     it once this run is ready to start). SIGINT, SIGTERM and SIGHUP save the run where it stands and stop it."""
     preflight(cfg)  # device, engine and sink packages, before the directory is taken or any model loads
     check_fits(cfg, pick_device(cfg.device))  # lengths and batches that cannot be allocated: one line naming the field
-    if cfg.out is None:
+    made = cfg.out is None
+    if made:
         cfg = dataclasses.replace(cfg, out=str(new_run_dir(cfg.method)))
-    with claim_run_dir(cfg, resume=resume, overwrite=overwrite) as claim, stop_signals_interrupt() as stops:
-        if claim.finished:
-            return finished_summary(claim.run_dir, cfg)
-        return _loop(_Run(cfg, claim), stops)
+    try:
+        with claim_run_dir(cfg, resume=resume, overwrite=overwrite) as claim, stop_signals_interrupt() as stops:
+            if claim.finished:
+                return finished_summary(claim.run_dir, cfg)
+            return _loop(_Run(cfg, claim), stops)
+    except BaseException:
+        if made:  # a run that never started leaves no directory (rundir.py rule 3)
+            remove_if_empty(cfg.out)
+        raise
 
 
 class _Run:

@@ -62,11 +62,14 @@ def fails(argv, capsys) -> str:
 
 @pytest.fixture
 def record(tmp_path) -> Path:
-    """A finished run's record (config.yaml of lr 1e-4, metrics, a final checkpoint, eval.json)."""
+    """A finished run's record (config.yaml of lr 1e-4 and its digest, metrics, a final checkpoint, eval.json)."""
+    from entropy_rft.record import write_digest
+
     run = tmp_path / "done"
     cfg = config.load_config(None, lr=1e-4, steps=2, out=str(run))
     run.mkdir()
     (run / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict()))
+    write_digest(run, cfg)
     (run / "metrics.jsonl").write_text('{"step": 1}\n{"step": 2}\n')
     (run / "checkpoint-2").mkdir()
     torch.save({"step": 2}, run / "checkpoint-2" / "trainer_state.pt")

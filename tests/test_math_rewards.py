@@ -192,3 +192,42 @@ def test_pathological_answer_is_timed_out_and_scored_wrong():
     finally:
         if task._pool is not None:
             task._pool.close()
+
+
+def test_math_verify_accepts_a_restated_computation_and_math_strict_does_not():
+    """On a computation, math-verify evaluates what it parses: an answer that restates the question ("Answer:
+    $61 \\cdot 94$" for 5734) or a response that only echoes it counts as correct under `math`. `math_strict`
+    (verl's math_dapo string checker alone) scores both wrong and still takes the computed answer."""
+    pytest.importorskip("math_verify")
+    echo, restated = "What is $61 \\cdot 94$? Let us see.", "Multiply.\nAnswer: $61 \\cdot 94$"
+    assert judge(echo, True, "5734").correct and judge(restated, True, "5734").reward == 1.0
+    assert not judge(echo, True, "5734", verifier="dapo").correct
+    assert judge(restated, True, "5734", verifier="dapo").reward == -0.1
+    assert judge("61 * 94 = 5734\nAnswer: 5734", True, "5734", verifier="dapo").reward == 1.0
+    assert judge("Answer: 61 \\cdot 94 = 5734", False, "5734", verifier="dapo").reward == 0.0  # right, cut off
+    task = TASKS.get("math_strict")
+    problem = MathProblem("What is $61 \\cdot 94$?", "5734")
+    assert task.score_batch([restated, "Answer: 5734"], [True, True], [problem, problem]) == [
+        (-0.1, False),
+        (1.0, True),
+    ]
+    with pytest.raises(ValueError, match="verifier"):
+        judge("Answer: 1", True, "1", verifier="sympy")
+
+
+def test_math_numeral_reads_a_stated_answer_strictly_and_else_the_last_number():
+    """`math_numeral`: an Answer: line is judged by DAPO's string checker alone (a restated expression is wrong,
+    "= 5734" on its right is right); without one, the response's last number is the answer (partial credit 0 for a
+    right value in the wrong form, as the paper's scheme gives), so an echo of the question earns nothing."""
+
+    def verdict(text, finished=True):
+        v = judge(text, finished, "5734", verifier="numeral")
+        return v.reward, v.correct
+
+    assert verdict("What is $61 \\cdot 94$?") == (-0.1, False)  # math-verify would evaluate the echo: correct
+    assert verdict("Answer: $61 \\cdot 94$") == (-0.1, False)
+    assert verdict("61 * 94 = 5734\nAnswer: 5734") == (1.0, True)
+    assert verdict("So 61 times 94 is 5,734.") == (0.0, True)  # right value, no Answer: line
+    assert verdict("5734 is close, but 5735") == (-0.1, False)
+    assert verdict("The product is 5734 and", finished=False) == (0.0, True)
+    assert verdict("no number at all") == (-0.1, False)

@@ -29,11 +29,15 @@ def cfg_at(out, **kw):
 
 
 def fake_record(run_dir: Path, cfg, steps=(2,), metrics=3) -> dict:
-    """A run's record as train() leaves it (config.yaml, metrics, complete checkpoints); returns {name: bytes}."""
+    """A run's record as train() leaves it (config.yaml and its digest, metrics, complete checkpoints); returns
+    {name: bytes}."""
     import yaml
+
+    from entropy_rft.record import write_digest
 
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+    write_digest(run_dir, cfg)
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps({"step": s}) + "\n" for s in range(1, metrics + 1)))
     for s in steps:
         (run_dir / f"checkpoint-{s}").mkdir()

@@ -1,10 +1,15 @@
 """Math word problems with a final answer: the paper's training and evaluation task (DAPO-Math-17k, AIME, DAPO500).
 
-Prompt templates (registered as two tasks):
+Prompt templates and checkers (registered as four tasks):
     math        DAPO's template: "Solve ... The last line of your response should be of the form Answer: $Answer
                 ..." (the prompt of DAPO-Math-17k); the stated answer is the last "Answer:" line
     math_boxed  "... put your final answer within \\boxed{}" (the Qwen/DeepSeek convention); the stated answer is
                 the last \\boxed{}
+    math_strict DAPO's template with DAPO's string checker alone (verl's `math_dapo.compute_score`, the reference
+                code's reward), no math-verify: for generated arithmetic, where departure 2 below is a reward hack
+    math_numeral  DAPO's template; a stated answer is read by DAPO's string checker, a response without one by its
+                last number (GSM8K's "flexible extract"): computed integer answers get departure 2's partial credit
+                for a right value in the wrong form, and an echoed expression earns none
 
 Reward, the paper's Appendix B:
     1.0   answer correct and format correct
@@ -17,7 +22,9 @@ Departures, numbered, where the paper leaves the checker unspecified:
 2. "Answer correct" means: the stated answer passes DAPO's string checker (`checkers.dapo_check`) or the boxed
    checker, or math-verify finds it equal to the ground truth (`checkers.equivalent`, which accepts 0.5 for
    \\frac{1}{2}). Without a stated answer, math-verify reads the whole response: a right answer in the wrong
-   form earns 0, not -0.1.
+   form earns 0, not -0.1. math-verify evaluates what it parses, so on a computation ("What is $61 \\cdot 94$?")
+   an answer that restates the question ("Answer: $61 \\cdot 94$"), or a response that echoes it, counts as
+   correct: `math_strict` (verifier "dapo") scores such tasks with the string checker alone.
 3. Every response is scored in a worker process under a wall-clock timeout (default 10 s; verl uses 30 s for
    math-verify); a response whose check times out, crashes its worker or raises is scored as a wrong answer, and
    the pool of workers is rebuilt.
@@ -30,6 +37,7 @@ import atexit
 import hashlib
 import multiprocessing
 import multiprocessing.connection
+import re
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -113,16 +121,44 @@ class Verdict:
     stated: str | None  # the answer in the template's form, if any
 
 
+VERIFIERS = (
+    "math_verify",
+    "dapo",
+    "numeral",
+)  # departure 2; the string checker alone; the string checker or last number
+LAST_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
+
+
+def last_number(text: str) -> str | None:
+    """The last number written in text, thousands commas and a trailing period removed (GSM8K's flexible extract)."""
+    found = LAST_NUMBER.findall(text)
+    return found[-1].replace(",", "") if found else None
+
+
 def judge(
-    completion: str, finished: bool, answer: str, template: str = "dapo", *, mv_timeout: int | None = None
+    completion: str,
+    finished: bool,
+    answer: str,
+    template: str = "dapo",
+    *,
+    mv_timeout: int | None = None,
+    verifier: str = "math_verify",
 ) -> Verdict:
-    """The paper's reward for one response (module docstring); runs the checkers in this process."""
+    """The paper's reward for one response (module docstring); runs the checkers in this process. verifier "dapo"
+    counts an answer correct only when the template's string checker does (no math-verify); "numeral" reads a stated
+    answer with the string checker and, without one, compares the response's last number with the ground truth."""
+    if verifier not in VERIFIERS:
+        raise ValueError(f"verifier {verifier!r} is not one of {', '.join(VERIFIERS)}")
     if template == "dapo":
         stated = checkers.answer_line(completion[-checkers.DAPO_WINDOW :])
         strict = checkers.dapo_check(completion, answer).acc
     else:
         strict, stated = checkers.boxed_check(completion, answer)
-    if stated is not None:
+    if verifier == "dapo":
+        correct = strict
+    elif verifier == "numeral":
+        correct = strict if stated is not None else last_number(completion) == answer.strip()
+    elif stated is not None:
         correct = strict or checkers.equivalent(f"${stated.strip().strip('$')}$", answer, timeout=mv_timeout)
     else:
         correct = strict or checkers.equivalent(completion, answer, timeout=mv_timeout)
@@ -279,8 +315,8 @@ class TimeoutPool:
         return [results[i] for i in range(len(arg_list))]
 
 
-def _judge_in_worker(completion: str, finished: bool, answer: str, template: str) -> Verdict:
-    return judge(completion, finished, answer, template)
+def _judge_in_worker(completion: str, finished: bool, answer: str, template: str, verifier: str) -> Verdict:
+    return judge(completion, finished, answer, template, verifier=verifier)
 
 
 @dataclass
@@ -289,6 +325,7 @@ class MathTask:
 
     name: str = "math"
     template: str = "dapo"
+    verifier: str = "math_verify"  # VERIFIERS: "dapo" scores with the string checker alone (math_strict)
     timeout: float = 10.0
     workers: int = 2
     _pool: TimeoutPool | None = field(default=None, repr=False)
@@ -306,9 +343,12 @@ class MathTask:
         self, completions: Sequence[str], finished: Sequence[bool], problems: Sequence[MathProblem]
     ) -> list[Verdict]:
         if self._pool is None:
-            checkers._math_verify()  # a missing library fails here, with the install command
+            if self.verifier == "math_verify":
+                checkers._math_verify()  # a missing library fails here, with the install command
             self._pool = TimeoutPool(self.workers, self.timeout, preload=("math_verify",))
-        args = [(c, bool(f), p.answer, self.template) for c, f, p in zip(completions, finished, problems)]
+        args = [
+            (c, bool(f), p.answer, self.template, self.verifier) for c, f, p in zip(completions, finished, problems)
+        ]
         return self._pool.map(
             _judge_in_worker, args, on_timeout=lambda a: Verdict(-0.1 if a[1] else -1.0, False, False, None)
         )
@@ -321,3 +361,5 @@ class MathTask:
 
 TASKS.register("math", MathTask("math", "dapo"))
 TASKS.register("math_boxed", MathTask("math_boxed", "boxed"))
+TASKS.register("math_strict", MathTask("math_strict", "dapo", verifier="dapo"))
+TASKS.register("math_numeral", MathTask("math_numeral", "dapo", verifier="numeral"))

@@ -1,0 +1,1443 @@
+"""The Evidence page quotes its records as they are (issue 52 item 3).
+
+`QUOTES` lists, section by section of docs/evidence/index.md, each text the page quotes from a committed record and a
+function that recomputes that text from the record. Point estimates are recomputed with plain numpy from the raw
+records (per-problem correct counts, per-step metrics, data files), not through the scripts that wrote the
+summaries, and checked against those summaries; bootstrap intervals and p-values are read from the summaries
+(reproducing them means rerunning the analysis). A new section that cites a committed record adds its quotes here:
+`test_every_section_citing_a_record_quotes_it` fails until it does.
+
+The paper's figures (its Table 1) are not records of this repository and are not checked here.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+PAGE = REPO / "docs/evidence/index.md"
+B = REPO / "benchmarks"
+DATA = REPO / "entropy_rft/assets/countdown-tiny/data"
+T975_DF2 = 4.302652729911275  # Student t, 97.5% quantile, 2 degrees of freedom (3 seeds)
+
+
+@dataclass(frozen=True)
+class Quote:
+    section: str  # the heading the text stands under
+    text: str  # as on the page; line breaks and indentation read as one space
+    recompute: Callable[[], str]  # the same text, from the records
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Reading the page and the records
+
+
+def sections(markdown: str) -> dict[str, str]:
+    """Each heading's text up to the next heading, whitespace collapsed; code fences are not headings."""
+    out, name, lines, fenced = {}, "", [], False
+    for line in markdown.splitlines():
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+        heading = None if fenced else re.match(r"#{1,6} (.+)", line)
+        if heading:
+            out[name] = " ".join(" ".join(lines).split())
+            name, lines = heading.group(1).strip(), []
+        else:
+            lines.append(line)
+    out[name] = " ".join(" ".join(lines).split())
+    return out
+
+
+def jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+@functools.cache
+def record(path: str):
+    p = REPO / path
+    return jsonl(p) if p.suffix == ".jsonl" else json.loads(p.read_text())
+
+
+def cells(path: str, task: str | None = None) -> dict[tuple[str, int], dict]:
+    return {(c["method"], c["seed"]): c for c in record(path) if task is None or c["task"] == task}
+
+
+def grid(by: dict, method: str, field: str = "final_correct") -> np.ndarray:
+    seeds = sorted(s for m, s in by if m == method)
+    return np.array([by[(method, s)][field] for s in seeds], dtype=np.float64)  # (seeds, problems)
+
+
+def pass_k(counts: np.ndarray, n: int, k: int) -> np.ndarray:
+    """Unbiased pass@k from c correct of n: 1 - C(n - c, k) / C(n, k), as a product."""
+    out = np.ones_like(counts, dtype=np.float64)
+    for i in range(k):
+        out *= np.clip((n - counts - i) / (n - i), 0, None)
+    return 1 - out
+
+
+def checked(mine: float, summary: dict, tol: float = 1e-12) -> dict:
+    """The summary's estimate, once its point is the one recomputed here."""
+    assert abs(mine - summary["value"]) <= tol, f"record says {summary['value']}, recomputed {mine}"
+    return summary
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Formats the page uses (values are fractions; the page prints points unless said)
+
+
+def num(x: float, nd: int = 1, sign: bool = False) -> str:
+    """A figure as the page prints it: '+0.2' where signed, but an exact 0 as '0.0'."""
+    return f"{x:+.{nd}f}" if sign and x != 0 else f"{x:.{nd}f}"
+
+
+def pt(x: float, nd: int = 1, sign: bool = True) -> str:
+    return num(100 * x, nd, sign)
+
+
+def est(e: dict, *, sign: bool = True, bounds: bool = True, nd: int = 1, scale: float = 100, star: bool = False) -> str:
+    """'+7.1 [4.5, 9.9] *': point, 95% interval (bounds signed or not), '*' when the interval excludes 0."""
+    v, lo, hi = (scale * e[k] for k in ("value", "low", "high"))
+    s = f"{num(v, nd, sign)} [{num(lo, nd, bounds)}, {num(hi, nd, bounds)}]"
+    return s + (" *" if star and (e["low"] > 0 or e["high"] < 0) else "")
+
+
+def excludes(*estimates: dict) -> str:
+    """'0' when every interval excludes 0, as the page says of them; otherwise what the page must not say."""
+    return "0" if all(e["low"] > 0 or e["high"] < 0 for e in estimates) else "not all 0"
+
+
+def lr(x: float) -> str:
+    mantissa, exponent = f"{x:.0e}".split("e")
+    return f"{mantissa}e{int(exponent)}"
+
+
+def rng(values, nd: int = 1) -> str:
+    return f"{num(min(values), nd)} to {num(max(values), nd)}"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The study (benchmarks/study/)
+
+STUDY = "benchmarks/study/cells.jsonl"
+STUDY_ROWS = {
+    "grpo": "GRPO (absolute)",
+    "clip_b": "Clip_B (mu 1.5)",
+    "clip_v": "Clip_V (mu 3.0)",
+    "mu_control": "mu controller",
+    "entropic": "EntroPIC (authors' gains)",
+    "entropic_k10": "EntroPIC, K_p 10, K_i 0.5",
+    "bonus": "adaptive bonus",
+}
+
+
+def study_metric(task: str, method: str, metric: str) -> dict:
+    """The study's estimate for a method (minus GRPO's, except GRPO's own), its point recomputed from cells.jsonl."""
+    by, n = cells(STUDY, task), 32
+    f = {"avg": lambda c: c / n, "pass@8": lambda c: pass_k(c, n, 8), "pass@32": lambda c: pass_k(c, n, 32)}[metric]
+    evidence = record("benchmarks/study/study.json")["tasks"][task]["evidence"]
+    if method == "initial policy":
+        return checked(f(grid(by, "grpo", "initial_correct")).mean(), evidence[method][metric])
+    if method == "grpo":
+        return checked(f(grid(by, "grpo")).mean(), evidence["grpo"][metric])
+    return checked((f(grid(by, method)) - f(grid(by, "grpo"))).mean(), evidence[method]["vs_grpo"][metric])
+
+
+def study_row(method: str) -> str:
+    cols = [
+        est(study_metric(t, method, m), sign=method != "grpo", bounds=False, star=method != "grpo")
+        for t in ("countdown", "countdown5")
+        for m in ("avg", "pass@8", "pass@32")
+    ]
+    return f"| {STUDY_ROWS[method]} | " + " | ".join(cols) + " |"
+
+
+def study_entropy(task: str, method: str) -> tuple[float, float]:
+    """Entropy over the last 10% of steps and mean |H - target| over the second half, means over seeds."""
+    by = cells(STUDY, task)
+    target = record("benchmarks/study/study.json")["tasks"][task]["target"]
+    runs = [np.array(by[(method, s)]["entropy"]) for s in range(5)]
+    final = np.mean([h[-len(h) // 10 :].mean() for h in runs])
+    error = np.mean([np.abs(h[len(h) // 2 :] - target).mean() for h in runs])
+    per_run = record("benchmarks/study/study.json")["tasks"][task]["per_run"][method]
+    checked(final, per_run["entropy_final"])
+    return final, error
+
+
+def study_entropy_row(method: str) -> str:
+    name = {"grpo": "GRPO", "clip_b": "Clip_B", "clip_v": "Clip_V"}.get(method, STUDY_ROWS[method])
+    cols = []
+    for task in ("countdown", "countdown5"):
+        final, error = study_entropy(task, method)
+        per_run = record("benchmarks/study/study.json")["tasks"][task]["per_run"][method]
+        cols += [num(final, 3), est(checked(error, per_run["tracking_error"]), sign=False, bounds=False, nd=3, scale=1)]
+    return f"| {name} | " + " | ".join(cols) + " |"
+
+
+def study_text() -> list[Quote]:
+    s = "The study"
+    return [
+        Quote(
+            s,
+            "Initially Pass@8 is 45.0 and Pass@32 64.8, and under GRPO Pass@32 falls to 54.3",
+            lambda: "Initially Pass@8 is {} and Pass@32 {}, and under GRPO Pass@32 falls to {}".format(
+                pt(study_metric("countdown5", "initial policy", "pass@8")["value"], sign=False),
+                pt(study_metric("countdown5", "initial policy", "pass@32")["value"], sign=False),
+                pt(study_metric("countdown5", "grpo", "pass@32")["value"], sign=False),
+            ),
+        ),
+        Quote(
+            s,
+            "The cells took 4.9 h of one-thread processes in all",
+            lambda: "The cells took {:.1f} h of one-thread processes in all".format(
+                sum(c["wall_seconds_this_process"] for c in record(STUDY)) / 3600
+            ),
+        ),
+        Quote(
+            s,
+            "on countdown, 85 of the 200 evaluation problems (80 distinct puzzles) are reorderings of training "
+            "problems",
+            lambda: (
+                "on countdown, {eval_rows_in_train} of the {eval_rows} evaluation problems ({eval_distinct_in_train} "
+                "distinct puzzles) are reorderings of training problems".format(**overlap()["pools"]["countdown"])
+            ),
+        ),
+        Quote(
+            s,
+            "on countdown5, 3 of 200 overlap training",
+            lambda: "on countdown5, {eval_rows_in_train} of {eval_rows} overlap training".format(
+                **overlap()["pools"]["countdown5"]
+            ),
+        ),
+        Quote(s, "(115 on countdown, 197 on countdown5)", lambda: study_clean_counts()),
+        Quote(
+            s,
+            "countdown Avg@32 Clip_B -1.3 [-4.9, +2.2], Clip_V -1.0 [-4.1, +2.5], the mu controller -2.0 [-5.9, +1.8], "
+            "Pass@32 +8.3, +9.2 and +10.1 (intervals exclude 0); countdown5 Avg@32 +0.1 [-2.0, +2.2] and +0.4 [-1.9, "
+            "+2.7], Pass@32 +3.5 [+0.5, +6.5] and +4.2 [+0.9, +7.4]",
+            lambda: study_clean_text(),
+        ),
+        *[Quote(s, study_row_text(m), functools.partial(study_row, m)) for m in STUDY_ROWS],
+        *[Quote(s, study_entropy_text(m), functools.partial(study_entropy_row, m)) for m in STUDY_ROWS],
+        Quote(
+            s,
+            "Clip_B, Clip_V and the mu controller keep 6 to 8 more points of Pass@8 and Pass@32 than GRPO. Clip_B and "
+            "the controller pay about 3 points of Avg@K for it. Clip_V's Avg@K cost (-2.0) is not distinguishable "
+            "from 0.",
+            lambda: study_countdown_text(),
+        ),
+        Quote(
+            s,
+            "Clip_B and Clip_V raise Pass@8 by 3.0 and 3.9 points and Pass@32 by 3.6 and 4.3. Their Avg@K differences "
+            "are +0.2 and +0.6, with intervals inside -1.8 to +2.9 points.",
+            lambda: study_countdown5_text(),
+        ),
+        Quote(
+            s,
+            "the mu controller comes closest (61.1 [55.0, 67.6])",
+            lambda: "the mu controller comes closest ({})".format(
+                est(absolute("countdown5", "mu_control"), sign=False, bounds=False)
+            ),
+        ),
+        Quote(
+            s,
+            "Its tracking error is 0.012 and 0.028 nats.",
+            lambda: "Its tracking error is {} and {} nats.".format(
+                *(num(study_entropy(t, "mu_control")[1], 3) for t in ("countdown", "countdown5"))
+            ),
+        ),
+        Quote(
+            s,
+            "On countdown5 the mean entropy peaks at 1.57 nats around step 172",
+            lambda: "On countdown5 the mean entropy peaks at {:.2f} nats around step {}".format(
+                *curve_peak("countdown5", "bonus")
+            ),
+        ),
+        Quote(
+            s,
+            "the tracking error interval is wide (0.066 to 0.339). On countdown it costs 5.5 points of Avg@K.",
+            lambda: (
+                "the tracking error interval is wide ({:.3f} to {:.3f}). On countdown it costs {} points of "
+                "Avg@K.".format(
+                    checked(study_entropy("countdown5", "bonus")[1], per_run("countdown5", "bonus")["tracking_error"])[
+                        "low"
+                    ],
+                    per_run("countdown5", "bonus")["tracking_error"]["high"],
+                    pt(-study_metric("countdown", "bonus", "avg")["value"], sign=False),
+                )
+            ),
+        ),
+    ]
+
+
+def per_run(task: str, method: str) -> dict:
+    return record("benchmarks/study/study.json")["tasks"][task]["per_run"][method]
+
+
+def absolute(task: str, method: str) -> dict:
+    """The method's own estimate (not its difference), its point recomputed from the cells."""
+    by, n = cells(STUDY, task), 32
+    e = record("benchmarks/study/study.json")["tasks"][task]["evidence"][method]["pass@32"]
+    return checked(pass_k(grid(by, method), n, 32).mean(), e)
+
+
+def curve_peak(task: str, method: str) -> tuple[float, int]:
+    by = cells(STUDY, task)
+    mean = np.mean([by[(method, s)]["entropy"] for s in range(5)], axis=0)
+    return float(mean.max()), int(mean.argmax()) + 1
+
+
+def overlap() -> dict:
+    return record("benchmarks/study_avgk/overlap_posthoc.json")
+
+
+def study_clean_counts() -> str:
+    i = overlap()["issue24"]
+    return f"({i['countdown']['clean']} on countdown, {i['countdown5']['clean']} on countdown5)"
+
+
+def study_clean_text() -> str:
+    i = overlap()["issue24"]
+
+    def e(task, m, k, **kw):
+        return est(i[task]["methods"][m][k], **kw)
+
+    c, c5 = "countdown", "countdown5"
+    gains = [i[c]["methods"][m]["pass@32"] for m in ("clip_b", "clip_v", "mu_control")]
+    return (
+        f"countdown Avg@32 Clip_B {e(c, 'clip_b', 'avg@32')}, Clip_V {e(c, 'clip_v', 'avg@32')}, the mu controller "
+        f"{e(c, 'mu_control', 'avg@32')}, Pass@32 {pt(gains[0]['value'])}, {pt(gains[1]['value'])} and "
+        f"{pt(gains[2]['value'])} (intervals exclude {excludes(*gains)}); "
+        f"countdown5 Avg@32 {e(c5, 'clip_b', 'avg@32')} and {e(c5, 'clip_v', 'avg@32')}, Pass@32 "
+        f"{e(c5, 'clip_b', 'pass@32')} and {e(c5, 'clip_v', 'pass@32')}"
+    )
+
+
+def study_row_text(method: str) -> str:
+    return {
+        "grpo": "| GRPO (absolute) | 58.7 [53.3, 64.0] | 77.9 [72.6, 82.9] | 84.1 [79.3, 88.7] | 38.1 [32.7, 44.0] | "
+        "49.1 [42.7, 55.5] | 54.3 [47.6, 60.8] |",
+        "clip_b": "| Clip_B (mu 1.5) | -2.9 [-5.4, -0.4] * | +7.1 [4.5, 9.9] * | +5.8 [2.8, 8.8] * | +0.2 [-1.8, "
+        "2.4] | "
+        "+3.0 [0.8, 5.3] * | +3.6 [0.6, 6.6] * |",
+        "clip_v": "| Clip_V (mu 3.0) | -2.0 [-4.4, 0.6] | +6.8 [4.2, 9.5] * | +6.1 [3.2, 9.3] * | +0.6 [-1.7, 2.9] | "
+        "+3.9 [1.2, 6.7] * | +4.3 [1.1, 7.6] * |",
+        "mu_control": "| mu controller | -3.0 [-6.0, -0.1] * | +7.7 [5.0, 10.7] * | +7.3 [4.1, 10.8] * | -2.2 "
+        "[-4.7, 0.1] | "
+        "+4.6 [1.9, 7.6] * | +6.8 [3.1, 10.8] * |",
+        "entropic": "| EntroPIC (authors' gains) | +0.6 [-1.0, 2.3] | +1.1 [-0.7, 3.1] | +0.6 [-2.0, 3.4] | -0.0 "
+        "[-2.2, 2.0] | "
+        "+0.2 [-2.8, 2.9] | +0.7 [-3.1, 4.6] |",
+        "entropic_k10": "| EntroPIC, K_p 10, K_i 0.5 | +0.9 [-1.0, 2.9] | +1.5 [-0.5, 3.3] | +1.4 [-1.4, 4.4] | "
+        "+0.5 [-1.5, 2.5] | +0.1 [-2.3, 2.9] | +0.2 [-2.4, 3.0] |",
+        "bonus": "| adaptive bonus | -5.5 [-8.6, -2.4] * | +4.0 [1.3, 6.8] * | +4.1 [1.0, 7.4] * | -1.9 [-4.6, 0.7] | "
+        "+4.7 [1.3, 8.2] * | +6.1 [1.9, 10.3] * |",
+    }[method]
+
+
+def study_entropy_text(method: str) -> str:
+    return {
+        "grpo": "| GRPO | 0.219 | 0.094 [0.092, 0.095] | 0.140 | 0.276 [0.273, 0.280] |",
+        "clip_b": "| Clip_B | 0.300 | 0.021 [0.019, 0.023] | 0.193 | 0.222 [0.219, 0.226] |",
+        "clip_v": "| Clip_V | 0.285 | 0.033 [0.032, 0.035] | 0.217 | 0.203 [0.199, 0.207] |",
+        "mu_control": "| mu controller | 0.321 | 0.012 [0.011, 0.013] | 0.451 | 0.028 [0.026, 0.030] |",
+        "entropic": "| EntroPIC (authors' gains) | 0.223 | 0.091 [0.089, 0.093] | 0.145 | 0.271 [0.268, 0.274] |",
+        "entropic_k10": "| EntroPIC, K_p 10, K_i 0.5 | 0.230 | 0.085 [0.084, 0.086] | 0.152 | 0.262 [0.258, 0.266] |",
+        "bonus": "| adaptive bonus | 0.432 | 0.052 [0.043, 0.061] | 0.549 | 0.169 [0.066, 0.339] |",
+    }[method]
+
+
+def study_countdown_text() -> str:
+    gains = [
+        study_metric("countdown", m, k)["value"]
+        for m in ("clip_b", "clip_v", "mu_control")
+        for k in ("pass@8", "pass@32")
+    ]
+    costs = [study_metric("countdown", m, "avg") for m in ("clip_b", "mu_control")]
+    clip_v = study_metric("countdown", "clip_v", "avg")
+    assert all(c["high"] < 0 for c in costs) and clip_v["low"] < 0 < clip_v["high"]
+    return (
+        f"Clip_B, Clip_V and the mu controller keep {round(100 * min(gains))} to {round(100 * max(gains))} more points "
+        f"of Pass@8 and Pass@32 than GRPO. Clip_B and the controller pay about "
+        f"{round(-100 * np.mean([c['value'] for c in costs]))} points of Avg@K for it. Clip_V's Avg@K cost "
+        f"({pt(clip_v['value'])}) is not distinguishable from 0."
+    )
+
+
+def study_countdown5_text() -> str:
+    e = {(m, k): study_metric("countdown5", m, k) for m in ("clip_b", "clip_v") for k in ("avg", "pass@8", "pass@32")}
+    lo = min(e[(m, "avg")]["low"] for m in ("clip_b", "clip_v"))
+    hi = max(e[(m, "avg")]["high"] for m in ("clip_b", "clip_v"))
+    return (
+        f"Clip_B and Clip_V raise Pass@8 by {pt(e[('clip_b', 'pass@8')]['value'], sign=False)} and "
+        f"{pt(e[('clip_v', 'pass@8')]['value'], sign=False)} points and Pass@32 by "
+        f"{pt(e[('clip_b', 'pass@32')]['value'], sign=False)} and {pt(e[('clip_v', 'pass@32')]['value'], sign=False)}. "
+        f"Their Avg@K differences are {pt(e[('clip_b', 'avg')]['value'])} and {pt(e[('clip_v', 'avg')]['value'])}, "
+        f"with intervals inside {pt(lo)} to {pt(hi)} points."
+    )
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Entropy dynamics on a real model (benchmarks/real_lm_dynamics/)
+
+REAL = B / "real_lm_dynamics"
+
+
+@functools.cache
+def real(method: str, field: str) -> np.ndarray:
+    """A per-step metric of the 3 seeds' cells, (seeds, steps)."""
+    rows = [jsonl(next((REAL / "cells" / method).glob(f"seed{s}-*")) / "metrics.jsonl") for s in range(3)]
+    return np.array([[r[field] for r in run] for run in rows], dtype=np.float64)
+
+
+def real_eval(method: str, step: str) -> np.ndarray:
+    return np.array(
+        [
+            json.loads((next((REAL / "cells" / method).glob(f"seed{s}-*")) / "eval.json").read_text())[step][
+                "pass_rates"
+            ]
+            for s in range(3)
+        ]
+    )  # (seeds, problems)
+
+
+def t_interval(x: np.ndarray) -> dict:
+    half = T975_DF2 * x.std(ddof=1) / np.sqrt(len(x))
+    return {"value": x.mean(), "low": x.mean() - half, "high": x.mean() + half}
+
+
+def real_final(method: str) -> np.ndarray:
+    h = real(method, "entropy")
+    return h[:, -max(1, h.shape[1] // 10) :].mean(axis=1)  # last 10% of steps, per seed
+
+
+def reached(method: str, level: float = 0.9) -> list[int | None]:
+    return [next((i + 1 for i, a in enumerate(run) if a >= level), None) for run in real(method, "accuracy")]
+
+
+def real_learning() -> str:
+    g, b = reached("grpo"), reached("clip_b")
+    steps = [s for s in g + b if s is not None]
+    first = np.concatenate([real(m, "accuracy")[:, 0] for m in ("grpo", "clip_b")])
+    never = [i for i, s in enumerate(b) if s is None]
+    assert len(never) == 1 and None not in g
+    return (
+        f"Training accuracy went from {round(100 * first.min())}-{round(100 * first.max())}% to 90-100% by step "
+        f"{min(steps)}-{max(steps)} (GRPO's seeds at steps {', '.join(map(str, sorted(g)))}; Clip_B's at "
+        f"{', '.join(map(str, sorted(s for s in b if s)))} and not within the {real('clip_b', 'accuracy').shape[1]} "
+        f"steps, {round(100 * real('clip_b', 'accuracy')[never[0], -1])}% at step "
+        f"{real('clip_b', 'accuracy').shape[1]})"
+    )
+
+
+def real_final_text() -> str:
+    summary = record("benchmarks/real_lm_dynamics/results.json")["entropy_evidence"]
+    diff = real_final("clip_b") - real_final("grpo")
+    g = checked(t_interval(real_final("grpo"))["value"], summary["grpo"]["final"])
+    b = checked(t_interval(real_final("clip_b"))["value"], summary["clip_b"]["final"])
+    d = checked(t_interval(diff)["value"], summary["clip_b"]["vs_grpo"])
+    for mine, theirs in ((t_interval(real_final("grpo")), g), (t_interval(diff), d)):
+        assert abs(mine["low"] - theirs["low"]) < 1e-9 and abs(mine["high"] - theirs["high"]) < 1e-9
+    words = {1: "one", 2: "two", 3: "all three"}
+    return (
+        f"GRPO {est(g, sign=False, bounds=False, nd=2, scale=1)}, Clip_B "
+        f"{est(b, sign=False, bounds=False, nd=2, scale=1)}, "
+        f"difference {est(d, nd=2, scale=1)} nats (95% Student-t intervals over seeds, paired by seed; higher under "
+        f"Clip_B in {words[int((diff > 0).sum())]} of the three seed pairs)"
+    )
+
+
+def real_pairs_text() -> str:
+    h = real("clip_b", "entropy").mean(axis=1) - real("grpo", "entropy").mean(axis=1)  # all 30 steps, per pair
+    a = real("clip_b", "accuracy").mean(axis=1) - real("grpo", "accuracy").mean(axis=1)
+    return (
+        f"entropy {' / '.join(num(x, 2, True) for x in h)} nats ({est(t_interval(h), nd=2, scale=1)} on average), "
+        f"training accuracy {' / '.join(pt(x) for x in a)} points"
+    )
+
+
+def real_slowest_text() -> str:
+    h = real("clip_b", "entropy").mean(axis=1) - real("grpo", "entropy").mean(axis=1)
+    slowest = int(real("clip_b", "accuracy").mean(axis=1).argmin())
+    assert slowest == int(h.argmax())
+    return (
+        "The pair with the largest entropy difference is the one whose Clip_B run learned slowest "
+        f"({round(100 * real('clip_b', 'accuracy')[slowest, -1])}% at step {real('clip_b', 'accuracy').shape[1]})"
+    )
+
+
+def real_clip_text() -> str:
+    c = real("clip_b", "clip_frac")
+    stayed = int(real_final("clip_b").argmax())
+    late = np.delete(c[:, -3:].mean(axis=1), stayed)
+    return (
+        f"0.9 clipped {pt(c.mean(), sign=False)}% of tokens over the runs ({rng(100 * c[:, :3].mean(axis=1))}% in "
+        f"the first three "
+        f"steps; {' and '.join(pt(x, sign=False) for x in sorted(late))}% in the last three, "
+        f"{pt(c[stayed, -3:].mean(), sign=False)}% in the seed whose entropy stayed up)"
+    )
+
+
+def real_quotes() -> list[Quote]:
+    s = "Entropy dynamics on a real model"
+    return [
+        Quote(
+            s,
+            "each cell 830 to 864 s of training on one thread",
+            lambda: "each cell {} to {} s of training on one thread".format(
+                *(
+                    round(f(real(m, "seconds")[i].sum() for m in ("grpo", "clip_b") for i in range(3)))
+                    for f in (min, max)
+                )
+            ),
+        ),
+        Quote(
+            s,
+            "1,600 training and 400 held-out problems",
+            lambda: (
+                f"{len(jsonl(REAL / 'data/train.jsonl')):,} training and {len(jsonl(REAL / 'data/eval.jsonl'))} "
+                "held-out problems"
+            ),
+        ),
+        Quote(
+            s,
+            "3 to 6% of training responses at the first step",
+            lambda: "{} to {}% of training responses at the first step".format(
+                *(
+                    round(100 * f(np.concatenate([real(m, "accuracy")[:, 0] for m in ("grpo", "clip_b")])))
+                    for f in (np.min, np.max)
+                )
+            ),
+        ),
+        Quote(
+            s,
+            "0.9 clipped 3.7% of tokens over the runs (3.5 to 4.8% in the first three steps; 0.2 and 0.4% in the last "
+            "three, 3.8% in the seed whose entropy stayed up)",
+            real_clip_text,
+        ),
+        Quote(
+            s,
+            "Training accuracy went from 3-6% to 90-100% by step 22-26 (GRPO's seeds at steps 22, 22, 26; Clip_B's at "
+            "24, 25 and not within the 30 steps, 88% at step 30)",
+            real_learning,
+        ),
+        Quote(
+            s,
+            "token entropy from 2.42 nats to 0.10 (GRPO) and 0.29 (Clip_B) over the last 3 steps",
+            lambda: "token entropy from {:.2f} nats to {:.2f} (GRPO) and {:.2f} (Clip_B) over the last 3 steps".format(
+                real("grpo", "entropy")[:, 0].mean(), real_final("grpo").mean(), real_final("clip_b").mean()
+            ),
+        ),
+        Quote(
+            s,
+            "Held-out Avg@4 rose from 12.2% [7.3, 18.0] to 100% for both (32 problems x 4 samples",
+            lambda: "Held-out Avg@4 rose from {} to {} for both ({} problems x {} samples".format(
+                est(
+                    checked(
+                        real_eval("grpo", "0").mean(),
+                        record("benchmarks/real_lm_dynamics/results.json")["evidence"]["initial policy"]["avg"],
+                    ),
+                    sign=False,
+                    bounds=False,
+                ).replace(" [", "% ["),
+                "100%" if all((real_eval(m, "30") == 1).all() for m in ("grpo", "clip_b")) else "not 100%",
+                real_eval("grpo", "30").shape[1],
+                json.loads(next((REAL / "cells/grpo").glob("seed0-*")).joinpath("eval.json").read_text())["30"]["k"],
+            ),
+        ),
+        Quote(
+            s,
+            "No harm was measured at Avg@4 = 100%",
+            lambda: "No harm was measured at Avg@4 = {}".format(
+                "100%" if all((real_eval(m, "30") == 1).all() for m in ("grpo", "clip_b")) else "less than 100%"
+            ),
+        ),
+        Quote(
+            s,
+            "positive at every step after the first (0.03 to 0.53 nats)",
+            lambda: "positive at every step after the first ({} nats)".format(
+                rng((real("clip_b", "entropy").mean(axis=0) - real("grpo", "entropy").mean(axis=0))[1:], nd=2)
+            ),
+        ),
+        Quote(
+            s,
+            "GRPO 0.10 [-0.01, 0.22], Clip_B 0.29 [-0.52, 1.10], difference +0.18 [-0.53, +0.90] nats (95% Student-t "
+            "intervals over seeds, paired by seed; higher under Clip_B in two of the three seed pairs)",
+            real_final_text,
+        ),
+        Quote(
+            s,
+            "entropy +0.26 / +0.44 / +0.04 nats (+0.25 [-0.25, +0.74] on average), training accuracy -5.8 / -16.4 / "
+            "+4.5 points",
+            real_pairs_text,
+        ),
+        Quote(
+            s,
+            "The pair with the largest entropy difference is the one whose Clip_B run learned slowest (88% at step 30)",
+            real_slowest_text,
+        ),
+    ]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The Avg@K study (benchmarks/study_avgk_clean/, benchmarks/study_avgk/)
+
+CLEAN, FIRST = "benchmarks/study_avgk_clean", "benchmarks/study_avgk"
+METRIC = {"avg@32": lambda c: c / 32, "pass@8": lambda c: pass_k(c, 32, 8), "pass@32": lambda c: pass_k(c, 32, 32)}
+
+
+def avgk(study: str) -> dict:
+    return record(f"{study}/avgk.json")
+
+
+def avgk_cells(study: str) -> dict:
+    return cells(f"{study}/cells.jsonl")
+
+
+def avgk_diff(study: str, method: str, metric: str, columns=slice(None), field: str = "final_correct") -> float:
+    by = avgk_cells(study)
+    return (
+        METRIC[metric](grid(by, method, field))[:, columns] - METRIC[metric](grid(by, "grpo", field))[:, columns]
+    ).mean()
+
+
+def avgk_abs(study: str, method: str, metric: str, field: str = "final_correct", step: str | None = None) -> float:
+    by = avgk_cells(study)
+    if step is not None:
+        seeds = sorted(s for m, s in by if m == method)
+        counts = np.array([by[(method, s)]["eval_correct"][step] for s in seeds], dtype=np.float64)
+        return METRIC[metric](counts).mean()
+    return METRIC[metric](grid(by, method, field)).mean()
+
+
+def primary(study: str, method: str) -> dict:
+    return checked(avgk_diff(study, method, "avg@32"), avgk(study)["primary"][method])
+
+
+def secondary(study: str, method: str, metric: str) -> dict:
+    return checked(avgk_diff(study, method, metric), avgk(study)["secondary"][f"{method} {metric}"])
+
+
+def entropy_last(study: str, method: str) -> float:
+    by = avgk_cells(study)
+    runs = [np.array(by[(method, s)]["entropy"]) for s in sorted(s for m, s in by if m == method)]
+    return float(np.mean([h[-len(h) // 10 :].mean() for h in runs]))
+
+
+def stratum(study: str, name: str) -> np.ndarray:
+    eval_file = DATA / "countdown5_large/eval.jsonl"
+    strata = [r["stratum"] for r in jsonl(eval_file)]
+    assert len(strata) == avgk(study)["problems"]
+    return np.array([s == name for s in strata])
+
+
+@functools.cache
+def shared_solutions() -> tuple[np.ndarray, int]:
+    """Per evaluation puzzle of countdown5_large: do the numbers on the left of its reference solution (a multiset),
+    with its target, sit inside some training puzzle? And how many reference solutions are a training one verbatim."""
+    train, evaluation = jsonl(DATA / "countdown5_large/train.jsonl"), jsonl(DATA / "countdown5_large/eval.jsonl")
+    by_target: dict[int, list[Counter]] = {}
+    for row in train:
+        by_target.setdefault(row["target"], []).append(Counter(row["numbers"]))
+    shared = []
+    for row in evaluation:
+        used = Counter(int(x) for x in re.findall(r"\d+", row["solution"].split("=")[0]))
+        shared.append(any(not (used - pool) for pool in by_target.get(row["target"], [])))
+    verbatim = sum(r["solution"] in {t["solution"] for t in train} for r in evaluation)
+    return np.array(shared), verbatim
+
+
+def split_text() -> str:
+    shared, _ = shared_solutions()
+    d = {
+        m: (avgk_diff(CLEAN, m, "avg@32", shared), avgk_diff(CLEAN, m, "avg@32", ~shared)) for m in ("clip_b", "clip_v")
+    }
+    return (
+        f"(Clip_B {pt(d['clip_b'][0])}, Clip_V {pt(d['clip_v'][0])} points against GRPO, all "
+        f"{len(avgk(CLEAN)['seeds'])} seeds) and not on the other {(~shared).sum()} ({pt(d['clip_b'][1])} and "
+        f"{pt(d['clip_v'][1])})"
+    )
+
+
+def p3(p: float) -> str:
+    return f"{p:.3f}"
+
+
+def clean_primary_text() -> str:
+    b, v = primary(CLEAN, "clip_b"), primary(CLEAN, "clip_v")
+    pts = lambda e: est(e).split(" ", 1)  # noqa: E731
+    return (
+        f"Clip_B - GRPO {pts(b)[0]} points {pts(b)[1]} (p {p3(b['p'])}, adjusted {p3(b['p_holm'])}), Clip_V - GRPO "
+        f"{est(v)} (p {v['p']:.2g}, adjusted {p3(v['p_holm'])})"
+    )
+
+
+def secondary_text(study: str) -> str:
+    e = {(m, k): est(secondary(study, m, k)) for m in ("clip_b", "clip_v") for k in ("pass@8", "pass@32")}
+    return (
+        f"Pass@8 {e[('clip_b', 'pass@8')]} (Clip_B) and {e[('clip_v', 'pass@8')]} (Clip_V); Pass@32 "
+        f"{e[('clip_b', 'pass@32')]} and {e[('clip_v', 'pass@32')]}"
+    )
+
+
+def clean_entropy_text() -> str:
+    r = avgk(CLEAN)["entropy"]
+    h = {m: num(checked(entropy_last(CLEAN, m), r[m]["value"])["value"], 3) for m in ("grpo", "clip_b", "clip_v")}
+    d = {m: est(r[m]["vs_grpo"]["difference"], nd=3, scale=1) for m in ("clip_b", "clip_v")}
+    return (
+        f"GRPO {h['grpo']}, Clip_B {h['clip_b']}, Clip_V {h['clip_v']} nats (differences {d['clip_b']} and "
+        f"{d['clip_v']}"
+    )
+
+
+def clean_row(method: str) -> str:
+    name = {"initial policy": "initial policy", "grpo": "GRPO", "clip_b": "Clip_B", "clip_v": "Clip_V"}[method]
+    a = avgk(CLEAN)["absolute"][method]
+    field, source = ("initial_correct", "grpo") if method == "initial policy" else ("final_correct", method)
+    cols = [est(checked(avgk_abs(CLEAN, source, k, field), a[k]), sign=False, bounds=False) for k in METRIC]
+    return f"| {name} | " + " | ".join(cols) + " |"
+
+
+def curve_text() -> str:
+    a = {
+        m: {s: avgk_abs(CLEAN, m, "avg@32", step=s) for s in ("300", "600", "900", "1200", "1500")}
+        for m in ("grpo", "clip_b", "clip_v")
+    }
+    for m in a:
+        for s, v in a[m].items():
+            checked(v, avgk(CLEAN)["curves"][m]["evals"][s]["avg@32"])
+    lead = {m: ", ".join(pt(a["grpo"][s] - a[m][s], sign=False) for s in a[m]) for m in ("clip_b", "clip_v")}
+    lead = {m: " and ".join(t.rsplit(", ", 1)) for m, t in lead.items()}
+    return (
+        f"(GRPO {pt(a['grpo']['1200'], sign=False)} at step 1,200 and {pt(a['grpo']['1500'], sign=False)} at 1,500; "
+        f"Clip_B {pt(a['clip_b']['1200'], sign=False)} and {pt(a['clip_b']['1500'], sign=False)}; Clip_V "
+        f"{pt(a['clip_v']['1200'], sign=False)} and {pt(a['clip_v']['1500'], sign=False)}), and GRPO's lead was there "
+        f"at every evaluation (over Clip_B {lead['clip_b']} points at steps 300 to 1,500; over Clip_V {lead['clip_v']})"
+    )
+
+
+def pass32_curve_text() -> str:
+    p = {
+        m: {s: pt(avgk_abs(CLEAN, m, "pass@32", step=s), sign=False) for s in ("0", "300", "1500")}
+        for m in ("grpo", "clip_b", "clip_v")
+    }
+    return (
+        f"from the initial {p['grpo']['0']} by step 300; GRPO's then fell ({p['grpo']['300']} at step 300, "
+        f"{p['grpo']['1500']} at 1,500) while Clip_B's ({p['clip_b']['300']}, {p['clip_b']['1500']}) and Clip_V's "
+        f"({p['clip_v']['300']}, {p['clip_v']['1500']}) fell less"
+    )
+
+
+def strata_text(study: str) -> str:
+    r = avgk(study)["by_stratum"]
+
+    def e(name, m, k):
+        return checked(avgk_diff(study, m, k, stratum(study, name)), r[name][f"{m} {k}"])
+
+    return (
+        f"({est(e('easier', 'clip_b', 'avg@32'))} and {est(e('easier', 'clip_v', 'avg@32'))}, "
+        f"{r['easier']['problems']} problems), and the Pass@32 gain largest on "
+        f"the hard ones ({pt(e('hard', 'clip_b', 'pass@32')['value'])} and "
+        f"{pt(e('hard', 'clip_v', 'pass@32')['value'])}, "
+        f"{r['hard']['problems']} problems) and present on the initially unsolved ones "
+        f"({pt(e('unsolved', 'clip_b', 'pass@32')['value'])} and {pt(e('unsolved', 'clip_v', 'pass@32')['value'])}, "
+        f"{r['unsolved']['problems']} problems)"
+    )
+
+
+def clean_time_text() -> str:
+    rows = list(avgk_cells(CLEAN).values())
+    wall = [c["wall_seconds_this_process"] for c in rows]
+    return (
+        f"{sum(c['resumed'] for c in rows)} cells were resumed from their newest checkpoint after a session ended "
+        f"(resume is exact). The process that finished a cell took {round(min(wall)):,} to {round(max(wall)):,} s "
+        f"({sum(wall) / 3600:.1f} h in all"
+    )
+
+
+def clean_settings() -> dict:
+    return next(iter(avgk_cells(CLEAN).values()))["settings"]
+
+
+def draws(study_cells: dict, pool: int) -> float:
+    s = next(iter(study_cells.values()))["settings"]
+    return s["steps"] * s["prompts_per_step"] / pool
+
+
+def avgk_quotes() -> list[Quote]:
+    top, clean, first, said = (
+        "The Avg@K study (pre-registered)",
+        "The re-run on the clean pool (the registered answer)",
+        "The first run (5 seeds; its evaluation set overlapped training)",
+        "What it can say",
+    )
+    c5 = overlap()["pools"]["countdown5"]
+    big = overlap()["pools"]["countdown5_large"]
+    n_train = len(jsonl(DATA / "countdown5_large/train.jsonl"))
+    return [
+        Quote(
+            top,
+            "a 614-problem pool drawn about 23 times a run: 450 steps x 32 prompts",
+            lambda: "a {}-problem pool drawn about {} times a run: {} steps x {} prompts".format(
+                c5["train_rows"],
+                round(draws(cells(STUDY, "countdown5"), c5["train_rows"])),
+                cells(STUDY, "countdown5")[("grpo", 0)]["settings"]["steps"],
+                cells(STUDY, "countdown5")[("grpo", 0)]["settings"]["prompts_per_step"],
+            ),
+        ),
+        Quote(
+            top,
+            "in the registered re-run each training puzzle is drawn about 6 times, the learning rate is 5e-5",
+            lambda: (
+                "in the registered re-run each training puzzle is drawn about {} times, the learning rate is {}".format(
+                    round(draws(avgk_cells(CLEAN), n_train)), lr(clean_settings()["lr"])
+                )
+            ),
+        ),
+        Quote(
+            clean,
+            "set the training pool to 8,000 distinct puzzles, because only about 10,150 distinct five-number puzzles",
+            lambda: (
+                "set the training pool to {:,} distinct puzzles, because only about {:,} distinct five-number "
+                "puzzles".format(
+                    len(
+                        {
+                            (tuple(sorted(r["numbers"])), r["target"])
+                            for r in jsonl(DATA / "countdown5_large/train.jsonl")
+                        }
+                    ),
+                    round(record("benchmarks/results/pool_capacity.json")["passing_estimate"] / 50) * 50,
+                )
+            ),
+        ),
+        Quote(
+            clean,
+            "a run draws each about 6 times",
+            lambda: f"a run draws each about {round(draws(avgk_cells(CLEAN), n_train))} times",
+        ),
+        Quote(
+            clean,
+            "Clip_B - GRPO -1.3 points [-2.4, -0.3] (p 0.010, adjusted 0.010), Clip_V - GRPO -1.8 [-2.9, -0.7] (p "
+            "0.0014, adjusted 0.003)",
+            clean_primary_text,
+        ),
+        Quote(
+            clean,
+            "Pass@8 +5.5 [+4.3, +6.7] (Clip_B) and +6.6 [+5.4, +7.9] (Clip_V); Pass@32 +6.7 [+5.4, +8.1] and +8.1 "
+            "[+6.7, +9.5]",
+            lambda: secondary_text(CLEAN),
+        ),
+        Quote(
+            clean,
+            "Secondary (Holm over four, all adjusted p <= 0.002",
+            lambda: "Secondary (Holm over four, all adjusted p <= {}".format(
+                p3(max(r["p_holm"] for r in avgk(CLEAN)["secondary"].values()))
+            ),
+        ),
+        Quote(
+            clean,
+            "GRPO 0.104, Clip_B 0.170, Clip_V 0.198 nats (differences +0.066 [+0.064, +0.068] and +0.093 [+0.092, "
+            "+0.095]",
+            clean_entropy_text,
+        ),
+        *[
+            Quote(clean, text, functools.partial(clean_row, m))
+            for m, text in {
+                "initial policy": "| initial policy | 9.3 [8.3, 10.4] | 31.2 [29.0, 33.3] | 48.7 [46.1, 51.4] |",
+                "grpo": "| GRPO | 46.9 [44.2, 49.5] | 58.2 [55.5, 60.9] | 63.6 [60.9, 66.3] |",
+                "clip_b": "| Clip_B | 45.5 [43.1, 48.0] | 63.7 [61.1, 66.2] | 70.4 [67.8, 72.9] |",
+                "clip_v": "| Clip_V | 45.0 [42.7, 47.4] | 64.8 [62.3, 67.4] | 71.7 [69.0, 74.2] |",
+            }.items()
+        ],
+        Quote(
+            clean,
+            "(GRPO 44.6 at step 1,200 and 46.9 at 1,500; Clip_B 43.9 and 45.5; Clip_V 43.0 and 45.0), and GRPO's lead "
+            "was there at every evaluation (over Clip_B 1.8, 1.8, 1.1, 0.7 and 1.3 points at steps 300 to 1,500; over "
+            "Clip_V 1.5, 1.8, 0.8, 1.6 and 1.8)",
+            curve_text,
+        ),
+        Quote(
+            clean,
+            "from the initial 48.7 by step 300; GRPO's then fell (67.4 at step 300, 63.6 at 1,500) while Clip_B's "
+            "(72.2, 70.4) and Clip_V's (72.6, 71.7) fell less",
+            pass32_curve_text,
+        ),
+        Quote(
+            clean,
+            "(-2.9 [-5.1, -0.9] and -2.8 [-5.0, -0.5], 137 problems), and the Pass@32 gain largest on the hard ones "
+            "(+8.2 and +10.0, 425 problems) and present on the initially unsolved ones (+6.6 and +7.9, 438 problems)",
+            lambda: strata_text(CLEAN),
+        ),
+        Quote(
+            clean,
+            "4 cells were resumed from their newest checkpoint after a session ended (resume is exact). The process "
+            "that finished a cell took 347 to 3,193 s (9.0 h in all",
+            clean_time_text,
+        ),
+        Quote(
+            clean,
+            "For 669 of the 1,000 evaluation puzzles",
+            lambda: f"For {shared_solutions()[0].sum()} of the {len(shared_solutions()[0]):,} evaluation puzzles",
+        ),
+        Quote(
+            clean,
+            "381 match a training solution verbatim",
+            lambda: f"{shared_solutions()[1]} match a training solution verbatim",
+        ),
+        Quote(
+            clean,
+            "(Clip_B -2.0, Clip_V -2.6 points against GRPO, all 15 seeds) and not on the other 331 (+0.1 and -0.3)",
+            split_text,
+        ),
+        Quote(
+            first,
+            "the 25,000 training rows were 12,335 distinct puzzles (a run drew each about 3.9 times",
+            lambda: "the {:,} training rows were {:,} distinct puzzles (a run drew each about {:.1f} times".format(
+                big["train_rows"], big["train_distinct"], draws(avgk_cells(FIRST), big["train_distinct"])
+            ),
+        ),
+        Quote(
+            first,
+            "and 439 of the 1,000 evaluation problems were reorderings of training puzzles",
+            lambda: "and {} of the {:,} evaluation problems were reorderings of training puzzles".format(
+                big["eval_rows_in_train"], big["eval_rows"]
+            ),
+        ),
+        Quote(
+            first,
+            "GRPO's final Avg@32 is 81.1% on those 439 and 30.5% on the other 561, and it rises with the number of "
+            "orderings seen in training (72.6% after one, 86.5% after three)",
+            first_overlap_text,
+        ),
+        Quote(
+            first,
+            "Clip_B - GRPO -0.0 points [-1.2, +1.1] (adjusted p 0.94), Clip_V - GRPO -0.5 [-1.9, +0.8] (adjusted p "
+            "0.90)",
+            lambda: "Clip_B - GRPO {} points {} (adjusted p {:.2f}), Clip_V - GRPO {} (adjusted p {:.2f})".format(
+                *est(primary(FIRST, "clip_b")).split(" ", 1),
+                primary(FIRST, "clip_b")["p_holm"],
+                est(primary(FIRST, "clip_v")),
+                primary(FIRST, "clip_v")["p_holm"],
+            ),
+        ),
+        Quote(
+            first,
+            "(50.5 at step 1,200, 52.7 at 1,500)",
+            lambda: "({} at step 1,200, {} at 1,500)".format(
+                *(pt(avgk_abs(FIRST, "grpo", "avg@32", step=s), sign=False) for s in ("1200", "1500"))
+            ),
+        ),
+        Quote(
+            first,
+            "(0.053 against the 0.036 assumed)",
+            lambda: "({:.3f} against the {:.3f} assumed)".format(
+                record(f"{FIRST}/power_achieved.json")["scenarios"]["first run, all 1,000 problems"]["components"][
+                    "residual"
+                ],
+                record(f"{FIRST}/power.json")["observed"]["mean"]["residual"],
+            ),
+        ),
+        Quote(
+            first,
+            "80% at a true difference of about 2.0 points (at p < 0.025, the Holm bound; 1.8 at p < 0.05",
+            lambda: "80% at a true difference of about {} points (at p < 0.025, the Holm bound; {} at p < 0.05".format(
+                *(
+                    pt(
+                        record(f"{FIRST}/power_achieved.json")["scenarios"]["first run, all 1,000 problems"]["mde"][k],
+                        sign=False,
+                    )
+                    for k in ("mde_80_bonferroni", "mde_80_unadjusted")
+                )
+            ),
+        ),
+        Quote(
+            first,
+            "Post hoc, on the 561 clean problems: Clip_B +0.8 [-0.8, +2.4], Clip_V -0.1 [-1.8, +1.6] points of Avg@32",
+            lambda: "Post hoc, on the {} clean problems: Clip_B {}, Clip_V {} points of Avg@32".format(
+                (~first_in_train()).sum(), *(est(first_clean(m, "avg@32")) for m in ("clip_b", "clip_v"))
+            ),
+        ),
+        Quote(
+            first,
+            "Pass@8 +4.3 [+2.7, +5.9] (Clip_B) and +4.9 [+3.4, +6.5] (Clip_V); Pass@32 +5.3 [+3.5, +7.0] and +6.4 "
+            "[+4.7, +8.3]",
+            lambda: secondary_text(FIRST),
+        ),
+        Quote(
+            first,
+            "on the clean subset (post hoc) Pass@32 +6.8 [+3.8, +9.5] and +7.6 [+4.7, +10.4]",
+            lambda: "on the clean subset (post hoc) Pass@32 {} and {}".format(
+                *(est(first_clean(m, "pass@32")) for m in ("clip_b", "clip_v"))
+            ),
+        ),
+        Quote(
+            first,
+            "GRPO's Pass@32 fell from the initial policy's 67.3 to 61.7, while Clip_B (67.0) and Clip_V (68.2) kept "
+            "it.",
+            lambda: (
+                "GRPO's Pass@32 fell from the initial policy's {} to {}, while Clip_B ({}) and Clip_V ({}) kept "
+                "it.".format(
+                    pt(avgk_abs(FIRST, "grpo", "pass@32", "initial_correct"), sign=False),
+                    *(pt(avgk_abs(FIRST, m, "pass@32"), sign=False) for m in ("grpo", "clip_b", "clip_v")),
+                )
+            ),
+        ),
+        Quote(
+            first,
+            "Entropy over the last 10% of steps: GRPO 0.090, Clip_B 0.139, Clip_V 0.178 nats.",
+            lambda: "Entropy over the last 10% of steps: GRPO {:.3f}, Clip_B {:.3f}, Clip_V {:.3f} nats.".format(
+                *(
+                    checked(entropy_last(FIRST, m), avgk(FIRST)["entropy"][m]["value"])["value"]
+                    for m in ("grpo", "clip_b", "clip_v")
+                )
+            ),
+        ),
+        Quote(
+            first,
+            "Pass@32 gains are largest on the hard problems (+7.0 and +8.7) and present on the initially unsolved ones "
+            "(+4.0, +5.7)",
+            lambda: (
+                "Pass@32 gains are largest on the hard problems ({} and {}) and present on the initially unsolved "
+                "ones ({}, {})".format(
+                    *(
+                        pt(
+                            checked(
+                                avgk_diff(FIRST, m, "pass@32", first_stratum(name)),
+                                avgk(FIRST)["by_stratum"][name][f"{m} pass@32"],
+                            )["value"]
+                        )
+                        for name in ("hard", "unsolved")
+                        for m in ("clip_b", "clip_v")
+                    )
+                )
+            ),
+        ),
+        Quote(
+            first,
+            "The runs took 2.7 h of one-thread cell processes (473 s to 1,424 s a cell; none resumed)",
+            lambda: "The runs took {:.1f} h of one-thread cell processes ({:,} s to {:,} s a cell; {} resumed)".format(
+                sum(c["wall_seconds_this_process"] for c in avgk_cells(FIRST).values()) / 3600,
+                *(round(f(c["wall_seconds_this_process"] for c in avgk_cells(FIRST).values())) for f in (min, max)),
+                "none" if not any(c["resumed"] for c in avgk_cells(FIRST).values()) else "some",
+            ),
+        ),
+        Quote(
+            said,
+            "(not on solutions: post hoc, the Avg@32 deficit is on the 669 puzzles whose reference solution's numbers "
+            "and target sit inside a training puzzle, -2.0 and -2.6 points, not on the other 331, +0.1 and -0.3)",
+            lambda: (
+                "(not on solutions: post hoc, the Avg@32 deficit is on the {} puzzles whose reference "
+                "solution's numbers and target sit inside a training puzzle, {} and {} points, not on the other {}, {} "
+                "and {})".format(
+                    shared_solutions()[0].sum(),
+                    *(pt(avgk_diff(CLEAN, m, "avg@32", shared_solutions()[0])) for m in ("clip_b", "clip_v")),
+                    (~shared_solutions()[0]).sum(),
+                    *(pt(avgk_diff(CLEAN, m, "avg@32", ~shared_solutions()[0])) for m in ("clip_b", "clip_v")),
+                )
+            ),
+        ),
+        Quote(
+            said,
+            "(5.5 to 8.1 points of Pass@K) at a cost of 1.3 to 1.8 points of Avg@32",
+            lambda: "({} points of Pass@K) at a cost of {} points of Avg@32".format(
+                rng(
+                    [100 * secondary(CLEAN, m, k)["value"] for m in ("clip_b", "clip_v") for k in ("pass@8", "pass@32")]
+                ),
+                rng([-100 * primary(CLEAN, m)["value"] for m in ("clip_b", "clip_v")]),
+            ),
+        ),
+    ]
+
+
+def first_in_train() -> np.ndarray:
+    return np.array(overlap()["orderings_seen"]["countdown5_large"]) > 0
+
+
+def first_stratum(name: str) -> np.ndarray:
+    """The first run's strata, from its own evaluation file (the pool before issue 39's rebuild)."""
+    strata = [r["stratum"] for r in jsonl(REPO / FIRST / "first_pool/eval.jsonl")]
+    return np.array([s == name for s in strata])
+
+
+def first_clean(method: str, metric: str) -> dict:
+    key = {"avg@32": "clean_primary", "pass@32": "clean_pass@32"}[metric]
+    return checked(avgk_diff(FIRST, method, metric, ~first_in_train()), overlap()["avgk"][key][method])
+
+
+def first_overlap_text() -> str:
+    by, seen = avgk_cells(FIRST), np.array(overlap()["orderings_seen"]["countdown5_large"])
+    g = grid(by, "grpo").mean(axis=0) / 32  # (problems,)
+    return (
+        f"GRPO's final Avg@32 is {pt(g[seen > 0].mean(), sign=False)}% on those {(seen > 0).sum()} and "
+        f"{pt(g[seen == 0].mean(), sign=False)}% on the other {(seen == 0).sum()}, and it rises with the number of "
+        f"orderings seen in training ({pt(g[seen == 1].mean(), sign=False)}% after one, "
+        f"{pt(g[seen == 3].mean(), sign=False)}% after three)"
+    )
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The losses engines ship (benchmarks/compare_engines/)
+
+ENGINES = {"on": "benchmarks/compare_engines/onpolicy.json", "off": "benchmarks/compare_engines/offpolicy_mb4.json"}
+ENGINE_ROWS = {
+    "clip_b": "Clip_B",
+    "clip_v": "Clip_V",
+    "cispo": "CISPO",
+    "dppo_tv": "DPPO-TV",
+    "erc": "ERC",
+    "qae": "QAE",
+}
+
+
+def engine_counts(regime: str, method: str, field: str = "correct") -> np.ndarray:
+    return np.array(record(ENGINES[regime])["methods"][method][field], dtype=np.float64)  # (seeds, problems)
+
+
+def engine_metric(regime: str, method: str, metric: str, absolute: bool = False) -> dict:
+    k = record(ENGINES[regime])["k"]
+    f = {"avg": lambda c: c / k, "pass@8": lambda c: pass_k(c, k, 8)}[metric]
+    e = record(ENGINES[regime])["evidence"][method]
+    if absolute:
+        return checked(f(engine_counts(regime, method)).mean(), e[metric])
+    return checked((f(engine_counts(regime, method)) - f(engine_counts(regime, "grpo"))).mean(), e["vs_grpo"][metric])
+
+
+def engine_entropy(regime: str, method: str) -> float:
+    m = record(ENGINES[regime])["methods"][method]
+    curve = np.array(m["entropy_curve"])  # the seeds' mean per step
+    return checked(curve[-len(curve) // 10 :].mean(), {"value": m["entropy_final"][0]}, tol=1e-9)["value"]
+
+
+def identical(method: str) -> bool:
+    m, g = record(ENGINES["on"])["methods"][method], record(ENGINES["on"])["methods"]["grpo"]
+    return m["correct"] == g["correct"] and m["entropy_curve"] == g["entropy_curve"]
+
+
+def engine_row(method: str) -> str:
+    cols = []
+    for regime in ("on", "off"):
+        for metric in ("avg", "pass@8"):
+            if regime == "on" and identical(method):
+                cols.append("0 (identical)")
+                continue
+            cols.append(est(engine_metric(regime, method, metric), star=True))
+    ent = " / ".join(num(engine_entropy(r, method), 2) for r in ("on", "off"))
+    return f"| {ENGINE_ROWS[method]} - GRPO | " + " | ".join(cols) + f" | {ent} |"
+
+
+def engine_grpo_rows() -> str:
+    g = [
+        est(engine_metric(r, "grpo", k, absolute=True), sign=False, bounds=False)
+        for r in ("on", "off")
+        for k in ("avg", "pass@8")
+    ]
+    before = [
+        pt(np.mean(engine_counts(r, "grpo", "correct0") / record(ENGINES[r])["k"]), sign=False) for r in ("on", "off")
+    ]
+    k = record(ENGINES["on"])["k"]
+    p0 = [pt(pass_k(engine_counts(r, "grpo", "correct0"), k, 8).mean(), sign=False) for r in ("on", "off")]
+    start = num(record(ENGINES["on"])["methods"]["grpo"]["entropy_first"][0], 2)
+    ent = " / ".join(num(engine_entropy(r, "grpo"), 2) for r in ("on", "off"))
+    return (
+        f"| initial policy | {before[0]} | {p0[0]} | {before[1]} | {p0[1]} | {start} at the start | "
+        f"| GRPO | " + " | ".join(g) + f" | {ent} |"
+    )
+
+
+def engine_prose() -> str:
+    off = {m: engine_metric("off", m, "avg") for m in ENGINE_ROWS}
+    below = (engine_counts("off", "erc").mean(axis=1) < engine_counts("off", "grpo").mean(axis=1)).sum()
+    others = ("erc", "cispo", "qae")
+    gains = [100 * engine_metric("off", m, "pass@8")["value"] for m in others]
+    ent = max(
+        abs(engine_entropy(r, m) - engine_entropy(r, "grpo"))
+        for r in ("on", "off")
+        for m in ("cispo", "dppo_tv", "erc", "qae")
+    )
+    assert all(e["low"] < 0 < e["high"] for m, e in off.items() if m not in ("clip_b", "clip_v"))
+    assert all(engine_metric("off", m, "pass@8")["low"] < 0 < engine_metric("off", m, "pass@8")["high"] for m in others)
+    return (
+        f"three Avg@8 point estimates are close to Clip_B's {pt(off['clip_b']['value'])}: ERC {est(off['erc'])}, "
+        f"with {'all ' if below == len(engine_counts('off', 'erc')) else ''}{below} seeds below GRPO's, CISPO "
+        f"{pt(off['cispo']['value'])} and QAE "
+        f"{pt(off['qae']['value'])} (DPPO-TV {pt(off['dppo_tv']['value'])}), without Clip_B's Pass@8 gain (theirs "
+        f"{pt(min(gains) / 100)} to {pt(max(gains) / 100)}); their final entropy is within "
+        f"{0.01 * np.ceil(ent / 0.01):.2f} nats of GRPO's"
+    )
+
+
+def engine_clip_prose() -> str:
+    clip = {(r, m): engine_metric(r, m, "avg") for r in ("on", "off") for m in ("clip_b", "clip_v")}
+    pass8 = [100 * engine_metric(r, m, "pass@8")["value"] for r in ("on", "off") for m in ("clip_b", "clip_v")]
+    ent = [engine_entropy(r, m) for r in ("on", "off") for m in ("clip_b", "clip_v")]
+    grpo = [engine_entropy(r, "grpo") for r in ("on", "off")]
+    cost_b = sorted(-100 * clip[(r, "clip_b")]["value"] for r in ("on", "off"))
+    assert all(clip[k]["high"] < 0 for k in (("on", "clip_b"), ("off", "clip_b"), ("on", "clip_v")))
+    assert clip[("off", "clip_v")]["low"] < 0 < clip[("off", "clip_v")]["high"]
+    return (
+        f"keep entropy up ({rng(ent, 2)} nats at the end against GRPO's {rng(grpo, 2)}) and with it Pass@8 "
+        f"(+{round(min(pass8))} to +{round(max(pass8))} points). Clip_B pays {rng(cost_b)} points of Avg@8 for it, and "
+        f"Clip_V {pt(-clip[('on', 'clip_v')]['value'], sign=False)} on-policy (intervals exclude 0); Clip_V's "
+        f"{est(clip[('off', 'clip_v')])} with four mini-batches shows no measurable cost"
+    )
+
+
+def engine_quotes() -> list[Quote]:
+    s = "The losses engines ship, on the demo's task"
+    rows = {
+        "clip_b": "| Clip_B - GRPO | -4.2 [-7.1, -1.3] * | +7.4 [+3.4, +11.9] * | -3.7 [-7.4, -0.3] * | +9.7 [+5.5, "
+        "+14.2] * | 0.31 / 0.28 |",
+        "clip_v": "| Clip_V - GRPO | -4.2 [-7.2, -1.1] * | +4.8 [+1.0, +8.8] * | -1.2 [-4.9, +2.3] | +10.0 [+5.9, "
+        "+14.4] * | 0.29 / 0.26 |",
+        "cispo": "| CISPO - GRPO | 0 (identical) | 0 (identical) | -2.8 [-7.3, +1.0] | -0.2 [-5.6, +4.9] | 0.23 / "
+        "0.19 |",
+        "dppo_tv": "| DPPO-TV - GRPO | 0 (identical) | 0 (identical) | -1.0 [-4.1, +2.0] | 0.0 [-3.7, +3.7] | 0.23 "
+        "/ 0.18 |",
+        "erc": "| ERC - GRPO | 0 (identical) | 0 (identical) | -3.2 [-6.8, +0.2] | -0.2 [-4.7, +4.5] | 0.23 / 0.19 |",
+        "qae": "| QAE - GRPO | -0.4 [-2.5, +1.7] | +2.4 [-0.5, +5.4] | -2.4 [-5.6, +0.8] | +1.3 [-2.6, +5.4] | 0.24 "
+        "/ 0.20 |",
+    }
+    return [
+        Quote(
+            s,
+            "| initial policy | 43.9 | 86.6 | 43.9 | 86.6 | 0.37 at the start | | GRPO | 54.0 [48.9, 59.1] | 76.5 "
+            "[70.6, "
+            "81.8] | 51.9 [46.3, 57.4] | 69.5 [63.5, 75.3] | 0.23 / 0.18 |",
+            engine_grpo_rows,
+        ),
+        *[Quote(s, text, functools.partial(engine_row, m)) for m, text in rows.items()],
+        Quote(
+            s,
+            "their records equal GRPO's exactly (every evaluation count of all 5 seeds, and the seeds' mean entropy at "
+            "every step; the records keep no other per-step metric)",
+            lambda: (
+                "their records equal GRPO's {} (every evaluation count of all {} seeds, and the seeds' mean "
+                "entropy at every step; the records keep no other per-step metric)".format(
+                    "exactly" if all(identical(m) for m in ("cispo", "dppo_tv", "erc")) else "not",
+                    record(ENGINES["on"])["seeds"],
+                )
+            ),
+        ),
+        Quote(
+            s,
+            "three Avg@8 point estimates are close to Clip_B's -3.7: ERC -3.2 [-6.8, +0.2], with all 5 seeds below "
+            "GRPO's, CISPO -2.8 and QAE -2.4 (DPPO-TV -1.0), without Clip_B's Pass@8 gain (theirs -0.2 to +1.3); their "
+            "final entropy is within 0.02 nats of GRPO's",
+            engine_prose,
+        ),
+        Quote(
+            s,
+            "keep entropy up (0.26 to 0.31 nats at the end against GRPO's 0.18 to 0.23) and with it Pass@8 (+5 to +10 "
+            "points). Clip_B pays 3.7 to 4.2 points of Avg@8 for it, and Clip_V 4.2 on-policy (intervals exclude 0); "
+            "Clip_V's -1.2 [-4.9, +2.3] with four mini-batches shows no measurable cost",
+            engine_clip_prose,
+        ),
+    ]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The paper's regime and each study's (the study rows; the paper's rows are the paper's, not records)
+
+
+def regime_quotes() -> list[Quote]:
+    s = "The paper's regime and each study's"
+    pools = overlap()["pools"]
+
+    def settings(by: dict) -> dict:
+        return next(iter(by.values()))["settings"]
+
+    def shape(st: dict) -> str:
+        return f"{lr(st['lr'])} | {st['prompts_per_step']} x {st['group_size']}"
+
+    def study(task: str, model: str, what: str, overlapping: int) -> str:
+        by, st = cells(STUDY, task), settings(cells(STUDY, task))
+        n = pools[task]["train_rows"]
+        e = study_metric(task, "clip_b", "avg")
+        return (
+            f"| [the study](#the-study), {task} | {model} | {what}; {st['max_new_tokens']} tokens | "
+            f"{shape(st)} | {draws(by, n):.1f} ({n:,} rows) | {st['steps']} | 5 x {pools[task]['eval_rows']} x 32 "
+            f"({overlapping} reorderings of training), 95% bootstrap | {est(e, bounds=False)} |"
+        )
+
+    def engines() -> str:
+        d = record(ENGINES["on"])
+        st = d["settings"]["shared"] | {"max_new_tokens": 16}
+        n = len(jsonl(DATA / "train.jsonl"))
+        on, off = engine_metric("on", "clip_b", "avg"), engine_metric("off", "clip_b", "avg")
+        return (
+            f"| [engine losses](#the-losses-engines-ship-on-the-demos-task) | the same | countdown, 3 numbers, clean "
+            f"split; {st['max_new_tokens']} tokens | {shape(st)} | {st['steps'] * st['prompts_per_step'] / n:.1f} "
+            f"({n:,} rows) | {st['steps']} | {d['seeds']} x {engine_counts('on', 'grpo').shape[1]} x {d['k']}, 95% "
+            f"bootstrap | {est(on)} on-policy, {est(off)} four mini-batches |"
+        )
+
+    def first() -> str:
+        st, big = settings(avgk_cells(FIRST)), pools["countdown5_large"]
+        return (
+            f"| [Avg@K study, first run](#the-first-run-5-seeds-its-evaluation-set-overlapped-training) | the same | "
+            f"countdown5_large; {st['max_new_tokens']} tokens | {shape(st)} | "
+            f"{draws(avgk_cells(FIRST), big['train_distinct']):.1f} ({big['train_distinct']:,} puzzles in "
+            f"{big['train_rows']:,} rows) | {st['steps']:,} | {len(avgk(FIRST)['seeds'])} x "
+            f"{avgk(FIRST)['problems']:,} "
+            f"x {avgk(FIRST)['eval_n']} ({big['eval_rows_in_train']} reorderings of training), 95% bootstrap, Holm | "
+            f"{est(primary(FIRST, 'clip_b'))} |"
+        )
+
+    def rerun() -> str:
+        st, n = settings(avgk_cells(CLEAN)), len(jsonl(DATA / "countdown5_large/train.jsonl"))
+        return (
+            f"| [Avg@K study, re-run](#the-re-run-on-the-clean-pool-the-registered-answer) | the same | "
+            f"countdown5_large, clean pool; {st['max_new_tokens']} tokens | {shape(st)} | "
+            f"{draws(avgk_cells(CLEAN), n):.1f} ({n:,} puzzles) | {st['steps']:,} | {len(avgk(CLEAN)['seeds'])} x "
+            f"{avgk(CLEAN)['problems']:,} x {avgk(CLEAN)['eval_n']} ({shared_solutions()[0].sum()} share a solution's "
+            f"numbers with training), 95% bootstrap, Holm | {est(primary(CLEAN, 'clip_b'))} |"
+        )
+
+    def real_model() -> str:
+        d = record("benchmarks/real_lm_dynamics/results.json")
+        st = d["settings"]["shared"]
+        n = len(jsonl(REAL / "data/train.jsonl"))
+        e = d["evidence"]["clip_b"]["vs_grpo"]["avg"]
+        assert e["value"] == 0 and all((real_eval(m, "30") == 1).all() for m in ("grpo", "clip_b"))
+        return (
+            f"| [real model](#entropy-dynamics-on-a-real-model) | SmolLM2-135M-Instruct | two-digit arithmetic; "
+            f"{st['max_new_tokens']} tokens | {shape(st)} | {st['steps'] * st['prompts_per_step'] / n:.2f} "
+            f"({n:,} problems) | {st['steps']} | {len(d['seeds']) if isinstance(d['seeds'], list) else d['seeds']} x "
+            f"{st['eval_problems']} x {st['eval_k']}, 95% bootstrap | 0.0 (Avg@4 100% for both) |"
+        )
+
+    texts = {
+        functools.partial(
+            study, "countdown", "0.8M-parameter toy", "countdown, 3 numbers", pools["countdown"]["eval_rows_in_train"]
+        ): "| [the study](#the-study), countdown | 0.8M-parameter toy | countdown, 3 numbers; 16 tokens | 5e-5 | 32 "
+        "x 8 | 3.6 "
+        "(1,334 rows) | 150 | 5 x 200 x 32 (85 reorderings of training), 95% bootstrap | -2.9 [-5.4, -0.4] |",
+        functools.partial(
+            study, "countdown5", "the same", "countdown, 5 numbers", pools["countdown5"]["eval_rows_in_train"]
+        ): "| [the study](#the-study), countdown5 | the same | countdown, 5 numbers; 16 tokens | 5e-5 | 32 x 8 | "
+        "23.5 (614 rows) | 450 | 5 x 200 x 32 (3 reorderings of training), 95% bootstrap | +0.2 [-1.8, 2.4] |",
+        engines: "| [engine losses](#the-losses-engines-ship-on-the-demos-task) | the same | countdown, 3 numbers, "
+        "clean split; 16 "
+        "tokens | 5e-5 | 32 x 8 | 3.7 (1,289 rows) | 150 | 5 x 200 x 8, 95% bootstrap | -4.2 [-7.1, -1.3] on-policy, "
+        "-3.7 [-7.4, -0.3] four mini-batches |",
+        first: "| [Avg@K study, first run](#the-first-run-5-seeds-its-evaluation-set-overlapped-training) | the same | "
+        "countdown5_large; 16 tokens | 5e-5 | 32 x 8 | 3.9 (12,335 puzzles in 25,000 rows) | 1,500 | 5 x 1,000 x 32 "
+        "(439 reorderings of training), 95% bootstrap, Holm | -0.0 [-1.2, +1.1] |",
+        rerun: "| [Avg@K study, re-run](#the-re-run-on-the-clean-pool-the-registered-answer) | the same | "
+        "countdown5_large, "
+        "clean pool; 16 tokens | 5e-5 | 32 x 8 | 6.0 (8,000 puzzles) | 1,500 | 15 x 1,000 x 32 (669 share a "
+        "solution's numbers with training), 95% bootstrap, Holm | -1.3 [-2.4, -0.3] |",
+        real_model: "| [real model](#entropy-dynamics-on-a-real-model) | SmolLM2-135M-Instruct | two-digit "
+        "arithmetic; 64 tokens | "
+        "1e-5 | 8 x 4 | 0.15 (1,600 problems) | 30 | 3 x 32 x 4, 95% bootstrap | 0.0 (Avg@4 100% for both) |",
+    }
+    return [Quote(s, text, f) for f, text in texts.items()]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Speed and memory (benchmarks/results/gpu-h100.jsonl)
+
+
+def gpu_stats_text() -> str:
+    rows = {r["name"]: r for r in record("benchmarks/results/gpu-h100.jsonl") if r["what"] == "stats"}
+    ours, trl = rows["ours, Triton 8192x8192 (default)"], rows["TRL ChunkedLogProbFunction"]
+    return (
+        f"{ours['fwd_ms'] / trl['fwd_ms']:.2f}x its forward time and {ours['fwd_bwd_ms'] / trl['fwd_bwd_ms']:.2f}x its "
+        f"forward + backward, at {ours['fwd_peak_gib'] / trl['fwd_peak_gib']:.2f}x and "
+        f"{ours['fwd_bwd_peak_gib'] / trl['fwd_bwd_peak_gib']:.2f}x its peak memory"
+    )
+
+
+def speed_quotes() -> list[Quote]:
+    return [
+        Quote(
+            "Speed and memory",
+            "0.96x its forward time and 1.07x its forward + backward, at 0.58x and 0.56x its peak memory",
+            gpu_stats_text,
+        )
+    ]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The tests
+
+
+def index_quotes() -> list[Quote]:
+    """The page's index (before its first section): the studies' times."""
+    engines = sum(record(path)["wall_seconds_this_call"] for path in ENGINES.values()) / 3600
+    study = sum(c["wall_seconds_this_process"] for c in record(STUDY)) / 3600
+    return [
+        Quote(
+            "Evidence",
+            "7 methods x 5 seeds x 2 tasks, with intervals | 2-core CPU, 4.9 h |",
+            lambda: f"7 methods x 5 seeds x 2 tasks, with intervals | 2-core CPU, {study:.1f} h |",
+        ),
+        Quote(
+            "Evidence",
+            "7 methods x 5 seeds, on- and off-policy | 2-core CPU, 1.6 h |",
+            lambda: f"7 methods x 5 seeds, on- and off-policy | 2-core CPU, {engines:.1f} h |",
+        ),
+    ]
+
+
+QUOTES: list[Quote] = [
+    *index_quotes(),
+    *study_text(),
+    *real_quotes(),
+    *avgk_quotes(),
+    *regime_quotes(),
+    *engine_quotes(),
+    *speed_quotes(),
+]
+
+# Sections that cite a committed record but quote no figure from one, each with the reason (none today).
+NOT_QUOTING: dict[str, str] = {}
+
+
+@pytest.fixture(scope="module")
+def page() -> dict[str, str]:
+    return sections(PAGE.read_text())
+
+
+@pytest.mark.parametrize("quote", QUOTES, ids=[f"{q.section[:24]}: {q.text[:48]}" for q in QUOTES])
+def test_each_quoted_figure_is_its_records(quote, page):
+    """Each quoted text stands on the page under its heading, and the records give exactly that text."""
+    assert quote.section in page, f"no heading {quote.section!r} on the Evidence page"
+    assert " ".join(quote.text.split()) in page[quote.section], f"the page no longer says: {quote.text}"
+    assert quote.recompute() == quote.text
+
+
+def cited_records(text: str) -> list[str]:
+    """The committed records a section cites: a .json / .jsonl path, or a folder holding one."""
+    out = []
+    for path in re.findall(r"benchmarks/[\w./-]*[\w/]", text):
+        p = REPO / path
+        if (p.is_file() and p.suffix in (".json", ".jsonl")) or (p.is_dir() and any(p.rglob("*.json*"))):
+            out.append(path)
+    return out
+
+
+def test_every_section_citing_a_record_quotes_it(page):
+    """A section that names a committed record has its figures in QUOTES (or a stated reason in NOT_QUOTING)."""
+    quoted = {q.section for q in QUOTES}
+    citing = {name for name, text in page.items() if cited_records(text)}
+    assert citing, "the Evidence page cites no record: the section parser is broken"
+    missing = citing - quoted - set(NOT_QUOTING)
+    assert not missing, f"sections citing records with no quote checked: {sorted(missing)}"
+    assert not (set(NOT_QUOTING) - set(page)), "NOT_QUOTING names a heading the page no longer has"
+
+
+def test_a_changed_figure_is_caught(page):
+    """Changing one digit of any quoted text makes it disappear from its section (the check is not vacuous)."""
+    for q in QUOTES:
+        i = next(i for i, ch in enumerate(q.text) if ch.isdigit())
+        changed = q.text[:i] + str((int(q.text[i]) + 1) % 10) + q.text[i + 1 :]
+        assert " ".join(changed.split()) not in page[q.section], q.text
