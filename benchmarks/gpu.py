@@ -3,7 +3,7 @@
     python benchmarks/gpu.py stats                 # token statistics from hidden states against TRL's chunked kernel
     python benchmarks/gpu.py trainer SHAPE [...]   # trainer steps on a random-init model of a real shape
     python benchmarks/gpu.py trl SHAPE             # a few steps of the TRL adapter
-    python benchmarks/gpu.py decode [SHAPE ...]    # the decode step against transformers' static-cache generate
+    python benchmarks/gpu.py decode [SHAPE ...]    # decode arms hf, static, compile and transformers' generate
     python benchmarks/gpu.py step-vs-trl [SHAPE]   # the whole GRPO step against TRL's GRPOTrainer (issue 56)
 
 `stats`: N 8192 tokens, D 3584, V 151936 (Qwen2.5-7B's head), bf16 autocast on float32 weights as the trainer
@@ -16,17 +16,32 @@ the model is built at random from it on the GPU. One warm-up step with 8 new tok
 steps of the real trainer parts in the trainer's order (HF engine rollout, statistics pass, GRPO advantages of
 random rewards, Clip_B filter, step.Step.update), with `torch.cuda.max_memory_allocated` per step.
 
-`decode` (issue 45): each SHAPE (default the Qwen2.5-0.5B and 1.5B shapes) at random init, rows 32 and 256
-(`--rows`), weights float32 and bfloat16, `--prompt-tokens` random prompt tokens (one prompt per row) and no EOS,
-so every row decodes to the end. This trainer's rollout (rollout/sampling.py `sample`, decode="auto": on CUDA the
-fixed-shape step captured in a CUDA graph; bf16 means float32 weights decoded with bfloat16 copies, as a policy
-trained under bf16 autocast is) beside transformers' `generate(cache_implementation="static")` on a model in the
-same dtype, sampling at temperature 1 with no top-k/top-p, in the same run. A rollout of N and one of N/2 new
-tokens are timed (median of `--reps` after one warm-up each); ms per step = (T(N) - T(N/2)) / (N/2), which
-leaves out the prefill, the capture and other per-rollout work (reported as rollout_s at N). tokens/s = rows / step
-time; weight_read_frac = (bytes of the weights one step reads: every layer, the final norm and the LM head, the
-embedding rows aside) / the card's memory bandwidth (`--bandwidth` GB/s, else a table by name) / step time;
-with_kv_frac adds the key/value reads at the mean sequence length. On a machine without CUDA it says so and exits.
+`decode` (issues 45, 53): each SHAPE (default the Qwen2.5-0.5B shape; `0.5B` or `1.5B` name the shipped Qwen2.5
+shapes) at random init, `--rows` (default 32 and 256), `--dtypes` (comma list, default bf16; fp32 also: bf16,fp32),
+`--prompt-tokens` random prompt tokens (128; one prompt per row) and no EOS, so every row decodes to the end.
+`--arms` (comma list, default all; run static, compile, generate, hf), a JSON line each per (shape, dtype,
+rows), appended to --out as it is done:
+- hf: this trainer's loop (rollout/sampling.py `sample`) with decode="hf", the model's own forward and cache;
+- static: decode="static", the fixed-shape step captured in a CUDA graph and replayed;
+- compile: decode="compile" (decode="auto" on CUDA), that step compiled whole by Inductor (`--compile-mode`) and
+  captured, so its first rollout of a shape pays the cold compile (compile_s, the session's own measurement);
+- generate: transformers' `generate(cache_implementation="static")` with every sampling field set (top_k=0,
+  top_p=1, no penalties), so it samples softmax(z) as ours do.
+hf and generate run a model in the dtype itself; static and compile the float32 model decoded with bfloat16
+copies where bf16 (as a policy trained under bf16 autocast is), fp32 as it is. Temperature 1, no top-p.
+ms_per_step: static and compile time their decode loop alone (the session's timing: prefill, compile and capture
+left out), median of `--reps` rollouts of `--response` new tokens (256); hf and generate, whose loops are not ours,
+as (T(N) - T(N/2)) / (N/2) of whole rollouts (median of `--reps` after a warm-up each; generate compiles once per
+cache length). tok_per_s = rows / step time; weight_read_frac = (bytes of the weights one step reads: every layer,
+the final norm and the LM head, the embedding rows aside) / the card's memory bandwidth (`--bandwidth` GB/s, else a
+table by name) / step time; with_kv_frac adds the key/value reads at the mean sequence length; peak_gib: the peak
+allocated during the last timed rollout; cold_s: the first rollout's time above a warm one's (compile, capture,
+autotune); recompiles_after_update (compile, generate): graphs dynamo compiled in one more rollout after every
+weight was changed in place (0 expected); tokens_same_as_static / rows_same_as_static (compile): agreement with
+the static arm's tokens from the same seed (the same noise; a rounding difference at a near tie changes a row's
+rest). The default run (0.5B, bf16, 32 and 256 rows, every arm, `--reps 2`) is sized for about 4 minutes on an H100
+(an estimate: not run on a GPU yet). On a machine without CUDA it says so and exits; `--smoke` runs a tiny model of
+the shape on the CPU (compile arm through aot_eager) to check the script itself.
 
 `step-vs-trl` (issue 56): SHAPE (default Qwen2.5-0.5B) at random init, the same weights in every arm, float32 master
 weights under bf16 autocast, one generation batch of `--prompts` x `--group` rows (2 x 16; 8 x 16 with --prompts 8)
@@ -916,15 +931,90 @@ def kv_bytes(config, rows: int, columns: float, dtype: torch.dtype) -> float:
     return 2 * config.num_hidden_layers * rows * config.num_key_value_heads * columns * head_dim * size
 
 
+DECODE_ARMS = ("static", "compile", "generate", "hf")  # in the order they run (static before compile, hf the slowest)
+DECODE_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+
+
+def comma_list(text: str, allowed) -> list[str]:
+    items = [t for t in text.split(",") if t]
+    bad = [t for t in items if t not in allowed]
+    if bad or not items:
+        raise argparse.ArgumentTypeError(f"{text!r}: choose from {', '.join(allowed)} (a comma list)")
+    return items
+
+
+def rows_list(values: list[str]) -> list[int]:
+    """--rows 32 256 or --rows 32,256."""
+    return [int(v) for value in values for v in value.split(",") if v]
+
+
+def decode_arm(arm: str, model32, model, ids, mask, dtype, session):
+    """fn(tokens, seed) -> (rows, tokens) sampled tokens: one rollout of `arm` (module docstring)."""
+    from entropy_rft.rollout.sampling import sample
+
+    def ours(tokens: int, seed: int = 0):
+        return sample(
+            model if arm == "hf" else model32,
+            ids,
+            mask,
+            n=1,
+            temperature=1.0,
+            top_p=1.0,
+            max_new_tokens=tokens,
+            eos_ids=[-1],
+            pad_id=0,
+            generator=torch.Generator(DEVICE).manual_seed(seed),
+            dtype=dtype if dtype == torch.bfloat16 else None,
+            decode=arm,
+            session=session,
+        )[0]
+
+    def generate(tokens: int, seed: int = 0):
+        torch.manual_seed(seed)
+        out = model.generate(  # every sampling field set: nothing merged from a generation_config changes it
+            input_ids=ids,
+            attention_mask=mask.long(),
+            do_sample=True,
+            temperature=1.0,
+            top_k=0,
+            top_p=1.0,
+            min_p=None,
+            typical_p=1.0,
+            epsilon_cutoff=0.0,
+            eta_cutoff=0.0,
+            repetition_penalty=1.0,
+            no_repeat_ngram_size=0,
+            num_beams=1,
+            max_new_tokens=tokens,
+            min_new_tokens=tokens,
+            eos_token_id=None,
+            pad_token_id=0,
+            cache_implementation="static",
+        )
+        return out[:, ids.shape[1] :]
+
+    return generate if arm == "generate" else ours
+
+
+def decode_line(row: dict, out: str | None) -> None:
+    """Print a decode row and append it to --out at once (a timeout keeps the rows before it)."""
+    print(json.dumps(row), flush=True)
+    if out:
+        with open(out, "a") as f:
+            f.write(json.dumps({"what": "decode", **row}, default=str) + "\n")
+
+
 def bench_decode(shapes: list[str], args) -> list[dict]:
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from entropy_rft.rollout.sampling import decode_path, sample
+    from entropy_rft.rollout.sampling import DecodeSession, compiled_graphs
 
     out = []
     gbs = bandwidth_gbs(torch.cuda.get_device_name() if CUDA else "cpu", args.bandwidth)
-    new, half = args.response or 256, (args.response or 256) // 2
-    prompt_tokens = args.prompt_tokens or 128
+    new = args.response or (16 if args.smoke else 256)
+    half = new // 2
+    prompt_tokens = args.prompt_tokens or (8 if args.smoke else 128)
+    arms = [a for a in DECODE_ARMS if a in args.decode_arms]
     for shape in shapes:
         config = AutoConfig.from_pretrained(Path(args.shapes) / shape)
         if args.smoke:  # the script's own check on a CPU: a two-layer model of the shape's family, small vocab
@@ -943,88 +1033,83 @@ def bench_decode(shapes: list[str], args) -> list[dict]:
         torch.manual_seed(0)
         with torch.device(DEVICE):
             model32 = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
-        for dtype in (torch.float32, torch.bfloat16):
-            hf_model = (
-                model32
-                if dtype == torch.float32
-                else AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).to(DEVICE).eval()
-            )
-            if dtype == torch.bfloat16:
-                hf_model.load_state_dict(model32.state_dict())
+        for dtype_name in args.dtypes:
+            dtype = DECODE_DTYPES[dtype_name]
+            model = model32  # hf and generate: a model in the dtype itself; static and compile: float32 weights
+            if dtype != torch.float32:  # decoded through bf16 copies, as a policy trained under bf16 autocast is
+                with torch.device(DEVICE):
+                    model = AutoModelForCausalLM.from_config(config, dtype=dtype).eval()
+                model.load_state_dict(model32.state_dict())
             for rows in args.rows:
                 ids = torch.randint(100, config.vocab_size - 100, (rows, prompt_tokens), device=DEVICE)
                 mask = torch.ones_like(ids, dtype=torch.bool)
-
-                def ours(tokens: int, seed: int = 0, model=model32, ids=ids, mask=mask, dtype=dtype):
-                    return sample(
-                        model,
-                        ids,
-                        mask,
-                        n=1,
-                        temperature=1.0,
-                        top_p=1.0,
-                        max_new_tokens=tokens,
-                        eos_ids=[-1],
-                        pad_id=0,
-                        generator=torch.Generator(DEVICE).manual_seed(seed),
-                        dtype=dtype if dtype == torch.bfloat16 else None,
-                        decode="auto",
-                    )
-
-                def theirs(tokens: int, seed: int = 0, model=hf_model, ids=ids, mask=mask):
-                    torch.manual_seed(seed)
-                    return model.generate(
-                        input_ids=ids,
-                        attention_mask=mask.long(),
-                        do_sample=True,
-                        temperature=1.0,
-                        top_k=0,
-                        top_p=1.0,
-                        max_new_tokens=tokens,
-                        min_new_tokens=tokens,
-                        eos_token_id=None,
-                        pad_token_id=0,
-                        cache_implementation="static",
-                    )
-
-                row = {
-                    "shape": shape,
-                    "dtype": str(dtype).removeprefix("torch."),
-                    "rows": rows,
-                    "prompt_tokens": prompt_tokens,
-                    "new_tokens": new,
-                    "ours_path": decode_path(model32, "auto", prompt_tokens + new, ids.device)[0],
-                }
-                for name, fn in (("ours", ours), ("hf_static", theirs)):
+                static_tokens = None
+                for arm in arms:
+                    row = {"shape": shape, "dtype": dtype_name, "rows": rows, "arm": arm}
+                    row.update(prompt_tokens=prompt_tokens, new_tokens=new)
+                    session = DecodeSession(backend=args.compile_backend, mode=args.compile_mode, timing=True)
+                    fn = decode_arm(arm, model32, model, ids, mask, dtype, session)
+                    looped = arm in ("static", "compile")  # the session times their decode loops
                     try:
+                        sync()
+                        t0 = time.perf_counter()
+                        fn(new if looped else half)  # cold: compile, capture, autotune, allocator
+                        sync()
+                        first = time.perf_counter() - t0
+                        row["compile_s"] = session.pop_compile_seconds() if arm == "compile" else 0.0
                         times = {}
-                        for tokens in (half, new):
-                            fn(tokens)  # warm-up: capture, compilation, allocator
+                        for tokens in (new,) if looped else (half, new):
+                            if tokens != half and not looped:
+                                fn(tokens)  # warm-up of this length (generate: its compile of this cache)
                             reps = []
                             for r in range(args.reps):
                                 sync()
+                                reset_peak()
                                 t0 = time.perf_counter()
-                                fn(tokens, seed=r + 1)
+                                tokens_out = fn(tokens, seed=r + 1)
                                 sync()
                                 reps.append(time.perf_counter() - t0)
+                                if r == 0 and tokens == new and arm in ("static", "compile"):
+                                    if arm == "static":
+                                        static_tokens = tokens_out.clone()
+                                    elif static_tokens is not None:
+                                        same = tokens_out == static_tokens
+                                        row["tokens_same_as_static"] = same.float().mean().item()
+                                        row["rows_same_as_static"] = same.all(1).float().mean().item()
                             times[tokens] = statistics.median(reps)
-                    except Exception as e:  # one path failing (memory, a transformers change) leaves the other
-                        row[f"{name}_error"] = f"{type(e).__name__}: {e}"[:300]
+                        row["peak_gib"] = max_gib()
+                        if looped:
+                            steps, seconds = zip(*session.loops[-args.reps :])
+                            step_s = statistics.median(s / n for s, n in zip(seconds, steps))
+                        else:
+                            step_s = (times[new] - times[half]) / (new - half)
+                        row["cold_s"] = first - times.get(new if looped else half, 0.0)
+                        if arm in ("compile", "generate"):  # the weights changed in place, then one rollout
+                            before = compiled_graphs()
+                            with torch.no_grad():
+                                for m in {id(model32): model32, id(model): model}.values():
+                                    for p in m.parameters():
+                                        p.mul_(1.0 + 1e-3)
+                            fn(new if looped else half, seed=99)
+                            row["recompiles_after_update"] = compiled_graphs() - before
+                    except Exception as e:  # one arm failing (memory, a transformers change) leaves the others
+                        row["error"] = f"{type(e).__name__}: {e}"[:300]
+                        decode_line(row, args.out)
+                        out.append(row)
                         continue
-                    step_s = (times[new] - times[half]) / (new - half)
-                    row[f"{name}_ms_per_step"] = step_s * 1e3
-                    row[f"{name}_tok_per_s"] = rows / step_s
-                    row[f"{name}_rollout_s"] = times[new]
+                    row["ms_per_step"] = step_s * 1e3
+                    row["tok_per_s"] = rows / step_s
+                    row["rollout_s"] = times[new]
+                    if arm == "compile" and session.failed:
+                        row["compile_failed"] = session.failed
                     if gbs:
                         limit = step_bytes(model32, dtype) / (gbs * 1e9)
                         with_kv = limit + kv_bytes(config, rows, prompt_tokens + 0.75 * new, dtype) / (gbs * 1e9)
-                        row[f"{name}_weight_read_frac"] = limit / step_s
-                        row[f"{name}_with_kv_frac"] = with_kv / step_s
-                if "ours_ms_per_step" in row and "hf_static_ms_per_step" in row:
-                    row["hf_static_over_ours"] = row["hf_static_ms_per_step"] / row["ours_ms_per_step"]
-                print(json.dumps(row), flush=True)
-                out.append(row)
-            del hf_model
+                        row["weight_read_frac"] = limit / step_s
+                        row["with_kv_frac"] = with_kv / step_s
+                    decode_line(row, args.out)
+                    out.append(row)
+            del model
         del model32
         if CUDA:
             torch.cuda.empty_cache()
@@ -1045,7 +1130,8 @@ def main() -> None:
         "shape",
         nargs="*",
         default=None,
-        help="shape folder(s) (trainer, trl, step-vs-trl: one; default Qwen2.5-0.5B; decode: 0.5B and 1.5B)",
+        help="shape folder(s) (trainer, trl, step-vs-trl: one; default Qwen--Qwen2.5-0.5B-Instruct; decode: any, "
+        "`0.5B` and `1.5B` short for the Qwen2.5 shapes)",
     )
     parser.add_argument("--n", type=int, default=8192)
     parser.add_argument("--d", type=int, default=3584)
@@ -1064,13 +1150,33 @@ def main() -> None:
         "--steps", type=int, default=None, help="measured steps (trainer, trl: 1; step-vs-trl: 2 an arm)"
     )
     parser.add_argument("--generate-bf16", action="store_true", help="generate under bf16 autocast")
-    parser.add_argument("--rows", type=int, nargs="+", default=[32, 256], help="decode: rows per rollout")
-    parser.add_argument("--reps", type=int, default=3, help="decode: timed rollouts per length")
+    parser.add_argument("--rows", nargs="+", default=["32", "256"], help="decode: rows per rollout (32 256 or 32,256)")
+    parser.add_argument(
+        "--dtypes",
+        type=lambda t: comma_list(t, DECODE_DTYPES),
+        default=["bf16"],
+        help="decode: weight dtypes, a comma list of bf16,fp32, run in that order (default bf16)",
+    )
+    parser.add_argument(
+        "--compile-mode",
+        default=None,
+        choices=["max-autotune-no-cudagraphs", "reduce-overhead"],
+        help="decode, compile arm: Inductor's mode (default: its default mode inside our own CUDA graph capture)",
+    )
+    parser.add_argument(
+        "--compile-backend", default=None, help="decode, compile arm: dynamo backend (inductor; --smoke: aot_eager)"
+    )
+    parser.add_argument("--reps", type=int, default=2, help="decode: timed rollouts per length")
     parser.add_argument("--bandwidth", type=float, default=None, help="decode: memory bandwidth, GB/s")
     parser.add_argument(
         "--smoke", action="store_true", help="decode, step-vs-trl: run a tiny model on the CPU (checks the script)"
     )
-    parser.add_argument("--arms", default=",".join(ARMS), help=f"step-vs-trl: comma-separated, of {', '.join(ARMS)}")
+    parser.add_argument(
+        "--arms",
+        default=None,
+        help=f"a comma list; decode: of {','.join(DECODE_ARMS)} (default all); step-vs-trl: of {','.join(ARMS)} "
+        "(default all)",
+    )
     parser.add_argument("--warmup", type=int, default=1, help="step-vs-trl: discarded steps an arm before the rounds")
     parser.add_argument("--lr", type=float, default=1e-6, help="step-vs-trl: learning rate of both trainers")
     parser.add_argument(
@@ -1088,19 +1194,27 @@ def main() -> None:
     if args.what == "step-vs-trl" and not CUDA and not args.smoke:
         print("benchmarks/gpu.py step-vs-trl needs CUDA (--smoke checks the script on the CPU); no CUDA device here")
         return
+    args.rows = rows_list(args.rows)
+    if args.what == "decode":
+        try:
+            args.decode_arms = comma_list(args.arms or ",".join(DECODE_ARMS), DECODE_ARMS)
+        except argparse.ArgumentTypeError as err:
+            parser.error(f"--arms {err}")
+    args.arms = args.arms or ",".join(ARMS)  # step-vs-trl's
+    args.compile_backend = args.compile_backend or ("aot_eager" if args.smoke and not CUDA else "inductor")
     print(json.dumps({"gpu": torch.cuda.get_device_name() if CUDA else "none", "torch": torch.__version__}), flush=True)
-    shapes = args.shape or (
-        ["Qwen--Qwen2.5-0.5B-Instruct", "Qwen--Qwen2.5-1.5B-Instruct"]
-        if args.what == "decode"
-        else ["Qwen--Qwen2.5-0.5B-Instruct"]
-    )
+    shapes = [
+        name if (Path(args.shapes) / name).is_dir() else f"Qwen--Qwen2.5-{name}-Instruct"
+        for name in args.shape or ["Qwen--Qwen2.5-0.5B-Instruct"]
+    ]
     if args.what == "stats":
         results = bench_stats(args.n, args.d, args.v)
     elif args.what == "trainer":
         fill(args, prompt_tokens=512, response=2048, prompts=8, group=4, micro=4, steps=1)
         results = bench_trainer(shapes[0], args)
     elif args.what == "decode":
-        results = bench_decode(shapes, args)
+        bench_decode(shapes, args)  # it writes its lines to --out as it goes
+        return
     elif args.what == "step-vs-trl":
         if args.smoke:  # the CPU check: 2 x 4 rows of 8 tokens after 8-token prompts, one measured step
             fill(args, prompts=2, group=4, prompt_tokens=8, response=8, micro=0, steps=1)

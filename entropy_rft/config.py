@@ -301,14 +301,17 @@ class TrainConfig:
         "hand-written decode step (rollout/decode.py: the same arithmetic without transformers' "
         "per-call work, 0.86x the rollout time on the demo) on the CPU for Qwen2, Qwen3, Llama "
         "and Mistral models it can read exactly, and on CUDA the same step at fixed shapes "
-        "captured in a CUDA graph (static), else the model's forward; hand: always that step, "
+        "compiled whole by torch.compile and captured in a CUDA graph (compile; static with a "
+        "warning if compiling fails), else the model's forward; hand: always that step, "
         "finished rows leaving the batch (an error where it cannot); static: always the "
-        "fixed-shape step (graph-captured on CUDA, eager elsewhere; the weights in bfloat16 "
-        "when precision is bf16); hf: always the model's forward",
+        "fixed-shape step uncompiled (graph-captured on CUDA, eager elsewhere; the weights in "
+        "bfloat16 when precision is bf16); compile: always the compiled step (a cold compile "
+        "takes tens of seconds, reported as time/compile; an error if compiling fails); hf: "
+        "always the model's forward",
     )
     decode_check_every: int = _f(
         0,
-        "static decode: steps between two looks at whether every row has finished "
+        "static and compile decode: steps between two looks at whether every row has finished "
         "(each look waits for the GPU; the tokens do not depend on it). 0: 1 on the "
         "CPU, 8 on a GPU",
     )
@@ -356,6 +359,12 @@ class TrainConfig:
         "log-probs and the update see one policy",
     )
     vllm_args: dict = _f({}, "vLLM: extra vllm.LLM keyword arguments, e.g. {max_model_len: 8192, enforce_eager: true}")
+    vllm_sleep: Literal[0, 1, 2] = _f(
+        0,
+        "vLLM (CUDA only): sleep mode between rollouts, freeing its KV cache for the update (1: weights "
+        "offloaded to CPU memory, 2: discarded and pushed back at the next sync); 0: off. Use it when the "
+        "update runs out of GPU memory beside vLLM; each step then pays a weight copy and a cache rebuild",
+    )
 
     # sampling
     temperature: float = _f(1.0, "rollout temperature (paper: 1.0); log-probs use the same temperature")

@@ -374,6 +374,13 @@ METRICS: tuple[Metric, ...] = (
         "every eval_every-th step (when eval_every > 0)",
     ),
     M("time/rollout", "time spent sampling the step's responses", "seconds", EVERY),
+    M(
+        "time/compile",
+        "of time/rollout (and the evaluation before it), the time spent compiling the decode step: nonzero on "
+        "the step whose rollout first met a shape under decode='compile' (auto on CUDA), 0 otherwise",
+        "seconds",
+        EVERY,
+    ),
     M("time/stats", "time of the forward that gives the token statistics", "seconds", EVERY),
     M("time/update", "time of the update (advantages, filter, backward, optimizer)", "seconds", EVERY),
     M("time/diagnostics", "time of the step's metrics and the entropy probe", "seconds", EVERY),

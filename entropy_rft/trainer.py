@@ -207,6 +207,7 @@ def _loop(run: _Run, stops: StopSignals) -> dict:
             with finite_sampling():  # logits that are not finite: NonFinite, not the sampler's own error
                 batch = sample_batch(engine, run.task, run.sampler, cfg, step)  # B = groups x group_size rows, scored
             clock.mark("rollout")
+            clock.times["time/compile"] = engine.pop_compile_seconds()  # part of time/rollout: 0 once compiled
             behaviour = step_.statistics(batch, step)  # (B, R) log p, H, S*, S_c (and values) of the behaviour policy
             clock.mark("stats")
             decision = step_.decide(batch, behaviour)  # the whole batch's (B,) advantages, (B, R) keep mask, knobs

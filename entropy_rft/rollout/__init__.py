@@ -1,6 +1,7 @@
 """Generation engines, chosen by name through ENGINES: `hf` (transformers generate, CPU or GPU; the default) and
 `vllm` (optional extra, imported only when built). Every engine has `generate(...) -> Rollout`,
-`sync_weights()` (called after each optimizer step) and `close()`."""
+`sync_weights()` (called after each optimizer step), `pop_compile_seconds()` (seconds spent compiling since the last
+call: the trainer's time/compile) and `close()`."""
 
 from ..registry import Registry
 from .batch import Rollout
@@ -23,7 +24,9 @@ def build_hf(model, tokenizer, cfg, model_path: str):
 
 @ENGINES.register("vllm")
 def build_vllm(model, tokenizer, cfg, model_path: str):
-    from .vllm import VLLMEngine
+    import torch
+
+    from .vllm import VLLMEngine, generation_dtype
 
     return VLLMEngine(
         model,
@@ -31,9 +34,10 @@ def build_vllm(model, tokenizer, cfg, model_path: str):
         model_path=model_path,
         chat_template=cfg.chat_template,
         gpu_memory=cfg.vllm_gpu_memory,
-        dtype="bfloat16" if cfg.precision == "bf16" else "float32",
+        dtype=generation_dtype(cfg.precision, torch.cuda.is_available()),
         seed=cfg.seed,
         llm_args=cfg.vllm_args,
+        sleep_level=cfg.vllm_sleep,
     )
 
 

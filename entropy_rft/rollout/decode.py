@@ -1,7 +1,8 @@
 """A hand-written decode step for the Llama family (Qwen2, Qwen3, Llama, Mistral), used by the sampling loop of
 rollout/sampling.py: on the CPU with finished rows leaving the batch (HandSteps), on CUDA at fixed shapes so that
-one CUDA graph replays the whole step (FixedSteps: every buffer allocated once per rollout, the column and the
-positions index tensors, nothing read back to the host).
+one CUDA graph replays the whole step (FixedSteps over the pure `fixed_logits`: every buffer allocated once per
+rollout, the column and the positions index tensors, nothing read back to the host), compiled whole by
+torch.compile there (sampling.py departure 3).
 
 Why: decoding one token runs the whole model on a [rows, 1] input. At the demo's sizes most of that time is not the
 matmuls but the machinery around them: transformers rebuilds the attention mask and the rotary cos/sin on every
@@ -20,6 +21,17 @@ one query: the query heads of a key/value head act as its queries), and the gate
 tests/test_decode.py samples with this step and through the model's forward for each family (biases, GQA, left
 padding, a llama3 rope, bfloat16) and checks the same tokens come out and every sampled log-prob equals a full
 forward's.
+
+Attention at fixed shapes reads every column of the preallocated cache, the unwritten ones hidden (-inf before the
+softmax), not only the filled part: one graph per rollout shape. The cost, for the Qwen2.5-0.5B shape in bf16
+(24 layers, 2 key/value heads of 64) with 128 prompt and 256 new columns: keys and values are 12,288 bytes per row
+and column, so a step reads 151 MB of cache at 32 rows and 1.21 GB at 256 rows, against a mean filled part of
+101 MB and 805 MB; the waste is 50 MB (4% of a step's bytes with the 0.99 GB of weights) at 32 rows and 403 MB
+(18%) at 256 rows. Reading only the filled part needs a kernel that takes each row's length as a tensor
+(FlashAttention's kv-cache kernel, FlexAttention's block mask), which the CPU tests cannot check against the
+module's arithmetic, or a few extent buckets, each its own compile and graph, several times the compile time and
+capture work for at most 18% of the bytes; kept as the next step if a GPU profile shows attention leading at 256
+rows.
 
 Only a model this file can read exactly is decoded here; anything else returns a reason from `unsupported` and
 the loop uses the model's forward: an architecture outside the family, a wrapped or replaced module (a PEFT LoRA
@@ -138,6 +150,21 @@ class Weights(NamedTuple):
     head_bias: Tensor | None
 
 
+def weight_tensors(w: Weights) -> list[Tensor]:
+    """Every tensor of w in a fixed order (None and the float fields skipped)."""
+    values = (w.embed, *(v for layer in w.layers for v in layer), w.norm, w.head, w.head_bias)
+    return [v for v in values if isinstance(v, Tensor)]
+
+
+class Dims(NamedTuple):
+    """The model's attention dimensions (Python numbers: a compiled step specialises on them)."""
+
+    heads: int
+    kv_heads: int
+    head_dim: int
+    scaling: float
+
+
 class HandDecoder:
     """The decode step of a supported model, reading its parameters in place (so it follows every update)."""
 
@@ -149,10 +176,9 @@ class HandDecoder:
         self.embed, self.norm, self.head = base.embed_tokens, base.norm, model.lm_head
         self.layers = list(base.layers)
         first = self.layers[0].self_attn
-        self.head_dim = first.head_dim
-        self.kv_heads = model.config.num_key_value_heads
-        self.heads = model.config.num_attention_heads
-        self.scaling = first.scaling
+        self.dims = Dims(
+            model.config.num_attention_heads, model.config.num_key_value_heads, first.head_dim, first.scaling
+        )
         self.rope = base.rotary_emb
         # the narrowest sliding window of any layer (Qwen2/Qwen3 name it per layer, Mistral in the config); a
         # sequence within it attends to every earlier token, as here
@@ -160,11 +186,26 @@ class HandDecoder:
         windows.append(getattr(model.config, "sliding_window", None))
         self.window = min((w for w in windows if w), default=None)
 
-    def weights(self, dtype: torch.dtype | None = None) -> Weights:
-        """The tensors the step reads: the parameters themselves, or (dtype given and different) copies in dtype."""
+    def weights(self, dtype: torch.dtype | None = None, out: Weights | None = None) -> Weights:
+        """The tensors the step reads: the parameters themselves, or (dtype given and different) copies in dtype.
+        out: copies an earlier call made for this model, overwritten in place (copy_) and returned, so a step
+        compiled or captured on them reads the new values at the same addresses. A parameter shared by two places
+        (tied embedding and LM head) is copied once."""
+        if out is not None:
+            done: set[int] = set()
+            for mine, theirs in zip(weight_tensors(out), weight_tensors(self.weights()), strict=True):
+                if mine is not theirs and id(mine) not in done:
+                    mine.copy_(theirs)
+                    done.add(id(mine))
+            return out
+        copies: dict[int, Tensor] = {}
 
         def cast(t):
-            return t if t is None or dtype is None or t.dtype == dtype else t.to(dtype)
+            if t is None or dtype is None or t.dtype == dtype:
+                return t
+            if id(t) not in copies:
+                copies[id(t)] = t.to(dtype)
+            return copies[id(t)]
 
         layers = []
         for layer in self.layers:
@@ -214,36 +255,46 @@ class HandDecoder:
         return (emb.cos() * scale).to(dtype), (emb.sin() * scale).to(dtype)
 
     def forward(self, w: Weights, token: Tensor, cos: Tensor, sin: Tensor, attend) -> Tensor:
-        """Logits (n, V) after one token per row. token (n,), cos/sin (n, 1, d) at each row's position;
-        attend(i, q, k, v) -> (n, KV, G, d) stores layer i's new keys and values (q (n, KV, G, d), k and v
-        (n, KV, d), rotated) and returns the attention output, so the caller owns the cache's layout."""
-        n, d = token.shape[0], self.head_dim
-        x = F.embedding(token, w.embed)  # (n, D)
-        for i, lw in enumerate(w.layers):
-            h = rms_norm(x, lw.ln1, lw.eps1)
-            q = F.linear(h, lw.q, lw.q_bias).view(n, self.heads, d)
-            k = F.linear(h, lw.k, lw.k_bias).view(n, self.kv_heads, d)
-            v = F.linear(h, lw.v, lw.v_bias).view(n, self.kv_heads, d)
-            if lw.q_norm is not None:  # Qwen3: RMSNorm over each head before the rotation
-                q = rms_norm(q, lw.q_norm, lw.q_eps)
-                k = rms_norm(k, lw.k_norm, lw.k_eps)
-            q, k = rotate(q, cos, sin), rotate(k, cos, sin)
-            q = q.view(n, self.kv_heads, self.heads // self.kv_heads, d)  # a KV head's query heads as its queries
-            o = attend(i, q, k, v)  # (n, KV, G, d)
-            x = x + F.linear(o.reshape(n, self.heads * d), lw.o, lw.o_bias)
-            h = rms_norm(x, lw.ln2, lw.eps2)
-            gate = F.linear(h, lw.gate, lw.gate_bias)
-            up = F.linear(h, lw.up, lw.up_bias)
-            x = x + F.linear(F.silu(gate) * up, lw.down, lw.down_bias)
-        x = rms_norm(x, w.norm, w.norm_eps)
-        return F.linear(x, w.head, w.head_bias)
+        """`forward` with this model's dimensions."""
+        return forward(w, self.dims, token, cos, sin, attend)
 
     def attention(self, q: Tensor, keys: Tensor, values: Tensor, hidden: Tensor) -> Tensor:
-        """softmax(q k^T * scaling) v as transformers' eager attention computes it (softmax in float32), over the
-        cached keys/values (n, KV, C, d); hidden (n, 1, 1, C) is True where no query may look."""
-        scores = torch.matmul(q, keys.transpose(-1, -2)) * self.scaling  # (n, KV, G, C)
-        weights = scores.masked_fill_(hidden, float("-inf")).softmax(-1, dtype=torch.float32).to(q.dtype)
-        return torch.matmul(weights, values)  # (n, KV, G, d)
+        """`attention` with this model's scaling."""
+        return attention(q, keys, values, hidden, self.dims.scaling)
+
+
+def forward(w: Weights, dims: Dims, token: Tensor, cos: Tensor, sin: Tensor, attend) -> Tensor:
+    """Logits (n, V) after one token per row. token (n,), cos/sin (n, 1, d) at each row's position;
+    attend(i, q, k, v) -> (n, KV, G, d) stores layer i's new keys and values (q (n, KV, G, d), k and v
+    (n, KV, d), rotated) and returns the attention output, so the caller owns the cache's layout."""
+    n, d = token.shape[0], dims.head_dim
+    x = F.embedding(token, w.embed)  # (n, D)
+    for i, lw in enumerate(w.layers):
+        h = rms_norm(x, lw.ln1, lw.eps1)
+        q = F.linear(h, lw.q, lw.q_bias).view(n, dims.heads, d)
+        k = F.linear(h, lw.k, lw.k_bias).view(n, dims.kv_heads, d)
+        v = F.linear(h, lw.v, lw.v_bias).view(n, dims.kv_heads, d)
+        if lw.q_norm is not None:  # Qwen3: RMSNorm over each head before the rotation
+            q = rms_norm(q, lw.q_norm, lw.q_eps)
+            k = rms_norm(k, lw.k_norm, lw.k_eps)
+        q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+        q = q.view(n, dims.kv_heads, dims.heads // dims.kv_heads, d)  # a KV head's query heads as its queries
+        o = attend(i, q, k, v)  # (n, KV, G, d)
+        x = x + F.linear(o.reshape(n, dims.heads * d), lw.o, lw.o_bias)
+        h = rms_norm(x, lw.ln2, lw.eps2)
+        gate = F.linear(h, lw.gate, lw.gate_bias)
+        up = F.linear(h, lw.up, lw.up_bias)
+        x = x + F.linear(F.silu(gate) * up, lw.down, lw.down_bias)
+    x = rms_norm(x, w.norm, w.norm_eps)
+    return F.linear(x, w.head, w.head_bias)
+
+
+def attention(q: Tensor, keys: Tensor, values: Tensor, hidden: Tensor, scaling: float) -> Tensor:
+    """softmax(q k^T * scaling) v as transformers' eager attention computes it (softmax in float32), over the
+    cached keys/values (n, KV, C, d); hidden (n, 1, 1, C) is True where no query may look."""
+    scores = torch.matmul(q, keys.transpose(-1, -2)) * scaling  # (n, KV, G, C)
+    weights = scores.masked_fill_(hidden, float("-inf")).softmax(-1, dtype=torch.float32).to(q.dtype)
+    return torch.matmul(weights, values)  # (n, KV, G, d)
 
 
 def cache_tensors(cache) -> list[tuple[Tensor, Tensor]]:
@@ -299,15 +350,51 @@ class HandSteps:
         return logits
 
 
+class Fixed(NamedTuple):
+    """The fixed-shape decode state FixedSteps owns, as the pure step `fixed_logits` reads it: one tensor per field
+    (a list per layer for the keys and values), so a compiled step is specialised on their shapes and dtypes only."""
+
+    keys: list[Tensor]  # (n, KV, C, d) per layer
+    values: list[Tensor]  # (n, KV, C, d) per layer
+    padding: Tensor  # (n, 1, 1, C) bool: the prompt's left padding
+    columns: Tensor  # (C,) 0 .. C - 1
+    col: Tensor  # (1,) the column the next token's keys and values go to
+    position: Tensor  # (n,) each row's next position
+    cos: Tensor  # (positions, d)
+    sin: Tensor  # (positions, d)
+
+
+def fixed_logits(w: Weights, dims: Dims, state: Fixed, token: Tensor) -> Tensor:
+    """Logits (n, V) after token (n,): one token per row at its position, keys and values written to column `col`
+    of every row (in place), which then advances (in place) with the positions. Attention reads every column, the
+    padding and the columns not yet written hidden. Nothing is read back to the host."""
+    hidden = state.padding | (state.columns > state.col)  # (n, 1, 1, C): padding and columns not yet written
+    at, col = state.position, state.col
+
+    def attend(i, q, k, v):
+        k_buf, v_buf = state.keys[i], state.values[i]
+        k_buf.index_copy_(2, col, k[:, :, None])
+        v_buf.index_copy_(2, col, v[:, :, None])
+        return attention(q, k_buf, v_buf, hidden, dims.scaling)
+
+    logits = forward(w, dims, token, state.cos[at][:, None], state.sin[at][:, None], attend)
+    col.add_(1)
+    at.add_(1)
+    return logits
+
+
 class FixedSteps:
     """HandSteps at fixed shapes, for a step that can be captured once and replayed (a CUDA graph): every row stays
     in the batch to the end (a finished row keeps decoding, and its tokens are masked by the sampling loop), the
     key/value buffers hold (rows, KV, prompt columns + max_new_tokens, d) from the start, the next column and each
     row's position are index tensors updated in place, and attention reads all columns with the ones not yet
-    written hidden. Nothing in `__call__` reads a value back to the host.
+    written hidden (`fixed_logits`). Nothing in `__call__` reads a value back to the host.
 
     dtype: the dtype of the weights, cache and arithmetic (None: the model's; bfloat16 generation casts the weights
-    once here)."""
+    here). weights: the step's weights when the caller keeps them (a persistent decode copy, HandDecoder.weights's
+    `out`); None: `decoder.weights(dtype)`. rope_positions: the rope table's length (None: the positions this
+    rollout reaches, read once; a compiled step passes the rollout's columns, so that every rollout of one shape
+    has tables of one shape)."""
 
     def __init__(
         self,
@@ -317,8 +404,10 @@ class FixedSteps:
         prompt_mask: Tensor,
         max_new_tokens: int,
         dtype: torch.dtype | None = None,
+        weights: Weights | None = None,
+        rope_positions: int | None = None,
     ):
-        self.decoder, self.weights = decoder, decoder.weights(dtype)
+        self.decoder, self.weights = decoder, weights if weights is not None else decoder.weights(dtype)
         width = prompt_mask.shape[1]
         columns = width + max_new_tokens
         self.keys, self.values = [], []
@@ -337,26 +426,17 @@ class FixedSteps:
         self.col = torch.full((1,), width, dtype=torch.long, device=mask.device)  # the next token's column
         self.position = mask.long().sum(-1)  # (n,) the next token's position (real tokens so far)
         # the table HandSteps builds (its length read once per rollout, outside the step): the same cos/sin bits
-        positions = int(self.position.max()) + max_new_tokens
+        positions = rope_positions or int(self.position.max()) + max_new_tokens
         self.cos, self.sin = decoder.rope_table(positions, self.keys[0].dtype, self.keys[0].device)
 
     def state(self) -> list[Tensor]:
         """The tensors a step changes besides the key/value columns it writes (saved around a capture's warm-up)."""
         return [self.col, self.position]
 
+    def fixed(self) -> Fixed:
+        """The state as `fixed_logits` reads it (the tensors themselves, not copies)."""
+        return Fixed(self.keys, self.values, self.padding, self.columns, self.col, self.position, self.cos, self.sin)
+
     def __call__(self, token: Tensor) -> Tensor:
-        """Logits (n, V) after token (n,): one token per row at its position, keys and values written to column
-        `col` of every row, which then advances (in place) with the positions."""
-        hidden = self.padding | (self.columns > self.col)  # (n, 1, 1, C): padding and columns not yet written
-        at, col = self.position, self.col
-
-        def attend(i, q, k, v):
-            k_buf, v_buf = self.keys[i], self.values[i]
-            k_buf.index_copy_(2, col, k[:, :, None])
-            v_buf.index_copy_(2, col, v[:, :, None])
-            return self.decoder.attention(q, k_buf, v_buf, hidden)
-
-        logits = self.decoder.forward(self.weights, token, self.cos[at][:, None], self.sin[at][:, None], attend)
-        self.col.add_(1)
-        self.position.add_(1)
-        return logits
+        """`fixed_logits` on this state."""
+        return fixed_logits(self.weights, self.decoder.dims, self.fixed(), token)

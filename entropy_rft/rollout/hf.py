@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from .batch import Rollout
-from .sampling import check_decode, position_ids, sample
+from .sampling import DecodeSession, check_decode, position_ids, sample
 
 
 def response_mask_from_lengths(response_ids: Tensor, eos_token_id: int | list[int]) -> tuple[Tensor, Tensor]:
@@ -77,10 +77,13 @@ class HFEngine:
         decode: str = "auto",
         precision: str = "fp32",
         check_every: int | None = None,
+        session: DecodeSession | None = None,
     ):
         self.model = model
         self.decode = check_decode(decode)
-        # the fixed-shape path decodes in bfloat16 where the policy trains under bf16 autocast; the others in the
+        # kept across rollouts: the bfloat16 decode copy of the weights, the compiled step's seconds and failure
+        self.session = session or DecodeSession()
+        # the fixed-shape paths decode in bfloat16 where the policy trains under bf16 autocast; the others in the
         # model's dtype, as before
         self.dtype = torch.bfloat16 if precision == "bf16" else None
         self.check_every = check_every
@@ -98,6 +101,11 @@ class HFEngine:
 
     def close(self) -> None:
         """Nothing to release: the model belongs to the caller."""
+
+    def pop_compile_seconds(self) -> float:
+        """Seconds spent compiling the decode step since the last call (decode="compile", or "auto" on CUDA: the
+        first rollout of each shape); 0.0 when nothing compiled."""
+        return self.session.pop_compile_seconds()
 
     def encode_prompts(self, prompts: list[str]) -> tuple[Tensor, Tensor]:
         self.tokenizer.padding_side = "left"
@@ -149,6 +157,7 @@ class HFEngine:
                 decode=self.decode,
                 dtype=self.dtype,
                 check_every=self.check_every,
+                session=self.session,
             )
             response_ids, sampler_logp = response_ids.cpu(), sampler_logp.cpu()
             response_mask, finished = response_mask_from_lengths(response_ids, self.eos_ids)

@@ -9,11 +9,14 @@ temperature and top-p, and it is faster on GRPO batches:
   rows;
 - after the prefill, on the CPU, tokens go through rollout/decode.py's hand-written step for the model families it
   reads exactly (Qwen2, Qwen3, Llama, Mistral): the same arithmetic without transformers' per-call work;
-- on CUDA, the same step runs at fixed shapes (`sample_static`, decode="static"): rows stay in place to the end
-  (finished rows masked), every buffer is allocated once per rollout, the step is captured once in a CUDA graph
-  and replayed, and "every row done" is read back every check_every steps only. Measured on an H200 before this
-  path (issue 45): the row-dropping loop spent 19.0 ms a step at 32 rows of the Qwen2.5-0.5B shape, bound by
-  kernel launches and host round-trips; this path has not been timed on a GPU yet (benchmarks/gpu.py decode).
+- the same step at fixed shapes (`sample_static`, decode="static"): rows stay in place to the end (finished rows
+  masked), every buffer is allocated once per rollout, the step is captured once in a CUDA graph and replayed,
+  and "every row done" is read back every check_every steps only. Measured on an H100 (benchmarks/gpu.md section
+  4): 3.51 ms a step at 32 rows of the Qwen2.5-0.5B shape in bf16, against 19.0 ms for the row-dropping loop
+  (issue 45, an H200), bound by kernel launches and host round-trips;
+- on CUDA (decode="auto" there, or "compile"), that whole step compiled by torch.compile into fused kernels
+  before the capture (departures 3-5): the captured static step is still several hundred kernels (every norm,
+  rotary embedding, activation and the sampler apart). Not yet timed on a GPU (benchmarks/gpu.py decode).
 
 Departures of the fixed-shape path:
 1. Sampling is the exponential race argmax(p / E), E ~ Exp(1) per token (`draw`), which is what torch.multinomial
@@ -28,6 +31,29 @@ Departures of the fixed-shape path:
    the written ones only. The gaps are a few float32
    ulps (<= 5e-7 on tests/test_decode.py's families, about 1e-5 on the demo's batch; the hf path's gap to "hand"
    is the same size), so "auto" keeps the "hand" path on the CPU and the recorded golden runs do not move.
+3. decode="compile" compiles `fixed_step`, a module-level function of explicit tensors (the weights as a
+   NamedTuple pytree, the key/value buffers, the state buffers, the noise, the cos/sin tables: `Fixed`, `Sampled`),
+   with torch.compile(fullgraph=True, dynamic=False), Inductor by default: one graph per rollout shape and process,
+   guarded on shapes and dtypes only, so a new rollout of the shape (new buffers) and weights updated in place by
+   an optimizer step reuse it (tests/test_compile_decode.py counts the graphs). The graph is compiled by one
+   step run before the capture (`DecodeSession.compile`, its effect undone), then captured and replayed as the
+   static step is. Inductor's mode is COMPILE_MODE, one line: None (its default: fused Triton kernels, cuBLAS
+   matmuls, no CUDA graphs of its own) inside our capture, chosen without a GPU measurement because it keeps the
+   capture the static path proved and the cold compile short; "max-autotune-no-cudagraphs" adds autotuned
+   matmuls (as SGLang compiles inside its own capture), "reduce-overhead" uses Inductor's graph trees instead of
+   our capture (every tensor of the step marked a static address, each step begun with
+   cudagraph_mark_step_begin). Inductor writes each step's key/value column into the cache buffers in place
+   (checked on its generated CPU code: no kernel over a whole buffer). A cold compile of the tests' 2-layer model
+   took 31-45 s on a shared 2-core CPU (aot_eager: 1-2 s); it is paid on a run's first rollout of each shape and
+   reported as time/compile. decode="auto" on CUDA takes this path; when compiling fails it warns once, in one
+   line naming the error, and decodes with "static" for the rest of the session.
+4. Compiled rollouts left-pad their prompts to `bucket_width` (16, 24, 32, 48, 64, 96, ...), so batches of similar
+   width share a graph; the padding is masked like any left padding, and costs its key/value reads (under half of
+   the prompt's width). The rope table spans every column, so its shape too is the bucket's.
+5. bfloat16 decoding of a float32 policy (precision bf16) reads a decode copy of the weights the session keeps
+   and overwrites in place (copy_) at each rollout, instead of fresh casts: the addresses a compiled or captured
+   step reads stay valid and no allocation churns, at the price of the copy staying allocated between rollouts
+   (0.99 GB for the Qwen2.5-0.5B shape). A float32 policy decoded in float32 reads its parameters themselves.
 
 Top-p is the nucleus of Holtzman et al. as transformers' TopPLogitsWarper computes it: sort by probability,
 keep the smallest prefix whose mass reaches top_p (a token is kept when the mass strictly before it is below
@@ -37,11 +63,25 @@ the kept sets against TopPLogitsWarper and the sampled frequencies against the m
 
 from __future__ import annotations
 
+import time
+import warnings
+from typing import NamedTuple
+
 import torch
 from torch import Tensor
 
 from .cache import cache_arg, cache_of
-from .decode import FixedSteps, HandDecoder, HandSteps, unsupported
+from .decode import (
+    Dims,
+    Fixed,
+    FixedSteps,
+    HandDecoder,
+    HandSteps,
+    Weights,
+    fixed_logits,
+    unsupported,
+    weight_tensors,
+)
 
 
 def nucleus_logits(logits: Tensor, top_p: float) -> Tensor:
@@ -62,7 +102,7 @@ def position_ids(mask: Tensor) -> Tensor:
     return (mask.long().cumsum(-1) - 1).clamp_min(0)
 
 
-DECODE = ("auto", "hand", "hf", "static")  # how tokens after the prompt go through the model (see `sample`)
+DECODE = ("auto", "hand", "hf", "static", "compile")  # how tokens after the prompt go through the model (see `sample`)
 
 
 def check_decode(decode: str) -> str:
@@ -103,6 +143,7 @@ def sample(
     decode: str = "auto",
     dtype: torch.dtype | None = None,
     check_every: int | None = None,
+    session: DecodeSession | None = None,
 ) -> tuple[Tensor, Tensor]:
     """n samples of each left-padded prompt, grouped (rows [i n, (i + 1) n) are prompt i's).
 
@@ -115,11 +156,16 @@ def sample(
     decode: how each new token goes through the model after the prefill. "hf": the model's forward with its
     cache; "hand": rollout/decode.py's step (the same arithmetic without transformers' per-call machinery; an
     error for a model it cannot read), finished rows leaving the batch; "static": the same step at fixed shapes
-    (`sample_static`), captured once in a CUDA graph and replayed on a GPU, run as it is on the CPU; "auto":
-    "hand" on the CPU and "static" on CUDA for a model the step reads, else "hf".
-    dtype (static path only): the weights' and cache's dtype while decoding (bfloat16 where the policy trains
-    under bf16 autocast; None: the model's). check_every (static path only): steps between two looks at whether
-    every row is done (None: `check_every_default`); the tokens do not depend on it.
+    (`sample_static`), captured once in a CUDA graph and replayed on a GPU, run as it is on the CPU; "compile":
+    that step compiled whole by torch.compile (Inductor) for the rollout's shape, the prompt width bucketed
+    (`bucket_width`), then captured and replayed as "static" is (departures 3-5); "auto": "hand" on the CPU and
+    "compile" on CUDA for a model the step reads ("static" for the rest of the session once compiling failed,
+    with a warning), else "hf".
+    dtype (static and compile paths): the weights' and cache's dtype while decoding (bfloat16 where the policy
+    trains under bf16 autocast; None: the model's). check_every (same): steps between two looks at whether every
+    row is done (None: `check_every_default`); the tokens do not depend on it. session: what these paths keep
+    across the rollouts of a run (`DecodeSession`: the bfloat16 copy of the weights, the compiler's state and
+    seconds, a failure); None: a fresh one for this call.
     """
     check_decode(decode)
     check_generator(generator, prompt_ids.device)
@@ -141,6 +187,7 @@ def sample(
                 decode=decode,
                 dtype=dtype,
                 check_every=check_every,
+                session=session or DecodeSession(),
             )
     finally:
         model.train(was_training)
@@ -156,21 +203,25 @@ def hand_decoder(model, decode: str, columns: int, device: torch.device):
     decoder = HandDecoder(model) if reason is None else None
     if decoder is not None and decoder.window is not None and columns > decoder.window:
         reason, decoder = f"{columns} tokens exceed the sliding attention window of {decoder.window}", None
-    if decoder is None and decode in ("hand", "static"):
+    if decoder is None and decode in ("hand", "static", "compile"):
         raise ValueError(f"decode={decode!r} cannot decode this model: {reason}; use decode='auto' or 'hf'")
     return decoder
 
 
-def decode_path(model, decode: str, columns: int, device: torch.device) -> tuple[str, HandDecoder | None]:
-    """The path `decode` takes on `device` ("hf", "hand" or "static") and its decoder. "auto": the fastest exact
-    one, "hand" on the CPU (its tokens and the golden runs' values are today's) and "static" on CUDA (one graph
-    replay a step instead of hundreds of kernel launches and a host round-trip), "hf" for a model the step does
-    not read."""
+def decode_path(
+    model, decode: str, columns: int, device: torch.device, compile_failed: bool = False
+) -> tuple[str, HandDecoder | None]:
+    """The path `decode` takes on `device` ("hf", "hand", "static" or "compile") and its decoder. "auto": the
+    fastest exact one, "hand" on the CPU (its tokens and the golden runs' values are today's) and "compile" on CUDA
+    (one graph replay a step of fused kernels instead of hundreds of launches and a host round-trip), "static"
+    there once compiling has failed in this session (compile_failed), "hf" for a model the step does not read."""
     decoder = hand_decoder(model, decode, columns, device)
     if decoder is None:
         return "hf", None
     if decode == "auto":
-        return ("static" if device.type == "cuda" else "hand"), decoder
+        if device.type != "cuda":
+            return "hand", decoder
+        return ("static" if compile_failed else "compile"), decoder
     return decode, decoder
 
 
@@ -217,10 +268,12 @@ def _sample(
     decode: str,
     dtype: torch.dtype | None,
     check_every: int | None,
+    session: DecodeSession,
 ) -> tuple[Tensor, Tensor]:
     device = prompt_ids.device
-    path, hand = decode_path(model, decode, prompt_ids.shape[1] + max_new_tokens, device)  # before any model work
-    if path == "static":
+    columns = prompt_ids.shape[1] + max_new_tokens
+    path, hand = decode_path(model, decode, columns, device, session.failed is not None)  # before any model work
+    if path in ("static", "compile"):
         return sample_static(
             model,
             hand,
@@ -236,6 +289,9 @@ def _sample(
             dtype=dtype,
             check_every=check_every,
             capture=device.type == "cuda",
+            session=session,
+            compiled=path == "compile",
+            fallback=decode == "auto",
         )
     rows = prompt_ids.shape[0] * n
     eos = torch.tensor(sorted(set(eos_ids)), device=device)
@@ -286,11 +342,46 @@ def draw(logits: Tensor, noise: Tensor, *, temperature: float, top_p: float) -> 
     return token, log_probs.gather(1, token[:, None]).squeeze(1)
 
 
+class Sampled(NamedTuple):
+    """The sampling state of a fixed-shape rollout as the pure step reads it (StaticRollout owns the tensors)."""
+
+    token: Tensor  # (n,) the last token of each row
+    noise: Tensor  # (n, V) Exp(1) draws, filled before each step
+    eos: Tensor  # (E,) the ids that end a response
+    t: Tensor  # (1,) the response column the next token goes to
+    done: Tensor  # (n,) bool: the row has sampled an EOS id
+    length: Tensor  # (n,) tokens recorded per row
+    response: Tensor  # (n, R)
+    logp: Tensor  # (n, R) float32
+
+
+def record(logits: Tensor, state: Sampled, *, temperature: float, top_p: float, pad_id: int) -> None:
+    """Sample column t of every row from logits (n, V) and the noise; a finished row records pad_id and 0."""
+    token, logp = draw(logits, state.noise, temperature=temperature, top_p=top_p)
+    live = ~state.done
+    state.response.index_copy_(1, state.t, torch.where(live, token, pad_id)[:, None])
+    state.logp.index_copy_(1, state.t, torch.where(live, logp, 0.0)[:, None])
+    state.length.add_(live.long())
+    state.done.logical_or_(live & (token[:, None] == state.eos).any(-1))
+    state.token.copy_(token)
+    state.t.add_(1)
+
+
+def fixed_step(
+    w: Weights, dims: Dims, fixed: Fixed, sampled: Sampled, *, temperature: float, top_p: float, pad_id: int
+) -> None:
+    """One whole fixed-shape decode step, every tensor passed in and changed in place, nothing read back: forward the
+    last tokens (decode.fixed_logits), sample the next for every row, record them where the row is still live. The
+    unit a CUDA graph captures (decode="static") and torch.compile compiles (decode="compile")."""
+    record(fixed_logits(w, dims, fixed, sampled.token), sampled, temperature=temperature, top_p=top_p, pad_id=pad_id)
+
+
 class StaticRollout:
     """The fixed-shape sampling loop's state: FixedSteps plus the sampled tokens, their log-probs, each row's
-    length and whether it has finished, all in buffers of the rollout's full size. `step()` is the unit a CUDA
-    graph captures: forward the last tokens, sample the next for every row from `noise`, record them where the row
-    is still live (pad and 0 where it has finished), all on the device without reading anything back."""
+    length and whether it has finished, all in buffers of the rollout's full size. `step()` runs `fixed_step` (or
+    `fn`, its compiled form) on them: forward the last tokens, sample the next for every row from `noise`, record
+    them where the row is still live (pad and 0 where it has finished), all on the device without reading anything
+    back."""
 
     def __init__(
         self,
@@ -306,6 +397,7 @@ class StaticRollout:
         device: torch.device,
     ):
         self.steps, self.pad_id, self.temperature, self.top_p = steps, pad_id, temperature, top_p
+        self.fn = fixed_step
         self.eos = torch.tensor(sorted(set(eos_ids)), device=device)  # (E,)
         self.token = torch.full((rows,), pad_id, dtype=torch.long, device=device)  # the last token of each row
         self.t = torch.zeros(1, dtype=torch.long, device=device)  # the response column the next token goes to
@@ -319,19 +411,24 @@ class StaticRollout:
         """Every tensor a step changes besides the key/value columns (saved around a capture's warm-up)."""
         return [self.token, self.t, self.done, self.length, self.response, self.logp, *self.steps.state()]
 
+    def sampled(self) -> Sampled:
+        """The sampling state as `record` reads it (the tensors themselves)."""
+        return Sampled(self.token, self.noise, self.eos, self.t, self.done, self.length, self.response, self.logp)
+
     def record(self, logits: Tensor) -> None:
-        """Sample column t of every row from logits (n, V) and the noise; a finished row records pad_id and 0."""
-        token, logp = draw(logits, self.noise, temperature=self.temperature, top_p=self.top_p)
-        live = ~self.done
-        self.response.index_copy_(1, self.t, torch.where(live, token, self.pad_id)[:, None])
-        self.logp.index_copy_(1, self.t, torch.where(live, logp, 0.0)[:, None])
-        self.length.add_(live.long())
-        self.done.logical_or_(live & (token[:, None] == self.eos).any(-1))
-        self.token.copy_(token)
-        self.t.add_(1)
+        """`record` on this state (column 0 comes from the prefill's logits)."""
+        record(logits, self.sampled(), temperature=self.temperature, top_p=self.top_p, pad_id=self.pad_id)
 
     def step(self) -> None:
-        self.record(self.steps(self.token))
+        self.fn(
+            self.steps.weights,
+            self.steps.decoder.dims,
+            self.steps.fixed(),
+            self.sampled(),
+            temperature=self.temperature,
+            top_p=self.top_p,
+            pad_id=self.pad_id,
+        )
 
 
 def stream_noise(generator: torch.Generator | None):
@@ -388,6 +485,148 @@ def captured(state: StaticRollout, warmup: int = 2):
     return graph.replay
 
 
+# decode="compile" (departures 3-5). COMPILE_MODE is Inductor's mode: None (its default: fused Triton kernels,
+# cuBLAS matmuls, no CUDA graphs of its own), captured and replayed by `captured` as the static step is;
+# "max-autotune-no-cudagraphs" the same with autotuned matmul templates (minutes more of cold compile);
+# "reduce-overhead" Inductor's own CUDA graphs (graph trees) instead of `captured`, every tensor of the step marked a
+# static address and each step begun with cudagraph_mark_step_begin. One line to switch; none measured on a GPU yet.
+COMPILE_MODE: str | None = None
+
+
+def compile_backend(backend, mode: str | None):
+    """torch.compile(fixed_step, fullgraph=True, dynamic=False) with this backend (and Inductor's mode): one
+    wrapper per (backend, mode) for the process, so a later rollout or a new session of the same shape finds
+    dynamo's compiled graph instead of compiling again. fullgraph: a graph break raises instead of splitting the
+    step; dynamic=False: one graph per shape, guarded on shapes and dtypes only (weights and buffers are
+    arguments, so a new rollout's buffers and weights updated in place need no recompile)."""
+    key = (backend, mode)
+    if key not in _COMPILED:
+        options = {"mode": mode} if backend == "inductor" and mode is not None else {}
+        _COMPILED[key] = torch.compile(fixed_step, fullgraph=True, dynamic=False, backend=backend, **options)
+    return _COMPILED[key]
+
+
+_COMPILED: dict = {}
+# graphs of the step one process may compile (one per shape): dynamo's own limit per function (8) would refuse a
+# ninth shape under fullgraph; a run meets a handful (training and evaluation rows, prompt-width buckets)
+MAX_SHAPES = 64
+RECOMPILE_LIMIT = "recompile_limit" if hasattr(torch._dynamo.config, "recompile_limit") else "cache_size_limit"
+
+
+def bucket_width(width: int) -> int:
+    """The prompt width a compiled step is built for: the smallest of 16, 24, 32, 48, 64, 96, 128, 192, ...
+    (2^k and 3 * 2^(k-1)) that holds `width`. Prompt batches whose widths share a bucket share one compiled
+    step; a bucket wastes under half of the prompt's width in padding, and widths from w to 4w need at most 4
+    (each bucket a compile, of at most MAX_SHAPES graphs per process)."""
+    bucket = 16
+    while bucket < width:
+        bucket = bucket * 3 // 2 if bucket & (bucket - 1) == 0 else bucket * 4 // 3
+    return bucket
+
+
+def pad_left(ids: Tensor, mask: Tensor, width: int, pad_id: int) -> tuple[Tensor, Tensor]:
+    """Left-padded prompts (P, W) padded further on the left to (P, width)."""
+    extra = width - ids.shape[1]
+    if extra <= 0:
+        return ids, mask
+    return (
+        torch.cat([ids.new_full((ids.shape[0], extra), pad_id), ids], dim=1),
+        torch.cat([mask.new_zeros(mask.shape[0], extra), mask], dim=1),
+    )
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def compiled_graphs() -> int:
+    """Graphs dynamo has compiled in this process (its own counter)."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
+
+
+def failure_reason(err: BaseException) -> str:
+    """One line naming why compiling failed: the innermost exception's type and first line (dynamo wraps a
+    backend's error in BackendCompilerFailed, Inductor a toolchain's in InductorError), with the outer type."""
+    inner = err
+    for _ in range(8):  # a few wrappings deep at most
+        wrapped = inner.__cause__ or getattr(inner, "inner_exception", None)
+        if not isinstance(wrapped, BaseException) or wrapped is inner:
+            break
+        inner = wrapped
+    lines = [line for line in str(inner).splitlines() if line.strip()]
+    reason = f"{type(inner).__name__}: {lines[0].strip() if lines else ''}"
+    return reason if inner is err else f"{type(err).__name__}, {reason}"
+
+
+class DecodeSession:
+    """What the fixed-shape paths keep across the rollouts of a run (an engine holds one; `sample` makes a fresh
+    one per call when none is given):
+    - the decode copy of the weights in another dtype (bfloat16 decoding of a float32 policy), made once and
+      overwritten in place (copy_) at each rollout, so the step reads the updated policy at the same addresses;
+    - decode="compile"'s backend (Inductor unless a test passes another) and mode, the seconds spent compiling not
+      yet reported (`pop_compile_seconds`), the number of graphs compiled, and why compiling failed, if it did
+      (decode="auto" then decodes with "static" for the rest of the session)."""
+
+    def __init__(self, *, backend="inductor", mode: str | None = COMPILE_MODE, timing: bool = False):
+        self.backend, self.mode = backend, mode
+        self.failed: str | None = None
+        self.compile_seconds = 0.0
+        self.compiled = 0
+        self._copy: tuple[int, torch.dtype, Weights] | None = None
+        # timing (benchmarks/gpu.py): each rollout's (decode steps, seconds of its decode loop), the prefill, the
+        # compile and the capture left out; the device is synchronised around the loop, so off in training
+        self.timing, self.loops = timing, []
+
+    def weights(self, model, decoder: HandDecoder, dtype: torch.dtype | None) -> Weights:
+        """The weights the step reads in dtype: the parameters themselves where they have it already, else the
+        session's copy of this model's, refreshed in place."""
+        params = decoder.weights()
+        if dtype is None or all(t.dtype == dtype for t in weight_tensors(params)):
+            return params
+        if self._copy is not None and self._copy[:2] == (id(model), dtype):
+            return decoder.weights(dtype, out=self._copy[2])
+        self._copy = (id(model), dtype, decoder.weights(dtype))
+        return self._copy[2]
+
+    def pop_compile_seconds(self) -> float:
+        """Seconds spent compiling since the last call (0.0 when nothing compiled)."""
+        seconds, self.compile_seconds = self.compile_seconds, 0.0
+        return seconds
+
+    def compile(self, state: StaticRollout, *, fallback: bool) -> None:
+        """Make state.step run the compiled step, paying any compile now: one step is run (compiling a shape seen
+        for the first time; timed into compile_seconds when dynamo compiled) and its effect undone, so the caller's
+        first step is still column 1. When compiling fails: with fallback, warn once in one line, remember the
+        reason (the session's later rollouts take "static") and leave the step eager; without, raise."""
+        saved = [t.clone() for t in state.state()]
+        state.fn = compile_backend(self.backend, self.mode)
+        before, start = compiled_graphs(), time.perf_counter()
+        try:
+            with torch._dynamo.config.patch(**{RECOMPILE_LIMIT: MAX_SHAPES}):
+                state.step()
+            _synchronize(state.token.device)
+        except Exception as err:  # any compiler failure (dynamo, Inductor, a C or Triton toolchain): see docstring
+            state.fn = fixed_step
+            if not fallback:
+                raise
+            self.failed = failure_reason(err)
+            warnings.warn(
+                f"decode='auto': compiling the decode step failed ({self.failed[:300]}); decoding with 'static' "
+                "for the rest of the run",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+        finally:
+            for t, s in zip(state.state(), saved):
+                t.copy_(s)
+        if compiled_graphs() > before:
+            self.compiled += compiled_graphs() - before
+            self.compile_seconds += time.perf_counter() - start
+
+
 def sample_static(
     model,
     decoder: HandDecoder,
@@ -405,18 +644,57 @@ def sample_static(
     check_every: int | None = None,
     capture: bool = False,
     noise: str | None = None,
+    session: DecodeSession | None = None,
+    compiled: bool = False,
+    fallback: bool = False,
 ) -> tuple[Tensor, Tensor]:
-    """`sample`'s "static" path (call it through `sample`): the prefill as in the other paths, then one
-    StaticRollout step per token, captured in a CUDA graph and replayed when `capture`, with every row in place
-    to the end; the loop stops at max_new_tokens or when a look, every check_every steps, finds every row done.
-    noise: "stream" (`stream_noise`: the tokens of the "hand" path) or "device" (`device_noise`: no host read);
-    None: "stream" on the CPU, "device" elsewhere."""
+    """`sample`'s "static" and "compile" paths (call it through `sample`): the prefill as in the other paths, then
+    one StaticRollout step per token, captured in a CUDA graph and replayed when `capture`, with every row in
+    place to the end; the loop stops at max_new_tokens or when a look, every check_every steps, finds every row
+    done. noise: "stream" (`stream_noise`: the tokens of the "hand" path) or "device" (`device_noise`: no host
+    read); None: "stream" on the CPU, "device" elsewhere. compiled: the step compiled by the session's backend
+    (`DecodeSession.compile`), the prompts left-padded to `bucket_width` and the rope table as long as the
+    columns, so that every rollout of a bucket has one shape; fallback: a compile failure leaves this and the
+    session's later rollouts on the static step with a warning instead of raising."""
     device = prompt_ids.device
+    session = session or DecodeSession()
     check_every = check_every or check_every_default(device)
     if check_every < 1:
         raise ValueError(f"check_every must be >= 1, got {check_every}")
     if dtype is None and torch.is_autocast_enabled(device.type):  # a caller generating under autocast
         dtype = torch.get_autocast_dtype(device.type)
+    if compiled:  # one shape per bucket (within a sliding window, which padding must not outgrow)
+        width = bucket_width(prompt_ids.shape[1])
+        if decoder.window is not None:
+            width = max(prompt_ids.shape[1], min(width, decoder.window - max_new_tokens))
+        prompt_ids, prompt_mask = pad_left(prompt_ids, prompt_mask, width, pad_id)
+    sampling = dict(eos_ids=eos_ids, pad_id=pad_id, temperature=temperature, top_p=top_p)
+    prompts = (prompt_ids, prompt_mask)
+    state, logits = _prefilled(model, decoder, *prompts, n, max_new_tokens, dtype, session, compiled, sampling)
+    steps = state.steps
+    noise = noise or ("stream" if device.type == "cpu" else "device")
+    noise = stream_noise(generator) if noise == "stream" else device_noise(generator, device)
+    own_graphs = compiled and capture and session.mode == "reduce-overhead"  # Inductor's graphs, not `captured`
+    with torch.autocast(device.type, enabled=False):  # the step's dtypes are its own (dtype), not autocast's
+        noise(state)
+        state.record(logits)  # column 0, from the prefill
+        if own_graphs:
+            for t in [*state.state(), state.noise, *weight_tensors(steps.weights), *steps.keys, *steps.values]:
+                torch._dynamo.mark_static_address(t)
+        if compiled and max_new_tokens > 1:
+            session.compile(state, fallback=fallback)
+        # the warm-up's steps write response columns 1, 2: within the buffers when max_new_tokens > 2
+        step = captured(state) if capture and not own_graphs and max_new_tokens > 2 else state.step
+        _run(state, step, noise, max_new_tokens, check_every, session, own_graphs)
+    width = int(state.length.max())
+    return state.response[:, :width], state.logp[:, :width]
+
+
+def _prefilled(model, decoder, prompt_ids, prompt_mask, n, max_new_tokens, dtype, session, compiled, sampling):
+    """(StaticRollout, logits (rows, V) after each prompt): the prefill (under autocast to `dtype` where it is a
+    half type), each prompt's keys and values repeated to its n rows in FixedSteps' buffers; sampling holds
+    StaticRollout's eos_ids, pad_id, temperature and top_p."""
+    device = prompt_ids.device
     with torch.autocast(device.type, dtype=dtype or torch.bfloat16, enabled=dtype in (torch.bfloat16, torch.float16)):
         out = model(
             input_ids=prompt_ids,
@@ -427,30 +705,35 @@ def sample_static(
         )
     prompt_of = torch.arange(prompt_ids.shape[0], device=device).repeat_interleave(n)  # (rows,)
     logits = out.logits[prompt_of, -1]
-    steps = FixedSteps(decoder, cache_of(out), prompt_of, prompt_mask, max_new_tokens, dtype=dtype)
-    del out  # the prefill's cache, copied into the step's buffers
-    state = StaticRollout(
-        steps,
-        len(prompt_of),
-        logits.shape[-1],
+    steps = FixedSteps(
+        decoder,
+        cache_of(out),
+        prompt_of,
+        prompt_mask,
         max_new_tokens,
-        eos_ids=eos_ids,
-        pad_id=pad_id,
-        temperature=temperature,
-        top_p=top_p,
-        device=device,
+        dtype=dtype,
+        weights=session.weights(model, decoder, dtype),
+        rope_positions=prompt_ids.shape[1] + max_new_tokens if compiled else None,
     )
-    noise = noise or ("stream" if device.type == "cpu" else "device")
-    noise = stream_noise(generator) if noise == "stream" else device_noise(generator, device)
-    with torch.autocast(device.type, enabled=False):  # the step's dtypes are its own (dtype), not autocast's
+    del out  # the prefill's cache, copied into the step's buffers
+    return StaticRollout(steps, len(prompt_of), logits.shape[-1], max_new_tokens, device=device, **sampling), logits
+
+
+def _run(state: StaticRollout, step, noise, max_new_tokens: int, check_every: int, session, own_graphs: bool):
+    """Steps 1 .. max_new_tokens - 1 (column 0 came from the prefill), stopping early when a look every
+    check_every steps finds every row done; timed into session.loops when the session times."""
+    device, done = state.token.device, 0
+    if session.timing:
+        _synchronize(device)
+    start = time.perf_counter()
+    for t in range(1, max_new_tokens):
+        if t % check_every == 0 and bool(state.done.all()):
+            break
         noise(state)
-        state.record(logits)  # column 0, from the prefill
-        # the warm-up's steps write response columns 1, 2: within the buffers when max_new_tokens > 2
-        step = captured(state) if capture and max_new_tokens > 2 else state.step
-        for t in range(1, max_new_tokens):
-            if t % check_every == 0 and bool(state.done.all()):
-                break
-            noise(state)
-            step()
-    width = int(state.length.max())
-    return state.response[:, :width], state.logp[:, :width]
+        if own_graphs:
+            torch.compiler.cudagraph_mark_step_begin()
+        step()
+        done = t
+    if session.timing:
+        _synchronize(device)
+        session.loops.append((done, time.perf_counter() - start))

