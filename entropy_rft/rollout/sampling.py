@@ -33,22 +33,21 @@ Departures of the fixed-shape path:
    the written ones only. The gaps are a few float32
    ulps (<= 5e-7 on tests/test_decode.py's families, about 1e-5 on the demo's batch; the hf path's gap to "hand"
    is the same size), so "auto" keeps the "hand" path on the CPU and the recorded golden runs do not move.
-3. decode="compile" compiles `fixed_step`, a module-level function of explicit tensors (the weights as a
-   NamedTuple pytree, the key/value buffers, the state buffers, the noise, the cos/sin tables: `Fixed`, `Sampled`),
-   with torch.compile(fullgraph=True, dynamic=False), Inductor by default: one graph per rollout shape and process,
-   guarded on shapes and dtypes only, so a new rollout of the shape (new buffers) and weights updated in place by
-   an optimizer step reuse it (tests/test_compile_decode.py counts the graphs). The graph is compiled by one
-   step run before the capture (`DecodeSession.compile`, its effect undone), then captured and replayed as the
-   static step is. Inductor's mode is COMPILE_MODE, one line: None (its default: fused Triton kernels, cuBLAS
-   matmuls, no CUDA graphs of its own) inside our capture, chosen before any GPU measurement because it keeps the
-   capture the static path proved and the cold compile short (about 30 s a shape on an H200); "max-autotune-no-cudagraphs" adds autotuned
-   matmuls (as SGLang compiles inside its own capture), "reduce-overhead" uses Inductor's graph trees instead of
-   our capture (every tensor of the step marked a static address, each step begun with
-   cudagraph_mark_step_begin). Inductor writes each step's key/value column into the cache buffers in place
-   (checked on its generated CPU code: no kernel over a whole buffer). A cold compile of the tests' 2-layer model
-   took 31-45 s on a shared 2-core CPU (aot_eager: 1-2 s); it is paid on a run's first rollout of each shape and
-   reported as time/compile. decode="auto" on CUDA takes this path; when compiling fails it warns once, in one
-   line naming the error, and decodes with "static" for the rest of the session.
+3. decode="compile" compiles `fixed_step`, a module-level function of explicit tensors (the weights as a NamedTuple
+   pytree, the key/value buffers, the state buffers, the noise, the cos/sin tables: `Fixed`, `Sampled`), with
+   torch.compile(fullgraph=True, dynamic=False), Inductor by default: one graph per rollout shape and process, guarded
+   on shapes and dtypes only, so a new rollout of the shape (new buffers) and weights updated in place by an optimizer
+   step reuse it (tests/test_compile_decode.py counts the graphs). The graph is compiled by one step run before the
+   capture (`DecodeSession.compile`, its effect undone), then captured and replayed as the static step is. Inductor's
+   mode is COMPILE_MODE, one line: None (its default: fused Triton kernels, cuBLAS matmuls, no CUDA graphs of its own)
+   inside our capture, chosen before any GPU measurement because it keeps the capture the static path proved and the
+   cold compile short (about 30 s a shape on an H200); "max-autotune-no-cudagraphs" adds autotuned matmuls (as SGLang
+   compiles inside its own capture), "reduce-overhead" uses Inductor's graph trees instead of our capture (every tensor
+   of the step marked a static address, each step begun with cudagraph_mark_step_begin). Inductor writes each step's
+   key/value column into the cache buffers in place (checked on its generated CPU code: no kernel over a whole buffer).
+   A cold compile of the tests' 2-layer model took 31-45 s on a shared 2-core CPU (aot_eager: 1-2 s); it is paid on a
+   run's first rollout of each shape and reported as time/compile. decode="auto" on CUDA takes this path; when compiling
+   fails it warns once, in one line naming the error, and decodes with "static" for the rest of the session.
 4. Compiled rollouts left-pad their prompts to `bucket_width` (16, 24, 32, 48, 64, 96, ...), so batches of similar
    width share a graph; the padding is masked like any left padding, and costs its key/value reads (under half of
    the prompt's width). The rope table spans every column, so its shape too is the bucket's.
