@@ -173,6 +173,7 @@ def evaluate_new_set(run: Path, cfg) -> dict:
     evaluation seed, cfg.seed + 10**6)."""
     import torch
 
+    from entropy_rft.checkpoint import checkpoint_dir
     from entropy_rft.evaluate import run_eval
     from entropy_rft.policy import load_policy
     from entropy_rft.problems import load_problems
@@ -183,7 +184,7 @@ def evaluate_new_set(run: Path, cfg) -> dict:
     problems = load_problems(NEW_EVAL, task)
     out = {}
     for name, model in (
-        ("new_final_correct", str(run / f"checkpoint-{cfg.steps}")),
+        ("new_final_correct", str(checkpoint_dir(run, cfg.steps))),
         ("new_initial_correct", cfg.model),
     ):
         policy, tok = load_policy(model, torch.device("cpu"))

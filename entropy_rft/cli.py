@@ -250,7 +250,7 @@ def cmd_demo(args) -> None:
 
 def cmd_train(args) -> None:
     from .config import describe, read_recipe, recipe_file, resolve_config
-    from .rundir import check_hand_edits, stored_settings
+    from .record import check_hand_edits, stored_settings
 
     if args.help_config:
         print(describe())
@@ -456,8 +456,8 @@ def cmd_compare(args) -> None:
 
 
 def cmd_report(args) -> None:
+    from .record import set_aside_note
     from .report import REPORT_FILES, build_report
-    from .rundir import set_aside_note
 
     runs = list({Path(r).resolve(): r for r in args.runs}.values())  # a run given twice is reported once
     for run in runs:  # an --overwrite killed before its first step: the run's record is set aside, not in view
@@ -983,7 +983,7 @@ def _note_renamed(command: str, argv: list[str]) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from .rundir import RunDirError
+    from .checkpoint import RunDirError
     from .stops import NonFinite
 
     argv = sys.argv[1:] if argv is None else list(argv)

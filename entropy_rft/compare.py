@@ -21,10 +21,11 @@ from pathlib import Path
 
 import numpy as np
 
+from .checkpoint import RunDirError
 from .config import TrainConfig, settings_key
 from .evidence import Estimate, evaluate_grid, markdown_table, seed_t_interval
 from .logging import read_metrics_file
-from .rundir import RunDirError, RunLock, is_finished
+from .rundir import RunLock, is_finished
 
 DEFAULT_METHODS = "grpo,clip_b,clip_v,clip_cov,kl_cov,unlikely,forking,entropy_bonus,dapo"
 

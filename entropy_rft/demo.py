@@ -12,10 +12,11 @@ import json
 import time
 from pathlib import Path
 
+from .checkpoint import RunDirError
 from .config import read_spec, resolve_config
 from .inspect_page import build_page
 from .report import plot_curves, table1
-from .rundir import RunDirError, RunLock, record_entries
+from .rundir import RunLock, record_entries
 from .trainer import train
 
 DEMO_CONFIG = Path(__file__).parent / "configs" / "demo.yaml"

@@ -47,7 +47,7 @@ def model_to_evaluate(model: str) -> str:
     means its newest complete checkpoint, named in a note on stderr; anything else is itself."""
     import sys
 
-    from .record import find_checkpoint
+    from .checkpoint import find_checkpoint
     from .rundir import is_run_dir
 
     path = Path(model)

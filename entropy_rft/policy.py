@@ -23,6 +23,7 @@ import torch
 from safetensors import SafetensorError
 
 from . import packaged
+from .checkpoint import VALUE_HEAD
 from .config import TrainConfig, check_device
 from .dropout import check_deterministic, disable_dropout
 from .packaged import PACKAGED
@@ -288,7 +289,7 @@ def set_up_policy(
     value_head = ValueHead(model.config.hidden_size).to(device) if critic else None
     groups = [{"params": [p for p in model.parameters() if p.requires_grad]}]
     if value_head is not None:
-        if (Path(source) / "value_head.pt").exists():
-            value_head.load_state_dict(torch.load(Path(source) / "value_head.pt"))
+        if (Path(source) / VALUE_HEAD).exists():
+            value_head.load_state_dict(torch.load(Path(source) / VALUE_HEAD))
         groups.append({"params": list(value_head.parameters()), "lr": cfg.critic_lr or 10 * cfg.lr})
     return Policy(model, tokenizer, make_optimizer(groups, cfg), engine, value_head, ref_model)

@@ -1,9 +1,8 @@
-"""A run's record as a resume reads it: the checkpoint to resume from, the run's settings, and what a resume checks
-before it trusts them (rundir.py's rules, rule 4 above all, say what follows from each):
+"""A run's record as a resume reads it: the run's settings and what a resume checks before it trusts them and the
+checkpoint (rundir.py's rules, rule 4 above all, say what follows from each):
 
-1. Checkpoints. The newest complete one (latest_checkpoint, else the highest checkpoint-N with a trainer_state.pt);
-   a trainer_state.pt that is not a complete torch archive is skipped for the one before it (resume_checkpoint); one
-   that lacks a part of the run state is named (load_trainer_state).
+1. Checkpoints: finding the one to resume from, checking and loading it is checkpoint.py's; whether the rest of the
+   record holds every step up to it is 3 below.
 2. The settings digest, RUN/config.digest: beside config.yaml the run keeps a digest of each of its settings
    (config.settings_digests), written with config.yaml whenever a run starts or resumes there. A field whose value
    differs from its digest was edited by hand since (`edited_fields`); resume compares the new settings with the
@@ -13,7 +12,7 @@ before it trusts them (rundir.py's rules, rule 4 above all, say what follows fro
    longer be told. A record with no checkpoint and no digest (a run killed before its first step) is checked
    against config.yaml.
 3. Completeness: metrics.jsonl holds a line for every step up to the checkpoint's (less a step the checkpoint holds
-   pending, runstate.py), and every samples file of those steps reads whole (`first_gap`). A line cut off by a crash
+   pending, checkpoint.py), and every samples file of those steps reads whole (`first_gap`). A line cut off by a crash
    while it was written, or a lost or damaged file, is a gap that a resume from that checkpoint would never fill:
    the resume goes back to the newest checkpoint before it (`trusted_checkpoint`), or is refused naming the file.
 4. A record an --overwrite set aside (RUN/.replaced-*) and a kill left there is the run's (the next claim puts it
@@ -33,101 +32,18 @@ from __future__ import annotations
 import gzip
 import json
 import os
-import pickle
 import sys
-import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
 import yaml
 
+from .checkpoint import RunDirError, checkpoint_dirs, holds_pending, intact_state, step_of
 from .config import RESUME_SAFE, TrainConfig, setting_differences, settings_digests
 
 DIGEST = "config.digest"
 FORMAT = "entropy-rft/settings-digest"
 STAGED = ".replaced-"  # a replaced record, moved aside until the new run commits (rundir.py rule 3)
-
-
-class RunDirError(Exception):
-    """A run directory that may not be used as asked; the message names the directory and the fix."""
-
-
-def find_checkpoint(run_dir: Path) -> Path | None:
-    """The checkpoint to resume from: the one latest_checkpoint names if it is complete, else the complete
-    checkpoint-N of highest N (a kill between two renames of save_checkpoint), else None."""
-    latest = run_dir / "latest_checkpoint"
-    if latest.exists():
-        named = run_dir / latest.read_text().strip()
-        if (named / "trainer_state.pt").exists():
-            return named
-    return max(checkpoint_dirs(run_dir, complete=True), key=step_of, default=None)
-
-
-def intact_state(ckpt: Path) -> bool:
-    """Whether ckpt/trainer_state.pt is a complete torch archive (torch.save writes a zip, whose directory is at
-    its end: a file cut short by a full disk or a kill mid-copy has none)."""
-    return zipfile.is_zipfile(ckpt / "trainer_state.pt")
-
-
-def resume_checkpoint(run_dir: Path) -> Path | None:
-    """find_checkpoint's choice, or, when its trainer_state.pt is damaged, the newest earlier complete checkpoint
-    with an intact one, after a warning naming the damaged file (rule 4); with none left, RunDirError."""
-    first = find_checkpoint(run_dir)
-    if first is None or intact_state(first):
-        return first
-    damaged = first / "trainer_state.pt"
-    earlier = sorted((c for c in checkpoint_dirs(run_dir, complete=True) if step_of(c) < step_of(first)), key=step_of)
-    for ckpt in reversed(earlier):
-        if intact_state(ckpt):
-            print(
-                f"entropy-rft: warning: {damaged} is damaged (not a complete torch archive: cut short by a full "
-                f"disk or a copy?); resuming from {ckpt.name}, the newest complete checkpoint before it: steps "
-                f"{step_of(ckpt) + 1}-{step_of(first)} are trained again",
-                file=sys.stderr,
-            )
-            return ckpt
-    raise RunDirError(
-        f"{damaged} is damaged (not a complete torch archive) and {run_dir} has no earlier complete "
-        "checkpoint to resume from; restore the file, or start the run again with --overwrite"
-    )
-
-
-def load_trainer_state(ckpt: Path) -> dict:
-    """ckpt/trainer_state.pt (the run state besides the weights); a file torch cannot read raises RunDirError naming
-    it and the way out."""
-    import torch
-
-    path = Path(ckpt) / "trainer_state.pt"
-    try:
-        state = torch.load(path, weights_only=False)
-    except (RuntimeError, EOFError, OSError, ValueError, pickle.UnpicklingError, zipfile.BadZipFile) as err:
-        raise RunDirError(
-            f"{path} cannot be read ({type(err).__name__}: {' '.join(str(err).split())[:120]}); the "
-            f"checkpoint is damaged. Move {Path(ckpt).name} out of the run directory and --resume goes "
-            "on from the checkpoint before it, or restore the file"
-        ) from None
-    lacks = [k for k in STATE_PARTS if not isinstance(state, dict) or k not in state]
-    if lacks:
-        raise RunDirError(
-            f"{path} lacks {', '.join(lacks)} of the run state (runstate.py), so the run cannot continue "
-            f"from it exactly; it was not written by entropy-rft train. Move {Path(ckpt).name} out of "
-            "the run directory and --resume goes on from the checkpoint before it, or restore the file"
-        )
-    return state
-
-
-STATE_PARTS = ("step", "optimizer", "sampler")  # what every trainer_state.pt holds (runstate.py)
-
-
-def _pending(ckpt: Path) -> bool:
-    """Whether the checkpoint holds a step pending (its metrics line not yet written, runstate.py); read lazily."""
-    import torch
-
-    try:
-        state = torch.load(Path(ckpt) / "trainer_state.pt", weights_only=False, mmap=True, map_location="cpu")
-    except (RuntimeError, EOFError, OSError, ValueError, pickle.UnpicklingError, zipfile.BadZipFile):
-        return False  # load_trainer_state names the damage when the run loads it
-    return isinstance(state, dict) and state.get("pending") is not None
 
 
 def trusted_checkpoint(run_dir: Path, first: Path | None) -> Path | None:
@@ -137,7 +53,7 @@ def trusted_checkpoint(run_dir: Path, first: Path | None) -> Path | None:
     if first is None:
         return None
     try:
-        gap = first_gap(run_dir, step_of(first), lambda: _pending(first))
+        gap = first_gap(run_dir, step_of(first), lambda: holds_pending(first))
     except ValueError as err:  # a damaged line before the last: logging names it
         raise RunDirError(str(err)) from None
     if gap is None:
@@ -163,18 +79,6 @@ def trusted_checkpoint(run_dir: Path, first: Path | None) -> Path | None:
             else "Restore the file, or start the run again with --overwrite"
         )
     )
-
-
-def step_of(ckpt: Path) -> int:
-    return int(ckpt.name[11:])
-
-
-def checkpoint_dirs(run_dir: Path, *, complete: bool) -> list[Path]:
-    return [
-        p
-        for p in run_dir.glob("checkpoint-*")
-        if p.name[11:].isdigit() and (not complete or (p / "trainer_state.pt").exists())
-    ]
 
 
 def record_dir(run_dir: Path) -> Path:

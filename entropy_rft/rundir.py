@@ -1,6 +1,6 @@
 """A run directory is one run's record: who may write it, when a run may start there, resume checks, when checkpoints
-are kept, and the signals that stop a run cleanly. The checkpoint itself (its files, finding, loading and pruning
-them) is runstate.py's.
+are kept, and which outputs other subcommands may write. The checkpoint itself (its files, finding, loading and
+pruning them) is checkpoint.py's; the signals that stop a run cleanly are stops.py's.
 
 Rules (entropy_rft/trainer.py's train() calls them; the CLI maps refusals to exit code 2):
 1. Ownership. A process writing a run directory holds an exclusive fcntl.flock on RUN/.lock, which holds its pid,
@@ -37,14 +37,14 @@ Rules (entropy_rft/trainer.py's train() calls them; the CLI maps refusals to exi
    (written by something else) is one line naming the file and the parts.
    A record an --overwrite set aside and a kill left there (rule 3) is the run's: its settings are read from there
    (stored_settings), as the next claim puts it back.
-5. Retention (runstate.prune_checkpoints). After each checkpoint, all but the newest keep_checkpoints complete ones
+5. Retention (checkpoint.prune_checkpoints). After each checkpoint, all but the newest keep_checkpoints complete ones
    and the final one (checkpoint-<steps>) are deleted (renamed to a hidden name first, so a kill mid-delete never leaves
    a half-deleted checkpoint that looks complete).
 6. Other subcommands' outputs (check_output): eval, report, inspect, compare, sweep, filter, demo, theory and
    pretrain-toy never write a record entry of a run directory, nor into a directory a live run holds, nor into a
    run's directory at all unless the user named the path; refused with the reason and the fix.
-7. Signals. SIGINT, SIGTERM (what SLURM and Kubernetes send before SIGKILL) and SIGHUP raise Interrupted (a
-   KeyboardInterrupt) in the main thread, so the trainer saves where the run stands and exits; repeats while it
+7. Signals (stops.py). SIGINT, SIGTERM (what SLURM and Kubernetes send before SIGKILL) and SIGHUP raise Interrupted
+   (a KeyboardInterrupt) in the main thread, so the trainer saves where the run stands and exits; repeats while it
    saves are ignored. A signal whose handler was SIG_IGN when the run started (nohup's SIGHUP) stays ignored.
 """
 
@@ -62,30 +62,19 @@ from pathlib import Path
 
 import yaml
 
-from .config import RESUME_SAFE, TrainConfig, setting_differences  # noqa: F401  (setting_differences: its old home)
-from .record import (  # noqa: F401
-    DIGEST,
-    STAGED,
+from .checkpoint import (
+    DELETING,
+    LATEST,
+    LATEST_TMP,
+    PREFIX,
+    WRITING,
     RunDirError,
-    check_hand_edits,
-    checkpoint_dirs,
-    differences,
-    find_checkpoint,
-    intact_state,
-    load_trainer_state,
-    record_dir,
+    checkpoint_dir,
     resume_checkpoint,
-    set_aside_note,
     step_of,
-    stored_settings,
-    trusted_checkpoint,
-    write_digest,
 )
-
-# checkpoint space and retention live in runstate.py (the checkpoint's module); importable from here as before
-from .runstate import checkpoint_space as checkpoint_space
-from .runstate import prune_checkpoints as prune_checkpoints
-from .stops import STOP_SIGNALS, Interrupted, StopSignals, stop_signals_interrupt  # noqa: F401  (their old home)
+from .config import RESUME_SAFE, TrainConfig
+from .record import DIGEST, STAGED, differences, stored_settings, trusted_checkpoint, write_digest
 
 LOCK = ".lock"
 # what a run writes into its directory (anything else there, e.g. a dry run's data/, is left alone)
@@ -94,15 +83,15 @@ RECORD = (
     DIGEST,
     "metrics.jsonl",
     "eval.json",
-    "latest_checkpoint",
-    "checkpoint-*",
+    LATEST,
+    f"{PREFIX}*",
     "tensorboard",
     "wandb",
     "wandb_run_id",
     "samples",
-    ".checkpoint-*",
-    ".deleting-*",
-    ".latest_checkpoint.tmp",
+    f"{WRITING}*",
+    f"{DELETING}*",
+    LATEST_TMP,
     ".metrics.jsonl.tmp",
     f".{DIGEST}.tmp",
 )
@@ -164,7 +153,7 @@ def finished_summary(run_dir: Path, cfg: TrainConfig) -> dict:
     return {
         "config": cfg.to_dict(),
         "evals": evals,
-        "checkpoint": str(run_dir / f"checkpoint-{cfg.steps}"),
+        "checkpoint": str(checkpoint_dir(run_dir, cfg.steps)),
         "history": read_metrics(run_dir),
         "finished_before": True,
     }
@@ -292,7 +281,7 @@ class Claim:
         never leaves it to be put back)."""
         self.committed = True
         if self._staged is not None:
-            doomed = self.run_dir / f".deleting-{self._staged.name}"
+            doomed = self.run_dir / f"{DELETING}{self._staged.name}"
             os.replace(self._staged, doomed)
             self._staged = None
             shutil.rmtree(doomed, ignore_errors=True)
@@ -368,7 +357,7 @@ def claim(cfg: TrainConfig, *, resume: bool | str = False, overwrite: bool = Fal
     lock = RunLock(run_dir).acquire()
     try:
         _repair(run_dir)
-        for stale in [*run_dir.glob(".checkpoint-*"), *run_dir.glob(".deleting-*")]:  # writes a kill cut short
+        for stale in [*run_dir.glob(f"{WRITING}*"), *run_dir.glob(f"{DELETING}*")]:  # writes a kill cut short
             shutil.rmtree(stale, ignore_errors=True)
         record = record_entries(run_dir)
         if _never_stepped(run_dir, record):  # a new run killed (SIGKILL) before its first step: nothing to keep
@@ -485,9 +474,7 @@ def is_run_dir(path: Path) -> bool:
     """Whether `path` holds a run's record: config.yaml with metrics.jsonl (what a run writes as it starts), or a
     checkpoint pointer."""
     return path.is_dir() and (
-        (path / "config.yaml").is_file()
-        and (path / "metrics.jsonl").is_file()
-        or (path / "latest_checkpoint").is_file()
+        (path / "config.yaml").is_file() and (path / "metrics.jsonl").is_file() or (path / LATEST).is_file()
     )
 
 
@@ -567,7 +554,3 @@ def check_output(
                     f"another {option} (or this one explicitly to write beside the run's record)"
                 )
     return path
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Signals

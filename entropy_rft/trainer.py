@@ -7,15 +7,15 @@ each lives in the module that owns it:
 - step.py: a step over the batch: the behaviour policy's statistics, the decision over the whole batch (advantages,
   keep mask, selections, the entropy control's knobs) and the update on the objective (objective.py); its rules;
 - diagnostics.py: the step's metrics line; samples.py: token-level samples; evaluate.py: Avg@K and Pass@K;
-- runstate.py: what a checkpoint holds, its files, finding, loading and pruning them; rundir.py: the run
-  directory's rules and the stop signals.
+- checkpoint.py: what a checkpoint holds, its files, finding, loading and pruning them; rundir.py: the run
+  directory's rules; stops.py: the stop signals and non-finite steps.
 
 Departures, numbered:
 1. On a stop (Ctrl-C, SIGTERM, SIGHUP) the run is saved as a checkpoint before it ends, and `resume=True`
    (`entropy-rft train --resume`) continues from the newest complete checkpoint of the run directory, whose settings
    must match (rundir.py). A step commits whole: a stop before its first optimizer step saves the state the step
-   began from; a stop after it waits until the step's metrics are computed (rundir.StopSignals); a stop during the
-   step's evaluation or its logging leaves the step pending in the checkpoint (runstate.py), and resume evaluates
+   began from; a stop after it waits until the step's metrics are computed (stops.StopSignals); a stop during the
+   step's evaluation or its logging leaves the step pending in the checkpoint (checkpoint.py), and resume evaluates
    and logs it. Checkpoints are atomic and hold the whole run state, so a run killed at any moment (SIGKILL
    included) and resumed ends with the same weights as one never interrupted, with every step logged once: the
    metric sinks and samples are cut back to the checkpoint's step first (logging.py, samples.py).
@@ -35,6 +35,14 @@ import torch
 from tqdm import tqdm
 
 from . import samples
+from .checkpoint import (
+    RunState,
+    checkpoint_space,
+    find_checkpoint,
+    load_trainer_state,
+    prune_checkpoints,
+    save_checkpoint,
+)
 from .config import TrainConfig, preflight
 from .control import control_name, make_control
 from .diagnostics import loss_step_sizes
@@ -43,13 +51,11 @@ from .logging import MetricLogger
 from .plan import check_fits
 from .policy import pick_device, resolve_model_path, set_up_policy
 from .problems import ProblemSampler, sample_batch, task_problems
-from .record import find_checkpoint, load_trainer_state
 from .rules import StepRules
-from .rundir import Claim, StopSignals, finished_summary, new_run_dir, remove_if_empty, stop_signals_interrupt
+from .rundir import Claim, finished_summary, new_run_dir, remove_if_empty
 from .rundir import claim as claim_run_dir
-from .runstate import RunState, checkpoint_space, prune_checkpoints, save_checkpoint
 from .step import Step
-from .stops import NonFinite, finite_sampling
+from .stops import NonFinite, StopSignals, finite_sampling, stop_signals_interrupt
 from .tasks import TASKS
 
 __all__ = ["train"]  # what users import from here; every other name from the module that owns it
@@ -123,7 +129,7 @@ class _Run:
 
     def save(self, at: int, state: dict | None = None) -> Path:
         p = self.policy
-        with checkpoint_space(self.run_dir, at):  # no space left: one line naming the checkpoint (runstate.py)
+        with checkpoint_space(self.run_dir, at):  # no space left: one line naming the checkpoint (checkpoint.py)
             ckpt = save_checkpoint(
                 self.run_dir, at, p.model, p.tokenizer, p.optimizer, None, p.value_head, state or self.state.capture()
             )
@@ -158,7 +164,7 @@ class _Run:
 
     def commit(self, pending: dict) -> None:
         """Log a computed step: its evaluation first when due (its Avg@K and Pass@K join the line), then the metrics
-        line, then a checkpoint when due. Until the line is written the step is pending (runstate.py)."""
+        line, then a checkpoint when due. Until the line is written the step is pending (checkpoint.py)."""
         self.state.pending, metrics, at = pending, dict(pending["metrics"]), pending["step"]
         if self.eval_due(at):
             self.state.evals[at] = self.evaluate()
@@ -235,7 +241,7 @@ def _loop(run: _Run, stops: StopSignals) -> dict:
             )
         final, doing = run.save(cfg.steps), "the final evaluation"
         state.evals[cfg.steps] = run.evaluate()
-    except KeyboardInterrupt as err:  # Ctrl-C, or SIGTERM / SIGHUP (rundir.Interrupted)
+    except KeyboardInterrupt as err:  # Ctrl-C, or SIGTERM / SIGHUP (stops.Interrupted)
         why = getattr(err, "name", "SIGINT")
         if not run.claim.committed:  # stopped before the first step: the directory is put back as it was (rundir)
             raise

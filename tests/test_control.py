@@ -354,4 +354,4 @@ def test_trainer_runs_entropic_with_the_pi_law_on_the_logged_entropy(tmp_path):
     assert rows[-1]["entropic/integral"] == pytest.approx(sum(errors), rel=1e-9)
     assert all(0 < r["entropic/high_prob_frac"] < 1 for r in rows)
     state = torch.load(f"{summary['checkpoint']}/trainer_state.pt", weights_only=False)
-    assert state["control"]["integral"] == pytest.approx(sum(errors), rel=1e-9)  # runstate.py: the control's state
+    assert state["control"]["integral"] == pytest.approx(sum(errors), rel=1e-9)  # checkpoint.py: the control's state

@@ -326,9 +326,10 @@ def test_the_python_api_checks_the_digest_not_the_edited_file(tmp_path):
     checkpoint, the edit can no longer be told: the resume is refused naming the file (issue 54)."""
     import yaml
 
+    from entropy_rft.checkpoint import RunDirError
     from entropy_rft.config import load_config
     from entropy_rft.record import write_digest
-    from entropy_rft.rundir import RunDirError, claim
+    from entropy_rft.rundir import claim
 
     run = tmp_path / "r"
     cfg = load_config(None, out=str(run), progress=False, group_size=4, steps=3)

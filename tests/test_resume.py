@@ -13,12 +13,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from entropy_rft.checkpoint import find_checkpoint, save_checkpoint
 from entropy_rft.config import load_config
 from entropy_rft.logging import MetricLogger, read_metrics
 from entropy_rft.policy import load_policy
 from entropy_rft.problems import ProblemSampler
-from entropy_rft.record import find_checkpoint
-from entropy_rft.runstate import save_checkpoint
 from entropy_rft.trainer import train
 
 ROOT = Path(__file__).resolve().parents[1]

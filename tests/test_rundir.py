@@ -15,10 +15,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from entropy_rft.checkpoint import RunDirError, checkpoint_dirs, find_checkpoint, prune_checkpoints, step_of
 from entropy_rft.config import load_config, setting_differences, settings_key
-from entropy_rft.record import RunDirError, find_checkpoint
 from entropy_rft.rundir import RunLock, claim, new_run_dir, record_entries
-from entropy_rft.runstate import prune_checkpoints
 from entropy_rft.stops import Interrupted, stop_signals_interrupt
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -287,7 +286,7 @@ def test_prune_keeps_the_newest_n_the_final_and_the_latest(tmp_path_factory, ste
     (run / "latest_checkpoint").write_text(f"checkpoint-{latest}")
     prune_checkpoints(run, keep, final)
     expected = set(steps) if keep == 0 else set(sorted(steps)[-keep:]) | ({final} & steps) | {latest}
-    assert {int(p.name[11:]) for p in run.glob("checkpoint-*")} == expected
+    assert {step_of(p) for p in checkpoint_dirs(run, complete=False)} == expected
     assert not list(run.glob(".deleting-*"))
     assert find_checkpoint(run) == run / f"checkpoint-{latest}"
 

@@ -2,7 +2,7 @@
 
 - a stop between two optimizer steps of one update (mini_batches 2) waits for the step's metrics line, then saves
   the step as done (rundir.StopSignals);
-- a stop during a mid-run evaluation leaves the step pending in the checkpoint (runstate.py), and resume evaluates
+- a stop during a mid-run evaluation leaves the step pending in the checkpoint (checkpoint.py), and resume evaluates
   and logs it;
 - a real SIGTERM to a `train` subprocess, whenever it lands.
 Each ends with final weights bit-identical to the uninterrupted run's, every step logged once, every evaluation
@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from entropy_rft.checkpoint import find_checkpoint
 from entropy_rft.config import load_config
 from entropy_rft.logging import read_metrics
-from entropy_rft.record import find_checkpoint
 from entropy_rft.trainer import train
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -1,23 +1,39 @@
-"""runstate.py: what a checkpoint's trainer_state.pt records, and finding and loading checkpoints.
+"""checkpoint.py: a checkpoint's file names, what its trainer_state.pt records, and finding and loading checkpoints.
 
 Properties: RunState.capture then restore into a fresh run's objects (through torch.save / torch.load, as a
 checkpoint does) continues every source of randomness and every learnt state exactly: the problem order, the update's
 generator, torch's global generator, the entropy control, the evaluations (keys back to ints) and a pending step; a
 capture is a copy (later steps do not change it); checkpoints written before update_gen / torch_rng / evals were
 saved resume without them, and a control state under its old key is read; a damaged trainer_state.pt is skipped for
-the newest earlier intact checkpoint, and an unreadable one raises RunDirError naming the file."""
+the newest earlier intact checkpoint, and an unreadable one raises RunDirError naming the file. The names are the
+format old run directories were written in, and no other module spells them."""
 
+import ast
 import errno
+from pathlib import Path
 
 import pytest
 import torch
 
+from entropy_rft.checkpoint import (
+    LATEST,
+    STATE,
+    RunDirError,
+    RunState,
+    checkpoint_dir,
+    checkpoint_dirs,
+    checkpoint_space,
+    find_checkpoint,
+    load_trainer_state,
+    out_of_space,
+    resume_checkpoint,
+    step_of,
+)
 from entropy_rft.config import load_config
 from entropy_rft.control import control_name, make_control
 from entropy_rft.problems import ProblemSampler
-from entropy_rft.record import RunDirError, find_checkpoint, load_trainer_state, resume_checkpoint
-from entropy_rft.record import step_of as checkpoint_step
-from entropy_rft.runstate import RunState, checkpoint_space, out_of_space
+
+ROOT = Path(__file__).resolve().parents[1]
 
 CFG = load_config(None, entropy_target=0.4, entropy_control="pi")
 
@@ -89,13 +105,13 @@ def test_older_checkpoints_resume():
 
 def make_checkpoints(run, steps, *, damaged=()):
     for s in steps:
-        (run / f"checkpoint-{s}").mkdir(parents=True)
-        path = run / f"checkpoint-{s}" / "trainer_state.pt"
+        checkpoint_dir(run, s).mkdir(parents=True)
+        path = checkpoint_dir(run, s) / STATE
         if s in damaged:
             path.write_bytes(b"PK\x03\x04 cut short")
         else:
             torch.save({"step": s}, path)
-    (run / "latest_checkpoint").write_text(f"checkpoint-{max(steps)}")
+    (run / LATEST).write_text(checkpoint_dir(run, max(steps)).name)
 
 
 def test_a_damaged_state_falls_back_to_the_newest_intact_checkpoint(tmp_path, capsys):
@@ -104,7 +120,7 @@ def test_a_damaged_state_falls_back_to_the_newest_intact_checkpoint(tmp_path, ca
     make_checkpoints(tmp_path / "a", [1, 2, 3], damaged=[3])
     assert find_checkpoint(tmp_path / "a") == tmp_path / "a" / "checkpoint-3"
     ckpt = resume_checkpoint(tmp_path / "a")
-    assert ckpt == tmp_path / "a" / "checkpoint-2" and checkpoint_step(ckpt) == 2
+    assert ckpt == tmp_path / "a" / "checkpoint-2" and step_of(ckpt) == 2
     assert "checkpoint-3/trainer_state.pt is damaged" in capsys.readouterr().err
     make_checkpoints(tmp_path / "b", [1, 2], damaged=[1, 2])
     with pytest.raises(RunDirError, match="no earlier complete checkpoint"):
@@ -147,3 +163,53 @@ def test_out_of_space_is_recognised_and_named(tmp_path, err, full):
             assert f"while writing {run / 'checkpoint-4'}" in str(raised.value) and way in str(raised.value)
         else:
             assert raised.value is err
+
+
+def test_the_names_are_the_format_old_run_directories_have(tmp_path):
+    """RUN/checkpoint-N/trainer_state.pt and RUN/latest_checkpoint, as every run directory written so far has them
+    (tests/fixtures/old_run); step_of reads N back from a path or a name; checkpoint_dirs lists checkpoint-N
+    directories only (complete: with a trainer_state.pt), not checkpoint-final or .checkpoint-3.tmp."""
+    assert checkpoint_dir(tmp_path, 12) == tmp_path / "checkpoint-12" and step_of(tmp_path / "checkpoint-12") == 12
+    assert (STATE, LATEST) == ("trainer_state.pt", "latest_checkpoint")
+    make_checkpoints(tmp_path, [3, 10])
+    for other in ("checkpoint-final", ".checkpoint-3.tmp", "checkpoint-4"):
+        (tmp_path / other).mkdir()
+    assert sorted(map(step_of, checkpoint_dirs(tmp_path, complete=True))) == [3, 10]
+    assert sorted(map(step_of, checkpoint_dirs(tmp_path, complete=False))) == [3, 4, 10]
+    assert sorted(p.name for p in (ROOT / "tests" / "fixtures" / "old_run" / "run").glob("*checkpoint*")) == [
+        "checkpoint-1",
+        "checkpoint-2",
+        "latest_checkpoint",
+    ]
+
+
+FORMAT_NAMES = ("trainer_state.pt", "latest_checkpoint", "value_head.pt", "checkpoint-")
+
+
+def _code_strings(tree: ast.AST):
+    """Every string constant of a module's code, docstrings left out (an f-string's literal parts included)."""
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+    }
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
+            yield node
+
+
+def test_only_the_checkpoint_module_spells_the_file_names():
+    """No module of the package or the benchmarks writes a checkpoint's file names as a literal in its code
+    (docstrings aside): they name them through checkpoint.py's constants, checkpoint_dir and step_of. A message that
+    tells the user the name (`the checkpoint's trainer_state.pt ...`) counts too: it takes the constant."""
+    found = []
+    for path in sorted([*(ROOT / "entropy_rft").rglob("*.py"), *(ROOT / "benchmarks").rglob("*.py")]):
+        if path.name == "checkpoint.py":
+            continue
+        for node in _code_strings(ast.parse(path.read_text())):
+            if any(name in node.value for name in FORMAT_NAMES):
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.value[:60]!r}")
+    assert not found, "checkpoint file names spelt outside checkpoint.py:\n" + "\n".join(found)
