@@ -364,7 +364,14 @@ def _check_machine(args) -> None:
 
 
 def cmd_eval(args) -> None:
-    from .pipeline import entry_tasks, evaluate_to_dir, model_to_evaluate, packaged_prompt_settings, parse_data_specs
+    from .pipeline import (
+        EvalRequest,
+        entry_tasks,
+        evaluate_to_dir,
+        model_to_evaluate,
+        packaged_prompt_settings,
+        parse_data_specs,
+    )
 
     args.model = model_to_evaluate(args.model)
     # a packaged model's recipe gives its prompt settings beneath the options, as it does for train (config.py)
@@ -384,11 +391,8 @@ def cmd_eval(args) -> None:
     tasks = entry_tasks(specs, args.task)
     guard(args, args.out, ("eval.json", "eval.md", "pass_rates.png", "samples"))
     _check_machine(args)
-    report = evaluate_to_dir(
-        model=args.model,
-        task_name=tasks,
-        specs=specs,
-        out=args.out,
+    request = EvalRequest(
+        args.model,
         n=args.n,
         temperature=args.eval_temperature,
         top_p=args.top_p,
@@ -402,6 +406,12 @@ def cmd_eval(args) -> None:
         batch_size=args.batch_size,
         vllm_memory=args.vllm_gpu_memory,
         progress=not args.quiet,
+    )
+    report = evaluate_to_dir(
+        request,
+        task_name=tasks,
+        specs=specs,
+        out=args.out,
         options={
             "n": "--n" if args.n is not None else "--eval-k",
             **{f"n:{spec}": f"--data {spec}@" for spec, _ in specs if spec in own and args.n is None},
@@ -415,15 +425,12 @@ def cmd_eval(args) -> None:
 
 
 def cmd_filter(args) -> None:
-    from .pipeline import filter_to_dir
+    from .pipeline import EvalRequest, filter_to_dir
 
     guard(args, args.out, ("scored.jsonl", "train.jsonl", "filter.json", "pass_rates.png"))
     _check_machine(args)
-    summary = filter_to_dir(
-        model=args.model,
-        task_name=args.task,
-        spec=args.data,
-        out=args.out,
+    request = EvalRequest(
+        args.model,
         n=args.n,
         temperature=args.temperature,
         max_new_tokens=args.max_new_tokens,
@@ -436,6 +443,7 @@ def cmd_filter(args) -> None:
         vllm_memory=args.vllm_gpu_memory,
         progress=not args.quiet,
     )
+    summary = filter_to_dir(request, task_name=args.task, spec=args.data, out=args.out)
     print(json.dumps(summary, indent=1))
 
 

@@ -5,7 +5,7 @@
   In strict on-policy training the ratio is 1 and no clipping is active (Section 2).
 - kl_penalty: the k3 ("low-variance") estimator of KL(pi || pi_ref).
 - aggregate: the loss aggregation modes token-mean, seq-mean-token-mean, seq-mean-token-sum,
-  seq-mean-token-sum-norm and token-sum.
+  seq-mean-token-sum-norm and token-sum; `Aggregation` binds a mode to its denominators, and every loss takes one.
 - the losses engines ship beyond the paper, under verl 0.9.1's names: cispo_loss, sapo_loss, dppo_tv_loss,
   dppo_kl_loss, geo_mean_loss, and erc_loss (Kwai-Klear/ERC); each has a `*_ratio` function, the factor it puts on
   d log p_t, which step_sizes takes as `ratio` (1 at ratio 1 for all of them).
@@ -18,8 +18,10 @@ are 0-dim tensors (no host sync inside loss math). Tokens removed by a method's 
 the mask, so they leave both the numerator and the token-mean denominator (the authors' Clip_B/Clip_V code
 edits the response mask the same way).
 
-Denominators are explicit: for gradient accumulation over micro-batches, pass num_tokens / num_seqs of the
-whole mini-batch and the sum of the micro-batch losses equals the full-batch loss (tested).
+Denominators are explicit: for gradient accumulation over micro-batches, pass an Aggregation with num_tokens /
+num_seqs of the whole mini-batch and the sum of the micro-batch losses equals the full-batch loss (tested).
+aggregate, token_weights and step_sizes keep the keyword form (mode, num_tokens=, num_seqs=, norm=), as the engine
+adapters call them.
 
 Departures, numbered, from verl 0.9.1 (compute_policy_loss_vanilla and agg_loss, checked against
 tests/fixtures/verl_policy_losses.json; the engines' losses against engine_policy_losses.json):
@@ -48,7 +50,8 @@ tests/fixtures/verl_policy_losses.json; the engines' losses against engine_polic
 
 from __future__ import annotations
 
-from typing import Literal
+from dataclasses import dataclass
+from typing import Literal, cast
 
 import torch
 from torch import Tensor
@@ -57,6 +60,7 @@ from .advantages import broadcast_advantages
 
 __all__ = [
     "AGG_MODES",
+    "Aggregation",
     "aggregate",
     "masked_mean",
     "ppo_clip_loss",
@@ -139,6 +143,27 @@ def aggregate(
     return (per_seq * has_tokens).sum() / denom
 
 
+@dataclass(frozen=True)
+class Aggregation:
+    """How a loss reduces its per-token values (B, T) over its mask to a scalar: the mode and `aggregate`'s
+    denominators. num_tokens / num_seqs are the whole mini-batch's counts when micro-batch losses are summed (None:
+    the mask's own); norm is Dr. GRPO's constant (seq-mean-token-sum-norm). Every loss here takes one as `agg`, or a
+    mode's name for Aggregation(mode)."""
+
+    mode: AggMode = "token-mean"
+    num_tokens: Tensor | float | None = None
+    num_seqs: Tensor | float | None = None
+    norm: float | None = None
+
+    @classmethod
+    def of(cls, agg: Aggregation | str) -> Aggregation:
+        return agg if isinstance(agg, Aggregation) else cls(cast(AggMode, agg))
+
+    def __call__(self, loss_mat: Tensor, mask: Tensor) -> Tensor:
+        """aggregate(loss_mat, mask) in this mode with these denominators."""
+        return aggregate(loss_mat, mask, self.mode, num_tokens=self.num_tokens, num_seqs=self.num_seqs, norm=self.norm)
+
+
 def token_weights(
     mask: Tensor,
     mode: AggMode = "token-mean",
@@ -218,10 +243,7 @@ def ppo_clip_loss(
     eps_low: float = 0.2,
     eps_high: float = 0.2,
     dual_clip_c: float | None = 3.0,
-    agg: AggMode = "token-mean",
-    num_tokens: Tensor | float | None = None,
-    num_seqs: Tensor | float | None = None,
-    norm: float | None = None,
+    agg: Aggregation | AggMode = "token-mean",
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Clipped surrogate, eq. 1: -min(r A, clip(r, 1 - eps_low, 1 + eps_high) A), with dual clip: for A < 0
     the per-token loss is at most -c A. advantages [B] or [B, T]; logp, old_logp, mask [B, T].
@@ -234,7 +256,7 @@ def ppo_clip_loss(
     loss_mat, metrics = _ppo_clip_terms(
         logp, old_logp, advantages, mask, eps_low=eps_low, eps_high=eps_high, dual_clip_c=dual_clip_c
     )
-    return aggregate(loss_mat, mask, agg, num_tokens=num_tokens, num_seqs=num_seqs, norm=norm), metrics
+    return Aggregation.of(agg)(loss_mat, mask), metrics
 
 
 def _ppo_clip_terms(
@@ -346,16 +368,13 @@ def kl_cov_loss(
     *,
     selected: Tensor,
     kl_coef: float = 1.0,
-    agg: AggMode = "token-mean",
-    num_tokens=None,
-    num_seqs=None,
-    norm=None,
+    agg: Aggregation | AggMode = "token-mean",
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """KL-Cov: the unclipped surrogate -A r, plus kl_coef |log r| on the selected tokens (no ratio clipping)."""
     adv = broadcast_advantages(advantages, logp)
     log_ratio = logp - old_logp
     loss_mat = -adv * log_ratio.exp() + torch.where(selected, kl_coef * log_ratio.abs(), torch.zeros_like(log_ratio))
-    loss = aggregate(loss_mat, mask, agg, num_tokens=num_tokens, num_seqs=num_seqs, norm=norm)
+    loss = Aggregation.of(agg)(loss_mat, mask)
     with torch.no_grad():
         metrics = {
             "ppo_kl": masked_mean(log_ratio.abs(), mask),
@@ -373,10 +392,7 @@ def clip_cov_loss(
     selected: Tensor,
     eps_low: float = 0.2,
     eps_high: float = 0.2,
-    agg: AggMode = "token-mean",
-    num_tokens=None,
-    num_seqs=None,
-    norm=None,
+    agg: Aggregation | AggMode = "token-mean",
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Clip-Cov: the PPO-clipped surrogate (no dual clip), with the loss of the selected tokens set to 0."""
     adv = broadcast_advantages(advantages, logp)
@@ -384,7 +400,7 @@ def clip_cov_loss(
     ratio = log_ratio.exp()
     loss_mat = torch.maximum(-adv * ratio, -adv * ratio.clamp(1.0 - eps_low, 1.0 + eps_high))
     loss_mat = loss_mat * (~selected).to(loss_mat.dtype)
-    loss = aggregate(loss_mat, mask, agg, num_tokens=num_tokens, num_seqs=num_seqs, norm=norm)
+    loss = Aggregation.of(agg)(loss_mat, mask)
     with torch.no_grad():
         metrics = {"clipfrac": masked_mean(selected.float(), mask), "ppo_kl": masked_mean(-log_ratio, mask)}
     return loss, metrics
@@ -398,10 +414,7 @@ def gspo_loss(
     *,
     eps_low: float = 3e-4,
     eps_high: float = 4e-4,
-    agg: AggMode = "seq-mean-token-mean",
-    num_tokens=None,
-    num_seqs=None,
-    norm=None,
+    agg: Aggregation | AggMode = "seq-mean-token-mean",
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """GSPO (Zheng et al. 2025): the sequence-level ratio s = exp(mean_t log r_t) (length-normalised), clipped
     at the sequence level; per token exp(log p - sg(log p) + sg(log s)) carries the gradient. Defaults are the
@@ -413,7 +426,7 @@ def gspo_loss(
     log_s = (logp - logp.detach() + seq_log_ratio.detach().unsqueeze(-1)).clamp(max=10.0)
     s = log_s.exp()
     unclipped, clipped = -adv * s, -adv * s.clamp(1.0 - eps_low, 1.0 + eps_high)
-    loss = aggregate(torch.maximum(unclipped, clipped), mask, agg, num_tokens=num_tokens, num_seqs=num_seqs, norm=norm)
+    loss = Aggregation.of(agg)(torch.maximum(unclipped, clipped), mask)
     with torch.no_grad():
         metrics = {
             "clipfrac": masked_mean((clipped > unclipped).float(), mask),
@@ -429,10 +442,7 @@ def value_loss(
     mask: Tensor,
     *,
     clip_range: float | None = 0.5,
-    agg: AggMode = "token-mean",
-    num_tokens=None,
-    num_seqs=None,
-    norm=None,
+    agg: Aggregation | AggMode = "token-mean",
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """PPO's clipped value loss (verl compute_value_loss): 0.5 * agg(max((v - R)^2, (clip(v, v_old +- c) - R)^2)).
     clip_range None disables clipping (verl's default clip is 0.5)."""
@@ -445,7 +455,7 @@ def value_loss(
         per_token = torch.maximum(unclipped, clipped)
         with torch.no_grad():
             clipfrac = masked_mean((clipped > unclipped).float(), mask)
-    loss = 0.5 * aggregate(per_token, mask, agg, num_tokens=num_tokens, num_seqs=num_seqs, norm=norm)
+    loss = 0.5 * Aggregation.of(agg)(per_token, mask)
     with torch.no_grad():
         metrics = {"vf_clipfrac": clipfrac, "value_mean": masked_mean(values.detach(), mask)}
     return loss, metrics
@@ -458,19 +468,16 @@ def entropic_adjustment(
     high: Tensor,
     *,
     alpha: float,
-    agg: AggMode = "token-mean",
-    num_tokens=None,
-    num_seqs=None,
-    norm=None,
+    agg: Aggregation | AggMode = "token-mean",
 ):
     """EntroPIC's loss term alpha * agg_{T_hi}(-r |A|), r = exp(log p - old log p); (loss, metrics). Added to the
     token-mean policy loss over N tokens it weighs a high-probability token by (1 + alpha N / N_hi) in a positive
     sample and (1 - alpha N / N_hi) in a negative one (its gradient is alpha * -|A| grad r / N_hi, the policy term's
-    -A grad r / N times alpha sign(A) N / N_hi). num_tokens / num_seqs are T_hi's counts over the whole mini-batch
+    -A grad r / N times alpha sign(A) N / N_hi). agg's num_tokens / num_seqs are T_hi's counts over the whole mini-batch
     (control.py, departure 4)."""
     adv = broadcast_advantages(advantages, logp).to(logp.dtype)  # (B, T)
     ratio = (logp - old_logp).exp()
-    term = aggregate(-ratio * adv.abs(), high, agg, num_tokens=num_tokens, num_seqs=num_seqs, norm=norm)
+    term = Aggregation.of(agg)(-ratio * adv.abs(), high)
     return alpha * term, {"entropic_term": term.detach()}
 
 
@@ -510,10 +517,7 @@ def cispo_loss(
     eps_low: float = 0.2,
     eps_high: float = 0.2,
     upper_only: bool = False,
-    agg: AggMode = "token-mean",
-    num_tokens=None,
-    num_seqs=None,
-    norm=None,
+    agg: Aggregation | AggMode = "token-mean",
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """CISPO (MiniMax-M1, arXiv 2506.13585; verl 0.9.1 compute_policy_loss_cispo): -sg(clip(r, 1 - eps_low,
     1 + eps_high)) A log p. Every token keeps a gradient; the clipped ratio only weighs it. Defaults are verl's
@@ -525,7 +529,7 @@ def cispo_loss(
     adv = broadcast_advantages(advantages, logp)
     ratio = ((logp - old_logp) if upper_only else _log_ratio(logp, old_logp)).detach().exp()
     weight = cispo_ratio(logp, old_logp, mask, eps_low=eps_low, eps_high=eps_high, upper_only=upper_only)
-    loss = aggregate(-weight * adv * logp, mask, agg, num_tokens=num_tokens, num_seqs=num_seqs, norm=norm)
+    loss = Aggregation.of(agg)(-weight * adv * logp, mask)
     with torch.no_grad():
         metrics = {
             "clipfrac": masked_mean((ratio != weight).float(), mask),
@@ -563,10 +567,7 @@ def sapo_loss(
     *,
     tau_pos: float = 1.0,
     tau_neg: float = 1.05,
-    agg: AggMode = "seq-mean-token-mean",
-    num_tokens=None,
-    num_seqs=None,
-    norm=None,
+    agg: Aggregation | AggMode = "seq-mean-token-mean",
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """SAPO (arXiv 2511.20347; verl 0.9.1 compute_policy_loss_sapo): -A g(r), g(r) = sigmoid(tau (r - 1)) 4 / tau, a
     smooth gate in place of the hard clip, tau = tau_pos where A > 0 and tau_neg elsewhere (verl ActorConfig: 1.0,
@@ -576,7 +577,7 @@ def sapo_loss(
     log_ratio = _log_ratio(logp, old_logp)
     tau = _sapo_tau(adv, tau_pos, tau_neg, logp.dtype)
     gate = torch.sigmoid(tau * (log_ratio.exp() - 1.0)) * (4.0 / tau)
-    loss = aggregate(-gate * adv, mask, agg, num_tokens=num_tokens, num_seqs=num_seqs, norm=norm)
+    loss = Aggregation.of(agg)(-gate * adv, mask)
     with torch.no_grad():
         metrics = {"ppo_kl": masked_mean(-log_ratio, mask)}
     return loss, metrics
@@ -640,10 +641,10 @@ def dppo_kl_ratio(
     return _dppo_ratio(keep, logp, old_logp, clip_ratio_c)
 
 
-def _dppo_loss(keep, logp, old_logp, advantages, mask, clip_ratio_c, agg, num_tokens, num_seqs, norm):
+def _dppo_loss(keep, logp, old_logp, advantages, mask, clip_ratio_c, agg):
     adv = broadcast_advantages(advantages, logp)
     weight = _dppo_ratio(keep, logp, old_logp, clip_ratio_c)
-    loss = aggregate(-adv * weight * logp, mask, agg, num_tokens=num_tokens, num_seqs=num_seqs, norm=norm)
+    loss = Aggregation.of(agg)(-adv * weight * logp, mask)
     with torch.no_grad():
         log_ratio = _log_ratio(logp, old_logp)
         truncated = torch.zeros_like(keep) if clip_ratio_c is None else log_ratio.exp() > clip_ratio_c
@@ -664,10 +665,7 @@ def dppo_tv_loss(
     eps_low: float = 0.2,
     eps_high: float = 0.2,
     clip_ratio_c: float | None = 3.0,
-    agg: AggMode = "token-mean",
-    num_tokens=None,
-    num_seqs=None,
-    norm=None,
+    agg: Aggregation | AggMode = "token-mean",
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """DPPO-Binary-TV (arXiv 2602.04879; verl 0.9.1 compute_policy_loss_dppo_tv; prime-rl's default loss):
     -A sg(min(r, clip_ratio_c)) log p on the tokens inside dppo_tv_keep's trust region, 0 (no gradient) outside.
@@ -677,7 +675,7 @@ def dppo_tv_loss(
     the DPPO paper recommends a large threshold. Metrics: clipfrac (outside the region), clipfrac_trunc (verl's
     pg_clipfrac_lower: inside it and r > clip_ratio_c)."""
     keep = dppo_tv_keep(logp, old_logp, advantages, eps_low=eps_low, eps_high=eps_high)
-    return _dppo_loss(keep, logp, old_logp, advantages, mask, clip_ratio_c, agg, num_tokens, num_seqs, norm)
+    return _dppo_loss(keep, logp, old_logp, advantages, mask, clip_ratio_c, agg)
 
 
 def dppo_kl_loss(
@@ -689,15 +687,12 @@ def dppo_kl_loss(
     eps_low: float = 0.2,
     eps_high: float = 0.2,
     clip_ratio_c: float | None = 3.0,
-    agg: AggMode = "token-mean",
-    num_tokens=None,
-    num_seqs=None,
-    norm=None,
+    agg: Aggregation | AggMode = "token-mean",
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """DPPO-Binary-KL (verl 0.9.1 compute_policy_loss_dppo_kl): dppo_tv_loss with dppo_kl_keep's trust region (the
     binary KL bounded by eps_high / eps_low, verl's clip_ratio_high / clip_ratio_low)."""
     keep = dppo_kl_keep(logp, old_logp, advantages, eps_low=eps_low, eps_high=eps_high)
-    return _dppo_loss(keep, logp, old_logp, advantages, mask, clip_ratio_c, agg, num_tokens, num_seqs, norm)
+    return _dppo_loss(keep, logp, old_logp, advantages, mask, clip_ratio_c, agg)
 
 
 def _geo_mean_log_ratio(logp, old_logp, advantages, eps_low, eps_high):
@@ -730,27 +725,25 @@ def geo_mean_loss(
     *,
     eps_low: float = 0.2,
     eps_high: float = 0.2,
-    agg: AggMode = "seq-mean-token-mean",
-    num_tokens=None,
-    num_seqs=None,
-    norm=None,
+    agg: Aggregation | AggMode = "seq-mean-token-mean",
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """GMPO, geometric-mean policy optimisation (arXiv 2507.20673; verl 0.9.1 compute_policy_loss_geo_mean): per
     sequence -A_b R_b, R_b = exp(mean over its tokens of the log-ratio clipped to [-eps_low, eps_high] on the
     advantage's side), A_b the mean of its token advantages (+1e-8 in both denominators, as verl); the mean over
     sequences. GMPO aggregates its own way (verl ignores loss_agg_mode): the gradient's token weights are those of
-    seq-mean-token-mean, the only agg accepted. The sequences' count is num_seqs (default: sequences with a loss
+    seq-mean-token-mean, the only agg accepted. The sequences' count is agg.num_seqs (default: sequences with a loss
     token, as aggregate; verl takes the mean over every row of the micro-batch, empty ones included, and no log-ratio
     clamp). Metrics clipfrac (A > 0, clipped above), clipfrac_low (A < 0, clipped below) as verl's."""
-    if agg != "seq-mean-token-mean":
-        raise ValueError(f"geo_mean aggregates per sequence (the weights of seq-mean-token-mean), got agg={agg!r}")
+    agg = Aggregation.of(agg)
+    if agg.mode != "seq-mean-token-mean":
+        raise ValueError(f"geo_mean aggregates per sequence (the weights of seq-mean-token-mean), got agg={agg.mode!r}")
     adv = broadcast_advantages(advantages, logp)
     m = mask.to(logp.dtype)
     length = m.sum(-1) + 1e-8
     seq_ratio = ((_geo_mean_log_ratio(logp, old_logp, adv, eps_low, eps_high) * m).sum(-1) / length).exp()
     seq_adv = (adv * m).sum(-1) / length
     has_tokens = (m.sum(-1) > 0).to(logp.dtype)
-    denom = has_tokens.sum() if num_seqs is None else num_seqs
+    denom = has_tokens.sum() if agg.num_seqs is None else agg.num_seqs
     loss = (-seq_adv * seq_ratio * has_tokens).sum() / denom
     with torch.no_grad():
         log_ratio = logp - old_logp
@@ -765,7 +758,9 @@ def geo_mean_loss(
 
 def erc_keep(entropy: Tensor, old_entropy: Tensor, *, erc_low: float = 0.95, erc_high: float = 1.05) -> Tensor:
     """ERC's band (Kwai-Klear/ERC compute_policy_loss_grpo_erc): erc_low < (H + 1e-8) / (H_old + 1e-8) < erc_high,
-    H the update's per-token entropy and H_old the behaviour policy's. (B, T) bool."""
+    H the update's per-token entropy and H_old the behaviour policy's. (B, T) bool. erc_low / erc_high 0.95 / 1.05 are
+    the authors' training scripts' (their actor config's defaults are 0.8 / 1.2, their names entropy_mask_low /
+    entropy_mask_high)."""
     ratio = (entropy.detach() + 1e-8) / (old_entropy + 1e-8)
     return (ratio > erc_low) & (ratio < erc_high)
 
@@ -776,23 +771,19 @@ def erc_ratio(
     mask: Tensor,
     *,
     advantages: Tensor,
-    entropy: Tensor,
-    old_entropy: Tensor,
+    band: Tensor,
     eps_low: float = 0.2,
     eps_high: float = 0.2,
     dual_clip_c: float | None = 3.0,
-    erc_low: float = 0.95,
-    erc_high: float = 1.05,
 ) -> Tensor:
-    """ERC's factor on d log p_t: r where the dual-clip PPO term is the unclipped one and the entropy ratio is in the
-    band, 0 elsewhere (clipped, dual-clipped, past the log-ratio clamp, or outside the band)."""
+    """ERC's factor on d log p_t: r where the dual-clip PPO term is the unclipped one and the token is inside the
+    entropy ratio's band (erc_keep), 0 elsewhere (clipped, dual-clipped, past the log-ratio clamp, or outside it)."""
     adv = broadcast_advantages(advantages, logp)
     log_r = (logp - old_logp).detach()
     r = log_r.clamp(-20.0, 20.0).exp()
     active = (-adv * r.clamp(1.0 - eps_low, 1.0 + eps_high) <= -adv * r) & (log_r.abs() < 20.0)
     if dual_clip_c is not None:
         active &= ~((adv < 0) & (-adv * r > -adv * dual_clip_c))
-    band = erc_keep(entropy, old_entropy, erc_low=erc_low, erc_high=erc_high)
     return r * (active & band).to(r.dtype)
 
 
@@ -802,30 +793,23 @@ def erc_loss(
     advantages: Tensor,
     mask: Tensor,
     *,
-    entropy: Tensor,
-    old_entropy: Tensor,
+    band: Tensor,
     eps_low: float = 0.2,
     eps_high: float = 0.2,
     dual_clip_c: float | None = 3.0,
-    erc_low: float = 0.95,
-    erc_high: float = 1.05,
-    agg: AggMode = "token-mean",
-    num_tokens=None,
-    num_seqs=None,
-    norm=None,
+    agg: Aggregation | AggMode = "token-mean",
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """ERC, entropy ratio clipping (arXiv 2512.05591; Kwai-Klear/ERC compute_policy_loss_grpo_erc): ppo_clip_loss,
-    with the gradient of every token outside erc_keep's entropy-ratio band detached (its loss still counts in the
-    value and the denominator, as in the authors' code). entropy and old_entropy (B, T): the update's forward and
-    the behaviour policy's per-token entropies. erc_low / erc_high 0.95 / 1.05 are the authors' training scripts'
-    (their actor config's defaults are 0.8 / 1.2, their names entropy_mask_low / entropy_mask_high). Departure: the
+    with the gradient of every token outside the entropy-ratio band detached (its loss still counts in the value and
+    the denominator, as in the authors' code). band (B, T) bool: erc_keep of the update's forward's and the behaviour
+    policy's per-token entropies, computed apart as Clip-Cov's selection is (the registry does it: methods.PolicyLoss
+    .entropy). Departure: the
     authors' verl fork aggregates with the older agg_loss (no global counts; seq-mean-token-sum-norm without the
     mean over sequences); this uses `aggregate`. Metric erc_kept_frac: valid tokens inside the band."""
     loss_mat, metrics = _ppo_clip_terms(
         logp, old_logp, advantages, mask, eps_low=eps_low, eps_high=eps_high, dual_clip_c=dual_clip_c
     )
-    band = erc_keep(entropy, old_entropy, erc_low=erc_low, erc_high=erc_high)
     loss_mat = torch.where(band, loss_mat, loss_mat.detach())
     with torch.no_grad():
         metrics["erc_kept_frac"] = masked_mean(band.float(), mask)
-    return aggregate(loss_mat, mask, agg, num_tokens=num_tokens, num_seqs=num_seqs, norm=norm), metrics
+    return Aggregation.of(agg)(loss_mat, mask), metrics

@@ -30,13 +30,16 @@ Registered here:
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import cast
 
+from torch import Tensor
+
 from . import losses, masks
-from .losses import AggMode
+from .losses import AggMode, Aggregation
 from .registry import Registry
 
 
@@ -268,14 +271,39 @@ class PolicyLoss:
     # it names among fn's options, advantages, entropy and old_entropy; 1 at ratio 1 for every loss here
     ratio: Callable = losses.token_ratio
     agg: AggMode | None = None  # the aggregation the loss always uses (verl's SAPO and GMPO); None: cfg.loss_agg
-    entropy: bool = False  # takes the update's and the behaviour policy's per-token entropies (ERC)
+    # a loss that reads the update's and the behaviour policy's per-token entropies (ERC): (entropy, old_entropy,
+    # cfg) -> the keyword arguments of fn and ratio computed from them (ERC's band); None: it reads none
+    entropy: Callable | None = None
 
     def aggregation(self, cfg) -> AggMode:
         return self.agg or cast(AggMode, cfg.loss_agg)  # TrainConfig checks it is one of losses.AGG_MODES
 
+    def loss(
+        self,
+        logp: Tensor,
+        old_logp: Tensor,
+        advantages: Tensor,
+        mask: Tensor,
+        cfg,
+        *,
+        agg: Aggregation,
+        selected: Tensor | None = None,
+        entropy: Tensor | None = None,
+        old_entropy: Tensor | None = None,
+    ) -> tuple[Tensor, dict[str, Tensor]]:
+        """`fn` with the options it takes from kwargs(cfg), in its own aggregation mode where it has one (agg's
+        counts kept), with Clip-Cov / KL-Cov's selection and what it reads of the entropies (ERC's band)."""
+        extra: dict = {"selected": selected} if selected is not None else {}
+        if self.entropy is not None:
+            extra.update(self.entropy(entropy, old_entropy, cfg))
+        agg = dataclasses.replace(agg, mode=self.agg) if self.agg else agg
+        return self.fn(logp, old_logp, advantages, mask, agg=agg, **self.kwargs(cfg), **extra)
+
     def factor(self, logp, old_logp, mask, cfg, *, advantages, entropy=None, old_entropy=None):
         """`ratio` with the options it takes from kwargs(cfg) and the step's tensors."""
-        given = {**self.kwargs(cfg), "advantages": advantages, "entropy": entropy, "old_entropy": old_entropy}
+        given = {**self.kwargs(cfg), "advantages": advantages}
+        if self.entropy is not None:
+            given.update(self.entropy(entropy, old_entropy, cfg))
         accepted = set(inspect.signature(self.ratio).parameters)
         return self.ratio(logp, old_logp, mask, **{k: v for k, v in given.items() if k in accepted})
 
@@ -349,8 +377,8 @@ POLICY_LOSSES.register(
     "erc",
     PolicyLoss(
         losses.erc_loss,
-        lambda c: {**_clip_range(c), "dual_clip_c": c.dual_clip_c, "erc_low": c.erc_low, "erc_high": c.erc_high},
+        lambda c: {**_clip_range(c), "dual_clip_c": c.dual_clip_c},
         ratio=losses.erc_ratio,
-        entropy=True,
+        entropy=lambda h, h_old, c: {"band": losses.erc_keep(h, h_old, erc_low=c.erc_low, erc_high=c.erc_high)},
     ),
 )

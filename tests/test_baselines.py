@@ -10,7 +10,7 @@ import torch
 from entropy_rft.advantages import advantage_reweight, overlong_penalty, rank_penalty
 from entropy_rft.config import load_config
 from entropy_rft.logging import read_metrics
-from entropy_rft.losses import ppo_clip_loss, select_kl_cov
+from entropy_rft.losses import Aggregation, ppo_clip_loss, select_kl_cov
 from entropy_rft.masks import top_entropy
 from entropy_rft.methods import METHODS
 from entropy_rft.trainer import train
@@ -64,8 +64,8 @@ def test_denominator_all_scales_by_kept_fraction():
     valid = torch.ones(3, 5, dtype=torch.bool)
     kept = valid.clone()
     kept[:, :3] = False
-    a, _ = ppo_clip_loss(logp, logp.detach(), adv, kept, num_tokens=kept.sum())
-    b, _ = ppo_clip_loss(logp, logp.detach(), adv, kept, num_tokens=valid.sum())
+    a, _ = ppo_clip_loss(logp, logp.detach(), adv, kept, agg=Aggregation(num_tokens=kept.sum()))
+    b, _ = ppo_clip_loss(logp, logp.detach(), adv, kept, agg=Aggregation(num_tokens=valid.sum()))
     torch.testing.assert_close(b, a * kept.sum() / valid.sum())
 
 

@@ -177,7 +177,7 @@ def test_entropic_term_reweights_high_probability_tokens_by_one_plus_minus_alpha
     token mean over T_hi): d/dlogp of  -sum_T A r / |T|  +  alpha * sum_{T_hi} -|A| r / |T_hi|. Checked token by token
     in float64 against that hand-built weighting (a loop), and the high-probability set against its definition."""
     from entropy_rft.control import high_probability_tokens
-    from entropy_rft.losses import entropic_adjustment
+    from entropy_rft.losses import Aggregation, entropic_adjustment
 
     g = torch.Generator().manual_seed(3)
     old = -torch.rand(6, 5, generator=g, dtype=torch.float64) * 0.2  # p_old in (0.82, 1]: some above 0.95
@@ -193,7 +193,7 @@ def test_entropic_term_reweights_high_probability_tokens_by_one_plus_minus_alpha
     alpha = 0.3
     ratio = (logp - old).exp()
     policy = -(adv[:, None] * ratio * mask).sum() / mask.sum()
-    term, _ = entropic_adjustment(logp, old, adv, high, alpha=alpha, num_tokens=high.sum())
+    term, _ = entropic_adjustment(logp, old, adv, high, alpha=alpha, agg=Aggregation(num_tokens=high.sum()))
     (grad,) = torch.autograd.grad(policy + term, logp)
     n, n_hi = int(mask.sum()), int(high.sum())
     for i in range(6):
@@ -215,7 +215,7 @@ def _tabular_grpo(
     samples `group` actions per context, rewards each with its action's fixed success probability, and updates on
     the token-mean loss, plus EntroPIC's term when `control`. Returns the mean entropy before each step."""
     from entropy_rft.control import EntroPIC, high_probability_tokens
-    from entropy_rft.losses import entropic_adjustment
+    from entropy_rft.losses import Aggregation, entropic_adjustment
 
     g = torch.Generator().manual_seed(seed)
     z = (torch.randn(contexts, actions, generator=g, dtype=torch.float64) * 5).requires_grad_()
@@ -236,7 +236,7 @@ def _tabular_grpo(
         if pi is not None:
             high = high_probability_tokens(old, torch.ones_like(old, dtype=torch.bool), threshold=tau)
             term, _ = entropic_adjustment(
-                logp, old, adv, high, alpha=pi.update(history[-1]), num_tokens=high.sum().clamp_min(1)
+                logp, old, adv, high, alpha=pi.update(history[-1]), agg=Aggregation(num_tokens=high.sum().clamp_min(1))
             )
             loss = loss + term
         opt.zero_grad()

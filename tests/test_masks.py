@@ -4,7 +4,7 @@ micro-batch invariance, masked positions."""
 import pytest
 import torch
 
-from entropy_rft.losses import aggregate, ppo_clip_loss
+from entropy_rft.losses import Aggregation, aggregate, ppo_clip_loss
 from entropy_rft.masks import clip_b, clip_v, clipped_fractions, s_sign
 
 
@@ -173,14 +173,14 @@ def test_micro_batches_change_no_mask_and_no_gradient(agg, method):
     new = (old + torch.randn(12, 12, generator=g) * 0.2).requires_grad_()
     loss_mask = mask & keep
     n_tok, n_seq = loss_mask.sum(), (loss_mask.sum(-1) > 0).sum()
-    full, _ = ppo_clip_loss(new, old, adv, loss_mask, agg=agg, num_tokens=n_tok, num_seqs=n_seq, norm=16)
+    full, _ = ppo_clip_loss(new, old, adv, loss_mask, agg=Aggregation(agg, n_tok, n_seq, norm=16))
     (g_full,) = torch.autograd.grad(full, new)
     total = 0.0
     for rows in (slice(0, 5), slice(5, 7), slice(7, 12)):
         k_micro, _ = fn(s, adv, mask, **kw)  # recomputed per micro-batch from the whole batch: identical
         assert torch.equal(k_micro, keep)
         part, _ = ppo_clip_loss(
-            new[rows], old[rows], adv[rows], loss_mask[rows], agg=agg, num_tokens=n_tok, num_seqs=n_seq, norm=16
+            new[rows], old[rows], adv[rows], loss_mask[rows], agg=Aggregation(agg, n_tok, n_seq, norm=16)
         )
         total = total + part
     (g_micro,) = torch.autograd.grad(total, new)

@@ -7,6 +7,7 @@ from conftest import f32, group_ids, load_fixture
 from entropy_rft import advantages as adv_lib
 from entropy_rft import losses
 from entropy_rft.advantages import broadcast_advantages
+from entropy_rft.losses import Aggregation
 from entropy_rft.masks import clip_b, clip_v
 
 CLIP_B = load_fixture("clip_b.json")["cases"]
@@ -113,8 +114,7 @@ def test_ppo_clip_loss_matches_verl(case):
         eps_low=p["clip_ratio_low"],
         eps_high=p["clip_ratio_high"],
         dual_clip_c=p["clip_ratio_c"],
-        agg=p["loss_agg_mode"],
-        **kw,
+        agg=Aggregation(p["loss_agg_mode"], **kw),
     )
     loss.backward()
     assert float(loss.detach()) == pytest.approx(out["loss"], abs=1e-6)

@@ -470,11 +470,11 @@ def test_set_reaches_eval_theory_filter_and_pretrain_toy(tmp_path, monkeypatch, 
     one_line(cli(["filter", "--model", "m", "--set", "engine=sglang"], tmp_path), "engine=sglang", "hf or vllm")
     one_line(cli(["pretrain-toy", "--set", "seed=-1"], tmp_path), "seed", "must be >= 0")
     seen = {}
-    monkeypatch.setattr(pipeline, "evaluate_to_dir", lambda **kw: seen.update(kw) or _work())
+    monkeypatch.setattr(pipeline, "evaluate_to_dir", lambda request, **kw: seen.update(kw, request=request) or _work())
     monkeypatch.chdir(tmp_path)
     with pytest.raises(Work):
         main(["eval", "--set", "eval_k=4", "seed=7", "eval_temperature=1.0", "--eval-k", "2"])
-    assert (seen["temperature"], seen["seed"], seen["specs"]) == (1.0, 7, [("countdown", 2)])
+    assert (seen["request"].temperature, seen["request"].seed, seen["specs"]) == (1.0, 7, [("countdown", 2)])
 
 
 def test_messages_say_what_is_wrong(trained, tmp_path):

@@ -1241,16 +1241,14 @@ def test_actor_lr_is_the_lr_verls_scheduler_applies(kind, warmup):
 
 
 def test_a_malformed_group_skips_the_samples_with_a_warning(monkeypatch, tmp_path):
-    """A batch whose uid groups are not rollout.n rows: samples_record refuses it (MalformedGroups), and the
+    """A batch whose uid groups are not rollout.n rows: sample_batch refuses it (MalformedGroups), and the
     trainer's record step warns, writes no samples for the step, and still writes its metrics line."""
     from entropy_rft import samples
     from entropy_rft.logging import read_metrics
 
     data = TensorDict({"uid": torch.tensor([0, 0, 0, 1])}, batch_size=[4])
     with pytest.raises(adapter.MalformedGroups, match="rollout.n=2"):
-        adapter.samples_record(
-            data, None, None, None, None, None, tokenizer=None, step_number=1, group_size=2, groups=1, info={}
-        )
+        adapter.sample_batch(data, None, None, None, None, None, tokenizer=None, group_size=2)
     monkeypatch.setattr(adapter.tq, "kv_batch_get", lambda **kw: data)
     trainer = types.SimpleNamespace(
         entropy_rft=adapter.Settings(method="none", samples_every=1, samples_dir=str(tmp_path)),
