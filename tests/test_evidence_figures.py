@@ -486,9 +486,28 @@ def real_clip_text() -> str:
     )
 
 
+def pilot_text() -> str:
+    """The registered follow-up's pilot (GRPO on mul2x1): entropy over its first 5 and last 10 steps, and the range of
+    its 10-step training-accuracy means after step 30."""
+    rows = [r for r in record("benchmarks/real_lm_study/pilot/runs/n_mul2x1/metrics.jsonl") if "step" in r]
+    ent = np.array([r["entropy"] for r in rows])
+    acc = np.array([r["accuracy"] for r in rows])
+    blocks = [100 * acc[i : i + 10].mean() for i in range(30, len(acc), 10)]
+    return (
+        f"entropy fell from {ent[:5].mean():.2f} to {ent[-10:].mean():.2f} nats over {len(rows)} steps while its "
+        f"training accuracy stayed\nat {min(blocks):.0f}-{max(blocks):.0f}% in every 10-step block after step 30"
+    )
+
+
 def real_quotes() -> list[Quote]:
     s = "Entropy dynamics on a real model"
     return [
+        Quote(
+            s,
+            "entropy fell from 2.36 to 0.19 nats over 100 steps while its training accuracy stayed\nat 17-31% in "
+            "every 10-step block after step 30",
+            pilot_text,
+        ),
         Quote(
             s,
             "each cell 830 to 864 s of training on one thread",
@@ -1388,8 +1407,8 @@ def speed_quotes() -> list[Quote]:
         ),
         Quote(
             "Speed and memory",
-            "the built-in step took\n0.734 s against TRL's 8.202 s, 0.091x TRL's step (median of the per-round ratios), "
-            "almost all of it generation\n(0.523 s against 8.014 s",
+            "the built-in step took\n0.734 s against TRL's 8.202 s, 0.091x TRL's step (median of the per-round "
+            "ratios), almost all of it generation\n(0.523 s against 8.014 s",
             gpu_step_text,
         ),
         Quote(
