@@ -121,7 +121,7 @@ def peak_above(fn) -> float:
 
 
 def bench_stats(n: int, d: int, v: int) -> list[dict]:
-    from entropy_rft.dynamics import token_stats, token_stats_from_hidden
+    from entropy_rft.core.dynamics import token_stats, token_stats_from_hidden
 
     torch.manual_seed(0)
     hidden = (torch.randn(n, d, device="cuda") * 0.5).requires_grad_()
@@ -241,10 +241,10 @@ class IdTokenizer:
 def bench_trainer(shape: str, args) -> list[dict]:
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from entropy_rft.advantages import ADVANTAGES
     from entropy_rft.config import load_config
+    from entropy_rft.core.advantages import ADVANTAGES
+    from entropy_rft.core.methods import METHODS
     from entropy_rft.forward import batch_forward
-    from entropy_rft.methods import METHODS
     from entropy_rft.policy import prepare_policy
     from entropy_rft.rollout import HFEngine
     from entropy_rft.step import Decision, Step
@@ -496,7 +496,7 @@ class OursArm:
 
     def step(self) -> dict:
         from entropy_rft.problems import sample_batch
-        from entropy_rft.stops import finite_sampling
+        from entropy_rft.run.stops import finite_sampling
 
         cfg, step_, i = self.cfg, self.step_, self.done
         sync()

@@ -269,9 +269,9 @@ def run_cell(method: str, seed: int, out: Path) -> dict | None:
 
     import torch
 
-    from entropy_rft.checkpoint import RunDirError, checkpoint_dir, checkpoint_dirs
     from entropy_rft.logging import read_metrics
-    from entropy_rft.rundir import RunLock
+    from entropy_rft.run.checkpoint import RunDirError, checkpoint_dir, checkpoint_dirs
+    from entropy_rft.run.rundir import RunLock
     from entropy_rft.trainer import train
 
     torch.set_num_threads(1)
@@ -360,7 +360,7 @@ def analyse(records: list[dict], initial: dict | None = None) -> dict:
     """Every registered figure from the cell records (and the initial policy's evaluation, when given)."""
     import numpy as np
 
-    from entropy_rft.evidence import avg_scores, estimate, holm, paired_test, pass_at_k_scores, seed_t_interval
+    from entropy_rft.commands.evidence import avg_scores, estimate, holm, paired_test, pass_at_k_scores, seed_t_interval
 
     by = {(r["method"], r["seed"]): r for r in records}
     methods = [m for m in (BASELINE, *COMPARED) if any(k[0] == m for k in by)]

@@ -93,7 +93,7 @@ def one_thread() -> None:
 def cell_config(task: str, method: str, seed: int, out: Path | None = None, *, steps: int | None = None, **extra):
     """The TrainConfig of one cell (out: its run directory, when known; extra: further overrides)."""
     sys.path.insert(0, str(REPO))
-    from entropy_rft.demo import load_demo_config, run_config
+    from entropy_rft.commands.demo import load_demo_config, run_config
 
     spec = load_demo_config()
     settings = {k: (TASKS[task]["target"] if v == "TARGET" else v) for k, v in METHODS[method].items()}
@@ -128,9 +128,9 @@ def run_cell(task: str, method: str, seed: int, out: Path, steps: int | None = N
     import torch
 
     torch.set_num_threads(1)
-    from entropy_rft.checkpoint import RunDirError, checkpoint_dirs, find_checkpoint
     from entropy_rft.logging import read_metrics
-    from entropy_rft.rundir import RunLock
+    from entropy_rft.run.checkpoint import RunDirError, checkpoint_dirs, find_checkpoint
+    from entropy_rft.run.rundir import RunLock
     from entropy_rft.trainer import train
 
     run_dir = cell_dir(out, task, method, seed, steps)
@@ -334,8 +334,8 @@ def names(known: dict, what: str):
 
 def main(argv=None) -> None:
     sys.path.insert(0, str(REPO))
-    from entropy_rft.cli import Parser  # argparse with one-line errors (exit 2)
-    from entropy_rft.options import whole as at_least  # a whole number >= its bound
+    from entropy_rft.commands.cli import Parser  # argparse with one-line errors (exit 2)
+    from entropy_rft.commands.options import whole as at_least  # a whole number >= its bound
 
     p = Parser(description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True, parser_class=Parser)

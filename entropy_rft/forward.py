@@ -37,8 +37,8 @@ from contextlib import contextmanager, nullcontext
 import torch
 from torch import Tensor
 
+from .core.dynamics import TokenStats, token_stats, token_stats_from_hidden
 from .dropout import has_active_dropout
-from .dynamics import TokenStats, token_stats, token_stats_from_hidden
 from .rollout import Rollout
 from .rollout.cache import cache_arg, cache_of
 from .rollout.hf import sequence_forward

@@ -40,8 +40,8 @@ import torch
 from torch import Tensor
 
 from .config import TrainConfig
+from .core.dynamics import TokenStats, token_stats
 from .dropout import check_deterministic, disable_dropout
-from .dynamics import TokenStats, token_stats
 from .policy import ValueHead, prepare_policy
 from .problems import Scored
 from .rollout import Rollout

@@ -23,11 +23,11 @@ import torch
 from safetensors import SafetensorError
 
 from . import packaged
-from .checkpoint import VALUE_HEAD
 from .config import TrainConfig, check_device
 from .dropout import check_deterministic, disable_dropout
 from .packaged import PACKAGED
 from .rollout import ENGINES
+from .run.checkpoint import VALUE_HEAD
 
 BUILTIN_MODELS = {"countdown-tiny": Path(__file__).parent / "assets" / "countdown-tiny"}
 STAND_IN = "tiny-stand-in"  # a random tiny chat model built on first use (toy.build_stand_in), for dry runs

@@ -25,10 +25,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .advantages import ADVANTAGES, TokenLevel
 from .config import TrainConfig
-from .control import EntropyControl, make_control
-from .objective import Objective
+from .core.advantages import ADVANTAGES, TokenLevel
+from .core.control import EntropyControl, make_control
+from .core.objective import Objective
 
 
 def pass_size(n_rows: int, rows_per_pass: int) -> int:

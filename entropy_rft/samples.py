@@ -55,8 +55,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .advantages import broadcast_advantages
-from .dynamics import TokenStats
+from .core.advantages import broadcast_advantages
+from .core.dynamics import TokenStats
 
 FORMAT, VERSION = "entropy-rft/samples", 1
 SAMPLES_DIR = "samples"

@@ -30,7 +30,8 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from .advantages import (
+from .config import TrainConfig
+from .core.advantages import (
     ADVANTAGES,
     TokenLevel,
     advantage_reweight,
@@ -38,18 +39,17 @@ from .advantages import (
     overlong_penalty,
     rank_penalty,
 )
-from .config import TrainConfig
-from .control import EntropyControl, Knobs, make_control
+from .core.control import EntropyControl, Knobs, make_control
+from .core.dynamics import TokenStats, corollary4_entropy_change
+from .core.losses import step_sizes
+from .core.methods import METHODS, POLICY_LOSSES, PolicyLoss
+from .core.objective import Micro
 from .diagnostics import after_update_metrics, masked_mean, step_metrics
 from .dropout import has_active_dropout
-from .dynamics import TokenStats, corollary4_entropy_change
 from .forward import EntropyProbe, HeldForward, batch_forward, policy_forward
-from .losses import step_sizes
-from .methods import METHODS, POLICY_LOSSES, PolicyLoss
-from .objective import Micro
 from .rollout import Rollout
 from .rules import StepRules, objective_of
-from .stops import check_finite
+from .run.stops import check_finite
 
 if TYPE_CHECKING:
     from .problems import Scored

@@ -35,16 +35,8 @@ import torch
 from tqdm import tqdm
 
 from . import samples
-from .checkpoint import (
-    RunState,
-    checkpoint_space,
-    find_checkpoint,
-    load_trainer_state,
-    prune_checkpoints,
-    save_checkpoint,
-)
 from .config import TrainConfig, preflight
-from .control import control_name, make_control
+from .core.control import control_name, make_control
 from .diagnostics import loss_step_sizes
 from .evaluate import run_eval
 from .logging import MetricLogger
@@ -52,10 +44,18 @@ from .plan import check_fits
 from .policy import pick_device, resolve_model_path, set_up_policy
 from .problems import ProblemSampler, sample_batch, task_problems
 from .rules import StepRules
-from .rundir import Claim, finished_summary, new_run_dir, remove_if_empty
-from .rundir import claim as claim_run_dir
+from .run.checkpoint import (
+    RunState,
+    checkpoint_space,
+    find_checkpoint,
+    load_trainer_state,
+    prune_checkpoints,
+    save_checkpoint,
+)
+from .run.rundir import Claim, finished_summary, new_run_dir, remove_if_empty
+from .run.rundir import claim as claim_run_dir
+from .run.stops import NonFinite, StopSignals, finite_sampling, stop_signals_interrupt
 from .step import Step
-from .stops import NonFinite, StopSignals, finite_sampling, stop_signals_interrupt
 from .tasks import TASKS
 
 __all__ = ["train"]  # what users import from here; every other name from the module that owns it
@@ -64,7 +64,7 @@ __all__ = ["train"]  # what users import from here; every other name from the mo
 def train(cfg: TrainConfig, *, resume: bool | str = False, overwrite: bool = False) -> dict:
     """Run RL fine-tuning as configured; returns a summary with the per-step metrics and evaluations.
 
-    The run directory (cfg.out; None: a new runs/<method>-<time>) follows entropy_rft/rundir.py's rules: held by
+    The run directory (cfg.out; None: a new runs/<method>-<time>) follows entropy_rft/run/rundir.py's rules: held by
     this process alone; one holding another run's record is refused unless resume=True (continue from its newest
     checkpoint, with the same settings), resume="auto" (continue if it can, else start) or overwrite=True (replace
     it once this run is ready to start). SIGINT, SIGTERM and SIGHUP save the run where it stands and stop it."""

@@ -29,8 +29,8 @@ import pytest
 import torch
 import yaml
 
-import entropy_rft.pipeline as pipeline
-from entropy_rft.cli import main
+import entropy_rft.commands.pipeline as pipeline
+from entropy_rft.commands.cli import main
 from entropy_rft.config import ConfigError, load_config
 from entropy_rft.plan import check_eval_fits, check_fits
 
@@ -67,7 +67,7 @@ def cli(args, cwd: Path, **env) -> subprocess.CompletedProcess:
     environ = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", **env}
     environ = {k: v for k, v in environ.items() if v is not None}
     return subprocess.run(
-        [sys.executable, "-m", "entropy_rft.cli", *map(str, args)],
+        [sys.executable, "-m", "entropy_rft.commands.cli", *map(str, args)],
         cwd=cwd,
         env=environ,
         capture_output=True,

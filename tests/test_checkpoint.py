@@ -15,7 +15,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from entropy_rft.checkpoint import (
+from entropy_rft.config import load_config
+from entropy_rft.core.control import control_name, make_control
+from entropy_rft.problems import ProblemSampler
+from entropy_rft.run.checkpoint import (
     LATEST,
     STATE,
     RunDirError,
@@ -29,9 +32,6 @@ from entropy_rft.checkpoint import (
     resume_checkpoint,
     step_of,
 )
-from entropy_rft.config import load_config
-from entropy_rft.control import control_name, make_control
-from entropy_rft.problems import ProblemSampler
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from entropy_rft.dynamics import token_stats
+from entropy_rft.core.dynamics import token_stats
 from entropy_rft.rollout import HFEngine, Rollout
 from entropy_rft.rollout.decode import unsupported
 from entropy_rft.rollout.hf import response_mask_from_lengths, sequence_forward

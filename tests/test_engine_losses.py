@@ -7,9 +7,9 @@ import pytest
 import torch
 from conftest import group_ids, load_fixture
 
-from entropy_rft import losses
-from entropy_rft.advantages import qae
-from entropy_rft.losses import Aggregation
+from entropy_rft.core import losses
+from entropy_rft.core.advantages import qae
+from entropy_rft.core.losses import Aggregation
 
 LOSSES = load_fixture("engine_policy_losses.json")
 QAE = load_fixture("qae_advantages.json")["cases"]
@@ -229,7 +229,7 @@ def test_on_policy_each_engine_loss_has_grpos_gradient(name, agg):
     seq-mean-token-mean) against PPO-clip under the same. This is why their demo runs equal GRPO's bit for bit
     (docs/evidence, the losses engines ship)."""
     from entropy_rft.config import load_config
-    from entropy_rft.methods import POLICY_LOSSES
+    from entropy_rft.core.methods import POLICY_LOSSES
 
     g = torch.Generator().manual_seed(3)
     mask = (torch.rand(6, 9, generator=g) < 0.8).double()

@@ -14,7 +14,8 @@ import pytest
 import torch
 from cdp import Browser, find_chromium
 
-from entropy_rft import inspect_page, samples
+from entropy_rft import samples
+from entropy_rft.commands import inspect_page
 from entropy_rft.config import load_config
 from entropy_rft.logging import read_metrics
 from entropy_rft.trainer import train
@@ -129,7 +130,7 @@ def test_embedded_data_cannot_close_its_script(tmp_path):
 
 def test_inspect_without_samples_names_the_fix(tmp_path, capsys):
     """A run directory with no samples fails with the setting that writes them."""
-    from entropy_rft.cli import main
+    from entropy_rft.commands.cli import main
 
     (tmp_path / "run").mkdir()
     with pytest.raises(SystemExit):

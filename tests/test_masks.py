@@ -4,8 +4,8 @@ micro-batch invariance, masked positions."""
 import pytest
 import torch
 
-from entropy_rft.losses import Aggregation, aggregate, ppo_clip_loss
-from entropy_rft.masks import clip_b, clip_v, clipped_fractions, s_sign
+from entropy_rft.core.losses import Aggregation, aggregate, ppo_clip_loss
+from entropy_rft.core.masks import clip_b, clip_v, clipped_fractions, s_sign
 
 
 def batch(seed=0, b=16, t=12):
@@ -223,7 +223,7 @@ def test_dr_grpo_norm_is_a_constant_not_the_padded_width():
 
 def test_k3_kl_penalty_definition():
     """k3 = exp(ref - logp) - (ref - logp) - 1 >= 0, zero when the policies agree; k1 = logp - ref."""
-    from entropy_rft.losses import kl_penalty
+    from entropy_rft.core.losses import kl_penalty
 
     logp, ref = torch.randn(3, 5) - 2, torch.randn(3, 5) - 2
     d = (ref - logp).double()
@@ -249,8 +249,8 @@ def test_method_apply_no_cap_reaches_clip_v_as_none():
     """Through METHODS, max_frac=NO_CAP clips every Clip_V violator (clip_v with max_frac=None), while a plain
     None still means the method's default cap (1e-4, here k = 1 token): the case has many violators, so the
     two differ."""
-    from entropy_rft.dynamics import TokenStats
-    from entropy_rft.methods import METHODS, NO_CAP
+    from entropy_rft.core.dynamics import TokenStats
+    from entropy_rft.core.methods import METHODS, NO_CAP
 
     s, adv, mask = batch()
     s = -s.abs()  # every token is on the low side: many violators at mu = 0.1

@@ -39,7 +39,7 @@ def test_a_run_written_before_the_folders_resumes_as_the_old_code_did(tmp_path, 
     it to step 3, and that step's decisions equal those the old code logged when it resumed the same run, its other
     metrics within the golden runs' float32 bound (RTOL 1.5e-3: only summation orders may differ between platforms);
     the new checkpoint pickles no entropy_rft class either."""
-    from entropy_rft.cli import main
+    from entropy_rft.commands.cli import main
     from entropy_rft.logging import read_metrics
 
     shutil.copytree(OLD, tmp_path / "old")

@@ -12,10 +12,10 @@ import torch
 import yaml
 from conftest import FIXTURES
 
+from entropy_rft.commands.pipeline import EvalRequest, dry_run, filter_to_dir, parse_data_specs
 from entropy_rft.config import load_config
 from entropy_rft.evaluate import evaluate_datasets, results_markdown
 from entropy_rft.forward import policy_forward
-from entropy_rft.pipeline import EvalRequest, dry_run, filter_to_dir, parse_data_specs
 from entropy_rft.policy import STAND_IN, load_policy, prepare_policy, resolve_model_path
 from entropy_rft.rollout import HFEngine
 from entropy_rft.rollout.hf import Rollout, render_prompts
@@ -128,7 +128,7 @@ def test_filter_resumed_after_a_stop_scores_as_the_unstopped_run(tmp_path):
 
 def test_eval_cli_on_fixture_datasets(tmp_path, capsys):
     """`entropy-rft eval` on two schema fixtures writes JSON, markdown, the pass-rate PNG and every sample."""
-    from entropy_rft.cli import main
+    from entropy_rft.commands.cli import main
 
     data = f"aime24={FIXTURES / 'math' / 'aime24.parquet'},aime25={FIXTURES / 'math' / 'aime25.jsonl'}@2"
     main(["eval", "--model", STAND_IN, "--data", data, "--k", "3", "--max-new-tokens", "8", "--out", str(tmp_path)])
@@ -144,7 +144,7 @@ def test_eval_cli_on_fixture_datasets(tmp_path, capsys):
 def test_eval_quiet_draws_no_generation_bar(tmp_path, capsys):
     """`eval --quiet` generates without the per-batch bar that a plain eval draws on stderr (four batches here:
     --batch-size 3 holds one problem's 3 samples), and scores the same: the bar is display only."""
-    from entropy_rft.cli import main
+    from entropy_rft.commands.cli import main
 
     data = f"aime24={FIXTURES / 'math' / 'aime24.parquet'}"
     args = ["eval", "--model", STAND_IN, "--data", data, "--k", "3", "--max-new-tokens", "4", "--batch-size", "3"]
@@ -204,7 +204,7 @@ def test_recipe_dry_run(path, tmp_path):
 
 def test_dry_run_cli(tmp_path, capsys):
     """`entropy-rft train --config RECIPE --dry-run` prints its report and a pass line."""
-    from entropy_rft.cli import main
+    from entropy_rft.commands.cli import main
 
     main(["train", "--config", str(RECIPES[0]), "--dry-run", "--out", str(tmp_path)])
     assert "dry run passed" in capsys.readouterr().out

@@ -12,7 +12,7 @@ import torch
 
 from entropy_rft import packaged
 from entropy_rft.config import resolve_config
-from entropy_rft.dynamics import token_stats
+from entropy_rft.core.dynamics import token_stats
 from entropy_rft.rollout import Rollout
 from entropy_rft.rollout.decode import unsupported
 from entropy_rft.rollout.hf import render_prompts, response_mask_from_lengths, sequence_forward

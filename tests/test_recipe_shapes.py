@@ -24,8 +24,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 pytest.importorskip("peft")
-from entropy_rft.advantages import ADVANTAGES
 from entropy_rft.config import load_config
+from entropy_rft.core.advantages import ADVANTAGES
+from entropy_rft.core.methods import METHODS
 from entropy_rft.forward import policy_forward
 from entropy_rft.invariants import (
     StepRecord,
@@ -37,7 +38,6 @@ from entropy_rft.invariants import (
     stats_tolerance,
     synthetic_batch,
 )
-from entropy_rft.methods import METHODS
 from entropy_rft.policy import ValueHead
 from entropy_rft.rules import StepRules, passes
 from entropy_rft.step import behaviour_statistics
@@ -293,7 +293,7 @@ def test_a_per_micro_batch_filter_is_caught(monkeypatch):
     """Mutation check: a trainer whose step filtered each micro-batch on its own (verl #7829's KL-Cov selection)
     fails the whole-batch keep-mask check of test_invariants_over_batch_shapes on some of a few batch shapes. The
     mutation is made in the real step (the control's choose_tokens, which step.Step.decide calls)."""
-    from entropy_rft.control import EntropyControl
+    from entropy_rft.core.control import EntropyControl
 
     def per_micro_batch(self, method, stats, adv, mask, entropy_now):
         rows = passes(mask.shape[0], self.cfg.micro_batch_size)  # the update's micro-batches

@@ -114,7 +114,7 @@ def test_sampler_logp_is_the_policy_at_every_step():
     """Each sampled token's sampler log-prob equals log softmax(z / T) of a full forward over the whole sequence:
     the prefix cache shared across a group, the rows dropped as they finish and the position ids reproduce the
     policy exactly (left-padded prompts of different lengths, T = 0.7, two EOS ids)."""
-    from entropy_rft.dynamics import token_stats
+    from entropy_rft.core.dynamics import token_stats
     from entropy_rft.rollout.hf import sequence_forward
 
     model = _tiny_lm()

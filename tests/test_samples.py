@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from entropy_rft import samples
-from entropy_rft.dynamics import TokenStats, batch_mean_entropy_change, corollary4_entropy_change
+from entropy_rft.core.dynamics import TokenStats, batch_mean_entropy_change, corollary4_entropy_change
 
 
 class ListTokenizer:

@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from entropy_rft.checkpoint import find_checkpoint
 from entropy_rft.config import load_config
 from entropy_rft.logging import read_metrics
+from entropy_rft.run.checkpoint import find_checkpoint
 from entropy_rft.trainer import train
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -137,7 +137,7 @@ def test_a_real_sigterm_to_a_train_process_resumes_to_the_same_run(tmp_path, who
     sets = [
         f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in {**SETTINGS, "out": tmp_path / "r"}.items()
     ]
-    cmd = [sys.executable, "-m", "entropy_rft.cli", "train", "--set", *sets]
+    cmd = [sys.executable, "-m", "entropy_rft.commands.cli", "train", "--set", *sets]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     run = tmp_path / "r"
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)

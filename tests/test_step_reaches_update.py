@@ -17,11 +17,11 @@ import math
 import pytest
 import torch
 
-from entropy_rft.advantages import ADVANTAGES, TokenLevel
 from entropy_rft.config import load_config
+from entropy_rft.core.advantages import ADVANTAGES, TokenLevel
+from entropy_rft.core.losses import Aggregation
+from entropy_rft.core.methods import METHODS, POLICY_LOSSES
 from entropy_rft.invariants import scaled_model, synthetic_batch
-from entropy_rft.losses import Aggregation
-from entropy_rft.methods import METHODS, POLICY_LOSSES
 from entropy_rft.policy import ValueHead
 from entropy_rft.problems import Scored
 from entropy_rft.step import Step, compute_advantages, shaped_rewards

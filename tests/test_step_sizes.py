@@ -7,9 +7,9 @@ import math
 import pytest
 import torch
 
-from entropy_rft import losses as losses_mod
-from entropy_rft.dynamics import batch_covariance, batch_mean_entropy_change, corollary4_entropy_change
-from entropy_rft.losses import (
+from entropy_rft.core import losses as losses_mod
+from entropy_rft.core.dynamics import batch_covariance, batch_mean_entropy_change, corollary4_entropy_change
+from entropy_rft.core.losses import (
     AGG_MODES,
     Aggregation,
     gspo_loss,
@@ -104,7 +104,7 @@ ONE = torch.tensor([[True, True, True]])
 
 def _factor(name, logp, old, adv, **extra):
     from entropy_rft.config import TrainConfig
-    from entropy_rft.methods import POLICY_LOSSES
+    from entropy_rft.core.methods import POLICY_LOSSES
 
     return POLICY_LOSSES.get(name).factor(logp, old, ONE, TrainConfig(), advantages=adv, **extra)
 
@@ -173,7 +173,7 @@ def test_engine_losses_step_sizes_are_their_gradients(name):
     with step = step_sizes(mask, agg, ratio=the loss's factor), the real loss under autograd in float64: log-ratios
     spread enough that clips, trust regions, truncation and ERC's band all act, advantages of both signs and zero."""
     from entropy_rft.config import TrainConfig
-    from entropy_rft.methods import POLICY_LOSSES
+    from entropy_rft.core.methods import POLICY_LOSSES
 
     spec, cfg = POLICY_LOSSES.get(name), TrainConfig()
     gen = torch.Generator().manual_seed(0)

@@ -199,7 +199,7 @@ def test_off_policy_epochs_use_true_ratios(tmp_path):
 @pytest.mark.slow
 def test_demo_writes_summary_report_and_plots(tmp_path):
     """`entropy-rft demo` writes summary.json in the documented schema, report.md and PNG plots."""
-    from entropy_rft.cli import main
+    from entropy_rft.commands.cli import main
 
     main(["demo", "--out", str(tmp_path), "--steps", "2", "--quiet"])
     s = json.loads((tmp_path / "summary.json").read_text())
@@ -217,7 +217,7 @@ def test_demo_writes_summary_report_and_plots(tmp_path):
 
 
 def test_cli_reports_bad_model_path(tmp_path, capsys):
-    from entropy_rft.cli import main
+    from entropy_rft.commands.cli import main
 
     with pytest.raises(SystemExit) as exc:
         main(["train", "--model", str(tmp_path / "missing"), "--out", str(tmp_path / "o"), "--steps", "1"])
@@ -237,7 +237,7 @@ def test_kl_and_entropy_bonus_terms_run(tmp_path):
 
 def test_eval_cli(tmp_path, capsys):
     """`entropy-rft eval` with no --data evaluates the shipped policy on the shipped countdown split."""
-    from entropy_rft.cli import main
+    from entropy_rft.commands.cli import main
 
     main(["eval", "--k", "2", "--n", "4", "--limit", "20", "--out", str(tmp_path)])
     assert "countdown Avg@2" in capsys.readouterr().out

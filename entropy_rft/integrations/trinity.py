@@ -59,10 +59,10 @@ import inspect
 
 import torch
 
-from ..advantages import broadcast_advantages
-from ..dynamics import TokenStats, batch_covariance, token_stats
-from ..losses import Aggregation, masked_mean, ppo_clip_loss
-from ..methods import METHODS
+from ..core.advantages import broadcast_advantages
+from ..core.dynamics import TokenStats, batch_covariance, token_stats
+from ..core.losses import Aggregation, masked_mean, ppo_clip_loss
+from ..core.methods import METHODS
 
 try:
     from tensordict import TensorDict

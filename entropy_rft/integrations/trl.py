@@ -74,12 +74,12 @@ import torch
 
 from .. import samples
 from ..config import TrainConfig
+from ..core.dynamics import TokenStats
+from ..core.losses import step_sizes
+from ..core.methods import METHODS
 from ..diagnostics import WOULD_CLIP, masked_mean, watch_metrics, would_clip_label
-from ..dynamics import TokenStats
 from ..forward import EntropyProbe, batch_stats
 from ..logging import JsonlSink, write_engine_run
-from ..losses import step_sizes
-from ..methods import METHODS
 from ..rollout.hf import Rollout
 
 try:

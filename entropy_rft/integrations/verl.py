@@ -85,13 +85,13 @@ from torch import Tensor
 from torch.distributed.tensor import DTensor
 
 from .. import samples
-from ..advantages import broadcast_advantages
 from ..config import TrainConfig
+from ..core.advantages import broadcast_advantages
+from ..core.dynamics import TokenStats, batch_covariance, token_stats
+from ..core.losses import select_clip_cov, step_sizes
+from ..core.methods import METHODS, NO_CAP
 from ..diagnostics import masked_mean, watch_metrics
-from ..dynamics import TokenStats, batch_covariance, token_stats
 from ..logging import JsonlSink, write_engine_run
-from ..losses import select_clip_cov, step_sizes
-from ..methods import METHODS, NO_CAP
 
 try:
     import transfer_queue as tq

@@ -3,7 +3,7 @@ before and after (Avg@K, Pass@K at temperature 0.7), with a Table-1-shaped repor
 plots and the token view of the three runs (inspect.html). Settings: entropy_rft/configs/demo.yaml (TrainConfig
 overrides: `common`, then each entry of `methods`), or another demo-style file, or a flat recipe (shared settings
 for grpo, clip_b and clip_v); then --set and --steps. The demo's directory follows the run-directory rules
-(entropy_rft/rundir.py): an earlier demo there is continued (--resume) or replaced (--overwrite), never silently
+(entropy_rft/run/rundir.py): an earlier demo there is continued (--resume) or replaced (--overwrite), never silently
 mixed with a new one."""
 
 from __future__ import annotations
@@ -12,14 +12,14 @@ import json
 import time
 from pathlib import Path
 
-from .checkpoint import RunDirError
-from .config import read_spec, resolve_config
+from ..config import read_spec, resolve_config
+from ..run.checkpoint import RunDirError
+from ..run.rundir import RunLock, record_entries
+from ..trainer import train
 from .inspect_page import build_page
 from .report import plot_curves, table1
-from .rundir import RunLock, record_entries
-from .trainer import train
 
-DEMO_CONFIG = Path(__file__).parent / "configs" / "demo.yaml"
+DEMO_CONFIG = Path(__file__).parents[1] / "configs" / "demo.yaml"
 DEFAULT_METHODS = ("grpo", "clip_b", "clip_v")  # a flat recipe's demo
 
 

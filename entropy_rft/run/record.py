@@ -38,8 +38,8 @@ from pathlib import Path
 
 import yaml
 
+from ..config import RESUME_SAFE, TrainConfig, setting_differences, settings_digests
 from .checkpoint import RunDirError, checkpoint_dirs, holds_pending, intact_state, step_of
-from .config import RESUME_SAFE, TrainConfig, setting_differences, settings_digests
 
 DIGEST = "config.digest"
 FORMAT = "entropy-rft/settings-digest"
@@ -241,7 +241,7 @@ def edited_fields(folder: Path, stored: dict) -> tuple[list[str], TrainConfig | 
         return [], None
     import warnings
 
-    from .config import resolve_config
+    from ..config import resolve_config
 
     with warnings.catch_warnings():  # the run's own settings: their warnings came when it started
         warnings.simplefilter("ignore")
@@ -262,8 +262,8 @@ def first_gap(run_dir: Path, step: int, pending: Callable[[], bool]) -> tuple[in
     every step: a step with no complete line in metrics.jsonl (the line of `step` itself may be missing when
     `pending()`: the checkpoint holds that step unlogged), or a samples file that does not read whole. A damaged line
     before the last raises ValueError naming it (logging.read_metrics_file, the one reader)."""
-    from .logging import read_metrics_file
-    from .samples import SAMPLES_DIR, file_name, steps_written
+    from ..logging import read_metrics_file
+    from ..samples import SAMPLES_DIR, file_name, steps_written
 
     run_dir = Path(run_dir)
     path = run_dir / "metrics.jsonl"

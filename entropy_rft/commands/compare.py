@@ -1,6 +1,7 @@
 """`entropy-rft compare`: several methods x seeds on countdown from the shipped policy, in the shape of the
 paper's Table 3: Avg@K and Pass@K (mean and std over seeds, and a 95% interval over seeds and evaluation problems
-with each method's paired difference against GRPO, entropy_rft/evidence.py), entropy at the start and the end, and
+with each method's paired difference against GRPO, entropy_rft/commands/evidence.py), entropy at the start and the end,
+and
 the entropy curves; and `entropy-rft sweep`, one method over several mu (Figure 2).
 
 Each cell (method, seed; or mu) is a run directory named by a key of its full resolved settings,
@@ -21,11 +22,11 @@ from pathlib import Path
 
 import numpy as np
 
-from .checkpoint import RunDirError
-from .config import TrainConfig, settings_key
+from ..config import TrainConfig, settings_key
+from ..logging import read_metrics_file
+from ..run.checkpoint import RunDirError
+from ..run.rundir import RunLock, is_finished
 from .evidence import Estimate, evaluate_grid, markdown_table, seed_t_interval
-from .logging import read_metrics_file
-from .rundir import RunLock, is_finished
 
 DEFAULT_METHODS = "grpo,clip_b,clip_v,clip_cov,kl_cov,unlikely,forking,entropy_bonus,dapo"
 
@@ -64,7 +65,7 @@ def compare_cells(
 
 def run_cells(cells: list[TrainConfig], log=print) -> None:
     """Train each cell not yet finished (an interrupted one resumes from its checkpoint)."""
-    from .trainer import train
+    from ..trainer import train
 
     for cfg in cells:
         if is_finished(Path(cfg.out), cfg.steps):
@@ -151,7 +152,7 @@ def run_sweep(
 def shared_settings(cells: dict[str, list[TrainConfig]]) -> dict:
     """What the table rests on: the settings every cell shares that differ from TrainConfig's defaults, each
     method's own (those not shared; the seed excepted), the seeds, and the cells' directories."""
-    from .config import BOOKKEEPING, _plain
+    from ..config import BOOKKEEPING, _plain
 
     defaults = _plain(TrainConfig().to_dict())
     flat = {m: [_plain(c.to_dict()) for c in cfgs] for m, cfgs in cells.items()}
@@ -314,7 +315,7 @@ def entropy_table(evidence: dict, seeds: int, baseline: str = "grpo") -> str:
         lines.append(f"| {method} | {text(row['final'])} | {text(diff) + star if diff else ''} |")
     lines += [
         "",
-        f"Each interval rests on {seeds} seeds (t with {seeds - 1} degrees of freedom, entropy_rft/evidence.py, "
-        "departure 4); * marks a difference whose interval excludes 0.",
+        f"Each interval rests on {seeds} seeds (t with {seeds - 1} degrees of freedom, "
+        "entropy_rft/commands/evidence.py, departure 4); * marks a difference whose interval excludes 0.",
     ]
     return "\n".join(lines)

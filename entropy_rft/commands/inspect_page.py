@@ -32,9 +32,9 @@ from pathlib import Path
 
 import yaml
 
-from . import samples
+from .. import samples
 
-ASSETS = Path(__file__).parent / "assets" / "inspect"
+ASSETS = Path(__file__).parents[1] / "assets" / "inspect"
 MAX_STEPS = 60
 MAX_DATA_BYTES = 40_000_000  # embedded data of one page, beyond which fewer steps are shown (departure 1)
 SCALE_QUANTILE = 0.98

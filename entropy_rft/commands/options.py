@@ -1,4 +1,4 @@
-"""The command line's option types (entropy_rft/cli.py): each reads one option's text and raises
+"""The command line's option types (entropy_rft/commands/cli.py): each reads one option's text and raises
 argparse.ArgumentTypeError, which argparse reports as `argument --opt: <message>` (exit code 2, one line). Options that
 mirror a TrainConfig field are checked by the field's own rules (config.check_values)."""
 
@@ -12,7 +12,7 @@ def setting(field: str):
     """The option's text read and checked as TrainConfig.<field> is (one source of rules: config.check_values)."""
 
     def parse(text: str):
-        from .config import ConfigError, check_values
+        from ..config import ConfigError, check_values
 
         try:
             return check_values(**{field: text})[field]
@@ -55,7 +55,7 @@ def set_item(text: str) -> tuple[str, object]:
     rules across fields are checked once the whole config is built."""
     import yaml
 
-    from .config import ConfigError, check_values
+    from ..config import ConfigError, check_values
 
     key, eq, raw = text.partition("=")
     key = key.strip()
@@ -71,7 +71,7 @@ def set_item(text: str) -> tuple[str, object]:
         raise argparse.ArgumentTypeError(
             f"{text!r}: the value is not YAML ({' '.join(str(err).split()[:8])}...); quote text, e.g. {key}='...'"
         ) from None
-    from .config import TrainConfig
+    from ..config import TrainConfig
 
     field = TrainConfig.__dataclass_fields__.get(key)
     if field is not None and str(field.type) in ("str", "str | None") and isinstance(value, (int, float)):
@@ -105,7 +105,7 @@ def _names(text: str, example: str) -> list[str]:
 
 def methods_list(text: str) -> list[str]:
     """Comma-separated method names, each known to the METHODS registry."""
-    from .methods import METHODS
+    from ..core.methods import METHODS
 
     names = _names(text, "grpo,clip_b,clip_v")
     unknown = [m for m in names if m not in METHODS]

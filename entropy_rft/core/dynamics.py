@@ -268,7 +268,7 @@ def token_stats_from_hidden(
     are differentiable with respect to hidden and weight (the backward pass recomputes the tiles).
 
     On a CUDA tensor with Triton importable (use_triton None: automatic) the tiles are folded by the Triton
-    kernels of `entropy_rft.kernels` (default tile 8192 x 8192 in the matmul's dtype: benchmarks/gpu.md measures
+    kernels of `entropy_rft.core.kernels` (default tile 8192 x 8192 in the matmul's dtype: benchmarks/gpu.md measures
     the choice); elsewhere by torch ops on a 512 x 2048 fp32 tile (4 MiB, stays in cache: benchmarks/token_stats.py).
     """
     if hidden.dim() < 1 or lm_head_weight.dim() != 2 or hidden.shape[-1] != lm_head_weight.shape[1]:

@@ -47,7 +47,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from .evaluate import pass_at_k
+from ..evaluate import pass_at_k
 
 __all__ = [
     "Estimate",
@@ -329,6 +329,6 @@ def markdown_table(evidence: dict, *, baseline: str = "grpo", level: float = LEV
         f"Each number rests on {plural(first['seeds'], 'training seed')} x "
         f"{plural(first['problems'], 'evaluation problem')} x {plural(first['samples'], 'sample')} per problem; "
         "intervals: two-way bootstrap over seeds and problems "
-        f"(entropy_rft/evidence.py); * marks a paired difference whose {pct} interval excludes 0.",
+        f"(entropy_rft/commands/evidence.py); * marks a paired difference whose {pct} interval excludes 0.",
     ]
     return "\n".join(lines) + "\n"

@@ -79,7 +79,7 @@ import math  # noqa: E402
 
 import yaml  # noqa: E402
 
-from .logging import ENGINE_RUN_FILE, read_metrics  # noqa: E402
+from ..logging import ENGINE_RUN_FILE, read_metrics  # noqa: E402
 
 
 def load_run(run_dir: Path | str) -> dict:
@@ -268,7 +268,7 @@ PASS_RATE_BINS = ["0", "(0,.25)", "[.25,.5)", "[.5,.75)", "[.75,1)", "1"]
 
 def pass_rate_fractions(rates: list[float]) -> list[float]:
     """Fraction of problems in each PASS_RATE_BINS bin: exactly 0, four quarters of (0, 1), exactly 1."""
-    from .evaluate import pass_rate_histogram
+    from ..evaluate import pass_rate_histogram
 
     return [c / max(len(rates), 1) for c in pass_rate_histogram(rates, bins=4)]
 
@@ -350,7 +350,7 @@ def _mu_cell(cfg: dict) -> str:
     """The run's mu: its setting, else its method's default (marked), else n/a for a method without one."""
     if cfg.get("mu") is not None:
         return str(cfg["mu"])
-    from .methods import METHODS
+    from ..core.methods import METHODS
 
     method = cfg.get("method")
     default = METHODS.get(method).options.get("mu") if method in METHODS else None
@@ -603,8 +603,8 @@ def build_report(run_dirs: list[Path | str], out: Path | str) -> Path:
 
 def inspector_page(run_dirs: list[Path | str], out: Path) -> Path | None:
     """OUT/inspect.html (`entropy-rft inspect`) of the runs that have token samples; None when none has."""
+    from ..samples import steps_written
     from .inspect_page import build_page
-    from .samples import steps_written
 
     sampled = [d for d in run_dirs if steps_written(d)]
     return build_page(sampled, out / "inspect.html") if sampled else None

@@ -72,8 +72,8 @@ def _fold_tile_kernel(triton, tl):
         zk_ptr,
         v0,
         inv_t,
-        n_cols: tl.constexpr,
-        BLOCK: tl.constexpr,
+        n_cols: tl.constexpr,  # type: ignore[name-defined]  # Triton's annotation, read by its JIT
+        BLOCK: tl.constexpr,  # type: ignore[name-defined]  # Triton's annotation, read by its JIT
     ):
         row = tl.program_id(0)
         base = tile_ptr + row.to(tl.int64) * stride
@@ -125,8 +125,8 @@ def _tile_grad_kernel(triton, tl):
         g_h_ptr,
         v0,
         inv_t,
-        n_cols: tl.constexpr,
-        BLOCK: tl.constexpr,
+        n_cols: tl.constexpr,  # type: ignore[name-defined]  # Triton's annotation, read by its JIT
+        BLOCK: tl.constexpr,  # type: ignore[name-defined]  # Triton's annotation, read by its JIT
     ):
         row = tl.program_id(0)
         base = tile_ptr + row.to(tl.int64) * stride
@@ -241,9 +241,9 @@ class TritonTokenStats(torch.autograd.Function):
                     n_cols=w.shape[0],
                     BLOCK=_block(w.shape[0]),
                 )
-                if want_h:
+                if grad_h is not None:
                     grad_h[rs] += (tile @ w).float()
-                if want_w:
+                if grad_w is not None:
                     grad_w[v0 : v0 + w.shape[0]] += (tile.t() @ h).float()
         return (
             None if grad_h is None else grad_h.to(hidden.dtype),

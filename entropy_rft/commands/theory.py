@@ -25,7 +25,7 @@ import math
 
 import torch
 
-from .dynamics import batch_covariance, corollary4_entropy_change
+from ..core.dynamics import batch_covariance, corollary4_entropy_change
 
 __all__ = ["tabular_checks", "model_checks", "format_table"]
 
@@ -203,7 +203,7 @@ class _Probe:
     sampled from it."""
 
     def __init__(self, model, tokenizer, task, problems, *, group_size, lr, temperature, max_new_tokens, seed):
-        from .rollout import HFEngine
+        from ..rollout import HFEngine
 
         self.model, self.task, self.problems, self.lr = model, task, problems, lr
         self.engine = HFEngine(model, tokenizer)
@@ -231,7 +231,7 @@ class _Probe:
 
     def sample(self, i: int):
         """Batch i: 8 problems x group_size responses, and their GRPO advantages."""
-        from .advantages import grpo
+        from ..core.advantages import grpo
 
         batch = self.problems[(i * 8) % len(self.problems) :][:8] or self.problems[:8]
         n = self.group_size
@@ -249,7 +249,7 @@ class _Probe:
 def _single_token_row(probe: _Probe, n_tokens: int) -> dict:
     """Theorem 2 token by token: one SGD step on -sign * log p_k of one token, its entropy change against
     -sign S_c."""
-    from .forward import batch_stats, policy_stats
+    from ..forward import batch_stats, policy_stats
 
     model, temperature = probe.model, probe.temperature
     ro, _ = probe.sample(0)
@@ -279,7 +279,7 @@ def _batch_rows(probe: _Probe, n_batches: int) -> list[dict]:
     """Full GRPO steps: one SGD step on the token-mean loss of a batch; predicted in logit space by Corollary 4
     (a step of lr / |T_B| per token: dynamics, departure 3) and through the network to first order
     (grad of the mean entropy . the SGD step = -lr grad(mean H) . grad(loss))."""
-    from .forward import batch_stats, policy_stats
+    from ..forward import batch_stats, policy_stats
 
     model, temperature, lr, params = probe.model, probe.temperature, probe.lr, probe.params
     pred, first, real = [], [], []

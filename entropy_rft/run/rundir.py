@@ -62,6 +62,7 @@ from pathlib import Path
 
 import yaml
 
+from ..config import RESUME_SAFE, TrainConfig
 from .checkpoint import (
     DELETING,
     LATEST,
@@ -73,7 +74,6 @@ from .checkpoint import (
     resume_checkpoint,
     step_of,
 )
-from .config import RESUME_SAFE, TrainConfig
 from .record import DIGEST, STAGED, differences, stored_settings, trusted_checkpoint, write_digest
 
 LOCK = ".lock"
@@ -147,7 +147,7 @@ def is_finished(run_dir: Path, steps: int) -> bool:
 
 def finished_summary(run_dir: Path, cfg: TrainConfig) -> dict:
     """train()'s summary of a finished run, read back from its record."""
-    from .logging import read_metrics
+    from ..logging import read_metrics
 
     evals = {int(k): v for k, v in json.loads((run_dir / "eval.json").read_text()).items()}
     return {

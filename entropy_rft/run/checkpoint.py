@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # torch loads only where a checkpoint is read or written: rundir.py and the CLI's checks import
     import torch  # this module without it
 
-    from .control import EntropyControl
+    from ..core.control import EntropyControl
 
 PREFIX = "checkpoint-"  # RUN/checkpoint-N
 STATE = "trainer_state.pt"  # the run state besides the weights; written last: its presence makes a checkpoint complete
@@ -113,7 +113,7 @@ class RunState:
         """Continue from a checkpoint's trainer_state.pt (Adam's state is loaded by the caller); returns its step."""
         import torch
 
-        from .control import LEGACY_STATE_KEYS
+        from ..core.control import LEGACY_STATE_KEYS
 
         self.sampler.load(saved["sampler"])
         if "update_gen" in saved:  # checkpoints written before these were saved resume without them

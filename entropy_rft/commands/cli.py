@@ -12,7 +12,7 @@ One grammar for every subcommand:
    spellings --k, --temperature, --limit and --vllm-memory (and filter's --vllm-memory) still work, with a note.
 3. A bad value exits with code 2 and one line naming the option or setting and the fix, never a traceback; values,
    the device, optional packages (vLLM, TensorBoard, W&B) and the run directory are checked before any model loads.
-4. A run directory is one run's record (entropy_rft/rundir.py): train and demo write a new runs/<method>-<time>
+4. A run directory is one run's record (entropy_rft/run/rundir.py): train and demo write a new runs/<method>-<time>
    unless given --out or --name, and refuse another run's record unless told --resume, --resume-or-start or
    --overwrite. compare and sweep key each cell by its settings, so a rerun continues its own cells only. Every
    other output path follows one rule (rundir.check_output): never a file of a run's record, never into a live
@@ -32,7 +32,7 @@ import os
 import sys
 from pathlib import Path
 
-from . import __version__
+from .. import __version__
 from .options import entries_list, methods_list, mu_list, positive, set_item, setting, steps_list, whole
 
 # old spellings still accepted (grammar departure 2): subcommand -> {old: new}
@@ -60,7 +60,7 @@ def suggest(parser: argparse.ArgumentParser, message: str) -> str:
     `unrecognized arguments: --metod` gain "(did you mean ...?)" (registry.did_you_mean, the one rule)."""
     import re
 
-    from .registry import did_you_mean
+    from ..core.registry import did_you_mean
 
     choice = re.match(r"argument (\S+): invalid choice: '([^']*)' \(choose from (.*)\)$", message)
     if choice:
@@ -183,7 +183,7 @@ def apply_sets(args, parser: argparse.ArgumentParser, argv: list[str]) -> None:
 
 def guard(args, path, writes: tuple[str, ...] = (), *, directory: bool = True, named: bool | None = None) -> Path:
     """rundir.check_output for this subcommand's --out (named: --out given on the command line)."""
-    from .rundir import check_output
+    from ..run.rundir import check_output
 
     if named is None:
         named = any(a == "--out" or a.startswith("--out=") for a in args.argv)
@@ -215,7 +215,7 @@ def run_dir_options(p: argparse.ArgumentParser, what: str, default: str, resume_
 
 
 def out_dir(args, default_method: str) -> str:
-    from .rundir import new_run_dir
+    from ..run.rundir import new_run_dir
 
     if args.out is not None:
         return args.out
@@ -249,8 +249,8 @@ def cmd_demo(args) -> None:
 
 
 def cmd_train(args) -> None:
-    from .config import describe, read_recipe, recipe_file, resolve_config
-    from .record import check_hand_edits, stored_settings
+    from ..config import describe, read_recipe, recipe_file, resolve_config
+    from ..run.record import check_hand_edits, stored_settings
 
     if args.help_config:
         print(describe())
@@ -282,16 +282,16 @@ def cmd_train(args) -> None:
         check_hand_edits(Path(out), given={*recipe, *sets, *options, "out"})
     base = (stored_settings(Path(out)) or {}) if resume else {}  # resume: the run's own settings, then the changes
     cfg = resolve_config(base, recipe, sets, options, {"out": out} if out else {})
-    from .config import preflight
-    from .plan import check_fits
-    from .policy import pick_device
-    from .trainer import train
+    from ..config import preflight
+    from ..plan import check_fits
+    from ..policy import pick_device
+    from ..trainer import train
 
     preflight(cfg)
     check_fits(cfg, pick_device(cfg.device))  # before a new directory is made for the run
     made = cfg.out is None
     if made:  # a new directory, created at once (two runs started in the same second get two)
-        from .rundir import new_run_dir
+        from ..run.rundir import new_run_dir
 
         cfg = dataclasses.replace(cfg, out=str(new_run_dir(cfg.method)))
     if not (out or resume):  # a new directory the user did not name: say where the run goes
@@ -300,7 +300,7 @@ def cmd_train(args) -> None:
         summary = train(cfg, resume=resume, overwrite=args.overwrite)
     except BaseException:
         if made:  # a run that never started leaves no directory (rundir.py rule 3)
-            from .rundir import remove_if_empty
+            from ..run.rundir import remove_if_empty
 
             remove_if_empty(cfg.out)
         raise
@@ -320,7 +320,7 @@ def cmd_train(args) -> None:
 
 def _print_plan(cfg) -> None:
     """The recipe's memory plan after a dry run, when its model's config.json can be found (never fails the run)."""
-    from .plan import plan_for_config, suggestions
+    from ..plan import plan_for_config, suggestions
 
     try:
         plan, shape, kw = plan_for_config(cfg)
@@ -333,8 +333,8 @@ def _print_plan(cfg) -> None:
 
 
 def cmd_plan(args) -> None:
-    from .config import read_recipe, resolve_config
-    from .plan import plan_for_config, suggestions
+    from ..config import read_recipe, resolve_config
+    from ..plan import plan_for_config, suggestions
 
     cfg = resolve_config(read_recipe(args.config), given_sets(args))
     plan, shape, kw = plan_for_config(
@@ -357,7 +357,7 @@ def cmd_plan(args) -> None:
 
 def _check_machine(args) -> None:
     """The device and the engine's package, before any model loads."""
-    from .config import check_device, check_installed
+    from ..config import check_device, check_installed
 
     check_device(args.device)
     check_installed(getattr(args, "engine", "hf"))
@@ -464,7 +464,7 @@ def cmd_compare(args) -> None:
 
 
 def cmd_report(args) -> None:
-    from .record import set_aside_note
+    from ..run.record import set_aside_note
     from .report import REPORT_FILES, build_report
 
     runs = list({Path(r).resolve(): r for r in args.runs}.values())  # a run given twice is reported once
@@ -487,7 +487,7 @@ def cmd_inspect(args) -> None:
     elif out.suffix != ".html":  # the page is HTML: --out NAME writes NAME.html
         out = out.with_name(out.name + ".html")
     guard(args, out, directory=False, named=True)  # the default page, RUN_DIR/inspect.html, names the run
-    from .logging import read_metrics
+    from ..logging import read_metrics
 
     for run in args.runs:  # the page shows samples, but a damaged record is named as every reader names it
         if (Path(run) / "metrics.jsonl").is_file():
@@ -504,9 +504,9 @@ def cmd_inspect(args) -> None:
 def cmd_theory(args) -> None:
     import torch
 
-    from .policy import BUILTIN_MODELS, load_policy, pick_device
-    from .problems import load_problems
-    from .tasks import TASKS
+    from ..policy import BUILTIN_MODELS, load_policy, pick_device
+    from ..problems import load_problems
+    from ..tasks import TASKS
     from .theory import format_table, model_checks, tabular_checks
 
     if args.out:
@@ -557,7 +557,7 @@ def cmd_sweep(args) -> None:
 
 
 def cmd_recipes(args) -> None:
-    from .config import RECIPES, read_yaml, shipped_recipes
+    from ..config import RECIPES, read_yaml, shipped_recipes
 
     for name in shipped_recipes():
         data = read_yaml(RECIPES / f"{name}.yaml") or {}
@@ -567,8 +567,8 @@ def cmd_recipes(args) -> None:
 
 
 def cmd_pretrain_toy(args) -> None:
-    from .policy import load_policy
-    from .toy import PoolConfig, ToyConfig, build_pool_split, pretrain
+    from ..policy import load_policy
+    from ..toy import PoolConfig, ToyConfig, build_pool_split, pretrain
 
     if args.split:
         sizes = {k: v for k, v in (("n_train", args.train_problems), ("n_eval", args.eval_problems)) if v}
@@ -991,8 +991,8 @@ def _note_renamed(command: str, argv: list[str]) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from .checkpoint import RunDirError
-    from .stops import NonFinite
+    from ..run.checkpoint import RunDirError
+    from ..run.stops import NonFinite
 
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser()

