@@ -38,7 +38,10 @@ class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     """Imports an old module name as the module that now holds it (MOVED): one module object under both names."""
 
     def find_spec(self, name, path=None, target=None):
-        return importlib.util.spec_from_loader(name, self) if name in MOVED else None
+        if name not in MOVED:
+            return None
+        moved = importlib.util.find_spec(MOVED[name])  # a package stays one (`python -m entropy_rft.cli` runs)
+        return importlib.util.spec_from_loader(name, self, is_package=moved.submodule_search_locations is not None)
 
     def create_module(self, spec):
         return importlib.import_module(MOVED[spec.name])

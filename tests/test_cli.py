@@ -482,7 +482,7 @@ def test_dry_run_writes_its_scratch_directory_never_the_recipes_out(tmp_path, mo
     each time; with --out DIR it runs there under the usual rules (no replacing unless --overwrite)."""
     calls = []
     monkeypatch.setattr(pipeline, "dry_run", lambda cfg, out, **kw: calls.append((str(out), kw)) or {"ok": True})
-    monkeypatch.setattr("entropy_rft.commands.cli._print_plan", lambda cfg: None)
+    monkeypatch.setattr("entropy_rft.commands.cli.train._print_plan", lambda cfg: None)
     monkeypatch.chdir(tmp_path)
     recipe = tmp_path / "paper.yaml"
     recipe.write_text(f"out: {tmp_path / 'real-run'}\nsteps: 500\n")

@@ -103,7 +103,7 @@ def test_config_values_are_coerced_exactly_or_rejected_by_name(name, value):
 )
 def test_recipe_and_set_values_that_yaml_reads_as_text_are_coerced(tmp_path, key, text, expected):
     """The issue's example: YAML reads 1e-5 as a string; from a recipe and from --set it becomes the float."""
-    from entropy_rft.commands.cli import set_item
+    from entropy_rft.commands.options import set_item
 
     recipe = tmp_path / "r.yaml"
     recipe.write_text(f"method: clip_b\n{key}: {text}\n")
