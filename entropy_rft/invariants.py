@@ -46,7 +46,7 @@ from .policy import ValueHead, prepare_policy
 from .problems import Scored
 from .rollout import Rollout
 from .rollout.hf import sequence_forward
-from .rollout.sampling import sample
+from .rollout.sampling import Sampling, sample
 from .rules import StepRules
 from .step import Decision, Step
 
@@ -152,12 +152,9 @@ def synthetic_batch(
             model,
             p_ids.to(device),
             p_mask.to(device),
-            n=group,
-            temperature=temperature,
-            top_p=1.0,
-            max_new_tokens=max_response,
-            eos_ids=[vocab + 1],
-            pad_id=0,
+            Sampling(
+                n=group, temperature=temperature, top_p=1.0, max_new_tokens=max_response, eos_ids=[vocab + 1], pad_id=0
+            ),
             generator=draws,
         )
         responses = responses.cpu()  # no id ends a response: every row runs max_response tokens before the cut
