@@ -950,19 +950,14 @@ def rows_list(values: list[str]) -> list[int]:
 
 def decode_arm(arm: str, model32, model, ids, mask, dtype, session):
     """fn(tokens, seed) -> (rows, tokens) sampled tokens: one rollout of `arm` (module docstring)."""
-    from entropy_rft.rollout.sampling import sample
+    from entropy_rft.rollout.sampling import Sampling, sample
 
     def ours(tokens: int, seed: int = 0):
         return sample(
             model if arm == "hf" else model32,
             ids,
             mask,
-            n=1,
-            temperature=1.0,
-            top_p=1.0,
-            max_new_tokens=tokens,
-            eos_ids=[-1],
-            pad_id=0,
+            Sampling(n=1, temperature=1.0, top_p=1.0, max_new_tokens=tokens, eos_ids=[-1], pad_id=0),
             generator=torch.Generator(DEVICE).manual_seed(seed),
             dtype=dtype if dtype == torch.bfloat16 else None,
             decode=arm,

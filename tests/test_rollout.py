@@ -222,9 +222,9 @@ def test_synthetic_batches_draw_on_the_models_device(monkeypatch):
         created.append(kwargs.get("device", args[0] if args else None))
         return real(*args, **kwargs)
 
-    def fake_sample(model, ids, mask, *, n, generator, max_new_tokens, **kw):
+    def fake_sample(model, ids, mask, sampling, *, generator, **kw):
         received.append(generator)
-        return torch.zeros(ids.shape[0] * n, max_new_tokens, dtype=torch.long), None
+        return torch.zeros(ids.shape[0] * sampling.n, sampling.max_new_tokens, dtype=torch.long), None
 
     cfg = load_config(None)
     model = invariants.scaled_model(

@@ -148,12 +148,11 @@ def run_step(seed: int = 0, *, lr: float = 0.0, ref: bool = False, **settings) -
     runner = Step(
         cfg, model, optimizer, value_head=head, ref_model=ref_model, update_gen=torch.Generator().manual_seed(seed)
     )
-    ro, rewards, gids = synthetic_batch(PROMPTS, GROUP, vocab=300, max_response=RESPONSE, seed=seed, model=model)
-    batch = Scored([None] * PROMPTS, ro, rewards, rewards > 0)
+    batch = synthetic_batch(PROMPTS, GROUP, vocab=300, max_response=RESPONSE, seed=seed, model=model)
     behaviour = runner.statistics(batch, 0)
     decision = runner.decide(batch, behaviour)
     capture = Capture(optimizer)
-    runner.update(ro, decision, held=behaviour.held, observe=capture)
+    runner.update(batch.rollout, decision, held=behaviour.held, observe=capture)
     return Ran(cfg, runner, batch, behaviour, decision, capture, values)
 
 

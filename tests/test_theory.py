@@ -4,7 +4,7 @@ sign."""
 import pytest
 import torch
 
-from entropy_rft.commands.theory import format_table, model_checks, tabular_checks
+from entropy_rft.commands.theory import Probe, format_table, model_checks, tabular_checks
 
 
 def by_name(rows):
@@ -92,9 +92,8 @@ def test_model_checks_on_the_shipped_policy():
     model, tok = load_policy("countdown-tiny", torch.device("cpu"))
     before = [p.detach().clone() for p in model.parameters()]
     task = CountdownTask()
-    rows = model_checks(
-        model, tok, task, load_problems(default_data(TrainConfig(), "train"), task), n_tokens=16, n_batches=6
-    )
+    probe = Probe(model, tok, task, load_problems(default_data(TrainConfig(), "train"), task))
+    rows = model_checks(probe, n_tokens=16, n_batches=6)
     rows_by = {r["check"]: r for r in rows}
     assert rows[0]["n"] == 16 and rows[0]["sign_agreement"] > 0.6
     first = rows_by["model: GRPO step, first order through the network"]

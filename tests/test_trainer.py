@@ -155,11 +155,11 @@ def test_micro_batches_give_the_same_update():
     model = load_policy("countdown-tiny", torch.device("cpu"), trainable=True)[0].double()
     for mini_batches in (1, 2):
         cfg = load_config(None, prompts_per_step=4, group_size=4, mini_batches=mini_batches, grad_clip=0.0)
-        ro, rewards, gids = synthetic_batch(4, 4, vocab=model.config.vocab_size, max_response=8, model=model, seed=3)
-        whole = recipe_step(cfg, model, ro, rewards, gids)
-        micro = recipe_step(dataclasses.replace(cfg, micro_batch_size=3), model, ro, rewards, gids)
+        scored = synthetic_batch(4, 4, vocab=model.config.vocab_size, max_response=8, model=model, seed=3)
+        whole = recipe_step(cfg, model, scored)
+        micro = recipe_step(dataclasses.replace(cfg, micro_batch_size=3), model, scored)
         assert len(whole.grads) == len(micro.grads) == mini_batches
-        tol = int(ro.response_mask.sum()) * 2.0**-24
+        tol = int(scored.rollout.response_mask.sum()) * 2.0**-24
         for a, b in zip(whole.grads, micro.grads):
             assert grad_distance(a, b) <= tol * grad_norm(a) and grad_norm(a) > 0
 

@@ -27,7 +27,7 @@ import torch
 
 from ..core.dynamics import batch_covariance, corollary4_entropy_change
 
-__all__ = ["tabular_checks", "model_checks", "format_table"]
+__all__ = ["tabular_checks", "Probe", "model_checks", "format_table"]
 
 
 def _entropy(z: torch.Tensor) -> torch.Tensor:
@@ -198,11 +198,24 @@ def tabular_checks(
     return rows
 
 
-class _Probe:
-    """A real causal LM under test: plain SGD steps on it, its parameters restored after each, and GRPO batches
-    sampled from it."""
+class Probe:
+    """A real causal LM under test (`model_checks`): plain SGD steps of learning rate lr on it, its parameters
+    restored after each, and GRPO batches sampled from it (group_size responses to each of 8 of the task's problems,
+    at temperature, up to max_new_tokens tokens; batch i seeded seed + i)."""
 
-    def __init__(self, model, tokenizer, task, problems, *, group_size, lr, temperature, max_new_tokens, seed):
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        task,
+        problems,
+        *,
+        group_size: int = 8,
+        lr: float = 1e-3,
+        temperature: float = 1.0,
+        max_new_tokens: int = 16,
+        seed: int = 0,
+    ):
         from ..rollout import HFEngine
 
         self.model, self.task, self.problems, self.lr = model, task, problems, lr
@@ -246,7 +259,7 @@ class _Probe:
         return ro, grpo(torch.tensor(scores), torch.arange(len(batch)).repeat_interleave(n))
 
 
-def _single_token_row(probe: _Probe, n_tokens: int) -> dict:
+def _single_token_row(probe: Probe, n_tokens: int) -> dict:
     """Theorem 2 token by token: one SGD step on -sign * log p_k of one token, its entropy change against
     -sign S_c."""
     from ..forward import batch_stats, policy_stats
@@ -275,7 +288,7 @@ def _single_token_row(probe: _Probe, n_tokens: int) -> dict:
     }
 
 
-def _batch_rows(probe: _Probe, n_batches: int) -> list[dict]:
+def _batch_rows(probe: Probe, n_batches: int) -> list[dict]:
     """Full GRPO steps: one SGD step on the token-mean loss of a batch; predicted in logit space by Corollary 4
     (a step of lr / |T_B| per token: dynamics, departure 3) and through the network to first order
     (grad of the mean entropy . the SGD step = -lr grad(mean H) . grad(loss))."""
@@ -311,33 +324,10 @@ def _batch_rows(probe: _Probe, n_batches: int) -> list[dict]:
     ]
 
 
-def model_checks(
-    model,
-    tokenizer,
-    task,
-    problems,
-    *,
-    n_tokens: int = 48,
-    n_batches: int = 8,
-    group_size: int = 8,
-    lr: float = 1e-3,
-    temperature: float = 1.0,
-    max_new_tokens: int = 16,
-    seed: int = 0,
-) -> list[dict]:
-    """Single-token and full-step checks on a real causal LM (plain SGD steps, parameters restored after each)."""
-    probe = _Probe(
-        model,
-        tokenizer,
-        task,
-        problems,
-        group_size=group_size,
-        lr=lr,
-        temperature=temperature,
-        max_new_tokens=max_new_tokens,
-        seed=seed,
-    )
-    model.eval()  # no dropout: the only change between passes is the SGD step
+def model_checks(probe: Probe, *, n_tokens: int = 48, n_batches: int = 8) -> list[dict]:
+    """Single-token and full-step checks on the probe's causal LM (plain SGD steps, parameters restored after each):
+    n_tokens single-token steps, then n_batches GRPO steps."""
+    probe.model.eval()  # no dropout: the only change between passes is the SGD step
     return [_single_token_row(probe, n_tokens), *_batch_rows(probe, n_batches)]
 
 

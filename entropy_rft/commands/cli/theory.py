@@ -15,7 +15,7 @@ def run(args) -> None:
     from ...policy import BUILTIN_MODELS, load_policy, pick_device
     from ...problems import load_problems
     from ...tasks import TASKS
-    from ..theory import format_table, model_checks, tabular_checks
+    from ..theory import Probe, format_table, model_checks, tabular_checks
 
     if args.out:
         guard(args, args.out, ("theory.json",))
@@ -36,7 +36,8 @@ def run(args) -> None:
     if not args.no_model:
         model, tokenizer = load_policy(args.model, device)
         torch.manual_seed(args.seed)
-        model_rows = model_checks(model, tokenizer, task, problems, n_batches=args.batches, lr=args.lr, seed=args.seed)
+        probe = Probe(model, tokenizer, task, problems, lr=args.lr, seed=args.seed)
+        model_rows = model_checks(probe, n_batches=args.batches)
         print(f"Model {args.model} (parameter-space SGD steps; the theory predicts the sign):\n")
         print(format_table(model_rows))
         rows += model_rows
