@@ -72,7 +72,8 @@ def train(cfg: TrainConfig, *, resume: bool | str = False, overwrite: bool = Fal
     checkpoint, with the same settings), resume="auto" (continue if it can, else start) or overwrite=True (replace
     it once this run is ready to start). SIGINT, SIGTERM and SIGHUP save the run where it stands and stop it."""
     preflight(cfg)  # device, engine and sink packages, before the directory is taken or any model loads
-    check_fits(cfg, pick_device(cfg.device))  # lengths and batches that cannot be allocated: one line naming the field
+    device = pick_device(cfg.device)  # resolved once: the memory check and the policy's set-up use this one
+    check_fits(cfg, device)  # lengths and batches that cannot be allocated: one line naming the field
     made = cfg.out is None
     if made:
         cfg = dataclasses.replace(cfg, out=str(new_run_dir(cfg.method)))
@@ -80,7 +81,7 @@ def train(cfg: TrainConfig, *, resume: bool | str = False, overwrite: bool = Fal
         with claim_run_dir(cfg, resume=resume, overwrite=overwrite) as claim, stop_signals_interrupt() as stops:
             if claim.finished:
                 return finished_summary(claim.run_dir, cfg)
-            return _loop(_Run(cfg, claim), stops)
+            return _loop(_Run(cfg, claim, device), stops)
     except BaseException:
         if made:  # a run that never started leaves no directory (rundir.py rule 3)
             remove_if_empty(cfg.out)
@@ -88,12 +89,12 @@ def train(cfg: TrainConfig, *, resume: bool | str = False, overwrite: bool = Fal
 
 
 class _Run:
-    """What the loop works with, set up from the config and the claimed run directory (resumed from its checkpoint)."""
+    """What the loop works with, set up from the config and the claimed run directory (resumed from its checkpoint)
+    on the run's device (train resolves it once)."""
 
-    def __init__(self, cfg: TrainConfig, claim: Claim):
+    def __init__(self, cfg: TrainConfig, claim: Claim, device: torch.device):
         torch.manual_seed(cfg.seed)
         self.cfg, self.claim, self.run_dir = cfg, claim, claim.run_dir
-        device = pick_device(cfg.device)
         resolve_model_path(cfg.model)  # fail on a bad model path before any work
         self.task = TASKS.get(cfg.task)
         train_problems = task_problems(cfg, self.task, "train")
