@@ -277,7 +277,7 @@ def set_up_policy(
 ) -> Policy:
     """The policy from cfg.model, or from a checkpoint's weights (and value head) to resume: prepared (LoRA, gradient
     checkpointing), dropout off and checked, with its optimizer (Adam's state is the checkpoint's to load), the
-    reference policy when asked (rules.StepRules.reference: kl_coef > 0) and the rollout engine."""
+    reference policy when asked (rules.needs: kl_coef > 0) and the rollout engine."""
     source = str(checkpoint) if checkpoint is not None else cfg.model
     model, tokenizer = load_policy(source, device, trainable=True)
     model = prepare_policy(model, cfg)

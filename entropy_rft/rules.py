@@ -8,13 +8,15 @@ Every part of the library that depends on how a step is laid out reads it here a
                        from the update's generator when there are several mini-batches
     strict on-policy   one optimizer step, at the behaviour weights (`strict`); only then may the statistics be
                        the update's own forward (`reuse`)
-    needs              a critic (a token-level advantage: GAE's value head), a reference policy (kl_coef > 0)
+    needs              a critic (a token-level advantage: GAE's value head), a reference policy (kl_coef > 0):
+                       `needs`, read from the config alone, so the policy can be set up with them
     probe cadence      the entropy probe every `probe_every` steps (every step under the mu controller)
     frozen rows        whether rows with advantage exactly 0 may run without a graph (`may_freeze`)
 
 The step (step.py), the forward passes (forward.py), the memory plan (plan.py), the trainer's set-up and the
 invariant checks (invariants.py, through step.Step) all read these; tests/test_rules.py tabulates them for every
-shipped recipe.
+shipped recipe. A run builds them once: the trainer sets its policy up from `needs`, then builds the StepRules (the
+loaded model's dropout decides `reuse`) and hands them to its step.Step.
 """
 
 from __future__ import annotations
@@ -43,6 +45,12 @@ def passes(rows: Tensor | int, rows_per_pass: int) -> tuple[Tensor, ...]:
     one split every forward over a batch uses."""
     rows = torch.arange(rows) if isinstance(rows, int) else rows
     return rows.split(pass_size(len(rows), rows_per_pass))
+
+
+def needs(cfg: TrainConfig) -> tuple[bool, bool]:
+    """(critic, reference): a token-level advantage (GAE) needs a value head, kl_coef > 0 a reference policy. What
+    the trainer sets its policy up with, before the model it loads decides the rest of StepRules (its dropout)."""
+    return isinstance(ADVANTAGES.get(cfg.advantage), TokenLevel), cfg.kl_coef > 0
 
 
 def objective_of(cfg: TrainConfig, control: EntropyControl, *, kl: bool, value: bool) -> Objective:
@@ -84,7 +92,7 @@ class StepRules:
         value term with a critic); dropout_active (forward's module mode) rules out reusing the update's forward
         under reuse_forward auto."""
         control = control or make_control(cfg)
-        critic, reference = isinstance(ADVANTAGES.get(cfg.advantage), TokenLevel), cfg.kl_coef > 0
+        critic, reference = needs(cfg)
         if objective is None:
             objective = objective_of(cfg, control, kl=reference, value=critic)
         strict = cfg.ppo_epochs == 1 and cfg.mini_batches == 1 and cfg.lopti_eta is None

@@ -172,7 +172,9 @@ class Decision:
 
 class Step:
     """A run's step: its objective, control and rules, fixed at set-up; `statistics`, `decide` and `update` are the
-    three phases (module docstring). The trainer, invariants.recipe_step and the tests call the same methods."""
+    three phases (module docstring). The trainer, invariants.recipe_step and the tests call the same methods. `rules`:
+    the run's StepRules, which the trainer builds once per run for this model and control; None builds them here from
+    cfg, the objective, the control and the model's dropout."""
 
     def __init__(
         self,
@@ -183,6 +185,7 @@ class Step:
         value_head=None,
         ref_model=None,
         control: EntropyControl | None = None,
+        rules: StepRules | None = None,
         update_gen: torch.Generator | None = None,
     ):
         self.cfg, self.model, self.optimizer = cfg, model, optimizer
@@ -190,9 +193,11 @@ class Step:
         self.method, self.estimator = METHODS.get(cfg.method), estimator_of(cfg)
         self.control = control or make_control(cfg)
         self.objective = objective_of(cfg, self.control, kl=ref_model is not None, value=value_head is not None)
-        self.rules = StepRules.of(
-            cfg, objective=self.objective, control=self.control, dropout_active=has_active_dropout(model)
-        )
+        if rules is None:
+            rules = StepRules.of(
+                cfg, objective=self.objective, control=self.control, dropout_active=has_active_dropout(model)
+            )
+        self.rules = rules
         if self.rules.critic and value_head is None:
             raise ValueError(f"advantage {cfg.advantage!r} needs a value head: pass value_head=ValueHead(hidden_size)")
         self.loss = POLICY_LOSSES.get(cfg.policy_loss)

@@ -49,12 +49,13 @@ from .checkpoint import (
 from .config import TrainConfig, preflight
 from .control import control_name, make_control
 from .diagnostics import loss_step_sizes
+from .dropout import has_active_dropout
 from .evaluate import run_eval
 from .logging import MetricLogger
 from .plan import check_fits
 from .policy import pick_device, resolve_model_path, set_up_policy
 from .problems import ProblemSampler, sample_batch, task_problems
-from .rules import StepRules
+from .rules import StepRules, needs
 from .rundir import Claim, finished_summary, new_run_dir, remove_if_empty
 from .rundir import claim as claim_run_dir
 from .step import Step
@@ -99,9 +100,11 @@ class _Run:
         self.task = TASKS.get(cfg.task)
         train_problems = task_problems(cfg, self.task, "train")
         self.eval_problems = task_problems(cfg, self.task, "eval")[: cfg.eval_problems or None]
-        needs = StepRules.of(cfg)  # a critic (GAE), a reference policy (kl_coef > 0)
-        self.policy = set_up_policy(cfg, device, claim.checkpoint, critic=needs.critic, reference=needs.reference)
+        critic, reference = needs(cfg)  # a critic (GAE), a reference policy (kl_coef > 0)
+        self.policy = set_up_policy(cfg, device, claim.checkpoint, critic=critic, reference=reference)
         control = make_control(cfg)
+        # the step's shape, built once for the run (the reuse of the update's forward reads the model's dropout)
+        rules = StepRules.of(cfg, control=control, dropout_active=has_active_dropout(self.policy.model))
         update_gen = torch.Generator().manual_seed(cfg.seed + 1)
         self.step = Step(
             cfg,
@@ -110,6 +113,7 @@ class _Run:
             value_head=self.policy.value_head,
             ref_model=self.policy.ref_model,
             control=control,
+            rules=rules,
             update_gen=update_gen,
         )
         self.sampler = ProblemSampler(train_problems, cfg.seed)
