@@ -3,7 +3,8 @@
 Every part of the library that depends on how a step is laid out reads it here and nowhere else:
 
     rows per pass      every forward over the batch (statistics, reference, held forward, probe, the update's
-                       micro-batches) runs in consecutive slices of `rows_per_pass` rows (`passes`)
+                       micro-batches) runs in consecutive slices of `rows_per_pass` rows (`passes`, the split of
+                       forward.passes that every forward uses)
     optimizer steps    Lopti phases x ppo_epochs x mini_batches (`schedule`), each epoch's mini-batch order drawn
                        from the update's generator when there are several mini-batches
     strict on-policy   one optimizer step, at the behaviour weights (`strict`); only then may the statistics be
@@ -13,10 +14,10 @@ Every part of the library that depends on how a step is laid out reads it here a
     probe cadence      the entropy probe every `probe_every` steps (every step under the mu controller)
     frozen rows        whether rows with advantage exactly 0 may run without a graph (`may_freeze`)
 
-The step (step.py), the forward passes (forward.py), the memory plan (plan.py), the trainer's set-up and the
-invariant checks (invariants.py, through step.Step) all read these; tests/test_rules.py tabulates them for every
-shipped recipe. A run builds them once: the trainer sets its policy up from `needs`, then builds the StepRules (the
-loaded model's dropout decides `reuse`) and hands them to its step.Step.
+The step (step.py, which hands forward.py's passes their rows per pass), the memory plan (plan.py), the trainer's
+set-up and the invariant checks (invariants.py, through step.Step) all read these; tests/test_rules.py tabulates them
+for every shipped recipe. A run builds them once: the trainer sets its policy up from `needs`, then builds the
+StepRules (the loaded model's dropout decides `reuse`) and hands them to its step.Step.
 """
 
 from __future__ import annotations
@@ -30,21 +31,8 @@ from torch import Tensor
 from .advantages import ADVANTAGES, TokenLevel
 from .config import TrainConfig
 from .control import EntropyControl, make_control
+from .forward import pass_size, passes
 from .objective import Objective
-
-
-def pass_size(n_rows: int, rows_per_pass: int) -> int:
-    """Rows in each forward pass over n_rows rows (the last may hold fewer): rows_per_pass, or all of them when it is
-    0 or more than there are; at least 1. Arithmetic on sizes only, so the memory plan of a batch of 10^9 rows costs
-    nothing (plan.check_fits)."""
-    return max(min(rows_per_pass or n_rows, n_rows), 1)
-
-
-def passes(rows: Tensor | int, rows_per_pass: int) -> tuple[Tensor, ...]:
-    """The rows of each forward pass over `rows` (a count: rows 0..n-1): consecutive slices of `pass_size` rows. The
-    one split every forward over a batch uses."""
-    rows = torch.arange(rows) if isinstance(rows, int) else rows
-    return rows.split(pass_size(len(rows), rows_per_pass))
 
 
 def needs(cfg: TrainConfig) -> tuple[bool, bool]:

@@ -325,7 +325,7 @@ class Step:
         on_first_step: Callable[[], None] | None = None,
     ) -> dict:
         """The optimizer steps of rules.schedule on the objective; gradient accumulation over each mini-batch's
-        micro-batches (rules.passes) with the mini-batch's counts. `held` (strict on-policy) supplies the forward
+        micro-batches (StepRules.passes) with the mini-batch's counts. `held` (strict on-policy) supplies the forward
         already computed. `observe(rows, stats, old_logp)` sees each micro-batch's forward and the old log p its loss
         used (invariants.py); `on_first_step()` runs just before the first optimizer step changes the weights (the
         trainer holds stop signals from there). Returns UpdateLog.metrics()."""
