@@ -26,10 +26,9 @@ from . import packaged
 from .checkpoint import VALUE_HEAD
 from .config import TrainConfig, check_device
 from .dropout import check_deterministic, disable_dropout
-from .packaged import PACKAGED
+from .packaged import BUILTIN_MODELS, PACKAGED
 from .rollout import ENGINES
 
-BUILTIN_MODELS = {"countdown-tiny": Path(__file__).parent / "assets" / "countdown-tiny"}
 STAND_IN = "tiny-stand-in"  # a random tiny chat model built on first use (toy.build_stand_in), for dry runs
 
 
