@@ -517,7 +517,9 @@ def test_the_rendering_check_finds_each_defect(html, found):
     """Property: the check is not vacuous: each kind of defect is reported."""
     assert any(found in d for d in rendering_defects(html, "p.html"))
     assert (
-        rendering_defects("<ul><li>one</li></ul><p>a - b and 2. c <code>entropy_rft/commands/cli.py</code></p>", "p")
+        rendering_defects(
+            "<ul><li>one</li></ul><p>a - b and 2. c <code>entropy_rft/commands/cli/__init__.py</code></p>", "p"
+        )
         == []
     )
 

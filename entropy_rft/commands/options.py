@@ -1,4 +1,4 @@
-"""The command line's option types (entropy_rft/commands/cli.py): each reads one option's text and raises
+"""The command line's option types (entropy_rft/commands/cli/): each reads one option's text and raises
 argparse.ArgumentTypeError, which argparse reports as `argument --opt: <message>` (exit code 2, one line). Options that
 mirror a TrainConfig field are checked by the field's own rules (config.check_values)."""
 
