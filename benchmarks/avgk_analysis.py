@@ -8,7 +8,8 @@ countdown5_large, 5 seeds x 1,500 steps, evaluated every 300 steps on 1,000 held
 analysed), avgk.json (every figure below), avgk.md (the tables) and, through avgk_figures.py, learning_curves.png and
 by_stratum.png. What it computes, as pre-registered:
 - primary: the final Avg@32 difference Clip_B - GRPO and Clip_V - GRPO, paired by seed and problem, with its 95%
-  two-way bootstrap interval and two-sided bootstrap p (entropy_rft/evidence.py, paired_test, 20,000 replicates),
+  two-way bootstrap interval and two-sided bootstrap p (entropy_rft/commands/evidence.py, paired_test, 20,000
+  replicates),
   Holm-adjusted over the two; a method "raises Avg@32" when its adjusted p < 0.05 and the difference is > 0;
 - secondary: the final Pass@8 and Pass@32 differences (Holm over their four), the per-run entropy over the last 10%
   of steps (paired over seeds), and the Avg@32 and Pass@32 differences within each initial-difficulty stratum of the
@@ -31,7 +32,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # this checkout's entropy_rft, before an installed one
 
-from entropy_rft.evidence import avg_scores, estimate, holm, paired_test, pass_at_k_scores
+from entropy_rft.commands.evidence import avg_scores, estimate, holm, paired_test, pass_at_k_scores
 
 TASK = "countdown5_large"
 BASELINE = "grpo"
@@ -255,7 +256,7 @@ def markdown(r: dict) -> str:
         )
     lines += [
         "",
-        "Intervals: 95%, two-way bootstrap over seeds and problems (entropy_rft/evidence.py); p: two-sided "
+        "Intervals: 95%, two-way bootstrap over seeds and problems (entropy_rft/commands/evidence.py); p: two-sided "
         "bootstrap p of the same replicates.",
     ]
     return "\n".join(lines) + "\n"

@@ -42,7 +42,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # this checkout's entropy_rft, before an installed one
 
-from entropy_rft.evidence import avg_scores, paired_test
+from entropy_rft.commands.evidence import avg_scores, paired_test
 
 
 def components(d: np.ndarray) -> dict[str, float]:

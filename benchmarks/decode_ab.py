@@ -27,7 +27,7 @@ def main() -> None:
     from entropy_rft.policy import load_policy
     from entropy_rft.problems import default_data, load_problems
     from entropy_rft.rollout.hf import HFEngine
-    from entropy_rft.rollout.sampling import sample
+    from entropy_rft.rollout.sampling import Sampling, sample
     from entropy_rft.tasks import TASKS
 
     model, tokenizer = load_policy("countdown-tiny", torch.device("cpu"))
@@ -38,6 +38,9 @@ def main() -> None:
     paths = ("hf", "hand", "static")
     times = {path: [] for path in paths}
     same = {path: 0 for path in paths}
+    sampling = Sampling(
+        n=8, temperature=1.0, top_p=1.0, max_new_tokens=16, eos_ids=engine.eos_ids, pad_id=tokenizer.pad_token_id
+    )
     gap = {path: 0.0 for path in paths}
     for i in range(args.rounds + 1):
         ids, mask = engine.encode_prompts([task.prompt(p) for p in problems[i * 32 : (i + 1) * 32]])
@@ -48,12 +51,7 @@ def main() -> None:
                 model,
                 ids,
                 mask,
-                n=8,
-                temperature=1.0,
-                top_p=1.0,
-                max_new_tokens=16,
-                eos_ids=engine.eos_ids,
-                pad_id=tokenizer.pad_token_id,
+                sampling,
                 generator=torch.Generator().manual_seed(i),
                 decode=path,
             )

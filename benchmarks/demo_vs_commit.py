@@ -27,7 +27,7 @@ def run_demo(source: Path, method: str, out: Path) -> float:
     code = (
         f"import sys; sys.path.insert(0, {str(source)!r}); import entropy_rft; "
         f"assert entropy_rft.__file__.startswith({str(source)!r}), entropy_rft.__file__; "
-        "from entropy_rft.cli import main; main()"
+        "from entropy_rft.commands.cli import main; main()"
     )
     t = time.perf_counter()
     subprocess.run(

@@ -121,7 +121,7 @@ def peak_above(fn) -> float:
 
 
 def bench_stats(n: int, d: int, v: int) -> list[dict]:
-    from entropy_rft.dynamics import token_stats, token_stats_from_hidden
+    from entropy_rft.core.dynamics import token_stats, token_stats_from_hidden
 
     torch.manual_seed(0)
     hidden = (torch.randn(n, d, device="cuda") * 0.5).requires_grad_()
@@ -241,10 +241,10 @@ class IdTokenizer:
 def bench_trainer(shape: str, args) -> list[dict]:
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from entropy_rft.advantages import ADVANTAGES
     from entropy_rft.config import load_config
+    from entropy_rft.core.advantages import ADVANTAGES
+    from entropy_rft.core.methods import METHODS
     from entropy_rft.forward import batch_forward
-    from entropy_rft.methods import METHODS
     from entropy_rft.policy import prepare_policy
     from entropy_rft.rollout import HFEngine
     from entropy_rft.step import Decision, Step
@@ -496,7 +496,7 @@ class OursArm:
 
     def step(self) -> dict:
         from entropy_rft.problems import sample_batch
-        from entropy_rft.stops import finite_sampling
+        from entropy_rft.run.stops import finite_sampling
 
         cfg, step_, i = self.cfg, self.step_, self.done
         sync()
@@ -950,19 +950,14 @@ def rows_list(values: list[str]) -> list[int]:
 
 def decode_arm(arm: str, model32, model, ids, mask, dtype, session):
     """fn(tokens, seed) -> (rows, tokens) sampled tokens: one rollout of `arm` (module docstring)."""
-    from entropy_rft.rollout.sampling import sample
+    from entropy_rft.rollout.sampling import Sampling, sample
 
     def ours(tokens: int, seed: int = 0):
         return sample(
             model if arm == "hf" else model32,
             ids,
             mask,
-            n=1,
-            temperature=1.0,
-            top_p=1.0,
-            max_new_tokens=tokens,
-            eos_ids=[-1],
-            pad_id=0,
+            Sampling(n=1, temperature=1.0, top_p=1.0, max_new_tokens=tokens, eos_ids=[-1], pad_id=0),
             generator=torch.Generator(DEVICE).manual_seed(seed),
             dtype=dtype if dtype == torch.bfloat16 else None,
             decode=arm,

@@ -21,7 +21,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # this checkout's entropy_rft, before an installed one
 
-from entropy_rft.evidence import avg_scores, paired_difference, pass_at_k_scores, seed_estimate
+from entropy_rft.commands.evidence import avg_scores, paired_difference, pass_at_k_scores, seed_estimate
 
 
 def narrower(cells: list[dict], *, seed: int = 0) -> list[dict]:

@@ -32,7 +32,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # this checkout's entropy_rft, before an installed one
 
-from entropy_rft.evidence import avg_scores, paired_test, pass_at_k_scores
+from entropy_rft.commands.evidence import avg_scores, paired_test, pass_at_k_scores
 from entropy_rft.tasks.countdown import Problem
 
 POOL_COMMIT = "3fe4bc1"  # the last commit whose shipped pools were told apart by ordered numbers
@@ -204,7 +204,7 @@ def markdown(r: dict) -> str:
     lines += [
         "",
         (
-            "Intervals: 95%, two-way bootstrap over seeds and problems (entropy_rft/evidence.py). The "
+            "Intervals: 95%, two-way bootstrap over seeds and problems (entropy_rft/commands/evidence.py). The "
             "three-number countdown policy's supervised warm-up also saw every three-number evaluation puzzle "
             "in some ordering (toy.py, departure 2); the five-number pools' evaluation puzzles were never in "
             "the warm-up."

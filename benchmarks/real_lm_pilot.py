@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
 
-from entropy_rft.masks import clip_b, clip_v
+from entropy_rft.core.masks import clip_b, clip_v
 
 GRID = (0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.2, 1.5, 2.0, 2.5, 3.0, 4.0, 6.0, 8.5)
 TARGET, LAST_STEP, MAX_FRAC = 0.05, 40, 0.05

@@ -270,7 +270,8 @@ def run_cell(method: str, seed: int, out: Path) -> dict | None:
     import torch
 
     from entropy_rft.logging import read_metrics
-    from entropy_rft.rundir import RunDirError, RunLock
+    from entropy_rft.run.checkpoint import RunDirError, checkpoint_dir, checkpoint_dirs
+    from entropy_rft.run.rundir import RunLock
     from entropy_rft.trainer import train
 
     torch.set_num_threads(1)
@@ -288,7 +289,7 @@ def run_cell(method: str, seed: int, out: Path) -> dict | None:
         t0 = time.time()
         train(cfg, resume="auto")
         rows = read_metrics(run)
-        final = final_eval(str(run / f"checkpoint-{cfg.steps}"), seed)
+        final = final_eval(str(checkpoint_dir(run, cfg.steps)), seed)
         record = {
             "method": method,
             "seed": seed,
@@ -304,7 +305,7 @@ def run_cell(method: str, seed: int, out: Path) -> dict | None:
             "code": os.environ.get("STUDY_CODE", "worktree"),
         }
         shutil.copy(run / "metrics.jsonl", where / "metrics.jsonl")
-        for ckpt in run.glob("checkpoint-*"):  # 1.6 GB each
+        for ckpt in checkpoint_dirs(run, complete=False):  # 1.6 GB each
             shutil.rmtree(ckpt, ignore_errors=True)
         tmp = where / "cell.json.tmp"
         tmp.write_text(json.dumps(record) + "\n")
@@ -359,7 +360,7 @@ def analyse(records: list[dict], initial: dict | None = None) -> dict:
     """Every registered figure from the cell records (and the initial policy's evaluation, when given)."""
     import numpy as np
 
-    from entropy_rft.evidence import avg_scores, estimate, holm, paired_test, pass_at_k_scores, seed_t_interval
+    from entropy_rft.commands.evidence import avg_scores, estimate, holm, paired_test, pass_at_k_scores, seed_t_interval
 
     by = {(r["method"], r["seed"]): r for r in records}
     methods = [m for m in (BASELINE, *COMPARED) if any(k[0] == m for k in by)]

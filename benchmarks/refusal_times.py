@@ -1,6 +1,6 @@
 """How long a refusal of a size that cannot be allocated takes (issue 54): the memory check's own arithmetic
 (plan.check_fits for train, plan.check_eval_fits for eval) on the sizes the probe tried, and, with --cli, the
-whole command as a user meets it (a fresh `python -m entropy_rft.cli` process: interpreter start and imports,
+whole command as a user meets it (a fresh `python -m entropy_rft.commands.cli` process: interpreter start and imports,
 then the refusal).
 
 Before issue 54 the check built one integer per rollout row (rules.passes via StepRules.rows_per_pass, 8 times per
@@ -96,7 +96,11 @@ def main() -> None:
         for argv in CLI:
             start = time.perf_counter()
             proc = subprocess.run(
-                [sys.executable, "-m", "entropy_rft.cli", *argv], cwd=work, env=env, capture_output=True, text=True
+                [sys.executable, "-m", "entropy_rft.commands.cli", *argv],
+                cwd=work,
+                env=env,
+                capture_output=True,
+                text=True,
             )
             seconds = time.perf_counter() - start
             print(f"  {' '.join(argv):<85} {seconds:6.2f} s  exit {proc.returncode}")

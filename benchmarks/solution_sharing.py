@@ -177,13 +177,14 @@ def evaluate_new_set(run: Path, cfg) -> dict:
     from entropy_rft.policy import load_policy
     from entropy_rft.problems import load_problems
     from entropy_rft.rollout import HFEngine
+    from entropy_rft.run.checkpoint import checkpoint_dir
     from entropy_rft.tasks import TASKS as TASK_REGISTRY
 
     task = TASK_REGISTRY.get(TASK)
     problems = load_problems(NEW_EVAL, task)
     out = {}
     for name, model in (
-        ("new_final_correct", str(run / f"checkpoint-{cfg.steps}")),
+        ("new_final_correct", str(checkpoint_dir(run, cfg.steps))),
         ("new_initial_correct", cfg.model),
     ):
         policy, tok = load_policy(model, torch.device("cpu"))
@@ -253,7 +254,7 @@ def difference_of_differences(d_old, d_new, gen, *, replicates: int = REPLICATES
     95% interval and two-sided p from one bootstrap: seeds resampled jointly, each set's problems independently."""
     import numpy as np
 
-    from entropy_rft.evidence import bootstrap_p
+    from entropy_rft.commands.evidence import bootstrap_p
 
     seeds = d_old.shape[0]
     a = gen.multinomial(seeds, np.full(seeds, 1.0 / seeds), size=replicates)  # (B, S)
@@ -272,7 +273,7 @@ def analyse(records: list[dict], strata: dict[str, list[str]]) -> dict:
     of the Avg@32 differences, each method's absolute figures, and the reproduction check of every record."""
     import numpy as np
 
-    from entropy_rft.evidence import avg_scores, estimate, paired_test, pass_at_k_scores
+    from entropy_rft.commands.evidence import avg_scores, estimate, paired_test, pass_at_k_scores
 
     by = {(r["method"], r["seed"]): r for r in records}
     seeds = sorted(s for s in SEEDS if all((m, s) in by for m in METHODS))

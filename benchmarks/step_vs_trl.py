@@ -27,7 +27,7 @@ import torch
 
 
 def ours(steps: int, method: str, out: Path, probe_every: int) -> list[dict]:
-    from entropy_rft.demo import load_demo_config, run_config
+    from entropy_rft.commands.demo import load_demo_config, run_config
     from entropy_rft.trainer import train
 
     cfg = run_config(

@@ -15,7 +15,7 @@ settings keys and never mix in) and writes the committed benchmarks/study only w
 A cell is (task, method, seed), keyed by its settings (config.settings_key, as compare's cells):
 cells/<task>/<method>/seed<s>-<key>/. A finished cell holds cell.json (per-problem correct counts of the initial
 and final policy at n = 32 samples, and of every evaluation in eval_correct; the entropy and control curves, times);
-a cell killed part-way resumes from its newest checkpoint (save_every 50, exact: see trainer.py and runstate.py;
+a cell killed part-way resumes from its newest checkpoint (save_every 50, exact: see trainer.py and checkpoint.py;
 train's resume="auto"), and one that never checkpointed starts again. Changed settings give another key, so they never
 reuse a cell trained with other settings. Each cell runs in its own process with one thread (OMP_NUM_THREADS=1,
 torch.set_num_threads(1)), so per-step times are comparable across --jobs. A cell being run holds its directory's run
@@ -93,7 +93,7 @@ def one_thread() -> None:
 def cell_config(task: str, method: str, seed: int, out: Path | None = None, *, steps: int | None = None, **extra):
     """The TrainConfig of one cell (out: its run directory, when known; extra: further overrides)."""
     sys.path.insert(0, str(REPO))
-    from entropy_rft.demo import load_demo_config, run_config
+    from entropy_rft.commands.demo import load_demo_config, run_config
 
     spec = load_demo_config()
     settings = {k: (TASKS[task]["target"] if v == "TARGET" else v) for k, v in METHODS[method].items()}
@@ -129,8 +129,8 @@ def run_cell(task: str, method: str, seed: int, out: Path, steps: int | None = N
 
     torch.set_num_threads(1)
     from entropy_rft.logging import read_metrics
-    from entropy_rft.record import find_checkpoint
-    from entropy_rft.rundir import RunDirError, RunLock
+    from entropy_rft.run.checkpoint import RunDirError, checkpoint_dirs, find_checkpoint
+    from entropy_rft.run.rundir import RunLock
     from entropy_rft.trainer import train
 
     run_dir = cell_dir(out, task, method, seed, steps)
@@ -172,7 +172,7 @@ def run_cell(task: str, method: str, seed: int, out: Path, steps: int | None = N
         }
         if after is not None:
             record.update(after(run, cfg))
-        for ckpt in run.glob("checkpoint-*"):  # keep the record, drop the weights (about 10 MB each)
+        for ckpt in checkpoint_dirs(run, complete=False):  # keep the record, drop the weights (about 10 MB each)
             shutil.rmtree(ckpt, ignore_errors=True)
         tmp = run_dir / "cell.json.tmp"
         tmp.write_text(json.dumps(record) + "\n")
@@ -334,8 +334,8 @@ def names(known: dict, what: str):
 
 def main(argv=None) -> None:
     sys.path.insert(0, str(REPO))
-    from entropy_rft.cli import Parser  # argparse with one-line errors (exit 2)
-    from entropy_rft.options import whole as at_least  # a whole number >= its bound
+    from entropy_rft.commands.cli import Parser  # argparse with one-line errors (exit 2)
+    from entropy_rft.commands.options import whole as at_least  # a whole number >= its bound
 
     p = Parser(description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True, parser_class=Parser)

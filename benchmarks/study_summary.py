@@ -6,7 +6,8 @@ are used, so every comparison is paired on the same seeds and problems. Written 
     cells.jsonl       one finished cell a line: settings, per-problem correct counts (initial and final, n = 32),
                       per-step entropy, clipped fraction, control value and seconds (the raw results)
     study.json        the intervals: Avg@K, Pass@8, Pass@32 with two-way bootstrap intervals over seeds and problems
-                      and paired differences against GRPO (entropy_rft/evidence.py); per-run metrics (final entropy,
+                      and paired differences against GRPO (entropy_rft/commands/evidence.py); per-run metrics (final
+                      entropy,
                       entropy tracking error, clipped fraction, seconds per step, cell wall time) with seed intervals
     study.md          the same as tables
     entropy_<task>.png, differences_<task>.png, control_<task>.png (mu, alpha or the bonus coefficient per step,
@@ -22,7 +23,7 @@ from pathlib import Path
 import numpy as np
 from study import METHODS, TASKS, cell_dir  # benchmarks/study.py
 
-from entropy_rft.evidence import evaluate_grid, markdown_table, paired_difference, seed_estimate
+from entropy_rft.commands.evidence import evaluate_grid, markdown_table, paired_difference, seed_estimate
 
 KS = (8, 32)
 

@@ -43,7 +43,7 @@ def worker(
 ) -> dict:
     import torch
 
-    from entropy_rft.dynamics import token_stats_from_hidden
+    from entropy_rft.core.dynamics import token_stats_from_hidden
 
     torch.manual_seed(0)
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype_name]

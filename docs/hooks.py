@@ -1,6 +1,7 @@
 """MkDocs hook: the pages that are generated from the code and the repository at build time, so they cannot drift.
 
-- `<!-- generated: cli -->` in a page becomes every subcommand and option of `entropy_rft.cli.build_parser()`: its
+- `<!-- generated: cli -->` in a page becomes every subcommand and option of `entropy_rft.commands.cli.build_parser()`:
+  its
   option strings, metavar, default, choices and help text, read from the parser itself (nothing is copied).
 - `<!-- generated: config -->` becomes every `TrainConfig` field with its type, default and help text, read from the
   dataclass fields and their metadata (`config._f`), grouped under the section comments of the class body.
@@ -98,7 +99,7 @@ def _exclusive(parser: argparse.ArgumentParser) -> list[list[str]]:
 
 def cli_markdown() -> str:
     """Every subcommand and option of the real parser as Markdown: one section and one table per subcommand."""
-    from entropy_rft.cli import RENAMED, build_parser
+    from entropy_rft.commands.cli import RENAMED, build_parser
 
     parser = build_parser()
     lines = [f"`{parser.prog}` — {parser.description}.", ""]

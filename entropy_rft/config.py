@@ -213,7 +213,7 @@ class TrainConfig:
     kl_coef: float = _f(0.0, "weight of the k3 KL penalty to the initial policy (paper: 0, omitted)")
     entropy_coef: float = _f(0.0, "entropy bonus weight (0: none, the paper's assumption (ii))")
 
-    # baselines (entropy_rft/methods.py sets these per method; docs/paper_index.md)
+    # baselines (entropy_rft/core/methods.py sets these per method; docs/paper_index.md)
     policy_loss: str = _f(
         "ppo",
         "policy loss (registry POLICY_LOSSES): ppo, gspo, clip_cov, kl_cov, "
@@ -273,7 +273,7 @@ class TrainConfig:
         None, "PPO: learning rate of the value head (None: 10 x lr, as verl's critic and actor defaults relate)"
     )
 
-    # entropy target (beyond the paper; entropy_rft/control.py)
+    # entropy target (beyond the paper; entropy_rft/core/control.py)
     entropy_target: float | None = _f(None, "hold token entropy near this value (nats); None disables")
     entropy_control: str = _f(
         "mu",
@@ -387,7 +387,7 @@ class TrainConfig:
     out: str | None = _f(
         None,
         "run directory: metrics.jsonl, config.yaml, eval.json, checkpoints. None: a new "
-        "directory runs/<method>-<YYYYmmdd-HHMMSS> (entropy_rft/rundir.py); a directory "
+        "directory runs/<method>-<YYYYmmdd-HHMMSS> (entropy_rft/run/rundir.py); a directory "
         "holding another run's record is refused unless resumed or overwritten",
         bookkeeping=True,
     )
@@ -558,9 +558,9 @@ class TrainConfig:
         return value
 
     def __post_init__(self) -> None:
-        from .advantages import ADVANTAGES
-        from .losses import AGG_MODES
-        from .methods import METHODS, POLICY_LOSSES
+        from .core.advantages import ADVANTAGES
+        from .core.losses import AGG_MODES
+        from .core.methods import METHODS, POLICY_LOSSES
         from .tasks import TASKS
 
         base = TrainConfig.__dataclass_fields__
@@ -606,7 +606,7 @@ class TrainConfig:
                 stacklevel=2,
             )
         if self.entropy_target is not None:
-            from .control import CONTROLS
+            from .core.control import CONTROLS
 
             if self.entropy_control == "none" or self.entropy_control not in CONTROLS:
                 names = ", ".join(repr(n) for n in CONTROLS.names() if n != "none")
@@ -708,7 +708,7 @@ def resolve_config(*layers: dict) -> TrainConfig:
     data: dict = {}
     for layer in layers:
         data.update(layer)
-    from .methods import METHODS
+    from .core.methods import METHODS
     from .packaged import PACKAGED
 
     model = data.get("model", TrainConfig.__dataclass_fields__["model"].default)

@@ -28,7 +28,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from .registry import Registry
+from .core.registry import Registry
 from .tasks.math import MathProblem, strip_template
 
 DAPO500_SIZE = 500

@@ -12,12 +12,12 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .advantages import broadcast_advantages
-from .dynamics import TokenStats, batch_covariance, corollary4_entropy_change
+from .core.advantages import broadcast_advantages
+from .core.dynamics import TokenStats, batch_covariance, corollary4_entropy_change
+from .core.losses import step_sizes
+from .core.masks import clipped_fractions
+from .core.methods import METHODS, POLICY_LOSSES
 from .forward import EntropyProbe, batch_forward
-from .losses import step_sizes
-from .masks import clipped_fractions
-from .methods import METHODS, POLICY_LOSSES
 from .samples import entropy_terms
 
 # the filters whose effect the monitor reports, each at its default options (the authors' mu)

@@ -40,13 +40,13 @@ import torch
 from torch import Tensor
 
 from .config import TrainConfig
+from .core.dynamics import TokenStats, token_stats
 from .dropout import check_deterministic, disable_dropout
-from .dynamics import TokenStats, token_stats
 from .policy import ValueHead, prepare_policy
 from .problems import Scored
 from .rollout import Rollout
 from .rollout.hf import sequence_forward
-from .rollout.sampling import sample
+from .rollout.sampling import Sampling, sample
 from .rules import StepRules
 from .step import Decision, Step
 
@@ -129,12 +129,13 @@ def synthetic_batch(
     seed: int = 0,
     model=None,
     temperature: float = 1.0,
-) -> tuple[Rollout, Tensor, Tensor]:
-    """(rollout, rewards (B,), group ids (B,)): n_prompts groups of `group` rows sharing a left-padded prompt of
-    random tokens; responses sampled from `model` (the trainer's sampling loop, so the tokens are the policy's own
-    and S* takes both signs as in training) or, without a model, random tokens; each response cut to a random length
-    in [1, max_response] (one at full length), as if it had ended there; the paper's rewards 1 / 0 / -0.1 / -1
-    drawn per row, the first group all 1 (its advantages are 0)."""
+) -> Scored:
+    """The step's batch (problems.Scored: one None problem per group, so its group_ids are the groups; correct where
+    the reward is positive): n_prompts groups of `group` rows sharing a left-padded prompt of random tokens;
+    responses sampled from `model` (the trainer's sampling loop, so the tokens are the policy's own and S* takes both
+    signs as in training) or, without a model, random tokens; each response cut to a random length in
+    [1, max_response] (one at full length), as if it had ended there; the paper's rewards 1 / 0 / -0.1 / -1 drawn per
+    row, the first group all 1 (its advantages are 0)."""
     gen = torch.Generator().manual_seed(seed)
     rows = n_prompts * group
     p_len = torch.randint(2, max_prompt + 1, (n_prompts,), generator=gen)
@@ -152,12 +153,9 @@ def synthetic_batch(
             model,
             p_ids.to(device),
             p_mask.to(device),
-            n=group,
-            temperature=temperature,
-            top_p=1.0,
-            max_new_tokens=max_response,
-            eos_ids=[vocab + 1],
-            pad_id=0,
+            Sampling(
+                n=group, temperature=temperature, top_p=1.0, max_new_tokens=max_response, eos_ids=[vocab + 1], pad_id=0
+            ),
             generator=draws,
         )
         responses = responses.cpu()  # no id ends a response: every row runs max_response tokens before the cut
@@ -171,7 +169,7 @@ def synthetic_batch(
     )
     rewards = torch.tensor([1.0, 0.0, -0.1, -1.0])[torch.randint(4, (rows,), generator=gen)]
     rewards[:group] = 1.0
-    return rollout, rewards, torch.arange(n_prompts).repeat_interleave(group)
+    return Scored([None] * n_prompts, rollout, rewards, rewards > 0)
 
 
 class RecordingOptimizer:
@@ -214,9 +212,7 @@ class StepRecord:
 def recipe_step(
     cfg: TrainConfig,
     model,
-    rollout: Rollout,
-    rewards: Tensor,
-    group_ids: Tensor,
+    batch: Scored,
     *,
     value_head: ValueHead | None = None,
     ref_model=None,
@@ -225,10 +221,12 @@ def recipe_step(
     step: int = 0,
     observe=None,
 ) -> StepRecord:
-    """One trainer step (step.Step, as trainer.py runs it) with a RecordingOptimizer: its statistics, its decision
-    (or, with `given`, that record's decision: advantages, keep mask, old log p / values, so runs that differ only
-    in micro-batch size feed their updates identical inputs) and its update. `observe(rows, stats, old_logp, i)`, if
-    given, sees every micro-batch's forward too, i its optimizer step (0, 1, ...)."""
+    """One trainer step (step.Step, as trainer.py runs it) on `batch` (`synthetic_batch`) with a RecordingOptimizer:
+    its statistics, its decision (or, with `given`, that record's decision: advantages, keep mask, old log p / values,
+    so runs that differ only in micro-batch size feed their updates identical inputs) and its update.
+    `observe(rows, stats, old_logp, i)`, if given, sees every micro-batch's forward too, i its optimizer step (0, 1,
+    ...)."""
+    rollout = batch.rollout
     mask = rollout.response_mask
     groups = [{"params": [p for p in model.parameters() if p.requires_grad]}]
     if value_head is not None:
@@ -242,8 +240,6 @@ def recipe_step(
         ref_model=ref_model,
         update_gen=torch.Generator().manual_seed(seed),
     )
-    n_groups = int(group_ids.max()) + 1
-    batch = Scored([None] * n_groups, rollout, rewards, rewards > 0)
     behaviour = runner.statistics(batch, step)
     decision = runner.decide(batch, behaviour) if given is None else given.decision
     update_logp = torch.full(mask.shape, math.nan)

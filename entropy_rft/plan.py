@@ -38,7 +38,7 @@ N_r = rows x max_new_tokens response tokens; bytes):
    and mistral, bf16 and fp32) and the peak against the profiler's (within 1.5%). On CUDA the attention kernel
    (memory-efficient SDPA under a padding mask) should save the same tensors up to padding: not measured here.
    Allocator fragmentation is not modelled; the CUDA context is a fixed row (10).
-9. statistics tile: on CUDA `dynamics.token_stats_from_hidden` runs the Triton kernels of `entropy_rft.kernels`,
+9. statistics tile: on CUDA `dynamics.token_stats_from_hidden` runs the Triton kernels of `entropy_rft.core.kernels`,
    which reuse one row_chunk x vocab_chunk buffer of logits in the matmul's dtype (a bytes each, their defaults);
    the backward adds the float32 gradient of the hidden states (4 h N_r), one GEMM product of a tile and W or h
    and its float32 copy ((a + 4) h x the longer tile side; the vocab side only when the LM head trains) and, when
@@ -227,8 +227,8 @@ def find_model_config(model: str) -> tuple[dict, str]:
 
 def stats_tile(kernel: str = "triton") -> tuple[int, int]:
     """(row_chunk, vocab_chunk): the tile token_stats_from_hidden streams with `kernel`: "triton" on a CUDA device
-    (entropy_rft.kernels' defaults) or "torch" (the torch-ops path of a CPU or a GPU without Triton)."""
-    from . import dynamics, kernels
+    (entropy_rft.core.kernels' defaults) or "torch" (the torch-ops path of a CPU or a GPU without Triton)."""
+    from .core import dynamics, kernels
 
     if kernel == "triton":
         return kernels.GPU_ROW_CHUNK, kernels.GPU_VOCAB_CHUNK

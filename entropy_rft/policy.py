@@ -25,10 +25,10 @@ from safetensors import SafetensorError
 from . import packaged
 from .config import TrainConfig, check_device
 from .dropout import check_deterministic, disable_dropout
-from .packaged import PACKAGED
+from .packaged import BUILTIN_MODELS, PACKAGED
 from .rollout import ENGINES
+from .run.checkpoint import VALUE_HEAD
 
-BUILTIN_MODELS = {"countdown-tiny": Path(__file__).parent / "assets" / "countdown-tiny"}
 STAND_IN = "tiny-stand-in"  # a random tiny chat model built on first use (toy.build_stand_in), for dry runs
 
 
@@ -276,7 +276,7 @@ def set_up_policy(
 ) -> Policy:
     """The policy from cfg.model, or from a checkpoint's weights (and value head) to resume: prepared (LoRA, gradient
     checkpointing), dropout off and checked, with its optimizer (Adam's state is the checkpoint's to load), the
-    reference policy when asked (rules.StepRules.reference: kl_coef > 0) and the rollout engine."""
+    reference policy when asked (rules.needs: kl_coef > 0) and the rollout engine."""
     source = str(checkpoint) if checkpoint is not None else cfg.model
     model, tokenizer = load_policy(source, device, trainable=True)
     model = prepare_policy(model, cfg)
@@ -288,7 +288,7 @@ def set_up_policy(
     value_head = ValueHead(model.config.hidden_size).to(device) if critic else None
     groups = [{"params": [p for p in model.parameters() if p.requires_grad]}]
     if value_head is not None:
-        if (Path(source) / "value_head.pt").exists():
-            value_head.load_state_dict(torch.load(Path(source) / "value_head.pt"))
+        if (Path(source) / VALUE_HEAD).exists():
+            value_head.load_state_dict(torch.load(Path(source) / VALUE_HEAD))
         groups.append({"params": list(value_head.parameters()), "lr": cfg.critic_lr or 10 * cfg.lr})
     return Policy(model, tokenizer, make_optimizer(groups, cfg), engine, value_head, ref_model)

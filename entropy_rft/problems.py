@@ -12,7 +12,7 @@ from torch import Tensor
 
 from .config import TrainConfig
 from .data import load_math
-from .policy import BUILTIN_MODELS
+from .packaged import BUILTIN_MODELS
 from .rollout import Rollout
 from .tasks import MathTask
 

@@ -3,18 +3,21 @@
 Every part of the library that depends on how a step is laid out reads it here and nowhere else:
 
     rows per pass      every forward over the batch (statistics, reference, held forward, probe, the update's
-                       micro-batches) runs in consecutive slices of `rows_per_pass` rows (`passes`)
+                       micro-batches) runs in consecutive slices of `rows_per_pass` rows (`passes`, the split of
+                       forward.passes that every forward uses)
     optimizer steps    Lopti phases x ppo_epochs x mini_batches (`schedule`), each epoch's mini-batch order drawn
                        from the update's generator when there are several mini-batches
     strict on-policy   one optimizer step, at the behaviour weights (`strict`); only then may the statistics be
                        the update's own forward (`reuse`)
-    needs              a critic (a token-level advantage: GAE's value head), a reference policy (kl_coef > 0)
+    needs              a critic (a token-level advantage: GAE's value head), a reference policy (kl_coef > 0):
+                       `needs`, read from the config alone, so the policy can be set up with them
     probe cadence      the entropy probe every `probe_every` steps (every step under the mu controller)
     frozen rows        whether rows with advantage exactly 0 may run without a graph (`may_freeze`)
 
-The step (step.py), the forward passes (forward.py), the memory plan (plan.py), the trainer's set-up and the
-invariant checks (invariants.py, through step.Step) all read these; tests/test_rules.py tabulates them for every
-shipped recipe.
+The step (step.py, which hands forward.py's passes their rows per pass), the memory plan (plan.py), the trainer's
+set-up and the invariant checks (invariants.py, through step.Step) all read these; tests/test_rules.py tabulates them
+for every shipped recipe. A run builds them once: the trainer sets its policy up from `needs`, then builds the
+StepRules (the loaded model's dropout decides `reuse`) and hands them to its step.Step.
 """
 
 from __future__ import annotations
@@ -25,24 +28,17 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .advantages import ADVANTAGES, TokenLevel
 from .config import TrainConfig
-from .control import EntropyControl, make_control
-from .objective import Objective
+from .core.advantages import ADVANTAGES, TokenLevel
+from .core.control import EntropyControl, make_control
+from .core.objective import Objective
+from .forward import pass_size, passes
 
 
-def pass_size(n_rows: int, rows_per_pass: int) -> int:
-    """Rows in each forward pass over n_rows rows (the last may hold fewer): rows_per_pass, or all of them when it is
-    0 or more than there are; at least 1. Arithmetic on sizes only, so the memory plan of a batch of 10^9 rows costs
-    nothing (plan.check_fits)."""
-    return max(min(rows_per_pass or n_rows, n_rows), 1)
-
-
-def passes(rows: Tensor | int, rows_per_pass: int) -> tuple[Tensor, ...]:
-    """The rows of each forward pass over `rows` (a count: rows 0..n-1): consecutive slices of `pass_size` rows. The
-    one split every forward over a batch uses."""
-    rows = torch.arange(rows) if isinstance(rows, int) else rows
-    return rows.split(pass_size(len(rows), rows_per_pass))
+def needs(cfg: TrainConfig) -> tuple[bool, bool]:
+    """(critic, reference): a token-level advantage (GAE) needs a value head, kl_coef > 0 a reference policy. What
+    the trainer sets its policy up with, before the model it loads decides the rest of StepRules (its dropout)."""
+    return isinstance(ADVANTAGES.get(cfg.advantage), TokenLevel), cfg.kl_coef > 0
 
 
 def objective_of(cfg: TrainConfig, control: EntropyControl, *, kl: bool, value: bool) -> Objective:
@@ -84,7 +80,7 @@ class StepRules:
         value term with a critic); dropout_active (forward's module mode) rules out reusing the update's forward
         under reuse_forward auto."""
         control = control or make_control(cfg)
-        critic, reference = isinstance(ADVANTAGES.get(cfg.advantage), TokenLevel), cfg.kl_coef > 0
+        critic, reference = needs(cfg)
         if objective is None:
             objective = objective_of(cfg, control, kl=reference, value=critic)
         strict = cfg.ppo_epochs == 1 and cfg.mini_batches == 1 and cfg.lopti_eta is None

@@ -41,18 +41,22 @@ Departures, numbered:
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import json
 import math
 import os
 import re
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor
 
-from .advantages import broadcast_advantages
-from .dynamics import TokenStats
+from .core.advantages import broadcast_advantages
+from .core.dynamics import TokenStats
 
 FORMAT, VERSION = "entropy-rft/samples", 1
 SAMPLES_DIR = "samples"
@@ -80,6 +84,30 @@ METRIC_KEYS = (
 )
 TOKEN_FIELDS = ("logp", "entropy", "s_star", "s_centered", "term")  # per-token numbers, besides text and kept
 _NAME = re.compile(r"^step-(\d{6,})\.json\.gz$")
+
+
+@dataclass(frozen=True)
+class SampleBatch:
+    """A step's batch as its host (the trainer, the TRL and verl adapters) hands it to `write_step`: the rollout's
+    tensors, the tokenizer that decodes them, the behaviour policy's statistics and the step's choices. Shapes:
+    prompt_ids, prompt_mask (B, P) left-padded; response_ids, response_mask, keep and the statistics (B, T);
+    finished, rewards (B,); advantages (B,) or (B, T); B = groups x group_size, a group's rows consecutive.
+    step_size: lr times the loss's weight of a token (losses.step_sizes): a float (lr / |T_B| for a token-mean loss),
+    (B,) per row or (B, T) per token (the same within a row: it is taken per row for term_scale); None when the loss's
+    weights are unknown (terms are then null)."""
+
+    prompt_ids: Tensor
+    prompt_mask: Tensor
+    response_ids: Tensor
+    response_mask: Tensor
+    finished: Tensor
+    tokenizer: Any
+    stats: TokenStats
+    advantages: Tensor
+    keep: Tensor
+    rewards: Tensor
+    group_size: int
+    step_size: float | Tensor | None = None
 
 
 def due(step: int, every: int, last: int | None = None) -> bool:
@@ -249,37 +277,17 @@ def _batch_summary(rewards: Tensor, group_size: int, mask: Tensor, loss_mask: Te
 
 
 def build_record(
-    *,
-    step: int,
-    prompt_ids: Tensor,
-    prompt_mask: Tensor,
-    response_ids: Tensor,
-    response_mask: Tensor,
-    finished: Tensor,
-    tokenizer,
-    stats: TokenStats,
-    advantages: Tensor,
-    keep: Tensor,
-    rewards: Tensor,
-    group_size: int,
-    step_size: float | Tensor | None,
-    groups: int,
-    max_tokens: int = MAX_RESPONSE_TOKENS,
-    info: dict | None = None,
+    batch: SampleBatch, *, step: int, groups: int, max_tokens: int = MAX_RESPONSE_TOKENS, info: dict | None = None
 ) -> dict:
-    """One step's samples as a JSON-ready dict (module docstring). Shapes: prompt_ids, prompt_mask (B, P) left-padded;
-    response_ids, response_mask, keep and the statistics (B, T); finished, rewards (B,); advantages (B,) or (B, T).
-    step_size: lr times the loss's weight of a token (losses.step_sizes): a float (lr / |T_B| for a token-mean
-    loss), (B,) per row or (B, T) per token (the same within a row: it is taken per row for term_scale); None when the
-    loss's weights are unknown (terms are then null). info: fields copied into the record (method, source, the step's
-    metrics, ...). Each response carries term_scale, its step size / |T|: a clipped token would
-    have added -term_scale A S_c."""
-    mask = response_mask.bool()
-    stats = stats.detach()
+    """One step's samples as a JSON-ready dict (module docstring): `groups` of the batch's groups (0: all), at most
+    max_tokens tokens of each response. info: fields copied into the record (method, source, the step's metrics,
+    ...). Each response carries term_scale, its step size / |T|: a clipped token would have added -term_scale A S_c."""
+    batch = dataclasses.replace(batch, response_mask=batch.response_mask.bool(), stats=batch.stats.detach())
+    mask, stats, group_size, step_size = batch.response_mask, batch.stats, batch.group_size, batch.step_size
     s_c = stats.s_centered.float()
-    loss_mask = mask.to(s_c.device) & keep.to(s_c.device).bool()
-    adv_t = broadcast_advantages(advantages.to(s_c.device).float(), s_c)  # (B, T)
-    token_level = advantages.dim() == 2
+    loss_mask = mask.to(s_c.device) & batch.keep.to(s_c.device).bool()
+    adv_t = broadcast_advantages(batch.advantages.to(s_c.device).float(), s_c)  # (B, T)
+    token_level = batch.advantages.dim() == 2
     term = would = None
     totals: dict = {}
     scale = torch.zeros(mask.shape[0], dtype=torch.float64)
@@ -288,7 +296,7 @@ def build_record(
         size = torch.as_tensor(step_size, dtype=torch.float64).cpu()
         size = size.amax(-1) if size.dim() == 2 else size  # per token: the same within a row at ratio 1, 0 off it
         scale = size.expand(mask.shape[0]) / max(totals["tokens_in_mean"], 1)
-    chosen = choose_groups(rewards, group_size, groups)
+    chosen = choose_groups(batch.rewards, group_size, groups)
     rows = [g * group_size + j for g in chosen for j in range(group_size)]
     index = torch.tensor(rows, dtype=torch.long)
 
@@ -301,31 +309,29 @@ def build_record(
         "s_star": cpu(stats.s_star).float(),
         "s_centered": cpu(s_c),
         **({"term": cpu(term)} if term is not None else {}),
-        "ids": cpu(response_ids),
+        "ids": cpu(batch.response_ids),
         "valid": cpu(mask),
         "kept": cpu(loss_mask),
-        "advantage": cpu(adv_t) if token_level else cpu(advantages.float()),
-        "reward": cpu(rewards.float()),
-        "finished": cpu(finished.bool()),
+        "advantage": cpu(adv_t) if token_level else cpu(batch.advantages.float()),
+        "reward": cpu(batch.rewards.float()),
+        "finished": cpu(batch.finished.bool()),
         "scale": cpu(scale),
-        "prompt_ids": cpu(prompt_ids),
-        "prompt_mask": cpu(prompt_mask.bool()),
+        "prompt_ids": cpu(batch.prompt_ids),
+        "prompt_mask": cpu(batch.prompt_mask.bool()),
     }
     out_groups = _written_groups(
-        written, chosen, rows, tokenizer, group_size, max_tokens, token_level, term is not None
+        written, chosen, rows, batch.tokenizer, group_size, max_tokens, token_level, term is not None
     )
     return {
         "format": FORMAT,
         "version": VERSION,
         "step": int(step),
         **(info or {}),
-        "batch": _batch_summary(rewards, group_size, mask, loss_mask, stats.entropy),
+        "batch": _batch_summary(batch.rewards, group_size, mask, loss_mask, stats.entropy),
         "entropy_change": {k: (_num(v) if isinstance(v, float) else v) for k, v in totals.items()},
         "bound": {"groups": groups, "tokens_per_response": max_tokens},
         "groups": out_groups,
-        "top": {}
-        if term is None
-        else top_tokens(term, would, adv_t, stats, mask, loss_mask, response_ids, tokenizer, group_size, set(rows)),
+        "top": {} if term is None or would is None else top_tokens(batch, term, would, adv_t, loss_mask, set(rows)),
     }
 
 
@@ -342,21 +348,20 @@ def mark_tokens(record: dict, name: str, mask: Tensor, label: str) -> dict:
 
 
 def top_tokens(
+    batch: SampleBatch,
     term: Tensor,
     would: Tensor,
     adv_t: Tensor,
-    stats: TokenStats,
-    mask: Tensor,
     loss_mask: Tensor,
-    response_ids: Tensor,
-    tokenizer,
-    group_size: int,
     written: set[int],
     k: int = TOP_TOKENS,
 ) -> dict:
     """The batch's k tokens with the largest terms (`raise`: they push entropy up), the k with the smallest
     (`lower`), and the k clipped tokens with the largest |would-be term| (`removed`), each with its place (row,
-    group, position, whether its group is written), its values and a few tokens of context."""
+    group, position, whether its group is written), its values and a few tokens of context. term, would, adv_t and
+    loss_mask (B, T) as build_record computes them."""
+    stats, mask, response_ids, tokenizer = batch.stats, batch.response_mask, batch.response_ids, batch.tokenizer
+    group_size = batch.group_size
     places: dict[str, list[int]] = {}
     on = loss_mask.flatten().to(term.device)
     off = (mask.to(term.device) & ~loss_mask.to(term.device)).flatten()
@@ -422,52 +427,24 @@ def write_record(run_dir: Path | str, record: dict) -> Path:
 def write_step(
     run_dir: Path | str,
     step: int,
+    batch: SampleBatch,
     *,
-    every: int,
     groups: int,
-    last: int | None,
-    rollout,
-    tokenizer,
-    stats: TokenStats,
-    advantages: Tensor,
-    keep: Tensor,
-    rewards: Tensor,
-    group_size: int,
-    lr: float,
-    step_size: float | Tensor,
-    loss_agg: str,
-    method: str,
-    metrics: dict,
-) -> Path | None:
-    """The trainer's call, once per step: when the step is `due`, the record with the loss's per-token step sizes
-    (losses.step_sizes for loss_agg; lr / |T_B| for the token-mean loss) written to RUN_DIR/samples, with the step's
-    METRIC_KEYS; None on the other steps."""
-    if not due(step, every, last):
-        return None
-    info = {
-        "source": "trainer",
-        "method": method,
-        "lr": lr,
-        "loss_agg": loss_agg,
-        "metrics": {k: _num(v) if isinstance(v, float) else v for k, v in metrics.items() if k in METRIC_KEYS},
-    }
-    record = build_record(
-        step=step,
-        prompt_ids=rollout.prompt_ids,
-        prompt_mask=rollout.prompt_mask,
-        response_ids=rollout.response_ids,
-        response_mask=rollout.response_mask,
-        finished=rollout.finished,
-        tokenizer=tokenizer,
-        stats=stats,
-        advantages=advantages,
-        keep=keep,
-        rewards=rewards,
-        group_size=group_size,
-        step_size=step_size,
-        groups=groups,
-        info=info,
-    )
+    info: dict,
+    metrics: dict | None = None,
+    marks: Sequence[tuple[str, Tensor, str]] = (),
+) -> Path:
+    """A host's call on a step it samples (each host decides which: `due` for the trainer): the record of `batch`
+    with `info` (source, method, lr, ...) and the step's METRIC_KEYS of `metrics` (numbers rounded, NaN as null),
+    each of `marks` (name, (B, T) mask, label) added with mark_tokens, written to RUN_DIR/samples."""
+    if metrics is not None:
+        info = {
+            **info,
+            "metrics": {k: _num(v) if isinstance(v, float) else v for k, v in metrics.items() if k in METRIC_KEYS},
+        }
+    record = build_record(batch, step=step, groups=groups, info=info)
+    for name, mask, label in marks:
+        mark_tokens(record, name, mask, label)
     return write_record(run_dir, record)
 
 

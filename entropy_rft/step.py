@@ -30,7 +30,8 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from .advantages import (
+from .config import TrainConfig
+from .core.advantages import (
     ADVANTAGES,
     TokenLevel,
     advantage_reweight,
@@ -38,18 +39,17 @@ from .advantages import (
     overlong_penalty,
     rank_penalty,
 )
-from .config import TrainConfig
-from .control import EntropyControl, Knobs, make_control
+from .core.control import EntropyControl, Knobs, make_control
+from .core.dynamics import TokenStats, corollary4_entropy_change
+from .core.losses import step_sizes
+from .core.methods import METHODS, POLICY_LOSSES, PolicyLoss
+from .core.objective import Micro
 from .diagnostics import after_update_metrics, masked_mean, step_metrics
 from .dropout import has_active_dropout
-from .dynamics import TokenStats, corollary4_entropy_change
 from .forward import EntropyProbe, HeldForward, batch_forward, policy_forward
-from .losses import step_sizes
-from .methods import METHODS, POLICY_LOSSES, PolicyLoss
-from .objective import Micro
 from .rollout import Rollout
 from .rules import StepRules, objective_of
-from .stops import check_finite
+from .run.stops import check_finite
 
 if TYPE_CHECKING:
     from .problems import Scored
@@ -172,7 +172,9 @@ class Decision:
 
 class Step:
     """A run's step: its objective, control and rules, fixed at set-up; `statistics`, `decide` and `update` are the
-    three phases (module docstring). The trainer, invariants.recipe_step and the tests call the same methods."""
+    three phases (module docstring). The trainer, invariants.recipe_step and the tests call the same methods. `rules`:
+    the run's StepRules, which the trainer builds once per run for this model and control; None builds them here from
+    cfg, the objective, the control and the model's dropout."""
 
     def __init__(
         self,
@@ -183,6 +185,7 @@ class Step:
         value_head=None,
         ref_model=None,
         control: EntropyControl | None = None,
+        rules: StepRules | None = None,
         update_gen: torch.Generator | None = None,
     ):
         self.cfg, self.model, self.optimizer = cfg, model, optimizer
@@ -190,9 +193,11 @@ class Step:
         self.method, self.estimator = METHODS.get(cfg.method), estimator_of(cfg)
         self.control = control or make_control(cfg)
         self.objective = objective_of(cfg, self.control, kl=ref_model is not None, value=value_head is not None)
-        self.rules = StepRules.of(
-            cfg, objective=self.objective, control=self.control, dropout_active=has_active_dropout(model)
-        )
+        if rules is None:
+            rules = StepRules.of(
+                cfg, objective=self.objective, control=self.control, dropout_active=has_active_dropout(model)
+            )
+        self.rules = rules
         if self.rules.critic and value_head is None:
             raise ValueError(f"advantage {cfg.advantage!r} needs a value head: pass value_head=ValueHead(hidden_size)")
         self.loss = POLICY_LOSSES.get(cfg.policy_loss)
@@ -320,39 +325,21 @@ class Step:
         on_first_step: Callable[[], None] | None = None,
     ) -> dict:
         """The optimizer steps of rules.schedule on the objective; gradient accumulation over each mini-batch's
-        micro-batches (rules.passes) with the mini-batch's counts. `held` (strict on-policy) supplies the forward
+        micro-batches (StepRules.passes) with the mini-batch's counts. `held` (strict on-policy) supplies the forward
         already computed. `observe(rows, stats, old_logp)` sees each micro-batch's forward and the old log p its loss
         used (invariants.py); `on_first_step()` runs just before the first optimizer step changes the weights (the
         trainer holds stop signals from there). Returns UpdateLog.metrics()."""
-        model, optimizer, cfg, rules = self.model, self.optimizer, self.cfg, self.rules
-        device, valid = next(model.parameters()).device, rollout.response_mask
-        phases = [
-            token_sets(m, valid, decision.knobs.high) for m in rules.phase_masks(decision.loss_mask, decision.old_logp)
-        ]
-        if self.loss.entropy and decision.old_entropy is None:
-            raise ValueError(
-                f"policy loss {cfg.policy_loss!r} reads the behaviour policy's per-token entropies: give "
-                "the Decision its old_entropy (Step.decide does)"
-            )
-        log = UpdateLog(decision, cfg, self.loss)
-        model.train()
+        rules, valid = self.rules, rollout.response_mask
+        device = next(self.model.parameters()).device
+        phases = self._phase_sets(decision, valid)
+        log = UpdateLog(decision, self.cfg, self.loss)
+        self.model.train()
         for phase, rows in rules.schedule(len(valid), self.update_gen):
             sets = phases[phase]
             counts = self.objective.counts({k: v[rows] for k, v in sets.items()}, valid[rows], device)
-            optimizer.zero_grad(set_to_none=True)
+            self.optimizer.zero_grad(set_to_none=True)
             for part in rules.passes(rows):
-                stats, values = (
-                    held.take(part)
-                    if held is not None
-                    else policy_forward(
-                        model,
-                        rollout.select(part),
-                        cfg.temperature,
-                        self.value_head,
-                        cfg.precision,
-                        from_hidden=cfg.stats_from_hidden,
-                    )
-                )
+                stats, values = self._forward(rollout, part, held)
                 mb = micro_batch(decision, part, sets, stats, values, first=log.first_step, device=device)
                 loss, terms, means = self.objective(mb, counts)
                 if observe is not None:
@@ -360,13 +347,49 @@ class Step:
                 if loss.requires_grad or held is None or held.frozen is None:  # a micro-batch of frozen rows only
                     loss.backward()  # (advantage 0) has no graph
                 log.micro_batch(part, mb, loss, terms, means)
-            norm = clip_gradients(optimizer, cfg.grad_clip)
-            check_finite(loss=log.sums["total"], gradient_norm=float(norm))  # else no optimizer step: NonFinite
-            if log.first_step and on_first_step is not None:
-                on_first_step()
-            optimizer.step()
-            log.optimizer_step(rows, sets["loss"][rows], counts, norm)
+            self._optimizer_step(log, rows, sets["loss"][rows], counts, on_first_step)
         return log.metrics()
+
+    def _phase_sets(self, decision: Decision, valid: Tensor) -> list[dict[str, Tensor]]:
+        """The token sets (token_sets) of each phase of rules.phase_masks; a Decision without the behaviour policy's
+        per-token entropies is refused when the policy loss reads them."""
+        phases = [
+            token_sets(m, valid, decision.knobs.high)
+            for m in self.rules.phase_masks(decision.loss_mask, decision.old_logp)
+        ]
+        if self.loss.entropy and decision.old_entropy is None:
+            raise ValueError(
+                f"policy loss {self.cfg.policy_loss!r} reads the behaviour policy's per-token entropies: give "
+                "the Decision its old_entropy (Step.decide does)"
+            )
+        return phases
+
+    def _forward(self, rollout: Rollout, part: Tensor, held: HeldForward | None) -> tuple[TokenStats, Tensor | None]:
+        """Rows `part`'s statistics and values with their graph: the held forward's (strict on-policy), else one
+        forward built as the statistics pass's (forward.py: one construction)."""
+        if held is not None:
+            return held.take(part)
+        cfg = self.cfg
+        return policy_forward(
+            self.model,
+            rollout.select(part),
+            cfg.temperature,
+            self.value_head,
+            cfg.precision,
+            from_hidden=cfg.stats_from_hidden,
+        )
+
+    def _optimizer_step(
+        self, log: UpdateLog, rows: Tensor, loss_mask: Tensor, counts: dict, on_first_step: Callable[[], None] | None
+    ) -> None:
+        """One optimizer step on the accumulated gradient, clipped: none when the loss or the gradient's norm is not
+        finite (stops.NonFinite); `on_first_step()` just before the first one changes the weights."""
+        norm = clip_gradients(self.optimizer, self.cfg.grad_clip)
+        check_finite(loss=log.sums["total"], gradient_norm=float(norm))  # else no optimizer step: NonFinite
+        if log.first_step and on_first_step is not None:
+            on_first_step()
+        self.optimizer.step()
+        log.optimizer_step(rows, loss_mask, counts, norm)
 
 
 def token_sets(loss: Tensor, valid: Tensor, high: Tensor | None) -> dict[str, Tensor]:

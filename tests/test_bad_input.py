@@ -29,8 +29,8 @@ import pytest
 import torch
 import yaml
 
-import entropy_rft.pipeline as pipeline
-from entropy_rft.cli import main
+import entropy_rft.commands.pipeline as pipeline
+from entropy_rft.commands.cli import main
 from entropy_rft.config import ConfigError, load_config
 from entropy_rft.plan import check_eval_fits, check_fits
 
@@ -67,7 +67,7 @@ def cli(args, cwd: Path, **env) -> subprocess.CompletedProcess:
     environ = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", **env}
     environ = {k: v for k, v in environ.items() if v is not None}
     return subprocess.run(
-        [sys.executable, "-m", "entropy_rft.cli", *map(str, args)],
+        [sys.executable, "-m", "entropy_rft.commands.cli", *map(str, args)],
         cwd=cwd,
         env=environ,
         capture_output=True,
@@ -197,8 +197,8 @@ def test_eval_of_a_packaged_model_takes_its_recipes_prompt_settings(tmp_path, mo
     model loads: evaluate_to_dir is replaced, so the wheel is not needed.)"""
     calls = []
 
-    def evaluate_to_dir(**kwargs):
-        calls.append(kwargs)
+    def evaluate_to_dir(request, **kwargs):
+        calls.append({**kwargs, "max_new_tokens": request.max_new_tokens, "chat_template": request.chat_template})
         raise SystemExit(0)
 
     monkeypatch.setattr(pipeline, "evaluate_to_dir", evaluate_to_dir)

@@ -7,12 +7,12 @@ import numpy as np
 import pytest
 import torch
 
-from entropy_rft.advantages import advantage_reweight, overlong_penalty, rank_penalty
 from entropy_rft.config import load_config
+from entropy_rft.core.advantages import advantage_reweight, overlong_penalty, rank_penalty
+from entropy_rft.core.losses import Aggregation, ppo_clip_loss, select_kl_cov
+from entropy_rft.core.masks import top_entropy
+from entropy_rft.core.methods import METHODS
 from entropy_rft.logging import read_metrics
-from entropy_rft.losses import ppo_clip_loss, select_kl_cov
-from entropy_rft.masks import top_entropy
-from entropy_rft.methods import METHODS
 from entropy_rft.trainer import train
 
 
@@ -64,8 +64,8 @@ def test_denominator_all_scales_by_kept_fraction():
     valid = torch.ones(3, 5, dtype=torch.bool)
     kept = valid.clone()
     kept[:, :3] = False
-    a, _ = ppo_clip_loss(logp, logp.detach(), adv, kept, num_tokens=kept.sum())
-    b, _ = ppo_clip_loss(logp, logp.detach(), adv, kept, num_tokens=valid.sum())
+    a, _ = ppo_clip_loss(logp, logp.detach(), adv, kept, agg=Aggregation(num_tokens=kept.sum()))
+    b, _ = ppo_clip_loss(logp, logp.detach(), adv, kept, agg=Aggregation(num_tokens=valid.sum()))
     torch.testing.assert_close(b, a * kept.sum() / valid.sum())
 
 
@@ -170,7 +170,7 @@ def test_compare_resumes_and_summarises(tmp_path, capsys):
     """compare writes results.md/json with mean and std over seeds; a rerun skips every finished cell."""
     import json
 
-    from entropy_rft.cli import main
+    from entropy_rft.commands.cli import main
 
     cfg = tmp_path / "small.yaml"
     cfg.write_text(
@@ -253,7 +253,7 @@ def test_ppo_with_gae_trains_its_value_head(tmp_path, method):
 def test_outcome_token_rewards_and_gae_hand_case():
     """Reward on the last valid token; with gamma = lam = 1 and V = 0, the raw GAE advantage of every valid token
     is the final reward: rows [r=1, len 2], [r=-1, len 3] -> raw A [[1, 1, 0], [-1, -1, -1]]."""
-    from entropy_rft.advantages import gae, outcome_token_rewards
+    from entropy_rft.core.advantages import gae, outcome_token_rewards
 
     mask = torch.tensor([[1, 1, 0], [1, 1, 1]], dtype=torch.bool)
     tr = outcome_token_rewards(torch.tensor([1.0, -1.0]), mask)
@@ -309,7 +309,7 @@ def test_kl_cov_recipe_is_cui_et_al_7b_and_off_policy():
     off-policy mini-batches, and at that ratio selects tokens of a recipe-sized batch."""
     from pathlib import Path
 
-    from entropy_rft.losses import kl_cov_loss
+    from entropy_rft.core.losses import kl_cov_loss
 
     g = torch.Generator().manual_seed(0)
     logp = (torch.randn(4, 6, generator=g) - 1).requires_grad_()

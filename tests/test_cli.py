@@ -19,12 +19,12 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import entropy_rft.commands.demo as demo
+import entropy_rft.commands.pipeline as pipeline
 import entropy_rft.config as config
-import entropy_rft.demo as demo
-import entropy_rft.pipeline as pipeline
 import entropy_rft.policy as policy
 import entropy_rft.trainer as trainer
-from entropy_rft.cli import build_parser, main
+from entropy_rft.commands.cli import build_parser, main
 from entropy_rft.config import FLOAT32_MAX, FLOAT32_TINY
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -63,7 +63,7 @@ def fails(argv, capsys) -> str:
 @pytest.fixture
 def record(tmp_path) -> Path:
     """A finished run's record (config.yaml of lr 1e-4 and its digest, metrics, a final checkpoint, eval.json)."""
-    from entropy_rft.record import write_digest
+    from entropy_rft.run.record import write_digest
 
     run = tmp_path / "done"
     cfg = config.load_config(None, lr=1e-4, steps=2, out=str(run))
@@ -275,13 +275,14 @@ def test_any_value_of_a_numeric_option_is_taken_exactly_or_refused_in_one_line(c
 
 
 def test_the_in_process_path_is_the_one_users_meet(record, capsys):
-    """Two cases as real processes (`python -m entropy_rft.cli`): one refused by argparse, one refused deep inside
-    train(); each gives the same exit code and the same one line on stderr as in-process."""
+    """Two cases as real processes (`python -m entropy_rft.commands.cli`): one refused by argparse, one refused deep
+    inside
+        train(); each gives the same exit code and the same one line on stderr as in-process."""
     cases = [["eval", "--batch-size", "0"], ["train", "--out", str(record), "--steps", "2"]]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     procs = [
         subprocess.Popen(
-            [sys.executable, "-m", "entropy_rft.cli", *case],
+            [sys.executable, "-m", "entropy_rft.commands.cli", *case],
             cwd=ROOT,
             env=env,
             stdout=subprocess.PIPE,
@@ -301,7 +302,7 @@ def test_the_in_process_path_is_the_one_users_meet(record, capsys):
 
 def test_help_lists_every_option_with_a_line_and_its_default(capsys):
     """Every option of every subcommand has a help line, and each one with a default shows it in --help."""
-    from entropy_rft.cli import HelpFormatter
+    from entropy_rft.commands.cli import HelpFormatter
 
     parser = build_parser()
     subparsers = next(a for a in parser._actions if a.dest == "command").choices
@@ -343,7 +344,7 @@ def fake_train(calls):
 def test_every_subcommand_with_progress_bars_takes_quiet(command):
     """Property: the same --quiet on every subcommand that draws a progress bar (training steps, generation
     batches, pass-rate chunks, the toy's warm-up and pool build), parsed to a flag."""
-    from entropy_rft.cli import build_parser
+    from entropy_rft.commands.cli import build_parser
 
     parser = build_parser()
     base = {"filter": ["--model", "m"]}.get(command, [])
@@ -402,7 +403,7 @@ def test_eval_old_spellings_still_work_with_a_note(monkeypatch, capsys):
         ["eval", "--eval-k", "4", "--eval-problems", "3", "--eval-temperature", "0.5", "--vllm-gpu-memory", "0.4"]
     )
     assert vars(old) == vars(new)
-    from entropy_rft.cli import _note_renamed
+    from entropy_rft.commands.cli import _note_renamed
 
     _note_renamed("eval", ["--k", "4", "--limit=3"])
     assert capsys.readouterr().err.count("note:") == 2
@@ -438,7 +439,7 @@ def test_sweep_keys_cells_by_settings_and_takes_set(tmp_path, monkeypatch, capsy
     """sweep: one cell per mu keyed by its settings; --set reaches every cell; a changed setting trains anew."""
     calls = []
     monkeypatch.setattr(trainer, "train", fake_train(calls))
-    monkeypatch.setattr("entropy_rft.report.build_report", lambda runs, out: _page(tmp_path))
+    monkeypatch.setattr("entropy_rft.commands.report.build_report", lambda runs, out: _page(tmp_path))
     args = ["sweep", "--mu", "1,2", "--steps", "1", "--out", str(tmp_path), "--quiet"]
     main(args)
     main(args)
@@ -481,7 +482,7 @@ def test_dry_run_writes_its_scratch_directory_never_the_recipes_out(tmp_path, mo
     each time; with --out DIR it runs there under the usual rules (no replacing unless --overwrite)."""
     calls = []
     monkeypatch.setattr(pipeline, "dry_run", lambda cfg, out, **kw: calls.append((str(out), kw)) or {"ok": True})
-    monkeypatch.setattr("entropy_rft.cli._print_plan", lambda cfg: None)
+    monkeypatch.setattr("entropy_rft.commands.cli.train._print_plan", lambda cfg: None)
     monkeypatch.chdir(tmp_path)
     recipe = tmp_path / "paper.yaml"
     recipe.write_text(f"out: {tmp_path / 'real-run'}\nsteps: 500\n")

@@ -5,6 +5,7 @@ Most tests compile with backend="aot_eager" (dynamo's tracing and AOT autograd's
 raise at a graph break or a data-dependent shape, in seconds); one compiles with Inductor, as a GPU run does
 (a cold compile of the tiny model took 45 s on a shared 2-core CPU)."""
 
+import dataclasses
 import warnings
 
 import pytest
@@ -15,6 +16,8 @@ from entropy_rft.rollout import HFEngine, Rollout
 from entropy_rft.rollout.hf import response_mask_from_lengths, sequence_forward
 from entropy_rft.rollout.sampling import (
     DecodeSession,
+    Sampling,
+    StaticLoop,
     bucket_width,
     decode_path,
     fixed_step,
@@ -22,7 +25,7 @@ from entropy_rft.rollout.sampling import (
     sample_static,
 )
 
-KWARGS = dict(n=5, temperature=0.8, max_new_tokens=12, eos_ids=[3], pad_id=0)
+SAMPLING = Sampling(n=5, temperature=0.8, top_p=1.0, max_new_tokens=12, eos_ids=[3], pad_id=0)
 
 
 class Counting:
@@ -67,11 +70,10 @@ def test_compiled_step_samples_the_hand_paths_tokens(family, extra):
             model,
             ids,
             mask,
+            dataclasses.replace(SAMPLING, top_p=top_p),
             generator=torch.Generator().manual_seed(3),
             decode=path,
             session=session,
-            top_p=top_p,
-            **KWARGS,
         )
     tokens, logp = runs["compile"]
     assert session.compiled == 1 and session.failed is None
@@ -144,14 +146,12 @@ def test_a_failed_compile_falls_back_to_the_static_step():
                 decode_path(model, "static", 18, ids.device)[1],
                 ids,
                 mask,
+                SAMPLING,
                 generator=torch.Generator().manual_seed(3),
-                top_p=1.0,
                 session=session,
-                compiled=True,
-                fallback=True,
-                **KWARGS,
+                loop=StaticLoop(compiled=True, fallback=True),
             )
-    want = sample(model, ids, mask, generator=torch.Generator().manual_seed(3), decode="static", top_p=1.0, **KWARGS)
+    want = sample(model, ids, mask, SAMPLING, generator=torch.Generator().manual_seed(3), decode="static")
     assert torch.equal(got[0], want[0])  # this rollout's prompts stay padded to the bucket: log-probs within ulps
     torch.testing.assert_close(got[1], want[1], atol=1e-6, rtol=0)
     assert "second line" not in session.failed and session.compile_seconds == 0.0
@@ -161,7 +161,7 @@ def test_a_failed_compile_falls_back_to_the_static_step():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         with pytest.raises(Exception, match="no C compiler"):
-            sample(model, ids, mask, decode="compile", session=DecodeSession(backend=_failing), top_p=1.0, **KWARGS)
+            sample(model, ids, mask, SAMPLING, decode="compile", session=DecodeSession(backend=_failing))
 
 
 HOST_READS = ("aten._local_scalar_dense", "aten.nonzero", "aten.masked_select", "aten.unique", "aten.item")
@@ -266,19 +266,19 @@ def test_inductor_compiles_the_step_in_place():
 
     model = _model("qwen2")
     ids, mask = _prompts(model.config.vocab_size, torch.Generator().manual_seed(3))
-    kwargs = {**KWARGS, "max_new_tokens": 13}  # 16 + 13 = 29 columns: 5 x 2 x 29 x 8 = 2320 elements per buffer
-    hand = sample(model, ids, mask, generator=torch.Generator().manual_seed(3), decode="hand", top_p=1.0, **kwargs)
+    # 16 + 13 = 29 columns: 5 x 2 x 29 x 8 = 2320 elements per buffer
+    sampling = dataclasses.replace(SAMPLING, max_new_tokens=13)
+    hand = sample(model, ids, mask, sampling, generator=torch.Generator().manual_seed(3), decode="hand")
     session = DecodeSession()
     (tokens, logp), code = run_and_get_code(
         lambda: sample(
             model,
             ids,
             mask,
+            sampling,
             generator=torch.Generator().manual_seed(3),
             decode="compile",
             session=session,
-            top_p=1.0,
-            **kwargs,
         ),
     )
     assert session.compiled == 1 and session.failed is None

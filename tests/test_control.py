@@ -5,9 +5,9 @@ import math
 import pytest
 import torch
 
-from entropy_rft.control import AdaptiveEntropyBonus, MuController, unit_entropy_change
-from entropy_rft.dynamics import TokenStats
-from entropy_rft.methods import METHODS
+from entropy_rft.core.control import AdaptiveEntropyBonus, MuController, unit_entropy_change
+from entropy_rft.core.dynamics import TokenStats
+from entropy_rft.core.methods import METHODS
 
 
 def batch():
@@ -90,7 +90,7 @@ def test_unit_change_is_eq23_on_the_kept_set_and_predicts_the_logit_step():
     assert unit == pytest.approx(loop, rel=1e-9)
     n_valid = int(mask.sum())
     assert eta / n_valid * unit == pytest.approx(realised, rel=1e-2)
-    from entropy_rft.dynamics import batch_covariance
+    from entropy_rft.core.dynamics import batch_covariance
 
     cov_unit = -float(batch_covariance(adv[:, None].expand_as(s_c).double(), s_c, kept))
     assert abs(eta / n_valid * cov_unit - realised) > 0.1 * abs(realised)
@@ -138,7 +138,7 @@ def test_mu_controller_state_round_trips_everything_it_learns():
     (a checkpoint that missed one would resume with a different kappa)."""
     from dataclasses import fields
 
-    from entropy_rft.control import MuController
+    from entropy_rft.core.control import MuController
 
     a = MuController(target=1.0)
     for i, realised in enumerate([0.3, -0.1, 0.2]):
@@ -158,7 +158,7 @@ def test_entropic_pi_law_against_a_hand_computation():
     """alpha_t = clip(K_p e_t + K_i sum_{s<t} e_s, -1, 1) with e_t = H_t - H_tar; the integral takes e_t after alpha_t
     is computed (as the authors' actor). Target 0.5, K_p 2, K_i 0.5, entropies 0.7, 0.6, 0.1, 0.1, 1.9:
     e = 0.2, 0.1, -0.4, -0.4, 1.4; alpha = 0.4, 0.2 + 0.1, -0.8 + 0.15, -0.8 - 0.05, clip(2.8 - 0.25) = 1."""
-    from entropy_rft.control import EntroPIC
+    from entropy_rft.core.control import EntroPIC
 
     pi = EntroPIC(target=0.5, k_p=2.0, k_i=0.5)
     alphas = [pi.update(h) for h in (0.7, 0.6, 0.1, 0.1, 1.9)]
@@ -176,8 +176,8 @@ def test_entropic_term_reweights_high_probability_tokens_by_one_plus_minus_alpha
     weigh (1 + alpha |T| / |T_hi|) in positive samples and (1 - alpha |T| / |T_hi|) in negative ones (the term is a
     token mean over T_hi): d/dlogp of  -sum_T A r / |T|  +  alpha * sum_{T_hi} -|A| r / |T_hi|. Checked token by token
     in float64 against that hand-built weighting (a loop), and the high-probability set against its definition."""
-    from entropy_rft.control import high_probability_tokens
-    from entropy_rft.losses import entropic_adjustment
+    from entropy_rft.core.control import high_probability_tokens
+    from entropy_rft.core.losses import Aggregation, entropic_adjustment
 
     g = torch.Generator().manual_seed(3)
     old = -torch.rand(6, 5, generator=g, dtype=torch.float64) * 0.2  # p_old in (0.82, 1]: some above 0.95
@@ -193,7 +193,7 @@ def test_entropic_term_reweights_high_probability_tokens_by_one_plus_minus_alpha
     alpha = 0.3
     ratio = (logp - old).exp()
     policy = -(adv[:, None] * ratio * mask).sum() / mask.sum()
-    term, _ = entropic_adjustment(logp, old, adv, high, alpha=alpha, num_tokens=high.sum())
+    term, _ = entropic_adjustment(logp, old, adv, high, alpha=alpha, agg=Aggregation(num_tokens=high.sum()))
     (grad,) = torch.autograd.grad(policy + term, logp)
     n, n_hi = int(mask.sum()), int(high.sum())
     for i in range(6):
@@ -214,8 +214,8 @@ def _tabular_grpo(
     """A tabular softmax policy (one logit row per context, float64) trained by on-policy GRPO with SGD: each step
     samples `group` actions per context, rewards each with its action's fixed success probability, and updates on
     the token-mean loss, plus EntroPIC's term when `control`. Returns the mean entropy before each step."""
-    from entropy_rft.control import EntroPIC, high_probability_tokens
-    from entropy_rft.losses import entropic_adjustment
+    from entropy_rft.core.control import EntroPIC, high_probability_tokens
+    from entropy_rft.core.losses import Aggregation, entropic_adjustment
 
     g = torch.Generator().manual_seed(seed)
     z = (torch.randn(contexts, actions, generator=g, dtype=torch.float64) * 5).requires_grad_()
@@ -236,7 +236,7 @@ def _tabular_grpo(
         if pi is not None:
             high = high_probability_tokens(old, torch.ones_like(old, dtype=torch.bool), threshold=tau)
             term, _ = entropic_adjustment(
-                logp, old, adv, high, alpha=pi.update(history[-1]), num_tokens=high.sum().clamp_min(1)
+                logp, old, adv, high, alpha=pi.update(history[-1]), agg=Aggregation(num_tokens=high.sum().clamp_min(1))
             )
             loss = loss + term
         opt.zero_grad()
@@ -280,7 +280,7 @@ def test_entropic_update_in_the_trainer_is_the_reweighted_gradient(micro, shippe
     import copy
 
     from entropy_rft.config import load_config
-    from entropy_rft.control import Knobs, high_probability_tokens
+    from entropy_rft.core.control import Knobs, high_probability_tokens
     from entropy_rft.forward import batch_forward, policy_forward
     from entropy_rft.rollout import Rollout
     from entropy_rft.step import Decision, Step
@@ -354,4 +354,4 @@ def test_trainer_runs_entropic_with_the_pi_law_on_the_logged_entropy(tmp_path):
     assert rows[-1]["entropic/integral"] == pytest.approx(sum(errors), rel=1e-9)
     assert all(0 < r["entropic/high_prob_frac"] < 1 for r in rows)
     state = torch.load(f"{summary['checkpoint']}/trainer_state.pt", weights_only=False)
-    assert state["control"]["integral"] == pytest.approx(sum(errors), rel=1e-9)  # runstate.py: the control's state
+    assert state["control"]["integral"] == pytest.approx(sum(errors), rel=1e-9)  # checkpoint.py: the control's state

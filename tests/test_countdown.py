@@ -108,7 +108,7 @@ def test_eval_cli_reads_the_shipped_countdown5_split(tmp_path, capsys):
     the countdown budget of 16 new tokens (not the math task's 7168)."""
     import json
 
-    from entropy_rft.cli import main
+    from entropy_rft.commands.cli import main
 
     main(["eval", "--data", "countdown5", "--k", "2", "--limit", "6", "--out", str(tmp_path / "ev")])
     result = json.loads((tmp_path / "ev" / "eval.json").read_text())

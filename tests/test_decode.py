@@ -3,11 +3,11 @@
 import pytest
 import torch
 
-from entropy_rft.dynamics import token_stats
+from entropy_rft.core.dynamics import token_stats
 from entropy_rft.rollout import HFEngine, Rollout
 from entropy_rft.rollout.decode import unsupported
 from entropy_rft.rollout.hf import response_mask_from_lengths, sequence_forward
-from entropy_rft.rollout.sampling import sample
+from entropy_rft.rollout.sampling import Sampling, sample
 
 SMALL = dict(
     vocab_size=29,
@@ -58,12 +58,7 @@ def _both(model, temperature=0.8, n=5, new=12, seed=3):
             model,
             ids,
             mask,
-            n=n,
-            temperature=temperature,
-            top_p=1.0,
-            max_new_tokens=new,
-            eos_ids=[3],
-            pad_id=0,
+            Sampling(n=n, temperature=temperature, top_p=1.0, max_new_tokens=new, eos_ids=[3], pad_id=0),
             generator=torch.Generator().manual_seed(seed),
             decode=path,
         )
@@ -147,12 +142,12 @@ def test_models_it_cannot_read_decode_through_the_forward(change, reason):
     change(model)
     assert reason in unsupported(model)
     ids, mask = _prompts(model.config.vocab_size, torch.Generator().manual_seed(0))
-    kwargs = dict(n=2, temperature=1.0, top_p=1.0, max_new_tokens=4, eos_ids=[3], pad_id=0)
-    auto = sample(model, ids, mask, generator=torch.Generator().manual_seed(1), decode="auto", **kwargs)
-    hf = sample(model, ids, mask, generator=torch.Generator().manual_seed(1), decode="hf", **kwargs)
+    sampling = Sampling(n=2, temperature=1.0, top_p=1.0, max_new_tokens=4, eos_ids=[3], pad_id=0)
+    auto = sample(model, ids, mask, sampling, generator=torch.Generator().manual_seed(1), decode="auto")
+    hf = sample(model, ids, mask, sampling, generator=torch.Generator().manual_seed(1), decode="hf")
     assert torch.equal(auto[0], hf[0]) and torch.equal(auto[1], hf[1])
     with pytest.raises(ValueError, match="decode='hand' cannot decode this model"):
-        sample(model, ids, mask, decode="hand", **kwargs)
+        sample(model, ids, mask, sampling, decode="hand")
 
 
 def test_sampling_runs_the_policy_in_eval_mode():
@@ -161,12 +156,12 @@ def test_sampling_runs_the_policy_in_eval_mode():
     a model in training mode with dropout and checkpointing samples exactly what its eval-mode self samples."""
     model = _model("qwen2")
     ids, mask = _prompts(model.config.vocab_size, torch.Generator().manual_seed(0))
-    kwargs = dict(n=2, temperature=1.0, top_p=1.0, max_new_tokens=4, eos_ids=[3], pad_id=0)
-    want = sample(model.eval(), ids, mask, generator=torch.Generator().manual_seed(1), **kwargs)
+    sampling = Sampling(n=2, temperature=1.0, top_p=1.0, max_new_tokens=4, eos_ids=[3], pad_id=0)
+    want = sample(model.eval(), ids, mask, sampling, generator=torch.Generator().manual_seed(1))
     model.model.layers[0].self_attn.attention_dropout = 0.5
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.train()
-    got = sample(model, ids, mask, generator=torch.Generator().manual_seed(1), **kwargs)
+    got = sample(model, ids, mask, sampling, generator=torch.Generator().manual_seed(1))
     assert model.training and torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 
 
@@ -200,9 +195,9 @@ def test_shipped_policy_is_hand_decoded_and_the_option_is_checked():
 # captures in a CUDA graph, run here eagerly.
 
 
-def _static(model, ids, mask, seed, **kw):
-    kwargs = {**dict(n=5, temperature=0.8, top_p=1.0, max_new_tokens=12, eos_ids=[3], pad_id=0), **kw}
-    return sample(model, ids, mask, generator=torch.Generator().manual_seed(seed), decode="static", **kwargs)
+def _static(model, ids, mask, seed, top_p=1.0, max_new_tokens=12, **kw):
+    sampling = Sampling(n=5, temperature=0.8, top_p=top_p, max_new_tokens=max_new_tokens, eos_ids=[3], pad_id=0)
+    return sample(model, ids, mask, sampling, generator=torch.Generator().manual_seed(seed), decode="static", **kw)
 
 
 @pytest.mark.parametrize("top_p", [1.0, 0.7])
@@ -215,9 +210,9 @@ def test_static_decode_samples_the_hand_paths_tokens(family, extra, top_p):
     departure 2, kernels that round a row by how many rows and columns share the call) and a full forward's."""
     model = _model(family, **extra)
     ids, mask = _prompts(model.config.vocab_size, torch.Generator().manual_seed(3))
-    kwargs = dict(n=5, temperature=0.8, top_p=top_p, max_new_tokens=12, eos_ids=[3], pad_id=0)
+    sampling = Sampling(n=5, temperature=0.8, top_p=top_p, max_new_tokens=12, eos_ids=[3], pad_id=0)
     hand_tokens, hand_logp = sample(
-        model, ids, mask, generator=torch.Generator().manual_seed(3), decode="hand", **kwargs
+        model, ids, mask, sampling, generator=torch.Generator().manual_seed(3), decode="hand"
     )
     tokens, logp = _static(model, ids, mask, 3, top_p=top_p)
     assert torch.equal(tokens, hand_tokens)
@@ -260,7 +255,7 @@ def test_static_tokens_do_not_depend_on_check_every(noise):
     log-probs and the state the caller's generator is left in are the same bits whatever k (1, 2, 5, 16), with
     either noise source; a rollout that stops early returns the same width."""
     from entropy_rft.rollout.decode import HandDecoder
-    from entropy_rft.rollout.sampling import sample_static
+    from entropy_rft.rollout.sampling import StaticLoop, sample_static
 
     model = _model("qwen2")
     ids, mask = _prompts(model.config.vocab_size, torch.Generator().manual_seed(3))
@@ -273,15 +268,9 @@ def test_static_tokens_do_not_depend_on_check_every(noise):
                 HandDecoder(model),
                 ids,
                 mask,
-                n=5,
-                temperature=0.8,
-                top_p=1.0,
-                max_new_tokens=40,
-                eos_ids=[3, 4, 5, 6, 7, 8],
-                pad_id=0,
+                Sampling(n=5, temperature=0.8, top_p=1.0, max_new_tokens=40, eos_ids=[3, 4, 5, 6, 7, 8], pad_id=0),
                 generator=generator,
-                check_every=k,
-                noise=noise,
+                loop=StaticLoop(check_every=k, noise=noise),
             )
         runs.append((tokens.clone(), logp.clone(), generator.get_state()))
     assert runs[0][0].shape[1] < 40  # every row finished before max_new_tokens: the early stop was exercised
@@ -293,7 +282,7 @@ def test_device_noise_samples_the_policy():
     """With the GPU's noise source (each rollout's own generator, Exp(1) for every row each step), every recorded
     log-prob is the policy's own: log softmax(z / T) of a full forward at that token."""
     from entropy_rft.rollout.decode import HandDecoder
-    from entropy_rft.rollout.sampling import sample_static
+    from entropy_rft.rollout.sampling import StaticLoop, sample_static
 
     model = _model("llama")
     ids, mask = _prompts(model.config.vocab_size, torch.Generator().manual_seed(4))
@@ -303,14 +292,9 @@ def test_device_noise_samples_the_policy():
             HandDecoder(model),
             ids,
             mask,
-            n=5,
-            temperature=0.8,
-            top_p=1.0,
-            max_new_tokens=12,
-            eos_ids=[3],
-            pad_id=0,
+            Sampling(n=5, temperature=0.8, top_p=1.0, max_new_tokens=12, eos_ids=[3], pad_id=0),
             generator=torch.Generator().manual_seed(4),
-            noise="device",
+            loop=StaticLoop(noise="device"),
         )
     tokens, logp = tokens.clone(), logp.clone()
     rmask, finished = response_mask_from_lengths(tokens, 3)
@@ -484,11 +468,12 @@ def test_captured_step_replays_the_eager_step_on_cuda():
     eagerly with the same noise, and log-probs within float32 rounding, also through sample(decode='static'); and
     the step itself makes no host synchronisation (torch.cuda's sync debug mode raises on one)."""
     from entropy_rft.rollout.decode import HandDecoder
-    from entropy_rft.rollout.sampling import decode_path, sample_static
+    from entropy_rft.rollout.sampling import StaticLoop, decode_path, sample_static
 
     model = _model("qwen2").cuda()
     ids, mask = (t.cuda() for t in _prompts(model.config.vocab_size, torch.Generator().manual_seed(3)))
     assert decode_path(model, "static", 18, ids.device)[0] == "static"
+    sampling = Sampling(n=5, temperature=0.8, top_p=0.9, max_new_tokens=12, eos_ids=[3], pad_id=0)
     runs = []
     for capture in (False, True):
         with torch.inference_mode():
@@ -497,31 +482,14 @@ def test_captured_step_replays_the_eager_step_on_cuda():
                 HandDecoder(model),
                 ids,
                 mask,
-                n=5,
-                temperature=0.8,
-                top_p=0.9,
-                max_new_tokens=12,
-                eos_ids=[3],
-                pad_id=0,
+                sampling,
                 generator=torch.Generator("cuda").manual_seed(3),
-                capture=capture,
+                loop=StaticLoop(capture=capture),
             )
         runs.append((tokens.clone(), logp.clone()))
     assert torch.equal(runs[0][0], runs[1][0])  # cuBLAS may choose another kernel under capture: log-probs close
     torch.testing.assert_close(runs[0][1], runs[1][1], atol=1e-5, rtol=0)
-    static = sample(
-        model,
-        ids,
-        mask,
-        n=5,
-        temperature=0.8,
-        top_p=0.9,
-        max_new_tokens=12,
-        eos_ids=[3],
-        pad_id=0,
-        generator=torch.Generator("cuda").manual_seed(3),
-        decode="static",
-    )
+    static = sample(model, ids, mask, sampling, generator=torch.Generator("cuda").manual_seed(3), decode="static")
     assert torch.equal(static[0], runs[1][0])
     state = _static_state(model.cpu())
     model.cuda()
@@ -553,16 +521,16 @@ def test_auto_compiles_the_step_and_replays_it_like_the_eager_step_on_cuda():
 
     model = _model("qwen2").cuda()
     ids, mask = (t.cuda() for t in _prompts(model.config.vocab_size, torch.Generator().manual_seed(3)))
-    kwargs = dict(n=5, temperature=0.8, top_p=0.9, max_new_tokens=12, eos_ids=[3], pad_id=0)
+    sampling = Sampling(n=5, temperature=0.8, top_p=0.9, max_new_tokens=12, eos_ids=[3], pad_id=0)
     session = DecodeSession()
-    auto = sample(model, ids, mask, generator=torch.Generator("cuda").manual_seed(3), session=session, **kwargs)
+    auto = sample(model, ids, mask, sampling, generator=torch.Generator("cuda").manual_seed(3), session=session)
     assert session.compiled == 1 and session.failed is None and session.pop_compile_seconds() > 0
     wide = pad_left(ids, mask, bucket_width(ids.shape[1]), 0)  # the compiled path's prompts, for the same prefill
     with torch.inference_mode():
         eager = sample_static(
-            model, HandDecoder(model), *wide, generator=torch.Generator("cuda").manual_seed(3), **kwargs
+            model, HandDecoder(model), *wide, sampling, generator=torch.Generator("cuda").manual_seed(3)
         )
     assert torch.equal(auto[0], eager[0])
     torch.testing.assert_close(auto[1], eager[1], atol=1e-5, rtol=0)
-    sample(model, ids, mask, generator=torch.Generator("cuda").manual_seed(4), session=session, **kwargs)
+    sample(model, ids, mask, sampling, generator=torch.Generator("cuda").manual_seed(4), session=session)
     assert session.compiled == 1 and session.pop_compile_seconds() == 0.0

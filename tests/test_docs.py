@@ -94,7 +94,7 @@ def commands(script: str) -> list[str]:
 
 def parse_cli(argv: list[str], where: str) -> None:
     """Parse `entropy-rft ARGS` with the real parser; fail naming the block when argparse refuses it."""
-    from entropy_rft.cli import build_parser
+    from entropy_rft.commands.cli import build_parser
 
     try:
         build_parser().parse_args(argv)
@@ -127,7 +127,7 @@ def run(block: Block) -> None:
     """Run an unmarked block in the current directory (the page's)."""
     if block.lang in SHELL:
         validate(block)  # a syntax error fails before anything runs
-        from entropy_rft.cli import main
+        from entropy_rft.commands.cli import main
 
         for line in commands(block.text):
             argv = shlex.split(line, comments=True)
@@ -332,7 +332,7 @@ def test_the_cli_reference_lists_every_subcommand_and_option():
     """Property: every subcommand of the parser, and every option string of each, is on the generated page."""
     import argparse
 
-    from entropy_rft.cli import build_parser
+    from entropy_rft.commands.cli import build_parser
 
     h = hooks()
     page = h.cli_markdown()
@@ -375,7 +375,10 @@ def test_every_generated_marker_names_a_generator_and_the_reference_pages_have_t
     assert "<!-- generated: config -->" in (ROOT / "docs/reference/config.md").read_text()
     assert "<!-- generated: departures -->" in (ROOT / "docs/design.md").read_text()
     modules = dict(h.departures())
-    assert modules["entropy_rft/masks.py"].startswith("Departures") and "\n1. " in modules["entropy_rft/masks.py"]
+    assert (
+        modules["entropy_rft/core/masks.py"].startswith("Departures")
+        and "\n1. " in modules["entropy_rft/core/masks.py"]
+    )
 
 
 def test_the_readme_is_a_landing_page():
@@ -513,7 +516,12 @@ def test_the_site_shows_the_version_the_changelog_and_every_metric(site):
 def test_the_rendering_check_finds_each_defect(html, found):
     """Property: the check is not vacuous: each kind of defect is reported."""
     assert any(found in d for d in rendering_defects(html, "p.html"))
-    assert rendering_defects("<ul><li>one</li></ul><p>a - b and 2. c <code>entropy_rft/cli.py</code></p>", "p") == []
+    assert (
+        rendering_defects(
+            "<ul><li>one</li></ul><p>a - b and 2. c <code>entropy_rft/commands/cli/__init__.py</code></p>", "p"
+        )
+        == []
+    )
 
 
 def test_a_list_after_a_paragraph_line_is_given_its_blank_line():

@@ -1,4 +1,4 @@
-"""entropy_rft.dynamics against float64 brute force, autograd and verl's reference values."""
+"""entropy_rft.core.dynamics against float64 brute force, autograd and verl's reference values."""
 
 import math
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 from conftest import f32, load_fixture
 
-from entropy_rft.dynamics import (
+from entropy_rft.core.dynamics import (
     batch_covariance,
     batch_mean_entropy_change,
     corollary4_entropy_change,

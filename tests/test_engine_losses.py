@@ -7,8 +7,9 @@ import pytest
 import torch
 from conftest import group_ids, load_fixture
 
-from entropy_rft import losses
-from entropy_rft.advantages import qae
+from entropy_rft.core import losses
+from entropy_rft.core.advantages import qae
+from entropy_rft.core.losses import Aggregation
 
 LOSSES = load_fixture("engine_policy_losses.json")
 QAE = load_fixture("qae_advantages.json")["cases"]
@@ -71,8 +72,7 @@ def test_cispo_matches_verl(case):
         mask,
         eps_low=p["clip_ratio_low"],
         eps_high=p["clip_ratio_high"],
-        agg=p["loss_agg_mode"],
-        **_verl_counts(case, mask),
+        agg=Aggregation(p["loss_agg_mode"], **_verl_counts(case, mask)),
     )
     _check(loss, logp, out)
     assert float(m["clipfrac"]) == pytest.approx(out["metrics"]["actor/pg_clipfrac"], abs=FRAC)
@@ -87,7 +87,13 @@ def test_sapo_matches_verl(case):
     p, out = case["params"], case["outputs"]
     counts = _verl_counts(case, mask)
     loss, m = losses.sapo_loss(
-        logp, old, adv, mask, tau_pos=p["tau_pos"], tau_neg=p["tau_neg"], num_seqs=counts.get("num_seqs")
+        logp,
+        old,
+        adv,
+        mask,
+        tau_pos=p["tau_pos"],
+        tau_neg=p["tau_neg"],
+        agg=Aggregation("seq-mean-token-mean", num_seqs=counts.get("num_seqs")),
     )
     _check(loss, logp, out)
     assert float(m["ppo_kl"]) == pytest.approx(out["metrics"]["actor/ppo_kl"], abs=1e-12)
@@ -108,8 +114,7 @@ def test_dppo_matches_verl(case):
         eps_low=p["clip_ratio_low"],
         eps_high=p["clip_ratio_high"],
         clip_ratio_c=p["clip_ratio_c"],
-        agg=p["loss_agg_mode"],
-        **_verl_counts(case, mask),
+        agg=Aggregation(p["loss_agg_mode"], **_verl_counts(case, mask)),
     )
     _check(loss, logp, out)
     assert float(m["clipfrac"]) == pytest.approx(out["metrics"]["actor/pg_clipfrac"], abs=FRAC)
@@ -124,7 +129,13 @@ def test_geo_mean_matches_verl(case):
     logp, old, adv, mask, _, _ = _batch(case)
     p, out = case["params"], case["outputs"]
     loss, m = losses.geo_mean_loss(
-        logp, old, adv, mask, eps_low=p["clip_ratio_low"], eps_high=p["clip_ratio_high"], num_seqs=mask.shape[0]
+        logp,
+        old,
+        adv,
+        mask,
+        eps_low=p["clip_ratio_low"],
+        eps_high=p["clip_ratio_high"],
+        agg=Aggregation("seq-mean-token-mean", num_seqs=mask.shape[0]),
     )
     _check(loss, logp, out)
     assert float(m["clipfrac"]) == pytest.approx(out["metrics"]["actor/pg_clipfrac"], abs=FRAC)
@@ -163,15 +174,11 @@ def test_erc_matches_the_authors_code(case):
         old,
         adv,
         mask,
-        entropy=h,
-        old_entropy=h_old,
+        band=losses.erc_keep(h, h_old, erc_low=p["entropy_mask_low"], erc_high=p["entropy_mask_high"]),
         eps_low=p["clip_ratio_low"],
         eps_high=p["clip_ratio_high"],
         dual_clip_c=p["clip_ratio_c"],
-        erc_low=p["entropy_mask_low"],
-        erc_high=p["entropy_mask_high"],
-        agg=agg,
-        **_erc_counts(agg, mask),
+        agg=Aggregation(agg, **_erc_counts(agg, mask)),
     )
     _check(loss, logp, out, rtol=2e-8 if agg == "seq-mean-token-mean" else 1e-12)
     assert float(m["clipfrac"]) == pytest.approx(out["metrics"]["pg_clipfrac"], abs=FRAC)
@@ -222,7 +229,7 @@ def test_on_policy_each_engine_loss_has_grpos_gradient(name, agg):
     seq-mean-token-mean) against PPO-clip under the same. This is why their demo runs equal GRPO's bit for bit
     (docs/evidence, the losses engines ship)."""
     from entropy_rft.config import load_config
-    from entropy_rft.methods import POLICY_LOSSES
+    from entropy_rft.core.methods import POLICY_LOSSES
 
     g = torch.Generator().manual_seed(3)
     mask = (torch.rand(6, 9, generator=g) < 0.8).double()
@@ -236,10 +243,9 @@ def test_on_policy_each_engine_loss_has_grpos_gradient(name, agg):
     def grad(loss_name):
         spec = POLICY_LOSSES.get(loss_name)
         logp = old.clone().requires_grad_()
-        extra = {"entropy": ent, "old_entropy": ent} if spec.entropy else {}
         mode = POLICY_LOSSES.get(name).agg or agg
         counts = {"num_tokens": mask.sum(), "num_seqs": 6.0, "norm": 9.0}
-        loss, _ = spec.fn(logp, old, adv, mask, agg=mode, **counts, **spec.kwargs(cfg), **extra)
+        loss, _ = spec.loss(logp, old, adv, mask, cfg, agg=Aggregation(mode, **counts), entropy=ent, old_entropy=ent)
         loss.backward()
         return logp.grad
 

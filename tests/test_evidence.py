@@ -1,4 +1,5 @@
-"""Intervals over seeds and problems (entropy_rft/evidence.py), checked against cases with a known answer: the exact
+"""Intervals over seeds and problems (entropy_rft/commands/evidence.py), checked against cases with a known answer: the
+exact
 bootstrap distribution by enumeration, its variance in closed form, and paired differences that are constant."""
 
 import itertools
@@ -7,8 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from entropy_rft.evaluate import pass_at_k
-from entropy_rft.evidence import (
+from entropy_rft.commands.evidence import (
     Estimate,
     avg_scores,
     bootstrap_means,
@@ -19,6 +19,7 @@ from entropy_rft.evidence import (
     pass_at_k_scores,
     seed_estimate,
 )
+from entropy_rft.evaluate import pass_at_k
 
 
 def exact_bootstrap(x: np.ndarray) -> np.ndarray:
@@ -166,7 +167,7 @@ def test_evaluate_grid_reports_every_metric_and_the_paired_comparison():
 def test_bootstrap_p_counts_the_replicates_on_each_side():
     """bootstrap_p is 2 min(#{<= 0} + 1, #{>= 0} + 1) / (B + 1), capped at 1, counted here by a loop; a replicate
     exactly at 0 counts on both sides."""
-    from entropy_rft.evidence import bootstrap_p
+    from entropy_rft.commands.evidence import bootstrap_p
 
     gen = np.random.default_rng(3)
     for reps in (gen.normal(0.3, 1.0, 999), gen.normal(-2.0, 1.0, 99), np.array([0.0, 0.0, 1.0]), np.ones(19)):
@@ -182,7 +183,7 @@ def test_paired_test_uses_the_replicates_of_its_interval():
     """paired_test's interval equals paired_difference's under the same generator state, and its p equals
     bootstrap_p of bootstrap_means drawn from that state again; a large shift gives the smallest p, a grid of
     differences symmetric about 0 a p near 1."""
-    from entropy_rft.evidence import bootstrap_p, paired_test
+    from entropy_rft.commands.evidence import bootstrap_p, paired_test
 
     gen = np.random.default_rng(5)
     x, base = gen.normal(0.02, 0.1, (5, 40)), gen.normal(0.0, 0.1, (5, 40))
@@ -200,7 +201,7 @@ def test_holm_matches_its_definition_by_brute_force():
     """holm: the adjusted p of hypothesis i is the largest, over the hypotheses j at or below it in the ascending order,
     of min(1, (m - rank_j) p_j) (rank from 0), checked against that definition written out, and on textbook cases:
     (0.01, 0.04) -> (0.02, 0.04); (0.03, 0.04) -> (0.06, 0.06); one p is unchanged."""
-    from entropy_rft.evidence import holm
+    from entropy_rft.commands.evidence import holm
 
     assert holm({"a": 0.01, "b": 0.04}) == pytest.approx({"a": 0.02, "b": 0.04})
     assert holm({"a": 0.04, "b": 0.03}) == pytest.approx({"a": 0.06, "b": 0.06})
@@ -226,7 +227,7 @@ def test_t_quantile_matches_the_closed_forms_of_df_1_and_2(q):
     rule on 4,000 intervals (error far below 1e-6 relative for these smooth densities) and 60 bisections."""
     from math import pi, sqrt, tan
 
-    from entropy_rft.evidence import t_quantile
+    from entropy_rft.commands.evidence import t_quantile
 
     assert t_quantile(q, 1) == pytest.approx(tan(pi * (q - 0.5)), rel=1e-6)
     assert t_quantile(q, 2) == pytest.approx((2 * q - 1) / sqrt(2 * q * (1 - q)), rel=1e-6)
@@ -235,7 +236,7 @@ def test_t_quantile_matches_the_closed_forms_of_df_1_and_2(q):
 def test_t_quantile_falls_with_df_toward_the_normal_and_refuses_bad_input():
     """Property: at one q the quantile decreases with df and stays above the normal's (z = 1.959964 at 0.975); at
     df 200 it is z + (z^3 + z) / (4 df) to the next term's order, (5z^5 + 16z^3 + 3z) / (96 df^2) ~ 2e-4."""
-    from entropy_rft.evidence import t_quantile
+    from entropy_rft.commands.evidence import t_quantile
 
     values = [t_quantile(0.975, df) for df in (1, 2, 3, 5, 10, 30, 200)]
     assert all(a > b for a, b in zip(values, values[1:])) and values[-1] > 1.959964
@@ -247,7 +248,7 @@ def test_t_quantile_falls_with_df_toward_the_normal_and_refuses_bad_input():
 
 
 def test_seed_t_interval_is_mean_plus_minus_t_times_the_standard_error():
-    from entropy_rft.evidence import seed_t_interval, t_quantile
+    from entropy_rft.commands.evidence import seed_t_interval, t_quantile
 
     x = np.array([0.9, 1.4, 1.1, 0.7])
     est = seed_t_interval(x)

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from entropy_rft.config import load_config
+from entropy_rft.core.dynamics import token_stats
 from entropy_rft.dropout import disable_dropout, has_active_dropout
-from entropy_rft.dynamics import token_stats
 from entropy_rft.forward import EntropyProbe, HeldForward, batch_forward, policy_forward, streams_from_hidden
 from entropy_rft.policy import load_policy
 from entropy_rft.rollout import Rollout
@@ -212,7 +212,7 @@ def test_offpolicy_prediction_uses_the_current_policy(policy):
     gen = torch.Generator().manual_seed(5)
     out = Step(cfg, model, optimizer, update_gen=gen).update(ro, Decision(adv, stats.logp, mask, mask))
     order = torch.randperm(6, generator=torch.Generator().manual_seed(5))
-    from entropy_rft.dynamics import corollary4_entropy_change
+    from entropy_rft.core.dynamics import corollary4_entropy_change
 
     expected = 0.0
     for rows, snap in zip(order.chunk(2), snapshots):
@@ -445,7 +445,7 @@ def test_zero_advantage_skip_only_where_the_gradient_is_exactly_zero():
     -r|A| term vanishes at A = 0); never on a probe step; zero_advantage_rows: None when no row, too few rows (their
     own passes would cost more than they save) or every row is 0 (then Adam still steps on zero gradients, as
     without the skip)."""
-    from entropy_rft.advantages import ADVANTAGES
+    from entropy_rft.core.advantages import ADVANTAGES
 
     def freezes(**kw) -> bool:
         return StepRules.of(load_config(None, prompts_per_step=2, group_size=2, **kw)).may_freeze

@@ -16,10 +16,10 @@ import torch
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from entropy_rft.commands.report import load_run
 from entropy_rft.config import ConfigError, TrainConfig, load_config
 from entropy_rft.data import to_problems
 from entropy_rft.policy import BUILTIN_MODELS, load_policy, resolve_model_path
-from entropy_rft.report import load_run
 from entropy_rft.tasks.countdown import Problem
 
 FIELDS = {f: TrainConfig.__dataclass_fields__[f] for f in TrainConfig.__dataclass_fields__}
@@ -103,7 +103,7 @@ def test_config_values_are_coerced_exactly_or_rejected_by_name(name, value):
 )
 def test_recipe_and_set_values_that_yaml_reads_as_text_are_coerced(tmp_path, key, text, expected):
     """The issue's example: YAML reads 1e-5 as a string; from a recipe and from --set it becomes the float."""
-    from entropy_rft.cli import set_item
+    from entropy_rft.commands.options import set_item
 
     recipe = tmp_path / "r.yaml"
     recipe.write_text(f"method: clip_b\n{key}: {text}\n")
@@ -285,8 +285,8 @@ def test_damaged_run_directory_files_are_named(tmp_path, name, content):
 def test_report_of_missing_directory_and_of_a_sparse_run(tmp_path, capsys):
     """`report` on a missing directory is a one-line CLI error; a run whose rows lack the entropy keys still gets
     its report (with 'not logged' in their place) instead of an IndexError."""
-    from entropy_rft.cli import main
-    from entropy_rft.report import build_report
+    from entropy_rft.commands.cli import main
+    from entropy_rft.commands.report import build_report
 
     with pytest.raises(SystemExit):
         main(["report", str(tmp_path / "nowhere"), "--out", str(tmp_path / "rep")])

@@ -40,7 +40,7 @@ def test_three_steps_train_on_cuda(method, tmp_path):
         [
             sys.executable,
             "-m",
-            "entropy_rft.cli",
+            "entropy_rft.commands.cli",
             "train",
             "--method",
             method,

@@ -14,7 +14,8 @@ import pytest
 import torch
 from cdp import Browser, find_chromium
 
-from entropy_rft import inspect_page, samples
+from entropy_rft import samples
+from entropy_rft.commands import inspect_page
 from entropy_rft.config import load_config
 from entropy_rft.logging import read_metrics
 from entropy_rft.trainer import train
@@ -56,7 +57,10 @@ def crafted_run(root: Path) -> Path:
     batch["response_ids"] = torch.arange(len(NASTY)).repeat(2, 1)
     batch["prompt_ids"], batch["prompt_mask"] = torch.zeros(2, 1, dtype=torch.long), torch.ones(2, 1, dtype=torch.bool)
     rec = samples.build_record(
-        step=1, tokenizer=ListTokenizer(NASTY), step_size=1e-3, groups=0, info={"method": "crafted"}, **batch
+        samples.SampleBatch(tokenizer=ListTokenizer(NASTY), step_size=1e-3, **batch),
+        step=1,
+        groups=0,
+        info={"method": "crafted"},
     )
     samples.write_record(root / "crafted", rec)
     return root / "crafted"
@@ -96,7 +100,9 @@ def test_a_page_over_the_data_budget_shows_fewer_steps(tmp_path, monkeypatch):
     for step in range(1, 11):
         samples.write_record(
             tmp_path / "run",
-            samples.build_record(step=step, tokenizer=ListTokenizer("abcde"), step_size=1e-3, groups=0, **batch),
+            samples.build_record(
+                samples.SampleBatch(tokenizer=ListTokenizer("abcde"), step_size=1e-3, **batch), step=step, groups=0
+            ),
         )
     one = len(json.dumps(samples.read_samples(tmp_path / "run")[1]))
     monkeypatch.setattr(inspect_page, "MAX_DATA_BYTES", int(3.5 * one))
@@ -124,7 +130,7 @@ def test_embedded_data_cannot_close_its_script(tmp_path):
 
 def test_inspect_without_samples_names_the_fix(tmp_path, capsys):
     """A run directory with no samples fails with the setting that writes them."""
-    from entropy_rft.cli import main
+    from entropy_rft.commands.cli import main
 
     (tmp_path / "run").mkdir()
     with pytest.raises(SystemExit):

@@ -1,4 +1,4 @@
-"""The Triton kernels of entropy_rft.kernels against token_stats on materialised logits.
+"""The Triton kernels of entropy_rft.core.kernels against token_stats on materialised logits.
 
 On a machine with a GPU and Triton the kernels run on CUDA tensors; on a CPU machine with Triton installed they run
 in Triton's interpreter (TRITON_INTERPRET=1, set before Triton is imported, so in a subprocess). Without Triton the
@@ -19,7 +19,7 @@ pytest.importorskip("triton")
 
 CHECK = r"""
 import json, torch
-from entropy_rft.dynamics import token_stats, token_stats_from_hidden
+from entropy_rft.core.dynamics import token_stats, token_stats_from_hidden
 torch.manual_seed(0)
 dev = "cuda" if torch.cuda.is_available() else "cpu"
 out = {}

@@ -4,8 +4,8 @@ micro-batch invariance, masked positions."""
 import pytest
 import torch
 
-from entropy_rft.losses import aggregate, ppo_clip_loss
-from entropy_rft.masks import clip_b, clip_v, clipped_fractions, s_sign
+from entropy_rft.core.losses import Aggregation, aggregate, ppo_clip_loss
+from entropy_rft.core.masks import clip_b, clip_v, clipped_fractions, s_sign
 
 
 def batch(seed=0, b=16, t=12):
@@ -173,14 +173,14 @@ def test_micro_batches_change_no_mask_and_no_gradient(agg, method):
     new = (old + torch.randn(12, 12, generator=g) * 0.2).requires_grad_()
     loss_mask = mask & keep
     n_tok, n_seq = loss_mask.sum(), (loss_mask.sum(-1) > 0).sum()
-    full, _ = ppo_clip_loss(new, old, adv, loss_mask, agg=agg, num_tokens=n_tok, num_seqs=n_seq, norm=16)
+    full, _ = ppo_clip_loss(new, old, adv, loss_mask, agg=Aggregation(agg, n_tok, n_seq, norm=16))
     (g_full,) = torch.autograd.grad(full, new)
     total = 0.0
     for rows in (slice(0, 5), slice(5, 7), slice(7, 12)):
         k_micro, _ = fn(s, adv, mask, **kw)  # recomputed per micro-batch from the whole batch: identical
         assert torch.equal(k_micro, keep)
         part, _ = ppo_clip_loss(
-            new[rows], old[rows], adv[rows], loss_mask[rows], agg=agg, num_tokens=n_tok, num_seqs=n_seq, norm=16
+            new[rows], old[rows], adv[rows], loss_mask[rows], agg=Aggregation(agg, n_tok, n_seq, norm=16)
         )
         total = total + part
     (g_micro,) = torch.autograd.grad(total, new)
@@ -223,7 +223,7 @@ def test_dr_grpo_norm_is_a_constant_not_the_padded_width():
 
 def test_k3_kl_penalty_definition():
     """k3 = exp(ref - logp) - (ref - logp) - 1 >= 0, zero when the policies agree; k1 = logp - ref."""
-    from entropy_rft.losses import kl_penalty
+    from entropy_rft.core.losses import kl_penalty
 
     logp, ref = torch.randn(3, 5) - 2, torch.randn(3, 5) - 2
     d = (ref - logp).double()
@@ -249,8 +249,8 @@ def test_method_apply_no_cap_reaches_clip_v_as_none():
     """Through METHODS, max_frac=NO_CAP clips every Clip_V violator (clip_v with max_frac=None), while a plain
     None still means the method's default cap (1e-4, here k = 1 token): the case has many violators, so the
     two differ."""
-    from entropy_rft.dynamics import TokenStats
-    from entropy_rft.methods import METHODS, NO_CAP
+    from entropy_rft.core.dynamics import TokenStats
+    from entropy_rft.core.methods import METHODS, NO_CAP
 
     s, adv, mask = batch()
     s = -s.abs()  # every token is on the low side: many violators at mu = 0.1

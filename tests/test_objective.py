@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from entropy_rft.config import load_config
-from entropy_rft.dynamics import TokenStats
-from entropy_rft.losses import AGG_MODES
-from entropy_rft.objective import Micro, Objective
+from entropy_rft.core.dynamics import TokenStats
+from entropy_rft.core.losses import AGG_MODES
+from entropy_rft.core.objective import Micro, Objective
 
 B, R = 6, 5
 

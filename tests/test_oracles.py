@@ -4,10 +4,11 @@ import pytest
 import torch
 from conftest import f32, group_ids, load_fixture
 
-from entropy_rft import advantages as adv_lib
-from entropy_rft import losses
-from entropy_rft.advantages import broadcast_advantages
-from entropy_rft.masks import clip_b, clip_v
+from entropy_rft.core import advantages as adv_lib
+from entropy_rft.core import losses
+from entropy_rft.core.advantages import broadcast_advantages
+from entropy_rft.core.losses import Aggregation
+from entropy_rft.core.masks import clip_b, clip_v
 
 CLIP_B = load_fixture("clip_b.json")["cases"]
 CLIP_V = load_fixture("clip_v.json")["cases"]
@@ -53,7 +54,7 @@ def test_clip_v_from_token_stats_matches_oracle_necs():
     """Our own S_c from the fixture's logits selects the same tokens as the authors' code (their necs)."""
     for case in CLIP_V:
         i = case["inputs"]
-        from entropy_rft.dynamics import token_stats
+        from entropy_rft.core.dynamics import token_stats
 
         st = token_stats(f32(i["logits"]), torch.tensor(i["token_ids"]), temperature=i["temperature"])
         mask = f32(i["response_mask"]).bool()
@@ -113,8 +114,7 @@ def test_ppo_clip_loss_matches_verl(case):
         eps_low=p["clip_ratio_low"],
         eps_high=p["clip_ratio_high"],
         dual_clip_c=p["clip_ratio_c"],
-        agg=p["loss_agg_mode"],
-        **kw,
+        agg=Aggregation(p["loss_agg_mode"], **kw),
     )
     loss.backward()
     assert float(loss.detach()) == pytest.approx(out["loss"], abs=1e-6)

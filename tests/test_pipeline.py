@@ -12,10 +12,10 @@ import torch
 import yaml
 from conftest import FIXTURES
 
+from entropy_rft.commands.pipeline import EvalRequest, dry_run, filter_to_dir, parse_data_specs
 from entropy_rft.config import load_config
 from entropy_rft.evaluate import evaluate_datasets, results_markdown
 from entropy_rft.forward import policy_forward
-from entropy_rft.pipeline import dry_run, filter_to_dir, parse_data_specs
 from entropy_rft.policy import STAND_IN, load_policy, prepare_policy, resolve_model_path
 from entropy_rft.rollout import HFEngine
 from entropy_rft.rollout.hf import Rollout, render_prompts
@@ -90,14 +90,13 @@ def test_filter_keeps_the_paper_band_and_resumes(tmp_path):
     counts = [0, 1, 2, 14, 15, 16]
     engine = ScriptedEngine(PROBLEMS, right=lambda i: counts[i])
     out = tmp_path / "filtered"
-    summary = filter_to_dir(
-        model="scripted", task_name="math", spec=f"train={data}", out=out, n=16, engine=engine, chunk=4
-    )
+    request = EvalRequest("scripted", n=16, engine=engine)
+    summary = filter_to_dir(request, task_name="math", spec=f"train={data}", out=out, chunk=4)
     kept = [json.loads(line) for line in (out / "train.jsonl").read_text().splitlines()]
     assert [r["id"] for r in kept] == ["2", "3"] and [r["pass_rate"] for r in kept] == [2 / 16, 14 / 16]
     assert (summary["kept"], summary["dropped_low"], summary["dropped_high"]) == (2, 2, 2)
     assert engine.calls == 2 and (out / "pass_rates.png").exists()
-    again = filter_to_dir(model="scripted", task_name="math", spec=f"train={data}", out=out, n=16, engine=engine)
+    again = filter_to_dir(request, task_name="math", spec=f"train={data}", out=out)
     assert engine.calls == 2 and again == summary
 
 
@@ -112,7 +111,9 @@ def test_filter_resumed_after_a_stop_scores_as_the_unstopped_run(tmp_path):
     def run(out):
         engine = ScriptedEngine(PROBLEMS, right=lambda i: counts[i])
         spec = f"train={data}"
-        filter_to_dir(model="scripted", task_name="math", spec=spec, out=out, n=16, engine=engine, chunk=2, seed=7)
+        filter_to_dir(
+            EvalRequest("scripted", n=16, engine=engine, seed=7), task_name="math", spec=spec, out=out, chunk=2
+        )
         return engine
 
     assert run(tmp_path / "full").seeds == [7, 9, 11]
@@ -127,7 +128,7 @@ def test_filter_resumed_after_a_stop_scores_as_the_unstopped_run(tmp_path):
 
 def test_eval_cli_on_fixture_datasets(tmp_path, capsys):
     """`entropy-rft eval` on two schema fixtures writes JSON, markdown, the pass-rate PNG and every sample."""
-    from entropy_rft.cli import main
+    from entropy_rft.commands.cli import main
 
     data = f"aime24={FIXTURES / 'math' / 'aime24.parquet'},aime25={FIXTURES / 'math' / 'aime25.jsonl'}@2"
     main(["eval", "--model", STAND_IN, "--data", data, "--k", "3", "--max-new-tokens", "8", "--out", str(tmp_path)])
@@ -143,7 +144,7 @@ def test_eval_cli_on_fixture_datasets(tmp_path, capsys):
 def test_eval_quiet_draws_no_generation_bar(tmp_path, capsys):
     """`eval --quiet` generates without the per-batch bar that a plain eval draws on stderr (four batches here:
     --batch-size 3 holds one problem's 3 samples), and scores the same: the bar is display only."""
-    from entropy_rft.cli import main
+    from entropy_rft.commands.cli import main
 
     data = f"aime24={FIXTURES / 'math' / 'aime24.parquet'}"
     args = ["eval", "--model", STAND_IN, "--data", data, "--k", "3", "--max-new-tokens", "4", "--batch-size", "3"]
@@ -203,7 +204,7 @@ def test_recipe_dry_run(path, tmp_path):
 
 def test_dry_run_cli(tmp_path, capsys):
     """`entropy-rft train --config RECIPE --dry-run` prints its report and a pass line."""
-    from entropy_rft.cli import main
+    from entropy_rft.commands.cli import main
 
     main(["train", "--config", str(RECIPES[0]), "--dry-run", "--out", str(tmp_path)])
     assert "dry run passed" in capsys.readouterr().out

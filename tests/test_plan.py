@@ -358,7 +358,7 @@ def test_one_gpu_recipes_differ_from_the_paper_only_in_memory_and_lr():
 
 
 def run_cli(args, capsys):
-    from entropy_rft.cli import main
+    from entropy_rft.commands.cli import main
 
     code = 0
     try:
@@ -398,9 +398,9 @@ def test_cli_fits_json_and_model_directory(tmp_path, capsys):
 def test_dry_run_prints_the_recipes_plan(tmp_path, capsys, monkeypatch):
     """`train --dry-run` prints, after the dry run's report, the memory plan of the recipe's real model (the dry
     run itself, two steps on the CPU stand-in, is tests/test_pipeline.py's; replaced here to keep this fast)."""
-    import entropy_rft.pipeline
+    import entropy_rft.commands.pipeline
 
-    monkeypatch.setattr(entropy_rft.pipeline, "dry_run", lambda cfg, out, **kw: {"ok": True})
+    monkeypatch.setattr(entropy_rft.commands.pipeline, "dry_run", lambda cfg, out, **kw: {"ok": True})
     code, out, _ = run_cli(
         [
             "train",
@@ -478,7 +478,7 @@ def test_peak_matches_the_profilers_measured_peak(checkpointing, precision, lora
 def test_one_gpu_recipe_dry_run(tmp_path):
     """A configs/one_gpu recipe (LoRA, bf16, checkpointing, micro-batches) runs two finite steps on the CPU
     stand-in (`train --dry-run`); the others differ from it only in model, method and micro-batch."""
-    from entropy_rft.pipeline import dry_run
+    from entropy_rft.commands.pipeline import dry_run
 
     report = dry_run(load_config(ROOT / "one_gpu" / "qwen3-4b-base_clip_v_lora.yaml"), tmp_path / "dry")
     assert report["ok"] and len(report["steps"]) == 2

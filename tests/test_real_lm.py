@@ -12,11 +12,11 @@ import torch
 
 from entropy_rft import packaged
 from entropy_rft.config import resolve_config
-from entropy_rft.dynamics import token_stats
+from entropy_rft.core.dynamics import token_stats
 from entropy_rft.rollout import Rollout
 from entropy_rft.rollout.decode import unsupported
 from entropy_rft.rollout.hf import render_prompts, response_mask_from_lengths, sequence_forward
-from entropy_rft.rollout.sampling import sample
+from entropy_rft.rollout.sampling import Sampling, sample
 from entropy_rft.tasks import TASKS, Problem
 from entropy_rft.tasks.countdown_chat import stated_answer
 
@@ -167,12 +167,14 @@ def _both(model, tokenizer, new, n=2, temperature=1.0):
             model,
             ids,
             mask,
-            n=n,
-            temperature=temperature,
-            top_p=1.0,
-            max_new_tokens=new,
-            eos_ids=[tokenizer.eos_token_id],
-            pad_id=tokenizer.pad_token_id,
+            Sampling(
+                n=n,
+                temperature=temperature,
+                top_p=1.0,
+                max_new_tokens=new,
+                eos_ids=[tokenizer.eos_token_id],
+                pad_id=tokenizer.pad_token_id,
+            ),
             generator=torch.Generator().manual_seed(0),
             decode=path,
         )

@@ -24,8 +24,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 pytest.importorskip("peft")
-from entropy_rft.advantages import ADVANTAGES
 from entropy_rft.config import load_config
+from entropy_rft.core.advantages import ADVANTAGES
+from entropy_rft.core.methods import METHODS
 from entropy_rft.forward import policy_forward
 from entropy_rft.invariants import (
     StepRecord,
@@ -37,7 +38,6 @@ from entropy_rft.invariants import (
     stats_tolerance,
     synthetic_batch,
 )
-from entropy_rft.methods import METHODS
 from entropy_rft.policy import ValueHead
 from entropy_rft.rules import StepRules, passes
 from entropy_rft.step import behaviour_statistics
@@ -132,17 +132,16 @@ def test_recipe_invariants(recipe):
     cfg = scaled(recipe)
     assert cfg.precision == "bf16" and cfg.micro_batch_size > 0  # what the shipped recipes train in
     model, head = model_for(cfg), value_head(cfg)
-    ro, rewards, gids = batch(cfg)
+    scored = batch(cfg)
+    ro = scored.rollout
     mask = ro.response_mask
-    a = recipe_step(cfg, model, ro, rewards, gids, value_head=head)
+    a = recipe_step(cfg, model, scored, value_head=head)
     assert_on_policy(a, mask, cfg)
     method = METHODS.get(cfg.method)
     assert torch.equal(a.keep, method.apply(a.stats, a.adv, mask, **cfg.method_overrides())[0])
-    b = recipe_step(
-        dataclasses.replace(cfg, micro_batch_size=OTHER_MICRO), model, ro, rewards, gids, value_head=head, given=a
-    )
+    b = recipe_step(dataclasses.replace(cfg, micro_batch_size=OTHER_MICRO), model, scored, value_head=head, given=a)
     assert_on_policy(b, mask, cfg)
-    c = recipe_step(dataclasses.replace(cfg, precision="fp32"), model, ro, rewards, gids, value_head=head, given=a)
+    c = recipe_step(dataclasses.replace(cfg, precision="fp32"), model, scored, value_head=head, given=a)
     assert_on_policy(c, mask, cfg)
     assert len(a.grads) == len(b.grads) == len(c.grads) == a.rules.optimizer_steps
     # KL-Cov's |log r| term has gradient sign(log r): at the non-stepping optimizer's unchanged weights, steps after
@@ -176,7 +175,7 @@ def test_statistics_against_float64(recipe, precision):
     bound of a float64 forward of the same weights, and that bound is not vacuous (float32 is far inside it)."""
     cfg = scaled(recipe, precision=precision)
     model, head = model_for(cfg), value_head(cfg)
-    ro, _, _ = batch(cfg, seed=1)
+    ro = batch(cfg, seed=1).rollout
     stats = behaviour_statistics(model, ro, cfg, head, reuse=False)[0]
     ref, logits = float64_reference(model, ro, cfg.temperature)
     bound = stats_tolerance(ref, logits, precision=precision, layers=2, width=64)
@@ -211,12 +210,13 @@ def f64_model(cfg):
     return _F64[key]
 
 
-def contribution_sizes(cfg, model, ro, rewards, gids) -> tuple[StepRecord, list[float]]:
+def contribution_sizes(cfg, model, scored) -> tuple[StepRecord, list[float]]:
     """The step's record and, per optimizer step, S = sum over tokens t of (8 + 4 |log p_t|) |c_t|, where
     |c_t| = |d L / d log p_t| |grad_theta log p_t| is the size of token t's contribution c_t to that step's gradient
     g = sum_t c_t and 8 + 4 |log p_t| its count of float32 roundings (the bound below). The coefficients
     are read from the update's own backward (a hook on each micro-batch's log p); the token gradients from a float64
     forward at the same weights (the recording optimizer never moves them), one backward per token."""
+    ro = scored.rollout
     coef = {}  # optimizer step -> (B, R) d L / d log p
 
     def observe(rows, st, old, i):
@@ -224,7 +224,7 @@ def contribution_sizes(cfg, model, ro, rewards, gids) -> tuple[StepRecord, list[
         if st.logp.requires_grad:
             st.logp.register_hook(lambda g: full.__setitem__((rows, slice(0, g.shape[1])), g.detach().double().cpu()))
 
-    rec = recipe_step(cfg, model, ro, rewards, gids, observe=observe)
+    rec = recipe_step(cfg, model, scored, observe=observe)
     params = [p for p in model.parameters() if p.requires_grad]
     with torch.enable_grad():
         live = policy_forward(model, ro, cfg.temperature)[0].logp  # (B, R) with its graph
@@ -278,11 +278,11 @@ def test_invariants_over_batch_shapes(per_mini_batch, group, response, micro, se
         device=DEVICE,
     )
     model = f64_model(cfg)
-    ro, rewards, gids = synthetic_batch(prompts, group, vocab=300, max_response=response, seed=seed, model=model)
-    mask = ro.response_mask
-    a = recipe_step(cfg, model, ro, rewards, gids)
+    scored = synthetic_batch(prompts, group, vocab=300, max_response=response, seed=seed, model=model)
+    mask = scored.rollout.response_mask
+    a = recipe_step(cfg, model, scored)
     assert_on_policy(a, mask, cfg)
-    whole, sizes = contribution_sizes(dataclasses.replace(cfg, micro_batch_size=0), model, ro, rewards, gids)
+    whole, sizes = contribution_sizes(dataclasses.replace(cfg, micro_batch_size=0), model, scored)
     assert torch.equal(a.keep, whole.keep)
     n = int(mask.sum())
     for ga, gw, size in zip(a.grads, whole.grads, sizes):  # size >= 8 sum_t |c_t|, so 2 N 2^-53 / 8 covers the sum
@@ -293,7 +293,7 @@ def test_a_per_micro_batch_filter_is_caught(monkeypatch):
     """Mutation check: a trainer whose step filtered each micro-batch on its own (verl #7829's KL-Cov selection)
     fails the whole-batch keep-mask check of test_invariants_over_batch_shapes on some of a few batch shapes. The
     mutation is made in the real step (the control's choose_tokens, which step.Step.decide calls)."""
-    from entropy_rft.control import EntropyControl
+    from entropy_rft.core.control import EntropyControl
 
     def per_micro_batch(self, method, stats, adv, mask, entropy_now):
         rows = passes(mask.shape[0], self.cfg.micro_batch_size)  # the update's micro-batches
@@ -317,9 +317,9 @@ def test_a_per_micro_batch_filter_is_caught(monkeypatch):
             device=DEVICE,
         )
         model = f64_model(cfg)
-        ro, rewards, gids = synthetic_batch(2, 4, vocab=300, max_response=6, seed=seed, model=model)
-        a = recipe_step(cfg, model, ro, rewards, gids)
-        whole = recipe_step(dataclasses.replace(cfg, micro_batch_size=0), model, ro, rewards, gids)
+        scored = synthetic_batch(2, 4, vocab=300, max_response=6, seed=seed, model=model)
+        a = recipe_step(cfg, model, scored)
+        whole = recipe_step(dataclasses.replace(cfg, micro_batch_size=0), model, scored)
         caught += not torch.equal(a.keep, whole.keep)
     assert caught
 
@@ -386,19 +386,19 @@ def test_loss_metrics_do_not_depend_on_the_micro_batch_size(agg, micro, seed, mi
         device=DEVICE,
     )
     model = f64_model(cfg)
-    ro, rewards, gids = synthetic_batch(prompts, 3, vocab=300, max_response=6, seed=seed, model=model)
+    scored = synthetic_batch(prompts, 3, vocab=300, max_response=6, seed=seed, model=model)
     head = ValueHead(32).to(DEVICE) if variant == "ppo" else None
     ref = f64_reference_model(cfg) if variant == "kl" else None
-    a = recipe_step(cfg, model, ro, rewards, gids, value_head=head, ref_model=ref)
+    a = recipe_step(cfg, model, scored, value_head=head, ref_model=ref)
     whole = recipe_step(
-        dataclasses.replace(cfg, micro_batch_size=0), model, ro, rewards, gids, value_head=head, ref_model=ref, given=a
+        dataclasses.replace(cfg, micro_batch_size=0), model, scored, value_head=head, ref_model=ref, given=a
     )
     keys = {k for k in a.metrics if k.startswith("loss/")}
     assert keys == {k for k in whole.metrics if k.startswith("loss/")} and "loss/total" in keys
     assert {"kl": "loss/kl", "bonus": "loss/entropy_bonus", "ppo": "loss/value", "entropic": "loss/entropic"}.get(
         variant, "loss/policy"
     ) in keys
-    n = int(ro.response_mask.sum())
+    n = int(scored.rollout.response_mask.sum())
     for k in keys:
         x, y = a.metrics[k], whole.metrics[k]
         assert abs(x - y) <= n * 2.0**-24 * (max(abs(x), abs(y)) + 1.0), (k, x, y)
@@ -420,17 +420,17 @@ def test_the_step_shapes_rewards_with_the_overlong_penalty():
     )
     assert cfg.overlong_buffer_frac > 0
     model = f64_model(cfg)
-    ro, rewards, gids = synthetic_batch(3, 4, vocab=300, max_response=8, seed=3, model=model)
-    rec = recipe_step(cfg, model, ro, rewards, gids)
+    scored = synthetic_batch(3, 4, vocab=300, max_response=8, seed=3, model=model)
+    rec = recipe_step(cfg, model, scored)
     buffer = round(cfg.overlong_buffer_frac * cfg.max_new_tokens)
     start = cfg.max_new_tokens - buffer
     penalty = [
         0.0 if n <= start else -cfg.overlong_penalty_factor * min(n - start, buffer) / buffer
-        for n in ro.response_mask.sum(-1).tolist()
+        for n in scored.rollout.response_mask.sum(-1).tolist()
     ]
     assert any(p < 0 for p in penalty)
-    shaped = rewards + torch.tensor(penalty)
-    want = ADVANTAGES.get(cfg.advantage)(shaped, gids)
+    shaped = scored.rewards + torch.tensor(penalty)
+    want = ADVANTAGES.get(cfg.advantage)(shaped, scored.group_ids)
     assert torch.allclose(rec.adv.double(), want.double(), rtol=0, atol=1e-6)
 
 
@@ -443,12 +443,12 @@ def test_rows_without_a_graph_keep_every_term_that_does_not_vanish():
         None, kl_coef=0.5, prompts_per_step=3, group_size=4, max_new_tokens=6, grad_clip=0.0, device=DEVICE
     )
     model, ref = f64_model(cfg), f64_reference_model(cfg)
-    ro, rewards, gids = synthetic_batch(3, 4, vocab=300, max_response=6, seed=5, model=model)
-    on = recipe_step(cfg, model, ro, rewards, gids, ref_model=ref)
-    off = recipe_step(dataclasses.replace(cfg, skip_zero_advantage=False), model, ro, rewards, gids, ref_model=ref)
+    scored = synthetic_batch(3, 4, vocab=300, max_response=6, seed=5, model=model)
+    on = recipe_step(cfg, model, scored, ref_model=ref)
+    off = recipe_step(dataclasses.replace(cfg, skip_zero_advantage=False), model, scored, ref_model=ref)
     assert bool((on.adv == 0).any())  # the first group: all rewards 1
-    tol = int(ro.response_mask.sum()) * 2.0**-24
+    tol = int(scored.rollout.response_mask.sum()) * 2.0**-24
     assert grad_distance(on.grads[0], off.grads[0]) <= tol * grad_norm(off.grads[0]) + 1e-12
     # the same batch without the KL term does freeze those rows (the rule is what decides)
-    plain = recipe_step(dataclasses.replace(cfg, kl_coef=0.0), model, ro, rewards, gids)
+    plain = recipe_step(dataclasses.replace(cfg, kl_coef=0.0), model, scored)
     assert plain.frozen is not None and on.frozen is None

@@ -1,5 +1,5 @@
 """A record that cannot contradict itself (issue 40), each case reproduced from the command line as a user meets it
-(subprocesses of `python -m entropy_rft.cli`, real files, real signals), in tests/test_records.py's style:
+(subprocesses of `python -m entropy_rft.commands.cli`, real files, real signals), in tests/test_records.py's style:
 
 1. resume trusts only what it can check: a metrics line cut off, or a samples file that does not read whole, is
    trained again from the checkpoint before it (or refused naming the file and line when there is none): never a
@@ -29,7 +29,7 @@ import pytest
 import torch
 from test_records import SITECUSTOMIZE, SMALL, cli, env, ok, one_line, snapshot
 
-from entropy_rft.masks import clip_b, clip_v
+from entropy_rft.core.masks import clip_b, clip_v
 
 HOOKS = (
     SITECUSTOMIZE
@@ -258,7 +258,7 @@ def test_an_overwrite_killed_while_the_old_record_is_aside_resumes_the_old_run(t
         [
             sys.executable,
             "-m",
-            "entropy_rft.cli",
+            "entropy_rft.commands.cli",
             "train",
             "--out",
             "r",
@@ -327,8 +327,9 @@ def test_the_python_api_checks_the_digest_not_the_edited_file(tmp_path):
     import yaml
 
     from entropy_rft.config import load_config
-    from entropy_rft.record import write_digest
-    from entropy_rft.rundir import RunDirError, claim
+    from entropy_rft.run.checkpoint import RunDirError
+    from entropy_rft.run.record import write_digest
+    from entropy_rft.run.rundir import claim
 
     run = tmp_path / "r"
     cfg = load_config(None, out=str(run), progress=False, group_size=4, steps=3)

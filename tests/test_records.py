@@ -1,5 +1,6 @@
 """No command loses a run's record, and every bad input or damaged file gets one clear line (issue 34), each case
-reproduced from the command line as a new user meets it (subprocesses of `python -m entropy_rft.cli`, real signals
+reproduced from the command line as a new user meets it (subprocesses of `python -m entropy_rft.commands.cli`, real
+signals
 where a signal is involved):
 
 - eval, report, inspect, compare, sweep, filter, demo, theory, pretrain-toy and train --dry-run never write over a
@@ -32,14 +33,14 @@ import pytest
 import torch
 import yaml
 
+import entropy_rft.commands.pipeline as pipeline
+import entropy_rft.commands.theory as theory
 import entropy_rft.config as config
-import entropy_rft.pipeline as pipeline
 import entropy_rft.policy as policy
-import entropy_rft.theory as theory
 import entropy_rft.toy as toy
 import entropy_rft.trainer as trainer
-from entropy_rft.cli import main
-from entropy_rft.rundir import RunLock, claim, record_entries
+from entropy_rft.commands.cli import main
+from entropy_rft.run.rundir import RunLock, claim, record_entries
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = ["--set", "prompts_per_step=4", "group_size=4", "eval_problems=4", "eval_k=2", "lr=1e-4", "progress=false"]
@@ -73,7 +74,7 @@ def env(hooks: Path | None = None, **extra) -> dict:
 
 def cli(args, cwd: Path, *, hooks: Path | None = None, timeout: float = 240, **extra) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "entropy_rft.cli", *map(str, args)],
+        [sys.executable, "-m", "entropy_rft.commands.cli", *map(str, args)],
         cwd=cwd,
         env=env(hooks, **extra),
         capture_output=True,
@@ -161,7 +162,7 @@ def _stop_when_started(
 ) -> subprocess.CompletedProcess:
     """Start the CLI, wait until the run has started (its config.yaml says `steps`), then send it `sig`."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "entropy_rft.cli", *map(str, cmd)],
+        [sys.executable, "-m", "entropy_rft.commands.cli", *map(str, cmd)],
         cwd=cwd,
         env=env(),
         stdout=subprocess.PIPE,
@@ -391,7 +392,7 @@ def test_eval_infers_each_data_entrys_task(tmp_path):
 def test_runs_started_in_the_same_second_get_two_directories(hooks, tmp_path):
     """Item 10: two `train` runs without --out, started at once with the clock frozen at one second, both finish,
     in runs/grpo-20260101-000000 and runs/grpo-20260101-000000-2."""
-    args = [sys.executable, "-m", "entropy_rft.cli", "train", "--steps", "1", *SMALL]
+    args = [sys.executable, "-m", "entropy_rft.commands.cli", "train", "--steps", "1", *SMALL]
     procs = [
         subprocess.Popen(
             args,
@@ -470,11 +471,11 @@ def test_set_reaches_eval_theory_filter_and_pretrain_toy(tmp_path, monkeypatch, 
     one_line(cli(["filter", "--model", "m", "--set", "engine=sglang"], tmp_path), "engine=sglang", "hf or vllm")
     one_line(cli(["pretrain-toy", "--set", "seed=-1"], tmp_path), "seed", "must be >= 0")
     seen = {}
-    monkeypatch.setattr(pipeline, "evaluate_to_dir", lambda **kw: seen.update(kw) or _work())
+    monkeypatch.setattr(pipeline, "evaluate_to_dir", lambda request, **kw: seen.update(kw, request=request) or _work())
     monkeypatch.chdir(tmp_path)
     with pytest.raises(Work):
         main(["eval", "--set", "eval_k=4", "seed=7", "eval_temperature=1.0", "--eval-k", "2"])
-    assert (seen["temperature"], seen["seed"], seen["specs"]) == (1.0, 7, [("countdown", 2)])
+    assert (seen["request"].temperature, seen["request"].seed, seen["specs"]) == (1.0, 7, [("countdown", 2)])
 
 
 def test_messages_say_what_is_wrong(trained, tmp_path):
@@ -524,9 +525,9 @@ def test_python_api_refuses_what_it_cannot_compute(tmp_path):
     ZeroDivisionError, or inf in the loss); TrainConfig(out=5) is refused naming out."""
     code = """
 import math, torch
-from entropy_rft.dynamics import token_stats, corollary4_entropy_change
-from entropy_rft.masks import clipped_fractions
-from entropy_rft.losses import aggregate
+from entropy_rft.core.dynamics import token_stats, corollary4_entropy_change
+from entropy_rft.core.masks import clipped_fractions
+from entropy_rft.core.losses import aggregate
 from entropy_rft.config import TrainConfig
 def err(f):
     try:

@@ -5,10 +5,10 @@ import json
 import numpy as np
 import pytest
 
-from entropy_rft.cli import main
+from entropy_rft.commands.cli import main
+from entropy_rft.commands.report import build_report, correlation, prediction_summary, sign_base_rate
 from entropy_rft.config import load_config
 from entropy_rft.logging import read_metrics
-from entropy_rft.report import build_report, correlation, prediction_summary, sign_base_rate
 from entropy_rft.trainer import train
 
 

@@ -17,8 +17,7 @@ from entropy_rft.config import load_config
 from entropy_rft.logging import MetricLogger, read_metrics
 from entropy_rft.policy import load_policy
 from entropy_rft.problems import ProblemSampler
-from entropy_rft.record import find_checkpoint
-from entropy_rft.runstate import save_checkpoint
+from entropy_rft.run.checkpoint import find_checkpoint, save_checkpoint
 from entropy_rft.trainer import train
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -100,7 +99,7 @@ def test_metrics_are_cut_back_to_the_resumed_step(tmp_path):
 
 def _cli(out: Path, *extra: str) -> list[str]:
     sets = [f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in {**SETTINGS, "out": out}.items()]
-    return [sys.executable, "-m", "entropy_rft.cli", "train", *extra, "--set", *sets]
+    return [sys.executable, "-m", "entropy_rft.commands.cli", "train", *extra, "--set", *sets]
 
 
 def _steps(out: Path) -> list[int]:
@@ -133,7 +132,7 @@ def test_sigterm_saves_where_the_run_stands_and_resume_matches_an_uninterrupted_
     checkpoint-3 and exits naming --resume. `entropy-rft train --out DIR --resume` (no recipe: the run's own settings
     come back from its config.yaml) finishes it: each step logged once, and final weights, mu and rewards equal the
     uninterrupted run's. keep_checkpoints=2 leaves the newest two, as in the uninterrupted run."""
-    from entropy_rft.cli import main
+    from entropy_rft.commands.cli import main
     from entropy_rft.logging import JsonlSink
 
     real_log = JsonlSink.log

@@ -114,7 +114,7 @@ def test_sampler_logp_is_the_policy_at_every_step():
     """Each sampled token's sampler log-prob equals log softmax(z / T) of a full forward over the whole sequence:
     the prefix cache shared across a group, the rows dropped as they finish and the position ids reproduce the
     policy exactly (left-padded prompts of different lengths, T = 0.7, two EOS ids)."""
-    from entropy_rft.dynamics import token_stats
+    from entropy_rft.core.dynamics import token_stats
     from entropy_rft.rollout.hf import sequence_forward
 
     model = _tiny_lm()
@@ -222,9 +222,9 @@ def test_synthetic_batches_draw_on_the_models_device(monkeypatch):
         created.append(kwargs.get("device", args[0] if args else None))
         return real(*args, **kwargs)
 
-    def fake_sample(model, ids, mask, *, n, generator, max_new_tokens, **kw):
+    def fake_sample(model, ids, mask, sampling, *, generator, **kw):
         received.append(generator)
-        return torch.zeros(ids.shape[0] * n, max_new_tokens, dtype=torch.long), None
+        return torch.zeros(ids.shape[0] * sampling.n, sampling.max_new_tokens, dtype=torch.long), None
 
     cfg = load_config(None)
     model = invariants.scaled_model(

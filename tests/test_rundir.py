@@ -1,4 +1,4 @@
-"""A run directory is one run's record (entropy_rft/rundir.py): one process at a time, no run over another's record
+"""A run directory is one run's record (entropy_rft/run/rundir.py): one process at a time, no run over another's record
 without --resume or --overwrite, a start that fails leaves the old record as it was, resume exact or refused,
 checkpoint retention, and the stop signals."""
 
@@ -16,10 +16,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from entropy_rft.config import load_config, setting_differences, settings_key
-from entropy_rft.record import RunDirError, find_checkpoint
-from entropy_rft.rundir import RunLock, claim, new_run_dir, record_entries
-from entropy_rft.runstate import prune_checkpoints
-from entropy_rft.stops import Interrupted, stop_signals_interrupt
+from entropy_rft.run.checkpoint import RunDirError, checkpoint_dirs, find_checkpoint, prune_checkpoints, step_of
+from entropy_rft.run.rundir import RunLock, claim, new_run_dir, record_entries
+from entropy_rft.run.stops import Interrupted, stop_signals_interrupt
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -33,7 +32,7 @@ def fake_record(run_dir: Path, cfg, steps=(2,), metrics=3) -> dict:
     {name: bytes}."""
     import yaml
 
-    from entropy_rft.record import write_digest
+    from entropy_rft.run.record import write_digest
 
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
@@ -75,7 +74,7 @@ def test_a_sigkilled_holder_leaves_no_stale_lock(tmp_path):
     """A process holding the lock and killed with SIGKILL (no clean-up runs) releases it: the OS drops the flock
     with the process, so the next run takes the directory without any manual step."""
     code = (
-        "import sys, time; from entropy_rft.rundir import RunLock; RunLock(sys.argv[1]).acquire(); "
+        "import sys, time; from entropy_rft.run.rundir import RunLock; RunLock(sys.argv[1]).acquire(); "
         "print('held', flush=True); time.sleep(60)"
     )
     proc = subprocess.Popen(
@@ -287,7 +286,7 @@ def test_prune_keeps_the_newest_n_the_final_and_the_latest(tmp_path_factory, ste
     (run / "latest_checkpoint").write_text(f"checkpoint-{latest}")
     prune_checkpoints(run, keep, final)
     expected = set(steps) if keep == 0 else set(sorted(steps)[-keep:]) | ({final} & steps) | {latest}
-    assert {int(p.name[11:]) for p in run.glob("checkpoint-*")} == expected
+    assert {step_of(p) for p in checkpoint_dirs(run, complete=False)} == expected
     assert not list(run.glob(".deleting-*"))
     assert find_checkpoint(run) == run / f"checkpoint-{latest}"
 

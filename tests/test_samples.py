@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from entropy_rft import samples
-from entropy_rft.dynamics import TokenStats, batch_mean_entropy_change, corollary4_entropy_change
+from entropy_rft.core.dynamics import TokenStats, batch_mean_entropy_change, corollary4_entropy_change
 
 
 class ListTokenizer:
@@ -76,7 +76,9 @@ def test_terms_equal_a_float64_loop_and_sum_to_eq23(token_level):
     digits, so each term is within 1e-6 of the loop relative to its size, and sums within 1e-6 of sum |term|."""
     batch = random_batch(token_level=token_level)
     step = 1e-3 / 37.0
-    rec = samples.build_record(step=4, tokenizer=ListTokenizer("abcde"), step_size=step, groups=0, **batch)
+    rec = samples.build_record(
+        samples.SampleBatch(tokenizer=ListTokenizer("abcde"), step_size=step, **batch), step=4, groups=0
+    )
     stats, adv, keep, mask = batch["stats"], batch["advantages"], batch["keep"], batch["response_mask"]
     loss_mask = mask & keep
     n = int(loss_mask.sum())
@@ -115,7 +117,9 @@ def test_per_row_step_sizes_and_would_be_terms():
     batch = random_batch(seed=1)
     rows = batch["rewards"].numel()
     step = torch.linspace(1e-4, 5e-4, rows, dtype=torch.float64)
-    rec = samples.build_record(step=1, tokenizer=ListTokenizer("abcde"), step_size=step, groups=0, **batch)
+    rec = samples.build_record(
+        samples.SampleBatch(tokenizer=ListTokenizer("abcde"), step_size=step, **batch), step=1, groups=0
+    )
     n = rec["entropy_change"]["tokens_in_mean"]
     sc = batch["stats"].s_centered
     # Corollary 4 with a step per row: -E_T[step A (S_c - E_T[S_c])], by a loop over the kept tokens
@@ -143,8 +147,12 @@ def test_top_lists_are_the_extreme_terms_of_the_whole_batch():
     """`raise` holds the k largest positive terms of the batch in order, `lower` the k most negative, `removed` the
     clipped tokens with the largest |would-be term|: brute force over every (row, position)."""
     batch = random_batch(groups=4, width=8, seed=2)
-    rec = samples.build_record(step=1, tokenizer=ListTokenizer("abcde"), step_size=1e-2, groups=1, **batch)
-    full = samples.build_record(step=1, tokenizer=ListTokenizer("abcde"), step_size=1e-2, groups=0, **batch)
+    rec = samples.build_record(
+        samples.SampleBatch(tokenizer=ListTokenizer("abcde"), step_size=1e-2, **batch), step=1, groups=1
+    )
+    full = samples.build_record(
+        samples.SampleBatch(tokenizer=ListTokenizer("abcde"), step_size=1e-2, **batch), step=1, groups=0
+    )
     terms = [
         (r["term"][t], r["row"], t, r["kept"][t], -r["term_scale"] * r["advantage"] * r["s_centered"][t])
         for g in full["groups"]
@@ -188,13 +196,11 @@ def test_files_stay_under_the_size_bound():
     batch["rewards"] = torch.arange(groups * g, dtype=torch.float32)
     tok = ListTokenizer(["\x01" * 5000] * 5)
     rec = samples.build_record(
+        samples.SampleBatch(tokenizer=tok, step_size=-1.234567e-300, **batch),
         step=1,
-        tokenizer=tok,
-        step_size=-1.234567e-300,
         groups=groups,
         max_tokens=width,
         info={"method": "s_sign:retain:pos_s:neg_samples"},
-        **batch,
     )
     size = len(json.dumps(rec, ensure_ascii=False, separators=(",", ":")).encode())
     bound = samples.size_bound(groups, g, width)
@@ -209,7 +215,9 @@ def test_write_is_atomic_and_resume_cuts_later_steps(tmp_path):
     for step in (1, 2, 3, 10):
         samples.write_record(
             tmp_path,
-            samples.build_record(step=step, tokenizer=ListTokenizer("abcde"), step_size=1e-3, groups=2, **batch),
+            samples.build_record(
+                samples.SampleBatch(tokenizer=ListTokenizer("abcde"), step_size=1e-3, **batch), step=step, groups=2
+            ),
         )
     folder = tmp_path / "samples"
     assert sorted(p.name for p in folder.iterdir()) == [samples.file_name(s) for s in (1, 2, 3, 10)]
@@ -234,40 +242,21 @@ def test_numbers_are_rounded_and_finite():
     assert samples._num(float("nan")) is None
 
 
-def test_write_step_writes_due_steps_with_clean_metrics(tmp_path):
-    """write_step writes only due steps (step 1, every 10th, the last), with the step's METRIC_KEYS only, a NaN
-    metric as null (a JSON file cannot hold NaN, and a run must not stop on it), and the step size it is given."""
-    from entropy_rft.rollout import Rollout
-
-    b = random_batch()
-    rollout = Rollout(
-        b["prompt_ids"],
-        b["prompt_mask"],
-        b["response_ids"],
-        b["response_mask"],
-        b["finished"],
-        [""] * len(b["rewards"]),
-    )
+def test_write_step_writes_the_record_with_clean_metrics_and_marks(tmp_path):
+    """write_step writes the step's record with the host's info, the step's METRIC_KEYS only, a NaN metric as null (a
+    JSON file cannot hold NaN, and a run must not stop on it), the step size it is given, and each mark (listed in
+    `marks`, a 0/1 flag per written token from its row of the mask)."""
+    batch = samples.SampleBatch(tokenizer=ListTokenizer("abcde"), step_size=1e-3 / 50.0, **random_batch())
     metrics = {"entropy": 0.5, "entropy_change/realised": float("nan"), "loss/policy": 1.0}
-    kw = dict(
-        every=10,
-        groups=2,
-        last=25,
-        rollout=rollout,
-        tokenizer=ListTokenizer("abcde"),
-        stats=b["stats"],
-        advantages=b["advantages"],
-        keep=b["keep"],
-        rewards=b["rewards"],
-        group_size=b["group_size"],
-        lr=1e-3,
-        step_size=1e-3 / 50.0,
-        loss_agg="token-mean",
-        method="clip_b",
-        metrics=metrics,
-    )
-    written = [s for s in range(1, 26) if samples.write_step(tmp_path, s, **kw) is not None]
-    assert written == [1, 10, 20, 25] == samples.steps_written(tmp_path)
-    rec = samples.read_samples(tmp_path)[25]
+    marked = torch.zeros_like(batch.keep)
+    marked[:, 0] = True
+    info = {"source": "trainer", "method": "clip_b", "lr": 1e-3, "loss_agg": "token-mean"}
+    for step in (1, 10):
+        samples.write_step(tmp_path, step, batch, groups=2, info=info, metrics=metrics, marks=[("m", marked, "x")])
+    assert samples.steps_written(tmp_path) == [1, 10]
+    rec = samples.read_samples(tmp_path)[10]
     assert rec["metrics"] == {"entropy": 0.5, "entropy_change/realised": None}
     assert rec["entropy_change"]["step_size"] == pytest.approx(1e-3 / 50.0) and rec["method"] == "clip_b"
+    assert list(rec)[:7] == ["format", "version", "step", "source", "method", "lr", "loss_agg"]
+    assert rec["marks"] == [{"key": "m", "label": "x"}]
+    assert all(r["m"] == [1] + [0] * (len(r["text"]) - 1) for g in rec["groups"] for r in g["responses"])

@@ -2,7 +2,7 @@
 
 - a stop between two optimizer steps of one update (mini_batches 2) waits for the step's metrics line, then saves
   the step as done (rundir.StopSignals);
-- a stop during a mid-run evaluation leaves the step pending in the checkpoint (runstate.py), and resume evaluates
+- a stop during a mid-run evaluation leaves the step pending in the checkpoint (checkpoint.py), and resume evaluates
   and logs it;
 - a real SIGTERM to a `train` subprocess, whenever it lands.
 Each ends with final weights bit-identical to the uninterrupted run's, every step logged once, every evaluation
@@ -20,7 +20,7 @@ import torch
 
 from entropy_rft.config import load_config
 from entropy_rft.logging import read_metrics
-from entropy_rft.record import find_checkpoint
+from entropy_rft.run.checkpoint import find_checkpoint
 from entropy_rft.trainer import train
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -137,7 +137,7 @@ def test_a_real_sigterm_to_a_train_process_resumes_to_the_same_run(tmp_path, who
     sets = [
         f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in {**SETTINGS, "out": tmp_path / "r"}.items()
     ]
-    cmd = [sys.executable, "-m", "entropy_rft.cli", "train", "--set", *sets]
+    cmd = [sys.executable, "-m", "entropy_rft.commands.cli", "train", "--set", *sets]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     run = tmp_path / "r"
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)

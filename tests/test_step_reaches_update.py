@@ -17,10 +17,11 @@ import math
 import pytest
 import torch
 
-from entropy_rft.advantages import ADVANTAGES, TokenLevel
 from entropy_rft.config import load_config
+from entropy_rft.core.advantages import ADVANTAGES, TokenLevel
+from entropy_rft.core.losses import Aggregation
+from entropy_rft.core.methods import METHODS, POLICY_LOSSES
 from entropy_rft.invariants import scaled_model, synthetic_batch
-from entropy_rft.methods import METHODS, POLICY_LOSSES
 from entropy_rft.policy import ValueHead
 from entropy_rft.problems import Scored
 from entropy_rft.step import Step, compute_advantages, shaped_rewards
@@ -147,12 +148,11 @@ def run_step(seed: int = 0, *, lr: float = 0.0, ref: bool = False, **settings) -
     runner = Step(
         cfg, model, optimizer, value_head=head, ref_model=ref_model, update_gen=torch.Generator().manual_seed(seed)
     )
-    ro, rewards, gids = synthetic_batch(PROMPTS, GROUP, vocab=300, max_response=RESPONSE, seed=seed, model=model)
-    batch = Scored([None] * PROMPTS, ro, rewards, rewards > 0)
+    batch = synthetic_batch(PROMPTS, GROUP, vocab=300, max_response=RESPONSE, seed=seed, model=model)
     behaviour = runner.statistics(batch, 0)
     decision = runner.decide(batch, behaviour)
     capture = Capture(optimizer)
-    runner.update(ro, decision, held=behaviour.held, observe=capture)
+    runner.update(batch.rollout, decision, held=behaviour.held, observe=capture)
     return Ran(cfg, runner, batch, behaviour, decision, capture, values)
 
 
@@ -178,22 +178,18 @@ def policy_grad(cfg, logp, old, adv, loss_mask, count_mask, selected=None, entro
     in its own aggregation where it has one (verl's SAPO and GMPO); a loss that reads entropies (ERC) gets them."""
     spec = POLICY_LOSSES.get(cfg.policy_loss)
     x = logp.clone().double().requires_grad_(True)
-    extra = {"selected": selected} if selected is not None else {}
-    if spec.entropy:
-        extra.update(entropy=entropy.double(), old_entropy=old_entropy.double())
     n_tokens = count_mask.sum().clamp_min(1).double()
     n_seqs = (count_mask.sum(-1) > 0).sum().clamp_min(1).double()
-    loss, _ = spec.fn(
+    loss, _ = spec.loss(
         x,
         old.double(),
         adv.double(),
         loss_mask,
-        agg=spec.agg or cfg.loss_agg,
-        num_tokens=n_tokens,
-        num_seqs=n_seqs,
-        norm=cfg.max_new_tokens,
-        **spec.kwargs(cfg),
-        **extra,
+        cfg,
+        agg=Aggregation(spec.agg or cfg.loss_agg, n_tokens, n_seqs, norm=cfg.max_new_tokens),
+        selected=selected,
+        entropy=None if entropy is None else entropy.double(),
+        old_entropy=None if old_entropy is None else old_entropy.double(),
     )
     loss.backward()
     return x.grad

@@ -7,9 +7,17 @@ import math
 import pytest
 import torch
 
-from entropy_rft import losses as losses_mod
-from entropy_rft.dynamics import batch_covariance, batch_mean_entropy_change, corollary4_entropy_change
-from entropy_rft.losses import AGG_MODES, gspo_loss, ppo_clip_loss, sequence_ratio, step_sizes, token_weights
+from entropy_rft.core import losses as losses_mod
+from entropy_rft.core.dynamics import batch_covariance, batch_mean_entropy_change, corollary4_entropy_change
+from entropy_rft.core.losses import (
+    AGG_MODES,
+    Aggregation,
+    gspo_loss,
+    ppo_clip_loss,
+    sequence_ratio,
+    step_sizes,
+    token_weights,
+)
 
 # two responses: three valid tokens, and one valid token then padding
 MASK = torch.tensor([[True, True, True], [True, False, False]])
@@ -59,10 +67,12 @@ def test_step_sizes_are_the_losses_gradients(mode, loss):
     adv = torch.randn(5, generator=gen)
     counts = dict(num_tokens=float(mask.sum()) + 3, num_seqs=6.0, norm=9.0)  # global counts of a larger batch
     if loss == "ppo":
-        value, _ = ppo_clip_loss(logp, old, adv, mask, eps_low=0.9, eps_high=9.0, dual_clip_c=None, agg=mode, **counts)
+        value, _ = ppo_clip_loss(
+            logp, old, adv, mask, eps_low=0.9, eps_high=9.0, dual_clip_c=None, agg=Aggregation(mode, **counts)
+        )
         ratio = (logp.detach() - old).exp()
     else:
-        value, _ = gspo_loss(logp, old, adv, mask, eps_low=0.9, eps_high=9.0, agg=mode, **counts)
+        value, _ = gspo_loss(logp, old, adv, mask, eps_low=0.9, eps_high=9.0, agg=Aggregation(mode, **counts))
         ratio = sequence_ratio(logp.detach(), old, mask)
     (grad,) = torch.autograd.grad(value, logp)
     step = step_sizes(mask, mode, lr=0.1, ratio=ratio, **counts)
@@ -94,7 +104,7 @@ ONE = torch.tensor([[True, True, True]])
 
 def _factor(name, logp, old, adv, **extra):
     from entropy_rft.config import TrainConfig
-    from entropy_rft.methods import POLICY_LOSSES
+    from entropy_rft.core.methods import POLICY_LOSSES
 
     return POLICY_LOSSES.get(name).factor(logp, old, ONE, TrainConfig(), advantages=adv, **extra)
 
@@ -163,7 +173,7 @@ def test_engine_losses_step_sizes_are_their_gradients(name):
     with step = step_sizes(mask, agg, ratio=the loss's factor), the real loss under autograd in float64: log-ratios
     spread enough that clips, trust regions, truncation and ERC's band all act, advantages of both signs and zero."""
     from entropy_rft.config import TrainConfig
-    from entropy_rft.methods import POLICY_LOSSES
+    from entropy_rft.core.methods import POLICY_LOSSES
 
     spec, cfg = POLICY_LOSSES.get(name), TrainConfig()
     gen = torch.Generator().manual_seed(0)
@@ -175,10 +185,9 @@ def test_engine_losses_step_sizes_are_their_gradients(name):
     adv[2] = 0.0
     h = torch.rand(6, 7, generator=gen, dtype=torch.float64) + 0.5
     extra = {"entropy": h, "old_entropy": h * (1 + 0.1 * torch.randn(6, 7, generator=gen, dtype=torch.float64))}
-    extra = extra if spec.entropy else {}
     for mode in [spec.agg] if spec.agg else AGG_MODES:
         counts = dict(num_tokens=float(mask.sum()) + 3, num_seqs=7.0, norm=9.0)
-        value, _ = spec.fn(logp, old, adv, mask, agg=mode, **counts, **spec.kwargs(cfg), **extra)
+        value, _ = spec.loss(logp, old, adv, mask, cfg, agg=Aggregation(mode, **counts), **extra)
         (grad,) = torch.autograd.grad(value, logp)
         factor = spec.factor(logp.detach(), old, mask, cfg, advantages=adv, **extra)
         kept = factor[mask]

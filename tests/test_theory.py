@@ -1,9 +1,10 @@
-"""`entropy_rft.theory`: the tabular checks are exact to first order; the model checks run and agree in sign."""
+"""`entropy_rft.commands.theory`: the tabular checks are exact to first order; the model checks run and agree in
+sign."""
 
 import pytest
 import torch
 
-from entropy_rft.theory import format_table, model_checks, tabular_checks
+from entropy_rft.commands.theory import Probe, format_table, model_checks, tabular_checks
 
 
 def by_name(rows):
@@ -49,7 +50,7 @@ def test_token_mean_loss_needs_the_one_over_T_B():
     """Logit space, each token owning its logits: one SGD step of size eta on the token-mean loss
     -(1/N) sum_t A_t log p_k,t changes the batch's mean entropy by -eta/N E_B[A S_c] (eq. 23 with the token mean's
     1/|T_B|, dynamics departure 3), to first order; eq. 7-8's per-token form is N times too large."""
-    from entropy_rft.dynamics import batch_mean_entropy_change, corollary4_entropy_change
+    from entropy_rft.core.dynamics import batch_mean_entropy_change, corollary4_entropy_change
 
     def entropy(z):  # float64, written out
         lp = z.log_softmax(-1)
@@ -91,9 +92,8 @@ def test_model_checks_on_the_shipped_policy():
     model, tok = load_policy("countdown-tiny", torch.device("cpu"))
     before = [p.detach().clone() for p in model.parameters()]
     task = CountdownTask()
-    rows = model_checks(
-        model, tok, task, load_problems(default_data(TrainConfig(), "train"), task), n_tokens=16, n_batches=6
-    )
+    probe = Probe(model, tok, task, load_problems(default_data(TrainConfig(), "train"), task))
+    rows = model_checks(probe, n_tokens=16, n_batches=6)
     rows_by = {r["check"]: r for r in rows}
     assert rows[0]["n"] == 16 and rows[0]["sign_agreement"] > 0.6
     first = rows_by["model: GRPO step, first order through the network"]

@@ -155,11 +155,11 @@ def test_micro_batches_give_the_same_update():
     model = load_policy("countdown-tiny", torch.device("cpu"), trainable=True)[0].double()
     for mini_batches in (1, 2):
         cfg = load_config(None, prompts_per_step=4, group_size=4, mini_batches=mini_batches, grad_clip=0.0)
-        ro, rewards, gids = synthetic_batch(4, 4, vocab=model.config.vocab_size, max_response=8, model=model, seed=3)
-        whole = recipe_step(cfg, model, ro, rewards, gids)
-        micro = recipe_step(dataclasses.replace(cfg, micro_batch_size=3), model, ro, rewards, gids)
+        scored = synthetic_batch(4, 4, vocab=model.config.vocab_size, max_response=8, model=model, seed=3)
+        whole = recipe_step(cfg, model, scored)
+        micro = recipe_step(dataclasses.replace(cfg, micro_batch_size=3), model, scored)
         assert len(whole.grads) == len(micro.grads) == mini_batches
-        tol = int(ro.response_mask.sum()) * 2.0**-24
+        tol = int(scored.rollout.response_mask.sum()) * 2.0**-24
         for a, b in zip(whole.grads, micro.grads):
             assert grad_distance(a, b) <= tol * grad_norm(a) and grad_norm(a) > 0
 
@@ -199,7 +199,7 @@ def test_off_policy_epochs_use_true_ratios(tmp_path):
 @pytest.mark.slow
 def test_demo_writes_summary_report_and_plots(tmp_path):
     """`entropy-rft demo` writes summary.json in the documented schema, report.md and PNG plots."""
-    from entropy_rft.cli import main
+    from entropy_rft.commands.cli import main
 
     main(["demo", "--out", str(tmp_path), "--steps", "2", "--quiet"])
     s = json.loads((tmp_path / "summary.json").read_text())
@@ -217,7 +217,7 @@ def test_demo_writes_summary_report_and_plots(tmp_path):
 
 
 def test_cli_reports_bad_model_path(tmp_path, capsys):
-    from entropy_rft.cli import main
+    from entropy_rft.commands.cli import main
 
     with pytest.raises(SystemExit) as exc:
         main(["train", "--model", str(tmp_path / "missing"), "--out", str(tmp_path / "o"), "--steps", "1"])
@@ -237,7 +237,7 @@ def test_kl_and_entropy_bonus_terms_run(tmp_path):
 
 def test_eval_cli(tmp_path, capsys):
     """`entropy-rft eval` with no --data evaluates the shipped policy on the shipped countdown split."""
-    from entropy_rft.cli import main
+    from entropy_rft.commands.cli import main
 
     main(["eval", "--k", "2", "--n", "4", "--limit", "20", "--out", str(tmp_path)])
     assert "countdown Avg@2" in capsys.readouterr().out

@@ -24,8 +24,8 @@ from verl import DataProto  # noqa: E402
 from verl.utils import tensordict_utils as tu  # noqa: E402
 from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead  # noqa: E402
 
-from entropy_rft import masks  # noqa: E402
-from entropy_rft.dynamics import token_stats  # noqa: E402
+from entropy_rft.core import masks  # noqa: E402
+from entropy_rft.core.dynamics import token_stats  # noqa: E402
 
 ADV_PATH = "entropy_rft.integrations.trinity.EntropyAdvantageFn"
 LOSS_PATH = "entropy_rft.integrations.trinity.GlobalTokenMeanPPO"
@@ -388,7 +388,7 @@ def engine_gradient(policy_loss_fn: str, micro_batch_size: int) -> torch.Tensor:
 def whole_batch_token_mean_gradient(micro_batches: int = 1) -> torch.Tensor:
     """The reference: PPO's token mean over the kept tokens of the whole batch (micro_batches=1), or the sum of
     per-micro-batch token means (what Trinity 0.6.0 computes), written directly from the padded batch."""
-    from entropy_rft.losses import ppo_clip_loss
+    from entropy_rft.core.losses import ppo_clip_loss
 
     table = torch.randn(VOCAB, VOCAB, generator=torch.Generator().manual_seed(4)).requires_grad_()
     batch = loss_batch(table.detach())
@@ -614,7 +614,7 @@ def run_train_step(trainer):
 def step_keep(batch, sequences, env, method, options, *, written_back=True):
     """The filter over the whole batch, from the statistics Trinity's recompute stored (checked against
     token_stats of each sequence alone) and the batch's advantages: masks.* called directly."""
-    from entropy_rft.methods import METHODS
+    from entropy_rft.core.methods import METHODS
 
     valid = batch[trinity_adapter.VALID_KEY].bool()
     lp, h = batch["old_log_probs"].float(), batch["entropys"].float()

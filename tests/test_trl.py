@@ -15,10 +15,10 @@ pytest.importorskip("trl")
 from datasets import Dataset
 from trl import GRPOConfig, GRPOTrainer
 
-from entropy_rft.dynamics import TokenStats
+from entropy_rft.core.dynamics import TokenStats
+from entropy_rft.core.methods import METHODS
 from entropy_rft.forward import policy_stats
 from entropy_rft.integrations.trl import EntropyGRPOTrainer, rollout_of
-from entropy_rft.methods import METHODS
 from entropy_rft.policy import STAND_IN, resolve_model_path
 
 
@@ -340,7 +340,7 @@ def test_monitor_metrics_against_the_captured_batch(tmp_path):
     and their eq. 23 shares -sum step A S_c / n over the tokens each drops (none, at the default mu, on this batch:
     tests/test_watch.py checks batches where they drop tokens). Tolerances: rel 1e-4 for numbers
     computed in float32 from statistics of another forward pass of the same weights (they agree to about 1e-6)."""
-    from entropy_rft import masks
+    from entropy_rft.core import masks
     from entropy_rft.integrations.trl_countdown import countdown_trainer
 
     trainer = countdown_trainer(tmp_path / "out", method="none", steps=1, cls=Capturing)
@@ -443,7 +443,11 @@ def test_monitor_writes_what_inspect_and_report_read(tmp_path):
     root = Path(__file__).parents[1]
     for cmd in (["inspect", str(run)], ["report", str(run), "--out", str(tmp_path / "report")]):
         done = subprocess.run(
-            [sys.executable, "-m", "entropy_rft.cli", *cmd], capture_output=True, text=True, cwd=root, timeout=300
+            [sys.executable, "-m", "entropy_rft.commands.cli", *cmd],
+            capture_output=True,
+            text=True,
+            cwd=root,
+            timeout=300,
         )
         assert done.returncode == 0, done.stderr[-2000:]
     assert (run / "inspect.html").stat().st_size > 0 and (tmp_path / "report" / "report.md").exists()
@@ -530,7 +534,8 @@ def test_inspect_page_of_a_monitored_run_in_chromium(tmp_path):
     from cdp import Browser, find_chromium
     from test_inspect import _check_details, _check_dom, _tab_to_token, _token_places
 
-    from entropy_rft import inspect_page, samples
+    from entropy_rft import samples
+    from entropy_rft.commands import inspect_page
     from entropy_rft.integrations.trl_countdown import countdown_trainer
 
     if find_chromium() is None:
@@ -623,7 +628,7 @@ def test_probe_first_order_predicts_the_realised_change(tmp_path):
     lines = read_metrics(tmp_path / "out")
     assert [(m["entropy_change/first_order"], m["entropy_change/realised"]) for m in lines] == pairs
     # `entropy-rft report` on it: what was watched, the would-clip metrics, the probe's figures, no clip column
-    from entropy_rft.report import build_report
+    from entropy_rft.commands.report import build_report
 
     text = build_report([tmp_path / "out"], tmp_path / "report").read_text()
     table = text[text.index("| run | engine") :].split("\n")

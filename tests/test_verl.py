@@ -68,7 +68,9 @@ from verl.workers.utils.losses import ppo_loss  # noqa: E402
 from verl.workers.utils.padding import response_from_nested  # noqa: E402
 
 import entropy_rft  # noqa: E402
-from entropy_rft.dynamics import TokenStats, token_stats  # noqa: E402
+from entropy_rft.core.dynamics import TokenStats, token_stats  # noqa: E402
+from entropy_rft.core.masks import clip_b, clip_v  # noqa: E402
+from entropy_rft.core.methods import METHODS  # noqa: E402
 from entropy_rft.integrations import verl as adapter  # noqa: E402
 from entropy_rft.integrations.verl import (  # noqa: E402
     ENGINE_VENDOR,
@@ -82,8 +84,6 @@ from entropy_rft.integrations.verl import (  # noqa: E402
     check_config,
     stats_from_engine,
 )
-from entropy_rft.masks import clip_b, clip_v  # noqa: E402
-from entropy_rft.methods import METHODS  # noqa: E402
 
 TINY = Path(entropy_rft.__file__).parent / "assets" / "countdown-tiny"
 ROOT = Path(__file__).resolve().parents[1]
@@ -587,7 +587,7 @@ def test_mutation_disabled_write_back_is_detected(transfer_queue, monkeypatch):
 def test_driver_clip_cov_zeroes_whole_batch_selection(transfer_queue):
     """Clip-Cov on the driver: masks unchanged, and exactly the tokens losses.select_clip_cov picks over the whole
     batch (same generator seed) get advantage 0; the others keep verl's GRPO advantage."""
-    from entropy_rft.losses import select_clip_cov
+    from entropy_rft.core.losses import select_clip_cov
 
     plain, _, valid, _ = run_driver_step("clip_b", {"mu": 1e9}, "train_plain")  # mu huge: nothing dropped
     after, stats, _, _ = run_driver_step("clip_cov", {"ratio": 0.05, "lb": -1e9, "ub": 1e9}, "train_cov")
@@ -1085,9 +1085,9 @@ def test_whole_step_monitor_is_stock_verl_and_writes_what_inspect_reads(
     from transformers import AutoTokenizer
 
     from entropy_rft import samples
-    from entropy_rft.inspect_page import build_page
+    from entropy_rft.commands.inspect_page import build_page
+    from entropy_rft.commands.report import build_report
     from entropy_rft.logging import read_metrics
-    from entropy_rft.report import build_report
 
     cfg = step_config(verl_cfg, "none", {}, **REJECTION, **{"trainer.default_local_dir": str(tmp_path / "exp")})
     ours = whole_step(
@@ -1241,16 +1241,14 @@ def test_actor_lr_is_the_lr_verls_scheduler_applies(kind, warmup):
 
 
 def test_a_malformed_group_skips_the_samples_with_a_warning(monkeypatch, tmp_path):
-    """A batch whose uid groups are not rollout.n rows: samples_record refuses it (MalformedGroups), and the
+    """A batch whose uid groups are not rollout.n rows: sample_batch refuses it (MalformedGroups), and the
     trainer's record step warns, writes no samples for the step, and still writes its metrics line."""
     from entropy_rft import samples
     from entropy_rft.logging import read_metrics
 
     data = TensorDict({"uid": torch.tensor([0, 0, 0, 1])}, batch_size=[4])
     with pytest.raises(adapter.MalformedGroups, match="rollout.n=2"):
-        adapter.samples_record(
-            data, None, None, None, None, None, tokenizer=None, step_number=1, group_size=2, groups=1, info={}
-        )
+        adapter.sample_batch(data, None, None, None, None, None, tokenizer=None, group_size=2)
     monkeypatch.setattr(adapter.tq, "kv_batch_get", lambda **kw: data)
     trainer = types.SimpleNamespace(
         entropy_rft=adapter.Settings(method="none", samples_every=1, samples_dir=str(tmp_path)),

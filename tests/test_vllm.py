@@ -13,7 +13,7 @@ import pytest
 import torch
 from conftest import FIXTURES
 
-from entropy_rft.cli import main
+from entropy_rft.commands.cli import main
 from entropy_rft.config import load_config
 from entropy_rft.forward import policy_forward
 from entropy_rft.logging import read_metrics

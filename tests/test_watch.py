@@ -5,10 +5,10 @@ padding never changes a result."""
 import pytest
 import torch
 
-from entropy_rft import masks
+from entropy_rft.core import masks
+from entropy_rft.core.dynamics import TokenStats
+from entropy_rft.core.losses import step_sizes
 from entropy_rft.diagnostics import watch_metrics
-from entropy_rft.dynamics import TokenStats
-from entropy_rft.losses import step_sizes
 
 
 def batch(seed=0, b=16, t=12):

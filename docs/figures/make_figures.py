@@ -24,8 +24,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import torch
 
-from entropy_rft.dynamics import theorem1_entropy_change, theorem2_entropy_change, token_stats
-from entropy_rft.masks import clip_b, clip_v
+from entropy_rft.core.dynamics import theorem1_entropy_change, theorem2_entropy_change, token_stats
+from entropy_rft.core.masks import clip_b, clip_v
 
 OUT = Path(__file__).resolve().parent
 torch.set_default_dtype(torch.float64)  # the exact changes are differences of entropies: float64 keeps them exact

@@ -59,10 +59,10 @@ import inspect
 
 import torch
 
-from ..advantages import broadcast_advantages
-from ..dynamics import TokenStats, batch_covariance, token_stats
-from ..losses import masked_mean, ppo_clip_loss
-from ..methods import METHODS
+from ..core.advantages import broadcast_advantages
+from ..core.dynamics import TokenStats, batch_covariance, token_stats
+from ..core.losses import Aggregation, masked_mean, ppo_clip_loss
+from ..core.methods import METHODS
 
 try:
     from tensordict import TensorDict
@@ -221,8 +221,7 @@ class GlobalTokenMeanPPO(PolicyLossFn):
             eps_low=self.eps_low,
             eps_high=self.eps_high,
             dual_clip_c=self.clip_ratio_c,
-            agg="token-mean",
-            num_tokens=max(batch_num_tokens, 1) / dp_size,
+            agg=Aggregation("token-mean", num_tokens=max(batch_num_tokens, 1) / dp_size),
         )
         return loss, {f"pg_{k}": float(v) for k, v in metrics.items()} | {"pg_loss": float(loss.detach())}
 

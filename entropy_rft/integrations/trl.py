@@ -74,12 +74,12 @@ import torch
 
 from .. import samples
 from ..config import TrainConfig
+from ..core.dynamics import TokenStats
+from ..core.losses import step_sizes
+from ..core.methods import METHODS
 from ..diagnostics import WOULD_CLIP, masked_mean, watch_metrics, would_clip_label
-from ..dynamics import TokenStats
 from ..forward import EntropyProbe, batch_stats
 from ..logging import JsonlSink, write_engine_run
-from ..losses import step_sizes
-from ..methods import METHODS
 from ..rollout.hf import Rollout
 
 try:
@@ -465,36 +465,34 @@ class EntropyGRPOTrainer(GRPOTrainer):
         lengths = mask.sum(-1)
         last = completion_ids.gather(1, (lengths - 1).clamp_min(0)[:, None]).squeeze(1)
         finished = (lengths > 0) & (last == tokenizer.eos_token_id)
-        lr = self._lr()
-        record = samples.build_record(
-            step=done + 1,
-            prompt_ids=prompt_ids,
-            prompt_mask=prompt_mask.bool(),
-            response_ids=completion_ids,
-            response_mask=mask,
-            finished=finished,
-            tokenizer=tokenizer,
-            stats=every,
-            advantages=adv,
-            keep=keep,
-            rewards=self._batch_rewards,
-            group_size=self.num_generations,
-            groups=self.samples_groups,
-            step_size=self._step_sizes,
-            info={
-                "source": "trl",
-                "method": self.method_name,
-                "loss_type": self.loss_type,
-                "importance_sampling_level": self.importance_sampling_level,
-                "lr": lr,
-                "steps": [steps[0], steps[-1]],
-            },
+        batch = samples.SampleBatch(
+            prompt_ids,
+            prompt_mask.bool(),
+            completion_ids,
+            mask,
+            finished,
+            tokenizer,
+            every,
+            adv,
+            keep,
+            self._batch_rewards,
+            self.num_generations,
+            self._step_sizes,
         )
+        info = {
+            "source": "trl",
+            "method": self.method_name,
+            "loss_type": self.loss_type,
+            "importance_sampling_level": self.importance_sampling_level,
+            "lr": self._lr(),
+            "steps": [steps[0], steps[-1]],
+        }
+        marks = []
         if self.entropy_method is None:  # what the filters would drop (watch_metrics' would_<name>/frac)
             for name in WOULD_CLIP:
                 dropped = mask & ~METHODS.get(name).apply(every, adv, mask)[0]
-                samples.mark_tokens(record, f"would_{name}", dropped, would_clip_label(name))
-        samples.write_record(run_dir, record)
+                marks.append((f"would_{name}", dropped, would_clip_label(name)))
+        samples.write_step(run_dir, done + 1, batch, groups=self.samples_groups, info=info, marks=marks)
 
     def _step_size(self, lr: float, kept: torch.Tensor):
         """lr times each token's weight in TRL's loss over the generation batch (global rows), by the shared rule

@@ -34,8 +34,8 @@ from pathlib import Path
 
 import torch
 
+from ..commands.demo import load_demo_config, run_config
 from ..config import TrainConfig, load_config, resolve_config
-from ..demo import load_demo_config, run_config
 from ..packaged import PACKAGED
 from ..policy import BUILTIN_MODELS, resolve_model_path
 from ..problems import default_data, load_problems

@@ -85,13 +85,13 @@ from torch import Tensor
 from torch.distributed.tensor import DTensor
 
 from .. import samples
-from ..advantages import broadcast_advantages
 from ..config import TrainConfig
+from ..core.advantages import broadcast_advantages
+from ..core.dynamics import TokenStats, batch_covariance, token_stats
+from ..core.losses import select_clip_cov, step_sizes
+from ..core.methods import METHODS, NO_CAP
 from ..diagnostics import masked_mean, watch_metrics
-from ..dynamics import TokenStats, batch_covariance, token_stats
 from ..logging import JsonlSink, write_engine_run
-from ..losses import select_clip_cov, step_sizes
-from ..methods import METHODS, NO_CAP
 
 try:
     import transfer_queue as tq
@@ -349,29 +349,19 @@ class EntropyRFTTrainer(PPOTrainerSync):
         data = tq.kv_batch_get(
             keys=batch.keys, partition_id=batch.partition_id, select_fields=["prompts", "responses", "uid", "rm_scores"]
         )
+        n = int(self.config.actor_rollout_ref.rollout.n)
         try:
-            record = samples_record(
-                data,
-                stats,
-                adv,
-                valid,
-                used,
-                step,
-                tokenizer=self.tokenizer,
-                step_number=done,
-                group_size=int(self.config.actor_rollout_ref.rollout.n),
-                groups=settings.samples_groups,
-                info={
-                    "source": "verl",
-                    "method": settings.method,
-                    "lr": actor_lr(self.config, done),
-                    "loss_agg": self.config.actor_rollout_ref.actor.loss_agg_mode,
-                },
-            )
+            regrouped = sample_batch(data, stats, adv, valid, used, step, tokenizer=self.tokenizer, group_size=n)
         except MalformedGroups as err:  # the samples are a diagnostic: the run goes on without them (departure 8)
             warnings.warn(f"entropy_rft: no token samples at step {done}: {err}", stacklevel=2)
             return
-        samples.write_record(run_dir, record)
+        info = {
+            "source": "verl",
+            "method": settings.method,
+            "lr": actor_lr(self.config, done),
+            "loss_agg": self.config.actor_rollout_ref.actor.loss_agg_mode,
+        }
+        samples.write_step(run_dir, done, regrouped, groups=settings.samples_groups, info=info)
 
 
 def monitor_inputs(data: TensorDict) -> tuple[TokenStats, Tensor, Tensor, Tensor]:
@@ -484,22 +474,12 @@ class MalformedGroups(ValueError):
     """A batch whose uid groups are not all rollout.n rows (a rollout that lost or added rows)."""
 
 
-def samples_record(
-    data: TensorDict,
-    stats: TokenStats,
-    adv: Tensor,
-    valid: Tensor,
-    keep: Tensor,
-    step,
-    *,
-    tokenizer,
-    step_number: int,
-    group_size: int,
-    groups: int,
-    info: dict,
-) -> dict:
-    """samples.build_record of the batch, its rows regrouped by uid (verl's batch balancing reorders rows; a group's
-    rows keep their batch order), prompts left-padded, rewards the sum of rm_scores over the response."""
+def sample_batch(
+    data: TensorDict, stats: TokenStats, adv: Tensor, valid: Tensor, keep: Tensor, step, *, tokenizer, group_size: int
+) -> samples.SampleBatch:
+    """The batch as samples.write_step takes it, its rows regrouped by uid (verl's batch balancing reorders rows; a
+    group's rows keep their batch order), prompts left-padded, rewards the sum of rm_scores over the response; step:
+    the step sizes (verl_step_sizes) or None."""
     uids = data["uid"].tolist()
     first = {}
     for u in uids:
@@ -521,22 +501,19 @@ def samples_record(
     mask = valid[idx]
     lengths = mask.sum(-1)
     last = responses.gather(1, (lengths - 1).clamp_min(0)[:, None]).squeeze(1)
-    return samples.build_record(
-        step=step_number,
-        prompt_ids=prompt_ids,
-        prompt_mask=prompt_mask,
-        response_ids=responses,
-        response_mask=mask,
-        finished=(lengths > 0) & (last == tokenizer.eos_token_id),
-        tokenizer=tokenizer,
-        stats=TokenStats(*(t[idx] for t in (stats.logp, stats.entropy, stats.s_star, stats.s_expect))),
-        advantages=adv[idx],
-        keep=keep[idx],
-        rewards=(padded["rm_scores"][idx].float() * mask).sum(-1),
-        group_size=group_size,
-        step_size=None if step is None else step[idx],
-        groups=groups,
-        info=info,
+    return samples.SampleBatch(
+        prompt_ids,
+        prompt_mask,
+        responses,
+        mask,
+        (lengths > 0) & (last == tokenizer.eos_token_id),
+        tokenizer,
+        TokenStats(*(t[idx] for t in (stats.logp, stats.entropy, stats.s_star, stats.s_expect))),
+        adv[idx],
+        keep[idx],
+        (padded["rm_scores"][idx].float() * mask).sum(-1),
+        group_size,
+        None if step is None else step[idx],
     )
 
 
@@ -646,7 +623,7 @@ __all__ = [
     "filter_batch",
     "monitor_inputs",
     "verl_step_sizes",
-    "samples_record",
+    "sample_batch",
     "MONITOR",
     "actor_masks",
     "whole_batch_step",

@@ -3,7 +3,7 @@
 `sync_weights()` (called after each optimizer step), `pop_compile_seconds()` (seconds spent compiling since the last
 call: the trainer's time/compile) and `close()`."""
 
-from ..registry import Registry
+from ..core.registry import Registry
 from .batch import Rollout
 from .hf import HFEngine
 

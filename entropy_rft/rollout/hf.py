@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from .batch import Rollout
-from .sampling import DecodeSession, check_decode, position_ids, sample
+from .sampling import DecodeSession, Sampling, check_decode, position_ids, sample
 
 
 def response_mask_from_lengths(response_ids: Tensor, eos_token_id: int | list[int]) -> tuple[Tensor, Tensor]:
@@ -134,6 +134,14 @@ class HFEngine:
         generator = None
         if seed is not None:
             generator = torch.Generator(device=device).manual_seed(seed)
+        sampling = Sampling(
+            n=n,
+            temperature=temperature,
+            top_p=top_p,
+            max_new_tokens=max_new_tokens,
+            eos_ids=self.eos_ids,
+            pad_id=self.tokenizer.pad_token_id,
+        )
         per_pass = max(1, self.batch_size // n)
         parts = []
         starts = range(0, len(prompts), per_pass)
@@ -147,12 +155,7 @@ class HFEngine:
                 self.model,
                 ids.to(device),
                 mask.to(device),
-                n=n,
-                temperature=temperature,
-                top_p=top_p,
-                max_new_tokens=max_new_tokens,
-                eos_ids=self.eos_ids,
-                pad_id=self.tokenizer.pad_token_id,
+                sampling,
                 generator=generator,
                 decode=self.decode,
                 dtype=self.dtype,

@@ -66,6 +66,7 @@ from __future__ import annotations
 
 import time
 import warnings
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
@@ -129,29 +130,39 @@ def check_generator(generator: torch.Generator | None, device: torch.device) -> 
         )
 
 
+@dataclass(frozen=True)
+class Sampling:
+    """What `sample` draws: n responses to each prompt, each token from softmax(z / temperature) restricted to the
+    top-p nucleus (`nucleus_logits`), each response at most max_new_tokens long, running up to and including its
+    first id of eos_ids and holding pad_id after. HFEngine.generate builds one per call: n, temperature, top_p and
+    max_new_tokens are the call's, eos_ids and pad_id the model's and tokenizer's."""
+
+    n: int
+    temperature: float
+    top_p: float
+    max_new_tokens: int
+    eos_ids: list[int]
+    pad_id: int
+
+
 def sample(
     model,
     prompt_ids: Tensor,
     prompt_mask: Tensor,
+    sampling: Sampling,
     *,
-    n: int,
-    temperature: float,
-    top_p: float,
-    max_new_tokens: int,
-    eos_ids: list[int],
-    pad_id: int,
     generator: torch.Generator | None = None,
     decode: str = "auto",
     dtype: torch.dtype | None = None,
     check_every: int | None = None,
     session: DecodeSession | None = None,
 ) -> tuple[Tensor, Tensor]:
-    """n samples of each left-padded prompt, grouped (rows [i n, (i + 1) n) are prompt i's).
+    """sampling.n samples of each left-padded prompt, grouped (rows [i n, (i + 1) n) are prompt i's).
 
     The model runs in eval mode (its training flag is restored after). Returns (response_ids [P n, R],
-    sampler_logp [P n, R]): R is the longest response (<= max_new_tokens); each
-    response runs up to and including its first EOS id, then holds pad_id; sampler_logp is the log-probability of
-    each sampled token under the distribution it was drawn from (0 after the response ends). The loop runs in
+    sampler_logp [P n, R]): R is the longest response (<= sampling.max_new_tokens); each
+    response runs up to and including its first EOS id, then holds sampling.pad_id; sampler_logp is the log-probability
+    of each sampled token under the distribution it was drawn from (0 after the response ends). The loop runs in
     inference mode (no autograd bookkeeping: 5% faster on the demo's rollouts); the results are ordinary tensors.
 
     decode: how each new token goes through the model after the prefill. "hf": the model's forward with its
@@ -178,12 +189,7 @@ def sample(
                 model,
                 prompt_ids,
                 prompt_mask,
-                n=n,
-                temperature=temperature,
-                top_p=top_p,
-                max_new_tokens=max_new_tokens,
-                eos_ids=eos_ids,
-                pad_id=pad_id,
+                sampling,
                 generator=generator,
                 decode=decode,
                 dtype=dtype,
@@ -258,13 +264,8 @@ def _sample(
     model,
     prompt_ids: Tensor,
     prompt_mask: Tensor,
+    sampling: Sampling,
     *,
-    n: int,
-    temperature: float,
-    top_p: float,
-    max_new_tokens: int,
-    eos_ids: list[int],
-    pad_id: int,
     generator: torch.Generator | None,
     decode: str,
     dtype: torch.dtype | None,
@@ -272,30 +273,22 @@ def _sample(
     session: DecodeSession,
 ) -> tuple[Tensor, Tensor]:
     device = prompt_ids.device
+    n, max_new_tokens, pad_id = sampling.n, sampling.max_new_tokens, sampling.pad_id
     columns = prompt_ids.shape[1] + max_new_tokens
     path, hand = decode_path(model, decode, columns, device, session.failed is not None)  # before any model work
     if path in ("static", "compile"):
-        return sample_static(
-            model,
-            hand,
-            prompt_ids,
-            prompt_mask,
-            n=n,
-            temperature=temperature,
-            top_p=top_p,
-            max_new_tokens=max_new_tokens,
-            eos_ids=eos_ids,
-            pad_id=pad_id,
-            generator=generator,
+        loop = StaticLoop(
             dtype=dtype,
             check_every=check_every,
             capture=device.type == "cuda",
-            session=session,
             compiled=path == "compile",
             fallback=decode == "auto",
         )
+        return sample_static(
+            model, hand, prompt_ids, prompt_mask, sampling, generator=generator, session=session, loop=loop
+        )
     rows = prompt_ids.shape[0] * n
-    eos = torch.tensor(sorted(set(eos_ids)), device=device)
+    eos = torch.tensor(sorted(set(sampling.eos_ids)), device=device)
     out = model(
         input_ids=prompt_ids,
         attention_mask=prompt_mask.long(),
@@ -316,7 +309,7 @@ def _sample(
     logp = torch.zeros(rows, max_new_tokens, dtype=torch.float32, device=device)
     width = 0
     for t in range(max_new_tokens):
-        z = nucleus_logits(logits.float() / temperature, top_p)
+        z = nucleus_logits(logits.float() / sampling.temperature, sampling.top_p)
         log_probs = z.log_softmax(-1)
         token = torch.multinomial(log_probs.exp(), 1, generator=generator).squeeze(1)
         response[live, t] = token
@@ -629,74 +622,81 @@ class DecodeSession:
             self.compile_seconds += time.perf_counter() - start
 
 
+@dataclass(frozen=True)
+class StaticLoop:
+    """How `sample_static` runs the fixed-shape loop (`_sample` sets it from decode and the device).
+
+    dtype: the weights' and cache's dtype while decoding (None: the model's, or autocast's where the caller samples
+    under autocast). check_every: steps between two looks at whether every row is done (None:
+    `check_every_default`); the tokens do not depend on it. capture: the step captured in a CUDA graph and
+    replayed. noise: "stream" (`stream_noise`: the tokens of the "hand" path) or "device" (`device_noise`: no host
+    read); None: "stream" on the CPU, "device" elsewhere. compiled: the step compiled by the session's backend
+    (`DecodeSession.compile`), the prompts left-padded to `bucket_width` and the rope table as long as the columns,
+    so that every rollout of a bucket has one shape. fallback: a compile failure leaves this and the session's later
+    rollouts on the static step with a warning instead of raising."""
+
+    dtype: torch.dtype | None = None
+    check_every: int | None = None
+    capture: bool = False
+    noise: str | None = None
+    compiled: bool = False
+    fallback: bool = False
+
+
 def sample_static(
     model,
     decoder: HandDecoder,
     prompt_ids: Tensor,
     prompt_mask: Tensor,
+    sampling: Sampling,
     *,
-    n: int,
-    temperature: float,
-    top_p: float,
-    max_new_tokens: int,
-    eos_ids: list[int],
-    pad_id: int,
     generator: torch.Generator | None,
-    dtype: torch.dtype | None = None,
-    check_every: int | None = None,
-    capture: bool = False,
-    noise: str | None = None,
     session: DecodeSession | None = None,
-    compiled: bool = False,
-    fallback: bool = False,
+    loop: StaticLoop = StaticLoop(),
 ) -> tuple[Tensor, Tensor]:
     """`sample`'s "static" and "compile" paths (call it through `sample`): the prefill as in the other paths, then
-    one StaticRollout step per token, captured in a CUDA graph and replayed when `capture`, with every row in
-    place to the end; the loop stops at max_new_tokens or when a look, every check_every steps, finds every row
-    done. noise: "stream" (`stream_noise`: the tokens of the "hand" path) or "device" (`device_noise`: no host
-    read); None: "stream" on the CPU, "device" elsewhere. compiled: the step compiled by the session's backend
-    (`DecodeSession.compile`), the prompts left-padded to `bucket_width` and the rope table as long as the
-    columns, so that every rollout of a bucket has one shape; fallback: a compile failure leaves this and the
-    session's later rollouts on the static step with a warning instead of raising."""
+    one StaticRollout step per token, captured in a CUDA graph and replayed when loop.capture, with every row in
+    place to the end; the loop stops at sampling.max_new_tokens or when a look, every loop.check_every steps, finds
+    every row done (`StaticLoop`: the loop's dtype, capture, noise, compile and fallback)."""
     device = prompt_ids.device
     session = session or DecodeSession()
-    check_every = check_every or check_every_default(device)
+    max_new_tokens = sampling.max_new_tokens
+    check_every = loop.check_every or check_every_default(device)
     if check_every < 1:
         raise ValueError(f"check_every must be >= 1, got {check_every}")
+    dtype = loop.dtype
     if dtype is None and torch.is_autocast_enabled(device.type):  # a caller generating under autocast
         dtype = torch.get_autocast_dtype(device.type)
-    if compiled:  # one shape per bucket (within a sliding window, which padding must not outgrow)
+    if loop.compiled:  # one shape per bucket (within a sliding window, which padding must not outgrow)
         width = bucket_width(prompt_ids.shape[1])
         if decoder.window is not None:
             width = max(prompt_ids.shape[1], min(width, decoder.window - max_new_tokens))
-        prompt_ids, prompt_mask = pad_left(prompt_ids, prompt_mask, width, pad_id)
-    sampling = dict(eos_ids=eos_ids, pad_id=pad_id, temperature=temperature, top_p=top_p)
-    prompts = (prompt_ids, prompt_mask)
-    state, logits = _prefilled(model, decoder, *prompts, n, max_new_tokens, dtype, session, compiled, sampling)
+        prompt_ids, prompt_mask = pad_left(prompt_ids, prompt_mask, width, sampling.pad_id)
+    state, logits = _prefilled(model, decoder, prompt_ids, prompt_mask, sampling, dtype, session, loop.compiled)
     steps = state.steps
-    noise = noise or ("stream" if device.type == "cpu" else "device")
-    noise = stream_noise(generator) if noise == "stream" else device_noise(generator, device)
-    own_graphs = compiled and capture and session.mode == "reduce-overhead"  # Inductor's graphs, not `captured`
+    kind = loop.noise or ("stream" if device.type == "cpu" else "device")
+    noise = stream_noise(generator) if kind == "stream" else device_noise(generator, device)
+    # Inductor's graphs, not `captured`
+    own_graphs = loop.compiled and loop.capture and session.mode == "reduce-overhead"
     with torch.autocast(device.type, enabled=False):  # the step's dtypes are its own (dtype), not autocast's
         noise(state)
         state.record(logits)  # column 0, from the prefill
         if own_graphs:
             for t in [*state.state(), state.noise, *weight_tensors(steps.weights), *steps.keys, *steps.values]:
                 torch._dynamo.mark_static_address(t)
-        if compiled and max_new_tokens > 1:
-            session.compile(state, fallback=fallback)
+        if loop.compiled and max_new_tokens > 1:
+            session.compile(state, fallback=loop.fallback)
         # the warm-up's steps write response columns 1, 2: within the buffers when max_new_tokens > 2
-        step = captured(state) if capture and not own_graphs and max_new_tokens > 2 else state.step
+        step = captured(state) if loop.capture and not own_graphs and max_new_tokens > 2 else state.step
         _run(state, step, noise, max_new_tokens, check_every, session, own_graphs)
     width = int(state.length.max())
     return state.response[:, :width], state.logp[:, :width]
 
 
-def _prefilled(model, decoder, prompt_ids, prompt_mask, n, max_new_tokens, dtype, session, compiled, sampling):
+def _prefilled(model, decoder, prompt_ids, prompt_mask, sampling: Sampling, dtype, session, compiled):
     """(StaticRollout, logits (rows, V) after each prompt): the prefill (under autocast to `dtype` where it is a
-    half type), each prompt's keys and values repeated to its n rows in FixedSteps' buffers; sampling holds
-    StaticRollout's eos_ids, pad_id, temperature and top_p."""
-    device = prompt_ids.device
+    half type), each prompt's keys and values repeated to its sampling.n rows in FixedSteps' buffers."""
+    device, max_new_tokens = prompt_ids.device, sampling.max_new_tokens
     with torch.autocast(device.type, dtype=dtype or torch.bfloat16, enabled=dtype in (torch.bfloat16, torch.float16)):
         out = model(
             input_ids=prompt_ids,
@@ -705,7 +705,7 @@ def _prefilled(model, decoder, prompt_ids, prompt_mask, n, max_new_tokens, dtype
             use_cache=True,
             logits_to_keep=1,
         )
-    prompt_of = torch.arange(prompt_ids.shape[0], device=device).repeat_interleave(n)  # (rows,)
+    prompt_of = torch.arange(prompt_ids.shape[0], device=device).repeat_interleave(sampling.n)  # (rows,)
     logits = out.logits[prompt_of, -1]
     steps = FixedSteps(
         decoder,
@@ -718,7 +718,18 @@ def _prefilled(model, decoder, prompt_ids, prompt_mask, n, max_new_tokens, dtype
         rope_positions=prompt_ids.shape[1] + max_new_tokens if compiled else None,
     )
     del out  # the prefill's cache, copied into the step's buffers
-    return StaticRollout(steps, len(prompt_of), logits.shape[-1], max_new_tokens, device=device, **sampling), logits
+    state = StaticRollout(
+        steps,
+        len(prompt_of),
+        logits.shape[-1],
+        max_new_tokens,
+        eos_ids=sampling.eos_ids,
+        pad_id=sampling.pad_id,
+        temperature=sampling.temperature,
+        top_p=sampling.top_p,
+        device=device,
+    )
+    return state, logits
 
 
 def _run(state: StaticRollout, step, noise, max_new_tokens: int, check_every: int, session, own_graphs: bool):

@@ -32,7 +32,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..registry import Registry
+from ..core.registry import Registry
 
 TASKS: Registry = Registry("task")
 
