@@ -1,6 +1,7 @@
 """The shape of the library's code (issue 44): functions short enough to read in one screen."""
 
 import ast
+import importlib.util
 from pathlib import Path
 
 PACKAGE = Path(__file__).parents[1] / "entropy_rft"
@@ -22,19 +23,11 @@ def test_no_function_in_the_library_is_over_80_lines():
 
 
 MAX_PARAMETERS = 10
-
-
-def parameters(node: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
-    """What a caller can pass: positional, keyword-only, *args and **kwargs; self and cls left out."""
-    a = node.args
-    names = [p.arg for p in a.posonlyargs + a.args]
-    count = len(names) + len(a.kwonlyargs) + (a.vararg is not None) + (a.kwarg is not None)
-    return count - (1 if names and names[0] in ("self", "cls") else 0)
-
-
-def is_triton_kernel(node: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
-    """@triton.jit (or @triton.jit(...)): its parameters are the kernel's launch ABI, which no object can bundle."""
-    return any(ast.unparse(d.func if isinstance(d, ast.Call) else d) == "triton.jit" for d in node.decorator_list)
+# the counting rules of benchmarks/code_shape.py (the closing figures of issue 55), one definition for both
+_SPEC = importlib.util.spec_from_file_location("code_shape", PACKAGE.parent / "benchmarks" / "code_shape.py")
+code_shape = importlib.util.module_from_spec(_SPEC)
+_SPEC.loader.exec_module(code_shape)
+parameters, is_triton_kernel = code_shape.parameters, code_shape.triton_kernel
 
 
 def test_no_function_in_the_library_takes_over_10_parameters():
