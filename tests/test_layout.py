@@ -127,3 +127,16 @@ def test_the_readme_layout_names_what_exists_and_every_folder():
     assert not missing, f"the README's layout names {sorted(missing)}"
     top = {p.name + "/" for p in PKG.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
     assert top - paths == set(), "folders missing from the README's layout"
+
+
+def test_the_flat_layouts_command_module_still_runs():
+    """`python -m entropy_rft.cli` (scripts written for the flat layout) runs the command line: a moved package stays
+    a package, so its __main__ is found."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-m", "entropy_rft.cli", "--version"], capture_output=True, text=True, cwd=ROOT, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.startswith("entropy-rft ")
