@@ -1446,6 +1446,7 @@ def index_quotes() -> list[Quote]:
 SHARING = "benchmarks/solution_sharing"
 
 
+@functools.cache
 def sharing() -> dict:
     """sharing.json, once its Avg@32 and Pass@32 points equal a plain recomputation from the committed cells."""
     r, by = record(f"{SHARING}/sharing.json"), cells(f"{SHARING}/cells.jsonl")
