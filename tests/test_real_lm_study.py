@@ -199,3 +199,12 @@ def test_committed_cells_are_whole_records_of_the_registered_settings():
             assert rec["curves"][name] == [r.get(name) for r in rows], (path, name)
         correct = rec["final_correct"]
         assert len(correct) == study.N_EVAL and all(isinstance(c, int) and 0 <= c <= rec["eval_k"] for c in correct)
+
+
+def test_committed_initial_evaluation_is_the_registered_one():
+    """benchmarks/real_lm_study/initial.json (`initial`, once): the initial policy's 8 samples on each of the 400
+    held-out problems, as correct counts, under seed 0's sampling seed (one entry, "0")."""
+    done = json.loads((study.HERE / "initial.json").read_text())
+    assert list(done) == ["0"]
+    correct = done["0"]["correct"]
+    assert len(correct) == study.N_EVAL and all(isinstance(c, int) and 0 <= c <= study.EVAL_K for c in correct)
