@@ -129,12 +129,13 @@ def run_cell(task: str, method: str, seed: int, out: Path, steps: int | None = N
 
     torch.set_num_threads(1)
     from entropy_rft.logging import read_metrics
-    from entropy_rft.run.checkpoint import RunDirError, checkpoint_dirs, find_checkpoint
+    from entropy_rft.run.checkpoint import RunDirError, find_checkpoint
     from entropy_rft.run.rundir import RunLock
     from entropy_rft.trainer import train
 
     run_dir = cell_dir(out, task, method, seed, steps)
     if (run_dir / "cell.json").exists():
+        drop_checkpoints(run_dir / "run")  # a stop may have come between the record and the clean-up
         return json.loads((run_dir / "cell.json").read_text())
     lock = RunLock(run_dir)
     try:
@@ -172,14 +173,21 @@ def run_cell(task: str, method: str, seed: int, out: Path, steps: int | None = N
         }
         if after is not None:
             record.update(after(run, cfg))
-        for ckpt in checkpoint_dirs(run, complete=False):  # keep the record, drop the weights (about 10 MB each)
-            shutil.rmtree(ckpt, ignore_errors=True)
         tmp = run_dir / "cell.json.tmp"
         tmp.write_text(json.dumps(record) + "\n")
         os.replace(tmp, run_dir / "cell.json")
+        drop_checkpoints(run)  # after the record: a stop before it resumes from the final checkpoint
         return record
     finally:
         lock.release()
+
+
+def drop_checkpoints(run: Path) -> None:
+    """A finished cell keeps its record and drops its weights (about 10 MB a checkpoint)."""
+    from entropy_rft.run.checkpoint import checkpoint_dirs
+
+    for ckpt in checkpoint_dirs(run, complete=False):
+        shutil.rmtree(ckpt, ignore_errors=True)
 
 
 def control_value(metrics: dict) -> float | None:

@@ -410,6 +410,47 @@ def test_runs_started_in_the_same_second_get_two_directories(hooks, tmp_path):
     assert dirs == ["runs/grpo-20260101-000000", "runs/grpo-20260101-000000-2"]
 
 
+def test_study_cell_stopped_between_its_record_and_its_clean_up_keeps_its_record(tmp_path, monkeypatch):
+    """benchmarks/study.py run_cell writes cell.json before it drops the checkpoints: a stop between the two leaves
+    the finished record (nothing to train again), and the next run_cell returns that record, trains nothing, and drops
+    the checkpoints the stop left. (Training here is a stand-in that writes a checkpoint: the order is what is
+    tested.)"""
+    import importlib.util
+
+    import entropy_rft.logging as logging_
+
+    spec = importlib.util.spec_from_file_location("study_runner", ROOT / "benchmarks" / "study.py")
+    study_mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(study_mod)
+    monkeypatch.setattr(study_mod, "one_thread", lambda: None)  # the test process keeps its threads
+    steps = 3
+    trained = []
+
+    def fake_train(cfg, resume):
+        trained.append(cfg.seed)
+        (Path(cfg.out) / "checkpoint-3").mkdir(parents=True)
+        (Path(cfg.out) / "checkpoint-3" / "trainer_state.pt").write_bytes(b"")
+        rates = {"pass_rates": [0.5, 0.25]}
+        return {"evals": {"0": rates, str(steps): rates}}
+
+    monkeypatch.setattr(trainer, "train", fake_train)
+    monkeypatch.setattr(logging_, "read_metrics", lambda run: [{"seconds": 1.0, "entropy": 0.5, "clip_frac": 0.0}])
+    drop = study_mod.drop_checkpoints
+
+    def stopped(run):
+        raise KeyboardInterrupt  # Ctrl-C right after the record was written
+
+    monkeypatch.setattr(study_mod, "drop_checkpoints", stopped)
+    with pytest.raises(KeyboardInterrupt):
+        study_mod.run_cell("countdown", "grpo", 0, tmp_path, steps=steps)
+    cell = study_mod.cell_dir(tmp_path, "countdown", "grpo", 0, steps)
+    record = json.loads((cell / "cell.json").read_text())
+    assert record["final_correct"] == [16, 8] and (cell / "run" / "checkpoint-3").is_dir() and trained == [0]
+    monkeypatch.setattr(study_mod, "drop_checkpoints", drop)
+    assert study_mod.run_cell("countdown", "grpo", 0, tmp_path, steps=steps) == record
+    assert trained == [0] and not (cell / "run" / "checkpoint-3").exists()
+
+
 def _cell(task: str, method: str, seed: int, steps: int, value: int) -> dict:
     """A finished study cell whose numbers all come from `value` (so mixing cells would show)."""
     return {
