@@ -154,7 +154,7 @@ def test_the_cells_run_the_registered_methods_with_the_pilots_mu():
     )
 
 
-REGISTERED_CODE = "1c0ab63"  # the cells' code: docs/prereg_real_lm.md, "Changes after the runs started"
+REGISTERED_CODE = "1c0ab63"  # the cells' code: docs/prereg_real_lm.md, "How the cells ran"
 
 
 def _relative(settings: dict) -> dict:

@@ -423,6 +423,7 @@ def test_study_cell_stopped_between_its_record_and_its_clean_up_keeps_its_record
     study_mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(study_mod)
     monkeypatch.setattr(study_mod, "one_thread", lambda: None)  # the test process keeps its threads
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: None)
     steps = 3
     trained = []
 
