@@ -770,10 +770,16 @@ def _plain(d: dict) -> dict:
 
 def settings_key(cfg: TrainConfig) -> str:
     """12 hex digits of sha256 over every field that changes what the run computes (all but BOOKKEEPING)."""
+    return settings_dict_key(cfg.to_dict())
+
+
+def settings_dict_key(settings: dict) -> str:
+    """settings_key of a settings dict as a record stores it (TrainConfig.to_dict() when it was written): its own
+    fields only, so a record written before a field was added keeps its key."""
     import hashlib
     import json
 
-    d = {k: v for k, v in _plain(cfg.to_dict()).items() if k not in BOOKKEEPING}
+    d = {k: v for k, v in _plain(settings).items() if k not in BOOKKEEPING}
     return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:12]
 
 
