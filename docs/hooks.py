@@ -35,6 +35,7 @@ PUBLISHED = {
     "evidence/avgk_overlap.md": "benchmarks/study_avgk/overlap_posthoc.md",
     "evidence/real_lm_dynamics.md": "benchmarks/real_lm_dynamics/results.md",
     "evidence/avgk_clean.md": "benchmarks/study_avgk_clean/avgk.md",
+    "evidence/real_lm_study.md": "benchmarks/real_lm_study/study.md",
 }
 PUBLISHED_GLOBS = {
     "evidence/study": "benchmarks/study/*.png",
@@ -42,6 +43,7 @@ PUBLISHED_GLOBS = {
     "evidence/study_avgk_clean": "benchmarks/study_avgk_clean/*.png",
     "evidence/compare_engines": "benchmarks/compare_engines/*.png",
     "evidence/real_lm_dynamics": "benchmarks/real_lm_dynamics/*.png",
+    "evidence/real_lm_study": "benchmarks/real_lm_study/*.png",
 }
 
 
