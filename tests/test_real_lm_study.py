@@ -173,7 +173,7 @@ def test_committed_cells_are_whole_records_of_the_registered_settings():
     with its method's registered settings (its directory's key is their settings_key), its 100 steps in
     metrics.jsonl once each in order, the record's curves exactly those rows, and the registered final evaluation
     (8 samples on each of the 400 held-out problems). Nothing is compared here: the comparison is the registered
-    analysis's (the next test but one)."""
+    analysis's (test_committed_analysis_is_the_registered_script_on_the_committed_cells)."""
     from entropy_rft.config import TrainConfig, settings_dict_key
 
     cells = sorted((study.HERE / "cells").glob("*/*/cell.json"))
