@@ -223,22 +223,27 @@ def seed_estimate(values, gen: np.random.Generator, **kw) -> Estimate:
     return estimate(np.asarray(values, dtype=np.float64).reshape(-1), gen, **kw)
 
 
+def _t_density_integral(t: float, df: int) -> float:
+    """The integral of Student's t density from 0 to t >= 0 (Simpson's rule on 4,000 intervals)."""
+    from math import gamma, pi, sqrt
+
+    norm = gamma((df + 1) / 2) / (sqrt(df * pi) * gamma(df / 2))
+    weights = np.ones(4001)
+    weights[1:-1:2], weights[2:-1:2] = 4, 2
+    x = np.linspace(0.0, t, 4001)
+    density = norm * (1 + x * x / df) ** (-(df + 1) / 2)
+    return float(weights @ density) * t / (3 * 4000)
+
+
 def t_quantile(q: float, df: int) -> float:
     """Student's t quantile: the t > 0 where the CDF, 1/2 + the integral of the density from 0 to t (Simpson's rule
     on 4,000 intervals), reaches q (1/2 < q < 1), by bisection. No scipy: df 1 and 2 have closed forms to test it
     against (tan(pi (q - 1/2)) and (2q - 1) / sqrt(2 q (1 - q)))."""
-    from math import gamma, pi, sqrt
-
     if not 0.5 < q < 1 or df < 1:
         raise ValueError(f"t_quantile needs 1/2 < q < 1 and df >= 1, got q={q}, df={df}")
-    norm = gamma((df + 1) / 2) / (sqrt(df * pi) * gamma(df / 2))
-    weights = np.ones(4001)
-    weights[1:-1:2], weights[2:-1:2] = 4, 2
 
     def cdf(t: float) -> float:
-        x = np.linspace(0.0, t, 4001)
-        density = norm * (1 + x * x / df) ** (-(df + 1) / 2)
-        return 0.5 + float(weights @ density) * t / (3 * 4000)
+        return 0.5 + _t_density_integral(t, df)
 
     high = 1.0
     while cdf(high) < q:
@@ -248,6 +253,40 @@ def t_quantile(q: float, df: int) -> float:
         mid = (low + high) / 2
         low, high = (mid, high) if cdf(mid) < q else (low, mid)
     return (low + high) / 2
+
+
+def t_two_sided_p(t: float, df: int) -> float:
+    """P(|T| >= |t|) for Student's t with df degrees of freedom: 1 - 2 * (the density's integral from 0 to |t|),
+    the same quadrature as t_quantile; df 1 has the closed form 1 - 2 atan(|t|) / pi to test it against."""
+    if df < 1:
+        raise ValueError(f"t_two_sided_p needs df >= 1, got {df}")
+    if not np.isfinite(t):
+        return 0.0 if abs(t) == np.inf else 1.0
+    return min(1.0, max(0.0, 1.0 - 2.0 * _t_density_integral(abs(float(t)), df)))
+
+
+def seed_t_test(values, *, level: float = LEVEL) -> tuple[Estimate, float]:
+    """A paired difference per seed (one value per seed, at least 2): seed_t_interval and the two-sided one-sample t
+    test's p of 'the mean is 0' (t = mean / (sd / sqrt(S)), S - 1 degrees of freedom); p 1 when every value is 0."""
+    x = np.asarray(values, dtype=np.float64).reshape(-1)
+    est = seed_t_interval(x, level=level)
+    sd = float(x.std(ddof=1))
+    if sd == 0.0:
+        return est, 1.0 if float(x.mean()) == 0.0 else 0.0
+    return est, t_two_sided_p(float(x.mean()) / (sd / np.sqrt(len(x))), len(x) - 1)
+
+
+def sign_flip_p(values) -> float:
+    """The exact two-sided sign-flip (randomisation) p of 'the mean is 0' for paired per-seed differences: the share
+    of the 2^S sign assignments whose |sum| is at least the observed |sum| (the observed assignment included, so the
+    floor is 2 / 2^S). Exact enumeration: at most 20 seeds."""
+    x = np.asarray(values, dtype=np.float64).reshape(-1)
+    if not 1 <= len(x) <= 20:
+        raise ValueError(f"sign_flip_p enumerates 2^S assignments: needs 1 to 20 seeds, got {len(x)}")
+    signs = 1.0 - 2.0 * ((np.arange(2 ** len(x))[:, None] >> np.arange(len(x))) & 1)  # (2^S, S), row 0 all +1
+    sums = np.abs(signs @ x)
+    observed = sums[0]
+    return float((sums >= observed * (1 - 1e-12)).mean())
 
 
 def seed_t_interval(values, *, level: float = LEVEL) -> Estimate:

@@ -1,0 +1,732 @@
+"""Issue 61: the second real-model study, from the paper's starting regime (docs/prereg_real_lm_warm.md).
+
+The first real-model study (benchmarks/real_lm_study.py, docs/prereg_real_lm.md) trained SmolLM2-135M from the base
+model, whose training accuracy was 0.3-2.5% over the first 10 steps: below the paper's data filter, with a Clip_B
+threshold near S* = 0 that masked 13-17% of negative-advantage tokens. This study starts where GRPO had left that stall
+and trains on the problems the start point neither solves nor fails (the paper's filter), with Clip_B's mu calibrated
+to a tail clip before any cell.
+
+    python benchmarks/real_lm_warm.py start        # GRPO seed 0, the first study's settings, to START_STEP
+    python benchmarks/real_lm_warm.py filter       # 312 x 16 samples under the start point; data/train.jsonl
+    python benchmarks/real_lm_warm.py calibrate    # Clip_B from the start point at each mu of MU_GRID
+    STUDY_CODE=$(git rev-parse --short HEAD) nice -n 10 python benchmarks/real_lm_warm.py run --jobs 2
+    python benchmarks/real_lm_warm.py analyse --cells benchmarks/real_lm_warm
+
+Everything it writes that the study's cells depend on is committed under benchmarks/real_lm_warm/ (start.json,
+filter.json, data/, calibration.json); the start point's weights (540 MB) are not: `start` rebuilds them bit for bit
+(start.json holds their SHA-256, and every cell checks it before its first step).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import real_lm_study as first  # benchmarks/real_lm_study.py: the family, split and evaluation
+
+HERE = Path(__file__).resolve().parent / "real_lm_warm"
+RUNS = Path("runs/real_lm_warm")
+DATA = HERE / "data"
+
+# ---------------------------------------------------------------------------------------------------------------
+# The start point (registration, "Start point"): GRPO seed 0 of the first study, rerun to the first step at which its
+# training accuracy over a trailing window of 10 steps reaches 10% in the committed record (start_step_of).
+
+START_SEED, START_ACCURACY, START_WINDOW = 0, 0.10, 10
+START_LATER = 10  # the rule's later checkpoints: START_STEP + 10, + 20, ... while fewer than MIN_TRAIN problems pass
+MIN_TRAIN = 100
+FILTER_K, FILTER_TEMPERATURE, FILTER_SEED = 16, 1.0, 2 * 10**6
+KEEP_LOW, KEEP_HIGH = 2, 14  # pass rate in (1/16, 15/16): 2 to 14 right of 16, the paper's filter (section 5.1)
+
+
+def first_record(method: str = "grpo", seed: int = START_SEED) -> dict:
+    """The first study's committed cell record."""
+    (path,) = sorted((first.HERE / "cells" / method).glob(f"seed{seed}-*/cell.json"))
+    return json.loads(path.read_text())
+
+
+def start_step_of(record: dict) -> int:
+    """The first step whose trailing 10-step mean training accuracy is at least 10% (1-based)."""
+    acc = first.trailing_mean(record["curves"]["accuracy"], START_WINDOW)
+    return next(i + 1 for i, a in enumerate(acc) if a >= START_ACCURACY)
+
+
+def start_config(step: int, out: Path):
+    from entropy_rft.config import resolve_config
+
+    layer = {"seed": START_SEED, "out": str(out), "steps": step, "save_every": 10, "keep_checkpoints": 1}
+    return resolve_config(first.COMMON, first.METHODS["grpo"], layer)
+
+
+def sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+COMPARED_KEYS = ("reward_mean", "accuracy", "entropy", "loss/policy", "grad_norm", "response_length", "s_star_mean")
+
+
+def cmd_start(step: int | None) -> dict:
+    """Train GRPO seed 0 with the first study's settings to `step` (default: the rule's), then compare its metrics with
+    the committed record's, step by step, and write start.json."""
+    import torch
+
+    from entropy_rft.logging import read_metrics
+    from entropy_rft.run.checkpoint import checkpoint_dir
+    from entropy_rft.trainer import train
+
+    torch.set_num_threads(1)
+    record = first_record()
+    step = step or start_step_of(record)
+    run = RUNS / "start"
+    cfg = start_config(step, run)
+    t0 = time.time()
+    train(cfg, resume="auto")
+    rows = read_metrics(run)[:step]
+    committed = [
+        json.loads(line)
+        for line in (first.HERE / "cells" / "grpo").glob("seed0-*/metrics.jsonl").__next__().read_text().splitlines()
+    ][:step]
+    differ = [
+        (r["step"], k, r.get(k), c.get(k))
+        for r, c in zip(rows, committed)
+        for k in COMPARED_KEYS
+        if r.get(k) != c.get(k)
+    ]
+    ckpt = checkpoint_dir(run, step)
+    out = {
+        "step": step,
+        "rule": f"first step with trailing {START_WINDOW}-step training accuracy >= {START_ACCURACY} "
+        f"in the first study's GRPO seed {START_SEED}",
+        "rule_step": start_step_of(record),
+        "checkpoint": str(ckpt),
+        "weights_sha256": sha256(ckpt / "model.safetensors"),
+        "same_as_first_study": {"steps_compared": len(rows), "keys": list(COMPARED_KEYS), "differences": differ[:20]},
+        "trailing_accuracy": float(first.trailing_mean(record["curves"]["accuracy"], START_WINDOW)[step - 1]),
+        "trailing_entropy": float(first.trailing_mean(record["curves"]["entropy"], START_WINDOW)[step - 1]),
+        "seconds": round(time.time() - t0, 1),
+        "code": os.environ.get("STUDY_CODE", "worktree"),
+    }
+    HERE.mkdir(parents=True, exist_ok=True)
+    (HERE / "start.json").write_text(json.dumps(out, indent=1) + "\n")
+    print(json.dumps({k: v for k, v in out.items() if k != "same_as_first_study"}), len(differ), "differences")
+    return out
+
+
+def start_model() -> Path:
+    """The start point's weights, checked against start.json's SHA-256 (rebuild them with `start`)."""
+    info = json.loads((HERE / "start.json").read_text())
+    ckpt = Path(info["checkpoint"])
+    if not (ckpt / "model.safetensors").exists():
+        raise SystemExit(
+            f"{ckpt} is missing: run `python benchmarks/real_lm_warm.py start --step {info['step']}` first"
+        )
+    return ckpt
+
+
+def evaluate_problems(model_dir: str, problems: list, *, k: int, temperature: float, seed: int) -> list[int]:
+    """Per-problem correct counts of `k` samples at `temperature` (the first study's engine, task and length)."""
+    import torch
+
+    from entropy_rft.evaluate import evaluate_policy
+    from entropy_rft.policy import load_policy, resolve_model_path
+    from entropy_rft.rollout import ENGINES
+    from entropy_rft.tasks import TASKS
+
+    cfg = first.cell_config("grpo", 0)
+    model, tok = load_policy(model_dir, torch.device("cpu"))
+    engine = ENGINES.get(cfg.engine)(model, tok, cfg, resolve_model_path(model_dir))
+    result = evaluate_policy(
+        engine,
+        TASKS.get(cfg.task),
+        problems,
+        k=k,
+        temperature=temperature,
+        top_p=1.0,
+        max_new_tokens=cfg.max_new_tokens,
+        seed=seed,
+    ).to_json()
+    return [round(r * k) for r in result["pass_rates"]]
+
+
+def cmd_filter() -> dict:
+    """The paper's data filter under the start point: FILTER_K samples of each of the 312 training problems at
+    temperature 1.0; keep those with KEEP_LOW..KEEP_HIGH right. Writes filter.json and data/train.jsonl."""
+    import torch
+
+    from entropy_rft.problems import task_problems
+    from entropy_rft.tasks import TASKS
+
+    torch.set_num_threads(1)
+    cfg = first.cell_config("grpo", 0)
+    problems = task_problems(cfg, TASKS.get(cfg.task), "train")
+    rows = first.read(first.DATA / "train.jsonl")
+    assert [p.question for p in problems] == [r["question"] for r in rows], "problems out of step with train.jsonl"
+    t0 = time.time()
+    correct = evaluate_problems(
+        str(start_model()), problems, k=FILTER_K, temperature=FILTER_TEMPERATURE, seed=FILTER_SEED
+    )
+    kept = [r for r, c in zip(rows, correct) if KEEP_LOW <= c <= KEEP_HIGH]
+    out = {
+        "start_step": json.loads((HERE / "start.json").read_text())["step"],
+        "k": FILTER_K,
+        "temperature": FILTER_TEMPERATURE,
+        "seed": FILTER_SEED,
+        "keep": [KEEP_LOW, KEEP_HIGH],
+        "correct": correct,
+        "kept": len(kept),
+        "none_right": sum(c == 0 for c in correct),
+        "one_right": sum(c == 1 for c in correct),
+        "fifteen_or_more": sum(c >= KEEP_HIGH + 1 for c in correct),
+        "mean_pass_rate": sum(correct) / (FILTER_K * len(correct)),
+        "seconds": round(time.time() - t0, 1),
+    }
+    (HERE / "filter.json").write_text(json.dumps(out) + "\n")
+    first.write(kept, DATA / "train.jsonl")
+    print(json.dumps({k: v for k, v in out.items() if k != "correct"}))
+    if len(kept) < MIN_TRAIN:
+        print(
+            f"only {len(kept)} < {MIN_TRAIN} problems kept: by the rule, rerun `start --step "
+            f"{out['start_step'] + START_LATER}` and filter again"
+        )
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The cells (registration, "Arms"): every cell starts from the start point's weights with a fresh optimizer, trains on
+# the filtered problems with the first study's step settings, and is evaluated at MID_STEP and at the end.
+
+MID_STEP = 50
+CAL_STEPS, CAL_SEED = 25, 1000  # the calibration: Clip_B from the start point, one run per mu, not a study seed
+MU_GRID = (1.0, 1.25, 1.5, 1.75, 2.0, 2.5)
+SHARE_BAND = (0.01, 0.03)  # realised share of negative-advantage tokens clipped, mean over the calibration steps
+TAIL = -0.03  # the threshold mean_B(S*) - mu std_B(S*) must sit below this S* (median over the calibration steps)
+
+
+def common() -> dict:
+    """Every cell's settings beneath its arm's: the first study's, from the start point, on the filtered problems."""
+    return {
+        **first.COMMON,
+        "model": str(start_model()),
+        "train_data": f"{first.FAMILY}={DATA / 'train.jsonl'}",
+        "eval_data": f"{first.FAMILY}={first.DATA / 'eval.jsonl'}",
+    }
+
+
+def calibrated_mu() -> float:
+    return json.loads((HERE / "calibration.json").read_text())["mu"]
+
+
+def arms() -> dict[str, dict]:
+    """The study's arms: GRPO, Clip_B at the calibrated mu, Clip_B at the first study's mu 1.0."""
+    return {
+        "grpo": {"method": "grpo"},
+        "clip_b_cal": {"method": "clip_b", "mu": calibrated_mu()},
+        "clip_b_mu1": {"method": "clip_b", "mu": 1.0},
+    }
+
+
+ARMS = ("grpo", "clip_b_cal", "clip_b_mu1")
+SEEDS = range(8)
+
+
+def cell_config(arm: str, seed: int, out: Path | None = None, steps: int | None = None):
+    from entropy_rft.config import resolve_config
+
+    layer = {"seed": seed, "out": str(out) if out else "unset"} | ({"steps": steps} if steps else {})
+    return resolve_config(common(), arms()[arm], layer)
+
+
+def cell_dir(out: Path, task: str, arm: str, seed: int, steps: int | None = None) -> Path:
+    from entropy_rft.config import settings_key
+
+    return out / "cells" / arm / f"seed{seed}-{settings_key(cell_config(arm, seed))}"
+
+
+def threshold(row: dict) -> float | None:
+    """Clip_B's threshold on S* at one step: mean_B(S*) - mu std_B(S*) (filter/ES, filter/varS, filter/mu)."""
+    if "filter/ES" not in row:
+        return None
+    return row["filter/ES"] - row.get("filter/mu", 0.0) * row["filter/varS"] ** 0.5
+
+
+CURVES = first.CURVES + ("filter/frac_clipped_neg", "filter/ES", "filter/varS", "filter/mu")
+
+
+def _train_steps(cfg, steps: int) -> None:
+    """Train (resuming from the newest checkpoint) up to `steps`; steps is bookkeeping, so the run is the same."""
+    import dataclasses
+
+    from entropy_rft.trainer import train
+
+    train(dataclasses.replace(cfg, steps=steps), resume="auto")
+
+
+def run_cell(arm: str, seed: int, out: Path) -> dict | None:
+    """One cell: checks the start weights, trains to MID_STEP, evaluates, trains to the end, evaluates (each as the
+    first study's final_eval: 400 x 8 at 0.7, sampling seed 10**6 + seed); writes cell.json beside a copy of
+    metrics.jsonl. Resumes from its newest checkpoint; None when another process holds the cell."""
+    import shutil
+
+    import torch
+
+    from entropy_rft.logging import read_metrics
+    from entropy_rft.run.checkpoint import RunDirError, checkpoint_dir, checkpoint_dirs
+    from entropy_rft.run.rundir import RunLock
+
+    torch.set_num_threads(1)
+    where = cell_dir(out, "", arm, seed)
+    if (where / "cell.json").exists():
+        return json.loads((where / "cell.json").read_text())
+    lock = RunLock(where)
+    try:
+        lock.acquire()
+    except RunDirError:
+        return None
+    try:
+        start = json.loads((HERE / "start.json").read_text())
+        if sha256(start_model() / "model.safetensors") != start["weights_sha256"]:
+            raise SystemExit(f"{start_model()} is not the registered start point (SHA-256 differs from start.json)")
+        run = where / "run"
+        cfg = cell_config(arm, seed, run)
+        t0 = time.time()
+        evals = {}
+        if (where / "mid.json").exists():
+            evals = json.loads((where / "mid.json").read_text())
+        else:
+            _train_steps(cfg, MID_STEP)
+            evals = {str(MID_STEP): first.final_eval(str(checkpoint_dir(run, MID_STEP)), seed)}
+            tmp = where / "mid.json.tmp"
+            tmp.write_text(json.dumps(evals) + "\n")
+            os.replace(tmp, where / "mid.json")
+        _train_steps(cfg, cfg.steps)
+        evals[str(cfg.steps)] = first.final_eval(str(checkpoint_dir(run, cfg.steps)), seed)
+        rows = read_metrics(run)
+        record = {
+            "arm": arm,
+            "method": cfg.method,
+            "seed": seed,
+            "key": where.name.split("-")[-1],
+            "settings": cfg.to_dict(),
+            "start": {"step": start["step"], "weights_sha256": start["weights_sha256"]},
+            "steps": cfg.steps,
+            "eval_k": first.EVAL_K,
+            "eval_correct": {k: v["correct"] for k, v in evals.items()},
+            "eval_seconds": {k: v["seconds"] for k, v in evals.items()},
+            "curves": {k: [m.get(k) for m in rows] for k in CURVES},
+            "wall_seconds_this_process": round(time.time() - t0, 1),
+            "torch_threads": torch.get_num_threads(),
+            "code": os.environ.get("STUDY_CODE", "worktree"),
+        }
+        shutil.copy(run / "metrics.jsonl", where / "metrics.jsonl")
+        tmp = where / "cell.json.tmp"
+        tmp.write_text(json.dumps(record) + "\n")
+        os.replace(tmp, where / "cell.json")  # the record first, then the checkpoints go (1.6 GB each)
+        for ckpt in checkpoint_dirs(run, complete=False):
+            shutil.rmtree(ckpt, ignore_errors=True)
+        return record
+    finally:
+        lock.release()
+
+
+def calibration_config(mu: float, out: Path):
+    from entropy_rft.config import resolve_config
+
+    layer = {"method": "clip_b", "mu": mu, "seed": CAL_SEED, "out": str(out), "steps": CAL_STEPS}
+    return resolve_config(common(), layer, {"save_every": 5, "keep_checkpoints": 1, "eval_problems": 0})
+
+
+def calibration_run(mu: float) -> dict:
+    """One calibration run (resumable): Clip_B at mu from the start point for CAL_STEPS steps."""
+    import torch
+
+    from entropy_rft.logging import read_metrics
+    from entropy_rft.trainer import train
+
+    torch.set_num_threads(1)
+    run = RUNS / "calibration" / f"mu{mu:g}"
+    cfg = calibration_config(mu, run)
+    train(cfg, resume="auto")
+    rows = read_metrics(run)
+    share = [r["filter/frac_clipped_neg"] for r in rows]
+    thr = [threshold(r) for r in rows]
+    return {
+        "mu": mu,
+        "share_mean": sum(share) / len(share),
+        "share_max": max(share),
+        "threshold_median": sorted(thr)[len(thr) // 2],
+        "share": share,
+        "threshold": thr,
+        "entropy": [r["entropy"] for r in rows],
+        "accuracy": [r["accuracy"] for r in rows],
+        "seconds": [r["seconds"] for r in rows],
+    }
+
+
+def pick_mu(runs: list[dict]) -> tuple[float | None, str]:
+    """The registered rule: the smallest mu of the grid whose mean realised share is within SHARE_BAND and whose
+    median threshold lies below TAIL; None (with the reason) when no mu meets it."""
+    lo, hi = SHARE_BAND
+    for r in sorted(runs, key=lambda r: r["mu"]):
+        if lo <= r["share_mean"] <= hi and r["threshold_median"] < TAIL:
+            return r["mu"], f"mu {r['mu']:g}: share {r['share_mean']:.4f}, median threshold {r['threshold_median']:.4f}"
+    return None, "no mu of the grid clips 1-3% of negative-advantage tokens with its threshold below S* = -0.03"
+
+
+def cmd_calibrate(jobs: int) -> dict:
+    """Every mu of the grid (each in its own process, `jobs` at a time), then the rule; writes calibration.json."""
+    import subprocess
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    pending = [mu for mu in MU_GRID if not (RUNS / "calibration" / f"mu{mu:g}.json").exists()]
+    running: list = []
+    while pending or running:
+        while pending and len(running) < jobs:
+            mu = pending.pop(0)
+            (RUNS / "calibration").mkdir(parents=True, exist_ok=True)
+            log = open(RUNS / "calibration" / f"mu{mu:g}.log", "a")
+            cmd = [sys.executable, __file__, "calibrate-one", "--mu", str(mu)]
+            running.append((subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT), mu))
+            print(f"{time.strftime('%H:%M:%S')} calibration mu {mu:g} started", flush=True)
+        time.sleep(2)
+        for proc, mu in list(running):
+            if proc.poll() is not None:
+                running.remove((proc, mu))
+                print(f"{time.strftime('%H:%M:%S')} calibration mu {mu:g} exit {proc.returncode}", flush=True)
+                if proc.returncode:
+                    raise SystemExit(f"calibration mu {mu:g} failed; see {RUNS / 'calibration'}/mu{mu:g}.log")
+    runs = [json.loads((RUNS / "calibration" / f"mu{mu:g}.json").read_text()) for mu in MU_GRID]
+    mu, why = pick_mu(runs)
+    out = {
+        "mu": mu,
+        "why": why,
+        "grid": list(MU_GRID),
+        "steps": CAL_STEPS,
+        "seed": CAL_SEED,
+        "band": list(SHARE_BAND),
+        "tail": TAIL,
+        "runs": runs,
+    }
+    (HERE / "calibration.json").write_text(json.dumps(out, indent=1) + "\n")
+    for r in runs:
+        print(
+            f"mu {r['mu']:<5g} share {r['share_mean']:.4f} (max {r['share_max']:.4f}) threshold median "
+            f"{r['threshold_median']:+.4f} entropy {r['entropy'][0]:.3f}->{r['entropy'][-1]:.3f} "
+            f"{sum(r['seconds']) / len(r['seconds']):.1f} s/step"
+        )
+    print("picked:", why)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The registered analysis (registration, "Endpoints and test"), written before the first cell.
+
+BASELINE, COMPARED = "grpo", ("clip_b_cal", "clip_b_mu1")
+REPLICATES, ANALYSIS_SEED, ALPHA = 20_000, 61, 0.05
+
+
+def avg_per_seed(record: dict, step: int) -> float:
+    """The cell's Avg@8 at an evaluation step: the mean correct fraction over 400 problems x 8 samples."""
+    correct = record["eval_correct"][str(step)]
+    return sum(correct) / (len(correct) * first.EVAL_K)
+
+
+def seed_level(diffs: list[float]) -> dict:
+    """The primary test of one arm: the paired t over seeds (interval and p) and the exact sign-flip p."""
+    from entropy_rft.commands.evidence import seed_t_test, sign_flip_p
+
+    est, p_t = seed_t_test(diffs)
+    return {**est.to_json(), "p_t": p_t, "p_sign_flip": sign_flip_p(diffs), "per_seed": list(diffs)}
+
+
+def verdict(p_t_holm: float, p_flip_holm: float, value: float) -> str:
+    """ "raises"/"lowers" Avg@8 only when both Holm-adjusted seed-level p are below ALPHA; else no difference shown."""
+    if p_t_holm < ALPHA and p_flip_holm < ALPHA:
+        return ("raises" if value > 0 else "lowers") + " Avg@8"
+    return "no difference shown"
+
+
+def clip_summary(record: dict) -> dict:
+    """The realised filter of a Clip_B cell: its share of negative-advantage tokens clipped and its threshold on S*,
+    over all steps and over the second half."""
+    import numpy as np
+
+    c = record["curves"]
+    share = np.asarray(c["filter/frac_clipped_neg"], dtype=float)
+    thr = np.asarray([e - m * v**0.5 for e, m, v in zip(c["filter/ES"], c["filter/mu"], c["filter/varS"])], dtype=float)
+    half = len(share) // 2
+    return {
+        "share_mean": float(share.mean()),
+        "share_mean_second_half": float(share[half:].mean()),
+        "share_max": float(share.max()),
+        "threshold_median": float(np.median(thr)),
+        "threshold_median_second_half": float(np.median(thr[half:])),
+    }
+
+
+def analyse(records: list[dict]) -> dict:
+    """Every registered figure from the cell records."""
+    import numpy as np
+
+    from entropy_rft.commands.evidence import avg_scores, holm, paired_test, pass_at_k_scores, seed_t_interval
+
+    by = {(r["arm"], r["seed"]): r for r in records}
+    arms_here = [a for a in (BASELINE, *COMPARED) if any(k[0] == a for k in by)]
+    compared = [a for a in COMPARED if a in arms_here]
+    seeds = sorted(s for s in {k[1] for k in by} if all((a, s) in by for a in arms_here))
+    if len(seeds) < 2 or not compared or BASELINE not in arms_here:
+        raise ValueError(f"need GRPO and a compared arm on at least 2 common seeds, got {sorted(by)}")
+    steps = first.COMMON["steps"]
+    for r in records:
+        if r["eval_k"] != first.EVAL_K or r["steps"] != steps or set(r["eval_correct"]) != {str(MID_STEP), str(steps)}:
+            raise ValueError(
+                f"cell {r['arm']} seed {r['seed']}: eval_k {r['eval_k']}, steps {r['steps']}, evaluations "
+                f"{sorted(r['eval_correct'])}; registered {first.EVAL_K}, {steps}, [{MID_STEP}, {steps}]"
+            )
+    final = {a: np.array([avg_per_seed(by[(a, s)], steps) for s in seeds]) for a in arms_here}
+    primary = {a: seed_level((final[a] - final[BASELINE]).tolist()) for a in compared}
+    adj_t = holm({a: primary[a]["p_t"] for a in compared})
+    adj_f = holm({a: primary[a]["p_sign_flip"] for a in compared})
+    for a in compared:
+        primary[a].update(p_t_holm=adj_t[a], p_sign_flip_holm=adj_f[a])
+        primary[a]["verdict"] = verdict(adj_t[a], adj_f[a], primary[a]["value"])
+    gen = np.random.default_rng(ANALYSIS_SEED)
+    counts = {
+        (a, st): np.array([by[(a, s)]["eval_correct"][str(st)] for s in seeds])
+        for a in arms_here
+        for st in (MID_STEP, steps)
+    }
+    score = {"avg@8": lambda c: avg_scores(c, first.EVAL_K), "pass@8": lambda c: pass_at_k_scores(c, first.EVAL_K, 8)}
+    secondary = {}
+    for a in compared:
+        for st in (MID_STEP, steps):
+            for name in ("avg@8", "pass@8"):
+                x, b = score[name](counts[(a, st)]), score[name](counts[(BASELINE, st)])
+                est, p = paired_test(x, b, gen, samples=first.EVAL_K, replicates=REPLICATES)
+                per_seed = (x.mean(1) - b.mean(1)).tolist()
+                secondary[f"{a} {name} step {st}"] = {
+                    "two_way_bootstrap": {**est.to_json(), "p": p},
+                    "seed_level": seed_level(per_seed),
+                }
+    last = {a: np.array([first.last_tenth(by[(a, s)]["curves"]["entropy"]) for s in seeds]) for a in arms_here}
+    entropy = {a: {"value": seed_t_interval(last[a]).to_json()} for a in arms_here}
+    for a in compared:
+        entropy[a]["vs_grpo"] = seed_t_interval(last[a] - last[BASELINE]).to_json()
+    clipping = {a: [clip_summary(by[(a, s)]) for s in seeds] for a in compared}
+    absolute = {
+        a: {
+            f"{name} step {st}": seed_t_interval(score[name](counts[(a, st)]).mean(1)).to_json()
+            for st in (MID_STEP, steps)
+            for name in score
+        }
+        for a in arms_here
+    }
+    curves = {
+        a: {
+            k: np.array([by[(a, s)]["curves"][k] for s in seeds], dtype=float).mean(0).round(5).tolist()
+            for k in ("entropy", "accuracy", "response_length")
+        }
+        for a in arms_here
+    }
+    for a in compared:
+        curves[a]["clip_share"] = (
+            np.array([by[(a, s)]["curves"]["filter/frac_clipped_neg"] for s in seeds], dtype=float)
+            .mean(0)
+            .round(5)
+            .tolist()
+        )
+        curves[a]["threshold"] = (
+            np.array(
+                [
+                    [
+                        e - m * v**0.5
+                        for e, m, v in zip(
+                            *(by[(a, s)]["curves"][k] for k in ("filter/ES", "filter/mu", "filter/varS"))
+                        )
+                    ]
+                    for s in seeds
+                ],
+                dtype=float,
+            )
+            .mean(0)
+            .round(5)
+            .tolist()
+        )
+    return {
+        "family": first.FAMILY,
+        "seeds": seeds,
+        "arms": {a: arms()[a] for a in arms_here},
+        "problems": int(counts[(BASELINE, steps)].shape[1]),
+        "eval_k": first.EVAL_K,
+        "primary": primary,
+        "secondary": secondary,
+        "entropy_last_tenth": entropy,
+        "clipping": clipping,
+        "absolute": absolute,
+        "training_accuracy_mean": {
+            a: seed_t_interval([np.mean(by[(a, s)]["curves"]["accuracy"]) for s in seeds]).to_json() for a in arms_here
+        },
+        "curves": curves,
+    }
+
+
+def _pts(e: dict, scale: float = 100, digits: int = 1) -> str:
+    v, lo, hi = (scale * e[k] for k in ("value", "low", "high"))
+    return f"{v:+.{digits}f} [{lo:+.{digits}f}, {hi:+.{digits}f}]"
+
+
+def markdown(r: dict) -> str:
+    lines = [
+        "# SmolLM2-135M from the paper's starting regime: GRPO and Clip_B (issue 61, docs/prereg_real_lm_warm.md)",
+        "",
+        f"Family {r['family']}; seeds {r['seeds']}; arms {json.dumps(r['arms'])}; {r['problems']} held-out problems "
+        f"x {r['eval_k']} samples at temperature {first.EVAL_TEMPERATURE}. Differences against GRPO in points, paired "
+        "by seed; 95% Student-t intervals over seeds.",
+        "",
+        "| primary: final Avg@8 - GRPO | difference | per seed | t p | t Holm p | sign-flip p | sign-flip Holm p "
+        "| verdict |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for a, e in r["primary"].items():
+        per = ", ".join(f"{100 * d:+.1f}" for d in e["per_seed"])
+        lines.append(
+            f"| {a} | {_pts(e)} | {per} | {e['p_t']:.4f} | {e['p_t_holm']:.4f} | {e['p_sign_flip']:.4f} | "
+            f"{e['p_sign_flip_holm']:.4f} | {e['verdict']} |"
+        )
+    lines += ["", "| secondary - GRPO | seed-level t | two-way bootstrap | bootstrap p |", "|---|---|---|---|"]
+    for name, e in r["secondary"].items():
+        b = e["two_way_bootstrap"]
+        lines.append(f"| {name} | {_pts(e['seed_level'])} | {_pts(b)} | {b['p']:.4f} |")
+    lines += [
+        "",
+        "| arm | Avg@8 step 50 | Avg@8 final | Pass@8 final | entropy, last 10% (nats) |",
+        "|---|---|---|---|---|",
+    ]
+    steps = first.COMMON["steps"]
+    for a, d in r["absolute"].items():
+        h = r["entropy_last_tenth"][a]["value"]
+        lines.append(
+            f"| {a} | {100 * d[f'avg@8 step {MID_STEP}']['value']:.1f} | "
+            f"{100 * d[f'avg@8 step {steps}']['value']:.1f} | "
+            f"{100 * d[f'pass@8 step {steps}']['value']:.1f} | {h['value']:.3f} [{h['low']:.3f}, {h['high']:.3f}] |"
+        )
+    for a in r["primary"]:
+        lines.append(
+            f"\n{a} - GRPO, entropy over the last 10% of steps: "
+            f"{_pts(r['entropy_last_tenth'][a]['vs_grpo'], 1, 3)} nats"
+        )
+    lines += [
+        "",
+        "| realised filter (per seed) | share of A < 0 tokens clipped | second half | threshold median |",
+        "|---|---|---|---|",
+    ]
+    for a, rows in r["clipping"].items():
+        lines.append(
+            f"| {a} | "
+            + ", ".join(f"{100 * c['share_mean']:.1f}%" for c in rows)
+            + " | "
+            + ", ".join(f"{100 * c['share_mean_second_half']:.1f}%" for c in rows)
+            + " | "
+            + ", ".join(f"{c['threshold_median']:+.3f}" for c in rows)
+            + " |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def figure(r: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 4, figsize=(17, 3.6))
+    for a, c in r["curves"].items():
+        x = range(1, len(c["entropy"]) + 1)
+        axes[0].plot(x, c["entropy"], label=a)
+        axes[1].plot(x, first.trailing_mean(c["accuracy"]), label=a)
+        if "clip_share" in c:
+            axes[2].plot(x, c["clip_share"], label=a)
+            axes[3].plot(x, c["threshold"], label=a)
+    axes[0].set(xlabel="step", ylabel="token entropy (nats)", title="entropy (mean over seeds)")
+    axes[1].set(xlabel="step", ylabel="training accuracy", title="accuracy (10-step mean)")
+    axes[2].set(xlabel="step", ylabel="share of A < 0 tokens clipped", title="realised filter")
+    axes[3].axhline(TAIL, color="grey", lw=0.8, ls="--")
+    axes[3].set(xlabel="step", ylabel="mean - mu std of S*", title="Clip_B threshold")
+    for ax in axes:
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def cmd_analyse(cells: Path, dest: Path) -> dict:
+    records = [json.loads(p.read_text()) for p in sorted(cells.glob("cells/*/*/cell.json"))]
+    result = analyse(records)
+    dest.mkdir(parents=True, exist_ok=True)
+    (dest / "cells.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    (dest / "study.json").write_text(json.dumps(result, indent=1) + "\n")
+    (dest / "study.md").write_text(markdown(result))
+    figure(result, dest / "curves.png")
+    print(markdown(result))
+    return result
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    s = sub.add_parser("start", help="GRPO seed 0 of the first study to the start step, compared with its record")
+    s.add_argument("--step", type=int, default=None, help="default: the rule's step (start_step_of)")
+    sub.add_parser("filter", help="the paper's pass-rate filter of the training problems under the start point")
+    c = sub.add_parser("calibrate", help="Clip_B from the start point at each mu of the grid, then the rule")
+    c.add_argument("--jobs", type=int, default=2)
+    one = sub.add_parser("calibrate-one", help="one calibration run (what calibrate starts)")
+    one.add_argument("--mu", type=float, required=True)
+    r = sub.add_parser("run", help="every cell not yet done (resumable), --jobs at a time")
+    r.add_argument("--out", default=str(RUNS))
+    r.add_argument("--jobs", type=int, default=2)
+    r.add_argument("--arms", default=",".join(ARMS))
+    cell = sub.add_parser("cell", help="one cell in this process (what run starts)")
+    cell.add_argument("--out", required=True)
+    cell.add_argument("--task", default=first.FAMILY)
+    cell.add_argument("--method", required=True, choices=ARMS, help="the arm")
+    cell.add_argument("--seed", type=int, required=True)
+    cell.add_argument("--steps", type=int, default=None)
+    a = sub.add_parser("analyse", help="the registered analysis")
+    a.add_argument("--cells", default=str(RUNS), help="a directory holding cells/")
+    a.add_argument("--dest", default=str(HERE))
+    args = parser.parse_args(argv)
+    if args.command == "start":
+        cmd_start(args.step)
+    elif args.command == "filter":
+        cmd_filter()
+    elif args.command == "calibrate":
+        cmd_calibrate(args.jobs)
+    elif args.command == "calibrate-one":
+        out = calibration_run(args.mu)
+        path = RUNS / "calibration" / f"mu{args.mu:g}.json"
+        path.write_text(json.dumps(out) + "\n")
+    elif args.command == "run":
+        import study  # benchmarks/study.py
+
+        cells = [(first.FAMILY, arm, s) for s in SEEDS for arm in args.arms.split(",")]
+        study.run_cells(Path(args.out), cells, args.jobs, script=Path(__file__), where=cell_dir)
+    elif args.command == "cell":
+        if run_cell(args.method, args.seed, Path(args.out)) is None:
+            raise SystemExit(3)
+    elif args.command == "analyse":
+        cmd_analyse(Path(args.cells), Path(args.dest))
+
+
+if __name__ == "__main__":
+    main()

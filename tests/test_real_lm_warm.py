@@ -1,0 +1,200 @@
+"""The second real-model study (issue 61; benchmarks/real_lm_warm.py, docs/prereg_real_lm_warm.md): the start step's
+rule on the first study's committed record, the calibration rule, the Clip_B threshold, and the registered analysis on
+synthetic records whose answers are computed here by loops."""
+
+import importlib.util
+import itertools
+import json
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+
+def _load(name):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up while it runs
+    spec.loader.exec_module(module)
+    return module
+
+
+first = sys.modules.get("real_lm_study") or _load("real_lm_study")
+warm = _load("real_lm_warm")
+
+
+def test_start_step_is_the_first_with_ten_percent_trailing_accuracy_in_the_first_studys_grpo_seed_0():
+    """The start step (37) is the first step whose mean training accuracy over the last 10 steps (fewer at the start)
+    reaches 10% in the committed GRPO seed 0 record, found here by a plain loop over its metrics rows."""
+    rows = [
+        json.loads(x)
+        for x in next((first.HERE / "cells" / "grpo").glob("seed0-*/metrics.jsonl")).read_text().splitlines()
+    ]
+    acc = [r["accuracy"] for r in rows]
+    step = next(s for s in range(1, len(acc) + 1) if sum(acc[max(0, s - 10) : s]) / min(s, 10) >= 0.10)
+    assert warm.start_step_of(warm.first_record()) == step == 37
+
+
+def test_the_filter_keeps_pass_rates_strictly_between_one_and_fifteen_sixteenths():
+    """The paper drops problems with pass rate >= 15/16 or <= 1/16 (section 5.1): of 16 samples, 2 to 14 right stay."""
+    kept = [c for c in range(warm.FILTER_K + 1) if warm.KEEP_LOW <= c <= warm.KEEP_HIGH]
+    assert kept == [c for c in range(17) if 1 / 16 < c / 16 < 15 / 16]
+
+
+def test_threshold_is_mean_minus_mu_std_of_s_star():
+    """Clip_B clips S* - mean < -mu std (core.masks.clip_b); the logged threshold is mean - mu sqrt(varS)."""
+    assert warm.threshold({"filter/ES": 0.2, "filter/varS": 0.09, "filter/mu": 1.5}) == pytest.approx(0.2 - 1.5 * 0.3)
+    assert warm.threshold({"entropy": 1.0}) is None
+
+
+def test_pick_mu_is_the_smallest_mu_in_the_band_with_its_threshold_in_the_tail():
+    """The registered rule: the smallest grid mu whose mean share is within 1-3% and whose median threshold is below
+    S* = -0.03; a mu in the band whose threshold sits near 0 does not count; none found is said so."""
+
+    def run(mu, share, thr):
+        return {"mu": mu, "share_mean": share, "threshold_median": thr}
+
+    runs = [run(1.0, 0.12, 0.0), run(1.25, 0.029, -0.01), run(1.5, 0.025, -0.05), run(2.0, 0.012, -0.09)]
+    assert warm.pick_mu(runs)[0] == 1.5
+    assert warm.pick_mu([run(1.0, 0.12, 0.0), run(2.5, 0.004, -0.2)])[0] is None
+    assert "no mu" in warm.pick_mu([run(1.0, 0.12, 0.0)])[1]
+
+
+def _record(arm, seed, final, mid, rng, steps=100, problems=12):
+    """A synthetic cell record with per-problem correct counts of the given mean accuracy."""
+
+    def counts(p):
+        return rng.binomial(8, p, size=problems).tolist()
+
+    curves = {k: rng.uniform(0, 1, steps).tolist() for k in warm.CURVES}
+    curves["filter/mu"] = [1.0] * steps
+    return {
+        "arm": arm,
+        "seed": seed,
+        "steps": steps,
+        "eval_k": 8,
+        "eval_correct": {str(warm.MID_STEP): counts(mid), str(steps): counts(final)},
+        "curves": curves,
+    }
+
+
+@pytest.fixture
+def records(monkeypatch):
+    monkeypatch.setattr(warm, "arms", lambda: {a: {"method": a} for a in warm.ARMS})
+    rng = np.random.default_rng(0)
+    out = []
+    for s in range(5):
+        out.append(_record("grpo", s, 0.4, 0.3, rng))
+        out.append(_record("clip_b_cal", s, 0.55, 0.3, rng))
+        out.append(_record("clip_b_mu1", s, 0.4, 0.3, rng))
+    return out
+
+
+def test_primary_is_the_seed_level_paired_difference_with_its_t_and_sign_flip_tests(records):
+    """Per seed, Avg@8 is the mean correct fraction over problems x 8 samples; the primary difference is their paired
+    mean over seeds; t p from the t statistic on S - 1 df, sign-flip p by enumerating the 2^S sign vectors; Holm over
+    the two arms; a verdict only where both adjusted p are below 0.05."""
+    from entropy_rft.commands.evidence import t_two_sided_p
+
+    r = warm.analyse(records)
+    by = {(x["arm"], x["seed"]): x for x in records}
+    for arm in warm.COMPARED:
+        d = []
+        for s in range(5):
+            a = sum(by[(arm, s)]["eval_correct"]["100"]) / (12 * 8)
+            b = sum(by[("grpo", s)]["eval_correct"]["100"]) / (12 * 8)
+            d.append(a - b)
+        e = r["primary"][arm]
+        assert e["per_seed"] == pytest.approx(d, abs=1e-15) and e["value"] == pytest.approx(np.mean(d), abs=1e-15)
+        t = np.mean(d) / (np.std(d, ddof=1) / math.sqrt(5))
+        assert e["p_t"] == pytest.approx(t_two_sided_p(t, 4), abs=1e-12)
+        flips = [
+            abs(sum(s * x for s, x in zip(signs, d))) >= abs(sum(d)) - 1e-12
+            for signs in itertools.product((1, -1), repeat=5)
+        ]
+        assert e["p_sign_flip"] == sum(flips) / 32
+    ps_t = sorted((r["primary"][a]["p_t"], a) for a in warm.COMPARED)
+    assert r["primary"][ps_t[0][1]]["p_t_holm"] == pytest.approx(min(1, 2 * ps_t[0][0]))
+    for arm in warm.COMPARED:
+        e = r["primary"][arm]
+        both = e["p_t_holm"] < 0.05 and e["p_sign_flip_holm"] < 0.05
+        assert (e["verdict"] != "no difference shown") == both
+    assert r["primary"]["clip_b_cal"]["value"] > 0.05  # the synthetic effect (0.55 against 0.4) is seen
+
+
+def test_analysis_refuses_records_of_other_settings(records):
+    """A record with another step count or without the registered mid-run evaluation is refused by name."""
+    records[0]["steps"] = 50
+    with pytest.raises(ValueError, match="cell grpo seed 0"):
+        warm.analyse(records)
+    records[0]["steps"] = 100
+    del records[1]["eval_correct"]["50"]
+    with pytest.raises(ValueError, match="cell clip_b_cal seed 0"):
+        warm.analyse(records)
+
+
+def test_clip_summary_reads_the_realised_share_and_threshold(records):
+    """The realised filter: the mean share of negative-advantage tokens clipped over all steps and the second half,
+    and the median threshold mean - mu std, recomputed here from the curves."""
+    c = records[1]["curves"]
+    out = warm.clip_summary(records[1])
+    thr = [e - m * math.sqrt(v) for e, m, v in zip(c["filter/ES"], c["filter/mu"], c["filter/varS"])]
+    assert out["share_mean"] == pytest.approx(np.mean(c["filter/frac_clipped_neg"]))
+    assert out["share_mean_second_half"] == pytest.approx(np.mean(c["filter/frac_clipped_neg"][50:]))
+    assert out["threshold_median"] == pytest.approx(np.median(thr))
+
+
+def test_a_cell_split_at_its_mid_run_evaluation_is_the_unstopped_run(tmp_path, monkeypatch):
+    """run_cell trains to MID_STEP, evaluates that checkpoint, then resumes to the end and evaluates the last one: on
+    the shipped tiny policy (4 steps, the mid-run evaluation at 2) its metrics rows are an unstopped 4-step run's, bit
+    for bit but for the clock, steps 1-4 once each; each evaluation sees its own step's checkpoint; the record is
+    written before the checkpoints go; a start point whose weights differ from start.json is refused."""
+    import dataclasses
+
+    from entropy_rft.config import resolve_config
+    from entropy_rft.logging import read_metrics
+    from entropy_rft.trainer import train
+
+    tiny = {"steps": 4, "prompts_per_step": 4, "group_size": 4, "eval_problems": 0, "save_every": 1, "progress": False}
+    start = tmp_path / "start"
+    start.mkdir()
+    (start / "model.safetensors").write_bytes(b"weights")
+    (tmp_path / "here").mkdir()
+    info = {"step": 37, "checkpoint": str(start), "weights_sha256": warm.sha256(start / "model.safetensors")}
+    (tmp_path / "here" / "start.json").write_text(json.dumps(info))
+    monkeypatch.setattr(warm, "HERE", tmp_path / "here")
+    monkeypatch.setattr(warm, "MID_STEP", 2)
+    monkeypatch.setattr(warm, "common", lambda: dict(tiny))
+    monkeypatch.setattr(
+        warm, "arms", lambda: {"grpo": {"method": "grpo"}, "clip_b_mu1": {"method": "clip_b", "mu": 1.0}}
+    )
+    seen = []
+
+    def final_eval(model_dir, seed):
+        seen.append((Path(model_dir).name, (Path(model_dir) / "model.safetensors").exists(), seed))
+        return {"correct": [1, 2], "seconds": 0.0}
+
+    monkeypatch.setattr(first, "final_eval", final_eval)
+    record = warm.run_cell("clip_b_mu1", 3, tmp_path / "out")
+    assert seen == [("checkpoint-2", True, 3), ("checkpoint-4", True, 3)]
+    assert record["eval_correct"] == {"2": [1, 2], "4": [1, 2]} and record["start"]["step"] == 37
+    where = warm.cell_dir(tmp_path / "out", "", "clip_b_mu1", 3)
+    assert not list((where / "run").glob("checkpoint-*")) and (where / "cell.json").exists()
+    cfg = resolve_config(tiny, {"method": "clip_b", "mu": 1.0}, {"seed": 3, "out": str(tmp_path / "unstopped")})
+    train(dataclasses.replace(cfg, save_every=0), resume=False)
+
+    def plain(rows):
+        return [{k: v for k, v in r.items() if not k.startswith("time/") and k != "seconds"} for r in rows]
+
+    rows = read_metrics(where / "run")
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    assert plain(rows) == plain(read_metrics(tmp_path / "unstopped"))
+    assert record["curves"]["filter/frac_clipped_neg"] == [r["filter/frac_clipped_neg"] for r in rows]
+    (start / "model.safetensors").write_bytes(b"other weights")
+    with pytest.raises(SystemExit, match="not the registered start point"):
+        warm.run_cell("grpo", 3, tmp_path / "out")
