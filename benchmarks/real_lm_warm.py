@@ -254,14 +254,15 @@ def cell_dir(out: Path, task: str, arm: str, seed: int, steps: int | None = None
     return out / "cells" / arm / f"seed{seed}-{settings_key(cell_config(arm, seed))}"
 
 
-def threshold(row: dict) -> float | None:
-    """Clip_B's threshold on S* at one step: mean_B(S*) - mu std_B(S*) (filter/ES, filter/varS, filter/mu)."""
+def threshold(row: dict, mu: float) -> float | None:
+    """Clip_B's threshold on S* at one step: mean_B(S*) - mu std_B(S*) from the step's filter/ES and filter/varS (mu
+    is the run's setting: filter/mu is logged only under the entropy controller)."""
     if "filter/ES" not in row:
         return None
-    return row["filter/ES"] - row.get("filter/mu", 0.0) * row["filter/varS"] ** 0.5
+    return row["filter/ES"] - mu * row["filter/varS"] ** 0.5
 
 
-CURVES = first.CURVES + ("filter/frac_clipped_neg", "filter/ES", "filter/varS", "filter/mu")
+CURVES = first.CURVES + ("filter/frac_clipped_neg", "filter/ES", "filter/varS")
 
 
 def _train_steps(cfg, steps: int) -> None:
@@ -360,7 +361,7 @@ def calibration_run(mu: float) -> dict:
     train(cfg, resume="auto")
     rows = read_metrics(run)
     share = [r["filter/frac_clipped_neg"] for r in rows]
-    thr = [threshold(r) for r in rows]
+    thr = [threshold(r, mu) for r in rows]
     return {
         "mu": mu,
         "share_mean": sum(share) / len(share),
@@ -457,14 +458,23 @@ def verdict(p_t_holm: float, p_flip_holm: float, value: float) -> str:
     return "no difference shown"
 
 
+def thresholds(record: dict):
+    """The cell's Clip_B threshold at every step (threshold), with the cell's own mu."""
+    import numpy as np
+
+    c, mu = record["curves"], record["settings"]["mu"]
+    return np.array(
+        [threshold({"filter/ES": e, "filter/varS": v}, mu) for e, v in zip(c["filter/ES"], c["filter/varS"])]
+    )
+
+
 def clip_summary(record: dict) -> dict:
     """The realised filter of a Clip_B cell: its share of negative-advantage tokens clipped and its threshold on S*,
     over all steps and over the second half."""
     import numpy as np
 
-    c = record["curves"]
-    share = np.asarray(c["filter/frac_clipped_neg"], dtype=float)
-    thr = np.asarray([e - m * v**0.5 for e, m, v in zip(c["filter/ES"], c["filter/mu"], c["filter/varS"])], dtype=float)
+    share = np.asarray(record["curves"]["filter/frac_clipped_neg"], dtype=float)
+    thr = thresholds(record)
     half = len(share) // 2
     return {
         "share_mean": float(share.mean()),
@@ -546,23 +556,7 @@ def analyse(records: list[dict]) -> dict:
             .round(5)
             .tolist()
         )
-        curves[a]["threshold"] = (
-            np.array(
-                [
-                    [
-                        e - m * v**0.5
-                        for e, m, v in zip(
-                            *(by[(a, s)]["curves"][k] for k in ("filter/ES", "filter/mu", "filter/varS"))
-                        )
-                    ]
-                    for s in seeds
-                ],
-                dtype=float,
-            )
-            .mean(0)
-            .round(5)
-            .tolist()
-        )
+        curves[a]["threshold"] = np.array([thresholds(by[(a, s)]) for s in seeds]).mean(0).round(5).tolist()
     return {
         "family": first.FAMILY,
         "seeds": seeds,

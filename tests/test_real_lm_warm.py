@@ -48,8 +48,8 @@ def test_the_filter_keeps_pass_rates_strictly_between_one_and_fifteen_sixteenths
 
 def test_threshold_is_mean_minus_mu_std_of_s_star():
     """Clip_B clips S* - mean < -mu std (core.masks.clip_b); the logged threshold is mean - mu sqrt(varS)."""
-    assert warm.threshold({"filter/ES": 0.2, "filter/varS": 0.09, "filter/mu": 1.5}) == pytest.approx(0.2 - 1.5 * 0.3)
-    assert warm.threshold({"entropy": 1.0}) is None
+    assert warm.threshold({"filter/ES": 0.2, "filter/varS": 0.09}, 1.5) == pytest.approx(0.2 - 1.5 * 0.3)
+    assert warm.threshold({"entropy": 1.0}, 1.5) is None
 
 
 def test_pick_mu_is_the_smallest_mu_in_the_band_with_its_threshold_in_the_tail():
@@ -72,8 +72,8 @@ def _record(arm, seed, final, mid, rng, steps=100, problems=12):
         return rng.binomial(8, p, size=problems).tolist()
 
     curves = {k: rng.uniform(0, 1, steps).tolist() for k in warm.CURVES}
-    curves["filter/mu"] = [1.0] * steps
     return {
+        "settings": {"mu": None if arm == "grpo" else 1.5},
         "arm": arm,
         "seed": seed,
         "steps": steps,
@@ -143,7 +143,7 @@ def test_clip_summary_reads_the_realised_share_and_threshold(records):
     and the median threshold mean - mu std, recomputed here from the curves."""
     c = records[1]["curves"]
     out = warm.clip_summary(records[1])
-    thr = [e - m * math.sqrt(v) for e, m, v in zip(c["filter/ES"], c["filter/mu"], c["filter/varS"])]
+    thr = [e - 1.5 * math.sqrt(v) for e, v in zip(c["filter/ES"], c["filter/varS"])]
     assert out["share_mean"] == pytest.approx(np.mean(c["filter/frac_clipped_neg"]))
     assert out["share_mean_second_half"] == pytest.approx(np.mean(c["filter/frac_clipped_neg"][50:]))
     assert out["threshold_median"] == pytest.approx(np.median(thr))
@@ -198,3 +198,20 @@ def test_a_cell_split_at_its_mid_run_evaluation_is_the_unstopped_run(tmp_path, m
     (start / "model.safetensors").write_bytes(b"other weights")
     with pytest.raises(SystemExit, match="not the registered start point"):
         warm.run_cell("grpo", 3, tmp_path / "out")
+
+
+def test_the_analysis_writes_its_tables_and_figure_from_cell_records(records, tmp_path):
+    """cmd_analyse reads cells/<arm>/<seed dir>/cell.json, writes cells.jsonl, study.json, study.md (each arm's
+    per-seed differences and its verdict) and curves.png."""
+    for r in records:
+        d = tmp_path / "run" / "cells" / r["arm"] / f"seed{r['seed']}-x"
+        d.mkdir(parents=True)
+        (d / "cell.json").write_text(json.dumps(r))
+    out = warm.cmd_analyse(tmp_path / "run", tmp_path / "dest")
+    md = (tmp_path / "dest" / "study.md").read_text()
+    for arm in warm.COMPARED:
+        e = out["primary"][arm]
+        assert ", ".join(f"{100 * d:+.1f}" for d in e["per_seed"]) in md and e["verdict"] in md
+    assert json.loads((tmp_path / "dest" / "study.json").read_text())["seeds"] == list(range(5))
+    assert (tmp_path / "dest" / "curves.png").read_bytes()[:4] == b"\x89PNG"
+    assert len((tmp_path / "dest" / "cells.jsonl").read_text().splitlines()) == 15
