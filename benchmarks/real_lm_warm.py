@@ -254,6 +254,13 @@ def cell_dir(out: Path, task: str, arm: str, seed: int, steps: int | None = None
     return out / "cells" / arm / f"seed{seed}-{settings_key(cell_config(arm, seed))}"
 
 
+def has_negative_tokens(frac_zero_advantage: float) -> bool:
+    """Whether a step had negative-advantage tokens: some group's rewards differed (a group-normalised advantage then
+    has both signs). On a step with none the authors' formula gives filter/frac_clipped_neg = 1 - 0 / max(0, 1) = 1,
+    not a share: such steps are left out of the realised share."""
+    return frac_zero_advantage < 1.0
+
+
 def threshold(row: dict, mu: float) -> float | None:
     """Clip_B's threshold on S* at one step: mean_B(S*) - mu std_B(S*) from the step's filter/ES and filter/varS (mu
     is the run's setting: filter/mu is logged only under the entropy controller)."""
@@ -360,13 +367,15 @@ def calibration_run(mu: float) -> dict:
     cfg = calibration_config(mu, run)
     train(cfg, resume="auto")
     rows = read_metrics(run)
-    share = [r["filter/frac_clipped_neg"] for r in rows]
-    thr = [threshold(r, mu) for r in rows]
+    signal = [r for r in rows if has_negative_tokens(r["frac_zero_advantage"])]
+    share = [r["filter/frac_clipped_neg"] for r in signal]
+    thr = [threshold(r, mu) for r in signal]
     return {
         "mu": mu,
-        "share_mean": sum(share) / len(share),
-        "share_max": max(share),
-        "threshold_median": sorted(thr)[len(thr) // 2],
+        "signal_steps": len(signal),
+        "share_mean": sum(share) / len(share) if share else float("nan"),
+        "share_max": max(share, default=float("nan")),
+        "threshold_median": sorted(thr)[len(thr) // 2] if thr else float("nan"),
         "share": share,
         "threshold": thr,
         "entropy": [r["entropy"] for r in rows],
@@ -473,15 +482,20 @@ def clip_summary(record: dict) -> dict:
     over all steps and over the second half."""
     import numpy as np
 
-    share = np.asarray(record["curves"]["filter/frac_clipped_neg"], dtype=float)
+    c = record["curves"]
+    signal = np.array([has_negative_tokens(z) for z in c["frac_zero_advantage"]])
+    second = signal & (np.arange(len(signal)) >= len(signal) // 2)
+    share = np.asarray(c["filter/frac_clipped_neg"], dtype=float)
     thr = thresholds(record)
-    half = len(share) // 2
+    if not second.any():
+        return {"signal_steps": int(signal.sum())}
     return {
-        "share_mean": float(share.mean()),
-        "share_mean_second_half": float(share[half:].mean()),
-        "share_max": float(share.max()),
-        "threshold_median": float(np.median(thr)),
-        "threshold_median_second_half": float(np.median(thr[half:])),
+        "signal_steps": int(signal.sum()),
+        "share_mean": float(share[signal].mean()),
+        "share_mean_second_half": float(share[second].mean()),
+        "share_max": float(share[signal].max()),
+        "threshold_median": float(np.median(thr[signal])),
+        "threshold_median_second_half": float(np.median(thr[second])),
     }
 
 
@@ -580,6 +594,10 @@ def _pts(e: dict, scale: float = 100, digits: int = 1) -> str:
     return f"{v:+.{digits}f} [{lo:+.{digits}f}, {hi:+.{digits}f}]"
 
 
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.1f}%"
+
+
 def markdown(r: dict) -> str:
     lines = [
         "# SmolLM2-135M from the paper's starting regime: GRPO and Clip_B (issue 61, docs/prereg_real_lm_warm.md)",
@@ -628,11 +646,11 @@ def markdown(r: dict) -> str:
     for a, rows in r["clipping"].items():
         lines.append(
             f"| {a} | "
-            + ", ".join(f"{100 * c['share_mean']:.1f}%" for c in rows)
+            + ", ".join(_pct(c.get("share_mean")) for c in rows)
             + " | "
-            + ", ".join(f"{100 * c['share_mean_second_half']:.1f}%" for c in rows)
+            + ", ".join(_pct(c.get("share_mean_second_half")) for c in rows)
             + " | "
-            + ", ".join(f"{c['threshold_median']:+.3f}" for c in rows)
+            + ", ".join("-" if "threshold_median" not in c else f"{c['threshold_median']:+.3f}" for c in rows)
             + " |"
         )
     return "\n".join(lines) + "\n"

@@ -139,65 +139,23 @@ def test_analysis_refuses_records_of_other_settings(records):
 
 
 def test_clip_summary_reads_the_realised_share_and_threshold(records):
-    """The realised filter: the mean share of negative-advantage tokens clipped over all steps and the second half,
-    and the median threshold mean - mu std, recomputed here from the curves."""
-    c = records[1]["curves"]
-    out = warm.clip_summary(records[1])
-    thr = [e - 1.5 * math.sqrt(v) for e, v in zip(c["filter/ES"], c["filter/varS"])]
-    assert out["share_mean"] == pytest.approx(np.mean(c["filter/frac_clipped_neg"]))
-    assert out["share_mean_second_half"] == pytest.approx(np.mean(c["filter/frac_clipped_neg"][50:]))
-    assert out["threshold_median"] == pytest.approx(np.median(thr))
-
-
-def test_a_cell_split_at_its_mid_run_evaluation_is_the_unstopped_run(tmp_path, monkeypatch):
-    """run_cell trains to MID_STEP, evaluates that checkpoint, then resumes to the end and evaluates the last one: on
-    the shipped tiny policy (4 steps, the mid-run evaluation at 2) its metrics rows are an unstopped 4-step run's, bit
-    for bit but for the clock, steps 1-4 once each; each evaluation sees its own step's checkpoint; the record is
-    written before the checkpoints go; a start point whose weights differ from start.json is refused."""
-    import dataclasses
-
-    from entropy_rft.config import resolve_config
-    from entropy_rft.logging import read_metrics
-    from entropy_rft.trainer import train
-
-    tiny = {"steps": 4, "prompts_per_step": 4, "group_size": 4, "eval_problems": 0, "save_every": 1, "progress": False}
-    start = tmp_path / "start"
-    start.mkdir()
-    (start / "model.safetensors").write_bytes(b"weights")
-    (tmp_path / "here").mkdir()
-    info = {"step": 37, "checkpoint": str(start), "weights_sha256": warm.sha256(start / "model.safetensors")}
-    (tmp_path / "here" / "start.json").write_text(json.dumps(info))
-    monkeypatch.setattr(warm, "HERE", tmp_path / "here")
-    monkeypatch.setattr(warm, "MID_STEP", 2)
-    monkeypatch.setattr(warm, "common", lambda: dict(tiny))
-    monkeypatch.setattr(
-        warm, "arms", lambda: {"grpo": {"method": "grpo"}, "clip_b_mu1": {"method": "clip_b", "mu": 1.0}}
+    """The realised filter: the mean share of negative-advantage tokens clipped over the steps that had such tokens
+    (a step whose groups all had equal rewards logs the authors' 1 and is left out) and over those of the second half,
+    and the median threshold mean - mu std over the same steps, recomputed here from the curves by loops."""
+    rec = records[1]
+    c = rec["curves"]
+    for i in (3, 60, 61):
+        c["frac_zero_advantage"][i], c["filter/frac_clipped_neg"][i] = 1.0, 1.0
+    out = warm.clip_summary(rec)
+    keep = [i for i in range(100) if c["frac_zero_advantage"][i] < 1]
+    second = [i for i in keep if i >= 50]
+    thr = [c["filter/ES"][i] - 1.5 * math.sqrt(c["filter/varS"][i]) for i in keep]
+    assert out["signal_steps"] == 97
+    assert out["share_mean"] == pytest.approx(sum(c["filter/frac_clipped_neg"][i] for i in keep) / 97)
+    assert out["share_mean_second_half"] == pytest.approx(
+        sum(c["filter/frac_clipped_neg"][i] for i in second) / len(second)
     )
-    seen = []
-
-    def final_eval(model_dir, seed):
-        seen.append((Path(model_dir).name, (Path(model_dir) / "model.safetensors").exists(), seed))
-        return {"correct": [1, 2], "seconds": 0.0}
-
-    monkeypatch.setattr(first, "final_eval", final_eval)
-    record = warm.run_cell("clip_b_mu1", 3, tmp_path / "out")
-    assert seen == [("checkpoint-2", True, 3), ("checkpoint-4", True, 3)]
-    assert record["eval_correct"] == {"2": [1, 2], "4": [1, 2]} and record["start"]["step"] == 37
-    where = warm.cell_dir(tmp_path / "out", "", "clip_b_mu1", 3)
-    assert not list((where / "run").glob("checkpoint-*")) and (where / "cell.json").exists()
-    cfg = resolve_config(tiny, {"method": "clip_b", "mu": 1.0}, {"seed": 3, "out": str(tmp_path / "unstopped")})
-    train(dataclasses.replace(cfg, save_every=0), resume=False)
-
-    def plain(rows):
-        return [{k: v for k, v in r.items() if not k.startswith("time/") and k != "seconds"} for r in rows]
-
-    rows = read_metrics(where / "run")
-    assert [r["step"] for r in rows] == [1, 2, 3, 4]
-    assert plain(rows) == plain(read_metrics(tmp_path / "unstopped"))
-    assert record["curves"]["filter/frac_clipped_neg"] == [r["filter/frac_clipped_neg"] for r in rows]
-    (start / "model.safetensors").write_bytes(b"other weights")
-    with pytest.raises(SystemExit, match="not the registered start point"):
-        warm.run_cell("grpo", 3, tmp_path / "out")
+    assert out["share_max"] < 1 and out["threshold_median"] == pytest.approx(float(np.median(thr)))
 
 
 def test_the_analysis_writes_its_tables_and_figure_from_cell_records(records, tmp_path):
