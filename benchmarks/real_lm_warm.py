@@ -74,53 +74,63 @@ def sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-COMPARED_KEYS = ("reward_mean", "accuracy", "entropy", "loss/policy", "grad_norm", "response_length", "s_star_mean")
+COMPARED_KEYS = ("accuracy", "reward_mean", "response_length", "loss/policy", "grad_norm", "entropy", "s_star_mean")
 
 
-def cmd_start(step: int | None) -> dict:
-    """Train GRPO seed 0 with the first study's settings to `step` (default: the rule's), then compare its metrics with
-    the committed record's, step by step, and write start.json."""
-    import torch
+def same_as_first_study(rows: list[dict], committed: list[dict]) -> dict:
+    """Per compared metric, the steps where this run's row differs from the first study's and the largest relative
+    difference: the sampled tokens are the same run's when accuracy and response lengths agree at every step."""
+    out = {}
+    for k in COMPARED_KEYS:
+        diff = [(r["step"], r.get(k), c.get(k)) for r, c in zip(rows, committed) if r.get(k) != c.get(k)]
+        rel = max((abs(a - b) / max(abs(b), 1e-30) for _, a, b in diff), default=0.0)
+        out[k] = {"steps_differing": [d[0] for d in diff], "max_relative_difference": rel}
+    return out
 
+
+def start_record(step: int, seconds: float) -> dict:
+    """start.json: the start step, its rule, the weights' SHA-256, this run's own trailing accuracy and entropy at the
+    step, and how its metrics compare with the first study's GRPO seed 0 record."""
     from entropy_rft.logging import read_metrics
     from entropy_rft.run.checkpoint import checkpoint_dir
-    from entropy_rft.trainer import train
 
-    torch.set_num_threads(1)
-    record = first_record()
-    step = step or start_step_of(record)
-    run = RUNS / "start"
-    cfg = start_config(step, run)
-    t0 = time.time()
-    train(cfg, resume="auto")
+    record, run = first_record(), RUNS / "start"
     rows = read_metrics(run)[:step]
-    committed = [
-        json.loads(line)
-        for line in (first.HERE / "cells" / "grpo").glob("seed0-*/metrics.jsonl").__next__().read_text().splitlines()
-    ][:step]
-    differ = [
-        (r["step"], k, r.get(k), c.get(k))
-        for r, c in zip(rows, committed)
-        for k in COMPARED_KEYS
-        if r.get(k) != c.get(k)
-    ]
+    committed = first.read(next((first.HERE / "cells" / "grpo").glob(f"seed{START_SEED}-*/metrics.jsonl")))[:step]
     ckpt = checkpoint_dir(run, step)
-    out = {
+    acc = first.trailing_mean([r["accuracy"] for r in rows], START_WINDOW)
+    ent = first.trailing_mean([r["entropy"] for r in rows], START_WINDOW)
+    return {
         "step": step,
         "rule": f"first step with trailing {START_WINDOW}-step training accuracy >= {START_ACCURACY} "
         f"in the first study's GRPO seed {START_SEED}",
         "rule_step": start_step_of(record),
         "checkpoint": str(ckpt),
         "weights_sha256": sha256(ckpt / "model.safetensors"),
-        "same_as_first_study": {"steps_compared": len(rows), "keys": list(COMPARED_KEYS), "differences": differ[:20]},
-        "trailing_accuracy": float(first.trailing_mean(record["curves"]["accuracy"], START_WINDOW)[step - 1]),
-        "trailing_entropy": float(first.trailing_mean(record["curves"]["entropy"], START_WINDOW)[step - 1]),
-        "seconds": round(time.time() - t0, 1),
+        "trailing_accuracy": float(acc[-1]),
+        "trailing_entropy": float(ent[-1]),
+        "entropy_first_10_steps": float(sum(r["entropy"] for r in rows[:10]) / 10),
+        "steps_compared": len(rows),
+        "same_as_first_study": same_as_first_study(rows, committed),
+        "seconds": round(seconds, 1),
         "code": os.environ.get("STUDY_CODE", "worktree"),
     }
+
+
+def cmd_start(step: int | None) -> dict:
+    """Train GRPO seed 0 with the first study's settings to `step` (default: the rule's), then write start.json."""
+    import torch
+
+    from entropy_rft.trainer import train
+
+    torch.set_num_threads(1)
+    step = step or start_step_of(first_record())
+    t0 = time.time()
+    train(start_config(step, RUNS / "start"), resume="auto")
+    out = start_record(step, time.time() - t0)
     HERE.mkdir(parents=True, exist_ok=True)
     (HERE / "start.json").write_text(json.dumps(out, indent=1) + "\n")
-    print(json.dumps({k: v for k, v in out.items() if k != "same_as_first_study"}), len(differ), "differences")
+    print(json.dumps({k: v for k, v in out.items() if k != "same_as_first_study"}))
     return out
 
 
