@@ -335,12 +335,17 @@ def trailing_mean(x, window: int = SMOOTH):
     return (c[i] - c[lo]) / (i - lo)
 
 
-def matched_entropy(record: dict) -> dict[str, float]:
-    """The cell's mean entropy over the steps whose smoothed training accuracy lies in each bin (absent: none)."""
+def matched_entropy(record: dict, *, smooth_entropy: bool = False) -> dict[str, float]:
+    """The cell's mean entropy over the steps whose smoothed training accuracy lies in each bin (absent: none).
+    smooth_entropy: the entropy smoothed by the same trailing window, as the registration words it; the analysis of
+    the result (key entropy_at_matched_accuracy) used the raw entropy, a departure found by issue 61's review and
+    reported beside it (entropy_at_matched_accuracy_as_registered)."""
     import numpy as np
 
     acc = trailing_mean(record["curves"]["accuracy"])
     ent = np.asarray(record["curves"]["entropy"], dtype=float)
+    if smooth_entropy:
+        ent = trailing_mean(ent)
     out = {}
     for lo, hi in zip(ACC_BINS[:-1], ACC_BINS[1:]):
         sel = (acc >= lo) & (acc < hi)
@@ -401,16 +406,21 @@ def analyse(records: list[dict], initial: dict | None = None) -> dict:
     entropy = {m: {"value": seed_t_interval(final_h[m]).to_json()} for m in methods}
     for m in compared:
         entropy[m]["vs_grpo"] = seed_t_interval(final_h[m] - final_h[BASELINE]).to_json()
-    matched: dict = {}
-    for m in compared:
-        for s in seeds:
-            a, b = matched_entropy(by[(m, s)]), matched_entropy(by[(BASELINE, s)])
-            for key in sorted(a.keys() & b.keys()):
-                matched.setdefault(m, {}).setdefault(key, []).append(a[key] - b[key])
-    matched_out = {
-        m: {k: (seed_t_interval(v).to_json() if len(v) >= 2 else {"value": v[0], "seeds": 1}) for k, v in d.items()}
-        for m, d in matched.items()
-    }
+
+    def matched_differences(smooth_entropy: bool) -> dict:
+        matched: dict = {}
+        for m in compared:
+            for s in seeds:
+                a = matched_entropy(by[(m, s)], smooth_entropy=smooth_entropy)
+                b = matched_entropy(by[(BASELINE, s)], smooth_entropy=smooth_entropy)
+                for key in sorted(a.keys() & b.keys()):
+                    matched.setdefault(m, {}).setdefault(key, []).append(a[key] - b[key])
+        return {
+            m: {k: (seed_t_interval(v).to_json() if len(v) >= 2 else {"value": v[0], "seeds": 1}) for k, v in d.items()}
+            for m, d in matched.items()
+        }
+
+    matched_out = matched_differences(False)
     train_acc = {m: np.array([np.mean(by[(m, s)]["curves"]["accuracy"]) for s in seeds]) for m in methods}
     premise = {
         "grpo_mean_training_accuracy_after_step_20": [
@@ -449,6 +459,46 @@ def analyse(records: list[dict], initial: dict | None = None) -> dict:
         "premise": premise,
         "absolute": absolute,
         "curves": curves,
+        "added_after_the_result": added_after_the_result(by, seeds, compared, matched_differences(True)),
+    }
+
+
+def added_after_the_result(by: dict, seeds: list[int], compared: list[str], matched_registered: dict) -> dict:
+    """Figures added after the result, by issue 61's review (not registered endpoints, except the matched-accuracy
+    secondary as the registration words it): the primary difference tested at the level of the seeds (paired t and
+    the exact sign-flip p), and each cell's stall: the steps on which every group's rewards were equal (no gradient)
+    and the first step whose 10-step training accuracy reached 10%."""
+    import numpy as np
+
+    from entropy_rft.commands.evidence import seed_t_test, sign_flip_p
+
+    avg = {(m, s): float(np.mean(by[(m, s)]["final_correct"])) / EVAL_K for m, s in by}
+    seed_level = {}
+    for m in compared:
+        d = [avg[(m, s)] - avg[(BASELINE, s)] for s in seeds]
+        est, p = seed_t_test(d)
+        worst = int(np.argmin(d))
+        seed_level[m] = {
+            **est.to_json(),
+            "p_t": p,
+            "p_sign_flip": sign_flip_p(d),
+            "per_seed": d,
+            "largest_deficit_seed": seeds[worst],
+            "largest_deficit_share": d[worst] / sum(d),
+        }
+    stall = {
+        f"{m} {s}": {
+            "steps_without_signal": int(sum(z == 1.0 for z in by[(m, s)]["curves"]["frac_zero_advantage"])),
+            "first_step_trailing_accuracy_10pct": next(
+                (i + 1 for i, a in enumerate(trailing_mean(by[(m, s)]["curves"]["accuracy"])) if a >= 0.1), None
+            ),
+        }
+        for m, s in sorted(by)
+    }
+    return {
+        "primary_seed_level": seed_level,
+        "entropy_at_matched_accuracy_as_registered": matched_registered,
+        "stall": stall,
     }
 
 
@@ -516,7 +566,57 @@ def markdown(r: dict) -> str:
         + ", ".join(f"{v:.2f}" for v in pr["grpo_entropy_last_10_percent"])
         + " nats.",
     ]
+    lines += added_markdown(r["added_after_the_result"])
     return "\n".join(lines) + "\n"
+
+
+def added_markdown(a: dict) -> list[str]:
+    lines = [
+        "",
+        "## Added after the result (issue 61's review; not the registered test)",
+        "",
+        "| final Avg@8 - GRPO, at the level of the seeds | difference (paired t over seeds) | per seed | t p | "
+        "sign-flip p | largest deficit's share |",
+        "|---|---|---|---|---|---|",
+    ]
+    for m, e in a["primary_seed_level"].items():
+        per = ", ".join(f"{100 * d:+.1f}" for d in e["per_seed"])
+        lines.append(
+            f"| {m} | {_pts(e)} | {per} | {e['p_t']:.4f} | {e['p_sign_flip']:.4f} | "
+            f"{100 * e['largest_deficit_share']:.0f}% (seed {e['largest_deficit_seed']}) |"
+        )
+    reg = a["entropy_at_matched_accuracy_as_registered"]
+    lines += [
+        "",
+        "| entropy at matched training accuracy, as registered (accuracy and entropy both smoothed over 10 steps) | "
+        + " | ".join(f"{m} - GRPO" for m in reg)
+        + " |",
+        "|---" * (1 + len(reg)) + "|",
+    ]
+    for k in sorted({k for d in reg.values() for k in d}):
+        cells = []
+        for d in reg.values():
+            e = d.get(k)
+            cells.append(
+                "-"
+                if e is None
+                else (_pts(e, 1, 3) + f" ({e['seeds']} seeds)" if "low" in e else f"{e['value']:+.3f} (1 seed)")
+            )
+        lines.append(f"| accuracy {k} | " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        "The registered section's table of entropy at matched training accuracy smoothed the accuracy only and "
+        "averaged the raw per-step entropy, a departure from the registration's wording found after the result; the "
+        "table just above follows the wording.",
+        "",
+        "| cell | steps with every group's rewards equal (no gradient) | first step with 10-step training accuracy "
+        ">= 10% |",
+        "|---|---|---|",
+    ]
+    for k, v in a["stall"].items():
+        first = v["first_step_trailing_accuracy_10pct"]
+        lines.append(f"| {k} | {v['steps_without_signal']} | {'never' if first is None else first} |")
+    return lines
 
 
 def figure(r: dict, path: Path) -> None:

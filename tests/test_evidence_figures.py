@@ -1650,10 +1650,177 @@ def rls_regime_row() -> str:
     )
 
 
+T975_DF4 = 2.7764451051977987  # Student t, 97.5% quantile, 4 degrees of freedom (5 seeds)
+
+
+def rls_added() -> dict:
+    return rls()["added_after_the_result"]
+
+
+def trailing10(x: np.ndarray) -> np.ndarray:
+    return np.array([x[max(0, i - 9) : i + 1].mean() for i in range(len(x))])
+
+
+def rls_first_10pct(method: str, seed: int) -> int | None:
+    """The first step whose 10-step training accuracy reaches 10%, by a loop, checked against study.json."""
+    acc = trailing10(rls_steps(method, "accuracy")[seed])
+    step = next((i + 1 for i, a in enumerate(acc) if a >= 0.1), None)
+    assert step == rls_added()["stall"][f"{method} {seed}"]["first_step_trailing_accuracy_10pct"]
+    return step
+
+
+def rls_no_signal(method: str, seed: int) -> int:
+    """The steps on which every group's rewards were equal (frac_zero_advantage 1), checked against study.json."""
+    n = int((rls_steps(method, "frac_zero_advantage")[seed] == 1.0).sum())
+    assert n == rls_added()["stall"][f"{method} {seed}"]["steps_without_signal"]
+    return n
+
+
+def rls_stall_text() -> str:
+    others = [rls_first_10pct("grpo", s) for s in range(4)]
+    return (
+        f"every group's rewards were equal on {rls_no_signal('grpo', 4)} of its 100\nsteps, and its 10-step training "
+        f"accuracy first reached 10% at step {rls_first_10pct('grpo', 4)}, the other GRPO seeds' at steps "
+        f"{min(others)}-{max(others)}"
+    )
+
+
+def rls_matched_registered_text() -> str:
+    """Entropy at matched accuracy as registered: accuracy and entropy both 10-step trailing means, per bin the mean
+    over the steps in it, paired by seed where both reach the bin; recomputed here by loops."""
+    m = rls_added()["entropy_at_matched_accuracy_as_registered"]
+    for method in ("clip_b", "clip_v"):
+        for key in ("0.1-0.2", "0.2-0.3"):
+            lo, hi = map(float, key.split("-"))
+            diffs = []
+            for seed in range(5):
+                per = []
+                for who in (method, "grpo"):
+                    acc = trailing10(rls_steps(who, "accuracy")[seed])
+                    ent = trailing10(rls_steps(who, "entropy")[seed])
+                    sel = (acc >= lo) & (acc < hi)
+                    per.append(ent[sel].mean() if sel.any() else None)
+                if None not in per:
+                    diffs.append(per[0] - per[1])
+            assert len(diffs) == m[method][key]["seeds"] == 4
+            checked(float(np.mean(diffs)), m[method][key])
+    b, v = m["clip_b"], m["clip_v"]
+    return (
+        f"Clip_B's entropy is above\nGRPO's by {est(b['0.1-0.2'], scale=1, nd=2)} nats at 10-20% and "
+        f"{est(b['0.2-0.3'], scale=1, nd=2)} at 20-30%, Clip_V's by {est(v['0.1-0.2'], scale=1, nd=2)} and "
+        f"{est(v['0.2-0.3'], scale=1, nd=2)} (4 seeds each)"
+    )
+
+
+def rls_seed_level(method: str) -> tuple[np.ndarray, dict, float]:
+    """Per-seed final Avg@8 differences from GRPO, their Student-t interval (by the 97.5% quantile at 4 df), and
+    the exact sign-flip p by enumerating the 32 sign vectors; the t p is read from study.json."""
+    import itertools
+
+    d = rls_grid(method).mean(axis=1) / 8 - rls_grid("grpo").mean(axis=1) / 8
+    e = rls_added()["primary_seed_level"][method]
+    assert e["per_seed"] == pytest.approx(d.tolist(), abs=1e-15)
+    half = T975_DF4 * d.std(ddof=1) / np.sqrt(5)
+    checked(float(d.mean()), e)
+    assert (e["low"], e["high"]) == pytest.approx((d.mean() - half, d.mean() + half), abs=1e-9)
+    flips = sum(abs(np.dot(sg, d)) >= abs(d.sum()) * (1 - 1e-12) for sg in itertools.product((1, -1), repeat=5))
+    assert e["p_sign_flip"] == flips / 32
+    return d, e, flips / 32
+
+
+def rls_seed_level_text() -> str:
+    d, b, flip_b = rls_seed_level("clip_b")
+    _, v, flip_v = rls_seed_level("clip_v")
+    worst = int(np.argmin(d))
+    per = [pt(x) for x in d]
+    return (
+        f"Clip_B's five paired differences are {', '.join(per[:-1])} and {per[-1]} points: {est(b)} (paired t, p "
+        f"{b['p_t']:.2f}; exact sign-flip p {flip_b:g}, the smallest five seeds allow), "
+        f"{100 * d[worst] / d.sum():.0f}% of it seed {worst}'s; Clip_V's {est(v)} (p {v['p_t']:.2f}; sign-flip p "
+        f"{flip_v:g})"
+    )
+
+
+def rls_filter_rows(method: str, seed: int) -> list[dict]:
+    """Steps 41-100 of a cell that had negative-advantage tokens (some group's rewards differed)."""
+    return [r for r in rls_cells()[(method, seed)]["rows"][40:] if r["frac_zero_advantage"] < 1]
+
+
+def rls_filter_text() -> str:
+    learned = {m: [s for s in range(5) if rls_first_10pct(m, s) is not None] for m in ("clip_b", "clip_v")}
+    assert len(learned["clip_b"]) == len(learned["clip_v"]) == 4
+    mu = {rls_cells()[("clip_b", s)]["settings"]["mu"] for s in range(5)}
+    assert mu == {1.0} and {rls_cells()[("clip_v", s)]["settings"]["max_frac"] for s in range(5)} == {0.05}
+    thr, share, peak = [], [], []
+    for s in range(5):  # the threshold's median over every seed
+        rows = rls_filter_rows("clip_b", s)
+        thr.append(np.median([r["filter/ES"] - 1.0 * np.sqrt(r["filter/varS"]) for r in rows]))
+    for s in learned["clip_b"]:
+        rows = rls_filter_rows("clip_b", s)
+        share.append(np.mean([r["filter/frac_clipped_neg"] for r in rows]))
+        peak.append(max(r["filter/frac_clipped_neg"] for r in rows))
+    v = [np.mean([r["filter/frac_clipped_neg"] for r in rls_filter_rows("clip_v", s)]) for s in learned["clip_v"]]
+    return (
+        f"had a median of {min(thr):.3f} to {max(thr):.3f} per seed over steps 41-100, close to S* = 0, so it masked "
+        f"{100 * min(share):.0f}-{100 * max(share):.0f}%\nof the negative-advantage tokens there in the four seeds "
+        f"that learned (per-step maximum {100 * min(peak):.0f}-{100 * max(peak):.0f}%; steps with\n"
+        f"negative-advantage tokens), where the pilot's rule aimed at 5% or less on steps 1-40."
+        f" Clip_V ran with max_frac\n0.05, where the "
+        f"authors' code caps it at 1e-4, and clipped {100 * min(v):.0f}-{100 * max(v):.0f}% in its four learning seeds"
+    )
+
+
+def rls_first_ten_text() -> str:
+    first = [rls_steps(m, "accuracy")[s, :10].mean() for m in RLS_METHODS for s in range(5)]
+    return f"{100 * min(first):.1f}-{100 * max(first):.1f}% training accuracy over the first 10 steps"
+
+
 def rls_quotes() -> list[Quote]:
     s, say = "The real-model study (pre-registered)", "What the real-model study can say"
     e = rls()["entropy_last_tenth"]
     return [
+        Quote(
+            s,
+            "every group's rewards were equal on 52 of its 100\nsteps, and its 10-step training accuracy first reached "
+            "10% at step 85, the other GRPO seeds' at steps 31-37",
+            rls_stall_text,
+        ),
+        Quote(
+            s,
+            "Clip_B's entropy is above\nGRPO's by +0.56 [+0.23, +0.88] nats at 10-20% and +0.79 [+0.42, +1.15] at "
+            "20-30%, Clip_V's by +0.23 [-0.02, +0.47] and +0.49 [+0.38, +0.60] (4 seeds each)",
+            rls_matched_registered_text,
+        ),
+        Quote(
+            s,
+            "Clip_B's five paired differences are -7.4, -0.9, -30.3, -5.5 and -2.6 points: -9.3 [-24.2, +5.5] (paired "
+            "t, p 0.16; exact sign-flip p 0.0625, the smallest five seeds allow), 65% of it seed 2's; Clip_V's -6.5 "
+            "[-21.0, +8.0] (p 0.28; sign-flip p 0.125)",
+            rls_seed_level_text,
+        ),
+        Quote(
+            s,
+            "had a median of -0.021 to -0.003 per seed over steps 41-100, close to S* = 0, so it masked 13-18%\nof the "
+            "negative-advantage tokens there in the four seeds that learned (per-step maximum 24-40%; steps with\n"
+            "negative-advantage tokens), where the pilot's rule aimed at 5% or less on steps 1-40. Clip_V ran with "
+            "max_frac\n0.05, where the authors' code caps it at 1e-4, and clipped 6-10% in its four learning seeds",
+            rls_filter_text,
+        ),
+        Quote(
+            s,
+            "rewards were equal, the gradient exactly 0, on 68 and 81 of their 100 steps",
+            lambda: "rewards were equal, the gradient exactly 0, on {} and {} of their 100 steps".format(
+                rls_no_signal("clip_b", 2), rls_no_signal("clip_v", 4)
+            ),
+        ),
+        Quote(say, "0.3-2.5% training accuracy over the first 10 steps", rls_first_ten_text),
+        Quote(
+            say,
+            "over the five seeds alone the interval, -24.2\nto +5.5 points, includes 0",
+            lambda: "over the five seeds alone the interval, {:.1f}\nto {:+.1f} points, includes 0".format(
+                *(100 * rls_seed_level("clip_b")[1][k] for k in ("low", "high"))
+            ),
+        ),
         Quote(
             s,
             "entropy fell from 2.36 to 0.19 nats over 100 steps while its training accuracy stayed\nat 17-31% in "
@@ -1674,9 +1841,12 @@ def rls_quotes() -> list[Quote]:
         ),
         Quote(
             say,
-            "0.8 to 0.9 nats above it at the same training accuracy",
+            "0.6 to 0.8 nats above it at the same training accuracy",
             lambda: "{:.1f} to {:.1f} nats above it at the same training accuracy".format(
-                *(rls()["entropy_at_matched_accuracy"]["clip_b"][k]["value"] for k in ("0.1-0.2", "0.2-0.3"))
+                *(
+                    rls_added()["entropy_at_matched_accuracy_as_registered"]["clip_b"][k]["value"]
+                    for k in ("0.1-0.2", "0.2-0.3")
+                )
             ),
         ),
         Quote(
@@ -1815,3 +1985,133 @@ def test_a_changed_figure_is_caught(page):
         i = next(i for i, ch in enumerate(q.text) if ch.isdigit())
         changed = q.text[:i] + str((int(q.text[i]) + 1) % 10) + q.text[i + 1 :]
         assert " ".join(changed.split()) not in page[q.section], q.text
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The same figures where the README and the overview pages repeat them (issue 61 item 2)
+
+
+def cost_inside_text(sep: str = " ") -> str:
+    p = sharing()["primary"]
+    assert p["p"] >= 0.05 and p["low"] < 0 < p["high"], "no difference shown, with a cost inside the interval"
+    return f"a cost up to {-100 * p['low']:.1f} points is inside the interval:{sep}{est(p)}"
+
+
+def clip_b_share_range() -> str:
+    """The four learning Clip_B seeds' realised share over steps 41-100 (rls_filter_text computes it the same way)."""
+    share = [
+        np.mean([r["filter/frac_clipped_neg"] for r in rls_filter_rows("clip_b", s)])
+        for s in range(5)
+        if rls_first_10pct("clip_b", s) is not None
+    ]
+    return f"{100 * min(share):.0f}-{100 * max(share):.0f}%"
+
+
+def seed_level_short() -> str:
+    d, b, flip = rls_seed_level("clip_b")
+    return f"{est(b)} over the five seeds alone (sign-flip p {flip:g}; {100 * d.min() / d.sum():.0f}% of it one seed"
+
+
+ELSEWHERE: list[tuple[str, str, Callable[[], str]]] = [  # (file, text as written, recompute)
+    (
+        "README.md",
+        "-9.3 [-20.4, -2.0] points by the registered bootstrap (Holm p 0.004), -9.3 [-24.2, +5.5] over the five seeds "
+        "alone (sign-flip p 0.0625; 65% of it one seed",
+        lambda: (
+            f"{est(rls()['primary']['clip_b'])} points by the registered bootstrap (Holm p "
+            f"{rls()['primary']['clip_b']['p_holm']:.3f}), " + seed_level_short()
+        ),
+    ),
+    (
+        "README.md",
+        "mu 1.0 clipped 13-18% of negative-advantage tokens, not a tail",
+        lambda: f"mu 1.0 clipped {clip_b_share_range()} of negative-advantage tokens, not a tail",
+    ),
+    (
+        "README.md",
+        "(Clip_V -0.3 [-1.3, +0.7]: a cost up to 1.3 points is inside the interval)",
+        lambda: "(Clip_V {}: {})".format(est(sharing()["primary"]), cost_inside_text().split(":")[0]),
+    ),
+    (
+        "docs/index.md",
+        "over the five seeds alone -9.3 [-24.2, +5.5], 65% of it one seed that never learned",
+        lambda: "over the five seeds alone {}, {:.0f}% of it one seed that never learned".format(
+            est(rls_seed_level("clip_b")[1]),
+            100 * rls_seed_level("clip_b")[0].min() / rls_seed_level("clip_b")[0].sum(),
+        ),
+    ),
+    (
+        "docs/index.md",
+        "(13-18% of negative-advantage tokens)",
+        lambda: f"({clip_b_share_range()} of negative-advantage tokens)",
+    ),
+    (
+        "docs/index.md",
+        "a cost up\n  to 1.3 points is inside the interval: -0.3 [-1.3, +0.7]",
+        lambda: cost_inside_text(),
+    ),
+    ("docs/getting-started.md", "a cost up to 1.3 points is inside the interval: -0.3\n[-1.3, +0.7]", cost_inside_text),
+    (
+        "docs/prereg_real_lm.md",
+        "-7.4, -0.9, -30.3, -5.5 and -2.6 points: -9.3 [-24.2, +5.5] (paired t, p 0.16), exact sign-flip p 0.0625",
+        lambda: "{} and {} points: {} (paired t, p {:.2f}), exact sign-flip p {:g}".format(
+            ", ".join(pt(x) for x in rls_seed_level("clip_b")[0][:-1]),
+            pt(rls_seed_level("clip_b")[0][-1]),
+            est(rls_seed_level("clip_b")[1]),
+            rls_seed_level("clip_b")[1]["p_t"],
+            rls_seed_level("clip_b")[2],
+        ),
+    ),
+    (
+        "docs/prereg_real_lm.md",
+        "Clip_V: -6.5 [-21.0, +8.0]\n  (p 0.28, sign-flip p 0.125), 84% of it seed 4",
+        lambda: "Clip_V: {} (p {:.2f}, sign-flip p {:g}), {:.0f}% of it seed {}".format(
+            est(rls_seed_level("clip_v")[1]),
+            rls_seed_level("clip_v")[1]["p_t"],
+            rls_seed_level("clip_v")[2],
+            100 * rls_seed_level("clip_v")[0].min() / rls_seed_level("clip_v")[0].sum(),
+            int(np.argmin(rls_seed_level("clip_v")[0])),
+        ),
+    ),
+    (
+        "docs/prereg_real_lm.md",
+        "Clip_B's entropy is above GRPO's by +0.56 [+0.23, +0.88] nats at 10-20% training accuracy and +0.79 "
+        "[+0.42, +1.15] at 20-30%, Clip_V's by +0.23 [-0.02, +0.47] and +0.49 [+0.38, +0.60] (4 seeds each)",
+        lambda: rls_matched_registered_text().replace(" nats at 10-20%", " nats at 10-20% training accuracy"),
+    ),
+    (
+        "docs/prereg_real_lm.md",
+        "per-seed median of -0.021 to -0.003 over steps 41-100 (steps with negative-advantage tokens), so Clip_B "
+        "masked 13-18%",
+        lambda: (
+            rls_filter_text()
+            .split(" per seed")[0]
+            .replace("had a median of", "per-seed median of")
+            .__add__(" over steps 41-100 (steps with negative-advantage tokens), so Clip_B masked ")
+            .__add__(clip_b_share_range())
+        ),
+    ),
+    (
+        "docs/prereg_real_lm.md",
+        "every group's rewards were equal on 52 of its 100 steps, and its 10-step training accuracy first reached "
+        "10% at step 85 (the other GRPO seeds at 31-37)",
+        lambda: rls_stall_text().replace(", the other GRPO seeds' at steps ", " (the other GRPO seeds at ") + ")",
+    ),
+]
+
+
+@pytest.mark.parametrize("where, text, recompute", ELSEWHERE, ids=[f"{w}: {t[:40]}" for w, t, _ in ELSEWHERE])
+def test_figures_repeated_outside_the_evidence_page_are_its_records(where, text, recompute):
+    """The README's and the overview pages' real-model and solution-sharing figures stand in the file as written and
+    are what the records give (whitespace, including line breaks, read as one space)."""
+    body = " ".join((REPO / where).read_text().split())
+    assert " ".join(text.split()) in body, f"{where} no longer says: {text}"
+    assert " ".join(recompute().split()) == " ".join(text.split())
+
+
+def test_a_changed_figure_outside_the_evidence_page_is_caught():
+    """Changing the first digit of each text in ELSEWHERE makes it disappear from its file (the check can fail)."""
+    for where, text, _ in ELSEWHERE:
+        i = next(i for i, ch in enumerate(text) if ch.isdigit())
+        changed = text[:i] + str((int(text[i]) + 1) % 10) + text[i + 1 :]
+        assert " ".join(changed.split()) not in " ".join((REPO / where).read_text().split()), text
