@@ -449,6 +449,31 @@ def cmd_calibrate(jobs: int) -> dict:
     return out
 
 
+BUDGET_HOURS, BUDGET_JOBS = 12.0, 2  # the whole study within about 12 hours of the 2-core CPU, two at a time
+EVAL_SAMPLES = 400 * 8  # one registered evaluation
+
+
+def budget(start: dict, filt: dict, calibration: dict) -> dict:
+    """The registered budget, from measured times: a cell is 100 steps at the calibration's median seconds a step plus
+    two evaluations of 3,200 samples at the filter's seconds a sample; 10 seeds when the preliminaries and 30 cells fit
+    BUDGET_HOURS of the CPU two at a time, else 8."""
+    import statistics
+
+    step_s = statistics.median(x for r in calibration["runs"] for x in r["seconds"])
+    sample_s = filt["seconds"] / (len(filt["correct"]) * filt["k"])
+    cell_s = first.COMMON["steps"] * step_s + 2 * EVAL_SAMPLES * sample_s
+    before = start["seconds"] + filt["seconds"] + sum(sum(r["seconds"]) for r in calibration["runs"])
+    hours = {n: (before + 3 * n * cell_s) / 3600 / BUDGET_JOBS for n in (8, 10)}
+    return {
+        "step_seconds_median": step_s,
+        "eval_seconds_per_sample": sample_s,
+        "cell_seconds": cell_s,
+        "preliminary_seconds": before,
+        "wall_hours_two_at_a_time": hours,
+        "seeds": 10 if hours[10] <= BUDGET_HOURS else 8,
+    }
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # The registered analysis (registration, "Endpoints and test"), written before the first cell.
 
@@ -710,6 +735,7 @@ def main(argv: list[str] | None = None) -> None:
     s = sub.add_parser("start", help="GRPO seed 0 of the first study to the start step, compared with its record")
     s.add_argument("--step", type=int, default=None, help="default: the rule's step (start_step_of)")
     sub.add_parser("filter", help="the paper's pass-rate filter of the training problems under the start point")
+    sub.add_parser("budget", help="the registered budget from the measured step and evaluation; writes budget.json")
     c = sub.add_parser("calibrate", help="Clip_B from the start point at each mu of the grid, then the rule")
     c.add_argument("--jobs", type=int, default=2)
     one = sub.add_parser("calibrate-one", help="one calibration run (what calibrate starts)")
@@ -732,6 +758,11 @@ def main(argv: list[str] | None = None) -> None:
         cmd_start(args.step)
     elif args.command == "filter":
         cmd_filter()
+    elif args.command == "budget":
+        read = {n: json.loads((HERE / f"{n}.json").read_text()) for n in ("start", "filter", "calibration")}
+        out = budget(read["start"], read["filter"], read["calibration"])
+        (HERE / "budget.json").write_text(json.dumps(out, indent=1) + "\n")
+        print(json.dumps(out))
     elif args.command == "calibrate":
         cmd_calibrate(args.jobs)
     elif args.command == "calibrate-one":

@@ -173,3 +173,19 @@ def test_the_analysis_writes_its_tables_and_figure_from_cell_records(records, tm
     assert json.loads((tmp_path / "dest" / "study.json").read_text())["seeds"] == list(range(5))
     assert (tmp_path / "dest" / "curves.png").read_bytes()[:4] == b"\x89PNG"
     assert len((tmp_path / "dest" / "cells.jsonl").read_text().splitlines()) == 15
+
+
+def test_budget_sizes_the_cells_from_the_measured_step_and_evaluation():
+    """A cell costs 100 steps at the calibration's median step plus two 3,200-sample evaluations at the filter's rate;
+    10 seeds only when the preliminaries and 30 cells fit 12 hours two at a time (worked here by hand)."""
+    start = {"seconds": 1000.0}
+    filt = {"seconds": 4992.0, "correct": [0] * 312, "k": 16}  # 1 s a sample
+    cal = {"runs": [{"seconds": [10.0, 20.0, 30.0]}, {"seconds": [20.0, 20.0]}]}  # median 20 s, 100 s in all
+    b = warm.budget(start, filt, cal)
+    assert b["cell_seconds"] == 100 * 20.0 + 2 * 3200 * 1.0
+    assert b["wall_hours_two_at_a_time"][8] == pytest.approx((1000 + 4992 + 100 + 24 * 8400) / 3600 / 2)
+    assert b["seeds"] == 8  # 30 cells: (6092 + 30 * 8400) / 7200 = 35.8 h
+    fast = warm.budget(
+        start, {"seconds": 312 * 16 * 0.01, "correct": [0] * 312, "k": 16}, {"runs": [{"seconds": [5.0]}]}
+    )
+    assert fast["cell_seconds"] == 500 + 64.0 and fast["seeds"] == 10
