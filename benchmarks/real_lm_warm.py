@@ -474,6 +474,59 @@ def budget(start: dict, filt: dict, calibration: dict) -> dict:
     }
 
 
+def before_first_cell(start: dict, filt: dict, calibration: dict, plan: dict) -> str:
+    """The registration's "Before the first cell" section, from start.json, filter.json, calibration.json and
+    budget.json (tests/test_real_lm_warm.py holds the page to it)."""
+    same, hours = start["same_as_first_study"], plan["wall_hours_two_at_a_time"]
+    start_item = (
+        f"- **Start point**: step {start['step']} (the rule's). The rebuilt run has the first study's accuracy, "
+        f"rewards, response lengths and policy loss at every one of the {start['steps_compared']} steps (the same "
+        f"sampled tokens); its gradient norms differ by at most {same['grad_norm']['max_relative_difference']:.1e} "
+        f"relative (float32 rounding of today's code). At step {start['step']} its 10-step training accuracy is "
+        f"{100 * start['trailing_accuracy']:.1f}% and its 10-step entropy {start['trailing_entropy']:.2f} nats "
+        f"(first 10 steps: {start['entropy_first_10_steps']:.2f}). Weights' SHA-256 {start['weights_sha256'][:16]}...; "
+        f"{start['seconds']:,.0f} s."
+    )
+    filter_item = (
+        f"- **Filter**: {filt['kept']} of {len(filt['correct'])} training problems have 2 to 14 of 16 right under "
+        f"the start point ({filt['none_right']} none, {filt['one_right']} one, {filt['fifteen_or_more']} 15 or 16; "
+        f"mean pass rate {100 * filt['mean_pass_rate']:.1f}%); {filt['seconds']:,.0f} s."
+    )
+    lines = [
+        start_item,
+        filter_item,
+        f"- **Calibration** ({calibration['steps']} steps a mu, seed {calibration['seed']}; the share of "
+        "negative-advantage tokens clipped is the mean over the steps that had such tokens; the threshold mean_B(S*) - "
+        "mu std_B(S*) its median over them):",
+        "",
+        "  | mu | steps with A < 0 tokens | share clipped (mean) | share (max) | threshold (median) | entropy, first "
+        "to last step (nats) | seconds a step (median) |",
+        "  |---|---|---|---|---|---|---|",
+    ]
+    for r in calibration["runs"]:
+        secs = sorted(r["seconds"])[len(r["seconds"]) // 2]
+        lines.append(
+            f"  | {r['mu']:g} | {r['signal_steps']} | {100 * r['share_mean']:.2f}% | {100 * r['share_max']:.1f}% | "
+            f"{r['threshold_median']:+.4f} | {r['entropy'][0]:.2f} to {r['entropy'][-1]:.2f} | {secs:.1f} |"
+        )
+    chosen = calibration["mu"]
+    verdict = (
+        f"The rule gives **mu {chosen:g}** ({calibration['why']}): the `clip_b_cal` arm."
+        if chosen is not None
+        else f"No mu meets the rule ({calibration['why']}): Clip_B cannot be a tail filter on this task."
+    )
+    budget_item = (
+        f"- **Budget**: {plan['step_seconds_median']:.1f} s a step (the calibration's median, beside other work), "
+        f"{plan['eval_seconds_per_sample']:.3f} s a sample of evaluation (the filter's): "
+        f"{plan['cell_seconds'] / 60:.0f} minutes a cell. With the start point, filter and calibration "
+        f"({plan['preliminary_seconds'] / 3600:.1f} hours of one core), 8 seeds come to {hours['8']:.1f} hours two "
+        f"at a time and 10 seeds to {hours['10']:.1f}: **{plan['seeds']} seeds** (0-{plan['seeds'] - 1}), "
+        f"{3 * plan['seeds']} cells."
+    )
+    lines += ["", "  " + verdict, budget_item]
+    return "\n".join(lines) + "\n"
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # The registered analysis (registration, "Endpoints and test"), written before the first cell.
 
@@ -763,6 +816,7 @@ def main(argv: list[str] | None = None) -> None:
         out = budget(read["start"], read["filter"], read["calibration"])
         (HERE / "budget.json").write_text(json.dumps(out, indent=1) + "\n")
         print(json.dumps(out))
+        print(before_first_cell(read["start"], read["filter"], read["calibration"], json.loads(json.dumps(out))))
     elif args.command == "calibrate":
         cmd_calibrate(args.jobs)
     elif args.command == "calibrate-one":
