@@ -30,7 +30,7 @@ class Metric:
 EVERY = "every step"
 ENGINES = ("trainer", "trl", "verl")
 FILTERS = "every step of a token filter: clip_b, clip_v, the s_sign filters, forking, ppo_clip_b, ppo_clip_v"
-PROBE = "every probe_every-th step (10th, 20th, ...; every step under the pi control)"
+PROBE = "every probe_every-th step (10th, 20th, ...; every step under the mu entropy control)"
 PPO = (
     "every step of a ratio-clipped loss (grpo, dapo, dr_grpo, the filters, ...; not gspo, clip_cov or kl_cov, "
     "which log their own clipfrac and ppo_kl)"
