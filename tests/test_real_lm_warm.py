@@ -189,3 +189,52 @@ def test_budget_sizes_the_cells_from_the_measured_step_and_evaluation():
         start, {"seconds": 312 * 16 * 0.01, "correct": [0] * 312, "k": 16}, {"runs": [{"seconds": [5.0]}]}
     )
     assert fast["cell_seconds"] == 500 + 64.0 and fast["seeds"] == 10
+
+
+def test_committed_filter_keeps_the_problems_with_two_to_fourteen_of_sixteen_right():
+    """benchmarks/real_lm_warm/filter.json holds 16-sample correct counts for each of the first study's 312 training
+    problems under the start point; data/train.jsonl is exactly those with 2 to 14 right, in order, at least 100 of
+    them (else the rule moves the start point), and none shares a problem by content with the 400 held out."""
+    filt = json.loads((warm.HERE / "filter.json").read_text())
+    rows = first.read(first.DATA / "train.jsonl")
+    correct = filt["correct"]
+    assert len(correct) == len(rows) == 312 and all(isinstance(c, int) and 0 <= c <= 16 for c in correct)
+    assert (filt["k"], filt["temperature"], filt["keep"]) == (16, 1.0, [2, 14])
+    kept = [r for r, c in zip(rows, correct) if 2 <= c <= 14]
+    assert first.read(warm.DATA / "train.jsonl") == kept and filt["kept"] == len(kept) >= warm.MIN_TRAIN
+    assert filt["start_step"] == json.loads((warm.HERE / "start.json").read_text())["step"]
+
+    def key(question):
+        import re
+
+        return tuple(sorted(map(int, re.findall(r"\d+", question))))
+
+    held = {key(r["question"]) for r in first.read(first.DATA / "eval.jsonl")}
+    assert not {key(r["question"]) for r in kept} & held
+
+
+def test_committed_start_point_is_the_first_studys_grpo_seed_0_in_every_sampled_token():
+    """start.json: step 37 by the rule, moved 10 steps later while fewer than 100 problems passed the filter; at every
+    step the rebuilt run's accuracy, rewards, response
+    lengths and policy loss equal the first study's record exactly (the same sampled tokens and losses), and its
+    gradient norms and entropies agree within float32 rounding of a reordered sum (relative 1e-4)."""
+    start = json.loads((warm.HERE / "start.json").read_text())
+    assert start["rule_step"] == 37 and start["step"] == start["steps_compared"]
+    same = start["same_as_first_study"]
+    for k in ("accuracy", "reward_mean", "response_length", "loss/policy"):
+        assert same[k]["steps_differing"] == [], k
+    for k in ("grad_norm", "entropy", "s_star_mean"):
+        assert same[k]["max_relative_difference"] < 1e-4, k
+    assert start["trailing_accuracy"] >= warm.START_ACCURACY and len(start["weights_sha256"]) == 64
+
+
+def test_the_start_point_moved_by_the_rule_only_while_the_filter_kept_too_few():
+    """Each earlier start point's filter record (filter_step<N>.json) kept fewer than MIN_TRAIN problems, and the start
+    point is the rule's step plus 10 for each of them; the committed filter is of the final start point."""
+    start = json.loads((warm.HERE / "start.json").read_text())
+    earlier = sorted(warm.HERE.glob("filter_step*.json"))
+    steps = [int(p.stem.removeprefix("filter_step")) for p in earlier]
+    assert steps == [start["rule_step"] + warm.START_LATER * i for i in range(len(steps))]
+    assert all(json.loads(p.read_text())["kept"] < warm.MIN_TRAIN for p in earlier)
+    assert start["step"] == start["rule_step"] + warm.START_LATER * len(steps)
+    assert json.loads((warm.HERE / "filter.json").read_text())["start_step"] == start["step"]
