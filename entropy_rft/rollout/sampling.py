@@ -190,7 +190,7 @@ def sample(
     error for a model it cannot read), finished rows leaving the batch; "static": the same step at fixed shapes
     (`sample_static`), captured once in a CUDA graph and replayed on a GPU, run as it is on the CPU; "compile":
     that step compiled whole by torch.compile (Inductor) for the rollout's shape, the prompt width bucketed
-    (`bucket_width`), then captured and replayed as "static" is (departures 3-5); "auto": "hand" on the CPU and
+    (`bucket_width`), then captured and replayed as "static" is (departures 3-7); "auto": "hand" on the CPU and
     "compile" on CUDA for a model the step reads ("static" for the rest of the session once compiling failed,
     with a warning), else "hf".
     dtype (static and compile paths): the weights' and cache's dtype while decoding (bfloat16 where the policy
@@ -572,7 +572,7 @@ class Stepper:
             self.state.step(bound)
 
 
-# decode="compile" (departures 3-5). COMPILE_MODE is Inductor's mode: None (its default: fused Triton kernels,
+# decode="compile" (departures 3-7). COMPILE_MODE is Inductor's mode: None (its default: fused Triton kernels,
 # cuBLAS matmuls, no CUDA graphs of its own), captured and replayed by `captured` as the static step is;
 # "max-autotune-no-cudagraphs" the same with autotuned matmul templates (minutes more of cold compile);
 # "reduce-overhead" Inductor's own CUDA graphs (graph trees) instead of `captured`, every tensor of the step marked a
@@ -729,7 +729,8 @@ class StaticLoop:
     filled on the device before each step) or "seeded" (`seeded_noise`: drawn inside the step from a per-rollout
     seed, no buffer, the same tokens eager and compiled); None: "stream" on the CPU, "seeded" elsewhere. fused: the
     step reads QKV and gate/up joined (decode.fuse, a session copy refreshed in place at each rollout; 3 of 7
-    projection GEMMs a layer fewer). compiled: the step compiled by the session's backend
+    projection GEMMs a layer fewer). block: attention reads length buckets of this many columns (FixedSteps' block,
+    LENGTH_BLOCK on CUDA; None: every column). compiled: the step compiled by the session's backend
     (`DecodeSession.compile`), the prompts left-padded to `bucket_width` and the rope table as long as the columns,
     so that every rollout of a bucket has one shape. fallback: a compile failure leaves this and the session's later
     rollouts on the static step with a warning instead of raising."""
