@@ -506,3 +506,35 @@ def test_length_buckets():
     assert bounded.keys[0].shape[2] == 6 + 10 + 1
     fixed = bounded.fixed(14)
     assert fixed.keys[0].shape[2] == 14 and fixed.padding.shape[-1] == 14 and fixed.columns.shape == (14,)
+
+
+def test_fused_step_runs_four_projection_gemms_a_layer():
+    """The ATen graph the compiler receives for the whole step (after AOT autograd): with the projections fused, each
+    layer runs 4 GEMMs (qkv, o, gate_up, down) instead of 7, plus the LM head's; with the noise drawn in the step, the
+    graph takes no (rows, V) float input (nothing filled outside it each step)."""
+    from torch._dynamo.backends.common import aot_autograd
+
+    counts = {}
+    for fused in (False, True):
+        torch._dynamo.reset()
+        graphs: list = []
+
+        def keep(gm, example_inputs, graphs=graphs):
+            graphs.append((gm, example_inputs))
+            return gm
+
+        model = _model("qwen2")
+        ids, mask = _prompts(model.config.vocab_size, torch.Generator().manual_seed(3))
+        session = DecodeSession(backend=aot_autograd(fw_compiler=keep))
+        _loop_sample(model, ids, mask, SAMPLING, 3, session, noise="seeded", fused=fused, block=4, compiled=True)
+        assert len(graphs) == 1
+        gm, inputs = graphs[0]
+        targets = [str(node.target) for node in gm.graph.nodes if node.op == "call_function"]
+        counts[fused] = sum(t.startswith(("aten.mm", "aten.addmm")) for t in targets)
+        vocab = model.config.vocab_size
+        rows = 15
+        assert not any(
+            isinstance(x, torch.Tensor) and x.is_floating_point() and tuple(x.shape) == (rows, vocab) for x in inputs
+        )
+    layers = model.config.num_hidden_layers
+    assert counts == {False: 7 * layers + 1, True: 4 * layers + 1}, counts
