@@ -9,8 +9,9 @@ with step i of TRL's in the same round; the script prints the median of the pair
 
 TRL's step: `training_step` (generation, rewards and advantages through `_prepare_inputs`, then forward, loss,
 backward) + clip + optimizer step, which is what its `train()` runs per step with steps_per_generation 1 and
-gradient_accumulation_steps 1, with the run's gradient checkpointing (off; GRPOConfig's default, on, recomputes
-the forward: TRL's side ran with it before issue 64, the figures of docs/evidence/index.md included). Ours: the
+gradient_accumulation_steps 1, with the run's gradient checkpointing (off), set explicitly: GRPOConfig's default is
+on, which Trainer.train() would enable (this script drives the steps itself, and the model's flag stays off either
+way, checked on TRL 1.16 for both models). Ours: the
 `seconds` metric (rollout to update and diagnostics, evaluation and checkpoints excluded) and its `time/*` phases.
 
     python benchmarks/step_vs_trl.py [--rounds 3] [--steps 6] [--warmup 2] [--method grpo]
@@ -55,8 +56,7 @@ def trl_steps(steps: int, out: Path, seed: int, model: str = DEMO, prompts: int 
     from entropy_rft.integrations.trl_countdown import countdown_trainer, run_settings
 
     # plain GRPOTrainer with the run's settings (trl_countdown's mapping), driven one step at a time
-    # the run's gradient checkpointing (off) where GRPOConfig's default is on: recomputing the forward in the
-    # backward is not the same work (before issue 64 TRL's side ran with it on)
+    # the run's gradient checkpointing (off), explicitly: GRPOConfig's default is on (module docstring)
     cfg = run_settings(model)
     extra = {"gradient_checkpointing": cfg.gradient_checkpointing}
     if model != DEMO:  # the recipe's batch but `prompts` prompts of its group size
