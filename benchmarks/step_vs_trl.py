@@ -29,6 +29,7 @@ scoring, then forward, loss, backward and optimizer step).
 from __future__ import annotations
 
 import argparse
+import gc
 import statistics
 import tempfile
 import time
@@ -49,7 +50,9 @@ def ours(steps: int, method: str, out: Path, probe_every: int, model: str = DEMO
         cfg = run_config(load_demo_config(), method, **common)
     else:  # the packaged model's recipe beneath (config.resolve_config)
         cfg = resolve_config({"model": model, "method": method, **common, "prompts_per_step": prompts or 4})
-    return train(cfg)["history"]
+    history = train(cfg)["history"]
+    gc.collect()  # the run's model and optimizer (reference cycles): a real model's cells would pile them up
+    return history
 
 
 def trl_steps(steps: int, out: Path, seed: int, model: str = DEMO, prompts: int | None = None) -> list[dict]:
@@ -96,6 +99,10 @@ def trl_steps(steps: int, out: Path, seed: int, model: str = DEMO, prompts: int 
                 "time/optimizer": t2 - t1,  # clipping and Adam's step
             }
         )
+    del trainer, policy, batches
+    # a trainer's model, optimizer and accelerator state are cycles (11 GB resident in the second real-model cell
+    # without this collection)
+    gc.collect()
     return rows
 
 
