@@ -25,8 +25,16 @@ rows), appended to --out as it is done:
 - static: decode="static", the fixed-shape step captured in a CUDA graph and replayed;
 - compile: decode="compile" (decode="auto" on CUDA), that step compiled whole by Inductor (`--compile-mode`) and
   captured, so its first rollout of a shape pays the cold compile (compile_s, the session's own measurement);
+- compile_53: issue 53's compiled step, to compare against (seven projection GEMMs a layer, the noise filled outside
+  the graph each step, attention over the whole cache); compile and static take CUDA's defaults since issue 64 (QKV
+  and gate/up fused, the noise drawn inside the step from a per-rollout seed, attention in length buckets);
 - generate: transformers' `generate(cache_implementation="static")` with every sampling field set (top_k=0,
   top_p=1, no penalties), so it samples softmax(z) as ours do.
+`--rl` (issue 64): RL-length ragged responses: 4096 new tokens after 256 prompt tokens by default, each row ending
+at a random length (about vocab / `--rl-mean` EOS ids of a near-uniform random model: geometric lengths of mean
+about --rl-mean, capped), so the fixed-shape arms run to the longest row as an RL batch makes them (its rows give
+mean_response and response_quartiles). `--kernels`: the compiled arms' CUDA kernels per decode step
+(kernels_per_step: torch.profiler, the prefill subtracted).
 hf and generate run a model in the dtype itself; static and compile the float32 model decoded with bfloat16
 copies where bf16 (as a policy trained under bf16 autocast is), fp32 as it is. Temperature 1, no top-p.
 ms_per_step: static and compile time their decode loop alone (the session's timing: prefill, compile and capture
@@ -931,7 +939,9 @@ def kv_bytes(config, rows: int, columns: float, dtype: torch.dtype) -> float:
     return 2 * config.num_hidden_layers * rows * config.num_key_value_heads * columns * head_dim * size
 
 
-DECODE_ARMS = ("static", "compile", "generate", "hf")  # in the order they run (static before compile, hf the slowest)
+# in the order they run (static before compile, hf the slowest); compile_53 is issue 53's compiled step (seven
+# projection GEMMs a layer, the noise filled outside the graph, attention over the whole cache), to compare against
+DECODE_ARMS = ("static", "compile", "compile_53", "generate", "hf")
 DECODE_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
 
@@ -948,16 +958,32 @@ def rows_list(values: list[str]) -> list[int]:
     return [int(v) for value in values for v in value.split(",") if v]
 
 
-def decode_arm(arm: str, model32, model, ids, mask, dtype, session):
+def decode_arm(arm: str, model32, model, ids, mask, dtype, session, eos_ids=(-1,)):
     """fn(tokens, seed) -> (rows, tokens) sampled tokens: one rollout of `arm` (module docstring)."""
-    from entropy_rft.rollout.sampling import Sampling, sample
+    from entropy_rft.rollout.decode import HandDecoder
+    from entropy_rft.rollout.sampling import Sampling, StaticLoop, sample, sample_static
+
+    def issue53(tokens: int, seed: int = 0):
+        loop = StaticLoop(dtype=dtype if dtype == torch.bfloat16 else None, capture=CUDA, noise="device", compiled=True)
+        sampling = Sampling(n=1, temperature=1.0, top_p=1.0, max_new_tokens=tokens, eos_ids=list(eos_ids), pad_id=0)
+        with torch.inference_mode():
+            return sample_static(
+                model32,
+                HandDecoder(model32),
+                ids,
+                mask,
+                sampling,
+                generator=torch.Generator(DEVICE).manual_seed(seed),
+                session=session,
+                loop=loop,
+            )[0]
 
     def ours(tokens: int, seed: int = 0):
         return sample(
             model if arm == "hf" else model32,
             ids,
             mask,
-            Sampling(n=1, temperature=1.0, top_p=1.0, max_new_tokens=tokens, eos_ids=[-1], pad_id=0),
+            Sampling(n=1, temperature=1.0, top_p=1.0, max_new_tokens=tokens, eos_ids=list(eos_ids), pad_id=0),
             generator=torch.Generator(DEVICE).manual_seed(seed),
             dtype=dtype if dtype == torch.bfloat16 else None,
             decode=arm,
@@ -988,7 +1014,28 @@ def decode_arm(arm: str, model32, model, ids, mask, dtype, session):
         )
         return out[:, ids.shape[1] :]
 
-    return generate if arm == "generate" else ours
+    return {"generate": generate, "compile_53": issue53}.get(arm, ours)
+
+
+def kernels_per_step(fn, session, tokens: int, block: int | None) -> float | None:
+    """CUDA kernels one decode step of fn (a compiled arm, already compiled for this shape) launches, counted by
+    torch.profiler (CUPTI records the kernels a CUDA graph replays): a rollout of `tokens` new tokens against one of
+    a single token (the prefill and the first sample alone, no step), divided by the steps the session's timing saw
+    plus the steps run uncaptured (the compile check's one, two warm-up steps a captured bucket: one bucket, or one a
+    `block` columns reached). None on the CPU."""
+    if not CUDA:
+        return None
+    from torch.profiler import ProfilerActivity, profile
+
+    counts = []
+    for n in (1, tokens):
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            fn(n, seed=7)
+            sync()
+        counts.append(sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA))
+    steps = session.loops[-1][0]
+    buckets = 1 if block is None else -(-steps // block)
+    return (counts[1] - counts[0]) / (steps + 1 + 2 * buckets)
 
 
 def decode_line(row: dict, out: str | None) -> None:
@@ -1002,13 +1049,13 @@ def decode_line(row: dict, out: str | None) -> None:
 def bench_decode(shapes: list[str], args) -> list[dict]:
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from entropy_rft.rollout.sampling import DecodeSession, compiled_graphs
+    from entropy_rft.rollout.sampling import LENGTH_BLOCK, DecodeSession, compiled_graphs
 
     out = []
     gbs = bandwidth_gbs(torch.cuda.get_device_name() if CUDA else "cpu", args.bandwidth)
-    new = args.response or (16 if args.smoke else 256)
+    new = args.response or (16 if args.smoke else 4096 if args.rl else 256)
     half = new // 2
-    prompt_tokens = args.prompt_tokens or (8 if args.smoke else 128)
+    prompt_tokens = args.prompt_tokens or (8 if args.smoke else 256 if args.rl else 128)
     arms = [a for a in DECODE_ARMS if a in args.decode_arms]
     for shape in shapes:
         config = AutoConfig.from_pretrained(Path(args.shapes) / shape)
@@ -1039,19 +1086,22 @@ def bench_decode(shapes: list[str], args) -> list[dict]:
                 ids = torch.randint(100, config.vocab_size - 100, (rows, prompt_tokens), device=DEVICE)
                 mask = torch.ones_like(ids, dtype=torch.bool)
                 static_tokens = None
+                # --rl: ragged responses, each step ending a row with probability about 1 / rl_mean (that many EOS
+                # ids of a near-uniform random model): lengths from 1 to the limit, as an RL batch's are
+                eos = tuple(range(100, 100 + max(1, config.vocab_size // args.rl_mean))) if args.rl else (-1,)
                 for arm in arms:
-                    row = {"shape": shape, "dtype": dtype_name, "rows": rows, "arm": arm}
+                    row = {"shape": shape, "dtype": dtype_name, "rows": rows, "arm": arm, "rl": bool(args.rl)}
                     row.update(prompt_tokens=prompt_tokens, new_tokens=new)
                     session = DecodeSession(backend=args.compile_backend, mode=args.compile_mode, timing=True)
-                    fn = decode_arm(arm, model32, model, ids, mask, dtype, session)
-                    looped = arm in ("static", "compile")  # the session times their decode loops
+                    fn = decode_arm(arm, model32, model, ids, mask, dtype, session, eos)
+                    looped = arm in ("static", "compile", "compile_53")  # the session times their decode loops
                     try:
                         sync()
                         t0 = time.perf_counter()
                         fn(new if looped else half)  # cold: compile, capture, autotune, allocator
                         sync()
                         first = time.perf_counter() - t0
-                        row["compile_s"] = session.pop_compile_seconds() if arm == "compile" else 0.0
+                        row["compile_s"] = session.pop_compile_seconds() if arm.startswith("compile") else 0.0
                         times = {}
                         for tokens in (new,) if looped else (half, new):
                             if tokens != half and not looped:
@@ -1064,6 +1114,12 @@ def bench_decode(shapes: list[str], args) -> list[dict]:
                                 tokens_out = fn(tokens, seed=r + 1)
                                 sync()
                                 reps.append(time.perf_counter() - t0)
+                                if args.rl and r == 0 and tokens == new:  # how ragged the responses were
+                                    lengths = (tokens_out != 0).sum(1).float()
+                                    row["mean_response"] = lengths.mean().item()
+                                    row["response_quartiles"] = lengths.quantile(
+                                        torch.tensor([0.25, 0.5, 0.75], device=lengths.device)
+                                    ).tolist()
                                 if r == 0 and tokens == new and arm in ("static", "compile"):
                                     if arm == "static":
                                         static_tokens = tokens_out.clone()
@@ -1079,7 +1135,10 @@ def bench_decode(shapes: list[str], args) -> list[dict]:
                         else:
                             step_s = (times[new] - times[half]) / (new - half)
                         row["cold_s"] = first - times.get(new if looped else half, 0.0)
-                        if arm in ("compile", "generate"):  # the weights changed in place, then one rollout
+                        if arm.startswith("compile") and args.kernels:
+                            block = LENGTH_BLOCK if arm == "compile" else None
+                            row["kernels_per_step"] = kernels_per_step(fn, session, new, block)
+                        if arm in ("compile", "compile_53", "generate"):  # the weights changed in place, then one
                             before = compiled_graphs()
                             with torch.no_grad():
                                 for m in {id(model32): model32, id(model): model}.values():
@@ -1095,7 +1154,7 @@ def bench_decode(shapes: list[str], args) -> list[dict]:
                     row["ms_per_step"] = step_s * 1e3
                     row["tok_per_s"] = rows / step_s
                     row["rollout_s"] = times[new]
-                    if arm == "compile" and session.failed:
+                    if arm.startswith("compile") and session.failed:
                         row["compile_failed"] = session.failed
                     if gbs:
                         limit = step_bytes(model32, dtype) / (gbs * 1e9)
@@ -1162,6 +1221,16 @@ def main() -> None:
         "--compile-backend", default=None, help="decode, compile arm: dynamo backend (inductor; --smoke: aot_eager)"
     )
     parser.add_argument("--reps", type=int, default=2, help="decode: timed rollouts per length")
+    parser.add_argument(
+        "--rl",
+        action="store_true",
+        help="decode: RL-length ragged responses (default 4096 new tokens after 256 prompt tokens, rows ending at "
+        "random lengths of mean about --rl-mean)",
+    )
+    parser.add_argument("--rl-mean", type=int, default=2048, help="decode --rl: a row's mean response length")
+    parser.add_argument(
+        "--kernels", action="store_true", help="decode: CUDA kernels per step of the compiled arms (torch.profiler)"
+    )
     parser.add_argument("--bandwidth", type=float, default=None, help="decode: memory bandwidth, GB/s")
     parser.add_argument(
         "--smoke", action="store_true", help="decode, step-vs-trl: run a tiny model on the CPU (checks the script)"

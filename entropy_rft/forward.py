@@ -47,10 +47,14 @@ from .rollout.sampling import position_ids
 _LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier_scale")
 
 
+HALF = {"bf16": torch.bfloat16, "fp16": torch.float16}  # precisions that autocast the forward
+
+
 def autocast(precision: str, device: torch.device):
-    """bf16: autocast the forward (and so the backward) to bfloat16; the weights stay float32."""
-    if precision == "bf16":
-        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+    """bf16 (fp16, an engine's run only: integrations/trl.py): autocast the forward (and so the backward) to
+    bfloat16 (float16); the weights stay float32. fp32: nothing (float32 matmuls, TF32 where the process allows it)."""
+    if precision in HALF:
+        return torch.autocast(device_type=device.type, dtype=HALF[precision])
     return nullcontext()
 
 
@@ -247,7 +251,7 @@ def policy_forward(
             n_rows, width_all = tokens.shape
             valid = rollout.response_mask.to(device)
             most = buckets or LENGTH_BUCKETS
-            if precision == "bf16" and any(not p.requires_grad for p in model.parameters()):
+            if precision in HALF and any(not p.requires_grad for p in model.parameters()):
                 most = 1  # autocast casts frozen weights (LoRA's base) again in every pass and autograd keeps each
             passes = [(rows, width) for rows, width in length_buckets(rollout.lengths, most) if width > 0] or [
                 (torch.arange(n_rows), width_all)

@@ -249,7 +249,7 @@ def test_draw_is_multinomial():
         assert torch.equal(logp, log_probs.gather(1, want[:, None]).squeeze(1))
 
 
-@pytest.mark.parametrize("noise", ["stream", "device"])
+@pytest.mark.parametrize("noise", ["stream", "device", "seeded"])
 def test_static_tokens_do_not_depend_on_check_every(noise):
     """The loop looks at "every row done" every k steps and runs finished rows masked in between: the tokens, the
     log-probs and the state the caller's generator is left in are the same bits whatever k (1, 2, 5, 16), with
@@ -515,9 +515,17 @@ def test_auto_compiles_the_step_and_replays_it_like_the_eager_step_on_cuda():
     """On CUDA: decode='auto' takes decode='compile' (the session compiled one graph, Inductor, and did not fail),
     and the compiled step captured in a CUDA graph samples the tokens of the same step run eagerly, uncompiled and
     uncaptured, from the same seed (the same noise), log-probs within float32 rounding of Inductor's fused
-    kernels; a second rollout of the same shape compiles nothing."""
+    kernels (the same fused projections, in-step noise and length buckets); a second rollout of the same shape
+    compiles nothing."""
     from entropy_rft.rollout.decode import HandDecoder
-    from entropy_rft.rollout.sampling import DecodeSession, bucket_width, pad_left, sample_static
+    from entropy_rft.rollout.sampling import (
+        LENGTH_BLOCK,
+        DecodeSession,
+        StaticLoop,
+        bucket_width,
+        pad_left,
+        sample_static,
+    )
 
     model = _model("qwen2").cuda()
     ids, mask = (t.cuda() for t in _prompts(model.config.vocab_size, torch.Generator().manual_seed(3)))
@@ -527,8 +535,13 @@ def test_auto_compiles_the_step_and_replays_it_like_the_eager_step_on_cuda():
     assert session.compiled == 1 and session.failed is None and session.pop_compile_seconds() > 0
     wide = pad_left(ids, mask, bucket_width(ids.shape[1]), 0)  # the compiled path's prompts, for the same prefill
     with torch.inference_mode():
-        eager = sample_static(
-            model, HandDecoder(model), *wide, sampling, generator=torch.Generator("cuda").manual_seed(3)
+        eager = sample_static(  # CUDA's defaults: noise drawn in the step, fused projections, length buckets
+            model,
+            HandDecoder(model),
+            *wide,
+            sampling,
+            generator=torch.Generator("cuda").manual_seed(3),
+            loop=StaticLoop(fused=True, block=LENGTH_BLOCK),
         )
     assert torch.equal(auto[0], eager[0])
     torch.testing.assert_close(auto[1], eager[1], atol=1e-5, rtol=0)

@@ -676,3 +676,37 @@ def test_an_untested_trl_release_is_refused_with_the_tested_range():
             check_trl_version(version)
         with pytest.warns(UserWarning, match=r"TRL >= 1\.16, < 1\.17"):
             check_trl_version(version, allow_untested=True)
+
+
+@pytest.mark.parametrize("bf16", [True, False], ids=["bf16", "fp32"])
+def test_statistics_pass_runs_in_the_steps_precision(tmp_path, bf16):
+    """The adapter's statistics pass runs in the precision accelerate gives TRL's training forward (departure 2):
+    with bf16 it is forward.batch_stats under bf16 autocast bit for bit, and its log p, H and S* lie within
+    invariants.stats_tolerance of a float64 forward of the same weights (bf16's unit roundoff 2^-8 through the
+    network's 2 L + 3 rounded contributions), with an error above float32's (bf16 is really at work); without, it
+    is the float32 pass bit for bit."""
+    from entropy_rft.forward import batch_stats
+    from entropy_rft.integrations.trl import compute_precision
+    from entropy_rft.invariants import float64_reference, stats_tolerance
+
+    trainer = build(tmp_path, max_steps=1, bf16=bf16)
+    assert compute_precision(trainer.accelerator) == ("bf16" if bf16 else "fp32")
+    trainer.train()
+    out, _ = trainer.captured[0]
+    rollout, rows = rollout_of(out), trainer.args.per_device_train_batch_size
+    got = trainer._token_stats(out)
+    for precision in ("bf16", "fp32"):
+        want = batch_stats(trainer.model, rollout, trainer.temperature, rows, precision)
+        same = all(torch.equal(getattr(got, k), getattr(want, k)) for k in ("logp", "entropy", "s_star", "s_expect"))
+        assert same == (precision == ("bf16" if bf16 else "fp32")), precision
+    cfg = trainer.model.config
+    plain = type(trainer.model)(cfg)  # the same weights without accelerate's autocasting forward (a deep copy keeps it)
+    plain.load_state_dict(trainer.model.state_dict())
+    ref, logits = float64_reference(plain, rollout, trainer.temperature)
+    bound = stats_tolerance(ref, logits, precision="bf16", layers=cfg.num_hidden_layers, width=cfg.hidden_size)
+    mask = rollout.response_mask
+    for key in ("logp", "entropy", "s_star"):
+        err = (getattr(got, key).double() - getattr(ref, key)).abs()[mask]
+        assert (err <= bound[key][mask]).all(), (key, float(err.max()))
+    worst = float((got.logp.double() - ref.logp).abs()[mask].max())
+    assert (worst > 1e-5) == bf16, worst

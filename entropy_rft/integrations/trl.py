@@ -30,7 +30,12 @@ Departures from the built-in trainer, numbered:
    forward cannot serve: its fused LM head returns log p, H and log sum_i p_i^2 per token, not sum_i p_i^2 log p_i,
    so E_p[S] (Theorem 2) and with it S_c need the logits again (benchmarks/monitor_overhead.py measures the cost).
    The monitor runs that forward only for generation batches that feed a logging step (TRL's logging_steps), a
-   samples step or a probe; a filter needs it for every batch.
+   samples step or a probe; a filter needs it for every batch. It runs in the training step's precision
+   (`compute_precision`): under bf16 (fp16) autocast where accelerate autocasts TRL's forward (GRPOConfig's bf16,
+   fp16), as TRL's own log-probs are computed, else in float32, with TF32 matmuls where the user allowed them
+   (transformers' tf32 setting sets torch's flags for the process; this pass leaves them as they are). The
+   statistics themselves are float32 either way (forward.policy_forward). Measured on an H200 (benchmarks/gpu.md
+   section 5), the float32 pass cost 0.243 s of a bf16 step against the built-in trainer's 0.071 s in bf16.
 3. The dropped tokens always leave the loss's terms; where they leave its denominator depends on TRL's
    loss_type (TRL 1.16's GRPOTrainer.compute_loss): dapo, cispo and vespo divide by `num_items_in_batch`, which
    this trainer recounts over the kept tokens of the whole generation batch (every process), so their loss is
@@ -196,6 +201,12 @@ class MetricsFile(TrainerCallback):
         if self.sink is not None:
             self.sink.close()
             self.sink = None
+
+
+def compute_precision(accelerator) -> str:
+    """The precision of TRL's training forward as forward.autocast names it: "bf16" or "fp16" where accelerate
+    autocasts the step (its mixed_precision, from GRPOConfig's bf16 / fp16), else "fp32" (departure 2)."""
+    return {"bf16": "bf16", "fp16": "fp16"}.get(str(getattr(accelerator, "mixed_precision", "no")), "fp32")
 
 
 def mean_entropy(stats: TokenStats, mask: torch.Tensor) -> float:
@@ -394,7 +405,12 @@ class EntropyGRPOTrainer(GRPOTrainer):
         statistics pass's module mode, so no random number is drawn), kept until the batch's last optimizer step."""
         rollout = rollout_of(out)
         probe = EntropyProbe(
-            self.model, rollout, self.temperature, self.args.per_device_train_batch_size, in_update_mode=True
+            self.model,
+            rollout,
+            self.temperature,
+            self.args.per_device_train_batch_size,
+            compute_precision(self.accelerator),
+            in_update_mode=True,
         )
         self._probe = (
             probe,
@@ -413,7 +429,13 @@ class EntropyGRPOTrainer(GRPOTrainer):
         probe, rollout, before, n, _ = self._probe
         self._probe = None
         after = mean_entropy(
-            batch_stats(self.model, rollout, self.temperature, self.args.per_device_train_batch_size),
+            batch_stats(
+                self.model,
+                rollout,
+                self.temperature,
+                self.args.per_device_train_batch_size,
+                compute_precision(self.accelerator),
+            ),
             rollout.response_mask,
         )
         local = torch.tensor(
@@ -522,11 +544,18 @@ class EntropyGRPOTrainer(GRPOTrainer):
 
     @torch.no_grad()
     def _token_stats(self, out) -> TokenStats:
-        """TokenStats of the completion tokens under the current policy, (B, T) each, on the CPU (departure 2)."""
+        """TokenStats of the completion tokens under the current policy, (B, T) each, on the CPU, in the training
+        step's precision (departure 2)."""
         was_training = self.model.training
         self.model.eval()  # no dropout in the statistics
         try:
-            return batch_stats(self.model, rollout_of(out), self.temperature, self.args.per_device_train_batch_size)
+            return batch_stats(
+                self.model,
+                rollout_of(out),
+                self.temperature,
+                self.args.per_device_train_batch_size,
+                compute_precision(self.accelerator),
+            )
         finally:
             self.model.train(was_training)
 

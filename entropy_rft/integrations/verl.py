@@ -31,7 +31,10 @@ How it plugs in (docs/howto/verl.md; examples/verl/ has complete configs):
 
 Departures and limits, numbered:
 1. The statistics are those of the policy that computed the old log-probs (verl's recompute, at the rollout
-   temperature), as in the authors' code; the filter is chosen once per batch for every mini-batch and epoch.
+   temperature), as in the authors' code; the filter is chosen once per batch for every mini-batch and epoch. That
+   pass is verl's own engine forward, so it runs in the run's compute dtype (FSDP's mixed precision, bf16 by
+   default) with no extra forward; this module only adds E_p[S] from the logits it already holds, in float32 one
+   chunk of rows at a time (`s_expect_of_logits`).
 2. Clip_V needs the unfused FSDP engine (fused kernels and Megatron never materialise the logits): refused at
    start-up. Every method refuses `rollout_correction.bypass_mode` (no recompute, so no entropy).
 3. Clip-Cov selects over the whole batch on the driver with the old log-probs and zeroes the selected tokens'

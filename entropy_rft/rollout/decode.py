@@ -26,12 +26,14 @@ Attention at fixed shapes reads every column of the preallocated cache, the unwr
 softmax), not only the filled part: one graph per rollout shape. The cost, for the Qwen2.5-0.5B shape in bf16
 (24 layers, 2 key/value heads of 64) with 128 prompt and 256 new columns: keys and values are 12,288 bytes per row
 and column, so a step reads 151 MB of cache at 32 rows and 1.21 GB at 256 rows, against a mean filled part of
-101 MB and 805 MB; the waste is 50 MB (4% of a step's bytes with the 0.99 GB of weights) at 32 rows and 403 MB
-(18%) at 256 rows. Reading only the filled part needs a kernel that takes each row's length as a tensor
-(FlashAttention's kv-cache kernel, FlexAttention's block mask), which the CPU tests cannot check against the
-module's arithmetic, or a few extent buckets, each its own compile and graph, several times the compile time and
-capture work for at most 18% of the bytes; kept as the next step if a GPU profile shows attention leading at 256
-rows.
+101 MB and 805 MB; a Qwen3-4B cache is 1.13 GB a row at 7,680 columns, all of it read from an RL response's first
+token. So on CUDA (FixedSteps' `block`, sampling.LENGTH_BLOCK) attention reads length buckets: the prompt and the
+response so far rounded up to a multiple of the block, as views of the buffers whose column dimension is marked
+dynamic, so one compiled graph serves every bucket, each bucket captured in its own CUDA graph when the rollout
+reaches it. The bound is the step's, not each row's: a fixed-shape rollout's rows all advance one column a step,
+and a finished row is still attended until the rollout ends (a per-row ragged kernel, FlashAttention's kv-cache
+kernel or FlexAttention's block mask, would skip those too; not checkable here against the module's arithmetic).
+The fused projections (`fuse`: QKV in one GEMM, gate/up in one) are the other CUDA default of this file.
 
 Only a model this file can read exactly is decoded here; anything else returns a reason from `unsupported` and
 the loop uses the model's forward: an architecture outside the family, a wrapped or replaced module (a PEFT LoRA
@@ -136,6 +138,17 @@ class Layer(NamedTuple):
     up_bias: Tensor | None
     down: Tensor
     down_bias: Tensor | None
+    # a fused layer (`fuse`): q, k, v (and biases) joined row-wise into one projection, gate and up into another;
+    # the parts above are None then
+    qkv: Tensor | None = None
+    qkv_bias: Tensor | None = None
+    gate_up: Tensor | None = None
+    gate_up_bias: Tensor | None = None
+
+
+FUSED = {"qkv": ("q", "k", "v"), "qkv_bias": ("q_bias", "k_bias", "v_bias"), "gate_up": ("gate", "up")}
+FUSED["gate_up_bias"] = ("gate_bias", "up_bias")
+JOINED = {part for parts in FUSED.values() for part in parts}  # the fields a fused layer holds None in
 
 
 class Weights(NamedTuple):
@@ -148,6 +161,67 @@ class Weights(NamedTuple):
     norm_eps: float
     head: Tensor
     head_bias: Tensor | None
+
+
+def fuse(params: Weights, dtype: torch.dtype | None = None, out: Weights | None = None) -> Weights:
+    """params (the model's parameters, HandDecoder.weights()) with each layer's q, k and v projections joined into one
+    (qkv: q's rows, then k's, then v's; their biases alike) and gate and up into one (gate_up), copies in dtype (None:
+    the parameters' own); every other tensor is cast as HandDecoder.weights casts it (a copy where the dtype differs,
+    a tied one copied once, else the parameter itself). out: an earlier result for these parameters, overwritten in
+    place (copy_ into each joined tensor's row blocks) and returned, so a step compiled or captured on it reads the
+    new values at the same addresses. Saves 3 of a layer's 7 projection GEMMs a decode step (gpt-fast, vLLM and
+    SGLang fuse the same two); costs a copy of those weights where the decode reads the parameters themselves."""
+    dtype = dtype or params.embed.dtype
+    if out is not None:
+        _refresh(out, params)
+        return out
+    copies: dict[int, Tensor] = {}
+
+    def cast(t):
+        if not isinstance(t, Tensor) or t.dtype == dtype:
+            return t
+        if id(t) not in copies:
+            copies[id(t)] = t.to(dtype)
+        return copies[id(t)]
+
+    def join(parts: list[Tensor | None]) -> Tensor | None:
+        if all(p is None for p in parts):
+            return None
+        if any(p is None for p in parts):
+            raise ValueError("a fused projection needs a bias on every part or on none")
+        return torch.cat([p.to(dtype) for p in parts if p is not None])
+
+    layers = []
+    for lp in params.layers:
+        fields = {k: None if k in JOINED else cast(v) for k, v in lp._asdict().items()}
+        fields.update({name: join([getattr(lp, p) for p in parts]) for name, parts in FUSED.items()})
+        layers.append(Layer(**fields))
+    return Weights(
+        cast(params.embed), layers, cast(params.norm), params.norm_eps, cast(params.head), cast(params.head_bias)
+    )
+
+
+def _refresh(out: Weights, params: Weights) -> None:
+    """`fuse`'s out overwritten in place with the values of params (each tensor once)."""
+    done: set[int] = set()
+
+    def put(mine, theirs) -> None:
+        if isinstance(mine, Tensor) and mine is not theirs and id(mine) not in done:
+            mine.copy_(theirs)
+            done.add(id(mine))
+
+    for mine, theirs in ((out.embed, params.embed), (out.norm, params.norm), (out.head, params.head)):
+        put(mine, theirs)
+    put(out.head_bias, params.head_bias)
+    for lo, lp in zip(out.layers, params.layers, strict=True):
+        for name, value in lo._asdict().items():
+            if name in FUSED and value is not None:
+                at = 0
+                for part in (getattr(lp, p) for p in FUSED[name]):
+                    value[at : at + part.shape[0]].copy_(part)
+                    at += part.shape[0]
+            elif name not in FUSED:
+                put(value, getattr(lp, name))
 
 
 def weight_tensors(w: Weights) -> list[Tensor]:
@@ -271,9 +345,11 @@ def forward(w: Weights, dims: Dims, token: Tensor, cos: Tensor, sin: Tensor, att
     x = F.embedding(token, w.embed)  # (n, D)
     for i, lw in enumerate(w.layers):
         h = rms_norm(x, lw.ln1, lw.eps1)
-        q = F.linear(h, lw.q, lw.q_bias).view(n, dims.heads, d)
-        k = F.linear(h, lw.k, lw.k_bias).view(n, dims.kv_heads, d)
-        v = F.linear(h, lw.v, lw.v_bias).view(n, dims.kv_heads, d)
+        if lw.qkv is not None:  # one GEMM for the three (`fuse`)
+            q, k, v = F.linear(h, lw.qkv, lw.qkv_bias).split([dims.heads * d, dims.kv_heads * d, dims.kv_heads * d], -1)
+        else:
+            q, k, v = F.linear(h, lw.q, lw.q_bias), F.linear(h, lw.k, lw.k_bias), F.linear(h, lw.v, lw.v_bias)
+        q, k, v = q.view(n, dims.heads, d), k.view(n, dims.kv_heads, d), v.view(n, dims.kv_heads, d)
         if lw.q_norm is not None:  # Qwen3: RMSNorm over each head before the rotation
             q = rms_norm(q, lw.q_norm, lw.q_eps)
             k = rms_norm(k, lw.k_norm, lw.k_eps)
@@ -282,8 +358,10 @@ def forward(w: Weights, dims: Dims, token: Tensor, cos: Tensor, sin: Tensor, att
         o = attend(i, q, k, v)  # (n, KV, G, d)
         x = x + F.linear(o.reshape(n, dims.heads * d), lw.o, lw.o_bias)
         h = rms_norm(x, lw.ln2, lw.eps2)
-        gate = F.linear(h, lw.gate, lw.gate_bias)
-        up = F.linear(h, lw.up, lw.up_bias)
+        if lw.gate_up is not None:  # one GEMM for the two (`fuse`)
+            gate, up = F.linear(h, lw.gate_up, lw.gate_up_bias).chunk(2, -1)
+        else:
+            gate, up = F.linear(h, lw.gate, lw.gate_bias), F.linear(h, lw.up, lw.up_bias)
         x = x + F.linear(F.silu(gate) * up, lw.down, lw.down_bias)
     x = rms_norm(x, w.norm, w.norm_eps)
     return F.linear(x, w.head, w.head_bias)
@@ -394,7 +472,12 @@ class FixedSteps:
     here). weights: the step's weights when the caller keeps them (a persistent decode copy, HandDecoder.weights's
     `out`); None: `decoder.weights(dtype)`. rope_positions: the rope table's length (None: the positions this
     rollout reaches, read once; a compiled step passes the rollout's columns, so that every rollout of one shape
-    has tables of one shape)."""
+    has tables of one shape). block: attention bounded by the filled length (None: every column, as above): the step
+    at decode step t reads the first `bound(t)` columns only, the prompt's width plus t rounded up to a multiple of
+    block, as views of the buffers (`fixed(bound)`), marked dynamic in that dimension so that one compiled graph
+    serves every bound (the buffers get one spare column that no view reaches: a view as wide as its buffer would be
+    contiguous and make the compiler specialise again). An RL-length response then reads its cache as it fills
+    instead of all of it from the first token."""
 
     def __init__(
         self,
@@ -406,10 +489,16 @@ class FixedSteps:
         dtype: torch.dtype | None = None,
         weights: Weights | None = None,
         rope_positions: int | None = None,
+        block: int | None = None,
     ):
         self.decoder, self.weights = decoder, weights if weights is not None else decoder.weights(dtype)
         width = prompt_mask.shape[1]
         columns = width + max_new_tokens
+        self.width, self.block, self.filled_max = width, block, columns
+        if block is not None:
+            if block < 1:
+                raise ValueError(f"block must be >= 1, got {block}")
+            columns += 1  # the spare column (see the class docstring)
         self.keys, self.values = [], []
         for k, v in cache_tensors(cache):
             # zeros, not empty: a hidden column's weight is 0, and 0 times uninitialised memory may be NaN
@@ -420,7 +509,7 @@ class FixedSteps:
             self.keys.append(k_buf)
             self.values.append(v_buf)
         mask = prompt_mask.index_select(0, rows).bool()
-        padding = torch.cat([~mask, mask.new_zeros(len(rows), max_new_tokens)], dim=1)  # (n, C)
+        padding = torch.cat([~mask, mask.new_zeros(len(rows), columns - width)], dim=1)  # (n, C)
         self.padding = padding[:, None, None, :]  # (n, 1, 1, C): the prompt's left padding
         self.columns = torch.arange(columns, device=mask.device)  # (C,)
         self.col = torch.full((1,), width, dtype=torch.long, device=mask.device)  # the next token's column
@@ -433,10 +522,27 @@ class FixedSteps:
         """The tensors a step changes besides the key/value columns it writes (saved around a capture's warm-up)."""
         return [self.col, self.position]
 
-    def fixed(self) -> Fixed:
-        """The state as `fixed_logits` reads it (the tensors themselves, not copies)."""
-        return Fixed(self.keys, self.values, self.padding, self.columns, self.col, self.position, self.cos, self.sin)
+    def bound(self, step: int) -> int | None:
+        """The columns the attention of decode step `step` (1, 2, ...: it writes column width + step - 1) reads: the
+        prompt's width plus step rounded up to a multiple of block, at most the rollout's columns; None without a
+        block (every column)."""
+        if self.block is None:
+            return None
+        return min(self.filled_max, self.width + -(-step // self.block) * self.block)
 
-    def __call__(self, token: Tensor) -> Tensor:
-        """`fixed_logits` on this state."""
-        return fixed_logits(self.weights, self.decoder.dims, self.fixed(), token)
+    def fixed(self, bound: int | None = None) -> Fixed:
+        """The state as `fixed_logits` reads it (the tensors themselves, not copies); bound: the key/value buffers,
+        padding and column index as views of their first `bound` columns, that dimension marked dynamic."""
+        keys, values, padding, columns = self.keys, self.values, self.padding, self.columns
+        if bound is not None:
+            keys, values = [k[:, :, :bound] for k in keys], [v[:, :, :bound] for v in values]
+            padding, columns = padding[..., :bound], columns[:bound]
+            for t in [*keys, *values]:
+                torch._dynamo.mark_dynamic(t, 2)
+            torch._dynamo.mark_dynamic(padding, 3)
+            torch._dynamo.mark_dynamic(columns, 0)
+        return Fixed(keys, values, padding, columns, self.col, self.position, self.cos, self.sin)
+
+    def __call__(self, token: Tensor, bound: int | None = None) -> Tensor:
+        """`fixed_logits` on this state (bound: see `fixed`)."""
+        return fixed_logits(self.weights, self.decoder.dims, self.fixed(bound), token)

@@ -15,7 +15,7 @@ temperature and top-p, and it is faster on GRPO batches:
   4): 3.51 ms a step at 32 rows of the Qwen2.5-0.5B shape in bf16, against 19.0 ms for the row-dropping loop
   (issue 45, an H200), bound by kernel launches and host round-trips;
 - on CUDA (decode="auto" there, or "compile"), that whole step compiled by torch.compile into fused kernels
-  before the capture (departures 3-5): the captured static step is still several hundred kernels (every norm,
+  before the capture (departures 3-7): the captured static step is still several hundred kernels (every norm,
   rotary embedding, activation and the sampler apart). Measured on an H200 (benchmarks/gpu.md section 5): 1.60 ms
   a step at 32 rows and 2.63 ms at 256 of the Qwen2.5-0.5B shape in bf16, against 3.30 and 5.00 ms for the captured
   static step, with a cold compile of about 30 s per shape.
@@ -24,9 +24,11 @@ Departures of the fixed-shape path:
 1. Sampling is the exponential race argmax(p / E), E ~ Exp(1) per token (`draw`), which is what torch.multinomial
    computes for one sample (and what it draws), without multinomial's validity check that reads a flag back to
    the host every step. On the CPU the noise is the very stream the row-dropping loop draws (`stream_noise`), so
-   the tokens are the same; on a GPU each rollout draws from its own generator seeded from the caller's
-   (`device_noise`), so a GPU's tokens differ from the eager path's under the same seed, while both sample the
-   same distribution.
+   the tokens are the same; on a GPU the noise is drawn inside the step (`seeded_noise`: Exp(1) from a 32-bit
+   integer hash of each entry's index, keyed by a per-rollout seed drawn from the caller's generator and the step),
+   so no (rows, V) buffer is filled outside the graph each step and the compiled step draws the eager step's
+   noise; a GPU's tokens differ from the CPU's hand path under the same seed, while both sample the same
+   distribution (the hash's draws take 2^24 values, the race's probabilities are exact to that resolution).
 2. Its log-probs are not bit-identical to the "hand" path's, on the CPU either: MKL's sgemm rounds a row
    otherwise when fewer rows share the call (measured here: calls of 1-3, 5-7 or 9-11 rows against one of 32),
    and softmax and the value product over all columns (hidden ones at -inf and 0) sum in another order than over
@@ -54,7 +56,17 @@ Departures of the fixed-shape path:
 5. bfloat16 decoding of a float32 policy (precision bf16) reads a decode copy of the weights the session keeps
    and overwrites in place (copy_) at each rollout, instead of fresh casts: the addresses a compiled or captured
    step reads stay valid and no allocation churns, at the price of the copy staying allocated between rollouts
-   (0.99 GB for the Qwen2.5-0.5B shape). A float32 policy decoded in float32 reads its parameters themselves.
+   (0.99 GB for the Qwen2.5-0.5B shape). A float32 policy decoded in float32 reads its parameters themselves,
+   except on CUDA, where the projections are fused (departure 6).
+6. On CUDA the step reads each layer's q, k and v projections joined into one weight and gate and up into another
+   (decode.fuse: 4 projection GEMMs a layer instead of the module's 7, as gpt-fast, vLLM and SGLang run them; the
+   decode copy of departure 5 holds them joined, refreshed in place at each rollout); in float32 that copy is extra
+   memory (the projections' size) the unfused step does not need. One GEMM of the joined rows may round a column
+   otherwise than the parts' GEMMs: tokens the same in tests/test_compile_decode.py, log-probs within a few float32
+   ulps.
+7. On CUDA attention reads length buckets of LENGTH_BLOCK columns (decode.py's docstring), each bucket its own
+   captured graph of the one compiled step; the softmax over fewer hidden columns sums in another order (float32
+   ulps, as departure 2).
 
 Top-p is the nucleus of Holtzman et al. as transformers' TopPLogitsWarper computes it: sort by probability,
 keep the smallest prefix whose mass reaches top_p (a token is kept when the mass strictly before it is below
@@ -81,6 +93,7 @@ from .decode import (
     HandSteps,
     Weights,
     fixed_logits,
+    fuse,
     unsupported,
     weight_tensors,
 )
@@ -105,6 +118,13 @@ def position_ids(mask: Tensor) -> Tensor:
 
 
 DECODE = ("auto", "hand", "hf", "static", "compile")  # how tokens after the prompt go through the model (see `sample`)
+NOISE = ("stream", "device", "seeded")  # the fixed-shape loop's noise sources (StaticLoop.noise)
+# Attention's length buckets on CUDA (StaticLoop.block): a step reads the prompt and its response rounded up to a
+# multiple of this many columns, not the whole cache. A rollout of at most this many new tokens reads every column
+# as before (one bucket); a 4,096-token one reads on average 53% of its cache (2,048 + 128 of 4,096 columns) and
+# captures 16 graphs of the one compiled step. Chosen before any GPU measurement: small enough that a bucket
+# wastes at most 255 columns of reads, large enough that captures stay few (each a 2-step warm-up and a capture).
+LENGTH_BLOCK = 256
 
 
 def check_decode(decode: str) -> str:
@@ -170,7 +190,7 @@ def sample(
     error for a model it cannot read), finished rows leaving the batch; "static": the same step at fixed shapes
     (`sample_static`), captured once in a CUDA graph and replayed on a GPU, run as it is on the CPU; "compile":
     that step compiled whole by torch.compile (Inductor) for the rollout's shape, the prompt width bucketed
-    (`bucket_width`), then captured and replayed as "static" is (departures 3-5); "auto": "hand" on the CPU and
+    (`bucket_width`), then captured and replayed as "static" is (departures 3-7); "auto": "hand" on the CPU and
     "compile" on CUDA for a model the step reads ("static" for the rest of the session once compiling failed,
     with a warning), else "hf".
     dtype (static and compile paths): the weights' and cache's dtype while decoding (bfloat16 where the policy
@@ -283,6 +303,8 @@ def _sample(
             capture=device.type == "cuda",
             compiled=path == "compile",
             fallback=decode == "auto",
+            fused=device.type == "cuda",
+            block=LENGTH_BLOCK if device.type == "cuda" else None,
         )
         return sample_static(
             model, hand, prompt_ids, prompt_mask, sampling, generator=generator, session=session, loop=loop
@@ -340,18 +362,48 @@ class Sampled(NamedTuple):
     """The sampling state of a fixed-shape rollout as the pure step reads it (StaticRollout owns the tensors)."""
 
     token: Tensor  # (n,) the last token of each row
-    noise: Tensor  # (n, V) Exp(1) draws, filled before each step
+    noise: Tensor | None  # (n, V) Exp(1) draws, filled before each step; None: drawn in the step from `seed`
     eos: Tensor  # (E,) the ids that end a response
     t: Tensor  # (1,) the response column the next token goes to
     done: Tensor  # (n,) bool: the row has sampled an EOS id
     length: Tensor  # (n,) tokens recorded per row
     response: Tensor  # (n, R)
     logp: Tensor  # (n, R) float32
+    seed: Tensor | None = None  # (2,) the rollout's two 32-bit keys of `seeded_noise` (None: `noise` is filled)
+
+
+M32 = 0xFFFFFFFF
+
+
+def _mix(x: Tensor) -> Tensor:
+    """A bijective hash of 32-bit values held in int64 (xorshift-multiply rounds, MurmurHash-style): odd multipliers
+    below 2^31, so every product stays below 2^63 and no integer overflows on any device."""
+    x = x ^ (x >> 16)
+    x = (x * 0x7FEB352D) & M32
+    x = x ^ (x >> 15)
+    x = (x * 0x5BD1E995) & M32
+    return x ^ (x >> 16)
+
+
+def seeded_noise(seed: Tensor, t: Tensor, rows: int, vocab: int) -> Tensor:
+    """Exp(1) draws (rows, vocab) for step t of a rollout, a pure function of the rollout's keys seed (2,), t (1,)
+    and each entry's index: -log U, U = (h + 1/2) / 2^24 for h the top 24 bits of a 32-bit hash of the index keyed
+    twice. Integer arithmetic gives the same bits eagerly, compiled, captured and on any device, so the compiled
+    step samples the eager step's tokens, and the draw runs inside the step (fused into the sampler's kernel on a GPU:
+    no (rows, V) noise buffer written outside the graph each step). U lies in (0, 1), so the noise is positive and
+    finite (at most 17.3)."""
+    k1 = _mix(seed[:1] ^ _mix(t & M32))  # (1,) this step's keys
+    k2 = _mix(seed[1:] ^ k1)
+    index = torch.arange(rows * vocab, device=seed.device).view(rows, vocab)
+    h = _mix(_mix(index ^ k1) ^ k2)
+    return -torch.log(((h >> 8).float() + 0.5) * 2.0**-24)
 
 
 def record(logits: Tensor, state: Sampled, *, temperature: float, top_p: float, pad_id: int) -> None:
-    """Sample column t of every row from logits (n, V) and the noise; a finished row records pad_id and 0."""
-    token, logp = draw(logits, state.noise, temperature=temperature, top_p=top_p)
+    """Sample column t of every row from logits (n, V) and the noise (`seeded_noise` where state.seed is set); a
+    finished row records pad_id and 0."""
+    noise = state.noise if state.seed is None else seeded_noise(state.seed, state.t, *logits.shape)
+    token, logp = draw(logits, noise, temperature=temperature, top_p=top_p)
     live = ~state.done
     state.response.index_copy_(1, state.t, torch.where(live, token, pad_id)[:, None])
     state.logp.index_copy_(1, state.t, torch.where(live, logp, 0.0)[:, None])
@@ -389,8 +441,10 @@ class StaticRollout:
         temperature: float,
         top_p: float,
         device: torch.device,
+        seed: Tensor | None = None,
     ):
         self.steps, self.pad_id, self.temperature, self.top_p = steps, pad_id, temperature, top_p
+        self.seed = seed  # (2,): the noise is drawn inside the step (`seeded_noise`), no buffer
         self.fn = fixed_step
         self.eos = torch.tensor(sorted(set(eos_ids)), device=device)  # (E,)
         self.token = torch.full((rows,), pad_id, dtype=torch.long, device=device)  # the last token of each row
@@ -399,7 +453,7 @@ class StaticRollout:
         self.length = torch.zeros(rows, dtype=torch.long, device=device)
         self.response = torch.full((rows, max_new_tokens), pad_id, dtype=torch.long, device=device)
         self.logp = torch.zeros(rows, max_new_tokens, dtype=torch.float32, device=device)
-        self.noise = torch.ones(rows, vocab, dtype=torch.float32, device=device)  # filled before each step
+        self.noise = None if seed is not None else torch.ones(rows, vocab, dtype=torch.float32, device=device)
 
     def state(self) -> list[Tensor]:
         """Every tensor a step changes besides the key/value columns (saved around a capture's warm-up)."""
@@ -407,17 +461,20 @@ class StaticRollout:
 
     def sampled(self) -> Sampled:
         """The sampling state as `record` reads it (the tensors themselves)."""
-        return Sampled(self.token, self.noise, self.eos, self.t, self.done, self.length, self.response, self.logp)
+        return Sampled(
+            self.token, self.noise, self.eos, self.t, self.done, self.length, self.response, self.logp, self.seed
+        )
 
     def record(self, logits: Tensor) -> None:
         """`record` on this state (column 0 comes from the prefill's logits)."""
         record(logits, self.sampled(), temperature=self.temperature, top_p=self.top_p, pad_id=self.pad_id)
 
-    def step(self) -> None:
+    def step(self, bound: int | None = None) -> None:
+        """One step (`fixed_step`, or `fn`); bound: the columns attention reads (FixedSteps.fixed; None: all)."""
         self.fn(
             self.steps.weights,
             self.steps.decoder.dims,
-            self.steps.fixed(),
+            self.steps.fixed(bound),
             self.sampled(),
             temperature=self.temperature,
             top_p=self.top_p,
@@ -460,26 +517,62 @@ def device_noise(generator: torch.Generator | None, device: torch.device):
     return fill
 
 
-def captured(state: StaticRollout, warmup: int = 2):
-    """state.step captured once in a CUDA graph; returns its replay. The warm-up (cuBLAS workspaces, allocator)
-    runs on a side stream before the capture, and the state it advances is put back after: the replays start
-    from the first step. The key/value columns the warm-up wrote are written again before any step reads them."""
+def rollout_seed(generator: torch.Generator | None, device: torch.device) -> Tensor:
+    """The two 32-bit keys (2,) of a rollout's `seeded_noise`, on device, drawn once per rollout from the caller's
+    generator (on its own device: nothing is read back to the host), so the generator advances by the same amount
+    whatever the number of steps and check_every."""
+    where = generator.device if generator is not None else device
+    return torch.randint(0, 2**32, (2,), device=where, generator=generator).to(device)
+
+
+def _no_fill(state: StaticRollout) -> None:
+    """The noise of a seeded rollout is drawn inside the step (`seeded_noise`): nothing to fill."""
+
+
+def captured(state: StaticRollout, warmup: int = 2, bound: int | None = None, pool=None):
+    """state.step(bound) captured once in a CUDA graph (in the memory pool `pool` where given: the graphs of one
+    rollout's length buckets replay one at a time, so they share one); returns the graph. The warm-up (cuBLAS
+    workspaces, allocator) runs on a side stream before the capture, and the state it advances is put back after:
+    the replays start from the step the capture was made at. The key/value columns the warm-up wrote (this step's
+    and the next ones, hidden until then) are written again before any step reads them."""
     saved = [t.clone() for t in state.state()]
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
         for _ in range(warmup):
-            state.step()
+            state.step(bound)
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        state.step()
+    with torch.cuda.graph(graph, pool=pool):
+        state.step(bound)
     for t, s in zip(state.state(), saved):
         t.copy_(s)
-    return graph.replay
+    return graph
 
 
-# decode="compile" (departures 3-5). COMPILE_MODE is Inductor's mode: None (its default: fused Triton kernels,
+class Stepper:
+    """Decode step t of a fixed-shape rollout (t = 1, 2, ...), at the attention bound of its length bucket
+    (FixedSteps.bound): run as it is, or (capture) each bucket's step captured in a CUDA graph when the rollout first
+    reaches the bucket and replayed after. A bucket first reached within `warmup` steps of the end runs uncaptured
+    (its warm-up would write past the response buffers)."""
+
+    def __init__(self, state: StaticRollout, max_new_tokens: int, capture: bool, warmup: int = 2):
+        self.state, self.max_new_tokens, self.capture, self.warmup = state, max_new_tokens, capture, warmup
+        self.graphs: dict[int | None, torch.cuda.CUDAGraph] = {}
+
+    def __call__(self, t: int) -> None:
+        bound = self.state.steps.bound(t)
+        graph = self.graphs.get(bound)
+        if graph is None and self.capture and t + self.warmup < self.max_new_tokens:
+            pool = next(iter(self.graphs.values())).pool() if self.graphs else None
+            graph = self.graphs[bound] = captured(self.state, self.warmup, bound, pool)
+        if graph is not None:
+            graph.replay()
+        else:
+            self.state.step(bound)
+
+
+# decode="compile" (departures 3-7). COMPILE_MODE is Inductor's mode: None (its default: fused Triton kernels,
 # cuBLAS matmuls, no CUDA graphs of its own), captured and replayed by `captured` as the static step is;
 # "max-autotune-no-cudagraphs" the same with autotuned matmul templates (minutes more of cold compile);
 # "reduce-overhead" Inductor's own CUDA graphs (graph trees) instead of `captured`, every tensor of the step marked a
@@ -570,21 +663,24 @@ class DecodeSession:
         self.failed: str | None = None
         self.compile_seconds = 0.0
         self.compiled = 0
-        self._copy: tuple[int, torch.dtype, Weights] | None = None
+        self._copy: tuple[int, torch.dtype | None, bool, Weights] | None = None
         # timing (benchmarks/gpu.py): each rollout's (decode steps, seconds of its decode loop), the prefill, the
         # compile and the capture left out; the device is synchronised around the loop, so off in training
         self.timing, self.loops = timing, []
 
-    def weights(self, model, decoder: HandDecoder, dtype: torch.dtype | None) -> Weights:
-        """The weights the step reads in dtype: the parameters themselves where they have it already, else the
-        session's copy of this model's, refreshed in place."""
+    def weights(self, model, decoder: HandDecoder, dtype: torch.dtype | None, fused: bool = False) -> Weights:
+        """The weights the step reads in dtype: the parameters themselves where they have it already and fused is
+        False, else the session's copy of this model's (fused: QKV and gate/up joined, decode.fuse), refreshed in
+        place."""
         params = decoder.weights()
-        if dtype is None or all(t.dtype == dtype for t in weight_tensors(params)):
+        if not fused and (dtype is None or all(t.dtype == dtype for t in weight_tensors(params))):
             return params
-        if self._copy is not None and self._copy[:2] == (id(model), dtype):
-            return decoder.weights(dtype, out=self._copy[2])
-        self._copy = (id(model), dtype, decoder.weights(dtype))
-        return self._copy[2]
+        key = (id(model), dtype, fused)
+        if self._copy is not None and self._copy[:3] == key:
+            out = self._copy[3]
+            return fuse(params, dtype, out=out) if fused else decoder.weights(dtype, out=out)
+        self._copy = (*key, fuse(params, dtype) if fused else decoder.weights(dtype))
+        return self._copy[3]
 
     def pop_compile_seconds(self) -> float:
         """Seconds spent compiling since the last call (0.0 when nothing compiled)."""
@@ -601,7 +697,7 @@ class DecodeSession:
         before, start = compiled_graphs(), time.perf_counter()
         try:
             with torch._dynamo.config.patch(**{RECOMPILE_LIMIT: MAX_SHAPES}):
-                state.step()
+                state.step(state.steps.bound(1))  # bounded: the graph is dynamic in the attention's columns
             _synchronize(state.token.device)
         except Exception as err:  # any compiler failure (dynamo, Inductor, a C or Triton toolchain): see docstring
             state.fn = fixed_step
@@ -629,8 +725,12 @@ class StaticLoop:
     dtype: the weights' and cache's dtype while decoding (None: the model's, or autocast's where the caller samples
     under autocast). check_every: steps between two looks at whether every row is done (None:
     `check_every_default`); the tokens do not depend on it. capture: the step captured in a CUDA graph and
-    replayed. noise: "stream" (`stream_noise`: the tokens of the "hand" path) or "device" (`device_noise`: no host
-    read); None: "stream" on the CPU, "device" elsewhere. compiled: the step compiled by the session's backend
+    replayed. noise: "stream" (`stream_noise`: the tokens of the "hand" path), "device" (`device_noise`: a buffer
+    filled on the device before each step) or "seeded" (`seeded_noise`: drawn inside the step from a per-rollout
+    seed, no buffer, the same tokens eager and compiled); None: "stream" on the CPU, "seeded" elsewhere. fused: the
+    step reads QKV and gate/up joined (decode.fuse, a session copy refreshed in place at each rollout; 3 of 7
+    projection GEMMs a layer fewer). block: attention reads length buckets of this many columns (FixedSteps' block,
+    LENGTH_BLOCK on CUDA; None: every column). compiled: the step compiled by the session's backend
     (`DecodeSession.compile`), the prompts left-padded to `bucket_width` and the rope table as long as the columns,
     so that every rollout of a bucket has one shape. fallback: a compile failure leaves this and the session's later
     rollouts on the static step with a warning instead of raising."""
@@ -639,6 +739,8 @@ class StaticLoop:
     check_every: int | None = None
     capture: bool = False
     noise: str | None = None
+    fused: bool = False
+    block: int | None = None
     compiled: bool = False
     fallback: bool = False
 
@@ -672,28 +774,33 @@ def sample_static(
         if decoder.window is not None:
             width = max(prompt_ids.shape[1], min(width, decoder.window - max_new_tokens))
         prompt_ids, prompt_mask = pad_left(prompt_ids, prompt_mask, width, sampling.pad_id)
-    state, logits = _prefilled(model, decoder, prompt_ids, prompt_mask, sampling, dtype, session, loop.compiled)
+    kind = loop.noise or ("stream" if device.type == "cpu" else "seeded")
+    if kind not in NOISE:
+        raise ValueError(f"noise must be one of {', '.join(NOISE)}, got {kind!r}")
+    seed = rollout_seed(generator, device) if kind == "seeded" else None
+    state, logits = _prefilled(model, decoder, prompt_ids, prompt_mask, sampling, dtype, session, loop, seed)
     steps = state.steps
-    kind = loop.noise or ("stream" if device.type == "cpu" else "device")
-    noise = stream_noise(generator) if kind == "stream" else device_noise(generator, device)
+    noise = {"stream": stream_noise, "device": lambda g: device_noise(g, device), "seeded": lambda g: _no_fill}[kind](
+        generator
+    )
     # Inductor's graphs, not `captured`
     own_graphs = loop.compiled and loop.capture and session.mode == "reduce-overhead"
     with torch.autocast(device.type, enabled=False):  # the step's dtypes are its own (dtype), not autocast's
         noise(state)
         state.record(logits)  # column 0, from the prefill
         if own_graphs:
-            for t in [*state.state(), state.noise, *weight_tensors(steps.weights), *steps.keys, *steps.values]:
+            buffers = [state.noise, state.seed, *weight_tensors(steps.weights), *steps.keys, *steps.values]
+            for t in [*state.state(), *(b for b in buffers if b is not None)]:
                 torch._dynamo.mark_static_address(t)
         if loop.compiled and max_new_tokens > 1:
             session.compile(state, fallback=loop.fallback)
-        # the warm-up's steps write response columns 1, 2: within the buffers when max_new_tokens > 2
-        step = captured(state) if loop.capture and not own_graphs and max_new_tokens > 2 else state.step
+        step = Stepper(state, max_new_tokens, capture=loop.capture and not own_graphs)
         _run(state, step, noise, max_new_tokens, check_every, session, own_graphs)
     width = int(state.length.max())
     return state.response[:, :width], state.logp[:, :width]
 
 
-def _prefilled(model, decoder, prompt_ids, prompt_mask, sampling: Sampling, dtype, session, compiled):
+def _prefilled(model, decoder, prompt_ids, prompt_mask, sampling: Sampling, dtype, session, loop: StaticLoop, seed):
     """(StaticRollout, logits (rows, V) after each prompt): the prefill (under autocast to `dtype` where it is a
     half type), each prompt's keys and values repeated to its sampling.n rows in FixedSteps' buffers."""
     device, max_new_tokens = prompt_ids.device, sampling.max_new_tokens
@@ -714,8 +821,9 @@ def _prefilled(model, decoder, prompt_ids, prompt_mask, sampling: Sampling, dtyp
         prompt_mask,
         max_new_tokens,
         dtype=dtype,
-        weights=session.weights(model, decoder, dtype),
-        rope_positions=prompt_ids.shape[1] + max_new_tokens if compiled else None,
+        weights=session.weights(model, decoder, dtype, loop.fused),
+        rope_positions=prompt_ids.shape[1] + max_new_tokens if loop.compiled else None,
+        block=loop.block,
     )
     del out  # the prefill's cache, copied into the step's buffers
     state = StaticRollout(
@@ -728,6 +836,7 @@ def _prefilled(model, decoder, prompt_ids, prompt_mask, sampling: Sampling, dtyp
         temperature=sampling.temperature,
         top_p=sampling.top_p,
         device=device,
+        seed=seed,
     )
     return state, logits
 
@@ -745,7 +854,7 @@ def _run(state: StaticRollout, step, noise, max_new_tokens: int, check_every: in
         noise(state)
         if own_graphs:
             torch.compiler.cudagraph_mark_step_begin()
-        step()
+        step(t)
         done = t
     if session.timing:
         _synchronize(device)
