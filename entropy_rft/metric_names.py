@@ -104,6 +104,32 @@ METRICS: tuple[Metric, ...] = (
         EVERY,
         ENGINES,
     ),
+    *(
+        M(
+            f"entropy_change/by_region/{sign}_{kind}",
+            f"the part of entropy_change/predicted from the loss's tokens with A {'>' if sign == 'pos' else '<'} 0 "
+            f"and S* {'> 0 (likely: log p > -H)' if kind == 'likely' else '<= 0 (unlikely)'}; the four regions sum "
+            "to it, tokens with A = 0 add nothing (dynamics.entropy_change_by_region)",
+            "nats per token",
+            EVERY + " (engines: every logged step whose step size is known)",
+            ENGINES,
+        )
+        for sign in ("pos", "neg")
+        for kind in ("likely", "unlikely")
+    ),
+    *(
+        M(
+            f"clip_frac_by_region/{sign}_{kind}",
+            f"fraction of the valid tokens with A {'>' if sign == 'pos' else '<'} 0 and S* "
+            f"{'> 0' if kind == 'likely' else '<= 0'} that the method removed from the loss (0 for a region with "
+            "no token)",
+            "fraction of tokens",
+            EVERY + " (engines: every logged step whose step size is known)",
+            ENGINES,
+        )
+        for sign in ("pos", "neg")
+        for kind in ("likely", "unlikely")
+    ),
     M(
         "entropy_change/predicted_offpolicy",
         "the same prediction with the importance ratio r of eq. 28 (4.1, "

@@ -366,6 +366,16 @@ def test_monitor_metrics_against_the_captured_batch(tmp_path):
         assert logged[f"entropy_rft/would_{name}/frac"] == pytest.approx(float(dropped.sum()) / n, rel=1e-6)
         share = float(-(step * a * s_c)[dropped].sum() / n)
         assert logged[f"entropy_rft/would_{name}/entropy_change"] == pytest.approx(share, rel=1e-4, abs=1e-15)
+    # the same prediction by region (A's sign x S* > 0), written out in float64; the four add up to it
+    s_star, terms = stats.s_star.double()[mask], -(step * a * (s_c - s_c.mean())) / n
+    total = 0.0
+    for sign, side in (("pos", a > 0), ("neg", a < 0)):
+        for kind, where in (("likely", s_star > 0), ("unlikely", s_star <= 0)):
+            got = logged[f"entropy_rft/entropy_change/by_region/{sign}_{kind}"]
+            assert got == pytest.approx(float(terms[side & where].sum()), rel=1e-4, abs=1e-15)
+            assert logged[f"entropy_rft/clip_frac_by_region/{sign}_{kind}"] == 0.0  # the monitor filters nothing
+            total += got
+    assert total == pytest.approx(logged["entropy_rft/entropy_change/predicted"], rel=1e-4, abs=1e-15)
 
 
 @pytest.mark.parametrize(

@@ -1111,6 +1111,17 @@ def test_whole_step_monitor_is_stock_verl_and_writes_what_inspect_reads(
     m = ours.metrics
     assert m["entropy_rft/entropy_change/predicted"] == pytest.approx(want, rel=1e-5)
     assert m["entropy_rft/entropy"] == pytest.approx(float(stats.entropy.double()[valid].mean()), rel=1e-5)
+    # the same prediction by region (A's sign x S* > 0) and each region's share the rejection removed
+    a_t, s_star = adv[:, None].expand_as(valid) if adv.dim() == 1 else adv, stats.s_star
+    terms = torch.zeros(valid.shape, dtype=torch.float64)
+    terms[used] = -(step[used] * a_t[used] * (s_c - s_c.mean())) / float(used.sum())
+    for sign, side in (("pos", a_t > 0), ("neg", a_t < 0)):
+        for kind, where in (("likely", s_star > 0), ("unlikely", s_star <= 0)):
+            region = side & where
+            got = m[f"entropy_rft/entropy_change/by_region/{sign}_{kind}"]
+            assert got == pytest.approx(float(terms[region & used].sum()), rel=1e-5, abs=1e-15)
+            frac = float((region & valid & ~used).sum()) / max(int((region & valid).sum()), 1)
+            assert m[f"entropy_rft/clip_frac_by_region/{sign}_{kind}"] == pytest.approx(frac, abs=1e-12)
     keep_b, _ = clip_b(stats.s_star, ours.after["advantages"], used)
     assert m["entropy_rft/would_clip_b/frac"] == pytest.approx(float((used & ~keep_b).sum() / used.sum()), rel=1e-6)
 
