@@ -106,6 +106,7 @@ _NON_NEGATIVE = (
 )
 _POSITIVE = (
     "max_frac",
+    "entropy_gate",
     "forking_frac",
     "lopti_eta",
     "critic_lr",
@@ -143,6 +144,7 @@ _HINTS = {
     "max_frac": " (Clip_V's cap on the clipped fraction; the paper uses 1e-4)",
     "seed": " (a seed below 2**32)",
     "entropy_target": " (a token entropy in nats; None disables the target)",
+    "entropy_gate": " (a token entropy in nats below which Clip_B / Clip_V act; STARE uses 0.3)",
 }
 
 
@@ -184,6 +186,11 @@ class TrainConfig:
     )
     side: Literal["negative", "positive", "all"] | None = _f(
         None, "which advantage sign the filter applies to: negative (default), positive, all"
+    )
+    entropy_gate: float | None = _f(
+        None,
+        "Clip_B / Clip_V act only on steps whose batch mean entropy (every valid response token) is below this, in "
+        "nats (STARE's closed-loop gate, 0.3 in its scripts); None = always (the paper)",
     )
     advantage: str = _f(
         "grpo", "advantage estimator (registry ADVANTAGES): grpo, dr_grpo, rloo, qae, gae (PPO's, with a value head)"
@@ -618,6 +625,9 @@ class TrainConfig:
                     f"entropy_target with entropy_control='mu' sets Clip_B/Clip_V's mu; use method clip_b or clip_v "
                     f"(got {self.method!r}) or entropy_control='bonus'"
                 )
+        if self.entropy_gate is not None and not METHODS.get(self.method).gated:
+            gated = ", ".join(n for n in METHODS if METHODS.get(n).gated)
+            raise ValueError(f"entropy_gate gates a filter of {gated}; method {self.method!r} takes none")
         from .logging import SINKS
 
         for sink in self.sinks:
@@ -630,6 +640,7 @@ class TrainConfig:
             "max_frac": self.max_frac,
             "side": self.side,
             "frac": self.forking_frac,
+            "entropy_gate": self.entropy_gate,
         }
 
     def to_dict(self) -> dict:

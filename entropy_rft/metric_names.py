@@ -203,6 +203,19 @@ METRICS: tuple[Metric, ...] = (
         "every step of clip_v, ppo_clip_v",
     ),
     M(
+        "filter/gate_open",
+        "entropy_gate: 1 on a step whose batch mean entropy was below the gate (the filter acted), else 0 "
+        "(masks.entropy_gate, STARE's gate)",
+        "0 or 1",
+        "every step of a gated filter with entropy_gate",
+    ),
+    M(
+        "filter/gate_entropy",
+        "entropy_gate: the batch mean entropy the gate compared (every valid response token)",
+        "nats per token",
+        "every step of a gated filter with entropy_gate",
+    ),
+    M(
         "filter/mu",
         "the mu the entropy controller set for this step (entropy_target with entropy_control mu)",
         "standard deviations",
@@ -248,6 +261,20 @@ METRICS: tuple[Metric, ...] = (
         "filter/stdD, engine spelling",
         "nats",
         "every logged step of an engine run with clip_v",
+        ("trl", "verl"),
+    ),
+    M(
+        "gate_open",
+        "filter/gate_open, engine spelling",
+        "0 or 1",
+        "every logged step of an engine run with a gated filter and entropy_gate",
+        ("trl", "verl"),
+    ),
+    M(
+        "gate_entropy",
+        "filter/gate_entropy, engine spelling",
+        "nats per token",
+        "every logged step of an engine run with a gated filter and entropy_gate",
         ("trl", "verl"),
     ),
     M(

@@ -11,6 +11,8 @@ Implements:
 - s_sign: the selective updates of Figure 1 (retain only, or mask, tokens with S* > 0 or S* < 0 in positive or
   negative samples).
 - top_entropy: forking tokens (Wang et al. 2025), the highest-entropy 20% of the batch's tokens.
+- entropy_gate: STARE's closed-loop target gate (hp-luo/STARE, STAREController): a gated filter acts only while
+  the batch's mean entropy is below a target (methods.Method.apply composes it with Clip_B and Clip_V).
 Statistics (mean, std) are always taken over all valid tokens of the whole batch passed in, never per
 micro-batch.
 
@@ -47,7 +49,15 @@ from .advantages import broadcast_advantages
 
 Side = Literal["negative", "positive", "all"]
 
-__all__ = ["clip_b", "clip_v", "s_sign", "top_entropy", "clipped_fractions", "broadcast_advantages"]
+__all__ = [
+    "clip_b",
+    "clip_v",
+    "s_sign",
+    "top_entropy",
+    "entropy_gate",
+    "clipped_fractions",
+    "broadcast_advantages",
+]
 
 _STD_FLOOR = 1e-12
 
@@ -265,3 +275,23 @@ def top_entropy(
         keep[torch.topk(ranked, max(1, round(frac * n))).indices] = True
     keep = keep.view_as(valid) & valid
     return keep, clipped_fractions(mask, keep, advantages)
+
+
+def entropy_gate(
+    keep: Tensor, advantages: Tensor, mask: Tensor, entropy: Tensor, *, target: float
+) -> tuple[Tensor, dict[str, float]]:
+    """STARE's closed-loop target gate (hp-luo/STARE, STAREController.update: gate_on = 1[H_bar < target_entropy]):
+    a filter's keep mask where the batch's mean entropy H_bar over the mask's tokens is strictly below `target`,
+    and every valid token otherwise (the filter does not act). Metrics: gate_open (1 or 0), gate_entropy (H_bar)
+    and the authors' fractions of the keep mask returned (frac_clipped, ...: 0 while the gate is closed).
+    keep, mask, entropy (B, T); advantages (B,) or (B, T); target in nats, > 0 and finite."""
+    if not (isinstance(target, (int, float)) and not isinstance(target, bool) and 0 < target < math.inf):
+        raise ValueError(f"entropy_gate must be a finite entropy > 0 in nats, got {target!r}; STARE uses 0.3")
+    valid = mask.bool()
+    m = valid.to(torch.float32)
+    mean = (entropy.float() * m).sum() / m.sum().clamp_min(1.0)
+    open_ = mean < target
+    gated = torch.where(open_, keep.bool() & valid, valid)
+    metrics = _reference_fractions(mask, gated, broadcast_advantages(advantages, mask))
+    metrics.update(gate_open=float(open_), gate_entropy=float(mean))
+    return gated, metrics

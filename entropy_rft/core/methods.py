@@ -18,6 +18,7 @@ Registered here:
 - grpo: no filter.
 - clip_b: Algorithm 1, reads S* (defaults: mu 2.5, negative samples, lower tail; the authors' code).
 - clip_v: Algorithm 2, reads S_c (defaults: mu 8.5, max_frac 1e-4; the authors' code).
+  Both (and ppo_clip_b / ppo_clip_v) take entropy_gate: STARE's target gate (masks.entropy_gate), off by default.
 - s_sign:{retain|mask}:{pos|neg}_s:{pos|neg}_samples, eight filters for Figure 1, e.g.
   "s_sign:retain:pos_s:pos_samples" keeps only tokens with S* > 0 in positive samples.
 - baselines the paper compares against (Tables 3-4, Section 4.2), each with its published defaults:
@@ -51,18 +52,32 @@ class Method:
     options: dict = field(default_factory=dict)  # default keyword options of the filter
     summary: str = ""
     config: dict = field(default_factory=dict)  # TrainConfig defaults this method sets
+    gated: bool = False  # takes `entropy_gate`: the filter acts only while the batch's mean entropy is below it
+
+    def option_names(self) -> list[str]:
+        """The options this method takes: its filter's keyword options, and entropy_gate where it is gated."""
+        if self.filter is None:
+            return []
+        params = inspect.signature(self.filter).parameters.values()
+        return [p.name for p in params if p.kind is p.KEYWORD_ONLY] + (["entropy_gate"] if self.gated else [])
 
     def apply(self, stats, advantages, mask, **overrides):
         """(keep, metrics) for a batch; overrides replace the default options.
 
         An override of None means "the method's default" (TrainConfig's unset fields) and is ignored; to pass
         None itself to the filter, give NO_CAP: `apply(..., max_frac=NO_CAP)` runs Clip_V with max_frac=None,
-        clipping every violator. Overrides the filter does not take are ignored."""
+        clipping every violator. Overrides the filter does not take are ignored. A gated method given
+        entropy_gate runs its filter through masks.entropy_gate (STARE's gate) on stats.entropy over `mask`."""
         if self.filter is None:
             return mask.clone(), {}
         accepted = set(inspect.signature(self.filter).parameters)
         given = {k: None if _is_no_cap(v) else v for k, v in overrides.items() if v is not None and k in accepted}
-        return self.filter(getattr(stats, self.score), advantages, mask, **{**self.options, **given})
+        keep, metrics = self.filter(getattr(stats, self.score), advantages, mask, **{**self.options, **given})
+        target = overrides.get("entropy_gate", self.options.get("entropy_gate"))
+        if not self.gated or target is None or _is_no_cap(target):
+            return keep, metrics
+        gated, gate_metrics = masks.entropy_gate(keep, advantages, mask, stats.entropy, target=target)
+        return gated, {**metrics, **gate_metrics}
 
 
 # An option value that reaches the filter as None, where a plain None means "the method's default". Written as
@@ -78,7 +93,9 @@ METHODS: Registry[Method] = Registry("method")
 METHODS.register("grpo", Method("grpo", summary="plain clipped policy gradient, no token filter"))
 METHODS.register(
     "clip_b",
-    Method("clip_b", masks.clip_b, "s_star", {"mu": 2.5}, "Clip_B: drop batch-outlier S* tokens (Algorithm 1)"),
+    Method(
+        "clip_b", masks.clip_b, "s_star", {"mu": 2.5}, "Clip_B: drop batch-outlier S* tokens (Algorithm 1)", gated=True
+    ),
 )
 METHODS.register(
     "clip_v",
@@ -88,6 +105,7 @@ METHODS.register(
         "s_centered",
         {"mu": 8.5, "max_frac": 1e-4},
         "Clip_V: drop outlier S_c tokens (Algorithm 2)",
+        gated=True,
     ),
 )
 for _action in ("retain", "mask"):
@@ -208,6 +226,7 @@ METHODS.register(
         {"mu": 2.5},
         "Clip_B on PPO, each token's GAE advantage as its direction (Table 4)",
         config={"advantage": "gae"},
+        gated=True,
     ),
 )
 METHODS.register(
@@ -219,6 +238,7 @@ METHODS.register(
         {"mu": 8.5, "max_frac": 1e-4},
         "Clip_V on PPO, each token's GAE advantage as its direction (Table 4)",
         config={"advantage": "gae"},
+        gated=True,
     ),
 )
 for _loss, _summary in (

@@ -76,7 +76,6 @@ vLLM/SGLang, a GPU.
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import warnings
 from pathlib import Path
 
@@ -157,9 +156,7 @@ class Settings:
                 f"verl; use one of {filters} or {CLIP_COV}, or {MONITOR} to watch verl's own loss (other "
                 f"rows of METHODS are verl settings: docs/howto/verl.md)"
             )
-        accepted = (
-            set(CLIP_COV_DEFAULTS) if spec.filter is None else set(list(inspect.signature(spec.filter).parameters)[3:])
-        )  # after (score, advantages, mask)
+        accepted = set(CLIP_COV_DEFAULTS) if spec.filter is None else set(spec.option_names())
         if set(self.options) - accepted:
             raise ValueError(f"{self.method} takes options {sorted(accepted)}, got {sorted(self.options)}")
 
