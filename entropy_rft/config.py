@@ -99,6 +99,7 @@ _NON_NEGATIVE = (
     "seed",
     "mu",
     "mu_plus",
+    "stare_top_p_ratio",
     "entropy_target",
     "pi_kp",
     "pi_ki",
@@ -107,6 +108,8 @@ _NON_NEGATIVE = (
 _POSITIVE = (
     "max_frac",
     "entropy_gate",
+    "stare_reweight_w",
+    "stare_reweight_m",
     "forking_frac",
     "lopti_eta",
     "critic_lr",
@@ -120,6 +123,7 @@ _POSITIVE = (
     "pi_threshold",
 )
 _AT_MOST_ONE = (
+    "stare_top_p_ratio",
     "clip_cov_ratio",
     "kl_cov_ratio",
     "overlong_buffer_frac",
@@ -187,10 +191,21 @@ class TrainConfig:
     side: Literal["negative", "positive", "all"] | None = _f(
         None, "which advantage sign the filter applies to: negative (default), positive, all"
     )
+    stare_variant: Literal["O1", "C2"] | None = _f(
+        None, "STARE: O1 weights L+ only (default), C2 also weights L- by stare_reweight_m (hp-luo/STARE)"
+    )
+    stare_top_p_ratio: float | None = _f(
+        None, "STARE: the share P of each advantage sign's tokens, by surprisal, that forms L+ / L-; None = 0.1"
+    )
+    stare_reweight_w: float | None = _f(None, "STARE: the weight W on L+ (> 0; the authors use 1.1); None = 1.1")
+    stare_reweight_m: float | None = _f(
+        None, "STARE: the weight M on L- under variant C2 (> 0; the authors use 0.9); None = 0.9"
+    )
     entropy_gate: float | None = _f(
         None,
         "Clip_B / Clip_V act only on steps whose batch mean entropy (every valid response token) is below this, in "
-        "nats (STARE's closed-loop gate, 0.3 in its scripts); None = always (the paper)",
+        "nats (STARE's closed-loop gate, 0.3 in its scripts); None = always (the paper). STARE's own gate: None = "
+        "0.3, a large value keeps it open",
     )
     advantage: str = _f(
         "grpo", "advantage estimator (registry ADVANTAGES): grpo, dr_grpo, rloo, qae, gae (PPO's, with a value head)"
@@ -625,9 +640,19 @@ class TrainConfig:
                     f"entropy_target with entropy_control='mu' sets Clip_B/Clip_V's mu; use method clip_b or clip_v "
                     f"(got {self.method!r}) or entropy_control='bonus'"
                 )
-        if self.entropy_gate is not None and not METHODS.get(self.method).gated:
-            gated = ", ".join(n for n in METHODS if METHODS.get(n).gated)
+        takes = METHODS.get(self.method).option_names()
+        if self.entropy_gate is not None and "entropy_gate" not in takes:
+            gated = ", ".join(n for n in METHODS if "entropy_gate" in METHODS.get(n).option_names())
             raise ValueError(f"entropy_gate gates a filter of {gated}; method {self.method!r} takes none")
+        options = ("variant", "top_p_ratio", "reweight_w", "reweight_m")
+        stare = [f for f in options if getattr(self, f"stare_{f}") is not None]
+        if stare and self.method != "stare":
+            raise ValueError(f"stare_{stare[0]} is an option of method 'stare'; method {self.method!r} takes none")
+        if self.method == "stare" and self.policy_loss != "ppo":
+            raise ValueError(
+                "method 'stare' weights the clipped surrogate (policy_loss 'ppo'); got policy_loss "
+                f"{self.policy_loss!r}"
+            )
         from .logging import SINKS
 
         for sink in self.sinks:
@@ -641,6 +666,10 @@ class TrainConfig:
             "side": self.side,
             "frac": self.forking_frac,
             "entropy_gate": self.entropy_gate,
+            "variant": self.stare_variant,
+            "top_p_ratio": self.stare_top_p_ratio,
+            "reweight_w": self.stare_reweight_w,
+            "reweight_m": self.stare_reweight_m,
         }
 
     def to_dict(self) -> dict:

@@ -73,6 +73,16 @@ def region_metrics(
     return out
 
 
+def reweight_metrics(s_star: Tensor, advantages: Tensor, mask: Tensor, weights: Tensor) -> dict[str, float]:
+    """For a method with token weights (STARE): per region, the fraction of its valid tokens whose weight is not 1
+    (reweight_frac_by_region/<region>; 0 for a region with no token). s_star, mask, weights (B, T); advantages (B,)
+    or (B, T), of either sign before or after the weights (> 0)."""
+    return {
+        f"reweight_frac_by_region/{name}": int((where & (weights != 1)).sum()) / max(int(where.sum()), 1)
+        for name, where in region_masks(advantages, s_star, mask.bool()).items()
+    }
+
+
 def step_metrics(step, rewards, correct, adv, stats: TokenStats, mask, keep, rollout, cfg, optimizer) -> dict:
     """The per-step diagnostics of the paper's figures, all over the batch's response tokens."""
     loss_mask = mask & keep

@@ -130,6 +130,17 @@ METRICS: tuple[Metric, ...] = (
         for sign in ("pos", "neg")
         for kind in ("likely", "unlikely")
     ),
+    *(
+        M(
+            f"reweight_frac_by_region/{sign}_{kind}",
+            f"fraction of the valid tokens with A {'>' if sign == 'pos' else '<'} 0 and S* "
+            f"{'> 0' if kind == 'likely' else '<= 0'} whose advantage the method reweighted (weight != 1)",
+            "fraction of tokens",
+            "every step of a method with token weights: stare",
+        )
+        for sign in ("pos", "neg")
+        for kind in ("likely", "unlikely")
+    ),
     M(
         "entropy_change/predicted_offpolicy",
         "the same prediction with the importance ratio r of eq. 28 (4.1, "
@@ -207,13 +218,31 @@ METRICS: tuple[Metric, ...] = (
         "entropy_gate: 1 on a step whose batch mean entropy was below the gate (the filter acted), else 0 "
         "(masks.entropy_gate, STARE's gate)",
         "0 or 1",
-        "every step of a gated filter with entropy_gate",
+        "every step of a gated filter with entropy_gate, and of stare",
     ),
     M(
         "filter/gate_entropy",
         "entropy_gate: the batch mean entropy the gate compared (every valid response token)",
         "nats per token",
-        "every step of a gated filter with entropy_gate",
+        "every step of a gated filter with entropy_gate, and of stare",
+    ),
+    M(
+        "filter/frac_reweighted_pos",
+        "STARE: |L+|, the tokens of A > 0 it selected by surprisal, over every valid token (before the gate)",
+        "fraction of tokens",
+        "every step of stare",
+    ),
+    M(
+        "filter/frac_reweighted_neg",
+        "STARE: |L-| over every valid token (variant C2; 0 under O1)",
+        "fraction of tokens",
+        "every step of stare",
+    ),
+    M(
+        "filter/mean_weight",
+        "STARE: mean token weight over every valid token (1 while its gate is closed)",
+        "weight",
+        "every step of stare",
     ),
     M(
         "filter/mu",

@@ -686,3 +686,39 @@ def test_an_untested_trl_release_is_refused_with_the_tested_range():
             check_trl_version(version)
         with pytest.warns(UserWarning, match=r"TRL >= 1\.16, < 1\.17"):
             check_trl_version(version, allow_untested=True)
+
+
+def test_stare_weights_the_generation_batchs_advantages(tmp_path):
+    """STARE (variant C2, P 0.25, its gate open) on the same seed as plain GRPOTrainer: the generation batch's
+    advantages become per token, TRL's per-response advantage times 1.1 on the top-P surprisal tokens of A > 0 and
+    0.9 on those of A < 0 (k = max(1, int(n P + 0.999999)) of each sign's n valid tokens; surprisal from the captured
+    policy statistics, compared with 1e-5 slack for the two forwards' rounding), 1 elsewhere; nothing is dropped; a
+    sequence-level or non-clipped TRL loss is refused."""
+    options = {"variant": "C2", "top_p_ratio": 0.25, "entropy_gate": 100.0}
+    ours = build(tmp_path / "ours", method="stare", method_options=options, max_steps=1)
+    ours.train()
+    plain = build(tmp_path / "plain", cls=Capturing, method="none", method_options=None, max_steps=1)
+    plain.train()
+    out, stats = ours.captured[0]
+    base, _ = plain.captured[0]
+    assert torch.equal(out["completion_ids"], base["completion_ids"])  # one seed: the same batch
+    mask = out["completion_mask"].bool()
+    assert "tool_mask" not in out or bool(out["tool_mask"].bool()[mask].all())
+    a = base["advantages"][:, None].expand_as(mask)
+    ratio = torch.where(a != 0, out["advantages"] / torch.where(a != 0, a, 1.0), torch.ones_like(a))
+    surprisal = -stats.logp
+    for sign, weight in ((1, 1.1), (-1, 0.9)):
+        side = mask & ((a > 0) if sign > 0 else (a < 0))
+        n = int(side.sum())
+        chosen = side & torch.isclose(ratio, torch.tensor(weight), atol=1e-6)
+        assert int(chosen.sum()) == (0 if n == 0 else min(max(1, int(n * 0.25 + 0.999999)), n))
+        if n and int(chosen.sum()) < n:
+            assert float(surprisal[chosen].min()) >= float(surprisal[side & ~chosen].max()) - 1e-5
+    others = (
+        mask & ~torch.isclose(ratio, torch.tensor(1.1), atol=1e-6) & ~torch.isclose(ratio, torch.tensor(0.9), atol=1e-6)
+    )
+    assert torch.allclose(ratio[others], torch.ones_like(ratio[others]), atol=1e-6)
+    logged = [h for h in ours.state.log_history if "entropy_rft/mean_weight" in h]
+    assert logged and logged[0]["entropy_rft/gate_open"] == 1.0
+    with pytest.raises(ValueError, match="STARE weights the clipped surrogate"):
+        build(tmp_path / "seq", method="stare", method_options={}, importance_sampling_level="sequence")

@@ -68,6 +68,7 @@ from verl.workers.utils.losses import ppo_loss  # noqa: E402
 from verl.workers.utils.padding import response_from_nested  # noqa: E402
 
 import entropy_rft  # noqa: E402
+from entropy_rft.core import masks  # noqa: E402
 from entropy_rft.core.dynamics import TokenStats, token_stats  # noqa: E402
 from entropy_rft.core.masks import clip_b, clip_v  # noqa: E402
 from entropy_rft.core.methods import METHODS  # noqa: E402
@@ -584,6 +585,20 @@ def test_mutation_disabled_write_back_is_detected(transfer_queue, monkeypatch):
 
 
 @pytest.mark.slow
+def test_driver_stare_weights_the_whole_batch_advantages(transfer_queue):
+    """STARE on the driver (variant C2, P 0.2, its gate open): masks unchanged, and verl's GRPO advantages times
+    masks.stare_weights over the whole batch (the behaviour policy's log p; step.py, departure 3)."""
+    plain, stats, valid, _ = run_driver_step("clip_b", {"mu": 1e9}, "train_plain_stare")  # mu huge: nothing dropped
+    options = {"variant": "C2", "top_p_ratio": 0.2, "entropy_gate": 100.0}
+    after, _, _, metrics = run_driver_step("stare", options, "train_stare")
+    weights, _ = masks.stare_weights(stats.logp, plain["advantages"], valid, stats.entropy, **options)
+    assert int((weights == 1.1).sum()) > 0 and int((weights == 0.9).sum()) > 0
+    assert_written_back(after, valid, valid)
+    torch.testing.assert_close(after["advantages"], plain["advantages"] * weights * valid)
+    assert metrics["entropy_rft/gate_open"] == 1.0
+
+
+@pytest.mark.slow
 def test_driver_clip_cov_zeroes_whole_batch_selection(transfer_queue):
     """Clip-Cov on the driver: masks unchanged, and exactly the tokens losses.select_clip_cov picks over the whole
     batch (same generator seed) get advantage 0; the others keep verl's GRPO advantage."""
@@ -905,6 +920,27 @@ def test_whole_step_actor_gradients_are_the_kept_token_mean(
     assert torch.equal(step.after["response_mask"].bool(), valid) and torch.equal(step.after["loss_mask"].bool(), valid)
     check_actor(step, models.actor, keep, keep)
     assert step.metrics["entropy_rft/kept_frac"] == pytest.approx(float(keep.sum() / valid.sum()))
+
+
+@pytest.mark.slow
+def test_whole_step_stare_gradients_use_the_weighted_advantages(transfer_queue, engine, verl_cfg, models):
+    """verl's whole GRPO step with STARE (variant C2, P 0.2, gate open): the advantages the actor reads are verl's
+    per-row GRPO advantage times masks.stare_weights over the whole batch (from the stored old log p), no token is
+    dropped, and every actor optimizer step's gradient is the token mean of the weighted A * ratio (step.py,
+    departure 3: the authors' weight on the clipped surrogate)."""
+    options = {"variant": "C2", "top_p_ratio": 0.2, "entropy_gate": 100.0}
+    step = whole_step(step_config(verl_cfg, "stare", options), models, "actor_stare")
+    valid, adv = step.valid, step.after["advantages"]
+    stats = stats_from_engine(step.after["old_log_probs"], step.after["entropy"], None)
+    weights, _ = masks.stare_weights(stats.logp, adv, valid, stats.entropy, **options)  # omega > 0 keeps A's sign
+    assert int((weights[valid] != 1).sum()) > 0
+    plain = adv / weights
+    for r in range(len(step.ids)):
+        row = plain[r][valid[r]]
+        torch.testing.assert_close(row, row[:1].expand_as(row))  # one GRPO advantage per response
+    assert torch.equal(step.after[KEEP].bool(), valid)
+    check_actor(step, models.actor, valid, valid)
+    assert step.metrics["entropy_rft/gate_open"] == 1.0
 
 
 @pytest.mark.slow

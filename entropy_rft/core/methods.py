@@ -19,6 +19,9 @@ Registered here:
 - clip_b: Algorithm 1, reads S* (defaults: mu 2.5, negative samples, lower tail; the authors' code).
 - clip_v: Algorithm 2, reads S_c (defaults: mu 8.5, max_frac 1e-4; the authors' code).
   Both (and ppo_clip_b / ppo_clip_v) take entropy_gate: STARE's target gate (masks.entropy_gate), off by default.
+- stare: STARE (arXiv 2606.19236; hp-luo/STARE), token weights rather than a filter (masks.stare_weights): W 1.1 on
+  the top 10% surprisal tokens of A > 0 (variant O1; C2 also M 0.9 on those of A < 0) while the batch's mean
+  entropy is below entropy_gate 0.3; the step multiplies each token's advantage by its weight.
 - s_sign:{retain|mask}:{pos|neg}_s:{pos|neg}_samples, eight filters for Figure 1, e.g.
   "s_sign:retain:pos_s:pos_samples" keeps only tokens with S* > 0 in positive samples.
 - baselines the paper compares against (Tables 3-4, Section 4.2), each with its published defaults:
@@ -53,13 +56,27 @@ class Method:
     summary: str = ""
     config: dict = field(default_factory=dict)  # TrainConfig defaults this method sets
     gated: bool = False  # takes `entropy_gate`: the filter acts only while the batch's mean entropy is below it
+    # masks.* token weights: (logp, advantages, mask, entropy, **options) -> (weights (B, T), metrics); the step
+    # multiplies each token's advantage by its weight (step.py, departure 3)
+    weigh: Callable | None = None
 
     def option_names(self) -> list[str]:
-        """The options this method takes: its filter's keyword options, and entropy_gate where it is gated."""
-        if self.filter is None:
+        """The options this method takes: its filter's (or its weights') keyword options, and entropy_gate where the
+        filter is gated."""
+        rule = self.filter or self.weigh
+        if rule is None:
             return []
-        params = inspect.signature(self.filter).parameters.values()
+        params = inspect.signature(rule).parameters.values()
         return [p.name for p in params if p.kind is p.KEYWORD_ONLY] + (["entropy_gate"] if self.gated else [])
+
+    def weights(self, stats, advantages, mask, **overrides) -> tuple[Tensor | None, dict]:
+        """(weights (B, T) or None, metrics): the method's token weights for a batch (None: it has none), its options
+        overridden as in `apply` (NO_CAP passes None itself: entropy_gate=NO_CAP runs STARE ungated)."""
+        if self.weigh is None:
+            return None, {}
+        accepted = set(inspect.signature(self.weigh).parameters)
+        given = {k: None if _is_no_cap(v) else v for k, v in overrides.items() if v is not None and k in accepted}
+        return self.weigh(stats.logp, advantages, mask, stats.entropy, **{**self.options, **given})
 
     def apply(self, stats, advantages, mask, **overrides):
         """(keep, metrics) for a batch; overrides replace the default options.
@@ -269,6 +286,16 @@ METHODS.register(
         "qae",
         summary="QAE: the group's K-quantile (K 0.4) as the baseline instead of its mean",
         config={"advantage": "qae"},
+    ),
+)
+METHODS.register(
+    "stare",
+    Method(
+        "stare",
+        score="logp",
+        options={"variant": "O1", "top_p_ratio": 0.1, "reweight_w": 1.1, "reweight_m": 0.9, "entropy_gate": 0.3},
+        summary="STARE: weight W on each sign's top-10% surprisal tokens of A > 0 (C2: also M on A < 0), gated",
+        weigh=masks.stare_weights,
     ),
 )
 METHODS.register(
