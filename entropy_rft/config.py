@@ -99,6 +99,7 @@ _NON_NEGATIVE = (
     "seed",
     "mu",
     "mu_plus",
+    "rsi_lower_bound",
     "stare_top_p_ratio",
     "entropy_target",
     "pi_kp",
@@ -106,6 +107,7 @@ _NON_NEGATIVE = (
     "pi_alpha_max",
 )
 _POSITIVE = (
+    "rsi_upper_bound",
     "max_frac",
     "entropy_gate",
     "stare_reweight_w",
@@ -190,6 +192,14 @@ class TrainConfig:
     )
     side: Literal["negative", "positive", "all"] | None = _f(
         None, "which advantage sign the filter applies to: negative (default), positive, all"
+    )
+    rsi_lower_bound: float | None = _f(
+        None, "RSI-S: drop tokens with -log p / H below this (redundant likely tokens); None = no lower cut"
+    )
+    rsi_upper_bound: float | None = _f(
+        None,
+        "RSI-S: drop tokens with -log p / H above this (the unlikely tail; RSI > 1 iff S* < 0); None = no upper "
+        "cut. Method rsi needs at least one bound: no published default",
     )
     stare_variant: Literal["O1", "C2"] | None = _f(
         None, "STARE: O1 weights L+ only (default), C2 also weights L- by stare_reweight_m (hp-luo/STARE)"
@@ -640,6 +650,16 @@ class TrainConfig:
                     f"entropy_target with entropy_control='mu' sets Clip_B/Clip_V's mu; use method clip_b or clip_v "
                     f"(got {self.method!r}) or entropy_control='bonus'"
                 )
+        self._check_method_options()
+        from .logging import SINKS
+
+        for sink in self.sinks:
+            SINKS.get(sink)
+
+    def _check_method_options(self) -> None:
+        """The options of one method (entropy_gate, stare_*, rsi_*) are refused for another, and checked together."""
+        from .core.methods import METHODS
+
         takes = METHODS.get(self.method).option_names()
         if self.entropy_gate is not None and "entropy_gate" not in takes:
             gated = ", ".join(n for n in METHODS if "entropy_gate" in METHODS.get(n).option_names())
@@ -648,15 +668,24 @@ class TrainConfig:
         stare = [f for f in options if getattr(self, f"stare_{f}") is not None]
         if stare and self.method != "stare":
             raise ValueError(f"stare_{stare[0]} is an option of method 'stare'; method {self.method!r} takes none")
+        rsi = [f for f in ("rsi_lower_bound", "rsi_upper_bound") if getattr(self, f) is not None]
+        if rsi and self.method != "rsi":
+            raise ValueError(f"{rsi[0]} is an option of method 'rsi'; method {self.method!r} takes none")
+        if self.method == "rsi":
+            if not rsi:
+                raise ValueError(
+                    "method 'rsi' needs a band: set rsi_lower_bound and/or rsi_upper_bound (RSI-S publishes no "
+                    "default; RSI > 1 where S* < 0)"
+                )
+            if len(rsi) == 2 and self.rsi_lower_bound >= self.rsi_upper_bound:
+                raise ValueError(
+                    f"rsi_lower_bound ({self.rsi_lower_bound}) must be below rsi_upper_bound ({self.rsi_upper_bound})"
+                )
         if self.method == "stare" and self.policy_loss != "ppo":
             raise ValueError(
                 "method 'stare' weights the clipped surrogate (policy_loss 'ppo'); got policy_loss "
                 f"{self.policy_loss!r}"
             )
-        from .logging import SINKS
-
-        for sink in self.sinks:
-            SINKS.get(sink)
 
     def method_overrides(self) -> dict:
         return {
@@ -666,6 +695,8 @@ class TrainConfig:
             "side": self.side,
             "frac": self.forking_frac,
             "entropy_gate": self.entropy_gate,
+            "rsi_lower_bound": self.rsi_lower_bound,
+            "rsi_upper_bound": self.rsi_upper_bound,
             "variant": self.stare_variant,
             "top_p_ratio": self.stare_top_p_ratio,
             "reweight_w": self.stare_reweight_w,

@@ -722,3 +722,18 @@ def test_stare_weights_the_generation_batchs_advantages(tmp_path):
     assert logged and logged[0]["entropy_rft/gate_open"] == 1.0
     with pytest.raises(ValueError, match="STARE weights the clipped surrogate"):
         build(tmp_path / "seq", method="stare", method_options={}, importance_sampling_level="sequence")
+
+
+def test_rsi_keep_mask_is_the_band_over_the_whole_generation_batch(tmp_path):
+    """RSI-S (band [0.95, 1.02]: the stand-in policy is near uniform, RSI about 1) in TRL: the kept tokens are
+    masks.rsi_band's over all 8 rows at once (the captured statistics), it drops tokens, and TRL's logs carry its
+    drop fraction."""
+    band = {"rsi_lower_bound": 0.95, "rsi_upper_bound": 1.02}
+    trainer = build(tmp_path, method="rsi", method_options=band)
+    trainer.train()
+    out, stats = trainer.captured[0]
+    mask = out["completion_mask"].bool()
+    want, _ = METHODS.get("rsi").apply(stats, out["advantages"], mask, **band)
+    assert torch.equal(out["tool_mask"].bool() & mask, want & mask)
+    assert (mask & ~want).any()
+    assert any("entropy_rft/rsi_drop_low" in h for h in trainer.state.log_history)

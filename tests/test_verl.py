@@ -585,6 +585,19 @@ def test_mutation_disabled_write_back_is_detected(transfer_queue, monkeypatch):
 
 
 @pytest.mark.slow
+def test_driver_rsi_keep_mask_is_the_whole_batch_band(transfer_queue):
+    """RSI-S on the driver (rsi_upper_bound 1.2): the keep field holds masks.rsi_band over the whole batch (the
+    stored old log p and entropies), which drops tokens; advantages unchanged."""
+    plain, stats, valid, _ = run_driver_step("clip_b", {"mu": 1e9}, "train_plain_rsi")
+    after, _, _, metrics = run_driver_step("rsi", {"rsi_upper_bound": 1.2}, "train_rsi")
+    want, _ = masks.rsi_band(stats, after["advantages"], valid, rsi_upper_bound=1.2)
+    assert int((valid & ~want).sum()) > 0
+    assert_written_back(after, want, valid)
+    torch.testing.assert_close(after["advantages"], plain["advantages"])
+    assert metrics["entropy_rft/rsi_drop_high"] > 0
+
+
+@pytest.mark.slow
 def test_driver_stare_weights_the_whole_batch_advantages(transfer_queue):
     """STARE on the driver (variant C2, P 0.2, its gate open): masks unchanged, and verl's GRPO advantages times
     masks.stare_weights over the whole batch (the behaviour policy's log p; step.py, departure 3)."""

@@ -11,6 +11,8 @@ Implements:
 - s_sign: the selective updates of Figure 1 (retain only, or mask, tokens with S* > 0 or S* < 0 in positive or
   negative samples).
 - top_entropy: forking tokens (Wang et al. 2025), the highest-entropy 20% of the batch's tokens.
+- rsi_band: RSI-S (arXiv 2606.31575; the port in smellslikeml/open-instruct): keep the tokens whose relative
+  surprisal index RSI = -log p / (H + eps) lies in [rsi_lower_bound, rsi_upper_bound] (RSI > 1 exactly where S* < 0).
 - stare_weights: STARE's token weights (hp-luo/STARE, compute_stare_token_weights): within each advantage sign,
   the top P% of tokens by surprisal -log p (L+ and L-) get weight W (and M on L-, variant C2), under the gate below.
 - entropy_gate: STARE's closed-loop target gate (hp-luo/STARE, STAREController): a gated filter acts only while
@@ -63,6 +65,7 @@ __all__ = [
     "top_entropy",
     "entropy_gate",
     "stare_weights",
+    "rsi_band",
     "clipped_fractions",
     "broadcast_advantages",
 ]
@@ -379,3 +382,47 @@ def stare_weights(
         mean_weight=float((omega * valid).sum() / n),
     )
     return omega, metrics
+
+
+RSI_EPS = 1e-6  # the port's eps in RSI = -log p / (H + eps)
+
+
+def rsi_band(
+    stats,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    rsi_lower_bound: float | None = None,
+    rsi_upper_bound: float | None = None,
+    eps: float = RSI_EPS,
+) -> tuple[Tensor, dict[str, float]]:
+    """RSI-S (arXiv 2606.31575), as smellslikeml/open-instruct's port computes it (compute_rsi_selection): the
+    relative surprisal index RSI = -log p / (H + eps) of each token (float32, as the port); tokens with RSI below
+    rsi_lower_bound (redundant, likely) or above rsi_upper_bound (the unstable unlikely tail) leave the loss, on
+    both advantage signs and with no batch baseline. RSI > 1 exactly where S* < 0 (log p < -H), so the band is a
+    two-sided cut on the paper's sign. None leaves a side open (the port writes 0.0 for that); at least one bound
+    is needed, since neither the paper nor the port publishes a default band.
+
+    stats: TokenStats (log p and H read), (B, T) each; advantages (B,) or (B, T) (metrics only); mask (B, T).
+    Metrics: the authors' fractions (frac_clipped, ...), rsi_drop_low and rsi_drop_high (over the valid tokens)."""
+    if rsi_lower_bound is None and rsi_upper_bound is None:
+        raise ValueError(
+            "RSI-S needs a band: give rsi_lower_bound and/or rsi_upper_bound (neither the paper nor the port "
+            "publishes a default; the port's 0 / 0 keeps every token)"
+        )
+    for name, value in (("rsi_lower_bound", rsi_lower_bound), ("rsi_upper_bound", rsi_upper_bound)):
+        if value is not None and not (isinstance(value, (int, float)) and 0 <= value < math.inf):
+            raise ValueError(f"{name} must be a finite RSI >= 0, got {value!r}")
+    if rsi_lower_bound is not None and rsi_upper_bound is not None and rsi_lower_bound >= rsi_upper_bound:
+        raise ValueError(f"rsi_lower_bound ({rsi_lower_bound}) must be below rsi_upper_bound ({rsi_upper_bound})")
+    if not 0 < eps < math.inf:
+        raise ValueError(f"eps must be > 0, got {eps!r}; the port uses 1e-6")
+    valid = mask.bool()
+    rsi = (-stats.logp.float()) / (stats.entropy.float() + eps)
+    low = valid & (rsi < rsi_lower_bound) if rsi_lower_bound is not None else torch.zeros_like(valid)
+    high = valid & (rsi > rsi_upper_bound) if rsi_upper_bound is not None else torch.zeros_like(valid)
+    keep = valid & ~low & ~high
+    n = valid.sum().clamp_min(1).float()
+    metrics = _reference_fractions(mask, keep, broadcast_advantages(advantages, mask))
+    metrics.update(rsi_drop_low=float(low.sum() / n), rsi_drop_high=float(high.sum() / n))
+    return keep, metrics

@@ -13,12 +13,17 @@ Departures of the baselines from their reference code, numbered:
 4. The fixed entropy bonus uses 0.005, a value that moves the tiny countdown policy; LLM recipes use ~1e-3.
 5. PPO's critic is a value head on the policy (shared trunk, its own learning rate) rather than a separate
    critic model, and GAE uses verl's defaults gamma = lam = 1.
+6. RSI-S follows the only public code, a third-party port (smellslikeml/open-instruct@36813c9, rsi_token_selection.py),
+   whose band defaults to 0 / 0 (every token kept); the paper's band is not published with code, so method rsi has
+   no default and asks for rsi_lower_bound and/or rsi_upper_bound. The port's 0 for "that side off" is None here.
 
 Registered here:
 - grpo: no filter.
 - clip_b: Algorithm 1, reads S* (defaults: mu 2.5, negative samples, lower tail; the authors' code).
 - clip_v: Algorithm 2, reads S_c (defaults: mu 8.5, max_frac 1e-4; the authors' code).
   Both (and ppo_clip_b / ppo_clip_v) take entropy_gate: STARE's target gate (masks.entropy_gate), off by default.
+- rsi: RSI-S (arXiv 2606.31575), the band filter of smellslikeml/open-instruct's port (masks.rsi_band); the band
+  has no published default, so rsi_lower_bound and/or rsi_upper_bound must be given.
 - stare: STARE (arXiv 2606.19236; hp-luo/STARE), token weights rather than a filter (masks.stare_weights): W 1.1 on
   the top 10% surprisal tokens of A > 0 (variant O1; C2 also M 0.9 on those of A < 0) while the batch's mean
   entropy is below entropy_gate 0.3; the step multiplies each token's advantage by its weight.
@@ -51,7 +56,7 @@ from .registry import Registry
 class Method:
     name: str
     filter: Callable | None = None  # masks.* function: (score, advantages, mask, **options) -> (keep, metrics)
-    score: str = "s_star"  # TokenStats field passed as the score
+    score: str = "s_star"  # TokenStats field passed as the score ("stats": the TokenStats itself)
     options: dict = field(default_factory=dict)  # default keyword options of the filter
     summary: str = ""
     config: dict = field(default_factory=dict)  # TrainConfig defaults this method sets
@@ -89,7 +94,8 @@ class Method:
             return mask.clone(), {}
         accepted = set(inspect.signature(self.filter).parameters)
         given = {k: None if _is_no_cap(v) else v for k, v in overrides.items() if v is not None and k in accepted}
-        keep, metrics = self.filter(getattr(stats, self.score), advantages, mask, **{**self.options, **given})
+        score = stats if self.score == "stats" else getattr(stats, self.score)  # "stats": a filter reading several
+        keep, metrics = self.filter(score, advantages, mask, **{**self.options, **given})
         target = overrides.get("entropy_gate", self.options.get("entropy_gate"))
         if not self.gated or target is None or _is_no_cap(target):
             return keep, metrics
@@ -286,6 +292,16 @@ METHODS.register(
         "qae",
         summary="QAE: the group's K-quantile (K 0.4) as the baseline instead of its mean",
         config={"advantage": "qae"},
+    ),
+)
+METHODS.register(
+    "rsi",
+    Method(
+        "rsi",
+        masks.rsi_band,
+        "stats",
+        {},
+        "RSI-S: keep tokens whose -log p / H lies in [rsi_lower_bound, rsi_upper_bound] (no published default band)",
     ),
 )
 METHODS.register(
