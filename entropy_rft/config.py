@@ -193,6 +193,15 @@ class TrainConfig:
     side: Literal["negative", "positive", "all"] | None = _f(
         None, "which advantage sign the filter applies to: negative (default), positive, all"
     )
+    entrocraft_lower_range: list[float] | None = _f(
+        None, "Entrocraft: the band's lower bound (start, end), annealed over the run; None = [0.6, 0.4] (authors)"
+    )
+    entrocraft_upper_range: list[float] | None = _f(
+        None, "Entrocraft: the band's upper bound (start, end); None = [0.7, 0.5] (the authors' reference script)"
+    )
+    entrocraft_schedule: Literal["linear", "cos"] | None = _f(
+        None, "Entrocraft: how the band anneals, linear (grpo_range_linear, default) or cos (grpo_range_cos)"
+    )
     rsi_lower_bound: float | None = _f(
         None, "RSI-S: drop tokens with -log p / H below this (redundant likely tokens); None = no lower cut"
     )
@@ -668,6 +677,19 @@ class TrainConfig:
         stare = [f for f in options if getattr(self, f"stare_{f}") is not None]
         if stare and self.method != "stare":
             raise ValueError(f"stare_{stare[0]} is an option of method 'stare'; method {self.method!r} takes none")
+        craft = [f for f in ("lower_range", "upper_range", "schedule") if getattr(self, f"entrocraft_{f}") is not None]
+        if craft and self.method != "entrocraft":
+            raise ValueError(f"entrocraft_{craft[0]} is an option of method 'entrocraft'; {self.method!r} takes none")
+        if self.method == "entrocraft":
+            from .core.advantages import entrocraft_band
+
+            given = {k: v for k, v in self.method_overrides().items() if k in ("lower_range", "upper_range")}
+            entrocraft_band(  # the band's options, checked at the first step's values
+                1,
+                self.steps,
+                **{k: tuple(v) for k, v in given.items() if v is not None},
+                schedule=self.entrocraft_schedule or "linear",
+            )
         rsi = [f for f in ("rsi_lower_bound", "rsi_upper_bound") if getattr(self, f) is not None]
         if rsi and self.method != "rsi":
             raise ValueError(f"{rsi[0]} is an option of method 'rsi'; method {self.method!r} takes none")
@@ -695,6 +717,9 @@ class TrainConfig:
             "side": self.side,
             "frac": self.forking_frac,
             "entropy_gate": self.entropy_gate,
+            "lower_range": self.entrocraft_lower_range,
+            "upper_range": self.entrocraft_upper_range,
+            "schedule": self.entrocraft_schedule,
             "rsi_lower_bound": self.rsi_lower_bound,
             "rsi_upper_bound": self.rsi_upper_bound,
             "variant": self.stare_variant,

@@ -227,6 +227,24 @@ METRICS: tuple[Metric, ...] = (
         "every step of a gated filter with entropy_gate, and of stare",
     ),
     M(
+        "filter/regime",
+        "Entrocraft: the step's advantage rule: 1 RAFT++ (entropy above the band), -1 NSR (below), 0 GRPO (inside)",
+        "rule",
+        "every step of entrocraft",
+    ),
+    M(
+        "filter/band_low",
+        "Entrocraft: the band's lower bound at this step (annealed)",
+        "nats per token",
+        "every step of entrocraft",
+    ),
+    M(
+        "filter/band_high",
+        "Entrocraft: the band's upper bound at this step (annealed)",
+        "nats per token",
+        "every step of entrocraft",
+    ),
+    M(
         "filter/rsi_drop_low",
         "RSI-S: fraction of valid tokens dropped for an RSI = -log p / H below rsi_lower_bound",
         "fraction of tokens",

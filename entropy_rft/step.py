@@ -156,6 +156,7 @@ class Behaviour:
     ref_logp: Tensor | None
     held: HeldForward | None  # strict on-policy: the update's own forward, with its graph
     frozen: Tensor | None  # (B,) rows whose forward runs without a graph
+    step: int = 0  # the run's step, 0-based (a method's advantage rule reads it: Entrocraft's annealed band)
 
 
 @dataclass
@@ -217,7 +218,7 @@ class Step:
         rewards = shaped_rewards(cfg, batch.rewards, rollout.response_mask)
         frozen = (
             zero_advantage_rows(self.estimator, rewards, batch.group_ids)
-            if self.rules.may_freeze and not self.rules.probing(step)
+            if self.rules.may_freeze and not self.rules.probing(step) and self.method.advantage_rule is None
             else None
         )
         stats, values, held = behaviour_statistics(
@@ -236,7 +237,7 @@ class Step:
             if self.ref_model is not None
             else None
         )
-        return Behaviour(rewards, stats, values, ref_logp, held, frozen)
+        return Behaviour(rewards, stats, values, ref_logp, held, frozen, step)
 
     def decide(self, batch: Scored, behaviour: Behaviour) -> Decision:
         """Advantages, the keep mask, Clip-Cov / KL-Cov's selection and the control's knobs, over the whole batch."""
@@ -246,7 +247,16 @@ class Step:
             cfg, self.estimator, behaviour.rewards, batch.group_ids, mask, old_logp, behaviour.old_values
         )
         entropy = masked_mean(stats.entropy, mask)
+        adv, rule_metrics = self.method.advantages(  # Entrocraft's rule (the estimator's rows frozen: none)
+            behaviour.rewards,
+            adv,
+            entropy=entropy,
+            step=behaviour.step + 1,
+            total_steps=cfg.steps,
+            **cfg.method_overrides(),
+        )
         keep, filter_metrics = self.control.choose_tokens(self.method, stats, adv, mask, entropy)
+        filter_metrics = {**filter_metrics, **rule_metrics}
         weights, weight_metrics = self.method.weights(stats, adv, mask, **cfg.method_overrides())
         if weights is not None:  # departure 3: the weight on each token's advantage
             adv = broadcast_advantages(adv, mask) * weights.to(adv.dtype)

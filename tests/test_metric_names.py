@@ -22,11 +22,9 @@ CASES = {
     "clip_b": {"method": "clip_b"},
     "clip_v": {"method": "clip_v"},
     "gated_clip_b": {"method": "clip_b", "entropy_gate": 0.3},
-    "stare": {"method": "stare"},
-    "rsi": {
-        "method": "rsi",
-        "rsi_upper_bound": 1.5,
-    },  # token weights: STARE's metrics and the reweighted share by region
+    "stare": {"method": "stare"},  # token weights: STARE's metrics and the reweighted share by region
+    "rsi": {"method": "rsi", "rsi_upper_bound": 1.5},  # a filter reading log p and H
+    "entrocraft": {"method": "entrocraft"},  # an advantage rule: its regime and band
     "kl_cov": {"method": "kl_cov"},
     "ppo": {"method": "ppo"},
     "entropy_bonus": {"method": "entropy_bonus"},

@@ -15,6 +15,7 @@ from entropy_rft.core.methods import METHODS
 from entropy_rft.trainer import train
 
 U32, U64 = 2.0**-24, 2.0**-53
+NEEDS = {"rsi": {"rsi_lower_bound": 0.05, "rsi_upper_bound": 1.5}}  # a method with no default for a setting
 
 
 def _captured_steps(tmp_path, monkeypatch, method: str) -> list[tuple[dict, dict]]:
@@ -43,6 +44,7 @@ def _captured_steps(tmp_path, monkeypatch, method: str) -> list[tuple[dict, dict
             samples_every=0,
             method=method,
             out=str(tmp_path / "run"),
+            **NEEDS.get(method, {}),
         )
         train(cfg)
     finally:

@@ -22,6 +22,9 @@ Registered here:
 - clip_b: Algorithm 1, reads S* (defaults: mu 2.5, negative samples, lower tail; the authors' code).
 - clip_v: Algorithm 2, reads S_c (defaults: mu 8.5, max_frac 1e-4; the authors' code).
   Both (and ppo_clip_b / ppo_clip_v) take entropy_gate: STARE's target gate (masks.entropy_gate), off by default.
+- entrocraft: Entrocraft (arXiv 2604.26326; lblaoke/entrocraft), an advantage rule (advantages.entrocraft_rule):
+  RAFT++ above an entropy band annealed from (0.6, 0.7) to (0.4, 0.5), NSR below it, GRPO inside (advantages.py,
+  departure 4).
 - rsi: RSI-S (arXiv 2606.31575), the band filter of smellslikeml/open-instruct's port (masks.rsi_band); the band
   has no published default, so rsi_lower_bound and/or rsi_upper_bound must be given.
 - stare: STARE (arXiv 2606.19236; hp-luo/STARE), token weights rather than a filter (masks.stare_weights): W 1.1 on
@@ -47,6 +50,7 @@ from typing import cast
 
 from torch import Tensor
 
+from . import advantages as advantages_mod
 from . import losses, masks
 from .losses import AggMode, Aggregation
 from .registry import Registry
@@ -64,15 +68,30 @@ class Method:
     # masks.* token weights: (logp, advantages, mask, entropy, **options) -> (weights (B, T), metrics); the step
     # multiplies each token's advantage by its weight (step.py, departure 3)
     weigh: Callable | None = None
+    # advantages.* rule on the estimator's advantages: (scores, advantages, *, entropy, step, total_steps, **options)
+    # -> (advantages, metrics), with the batch's mean entropy and the 1-based step of the run's total (Entrocraft)
+    advantage_rule: Callable | None = None
 
     def option_names(self) -> list[str]:
         """The options this method takes: its filter's (or its weights') keyword options, and entropy_gate where the
         filter is gated."""
-        rule = self.filter or self.weigh
+        rule = self.filter or self.weigh or self.advantage_rule
         if rule is None:
             return []
+        given_by_the_step = {"entropy", "step", "total_steps"}  # an advantage rule's inputs, not options
         params = inspect.signature(rule).parameters.values()
-        return [p.name for p in params if p.kind is p.KEYWORD_ONLY] + (["entropy_gate"] if self.gated else [])
+        names = [p.name for p in params if p.kind is p.KEYWORD_ONLY and p.name not in given_by_the_step]
+        return names + (["entropy_gate"] if self.gated else [])
+
+    def advantages(self, scores, advantages, *, entropy, step, total_steps, **overrides) -> tuple[Tensor, dict]:
+        """The method's advantage rule on the estimator's advantages (unchanged, with no metrics, for a method
+        without one), its options overridden as in `apply`."""
+        if self.advantage_rule is None:
+            return advantages, {}
+        accepted = set(inspect.signature(self.advantage_rule).parameters)
+        given = {k: v for k, v in overrides.items() if v is not None and k in accepted}
+        options = {**self.options, **given}
+        return self.advantage_rule(scores, advantages, entropy=entropy, step=step, total_steps=total_steps, **options)
 
     def weights(self, stats, advantages, mask, **overrides) -> tuple[Tensor | None, dict]:
         """(weights (B, T) or None, metrics): the method's token weights for a batch (None: it has none), its options
@@ -292,6 +311,16 @@ METHODS.register(
         "qae",
         summary="QAE: the group's K-quantile (K 0.4) as the baseline instead of its mean",
         config={"advantage": "qae"},
+    ),
+)
+METHODS.register(
+    "entrocraft",
+    Method(
+        "entrocraft",
+        score="entropy",
+        options={"lower_range": (0.6, 0.4), "upper_range": (0.7, 0.5), "schedule": "linear"},
+        summary="Entrocraft: RAFT++ above an annealed entropy band, NSR below it, GRPO inside (authors' code)",
+        advantage_rule=advantages_mod.entrocraft_rule,
     ),
 )
 METHODS.register(
