@@ -24,6 +24,7 @@ Departures, numbered (all follow verl 0.9.1 core_algos, checked in tests/fixture
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor
@@ -240,8 +241,8 @@ def entrocraft_band(
     step: int,
     total_steps: int,
     *,
-    lower_range: tuple[float, float] = (0.6, 0.4),
-    upper_range: tuple[float, float] = (0.7, 0.5),
+    lower_range: Sequence[float] = (0.6, 0.4),
+    upper_range: Sequence[float] = (0.7, 0.5),
     schedule: str = "linear",
 ) -> tuple[float, float]:
     """Entrocraft's entropy band (h_low, h_high) at `step` of `total_steps` (the authors' global step, 1-based):
@@ -284,13 +285,11 @@ def entrocraft_rule(
     entropy: float,
     step: int,
     total_steps: int,
-    lower_range: tuple[float, float] = (0.6, 0.4),
-    upper_range: tuple[float, float] = (0.7, 0.5),
+    lower_range: Sequence[float] = (0.6, 0.4),
+    upper_range: Sequence[float] = (0.7, 0.5),
     schedule: str = "linear",
 ) -> tuple[Tensor, dict[str, float]]:
     """entrocraft at the band entrocraft_band gives for `step` of `total_steps` (the authors' grpo_range_linear, or
     grpo_range_cos with schedule "cos")."""
-    low, high = entrocraft_band(
-        step, total_steps, lower_range=tuple(lower_range), upper_range=tuple(upper_range), schedule=schedule
-    )
+    low, high = entrocraft_band(step, total_steps, lower_range=lower_range, upper_range=upper_range, schedule=schedule)
     return entrocraft(scores, advantages, entropy=entropy, low=low, high=high)
