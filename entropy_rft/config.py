@@ -99,13 +99,19 @@ _NON_NEGATIVE = (
     "seed",
     "mu",
     "mu_plus",
+    "rsi_lower_bound",
+    "stare_top_p_ratio",
     "entropy_target",
     "pi_kp",
     "pi_ki",
     "pi_alpha_max",
 )
 _POSITIVE = (
+    "rsi_upper_bound",
     "max_frac",
+    "entropy_gate",
+    "stare_reweight_w",
+    "stare_reweight_m",
     "forking_frac",
     "lopti_eta",
     "critic_lr",
@@ -119,6 +125,7 @@ _POSITIVE = (
     "pi_threshold",
 )
 _AT_MOST_ONE = (
+    "stare_top_p_ratio",
     "clip_cov_ratio",
     "kl_cov_ratio",
     "overlong_buffer_frac",
@@ -143,6 +150,7 @@ _HINTS = {
     "max_frac": " (Clip_V's cap on the clipped fraction; the paper uses 1e-4)",
     "seed": " (a seed below 2**32)",
     "entropy_target": " (a token entropy in nats; None disables the target)",
+    "entropy_gate": " (a token entropy in nats below which Clip_B / Clip_V act; STARE uses 0.3)",
 }
 
 
@@ -184,6 +192,39 @@ class TrainConfig:
     )
     side: Literal["negative", "positive", "all"] | None = _f(
         None, "which advantage sign the filter applies to: negative (default), positive, all"
+    )
+    entrocraft_lower_range: list[float] | None = _f(
+        None, "Entrocraft: the band's lower bound (start, end), annealed over the run; None = [0.6, 0.4] (authors)"
+    )
+    entrocraft_upper_range: list[float] | None = _f(
+        None, "Entrocraft: the band's upper bound (start, end); None = [0.7, 0.5] (the authors' reference script)"
+    )
+    entrocraft_schedule: Literal["linear", "cos"] | None = _f(
+        None, "Entrocraft: how the band anneals, linear (grpo_range_linear, default) or cos (grpo_range_cos)"
+    )
+    rsi_lower_bound: float | None = _f(
+        None, "RSI-S: drop tokens with -log p / H below this (redundant likely tokens); None = no lower cut"
+    )
+    rsi_upper_bound: float | None = _f(
+        None,
+        "RSI-S: drop tokens with -log p / H above this (the unlikely tail; RSI > 1 iff S* < 0); None = no upper "
+        "cut. Method rsi needs at least one bound: no published default",
+    )
+    stare_variant: Literal["O1", "C2"] | None = _f(
+        None, "STARE: O1 weights L+ only (default), C2 also weights L- by stare_reweight_m (hp-luo/STARE)"
+    )
+    stare_top_p_ratio: float | None = _f(
+        None, "STARE: the share P of each advantage sign's tokens, by surprisal, that forms L+ / L-; None = 0.1"
+    )
+    stare_reweight_w: float | None = _f(None, "STARE: the weight W on L+ (> 0; the authors use 1.1); None = 1.1")
+    stare_reweight_m: float | None = _f(
+        None, "STARE: the weight M on L- under variant C2 (> 0; the authors use 0.9); None = 0.9"
+    )
+    entropy_gate: float | None = _f(
+        None,
+        "Clip_B / Clip_V act only on steps whose batch mean entropy (every valid response token) is below this, in "
+        "nats (STARE's closed-loop gate, 0.3 in its scripts); None = always (the paper). STARE's own gate: None = "
+        "0.3, a large value keeps it open",
     )
     advantage: str = _f(
         "grpo", "advantage estimator (registry ADVANTAGES): grpo, dr_grpo, rloo, qae, gae (PPO's, with a value head)"
@@ -618,10 +659,55 @@ class TrainConfig:
                     f"entropy_target with entropy_control='mu' sets Clip_B/Clip_V's mu; use method clip_b or clip_v "
                     f"(got {self.method!r}) or entropy_control='bonus'"
                 )
+        self._check_method_options()
         from .logging import SINKS
 
         for sink in self.sinks:
             SINKS.get(sink)
+
+    def _check_method_options(self) -> None:
+        """The options of one method (entropy_gate, stare_*, rsi_*) are refused for another, and checked together."""
+        from .core.methods import METHODS
+
+        takes = METHODS.get(self.method).option_names()
+        if self.entropy_gate is not None and "entropy_gate" not in takes:
+            gated = ", ".join(n for n in METHODS if "entropy_gate" in METHODS.get(n).option_names())
+            raise ValueError(f"entropy_gate gates a filter of {gated}; method {self.method!r} takes none")
+        options = ("variant", "top_p_ratio", "reweight_w", "reweight_m")
+        stare = [f for f in options if getattr(self, f"stare_{f}") is not None]
+        if stare and self.method != "stare":
+            raise ValueError(f"stare_{stare[0]} is an option of method 'stare'; method {self.method!r} takes none")
+        craft = [f for f in ("lower_range", "upper_range", "schedule") if getattr(self, f"entrocraft_{f}") is not None]
+        if craft and self.method != "entrocraft":
+            raise ValueError(f"entrocraft_{craft[0]} is an option of method 'entrocraft'; {self.method!r} takes none")
+        if self.method == "entrocraft":
+            from .core.advantages import entrocraft_band
+
+            given = {k: v for k, v in self.method_overrides().items() if k in ("lower_range", "upper_range")}
+            entrocraft_band(  # the band's options, checked at the first step's values
+                1,
+                self.steps,
+                **{k: tuple(v) for k, v in given.items() if v is not None},
+                schedule=self.entrocraft_schedule or "linear",
+            )
+        rsi = [f for f in ("rsi_lower_bound", "rsi_upper_bound") if getattr(self, f) is not None]
+        if rsi and self.method != "rsi":
+            raise ValueError(f"{rsi[0]} is an option of method 'rsi'; method {self.method!r} takes none")
+        if self.method == "rsi":
+            if not rsi:
+                raise ValueError(
+                    "method 'rsi' needs a band: set rsi_lower_bound and/or rsi_upper_bound (RSI-S publishes no "
+                    "default; RSI > 1 where S* < 0)"
+                )
+            if len(rsi) == 2 and self.rsi_lower_bound >= self.rsi_upper_bound:
+                raise ValueError(
+                    f"rsi_lower_bound ({self.rsi_lower_bound}) must be below rsi_upper_bound ({self.rsi_upper_bound})"
+                )
+        if self.method == "stare" and self.policy_loss != "ppo":
+            raise ValueError(
+                "method 'stare' weights the clipped surrogate (policy_loss 'ppo'); got policy_loss "
+                f"{self.policy_loss!r}"
+            )
 
     def method_overrides(self) -> dict:
         return {
@@ -630,6 +716,16 @@ class TrainConfig:
             "max_frac": self.max_frac,
             "side": self.side,
             "frac": self.forking_frac,
+            "entropy_gate": self.entropy_gate,
+            "lower_range": self.entrocraft_lower_range,
+            "upper_range": self.entrocraft_upper_range,
+            "schedule": self.entrocraft_schedule,
+            "rsi_lower_bound": self.rsi_lower_bound,
+            "rsi_upper_bound": self.rsi_upper_bound,
+            "variant": self.stare_variant,
+            "top_p_ratio": self.stare_top_p_ratio,
+            "reweight_w": self.stare_reweight_w,
+            "reweight_m": self.stare_reweight_m,
         }
 
     def to_dict(self) -> dict:

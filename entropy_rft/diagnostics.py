@@ -13,7 +13,13 @@ import torch
 from torch import Tensor
 
 from .core.advantages import broadcast_advantages
-from .core.dynamics import TokenStats, batch_covariance, corollary4_entropy_change
+from .core.dynamics import (
+    TokenStats,
+    batch_covariance,
+    corollary4_entropy_change,
+    entropy_change_by_region,
+    region_masks,
+)
 from .core.losses import step_sizes
 from .core.masks import clipped_fractions
 from .core.methods import METHODS, POLICY_LOSSES
@@ -52,12 +58,38 @@ def loss_step_sizes(mask, loss_mask, cfg) -> float | torch.Tensor:
     )
 
 
+def region_metrics(
+    stats: TokenStats, advantages: Tensor, mask: Tensor, loss_mask: Tensor, step: float | Tensor
+) -> dict[str, float]:
+    """The step's predicted entropy change by region (dynamics.entropy_change_by_region over the loss's tokens, at
+    the loss's own step sizes: the four values sum to entropy_change/predicted) and, per region, the fraction of its
+    valid tokens the method removed from the loss (clip_frac_by_region/<region>; 0 for a region with no token).
+    stats, mask, loss_mask (B, T); advantages (B,) or (B, T); step a float or (B, T)."""
+    valid, used = mask.bool(), loss_mask.bool() & mask.bool()
+    change = entropy_change_by_region(advantages, stats.s_star, stats.s_centered, used, step=step)
+    out = {f"entropy_change/by_region/{name}": float(v) for name, v in change.items()}
+    for name, where in region_masks(advantages, stats.s_star, valid).items():
+        out[f"clip_frac_by_region/{name}"] = int((where & ~used).sum()) / max(int(where.sum()), 1)
+    return out
+
+
+def reweight_metrics(s_star: Tensor, advantages: Tensor, mask: Tensor, weights: Tensor) -> dict[str, float]:
+    """For a method with token weights (STARE): per region, the fraction of its valid tokens whose weight is not 1
+    (reweight_frac_by_region/<region>; 0 for a region with no token). s_star, mask, weights (B, T); advantages (B,)
+    or (B, T), of either sign before or after the weights (> 0)."""
+    return {
+        f"reweight_frac_by_region/{name}": int((where & (weights != 1)).sum()) / max(int(where.sum()), 1)
+        for name, where in region_masks(advantages, s_star, mask.bool()).items()
+    }
+
+
 def step_metrics(step, rewards, correct, adv, stats: TokenStats, mask, keep, rollout, cfg, optimizer) -> dict:
     """The per-step diagnostics of the paper's figures, all over the batch's response tokens."""
     loss_mask = mask & keep
     token_adv = broadcast_advantages(adv, mask)
     fractions = clipped_fractions(mask, keep, adv)
     cov = batch_covariance(token_adv, stats.s_centered, loss_mask)
+    sizes = loss_step_sizes(mask, loss_mask, cfg)
     return {
         "step": step + 1,
         "reward_mean": float(rewards.mean()),
@@ -73,10 +105,9 @@ def step_metrics(step, rewards, correct, adv, stats: TokenStats, mask, keep, rol
         # Corollary 4 in logit space, each token stepped by the loss's own lr w_t (losses.step_sizes; lr / |T_B| for
         # the token-mean loss: dynamics, departure 3)
         "entropy_change/predicted": float(
-            corollary4_entropy_change(
-                adv, stats.s_centered, loss_mask, lr=cfg.lr, step=loss_step_sizes(mask, loss_mask, cfg)
-            )
+            corollary4_entropy_change(adv, stats.s_centered, loss_mask, lr=cfg.lr, step=sizes)
         ),
+        **region_metrics(stats, adv, mask, loss_mask, sizes),  # the same sum, split by region
         "response_length": float(mask.sum(-1).float().mean()),
         "truncation_rate": float((~rollout.finished).float().mean()),
         "frac_zero_advantage": float((adv == 0).float().mean()),  # responses (or tokens) with A = 0
@@ -113,6 +144,7 @@ def watch_metrics(
       over the same tokens; cov_a_sc, Cov_B(A, S_c) over the loss's tokens (`loss_mask`, Figure 5);
     - entropy_change/predicted: Corollary 4 in logit space (eq. 14), each token stepped by the loss's own
       step = lr w_t (losses.step_sizes for the loss's aggregation), None where the step is unknown;
+    - entropy_change/by_region/<region> and clip_frac_by_region/<region> (region_metrics), where the step is known;
     - for Clip_B and Clip_V at their default options (methods.METHODS): would_<name>/frac, the fraction of the
       loss's tokens the filter would drop, and would_<name>/entropy_change, their share of eq. 23's sum
       sum_t -step_t A_t S_c,t / |T| (the terms the token samples carry): to first order, the entropy change the
@@ -135,6 +167,7 @@ def watch_metrics(
             corollary4_entropy_change(adv, stats.s_centered, used, lr=0.0, step=step)
         )
         terms = entropy_terms(adv, stats.s_centered, used, step)[0]  # eq. 23's term of each token, as the samples'
+        out.update(region_metrics(stats, advantages, valid, used, step))
     n = used.sum().clamp_min(1)
     for name in WOULD_CLIP:
         keep, _ = METHODS.get(name).apply(stats, advantages, used)

@@ -104,6 +104,43 @@ METRICS: tuple[Metric, ...] = (
         EVERY,
         ENGINES,
     ),
+    *(
+        M(
+            f"entropy_change/by_region/{sign}_{kind}",
+            f"the part of entropy_change/predicted from the loss's tokens with A {'>' if sign == 'pos' else '<'} 0 "
+            f"and S* {'> 0 (likely: log p > -H)' if kind == 'likely' else '<= 0 (unlikely)'}; the four regions sum "
+            "to it, tokens with A = 0 add nothing (dynamics.entropy_change_by_region)",
+            "nats per token",
+            EVERY + " (engines: every logged step whose step size is known)",
+            ENGINES,
+        )
+        for sign in ("pos", "neg")
+        for kind in ("likely", "unlikely")
+    ),
+    *(
+        M(
+            f"clip_frac_by_region/{sign}_{kind}",
+            f"fraction of the valid tokens with A {'>' if sign == 'pos' else '<'} 0 and S* "
+            f"{'> 0' if kind == 'likely' else '<= 0'} that the method removed from the loss (0 for a region with "
+            "no token)",
+            "fraction of tokens",
+            EVERY + " (engines: every logged step whose step size is known)",
+            ENGINES,
+        )
+        for sign in ("pos", "neg")
+        for kind in ("likely", "unlikely")
+    ),
+    *(
+        M(
+            f"reweight_frac_by_region/{sign}_{kind}",
+            f"fraction of the valid tokens with A {'>' if sign == 'pos' else '<'} 0 and S* "
+            f"{'> 0' if kind == 'likely' else '<= 0'} whose advantage the method reweighted (weight != 1)",
+            "fraction of tokens",
+            "every step of a method with token weights: stare",
+        )
+        for sign in ("pos", "neg")
+        for kind in ("likely", "unlikely")
+    ),
     M(
         "entropy_change/predicted_offpolicy",
         "the same prediction with the importance ratio r of eq. 28 (4.1, "
@@ -177,6 +214,67 @@ METRICS: tuple[Metric, ...] = (
         "every step of clip_v, ppo_clip_v",
     ),
     M(
+        "filter/gate_open",
+        "entropy_gate: 1 on a step whose batch mean entropy was below the gate (the filter acted), else 0 "
+        "(masks.entropy_gate, STARE's gate)",
+        "0 or 1",
+        "every step of a gated filter with entropy_gate, and of stare",
+    ),
+    M(
+        "filter/gate_entropy",
+        "entropy_gate: the batch mean entropy the gate compared (every valid response token)",
+        "nats per token",
+        "every step of a gated filter with entropy_gate, and of stare",
+    ),
+    M(
+        "filter/regime",
+        "Entrocraft: the step's advantage rule: 1 RAFT++ (entropy above the band), -1 NSR (below), 0 GRPO (inside)",
+        "rule",
+        "every step of entrocraft",
+    ),
+    M(
+        "filter/band_low",
+        "Entrocraft: the band's lower bound at this step (annealed)",
+        "nats per token",
+        "every step of entrocraft",
+    ),
+    M(
+        "filter/band_high",
+        "Entrocraft: the band's upper bound at this step (annealed)",
+        "nats per token",
+        "every step of entrocraft",
+    ),
+    M(
+        "filter/rsi_drop_low",
+        "RSI-S: fraction of valid tokens dropped for an RSI = -log p / H below rsi_lower_bound",
+        "fraction of tokens",
+        "every step of rsi",
+    ),
+    M(
+        "filter/rsi_drop_high",
+        "RSI-S: fraction of valid tokens dropped for an RSI above rsi_upper_bound (the unlikely tail)",
+        "fraction of tokens",
+        "every step of rsi",
+    ),
+    M(
+        "filter/frac_reweighted_pos",
+        "STARE: |L+|, the tokens of A > 0 it selected by surprisal, over every valid token (before the gate)",
+        "fraction of tokens",
+        "every step of stare",
+    ),
+    M(
+        "filter/frac_reweighted_neg",
+        "STARE: |L-| over every valid token (variant C2; 0 under O1)",
+        "fraction of tokens",
+        "every step of stare",
+    ),
+    M(
+        "filter/mean_weight",
+        "STARE: mean token weight over every valid token (1 while its gate is closed)",
+        "weight",
+        "every step of stare",
+    ),
+    M(
         "filter/mu",
         "the mu the entropy controller set for this step (entropy_target with entropy_control mu)",
         "standard deviations",
@@ -222,6 +320,55 @@ METRICS: tuple[Metric, ...] = (
         "filter/stdD, engine spelling",
         "nats",
         "every logged step of an engine run with clip_v",
+        ("trl", "verl"),
+    ),
+    M(
+        "gate_open",
+        "filter/gate_open, engine spelling",
+        "0 or 1",
+        "every logged step of an engine run with a gated filter and entropy_gate",
+        ("trl", "verl"),
+    ),
+    M(
+        "gate_entropy",
+        "filter/gate_entropy, engine spelling",
+        "nats per token",
+        "every logged step of an engine run with a gated filter and entropy_gate",
+        ("trl", "verl"),
+    ),
+    M(
+        "rsi_drop_low",
+        "filter/rsi_drop_low, engine spelling",
+        "fraction of tokens",
+        "every logged step of an engine run with rsi",
+        ("trl", "verl"),
+    ),
+    M(
+        "rsi_drop_high",
+        "filter/rsi_drop_high, engine spelling",
+        "fraction of tokens",
+        "every logged step of an engine run with rsi",
+        ("trl", "verl"),
+    ),
+    M(
+        "frac_reweighted_pos",
+        "filter/frac_reweighted_pos, engine spelling",
+        "fraction of tokens",
+        "every logged step of an engine run with stare",
+        ("trl", "verl"),
+    ),
+    M(
+        "frac_reweighted_neg",
+        "filter/frac_reweighted_neg, engine spelling",
+        "fraction of tokens",
+        "every logged step of an engine run with stare",
+        ("trl", "verl"),
+    ),
+    M(
+        "mean_weight",
+        "filter/mean_weight, engine spelling",
+        "weight",
+        "every logged step of an engine run with stare",
         ("trl", "verl"),
     ),
     M(

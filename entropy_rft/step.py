@@ -17,6 +17,11 @@ Departures, numbered:
    optimizer step of each update takes old log p (and the critic's old values) from its own forward, detached, so
    its ratio is exactly 1 in any precision; later steps use the statistics pass's old log p, which the same
    construction computes (forward.py: one construction), so they differ only through the weights' change.
+3. A method's token weights (STARE's omega, methods.Method.weigh) multiply each token's advantage, where the authors
+   multiply each token's clipped surrogate: the same loss and gradient for the clipped surrogate (with dual clip) and
+   a weight > 0, since max(-wA r, -wA clip(r)) = w max(-A r, -A clip(r)) and min(., -wA c) = w min(., -A c); the
+   advantages become per token (B, R), so frac_zero_advantage counts tokens, and the step's predicted entropy
+   change steps each token by its weighted advantage, as the loss does.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from .core.advantages import (
     ADVANTAGES,
     TokenLevel,
     advantage_reweight,
+    broadcast_advantages,
     outcome_token_rewards,
     overlong_penalty,
     rank_penalty,
@@ -44,7 +50,7 @@ from .core.dynamics import TokenStats, corollary4_entropy_change
 from .core.losses import step_sizes
 from .core.methods import METHODS, POLICY_LOSSES, PolicyLoss
 from .core.objective import Micro
-from .diagnostics import after_update_metrics, masked_mean, step_metrics
+from .diagnostics import after_update_metrics, masked_mean, reweight_metrics, step_metrics
 from .dropout import has_active_dropout
 from .forward import EntropyProbe, HeldForward, batch_forward, policy_forward
 from .rollout import Rollout
@@ -150,6 +156,7 @@ class Behaviour:
     ref_logp: Tensor | None
     held: HeldForward | None  # strict on-policy: the update's own forward, with its graph
     frozen: Tensor | None  # (B,) rows whose forward runs without a graph
+    step: int = 0  # the run's step, 0-based (a method's advantage rule reads it: Entrocraft's annealed band)
 
 
 @dataclass
@@ -168,6 +175,7 @@ class Decision:
     entropy: float = 0.0  # the batch's mean entropy over every valid response token
     filter_metrics: dict = field(default_factory=dict)
     old_entropy: Tensor | None = None  # (B, R) the behaviour policy's per-token entropy, for losses that read it (ERC)
+    weights: Tensor | None = None  # (B, R) the method's token weights (STARE), already in adv; None: none
 
 
 class Step:
@@ -210,7 +218,7 @@ class Step:
         rewards = shaped_rewards(cfg, batch.rewards, rollout.response_mask)
         frozen = (
             zero_advantage_rows(self.estimator, rewards, batch.group_ids)
-            if self.rules.may_freeze and not self.rules.probing(step)
+            if self.rules.may_freeze and not self.rules.probing(step) and self.method.advantage_rule is None
             else None
         )
         stats, values, held = behaviour_statistics(
@@ -229,7 +237,7 @@ class Step:
             if self.ref_model is not None
             else None
         )
-        return Behaviour(rewards, stats, values, ref_logp, held, frozen)
+        return Behaviour(rewards, stats, values, ref_logp, held, frozen, step)
 
     def decide(self, batch: Scored, behaviour: Behaviour) -> Decision:
         """Advantages, the keep mask, Clip-Cov / KL-Cov's selection and the control's knobs, over the whole batch."""
@@ -239,7 +247,20 @@ class Step:
             cfg, self.estimator, behaviour.rewards, batch.group_ids, mask, old_logp, behaviour.old_values
         )
         entropy = masked_mean(stats.entropy, mask)
+        adv, rule_metrics = self.method.advantages(  # Entrocraft's rule (the estimator's rows frozen: none)
+            behaviour.rewards,
+            adv,
+            entropy=entropy,
+            step=behaviour.step + 1,
+            total_steps=cfg.steps,
+            **cfg.method_overrides(),
+        )
         keep, filter_metrics = self.control.choose_tokens(self.method, stats, adv, mask, entropy)
+        filter_metrics = {**filter_metrics, **rule_metrics}
+        weights, weight_metrics = self.method.weights(stats, adv, mask, **cfg.method_overrides())
+        if weights is not None:  # departure 3: the weight on each token's advantage
+            adv = broadcast_advantages(adv, mask) * weights.to(adv.dtype)
+            filter_metrics = {**filter_metrics, **weight_metrics}
         loss_mask = mask & keep
         knobs = self.control.knobs(entropy, old_logp, loss_mask)
         selected = self.loss.select(adv, old_logp, loss_mask, cfg, self.update_gen) if self.loss.select else None
@@ -256,6 +277,7 @@ class Step:
             entropy,
             filter_metrics,
             stats.entropy if self.loss.entropy else None,
+            weights,
         )
 
     def probe(self, rollout: Rollout, behaviour: Behaviour, step: int) -> EntropyProbe | None:
@@ -295,6 +317,8 @@ class Step:
             cfg,
             self.optimizer,
         )
+        if decision.weights is not None:  # STARE: the share of each region it reweighted
+            metrics.update(reweight_metrics(behaviour.stats.s_star, decision.adv, mask, decision.weights))
         metrics.update(updated)
         metrics.update(batch.info)
         # responses whose forward ran without a graph (advantage 0: their gradient is exactly 0)

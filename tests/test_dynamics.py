@@ -7,9 +7,12 @@ import torch
 from conftest import f32, load_fixture
 
 from entropy_rft.core.dynamics import (
+    REGIONS,
     batch_covariance,
     batch_mean_entropy_change,
     corollary4_entropy_change,
+    entropy_change_by_region,
+    region_masks,
     theorem1_entropy_change,
     theorem2_entropy_change,
     token_stats,
@@ -272,3 +275,56 @@ def test_any_finite_logits_give_valid_statistics(z, seed):
     p = logits.double().softmax(-1).flatten()
     per_row = (p * every.s_centered.double()).view(rows, vocab).sum(-1)
     assert per_row.abs().max() < 1e-5
+
+
+def _regions_by_loop(adv, s_star, sc, mask, step):
+    """Corollary 4's terms token by token in float64 (-step_t A_t (S_c,t - mean S_c over the mask) / |T|), each
+    added to its region by a Python if-chain on the signs of A and S*."""
+    toks = [(b, t) for b in range(mask.shape[0]) for t in range(mask.shape[1]) if mask[b, t]]
+    n = len(toks)
+    mean_sc = sum(float(sc[b, t]) for b, t in toks) / n
+    out = dict.fromkeys(REGIONS, 0.0)
+    for b, t in toks:
+        a = float(adv[b])
+        size = float(step[b, t]) if isinstance(step, torch.Tensor) else step
+        if a == 0:
+            continue
+        region = ("pos" if a > 0 else "neg") + ("_likely" if float(s_star[b, t]) > 0 else "_unlikely")
+        out[region] += -size * a * (float(sc[b, t]) - mean_sc) / n
+    return out
+
+
+@pytest.mark.parametrize("tensor_step", [False, True])
+def test_entropy_change_by_region_splits_corollary4(tensor_step):
+    """The four regions equal a token-by-token float64 loop and sum to corollary4_entropy_change with the same step:
+    to float64 rounding for a per-token step (both float64), and, for a constant step (Corollary 4 then runs in
+    float32 through batch_covariance), within 8 n u32 step E_T[(|A| + |E A|)(|S_c| + |E S_c|)] (the float32 sums'
+    rounding bound, u32 = 2^-24); tokens with A = 0 and masked positions add nothing."""
+    g = torch.Generator().manual_seed(3)
+    adv = torch.randn(8, generator=g)
+    adv[2] = 0.0  # a zero-advantage row: in no region
+    s_star, sc = torch.randn(8, 12, generator=g), torch.randn(8, 12, generator=g)
+    mask = torch.rand(8, 12, generator=g) > 0.25
+    step = torch.rand(8, 12, generator=g, dtype=torch.float64) * 1e-3 * mask if tensor_step else 1e-3 / 7
+    got = entropy_change_by_region(adv, s_star, sc, mask, step=step)
+    want = _regions_by_loop(adv, s_star, sc, mask, step)
+    assert set(got) == set(REGIONS)
+    for name in REGIONS:
+        assert float(got[name]) == pytest.approx(want[name], rel=1e-12, abs=1e-18)
+    total = float(sum(got.values()))
+    predicted = float(corollary4_entropy_change(adv, sc, mask, lr=0.0 if tensor_step else 1.0, step=step))
+    a = adv.unsqueeze(-1).expand(8, 12)[mask].double()
+    s = sc[mask].double()
+    n = a.numel()
+    if tensor_step:
+        tol = 4 * n * 2.0**-53 * float((step[mask] * a.abs() * (s - s.mean()).abs()).sum() / n)
+    else:
+        tol = 8 * n * 2.0**-24 * step * float(((a.abs() + a.mean().abs()) * (s.abs() + s.mean().abs())).mean())
+    assert abs(total - predicted) <= tol
+    sc2, s_star2 = sc.clone(), s_star.clone()
+    sc2[~mask], s_star2[~mask] = 1e6, -1e6
+    again = entropy_change_by_region(adv, s_star2, sc2, mask, step=step)
+    assert all(float(again[k]) == float(got[k]) for k in REGIONS)
+    masks = region_masks(adv, s_star, mask)
+    assert not any(bool(m[2].any()) for m in masks.values())  # A = 0: in no region
+    assert int(sum(m.long() for m in masks.values()).max()) <= 1

@@ -165,6 +165,19 @@ def test_trainer_terms_sum_to_the_logged_prediction(runs):
                 row["entropy_change/predicted"], rel=1e-6
             )
             assert rec["batch"]["entropy"] == pytest.approx(row["entropy"], rel=1e-6)
+            # the prediction by region, from the written tokens: each kept token's term plus its share of the
+            # dropped term (step A E_T[S_c] / |T|), added to its region (A's sign x S* > 0)
+            shift = ec["step_size"] * ec["mean_s_centered"] / ec["tokens_in_mean"]
+            regions = dict.fromkeys(("pos_likely", "pos_unlikely", "neg_likely", "neg_unlikely"), 0.0)
+            for r in tokens:
+                for term, kept, s_star in zip(r["term"], r["kept"], r["s_star"]):
+                    if kept and r["advantage"] != 0:
+                        side = "pos" if r["advantage"] > 0 else "neg"
+                        regions[side + ("_likely" if s_star > 0 else "_unlikely")] += term + shift * r["advantage"]
+            for name, value in regions.items():
+                key = f"entropy_change/by_region/{name}"
+                assert rec["metrics"][key] == pytest.approx(row[key], rel=1e-6, abs=1e-12)
+                assert value == pytest.approx(row[key], abs=1e-4 * size)
             clipped = sum(k == 0 for r in tokens for k in r["kept"])
             assert clipped / rec["batch"]["valid_tokens"] == pytest.approx(row["clip_frac"], rel=1e-6)
     grpo, clip_b = (samples.read_samples(r)[1] for r in runs)
@@ -245,6 +258,9 @@ def _check_details(page, rec: dict, k: int, j: int, t: int) -> None:
     assert _close(fields["p"], math.exp(resp["logp"][t]))
     assert _close(fields["advantage"], resp["advantage"])
     assert _close(fields["reward"], resp["reward"])
+    a, s_star = resp["advantage"], resp["s_star"][t]  # the region: A's sign x S* > 0 (likely) or <= 0 (unlikely)
+    want = "none" if a == 0 else ("A+" if a > 0 else "A\u2212") + (" likely" if s_star > 0 else " unlikely")
+    assert fields["region"].startswith(want), (fields["region"], a, s_star)
     if resp["kept"][t]:
         assert fields["kept"] == "kept" and _close(fields["term"], resp["term"][t])
     else:
@@ -310,7 +326,8 @@ def test_page_in_chromium(runs, tmp_path):
         assert page.evaluate("document.getElementById('stat').value") == "entropy"
         first = recs[0][1]["groups"][0]["responses"][0]
         assert _close(page.evaluate("document.getElementById('t-0-0-0-0').dataset.v"), first["entropy"][0])
-        assert "H, entropy" in page.evaluate("document.getElementById('legend').textContent")
+        legend = page.evaluate("document.getElementById('legend').textContent")
+        assert "H, entropy" in legend and "regions: A+ / A\u2212" in legend
         page.evaluate("document.getElementById('values').click()")
         shot = page.screenshot(tmp_path / "inspect.png")
 

@@ -15,11 +15,16 @@ from entropy_rft.config import load_config
 from entropy_rft.metric_names import BY_NAME, METRICS, undocumented
 from entropy_rft.trainer import train
 
-# one run per family of keys: a filter of each score, a loss of its own (KL-Cov), the critic, an entropy bonus, the
+# one run per family of keys: a filter of each score, a gated filter, token weights (STARE), a loss of its own
+# (KL-Cov), the critic, an entropy bonus, the
 # two entropy controls, and evaluation during training; every run probes every step
 CASES = {
     "clip_b": {"method": "clip_b"},
     "clip_v": {"method": "clip_v"},
+    "gated_clip_b": {"method": "clip_b", "entropy_gate": 0.3},
+    "stare": {"method": "stare"},  # token weights: STARE's metrics and the reweighted share by region
+    "rsi": {"method": "rsi", "rsi_upper_bound": 1.5},  # a filter reading log p and H
+    "entrocraft": {"method": "entrocraft"},  # an advantage rule: its regime and band
     "kl_cov": {"method": "kl_cov"},
     "ppo": {"method": "ppo"},
     "entropy_bonus": {"method": "entropy_bonus"},

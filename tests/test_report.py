@@ -82,6 +82,7 @@ def test_report_shows_first_order_beside_realised(tmp_path):
     assert "Corollary 4 (logit space, SGD step sizes) against realised over 6 probed steps: r = -1.000" in text
     got = json.loads((tmp_path / "rep" / "report.json").read_text())["r"]
     assert got["first_order"]["median_ratio"] == pytest.approx(0.9) and got["logit_space"]["sign_agreement"] == 0.0
+    assert not (tmp_path / "rep" / "entropy_by_region.png").exists()  # a run without the regions: no region figure
 
 
 def test_report_writes_every_figure(tmp_path):
@@ -102,6 +103,7 @@ def test_report_writes_every_figure(tmp_path):
         "clip_vs_mu.png",
         "pass_rates.png",
         "predicted_vs_realised.png",
+        "entropy_by_region.png",
     ):
         assert (tmp_path / "rep" / png).read_bytes()[:4] == b"\x89PNG", png
         assert png in text
@@ -109,7 +111,7 @@ def test_report_writes_every_figure(tmp_path):
     assert set(json.loads((tmp_path / "rep" / "report.json").read_text())) == {"b1", "b2", "g"}
     # report.html: the same table, every figure inline, and a link to the token view of the three runs
     html = (tmp_path / "rep" / "report.html").read_text()
-    assert html.count("data:image/png;base64,") == 7 and html.count("<td>clip_b</td>") == 2 and "![" not in html
+    assert html.count("data:image/png;base64,") == 8 and html.count("<td>clip_b</td>") == 2 and "![" not in html
     assert '<a href="inspect.html">' in html and "http" not in html.replace("http-equiv", "")
     assert "b1" in (tmp_path / "rep" / "inspect.html").read_text()
 

@@ -33,7 +33,10 @@ DROPPING = {
     "ppo_clip_b": {"mu": 0.5},
     "clip_v": {"mu": 0.5, "max_frac": 0.3},
     "ppo_clip_v": {"mu": 0.5, "max_frac": 0.3},
+    "rsi": {"rsi_lower_bound": 0.05, "rsi_upper_bound": 1.5},
 }
+# settings under which a method's rule acts on the batch (STARE's gate held open, both of its weights)
+ACTING = {"stare": {"entropy_gate": 100.0, "stare_variant": "C2"}}
 # The statistics (log p, H) are float32 whatever the model's dtype (dynamics' tiles), so the loss and its backward run
 # in float32: a token's coefficient -A r w (times a clip branch, a KL or bonus derivative) is a product of at most
 # four float32 roundings (r, A r, the weight, the mean's division), each 2^-24 relative; 16 u of the largest
@@ -158,14 +161,25 @@ def run_step(seed: int = 0, *, lr: float = 0.0, ref: bool = False, **settings) -
 
 def expected_advantages(ran: Ran) -> torch.Tensor:
     """The estimator's output on the shaped rewards; with a rank penalty, reweighting or GAE the step's own
-    compute_advantages (the estimator alone does not define them)."""
+    compute_advantages (the estimator alone does not define them); then the method's advantage rule (Entrocraft, at
+    the batch's mean entropy and the step) and its token weights on each token's advantage (STARE), each as the
+    registry defines it (their values are checked against the authors' code in their own tests)."""
     cfg, b = ran.cfg, ran.behaviour
     estimator = ADVANTAGES.get(cfg.advantage)
     if cfg.rank_penalty_beta > 0 or cfg.ar_alpha > 0 or isinstance(estimator, TokenLevel):
-        return compute_advantages(cfg, estimator, b.rewards, ran.batch.group_ids, ran.mask, b.stats.logp, b.old_values)[
+        adv = compute_advantages(cfg, estimator, b.rewards, ran.batch.group_ids, ran.mask, b.stats.logp, b.old_values)[
             0
         ]
-    return estimator(shaped_rewards(cfg, ran.batch.rewards, ran.mask), ran.batch.group_ids)
+    else:
+        adv = estimator(shaped_rewards(cfg, ran.batch.rewards, ran.mask), ran.batch.group_ids)
+    method, options = METHODS.get(cfg.method), cfg.method_overrides()
+    m = ran.mask.float()
+    entropy = float((b.stats.entropy * m).sum() / m.sum())
+    adv, _ = method.advantages(b.rewards, adv, entropy=entropy, step=b.step + 1, total_steps=cfg.steps, **options)
+    weights, _ = method.weights(b.stats, adv, ran.mask, **options)
+    if weights is not None:
+        adv = (adv[:, None] if adv.dim() == 1 else adv) * weights.to(adv.dtype)
+    return adv
 
 
 def expected_keep(ran: Ran, adv: torch.Tensor, **overrides) -> torch.Tensor:
@@ -210,7 +224,7 @@ def test_every_method_reaches_the_loss(name):
     applied here to the behaviour statistics and the estimator's advantages) get exactly zero gradient, and every
     token gets the registered policy loss's gradient on the expected loss mask, with its counts (the kept tokens, or
     every valid token with denominator 'all') and the advantages the estimator gives."""
-    ran = run_step(method=name, **DROPPING.get(name, {}))
+    ran = run_step(method=name, **DROPPING.get(name, {}), **ACTING.get(name, {}))
     cfg, mask, d = ran.cfg, ran.mask, ran.decision
     adv = expected_advantages(ran)
     assert torch.equal(d.adv.double(), adv.double()), "the decision's advantages are not the estimator's"

@@ -366,6 +366,16 @@ def test_monitor_metrics_against_the_captured_batch(tmp_path):
         assert logged[f"entropy_rft/would_{name}/frac"] == pytest.approx(float(dropped.sum()) / n, rel=1e-6)
         share = float(-(step * a * s_c)[dropped].sum() / n)
         assert logged[f"entropy_rft/would_{name}/entropy_change"] == pytest.approx(share, rel=1e-4, abs=1e-15)
+    # the same prediction by region (A's sign x S* > 0), written out in float64; the four add up to it
+    s_star, terms = stats.s_star.double()[mask], -(step * a * (s_c - s_c.mean())) / n
+    total = 0.0
+    for sign, side in (("pos", a > 0), ("neg", a < 0)):
+        for kind, where in (("likely", s_star > 0), ("unlikely", s_star <= 0)):
+            got = logged[f"entropy_rft/entropy_change/by_region/{sign}_{kind}"]
+            assert got == pytest.approx(float(terms[side & where].sum()), rel=1e-4, abs=1e-15)
+            assert logged[f"entropy_rft/clip_frac_by_region/{sign}_{kind}"] == 0.0  # the monitor filters nothing
+            total += got
+    assert total == pytest.approx(logged["entropy_rft/entropy_change/predicted"], rel=1e-4, abs=1e-15)
 
 
 @pytest.mark.parametrize(
@@ -710,3 +720,54 @@ def test_statistics_pass_runs_in_the_steps_precision(tmp_path, bf16):
         assert (err <= bound[key][mask]).all(), (key, float(err.max()))
     worst = float((got.logp.double() - ref.logp).abs()[mask].max())
     assert (worst > 1e-5) == bf16, worst
+
+
+def test_stare_weights_the_generation_batchs_advantages(tmp_path):
+    """STARE (variant C2, P 0.25, its gate open) on the same seed as plain GRPOTrainer: the generation batch's
+    advantages become per token, TRL's per-response advantage times 1.1 on the top-P surprisal tokens of A > 0 and
+    0.9 on those of A < 0 (k = max(1, int(n P + 0.999999)) of each sign's n valid tokens; surprisal from the captured
+    policy statistics, compared with 1e-5 slack for the two forwards' rounding), 1 elsewhere; nothing is dropped; a
+    sequence-level or non-clipped TRL loss is refused."""
+    options = {"variant": "C2", "top_p_ratio": 0.25, "entropy_gate": 100.0}
+    ours = build(tmp_path / "ours", method="stare", method_options=options, max_steps=1)
+    ours.train()
+    plain = build(tmp_path / "plain", cls=Capturing, method="none", method_options=None, max_steps=1)
+    plain.train()
+    out, stats = ours.captured[0]
+    base, _ = plain.captured[0]
+    assert torch.equal(out["completion_ids"], base["completion_ids"])  # one seed: the same batch
+    mask = out["completion_mask"].bool()
+    assert "tool_mask" not in out or bool(out["tool_mask"].bool()[mask].all())
+    a = base["advantages"][:, None].expand_as(mask)
+    ratio = torch.where(a != 0, out["advantages"] / torch.where(a != 0, a, 1.0), torch.ones_like(a))
+    surprisal = -stats.logp
+    for sign, weight in ((1, 1.1), (-1, 0.9)):
+        side = mask & ((a > 0) if sign > 0 else (a < 0))
+        n = int(side.sum())
+        chosen = side & torch.isclose(ratio, torch.tensor(weight), atol=1e-6)
+        assert int(chosen.sum()) == (0 if n == 0 else min(max(1, int(n * 0.25 + 0.999999)), n))
+        if n and int(chosen.sum()) < n:
+            assert float(surprisal[chosen].min()) >= float(surprisal[side & ~chosen].max()) - 1e-5
+    others = (
+        mask & ~torch.isclose(ratio, torch.tensor(1.1), atol=1e-6) & ~torch.isclose(ratio, torch.tensor(0.9), atol=1e-6)
+    )
+    assert torch.allclose(ratio[others], torch.ones_like(ratio[others]), atol=1e-6)
+    logged = [h for h in ours.state.log_history if "entropy_rft/mean_weight" in h]
+    assert logged and logged[0]["entropy_rft/gate_open"] == 1.0
+    with pytest.raises(ValueError, match="STARE weights the clipped surrogate"):
+        build(tmp_path / "seq", method="stare", method_options={}, importance_sampling_level="sequence")
+
+
+def test_rsi_keep_mask_is_the_band_over_the_whole_generation_batch(tmp_path):
+    """RSI-S (band [0.95, 1.02]: the stand-in policy is near uniform, RSI about 1) in TRL: the kept tokens are
+    masks.rsi_band's over all 8 rows at once (the captured statistics), it drops tokens, and TRL's logs carry its
+    drop fraction."""
+    band = {"rsi_lower_bound": 0.95, "rsi_upper_bound": 1.02}
+    trainer = build(tmp_path, method="rsi", method_options=band)
+    trainer.train()
+    out, stats = trainer.captured[0]
+    mask = out["completion_mask"].bool()
+    want, _ = METHODS.get("rsi").apply(stats, out["advantages"], mask, **band)
+    assert torch.equal(out["tool_mask"].bool() & mask, want & mask)
+    assert (mask & ~want).any()
+    assert any("entropy_rft/rsi_drop_low" in h for h in trainer.state.log_history)

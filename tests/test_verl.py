@@ -68,6 +68,7 @@ from verl.workers.utils.losses import ppo_loss  # noqa: E402
 from verl.workers.utils.padding import response_from_nested  # noqa: E402
 
 import entropy_rft  # noqa: E402
+from entropy_rft.core import masks  # noqa: E402
 from entropy_rft.core.dynamics import TokenStats, token_stats  # noqa: E402
 from entropy_rft.core.masks import clip_b, clip_v  # noqa: E402
 from entropy_rft.core.methods import METHODS  # noqa: E402
@@ -584,6 +585,33 @@ def test_mutation_disabled_write_back_is_detected(transfer_queue, monkeypatch):
 
 
 @pytest.mark.slow
+def test_driver_rsi_keep_mask_is_the_whole_batch_band(transfer_queue):
+    """RSI-S on the driver (rsi_upper_bound 1.2): the keep field holds masks.rsi_band over the whole batch (the
+    stored old log p and entropies), which drops tokens; advantages unchanged."""
+    plain, stats, valid, _ = run_driver_step("clip_b", {"mu": 1e9}, "train_plain_rsi")
+    after, _, _, metrics = run_driver_step("rsi", {"rsi_upper_bound": 1.2}, "train_rsi")
+    want, _ = masks.rsi_band(stats, after["advantages"], valid, rsi_upper_bound=1.2)
+    assert int((valid & ~want).sum()) > 0
+    assert_written_back(after, want, valid)
+    torch.testing.assert_close(after["advantages"], plain["advantages"])
+    assert metrics["entropy_rft/rsi_drop_high"] > 0
+
+
+@pytest.mark.slow
+def test_driver_stare_weights_the_whole_batch_advantages(transfer_queue):
+    """STARE on the driver (variant C2, P 0.2, its gate open): masks unchanged, and verl's GRPO advantages times
+    masks.stare_weights over the whole batch (the behaviour policy's log p; step.py, departure 3)."""
+    plain, stats, valid, _ = run_driver_step("clip_b", {"mu": 1e9}, "train_plain_stare")  # mu huge: nothing dropped
+    options = {"variant": "C2", "top_p_ratio": 0.2, "entropy_gate": 100.0}
+    after, _, _, metrics = run_driver_step("stare", options, "train_stare")
+    weights, _ = masks.stare_weights(stats.logp, plain["advantages"], valid, stats.entropy, **options)
+    assert int((weights == 1.1).sum()) > 0 and int((weights == 0.9).sum()) > 0
+    assert_written_back(after, valid, valid)
+    torch.testing.assert_close(after["advantages"], plain["advantages"] * weights * valid)
+    assert metrics["entropy_rft/gate_open"] == 1.0
+
+
+@pytest.mark.slow
 def test_driver_clip_cov_zeroes_whole_batch_selection(transfer_queue):
     """Clip-Cov on the driver: masks unchanged, and exactly the tokens losses.select_clip_cov picks over the whole
     batch (same generator seed) get advantage 0; the others keep verl's GRPO advantage."""
@@ -908,6 +936,27 @@ def test_whole_step_actor_gradients_are_the_kept_token_mean(
 
 
 @pytest.mark.slow
+def test_whole_step_stare_gradients_use_the_weighted_advantages(transfer_queue, engine, verl_cfg, models):
+    """verl's whole GRPO step with STARE (variant C2, P 0.2, gate open): the advantages the actor reads are verl's
+    per-row GRPO advantage times masks.stare_weights over the whole batch (from the stored old log p), no token is
+    dropped, and every actor optimizer step's gradient is the token mean of the weighted A * ratio (step.py,
+    departure 3: the authors' weight on the clipped surrogate)."""
+    options = {"variant": "C2", "top_p_ratio": 0.2, "entropy_gate": 100.0}
+    step = whole_step(step_config(verl_cfg, "stare", options), models, "actor_stare")
+    valid, adv = step.valid, step.after["advantages"]
+    stats = stats_from_engine(step.after["old_log_probs"], step.after["entropy"], None)
+    weights, _ = masks.stare_weights(stats.logp, adv, valid, stats.entropy, **options)  # omega > 0 keeps A's sign
+    assert int((weights[valid] != 1).sum()) > 0
+    plain = adv / weights
+    for r in range(len(step.ids)):
+        row = plain[r][valid[r]]
+        torch.testing.assert_close(row, row[:1].expand_as(row))  # one GRPO advantage per response
+    assert torch.equal(step.after[KEEP].bool(), valid)
+    check_actor(step, models.actor, valid, valid)
+    assert step.metrics["entropy_rft/gate_open"] == 1.0
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("loss_mode", ["cispo", "dppo_tv", "sapo", "geo_mean"])
 def test_whole_step_clip_b_on_verls_engine_losses(transfer_queue, engine, verl_cfg, models, loss_mode):
     """Clip_B on verl's own cispo, dppo_tv, sapo and geo_mean (actor.policy_loss.loss_mode), verl's whole step with
@@ -1111,6 +1160,17 @@ def test_whole_step_monitor_is_stock_verl_and_writes_what_inspect_reads(
     m = ours.metrics
     assert m["entropy_rft/entropy_change/predicted"] == pytest.approx(want, rel=1e-5)
     assert m["entropy_rft/entropy"] == pytest.approx(float(stats.entropy.double()[valid].mean()), rel=1e-5)
+    # the same prediction by region (A's sign x S* > 0) and each region's share the rejection removed
+    a_t, s_star = adv[:, None].expand_as(valid) if adv.dim() == 1 else adv, stats.s_star
+    terms = torch.zeros(valid.shape, dtype=torch.float64)
+    terms[used] = -(step[used] * a_t[used] * (s_c - s_c.mean())) / float(used.sum())
+    for sign, side in (("pos", a_t > 0), ("neg", a_t < 0)):
+        for kind, where in (("likely", s_star > 0), ("unlikely", s_star <= 0)):
+            region = side & where
+            got = m[f"entropy_rft/entropy_change/by_region/{sign}_{kind}"]
+            assert got == pytest.approx(float(terms[region & used].sum()), rel=1e-5, abs=1e-15)
+            frac = float((region & valid & ~used).sum()) / max(int((region & valid).sum()), 1)
+            assert m[f"entropy_rft/clip_frac_by_region/{sign}_{kind}"] == pytest.approx(frac, abs=1e-12)
     keep_b, _ = clip_b(stats.s_star, ours.after["advantages"], used)
     assert m["entropy_rft/would_clip_b/frac"] == pytest.approx(float((used & ~keep_b).sum() / used.sum()), rel=1e-6)
 

@@ -41,6 +41,18 @@ def by_loop(stats, adv, mask, step):
         "cov_a_sc": sum((a[k] - mean_a) * (sc[k] - mean_sc) for k in toks) / n,
         "entropy_change/predicted": -sum(size[k] * a[k] * (sc[k] - mean_sc) for k in toks) / n,
     }
+    for sign in ("pos", "neg"):  # the same sum over each region's tokens: A's sign x S* > 0 (likely) or <= 0
+        for kind in ("likely", "unlikely"):
+            region = [
+                k
+                for k in toks
+                if (a[k] > 0 if sign == "pos" else a[k] < 0)
+                and (float(stats.s_star[k]) > 0 if kind == "likely" else float(stats.s_star[k]) <= 0)
+            ]
+            out[f"entropy_change/by_region/{sign}_{kind}"] = (
+                -sum(size[k] * a[k] * (sc[k] - mean_sc) for k in region) / n
+            )
+            out[f"clip_frac_by_region/{sign}_{kind}"] = 0.0  # the monitor's loss keeps every valid token here
     for name, keep in (
         ("clip_b", masks.clip_b(stats.s_star, adv, mask)[0]),
         ("clip_v", masks.clip_v(stats.s_centered, adv, mask)[0]),

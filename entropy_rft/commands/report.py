@@ -346,6 +346,50 @@ def _scatter_plot(runs: list[dict], path: Path) -> tuple[Path, dict]:
     return path, stats
 
 
+REGION_LABELS = {
+    "pos_likely": "A > 0, S* > 0 (likely)",
+    "pos_unlikely": "A > 0, S* <= 0 (unlikely)",
+    "neg_likely": "A < 0, S* > 0 (likely)",
+    "neg_unlikely": "A < 0, S* <= 0 (unlikely)",
+}
+
+
+def _region_plot(runs: list[dict], path: Path) -> Path | None:
+    """The predicted entropy change of each step split into its four regions (entropy_change/by_region/*, which
+    sum to entropy_change/predicted), one panel per run, with the realised change on the probed steps on an axis of
+    its own (the logit-space sum's scale is not the real step's: docs/watch.md); None when
+    no run logged the regions (runs written before they existed)."""
+    keyed = [
+        run for run in runs if any(f"entropy_change/by_region/{r}" in m for m in run["metrics"] for r in REGION_LABELS)
+    ]
+    if not keyed:
+        return None
+    fig, axes = plt.subplots(1, len(keyed), figsize=(5.6 * len(keyed), 3.8), dpi=120, squeeze=False)
+    for ax, run in zip(axes[0], keyed):
+        steps = [m["step"] for m in run["metrics"]]
+        for region, text in REGION_LABELS.items():
+            ax.plot(steps, series(run, f"entropy_change/by_region/{region}"), label=text, linewidth=1.2)
+        ax.plot(steps, series(run, "entropy_change/predicted"), "k-", linewidth=0.8, alpha=0.6, label="sum: predicted")
+        ax.axhline(0, color="k", linewidth=0.5)
+        ax.set(xlabel="step", ylabel="predicted change, logit space (nats per token)", title=run["name"])
+        ax.ticklabel_format(axis="y", style="sci", scilimits=(-2, 2))
+        ax.grid(alpha=0.3)
+        handles = ax.get_legend_handles_labels()
+        realised = series(run, "entropy_change/realised")
+        if any(math.isfinite(v) for v in realised):  # its own axis: the logit-space sum has no usable scale
+            right = ax.twinx()
+            right.plot(steps, realised, "kx", markersize=5, label="realised (probed steps, right axis)")
+            right.set_ylabel("realised change (nats per token)")
+            extra = right.get_legend_handles_labels()
+            handles = (handles[0] + extra[0], handles[1] + extra[1])
+        ax.legend(*handles, fontsize=7)
+    fig.suptitle("Predicted entropy change by region: the sign of A x whether the token is likely (S* > 0)")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
 def _mu_cell(cfg: dict) -> str:
     """The run's mu: its setting, else its method's default (marked), else n/a for a method without one."""
     if cfg.get("mu") is not None:
@@ -451,6 +495,7 @@ REPORT_FILES = (
     "pass_rates.png",
     "predicted_vs_realised.png",
     "would_clip.png",
+    "entropy_by_region.png",
 )
 
 
@@ -508,6 +553,9 @@ def _figures(runs: list[dict], out: Path) -> tuple[list[tuple[str, Path]], dict]
                 ),
             )
         )
+    regions = _region_plot(runs, out / "entropy_by_region.png")
+    if regions:
+        figures.append(("Predicted entropy change by region", regions))
     scatter, corr = _scatter_plot(runs, out / "predicted_vs_realised.png")
     figures.append(("Predicted against realised entropy change", scatter))
     return figures, corr

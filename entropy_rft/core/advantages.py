@@ -14,9 +14,17 @@ Departures, numbered (all follow verl 0.9.1 core_algos, checked in tests/fixture
    std + epsilon gives every response the same small advantage (grpo's docstring), as verl's GRPO does.
 3. RLOO keeps the raw score of a singleton group; REINFORCE++-baseline and GAE whiten over the whole batch
    with the unbiased variance and rsqrt(var + 1e-8).
+4. Entrocraft (arXiv 2604.26326) follows its authors' code (lblaoke/entrocraft@26165bd, verl core_algos
+   compute_grpo_range_linear_outcome_advantage), which differs from a rule that keeps rollout i iff m A_i >= 0 on
+   GRPO's advantages: above the band the advantage is the raw reward clipped at 0 (RAFT++), below it the raw reward
+   clipped at 0 from above (NSR), no group baseline in either; inside it GRPO's. Its band anneals with the step
+   from (0.6, 0.7) to (0.4, 0.5), the authors' reference script.
 """
 
 from __future__ import annotations
+
+import math
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor
@@ -34,6 +42,9 @@ __all__ = [
     "gae",
     "masked_whiten",
     "group_stats",
+    "entrocraft",
+    "entrocraft_band",
+    "entrocraft_rule",
 ]
 
 ADVANTAGES: Registry = Registry("advantage estimator")
@@ -224,3 +235,61 @@ def outcome_token_rewards(rewards: Tensor, mask: Tensor) -> Tensor:
     last = (mask.long().sum(-1) - 1).clamp_min(0)
     out[torch.arange(mask.shape[0]), last] = rewards.float()
     return out * mask
+
+
+def entrocraft_band(
+    step: int,
+    total_steps: int,
+    *,
+    lower_range: Sequence[float] = (0.6, 0.4),
+    upper_range: Sequence[float] = (0.7, 0.5),
+    schedule: str = "linear",
+) -> tuple[float, float]:
+    """Entrocraft's entropy band (h_low, h_high) at `step` of `total_steps` (the authors' global step, 1-based):
+    each bound moves from its range's first value to its second, linearly in step / total_steps ("linear",
+    grpo_range_linear) or along 0.5 (1 - cos(pi step / total_steps)) ("cos", grpo_range_cos)."""
+    if schedule not in ("linear", "cos"):
+        raise ValueError(f"entrocraft schedule must be 'linear' or 'cos', got {schedule!r}")
+    if total_steps < 1 or not 0 <= step <= total_steps:
+        raise ValueError(f"step must be in [0, total_steps] with total_steps >= 1, got {step} of {total_steps}")
+    for name, pair in (("lower_range", lower_range), ("upper_range", upper_range)):
+        if len(pair) != 2 or not all(isinstance(v, (int, float)) and 0 <= v < math.inf for v in pair):
+            raise ValueError(f"entrocraft {name} must be two finite entropies >= 0 (start, end), got {pair!r}")
+    t = step / total_steps
+    progress = t if schedule == "linear" else 0.5 * (1 - math.cos(math.pi * t))
+    low = lower_range[0] + (lower_range[1] - lower_range[0]) * progress
+    high = upper_range[0] + (upper_range[1] - upper_range[0]) * progress
+    return low, high
+
+
+def entrocraft(
+    scores: Tensor, advantages: Tensor, *, entropy: float, low: float, high: float
+) -> tuple[Tensor, dict[str, float]]:
+    """Entrocraft's advantages (departure 4; lblaoke/entrocraft compute_grpo_range_outcome_advantage): with the
+    batch's mean entropy above `high`, RAFT++'s max(R, 0); below `low`, NSR's min(R, 0); otherwise `advantages`
+    (the group estimator's, GRPO in the authors' runs). scores, advantages (B,). Metrics: the regime (+1 RAFT++,
+    -1 NSR, 0 the estimator's) and the band."""
+    if entropy > high:
+        regime, out = 1.0, scores.clamp(min=0.0)
+    elif entropy < low:
+        regime, out = -1.0, scores.clamp(max=0.0)
+    else:
+        regime, out = 0.0, advantages
+    return out.to(advantages.dtype), {"regime": regime, "band_low": low, "band_high": high}
+
+
+def entrocraft_rule(
+    scores: Tensor,
+    advantages: Tensor,
+    *,
+    entropy: float,
+    step: int,
+    total_steps: int,
+    lower_range: Sequence[float] = (0.6, 0.4),
+    upper_range: Sequence[float] = (0.7, 0.5),
+    schedule: str = "linear",
+) -> tuple[Tensor, dict[str, float]]:
+    """entrocraft at the band entrocraft_band gives for `step` of `total_steps` (the authors' grpo_range_linear, or
+    grpo_range_cos with schedule "cos")."""
+    low, high = entrocraft_band(step, total_steps, lower_range=lower_range, upper_range=upper_range, schedule=schedule)
+    return entrocraft(scores, advantages, entropy=entropy, low=low, high=high)

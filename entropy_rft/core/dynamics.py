@@ -54,6 +54,9 @@ __all__ = [
     "batch_covariance",
     "corollary4_entropy_change",
     "batch_mean_entropy_change",
+    "REGIONS",
+    "region_masks",
+    "entropy_change_by_region",
 ]
 
 _NEG_FLOOR = -1e30  # stands in for -inf logits: exp() gives exactly 0 and products stay finite
@@ -401,3 +404,40 @@ def batch_mean_entropy_change(
         m = m.double()
         return -(step.double() * adv.double() * score.double() * m).sum() / m.sum().clamp_min(1.0)
     return -step * (adv.float() * score.float() * m).sum() / m.sum().clamp_min(1.0)
+
+
+# the four regions of a step's tokens: the sign of the advantage x whether the sampled token is likely (S* > 0:
+# log p_k > -H, less surprising than the distribution's mean) or unlikely (S* <= 0)
+REGIONS = ("pos_likely", "pos_unlikely", "neg_likely", "neg_unlikely")
+
+
+def region_masks(advantages: Tensor, s_star: Tensor, mask: Tensor) -> dict[str, Tensor]:
+    """The masked tokens of each of REGIONS, (B, T) bool each: A > 0 or A < 0, and S* > 0 (likely) or S* <= 0
+    (unlikely). Tokens with A = 0 are in none. advantages (B,) or (B, T); s_star, mask (B, T)."""
+    adv = broadcast_advantages(advantages, s_star)
+    m, likely = mask.bool(), s_star > 0
+    pos, neg = m & (adv > 0), m & (adv < 0)
+    return {
+        "pos_likely": pos & likely,
+        "pos_unlikely": pos & ~likely,
+        "neg_likely": neg & likely,
+        "neg_unlikely": neg & ~likely,
+    }
+
+
+def entropy_change_by_region(
+    advantages: Tensor, s_star: Tensor, s_centered: Tensor, mask: Tensor, *, step: Tensor | float
+) -> dict[str, Tensor]:
+    """Corollary 4's prediction (corollary4_entropy_change with the same `step`, lr w_t) split by REGIONS: each
+    token t of the mask adds -step_t A_t (S_c,t - E_T[S_c]) / |T| to its region, so the four values (float64, 0-dim)
+    sum to the prediction and a token with A = 0 adds nothing. The regions are read from S* (the paper's sign rule
+    on the token, Theorem 1), the terms from S_c centred over T (Theorem 2 and Corollary 4), so a region's value
+    need not have the sign its name suggests. advantages (B,) or (B, T); s_star, s_centered, mask (and a tensor
+    step) (B, T)."""
+    adv = broadcast_advantages(advantages, s_centered).double()
+    m = mask.to(torch.float64)
+    n = m.sum().clamp_min(1.0)
+    score = s_centered.double()
+    size = step.double() if isinstance(step, Tensor) else torch.tensor(float(step), dtype=torch.float64)
+    terms = -size * adv * (score - (score * m).sum() / n) * m / n  # (B, T): Corollary 4's term of each token
+    return {name: (terms * where).sum() for name, where in region_masks(advantages, s_star, mask).items()}

@@ -11,6 +11,12 @@ Implements:
 - s_sign: the selective updates of Figure 1 (retain only, or mask, tokens with S* > 0 or S* < 0 in positive or
   negative samples).
 - top_entropy: forking tokens (Wang et al. 2025), the highest-entropy 20% of the batch's tokens.
+- rsi_band: RSI-S (arXiv 2606.31575; the port in smellslikeml/open-instruct): keep the tokens whose relative
+  surprisal index RSI = -log p / (H + eps) lies in [rsi_lower_bound, rsi_upper_bound] (RSI > 1 exactly where S* < 0).
+- stare_weights: STARE's token weights (hp-luo/STARE, compute_stare_token_weights): within each advantage sign,
+  the top P% of tokens by surprisal -log p (L+ and L-) get weight W (and M on L-, variant C2), under the gate below.
+- entropy_gate: STARE's closed-loop target gate (hp-luo/STARE, STAREController): a gated filter acts only while
+  the batch's mean entropy is below a target (methods.Method.apply composes it with Clip_B and Clip_V).
 Statistics (mean, std) are always taken over all valid tokens of the whole batch passed in, never per
 micro-batch.
 
@@ -33,6 +39,11 @@ ClipVAdvantageFn, reproduced exactly by the defaults; tests/fixtures/clip_b.json
    when a batch has no positive (negative) token. `clipped_fractions` gives the same fractions with 0.0 for an
    empty side; the trainer logs those. frac_clipped over a mask with no valid token is 0.0 (none was clipped), where
    the authors' formula reads 1.0.
+7. STARE ranks the whole batch's tokens of each advantage sign by the behaviour policy's surprisal, once per step;
+   the authors' code ranks each micro-batch's tokens by the current policy's (in its loss, per micro-batch), which is
+   the same set when the batch is one micro-batch on-policy (its scripts: one gradient step per batch). Its gate
+   reads the batch's token-mean entropy over every valid token, as the authors' trainer does under token-mean
+   aggregation.
 """
 
 from __future__ import annotations
@@ -47,7 +58,17 @@ from .advantages import broadcast_advantages
 
 Side = Literal["negative", "positive", "all"]
 
-__all__ = ["clip_b", "clip_v", "s_sign", "top_entropy", "clipped_fractions", "broadcast_advantages"]
+__all__ = [
+    "clip_b",
+    "clip_v",
+    "s_sign",
+    "top_entropy",
+    "entropy_gate",
+    "stare_weights",
+    "rsi_band",
+    "clipped_fractions",
+    "broadcast_advantages",
+]
 
 _STD_FLOOR = 1e-12
 
@@ -265,3 +286,143 @@ def top_entropy(
         keep[torch.topk(ranked, max(1, round(frac * n))).indices] = True
     keep = keep.view_as(valid) & valid
     return keep, clipped_fractions(mask, keep, advantages)
+
+
+def entropy_gate(
+    keep: Tensor, advantages: Tensor, mask: Tensor, entropy: Tensor, *, target: float
+) -> tuple[Tensor, dict[str, float]]:
+    """STARE's closed-loop target gate (hp-luo/STARE, STAREController.update: gate_on = 1[H_bar < target_entropy]):
+    a filter's keep mask where the batch's mean entropy H_bar over the mask's tokens is strictly below `target`,
+    and every valid token otherwise (the filter does not act). Metrics: gate_open (1 or 0), gate_entropy (H_bar)
+    and the authors' fractions of the keep mask returned (frac_clipped, ...: 0 while the gate is closed).
+    keep, mask, entropy (B, T); advantages (B,) or (B, T); target in nats, > 0 and finite."""
+    valid = mask.bool()
+    open_, gate_metrics = entropy_gate_open(entropy, valid, target=target)
+    gated = torch.where(open_, keep.bool() & valid, valid)
+    metrics = _reference_fractions(mask, gated, broadcast_advantages(advantages, mask))
+    metrics.update(gate_metrics)
+    return gated, metrics
+
+
+def entropy_gate_open(entropy: Tensor, mask: Tensor, *, target: float) -> tuple[Tensor, dict[str, float]]:
+    """(open, metrics): whether the batch's mean entropy over the mask's tokens is strictly below `target` (a 0-dim
+    bool tensor; STAREController.update: gate_on = 1[H_bar < target_entropy]); metrics gate_open and gate_entropy.
+    target in nats, > 0 and finite."""
+    if not (isinstance(target, (int, float)) and not isinstance(target, bool) and 0 < target < math.inf):
+        raise ValueError(f"entropy_gate must be a finite entropy > 0 in nats, got {target!r}; STARE uses 0.3")
+    m = mask.to(torch.float32)
+    mean = (entropy.float() * m).sum() / m.sum().clamp_min(1.0)
+    open_ = mean < target
+    return open_, {"gate_open": float(open_), "gate_entropy": float(mean)}
+
+
+StareVariant = Literal["O1", "C2"]
+
+
+def _top_surprisal(surprisal: Tensor, candidates: Tensor, top_p_ratio: float) -> Tensor:
+    """(B, T) bool: the k = max(1, int(n top_p_ratio + 0.999999)) candidates (n of them) with the largest surprisal,
+    none when n = 0 or top_p_ratio = 0; chosen by torch.topk over the candidates in row-major order, as the
+    authors' code does (so ties resolve the same way). int(x + 0.999999) is the authors' ceiling: 30 x 0.1 =
+    3.0000000000000004 gives 3 where math.ceil gives 4."""
+    chosen = torch.zeros_like(candidates, dtype=torch.bool)
+    n = int(candidates.sum())
+    if n == 0 or top_p_ratio <= 0.0:
+        return chosen
+    k = min(max(1, int(n * top_p_ratio + 0.999999)), n)
+    index = candidates.reshape(-1).nonzero(as_tuple=False).squeeze(-1)[torch.topk(surprisal[candidates], k=k).indices]
+    chosen.reshape(-1)[index] = True
+    return chosen
+
+
+def stare_weights(
+    logp: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    entropy: Tensor,
+    *,
+    variant: StareVariant = "O1",
+    top_p_ratio: float = 0.1,
+    reweight_w: float = 1.1,
+    reweight_m: float = 0.9,
+    entropy_gate: float | None = 0.3,
+) -> tuple[Tensor, dict[str, float]]:
+    """STARE's token weights omega (hp-luo/STARE, verl core_algos.compute_stare_token_weights; defaults from its
+    scripts): the valid tokens with A > 0 form T+, those with A < 0 T-; within each, the top_p_ratio share with the
+    largest surprisal -log p is L+ (L-). omega = reweight_w on L+, and with variant C2 reweight_m on L-, else 1;
+    every omega is 1 while the gate is closed (batch mean entropy over the mask not below entropy_gate; None: always
+    open). The authors multiply each token's clipped surrogate by omega (J_STARE = mean omega J_GRPO).
+
+    logp, mask, entropy (B, T); advantages (B,) or (B, T). Returns omega (B, T) float32 (1 off the mask) and
+    metrics: gate_open, gate_entropy (when gated), frac_reweighted_pos / _neg (|L+|, |L-| over the valid tokens),
+    mean_weight over the valid tokens. Departure 7: the whole batch at once, with the behaviour policy's log p."""
+    if variant not in ("O1", "C2"):
+        raise ValueError(f"STARE variant must be 'O1' (weight L+ only, the default) or 'C2' (also L-), got {variant!r}")
+    if not 0.0 <= top_p_ratio <= 1.0:
+        raise ValueError(f"top_p_ratio must be in [0, 1], got {top_p_ratio!r}; STARE uses 0.1")
+    for name, value in (("reweight_w", reweight_w), ("reweight_m", reweight_m)):
+        if not (isinstance(value, (int, float)) and 0 < value < math.inf):
+            raise ValueError(f"{name} must be a finite weight > 0, got {value!r}; STARE uses W 1.1 and M 0.9")
+    adv = broadcast_advantages(advantages, mask)
+    valid = mask.bool()
+    surprisal = -logp.detach().float()
+    l_plus = _top_surprisal(surprisal, valid & (adv > 0), top_p_ratio)
+    l_minus = _top_surprisal(surprisal, valid & (adv < 0), top_p_ratio) if variant == "C2" else torch.zeros_like(valid)
+    omega = torch.ones(mask.shape, dtype=torch.float32, device=mask.device)
+    omega = torch.where(l_plus, torch.full_like(omega, reweight_w), omega)
+    omega = torch.where(l_minus, torch.full_like(omega, reweight_m), omega)
+    metrics: dict[str, float] = {}
+    if entropy_gate is not None:
+        open_, gate_metrics = entropy_gate_open(entropy, valid, target=entropy_gate)
+        omega = torch.where(open_, omega, torch.ones_like(omega))
+        metrics.update(gate_metrics)
+    n = valid.sum().clamp_min(1).float()
+    metrics.update(
+        frac_reweighted_pos=float(l_plus.sum() / n),
+        frac_reweighted_neg=float(l_minus.sum() / n),
+        mean_weight=float((omega * valid).sum() / n),
+    )
+    return omega, metrics
+
+
+RSI_EPS = 1e-6  # the port's eps in RSI = -log p / (H + eps)
+
+
+def rsi_band(
+    stats,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    rsi_lower_bound: float | None = None,
+    rsi_upper_bound: float | None = None,
+    eps: float = RSI_EPS,
+) -> tuple[Tensor, dict[str, float]]:
+    """RSI-S (arXiv 2606.31575), as smellslikeml/open-instruct's port computes it (compute_rsi_selection): the
+    relative surprisal index RSI = -log p / (H + eps) of each token (float32, as the port); tokens with RSI below
+    rsi_lower_bound (redundant, likely) or above rsi_upper_bound (the unstable unlikely tail) leave the loss, on
+    both advantage signs and with no batch baseline. RSI > 1 exactly where S* < 0 (log p < -H), so the band is a
+    two-sided cut on the paper's sign. None leaves a side open (the port writes 0.0 for that); at least one bound
+    is needed, since neither the paper nor the port publishes a default band.
+
+    stats: TokenStats (log p and H read), (B, T) each; advantages (B,) or (B, T) (metrics only); mask (B, T).
+    Metrics: the authors' fractions (frac_clipped, ...), rsi_drop_low and rsi_drop_high (over the valid tokens)."""
+    if rsi_lower_bound is None and rsi_upper_bound is None:
+        raise ValueError(
+            "RSI-S needs a band: give rsi_lower_bound and/or rsi_upper_bound (neither the paper nor the port "
+            "publishes a default; the port's 0 / 0 keeps every token)"
+        )
+    for name, value in (("rsi_lower_bound", rsi_lower_bound), ("rsi_upper_bound", rsi_upper_bound)):
+        if value is not None and not (isinstance(value, (int, float)) and 0 <= value < math.inf):
+            raise ValueError(f"{name} must be a finite RSI >= 0, got {value!r}")
+    if rsi_lower_bound is not None and rsi_upper_bound is not None and rsi_lower_bound >= rsi_upper_bound:
+        raise ValueError(f"rsi_lower_bound ({rsi_lower_bound}) must be below rsi_upper_bound ({rsi_upper_bound})")
+    if not 0 < eps < math.inf:
+        raise ValueError(f"eps must be > 0, got {eps!r}; the port uses 1e-6")
+    valid = mask.bool()
+    rsi = (-stats.logp.float()) / (stats.entropy.float() + eps)
+    low = valid & (rsi < rsi_lower_bound) if rsi_lower_bound is not None else torch.zeros_like(valid)
+    high = valid & (rsi > rsi_upper_bound) if rsi_upper_bound is not None else torch.zeros_like(valid)
+    keep = valid & ~low & ~high
+    n = valid.sum().clamp_min(1).float()
+    metrics = _reference_fractions(mask, keep, broadcast_advantages(advantages, mask))
+    metrics.update(rsi_drop_low=float(low.sum() / n), rsi_drop_high=float(high.sum() / n))
+    return keep, metrics

@@ -13,11 +13,23 @@ Departures of the baselines from their reference code, numbered:
 4. The fixed entropy bonus uses 0.005, a value that moves the tiny countdown policy; LLM recipes use ~1e-3.
 5. PPO's critic is a value head on the policy (shared trunk, its own learning rate) rather than a separate
    critic model, and GAE uses verl's defaults gamma = lam = 1.
+6. RSI-S follows the only public code, a third-party port (smellslikeml/open-instruct@36813c9, rsi_token_selection.py),
+   whose band defaults to 0 / 0 (every token kept); the paper's band is not published with code, so method rsi has
+   no default and asks for rsi_lower_bound and/or rsi_upper_bound. The port's 0 for "that side off" is None here.
 
 Registered here:
 - grpo: no filter.
 - clip_b: Algorithm 1, reads S* (defaults: mu 2.5, negative samples, lower tail; the authors' code).
 - clip_v: Algorithm 2, reads S_c (defaults: mu 8.5, max_frac 1e-4; the authors' code).
+  Both (and ppo_clip_b / ppo_clip_v) take entropy_gate: STARE's target gate (masks.entropy_gate), off by default.
+- entrocraft: Entrocraft (arXiv 2604.26326; lblaoke/entrocraft), an advantage rule (advantages.entrocraft_rule):
+  RAFT++ above an entropy band annealed from (0.6, 0.7) to (0.4, 0.5), NSR below it, GRPO inside (advantages.py,
+  departure 4).
+- rsi: RSI-S (arXiv 2606.31575), the band filter of smellslikeml/open-instruct's port (masks.rsi_band); the band
+  has no published default, so rsi_lower_bound and/or rsi_upper_bound must be given.
+- stare: STARE (arXiv 2606.19236; hp-luo/STARE), token weights rather than a filter (masks.stare_weights): W 1.1 on
+  the top 10% surprisal tokens of A > 0 (variant O1; C2 also M 0.9 on those of A < 0) while the batch's mean
+  entropy is below entropy_gate 0.3; the step multiplies each token's advantage by its weight.
 - s_sign:{retain|mask}:{pos|neg}_s:{pos|neg}_samples, eight filters for Figure 1, e.g.
   "s_sign:retain:pos_s:pos_samples" keeps only tokens with S* > 0 in positive samples.
 - baselines the paper compares against (Tables 3-4, Section 4.2), each with its published defaults:
@@ -38,6 +50,7 @@ from typing import cast
 
 from torch import Tensor
 
+from . import advantages as advantages_mod
 from . import losses, masks
 from .losses import AggMode, Aggregation
 from .registry import Registry
@@ -47,22 +60,66 @@ from .registry import Registry
 class Method:
     name: str
     filter: Callable | None = None  # masks.* function: (score, advantages, mask, **options) -> (keep, metrics)
-    score: str = "s_star"  # TokenStats field passed as the score
+    score: str = "s_star"  # TokenStats field passed as the score ("stats": the TokenStats itself)
     options: dict = field(default_factory=dict)  # default keyword options of the filter
     summary: str = ""
     config: dict = field(default_factory=dict)  # TrainConfig defaults this method sets
+    gated: bool = False  # takes `entropy_gate`: the filter acts only while the batch's mean entropy is below it
+    # masks.* token weights: (logp, advantages, mask, entropy, **options) -> (weights (B, T), metrics); the step
+    # multiplies each token's advantage by its weight (step.py, departure 3)
+    weigh: Callable | None = None
+    # advantages.* rule on the estimator's advantages: (scores, advantages, *, entropy, step, total_steps, **options)
+    # -> (advantages, metrics), with the batch's mean entropy and the 1-based step of the run's total (Entrocraft)
+    advantage_rule: Callable | None = None
+
+    def option_names(self) -> list[str]:
+        """The options this method takes: its filter's (or its weights') keyword options, and entropy_gate where the
+        filter is gated."""
+        rule = self.filter or self.weigh or self.advantage_rule
+        if rule is None:
+            return []
+        given_by_the_step = {"entropy", "step", "total_steps"}  # an advantage rule's inputs, not options
+        params = inspect.signature(rule).parameters.values()
+        names = [p.name for p in params if p.kind is p.KEYWORD_ONLY and p.name not in given_by_the_step]
+        return names + (["entropy_gate"] if self.gated else [])
+
+    def advantages(self, scores, advantages, *, entropy, step, total_steps, **overrides) -> tuple[Tensor, dict]:
+        """The method's advantage rule on the estimator's advantages (unchanged, with no metrics, for a method
+        without one), its options overridden as in `apply`."""
+        if self.advantage_rule is None:
+            return advantages, {}
+        accepted = set(inspect.signature(self.advantage_rule).parameters)
+        given = {k: v for k, v in overrides.items() if v is not None and k in accepted}
+        options = {**self.options, **given}
+        return self.advantage_rule(scores, advantages, entropy=entropy, step=step, total_steps=total_steps, **options)
+
+    def weights(self, stats, advantages, mask, **overrides) -> tuple[Tensor | None, dict]:
+        """(weights (B, T) or None, metrics): the method's token weights for a batch (None: it has none), its options
+        overridden as in `apply` (NO_CAP passes None itself: entropy_gate=NO_CAP runs STARE ungated)."""
+        if self.weigh is None:
+            return None, {}
+        accepted = set(inspect.signature(self.weigh).parameters)
+        given = {k: None if _is_no_cap(v) else v for k, v in overrides.items() if v is not None and k in accepted}
+        return self.weigh(stats.logp, advantages, mask, stats.entropy, **{**self.options, **given})
 
     def apply(self, stats, advantages, mask, **overrides):
         """(keep, metrics) for a batch; overrides replace the default options.
 
         An override of None means "the method's default" (TrainConfig's unset fields) and is ignored; to pass
         None itself to the filter, give NO_CAP: `apply(..., max_frac=NO_CAP)` runs Clip_V with max_frac=None,
-        clipping every violator. Overrides the filter does not take are ignored."""
+        clipping every violator. Overrides the filter does not take are ignored. A gated method given
+        entropy_gate runs its filter through masks.entropy_gate (STARE's gate) on stats.entropy over `mask`."""
         if self.filter is None:
             return mask.clone(), {}
         accepted = set(inspect.signature(self.filter).parameters)
         given = {k: None if _is_no_cap(v) else v for k, v in overrides.items() if v is not None and k in accepted}
-        return self.filter(getattr(stats, self.score), advantages, mask, **{**self.options, **given})
+        score = stats if self.score == "stats" else getattr(stats, self.score)  # "stats": a filter reading several
+        keep, metrics = self.filter(score, advantages, mask, **{**self.options, **given})
+        target = overrides.get("entropy_gate", self.options.get("entropy_gate"))
+        if not self.gated or target is None or _is_no_cap(target):
+            return keep, metrics
+        gated, gate_metrics = masks.entropy_gate(keep, advantages, mask, stats.entropy, target=target)
+        return gated, {**metrics, **gate_metrics}
 
 
 # An option value that reaches the filter as None, where a plain None means "the method's default". Written as
@@ -78,7 +135,9 @@ METHODS: Registry[Method] = Registry("method")
 METHODS.register("grpo", Method("grpo", summary="plain clipped policy gradient, no token filter"))
 METHODS.register(
     "clip_b",
-    Method("clip_b", masks.clip_b, "s_star", {"mu": 2.5}, "Clip_B: drop batch-outlier S* tokens (Algorithm 1)"),
+    Method(
+        "clip_b", masks.clip_b, "s_star", {"mu": 2.5}, "Clip_B: drop batch-outlier S* tokens (Algorithm 1)", gated=True
+    ),
 )
 METHODS.register(
     "clip_v",
@@ -88,6 +147,7 @@ METHODS.register(
         "s_centered",
         {"mu": 8.5, "max_frac": 1e-4},
         "Clip_V: drop outlier S_c tokens (Algorithm 2)",
+        gated=True,
     ),
 )
 for _action in ("retain", "mask"):
@@ -208,6 +268,7 @@ METHODS.register(
         {"mu": 2.5},
         "Clip_B on PPO, each token's GAE advantage as its direction (Table 4)",
         config={"advantage": "gae"},
+        gated=True,
     ),
 )
 METHODS.register(
@@ -219,6 +280,7 @@ METHODS.register(
         {"mu": 8.5, "max_frac": 1e-4},
         "Clip_V on PPO, each token's GAE advantage as its direction (Table 4)",
         config={"advantage": "gae"},
+        gated=True,
     ),
 )
 for _loss, _summary in (
@@ -249,6 +311,36 @@ METHODS.register(
         "qae",
         summary="QAE: the group's K-quantile (K 0.4) as the baseline instead of its mean",
         config={"advantage": "qae"},
+    ),
+)
+METHODS.register(
+    "entrocraft",
+    Method(
+        "entrocraft",
+        score="entropy",
+        options={"lower_range": (0.6, 0.4), "upper_range": (0.7, 0.5), "schedule": "linear"},
+        summary="Entrocraft: RAFT++ above an annealed entropy band, NSR below it, GRPO inside (authors' code)",
+        advantage_rule=advantages_mod.entrocraft_rule,
+    ),
+)
+METHODS.register(
+    "rsi",
+    Method(
+        "rsi",
+        masks.rsi_band,
+        "stats",
+        {},
+        "RSI-S: keep tokens whose -log p / H lies in [rsi_lower_bound, rsi_upper_bound] (no published default band)",
+    ),
+)
+METHODS.register(
+    "stare",
+    Method(
+        "stare",
+        score="logp",
+        options={"variant": "O1", "top_p_ratio": 0.1, "reweight_w": 1.1, "reweight_m": 0.9, "entropy_gate": 0.3},
+        summary="STARE: weight W on each sign's top-10% surprisal tokens of A > 0 (C2: also M on A < 0), gated",
+        weigh=masks.stare_weights,
     ),
 )
 METHODS.register(

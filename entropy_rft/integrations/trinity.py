@@ -55,8 +55,6 @@ Not run: several ranks, Megatron, fused kernels, vLLM rollouts, the explorer/tra
 
 from __future__ import annotations
 
-import inspect
-
 import torch
 
 from ..core.advantages import broadcast_advantages
@@ -139,7 +137,7 @@ class EntropyAdvantageFn(AdvantageFn):
                 f"method {method!r} is not a token filter, so it has no Trinity advantage function; "
                 f"filters: {_filters()}"
             )
-        accepted = {p.name for p in inspect.signature(spec.filter).parameters.values() if p.kind is p.KEYWORD_ONLY}
+        accepted = set(spec.option_names())
         unknown = sorted(set(options) - accepted)
         if unknown:
             raise ValueError(f"{method} takes no option {unknown}; its options: {sorted(accepted)}")

@@ -79,6 +79,7 @@ import torch
 
 from .. import samples
 from ..config import TrainConfig
+from ..core.advantages import broadcast_advantages
 from ..core.dynamics import TokenStats
 from ..core.losses import step_sizes
 from ..core.methods import METHODS
@@ -235,13 +236,30 @@ class ProbeCallback(TrainerCallback):
         self.trainer._finish_probe(state.global_step)
 
 
+# TRL's clipped surrogates, where a weight on a token's A is one on its loss
+STARE_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
+
+
+def check_weighable(args) -> None:
+    """A method with token weights (STARE) multiplies each token's advantage (step.py, departure 3), which equals the
+    authors' weight on each token's clipped surrogate for TRL's token-level clipped losses only."""
+    loss_type = getattr(args, "loss_type", "dapo")
+    level = getattr(args, "importance_sampling_level", "token")
+    if loss_type not in STARE_LOSS_TYPES or level != "token":
+        raise ValueError(
+            f"STARE weights the clipped surrogate per token: use loss_type in {STARE_LOSS_TYPES} with "
+            f"importance_sampling_level='token' (got {loss_type!r}, {level!r})"
+        )
+
+
 class EntropyGRPOTrainer(GRPOTrainer):
     """GRPOTrainer that reports what moves its entropy and, with a filter, whose loss keeps only the tokens an
     entropy-rft method keeps (module docstring).
 
     method: "none" (MONITOR): TRL's loss exactly as GRPOTrainer computes it, for any loss_type and
     importance_sampling_level, with the entropy_rft/* metrics, metrics.jsonl and the token samples; or a name in
-    METHODS with a token filter (clip_b, clip_v, s_sign:...), whose method_options override the filter's defaults
+    METHODS with a token filter (clip_b, clip_v, s_sign:...) or token weights (stare: the generation batch's
+    advantages become per token, A times the weight), whose method_options override the filter's defaults
     (e.g. {"mu": 1.5} or {"mu": 8.5, "max_frac": 1e-4}); None values are ignored, and methods.NO_CAP passes None
     itself ({"max_frac": NO_CAP}: Clip_V clips every violator).
 
@@ -281,7 +299,9 @@ class EntropyGRPOTrainer(GRPOTrainer):
             spec = None
         else:
             spec = METHODS.get(method)
-            if spec.filter is None:
+            if spec.weigh is not None:
+                check_weighable(kwargs.get("args", args[2] if len(args) > 2 else None))
+            elif spec.filter is None:
                 hint = TRL_EQUIVALENTS.get(method, "no TRL equivalent here")
                 raise ValueError(
                     f"method {method!r} is not a token filter, so EntropyGRPOTrainer has nothing to add: "
@@ -356,6 +376,12 @@ class EntropyGRPOTrainer(GRPOTrainer):
                 self.accelerator.process_index * loss_mask.shape[0],
                 (self.accelerator.process_index + 1) * loss_mask.shape[0],
             )
+            weights, weight_metrics = self.entropy_method.weights(every, adv, mask, **self.method_options)
+            if weights is not None:  # STARE: its weight on each token's advantage (step.py, departure 3)
+                adv = broadcast_advantages(adv, mask) * weights
+                metrics.update(weight_metrics)
+                local_adv = adv[rows, : loss_mask.shape[1]].to(out["advantages"].device)
+                out["advantages"] = local_adv.to(out["advantages"].dtype)  # (B, T): TRL's loss takes either
             mine = keep[rows, : loss_mask.shape[1]].to(loss_mask.device)
             base = out["tool_mask"] if "tool_mask" in out else torch.ones_like(out["completion_mask"])
             out["tool_mask"] = base * mine.to(base.dtype)

@@ -79,7 +79,6 @@ vLLM/SGLang, a GPU.
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import warnings
 from pathlib import Path
 
@@ -153,16 +152,14 @@ class Settings:
                 )
             return
         spec = METHODS.get(self.method)
-        if spec.filter is None and self.method != CLIP_COV:
+        if spec.filter is None and spec.weigh is None and self.method != CLIP_COV:
             filters = ", ".join(n for n in METHODS.names() if METHODS.get(n).filter)
             raise ValueError(
                 f"entropy_rft.method={self.method!r} is not a token filter, so it has no driver step in "
                 f"verl; use one of {filters} or {CLIP_COV}, or {MONITOR} to watch verl's own loss (other "
                 f"rows of METHODS are verl settings: docs/howto/verl.md)"
             )
-        accepted = (
-            set(CLIP_COV_DEFAULTS) if spec.filter is None else set(list(inspect.signature(spec.filter).parameters)[3:])
-        )  # after (score, advantages, mask)
+        accepted = set(CLIP_COV_DEFAULTS) if self.method == CLIP_COV else set(spec.option_names())
         if set(self.options) - accepted:
             raise ValueError(f"{self.method} takes options {sorted(accepted)}, got {sorted(self.options)}")
 
@@ -204,7 +201,8 @@ def whole_batch_step(
     settings: Settings, stats: TokenStats, advantages: Tensor, mask: Tensor, *, generator: torch.Generator | None = None
 ) -> tuple[Tensor, Tensor, dict[str, float]]:
     """(keep [B, T] bool, advantages [B, T], metrics) for the whole batch: a token filter's keep mask (advantages
-    unchanged), or for Clip-Cov the mask unchanged and the selected tokens' advantages zeroed (departure 3)."""
+    unchanged), a method's token weights on the advantages (STARE: keep unchanged), or for Clip-Cov the mask unchanged
+    and the selected tokens' advantages zeroed (departure 3)."""
     mask = mask.bool()
     adv = broadcast_advantages(advantages, mask).float()
     if settings.method == CLIP_COV:
@@ -214,7 +212,11 @@ def whole_batch_step(
         metrics = {"clip_cov_selected_frac": masked_mean(selected, mask)}
     else:
         options = {k: NO_CAP if v is None else v for k, v in settings.options.items()}  # YAML null: pass None
-        keep, metrics = METHODS.get(settings.method).apply(stats, adv, mask, **options)
+        spec = METHODS.get(settings.method)
+        keep, metrics = spec.apply(stats, adv, mask, **options)
+        weights, weight_metrics = spec.weights(stats, adv, mask, **options)
+        if weights is not None:  # STARE: its weight on each token's advantage (step.py, departure 3)
+            adv, metrics = adv * weights.to(adv.dtype), {**metrics, **weight_metrics}
     metrics = {
         **{k: float(v) for k, v in metrics.items()},
         "s_star_mean": masked_mean(stats.s_star, mask),

@@ -85,6 +85,16 @@
     return out + "</tbody></table>";
   }
 
+  // the four regions of a step's tokens (dynamics.REGIONS): the sign of A x whether the token is likely (S* > 0)
+  const REGIONS = [["pos_likely", "A+ likely"], ["pos_unlikely", "A+ unlikely"], ["neg_likely", "A\u2212 likely"],
+    ["neg_unlikely", "A\u2212 unlikely"]];
+
+  function regionOf(a, sStar) {
+    if (a === null || a === undefined || a === 0 || sStar === null || sStar === undefined) return "none (A = 0)";
+    const name = REGIONS.find(([key]) => key === (a > 0 ? "pos" : "neg") + (sStar > 0 ? "_likely" : "_unlikely"))[1];
+    return name + " (A " + (a > 0 ? "> 0" : "< 0") + ", S* " + (sStar > 0 ? "> 0" : "\u2264 0") + ")";
+  }
+
   function summaryHtml(rec) {
     const b = rec.batch, ec = rec.entropy_change || {}, m = rec.metrics || {};
     const clipped = b.valid_tokens - b.kept_tokens;
@@ -102,6 +112,10 @@
       " kept tokens, entropy_kept, not of the all-token mean H)"]);
     if (ec.corollary4 !== undefined) rows.push(["predicted", signed(ec.corollary4) + " (Corollary 4 = eq. 23 " +
       (ec.dropped_term >= 0 ? "+ " : "\u2212 ") + fmt(Math.abs(ec.dropped_term)) + ")"]);
+    const regions = REGIONS.filter(([key]) => m["entropy_change/by_region/" + key] !== undefined &&
+      m["entropy_change/by_region/" + key] !== null);
+    if (regions.length) rows.push(["by region", regions.map(([key, name]) => name + " " +
+      signed(m["entropy_change/by_region/" + key])).join(" \u00b7 ") + " (the predicted change, split)"]);
     if (m["entropy_change/first_order"] !== undefined) rows.push(["first order", signed(m["entropy_change/first_order"]) + " (through the network)"]);
     if (m["entropy_change/realised"] !== undefined) rows.push(["realised", signed(m["entropy_change/realised"])]);
     rows.push(["written", rec.groups.length + " of " + b.groups + " groups, " + written + " tokens" +
@@ -182,6 +196,8 @@
       "); values are exact on hover or focus</span>" +
       '<span><span class="tok clipped">x</span> clipped: removed from the loss by the method\'s filter</span>' + marked +
       '<span><span class="tok cont">\u00b7</span> continues the character before it</span>' +
+      "<span>regions: A+ / A\u2212 by the advantage's sign, likely where S* > 0 (log p > \u2212H), unlikely where " +
+      "S* \u2264 0; the summary splits the predicted change by them, each token's region on hover</span>" +
       '<span class="help">' + esc(stat.help) + "</span>";
   }
 
@@ -224,6 +240,7 @@
       ["s_star", "S*", signed(v("s_star"))],
       ["s_centered", "S_c", signed(v("s_centered"))],
       ["advantage", "A", signed(advantageAt(resp, pos))],
+      ["region", "region", regionOf(advantageAt(resp, pos), v("s_star"))],
       ["kept", "in the loss", kept ? "kept" : "clipped (removed by the method's filter)"],
       ["term", "term, eq. 23", term],
       ["push", "\u2212A S_c", signed(v("push"))],
