@@ -414,6 +414,57 @@ class _FakeLLM:
         self.calls.append(f"wake {','.join(tags)}")
 
 
+class _SeededLLM(_FakeLLM):
+    """A recording vllm.LLM that samples as vLLM seeds: a request seeded s draws its one completion from the stream
+    s, and the j-th child of an n-sample request from s + j (vLLM's ParentRequest._get_child_sampling_params); each
+    row's stream is recorded in `streams`."""
+
+    def __init__(self):
+        super().__init__()
+        self.streams = []
+
+    def generate(self, prompts, params, use_tqdm=False):
+        self.params += params
+        outs = []
+        for p in params:
+            children = []
+            for j in range(p.n):
+                stream = p.seed if p.n == 1 else p.seed + j
+                self.streams.append(stream)
+                draw = torch.randint(3, 60, (8,), generator=torch.Generator().manual_seed(stream)).tolist()
+                children.append(_Completion(draw, "length"))
+            outs.append(_Output(children))
+        return outs
+
+
+def test_vllm_rows_draw_their_own_streams(stand_in, fake_vllm):
+    """Every row of one generate call draws its own random stream (4 prompts x 4 samples: 16 streams, no two the
+    same, as vLLM seeds requests and their children), so two identical prompts in a batch get different samples;
+    the rows stay grouped by prompt; the same seed repeats every row, and the next seed (the trainer's next step)
+    shares no stream with it."""
+    _, tokenizer = load_policy(STAND_IN, torch.device("cpu"))
+    prompts = ["abc", "abc", "de", "fgh"]
+
+    def call(seed):
+        llm = _SeededLLM()
+        ro = VLLMEngine(None, tokenizer, model_path=STAND_IN, llm=llm).generate(
+            prompts, n=4, max_new_tokens=8, seed=seed
+        )
+        return llm, ro
+
+    llm, ro = call(5)
+    assert len(llm.streams) == 16 and len(set(llm.streams)) == 16
+    rows = [tuple(r) for r in ro.response_ids.tolist()]
+    assert len(set(rows)) == 16  # identical prompts included: no two rows alike
+    ids = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
+    for row in range(16):  # row i * 4 + j is prompt i's
+        want = ids[row // 4]
+        assert ro.prompt_ids[row, ro.prompt_mask[row]].tolist() == want
+    again, ro_again = call(5)
+    assert again.streams == llm.streams and torch.equal(ro_again.response_ids, ro.response_ids)
+    assert not set(call(6)[0].streams) & set(llm.streams)
+
+
 @pytest.mark.parametrize("error", [None, NotImplementedError("no reload"), TypeError("takes 1 positional argument")])
 def test_vllm_sync_falls_back_to_load_weights(stand_in, error):
     """sync_weights hands the weights to the worker's reload_weights; where vLLM has none (NotImplementedError) or
