@@ -541,3 +541,25 @@ def test_vllm_engine_without_vllm_says_how_to_install():
 
     with pytest.raises(ImportError, match=r"entropy-rft\[vllm\]"):
         ENGINES.get("vllm")(None, type("T", (), {"eos_token_id": 1})(), load_config(None, engine="vllm"), "x")
+
+
+def test_eval_of_a_run_scores_it_as_the_run_did(tmp_path, capsys, monkeypatch):
+    """eval --model RUN_DIR, or RUN_DIR/checkpoint-N, scores the run's checkpoint on the run's own task, evaluation
+    data and response limit, read from its config.yaml (not the shipped countdown at 16 tokens), with a note naming
+    them; an option given on the command line wins over the run's."""
+    from entropy_rft.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    tiny = ["prompts_per_step=2", "group_size=2", "eval_problems=2", "eval_k=1"]
+    main(["train", "--steps", "1", "--out", "run", "--quiet", "--set", "task=countdown5", "max_new_tokens=12", *tiny])
+    capsys.readouterr()
+    for i, model in enumerate(["run", "run/checkpoint-1"]):
+        main(["eval", "--model", model, "--eval-problems", "2", "--eval-k", "1", "--out", f"e{i}", "--quiet"])
+        report = json.loads((tmp_path / f"e{i}" / "eval.json").read_text())
+        assert report["meta"]["task"] == "countdown5" and report["meta"]["max_new_tokens"] == 12
+        assert list(report["results"]) == ["countdown5"]
+        assert "scoring as the run run was: task countdown5, data countdown5" in capsys.readouterr().err
+    given = ["--task", "countdown", "--data", "countdown", "--max-new-tokens", "5"]
+    main(["eval", "--model", "run", "--eval-problems", "2", "--eval-k", "1", "--out", "e3", "--quiet", *given])
+    meta = json.loads((tmp_path / "e3" / "eval.json").read_text())["meta"]
+    assert meta["task"] == "countdown" and meta["max_new_tokens"] == 5

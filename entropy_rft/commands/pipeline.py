@@ -71,6 +71,32 @@ def packaged_prompt_settings(model: str) -> dict:
     return {k: recipe[k] for k in ("task", "chat_template", "max_new_tokens") if k in recipe}
 
 
+def run_prompt_settings(model: str) -> tuple[dict, Path | None]:
+    """The settings a training run scored its evaluations with, when `model` is that run's record (a run directory,
+    or one of its checkpoint-N folders): (settings, run directory), the settings being task, chat_template,
+    max_new_tokens, data_dir and, as `data`, the run's eval_data (else its task's shipped split, when it has one).
+    eval takes them beneath its own options, as it takes a packaged model's recipe's; ({}, None) for any other
+    model."""
+    from ..problems import SHIPPED_DATA
+    from ..run.checkpoint import is_checkpoint_name
+    from ..run.record import stored_settings
+    from ..run.rundir import is_run_dir
+
+    path = Path(model)
+    if path.is_dir() and is_run_dir(path):
+        run = path
+    elif path.is_dir() and is_checkpoint_name(path.name) and is_run_dir(path.parent):
+        run = path.parent
+    else:
+        return {}, None
+    stored = stored_settings(run) or {}
+    out = {k: stored[k] for k in ("task", "chat_template", "max_new_tokens", "data_dir") if stored.get(k) is not None}
+    data = stored.get("eval_data") or (stored.get("task") if stored.get("task") in SHIPPED_DATA else None)
+    if data:
+        out["data"] = str(data)
+    return out, run
+
+
 def model_to_evaluate(model: str) -> str:
     """The model eval loads for `model`: a run directory (a record of `entropy-rft train`, no config.json of its own)
     means its newest complete checkpoint, named in a note on stderr; anything else is itself."""
@@ -229,6 +255,7 @@ def evaluate_to_dir(
     meta = {
         "model": r.model,
         "task": ",".join(by_task),
+        "max_new_tokens": response_limit(tasks[0], r.max_new_tokens),
         "temperature": r.temperature,
         "top_p": r.top_p,
         "chat_template": eng.chat_template,
