@@ -19,6 +19,7 @@ from entropy_rft.config import load_config
 from entropy_rft.core.control import control_name, make_control
 from entropy_rft.problems import ProblemSampler
 from entropy_rft.run.checkpoint import (
+    CHECKSUMS,
     LATEST,
     STATE,
     RunDirError,
@@ -26,11 +27,13 @@ from entropy_rft.run.checkpoint import (
     checkpoint_dir,
     checkpoint_dirs,
     checkpoint_space,
+    damaged_file,
     find_checkpoint,
     load_trainer_state,
     out_of_space,
     resume_checkpoint,
     step_of,
+    write_checksums,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -125,6 +128,33 @@ def test_a_damaged_state_falls_back_to_the_newest_intact_checkpoint(tmp_path, ca
     make_checkpoints(tmp_path / "b", [1, 2], damaged=[1, 2])
     with pytest.raises(RunDirError, match="no earlier complete checkpoint"):
         resume_checkpoint(tmp_path / "b")
+
+
+def test_checksums_name_the_damaged_file(tmp_path, capsys):
+    """damaged_file names a file whose bytes changed after write_checksums (one byte flipped), a file gone, and a
+    checksums.json that is not the list written; an untouched checkpoint, and one without checksums.json (older
+    runs), have none; resume_checkpoint passes a damaged one over for the newest intact one, naming the file."""
+    run = tmp_path / "run"
+    make_checkpoints(run, [1, 2])
+    for s in (1, 2):
+        (checkpoint_dir(run, s) / "model.safetensors").write_bytes(bytes(range(256)) * 8)
+        write_checksums(checkpoint_dir(run, s))
+    ckpt = checkpoint_dir(run, 2)
+    assert damaged_file(ckpt) is None
+    weights = ckpt / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[1000] ^= 1
+    weights.write_bytes(bytes(data))
+    path, why = damaged_file(ckpt)
+    assert path == weights and "SHA-256 differs" in why
+    assert resume_checkpoint(run) == checkpoint_dir(run, 1)
+    assert "checkpoint-2/model.safetensors is damaged" in capsys.readouterr().err
+    weights.unlink()
+    assert damaged_file(ckpt) == (weights, "missing (it was written with the checkpoint, checksums.json lists it)")
+    (ckpt / CHECKSUMS).write_text("{not json")
+    assert damaged_file(ckpt)[0] == ckpt / CHECKSUMS
+    (ckpt / CHECKSUMS).unlink()
+    assert damaged_file(ckpt) is None
 
 
 def test_an_unreadable_state_names_the_file(tmp_path):

@@ -546,7 +546,8 @@ def test_vllm_engine_without_vllm_says_how_to_install():
 def test_eval_of_a_run_scores_it_as_the_run_did(tmp_path, capsys, monkeypatch):
     """eval --model RUN_DIR, or RUN_DIR/checkpoint-N, scores the run's checkpoint on the run's own task, evaluation
     data and response limit, read from its config.yaml (not the shipped countdown at 16 tokens), with a note naming
-    them; an option given on the command line wins over the run's."""
+    them; an option given on the command line wins over the run's. A checkpoint whose weights changed since they were
+    written is refused naming the file, before anything is written."""
     from entropy_rft.cli import main
 
     monkeypatch.chdir(tmp_path)
@@ -563,3 +564,10 @@ def test_eval_of_a_run_scores_it_as_the_run_did(tmp_path, capsys, monkeypatch):
     main(["eval", "--model", "run", "--eval-problems", "2", "--eval-k", "1", "--out", "e3", "--quiet", *given])
     meta = json.loads((tmp_path / "e3" / "eval.json").read_text())["meta"]
     assert meta["task"] == "countdown" and meta["max_new_tokens"] == 5
+    weights = tmp_path / "run" / "checkpoint-1" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-1] + b"x")  # a damaged checkpoint is named, never scored
+    for model in ("run", "run/checkpoint-1"):
+        with pytest.raises(SystemExit):
+            main(["eval", "--model", model, "--eval-problems", "2", "--eval-k", "1", "--out", "e4", "--quiet"])
+        assert "run/checkpoint-1/model.safetensors is damaged (its SHA-256 differs" in capsys.readouterr().err
+    assert not (tmp_path / "e4").exists()

@@ -99,14 +99,17 @@ def run_prompt_settings(model: str) -> tuple[dict, Path | None]:
 
 def model_to_evaluate(model: str) -> str:
     """The model eval loads for `model`: a run directory (a record of `entropy-rft train`, no config.json of its own)
-    means its newest complete checkpoint, named in a note on stderr; anything else is itself."""
+    means its newest complete checkpoint, named in a note on stderr; anything else is itself. A checkpoint with a
+    damaged file (checkpoint.damaged_file: its checksum differs) is refused naming the file."""
     import sys
 
-    from ..run.checkpoint import find_checkpoint
+    from ..run.checkpoint import damaged_file, find_checkpoint, is_checkpoint_name
     from ..run.rundir import is_run_dir
 
     path = Path(model)
     if not path.is_dir() or (path / "config.json").exists() or not is_run_dir(path):
+        if path.is_dir() and is_checkpoint_name(path.name):
+            _refuse_damaged(path, damaged_file(path))
         return model
     ckpt = find_checkpoint(path)
     if ckpt is None:
@@ -114,10 +117,21 @@ def model_to_evaluate(model: str) -> str:
             f"--model {model} is a run directory with no complete checkpoint yet (one is written at the end of the "
             "run, every save_every steps and when it is stopped); evaluate it once it has one, or pass a model"
         )
+    _refuse_damaged(ckpt, damaged_file(ckpt))
     print(
         f"entropy-rft eval: note: {model} is a run directory; evaluating its newest checkpoint, {ckpt}", file=sys.stderr
     )
     return str(ckpt)
+
+
+def _refuse_damaged(ckpt: Path, damage: tuple[Path, str] | None) -> None:
+    from ..run.checkpoint import PREFIX
+
+    if damage is not None:
+        raise ValueError(
+            f"--model: {damage[0]} is damaged ({damage[1]}); restore it, or evaluate an earlier checkpoint of the "
+            f"run (--model {ckpt.parent / (PREFIX + 'N')})"
+        )
 
 
 def response_limit(task_name: str, given: int | None) -> int:
