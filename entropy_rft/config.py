@@ -91,6 +91,7 @@ _NON_NEGATIVE = (
     "lora_rank",
     "eval_every",
     "eval_problems",
+    "max_prompt_tokens",
     "save_every",
     "keep_checkpoints",
     "probe_every",
@@ -370,6 +371,12 @@ class TrainConfig:
     temperature: float = _f(1.0, "rollout temperature (paper: 1.0); log-probs use the same temperature")
     top_p: float = _f(1.0, "rollout nucleus sampling")
     max_new_tokens: int = _f(16, "response length limit; longer responses are truncated and count as overlong")
+    max_prompt_tokens: int = _f(
+        0,
+        "longest prompt in tokens (chat template included): a training or evaluation problem with a longer one is "
+        "refused naming its row before any rollout; 0: no limit but the model's context, which is always checked",
+        bookkeeping=True,
+    )
 
     # evaluation, logging, checkpoints
     eval_every: int = _f(0, "evaluate every N steps (0: only before and after training)", bookkeeping=True)

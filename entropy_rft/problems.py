@@ -62,6 +62,16 @@ def default_data(cfg: TrainConfig, split: str) -> Path:
     raise ValueError(f"no {split}_data given: task {cfg.task!r} has no shipped data; set train_data and eval_data")
 
 
+def check_prompts(engine, task, problems: list, *, source: str, max_new_tokens: int, limit: int, option: str) -> None:
+    """Every problem's prompt fits the model's context and `limit` tokens (rollout.hf.check_prompt_lengths), each
+    named as row i of `source` (1-based, in the order read) with the start of its prompt."""
+    from .rollout.hf import check_prompt_lengths
+
+    prompts = [task.prompt(p) for p in problems]
+    rows = [f"{source} row {i + 1} ({' '.join(p[:40].split())!r}...)" for i, p in enumerate(prompts)]
+    check_prompt_lengths(engine, prompts, rows, max_new_tokens=max_new_tokens, limit=limit, option=option)
+
+
 def load_problems(path: Path, task) -> list:
     if not path.exists():
         raise FileNotFoundError(f"no problem file at {path}")

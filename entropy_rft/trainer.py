@@ -46,7 +46,7 @@ from .evaluate import run_eval
 from .logging import MetricLogger
 from .plan import check_fits
 from .policy import pick_device, resolve_model_path, set_up_policy
-from .problems import ProblemSampler, sample_batch, task_problems
+from .problems import ProblemSampler, check_prompts, sample_batch, task_problems
 from .rules import StepRules, needs
 from .run.checkpoint import (
     RunState,
@@ -102,6 +102,11 @@ class _Run:
         self.eval_problems = task_problems(cfg, self.task, "eval")[: cfg.eval_problems or None]
         critic, reference = needs(cfg)  # a critic (GAE), a reference policy (kl_coef > 0)
         self.policy = set_up_policy(cfg, device, claim.checkpoint, critic=critic, reference=reference)
+        for split, problems in (("train", train_problems), ("eval", self.eval_problems)):  # before any rollout
+            given = cfg.train_data if split == "train" else cfg.eval_data
+            source = f"{split}_data {given}" if given else f"the shipped {split} split"
+            limits = dict(max_new_tokens=cfg.max_new_tokens, limit=cfg.max_prompt_tokens, option="max_prompt_tokens")
+            check_prompts(self.policy.engine, self.task, problems, source=source, **limits)
         control = make_control(cfg)
         # the step's shape, built once for the run (the reuse of the update's forward reads the model's dropout)
         rules = StepRules.of(cfg, control=control, dropout_active=has_active_dropout(self.policy.model))

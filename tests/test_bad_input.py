@@ -37,6 +37,9 @@ from entropy_rft.plan import check_eval_fits, check_fits
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["prompts_per_step=2", "group_size=2", "eval_problems=2", "eval_k=1", "lr=1e-4", "progress=false"]
 BOUND_S = 10.0  # a refusal here takes milliseconds; the bound only catches a return of the 30 s ones on a busy CI
+# issue 63: a row of 2 million numbers, or a 10 MB question, ran 5 minutes before it was killed; refused, they take
+# 2 s here with the modules loaded (the first test to load the trainer also pays its imports, up to 15 s when shared)
+BEFORE_S = 300.0
 
 
 def tree(root: Path) -> dict[str, bytes | None]:
@@ -333,3 +336,44 @@ def test_yaml_settings_of_the_cell_are_the_runs(compared):
     cell = next((compared[0] / "runs" / "grpo").iterdir())
     stored = yaml.safe_load((cell / "config.yaml").read_text())
     assert stored["lr"] == 1e-4 and stored["steps"] == 2 and stored["progress"] is False
+
+
+def test_a_prompt_too_long_is_refused_naming_its_row(tmp_path, capsys, monkeypatch):
+    """The issue's cases: a countdown row of 2 million numbers in train_data and a 10 MB math question in an eval
+    dataset are refused in one line naming the row (its number and the start of its prompt), before any rollout and
+    in seconds (the characters alone prove them longer than the shipped policy's 64 positions); a 200-character
+    question, tokenized, likewise; a stated limit (train's max_prompt_tokens, eval's --max-prompt-tokens) below a
+    row's prompt refuses it naming the setting; nothing is left on disk."""
+    rows = [{"numbers": [3, 7, 7], "target": 11}, {"numbers": list(range(2_000_000)), "target": 5}]
+    (tmp_path / "huge.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    train = ["train", "--steps", 1, "--out", "r", "--set", "train_data=huge.jsonl", *TINY]
+    _, seconds = refused(train, tmp_path, capsys, monkeypatch, "train_data huge.jsonl row 2 (", "64 tokens")
+    assert seconds < BEFORE_S / 5
+    (tmp_path / "one.jsonl").write_text(json.dumps(rows[0]) + "\n")
+    small = ["train", "--steps", 1, "--out", "r", "--set", "train_data=one.jsonl", "max_prompt_tokens=4", *TINY]
+    refused(small, tmp_path, capsys, monkeypatch, "train_data one.jsonl row 1", "max_prompt_tokens 4")
+
+    questions = ["What is 1+1?", "x" * 10_000_000]
+    (tmp_path / "m.jsonl").write_text("".join(json.dumps({"question": q, "answer": "2"}) + "\n" for q in questions))
+    evaluate = ["eval", "--max-new-tokens", 4, "--eval-k", 1, "--out", "e"]
+    math = [*evaluate, "--task", "math", "--data", "m.jsonl"]
+    _, seconds = refused(math, tmp_path, capsys, monkeypatch, "dataset m row 2 (", "10,000,")
+    assert seconds < BEFORE_S / 5
+    rows = [{"numbers": [3, 7, 7], "target": 11}, {"numbers": list(range(1, 31)), "target": 5}]  # ~100 tokens
+    (tmp_path / "c.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    refused(
+        [*evaluate, "--task", "countdown", "--data", "c.jsonl"],
+        tmp_path,
+        capsys,
+        monkeypatch,
+        "dataset c row 2 (",
+        "tokens, longer",
+    )
+    line, _ = refused(
+        [*evaluate, "--task", "countdown", "--data", "c.jsonl", "--max-prompt-tokens", 3],
+        tmp_path,
+        capsys,
+        monkeypatch,
+        "dataset c row 1",
+    )
+    assert "--max-prompt-tokens 3" in line

@@ -41,7 +41,8 @@ class EvalRequest:
     n: samples per problem (eval: None is each --data entry's K; filter: None is FILTER_SAMPLES); max_new_tokens: None
     is the task's response limit (response_limit); engine: "hf" or "vllm" (filter also takes an engine object);
     limit: problems per dataset (0: all); batch_size: rows per generate call of the HF engine; vllm_memory: the
-    share of GPU memory vLLM takes; progress: progress bars."""
+    share of GPU memory vLLM takes; progress: progress bars; max_prompt_tokens: the longest prompt taken (0: the
+    model's context), checked before any rollout (problems.check_prompts)."""
 
     model: str
     n: int | None = None
@@ -57,6 +58,7 @@ class EvalRequest:
     batch_size: int = 512
     vllm_memory: float = 0.9
     progress: bool = True
+    max_prompt_tokens: int = 0
 
 
 def packaged_prompt_settings(model: str) -> dict:
@@ -260,8 +262,13 @@ def evaluate_to_dir(
         by_task.setdefault(task, []).append(spec)
     datasets = {t: load_task_datasets(t, s, data_dir=r.data_dir, limit=r.limit) for t, s in by_task.items()}
     check_eval_memory(r, datasets, by_task, options or {})
-    (out / "samples").mkdir(parents=True, exist_ok=True)
     eng = build_engine(r, tasks[0])
+    try:
+        check_eval_prompts(eng, r, datasets)
+    except BaseException:
+        eng.close()
+        raise
+    (out / "samples").mkdir(parents=True, exist_ok=True)
     torch.manual_seed(r.seed)
     t0 = time.time()
     sampling = dict(n=r.n, temperature=r.temperature, top_p=r.top_p, max_new_tokens=r.max_new_tokens, seed=r.seed)
@@ -278,6 +285,25 @@ def evaluate_to_dir(
     }
     write_eval(out, meta, results, samples)
     return {"meta": meta, "results": results}
+
+
+def check_eval_prompts(eng, request: EvalRequest, datasets: dict) -> None:
+    """Every problem's prompt of every dataset fits the model's context and --max-prompt-tokens, before any rollout
+    (problems.check_prompts: the row named by its dataset)."""
+    from ..problems import check_prompts
+
+    for task, sets in datasets.items():
+        limit = response_limit(task, request.max_new_tokens)
+        for name, (problems, _) in sets.items():
+            check_prompts(
+                eng,
+                TASKS.get(task),
+                problems,
+                source=f"dataset {name}",
+                max_new_tokens=limit,
+                limit=request.max_prompt_tokens,
+                option="--max-prompt-tokens",
+            )
 
 
 def evaluate_all(eng, datasets: dict, *, max_new_tokens: int | None, **sampling) -> tuple[dict, dict]:
@@ -397,6 +423,12 @@ def filter_to_dir(
         built_here = isinstance(req.engine, str)
         eng = build_engine(req, task_name) if built_here else req.engine
         limit = response_limit(task_name, req.max_new_tokens)
+        try:
+            if built_here:  # an engine object passed in may be any engine (tests script one)
+                check_eval_prompts(eng, req, {task_name: {spec: (problems, 1)}})
+        except BaseException:
+            eng.close()
+            raise
         sampling = {"n": n, "temperature": req.temperature, "max_new_tokens": limit, "seed": req.seed}
         try:
             _score_chunks(eng, task, problems, done, scored_path, chunk=chunk, progress=req.progress, **sampling)

@@ -222,6 +222,10 @@ class VLLMEngine:
             )
             llm = vllm.LLM(**args)
         self.llm = llm
+        # the longest sequence vLLM serves (its max_model_len, which vllm_args may lower): check_prompt_lengths
+        config = getattr(getattr(llm, "llm_engine", None), "model_config", None)
+        context = getattr(config, "max_model_len", None)
+        self.context = context if isinstance(context, int) else None
 
     def sync_weights(self) -> None:
         """Copy the policy's current weights into vLLM (departure 1); asleep, its weights are woken first."""

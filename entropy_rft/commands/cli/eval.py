@@ -64,6 +64,7 @@ def run(args) -> None:
         batch_size=args.batch_size,
         vllm_memory=args.vllm_gpu_memory,
         progress=not args.quiet,
+        max_prompt_tokens=args.max_prompt_tokens,
     )
     report = evaluate_to_dir(
         request,
@@ -130,6 +131,13 @@ def add(command) -> None:
         default=None,
         help="response length limit (default: a run's or a packaged model's recipe's, else 16 for countdown, "
         "7168 for math)",
+    )
+    e.add_argument(
+        "--max-prompt-tokens",
+        type=setting("max_prompt_tokens"),
+        default=0,
+        help="longest prompt in tokens (chat template included): a problem with a longer one is refused naming its "
+        "row before any rollout (0: no limit but the model's context, which is always checked)",
     )
     e.add_argument("--engine", choices=["hf", "vllm"], default="hf", help="generation engine")
     e.add_argument(
