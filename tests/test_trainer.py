@@ -216,6 +216,45 @@ def test_demo_writes_summary_report_and_plots(tmp_path):
     assert "inspect.html" in (tmp_path / "report.md").read_text()
 
 
+def test_demo_resumed_after_ctrl_c_reports_every_step(tmp_path, monkeypatch, capsys):
+    """The issue's case: Ctrl-C (SIGINT) after GRPO's step 3 of a 5-step demo stops it with the demo's own resume
+    command (the one given, --overwrite dropped, --resume added), not the method's `train --resume`; that command
+    finishes the demo, and summary.json and report.md hold GRPO's whole history, steps 1-5 as its metrics.jsonl
+    has them (before, only the steps after the resume)."""
+    import os
+    import signal
+
+    from entropy_rft.commands.cli import main
+    from entropy_rft.logging import JsonlSink
+
+    real_log = JsonlSink.log
+
+    def log_then_sigint(self, metrics):
+        real_log(self, metrics)
+        if metrics["step"] == 3 and "grpo" in str(self.path):
+            os.kill(os.getpid(), signal.SIGINT)
+
+    monkeypatch.chdir(tmp_path)
+    sets = ["--set", "prompts_per_step=2", "group_size=2", "eval_problems=2", "eval_k=1", "save_every=2"]
+    argv = ["demo", "--out", "d", "--steps", "5", "--methods", "grpo,clip_b", "--quiet", *sets, "--overwrite"]
+    monkeypatch.setattr(JsonlSink, "log", log_then_sigint)
+    with pytest.raises(SystemExit) as stop:
+        main(argv)
+    monkeypatch.undo()
+    monkeypatch.chdir(tmp_path)
+    again = " ".join(a for a in argv if a != "--overwrite") + " --resume"
+    assert str(stop.value.code).endswith(f"Continue the demo with `entropy-rft {again}`.")
+    assert "train --resume" not in str(stop.value.code) and "Continue with --resume" not in str(stop.value.code)
+    main(again.split())
+    summary = json.loads((tmp_path / "d" / "summary.json").read_text())
+    recorded = read_metrics(tmp_path / "d" / "runs" / "grpo")
+    assert [r["step"] for r in recorded] == [1, 2, 3, 4, 5]
+    assert summary["methods"]["grpo"]["entropy"] == [r["entropy"] for r in recorded]
+    assert summary["methods"]["grpo"]["reward"] == [r["reward_mean"] for r in recorded]
+    first, last = recorded[0]["entropy"], recorded[-1]["entropy"]
+    assert f"| grpo | {first:.4f} | {last:.4f} |" in (tmp_path / "d" / "report.md").read_text()
+
+
 def test_cli_reports_bad_model_path(tmp_path, capsys):
     from entropy_rft.commands.cli import main
 

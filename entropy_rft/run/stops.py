@@ -20,6 +20,16 @@ class Interrupted(KeyboardInterrupt):
         super().__init__(self.name)
 
 
+class RunStopped(SystemExit):
+    """A run stopped by a stop signal and saved: `line` says where it stopped and what was saved, `resume` how a
+    `train` command continues it; the exit message holds both. A command that ran the training (demo) replaces
+    `resume` with its own."""
+
+    def __init__(self, line: str, resume: str):
+        self.line, self.resume = line, resume
+        super().__init__(f"{line} {resume}")
+
+
 STOP_SIGNALS = tuple(getattr(signal, s) for s in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, s))
 
 
