@@ -76,7 +76,7 @@ def load_problems(path: Path, task) -> list:
     if not path.exists():
         raise FileNotFoundError(f"no problem file at {path}")
     problems = []
-    for n, line in enumerate(path.read_text().splitlines(), 1):
+    for n, line in enumerate(path.read_text(encoding="utf-8-sig").splitlines(), 1):  # a leading BOM is dropped
         if line.strip():
             try:
                 problems.append(task.parse_row(json.loads(line)))
