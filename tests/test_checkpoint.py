@@ -10,6 +10,9 @@ format old run directories were written in, and no other module spells them."""
 
 import ast
 import errno
+import json
+import os
+import stat
 from pathlib import Path
 
 import pytest
@@ -32,6 +35,7 @@ from entropy_rft.run.checkpoint import (
     load_trainer_state,
     out_of_space,
     resume_checkpoint,
+    save_checkpoint,
     step_of,
     write_checksums,
 )
@@ -243,3 +247,29 @@ def test_only_the_checkpoint_module_spells_the_file_names():
             if any(name in node.value for name in FORMAT_NAMES):
                 found.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.value[:60]!r}")
     assert not found, "checkpoint file names spelt outside checkpoint.py:\n" + "\n".join(found)
+
+
+class _Saves:
+    """A model or tokenizer that saves one file (save_pretrained), an optimizer with a state dict."""
+
+    def save_pretrained(self, path, **_):
+        (Path(path) / f"{type(self).__name__}.bin").write_bytes(b"weights")
+
+    def state_dict(self):
+        return {"lr": 0.1}
+
+
+def test_a_checkpoint_folder_takes_the_users_umask(tmp_path):
+    """A checkpoint folder has the permissions mkdir gives under the user's umask, as the run's other folders do
+    (0755 under umask 022, 0750 under 027), not tempfile's 0700; it lists its files in checksums.json."""
+    for umask in (0o022, 0o027):
+        old = os.umask(umask)
+        try:
+            run = tmp_path / f"run-{umask:o}"
+            run.mkdir()
+            ckpt = save_checkpoint(run, 1, _Saves(), _Saves(), _Saves())
+        finally:
+            os.umask(old)
+        assert stat.S_IMODE(ckpt.stat().st_mode) == 0o777 & ~umask == stat.S_IMODE(run.stat().st_mode)
+        assert damaged_file(ckpt) is None
+        assert set(json.loads((ckpt / CHECKSUMS).read_text())["sha256"]) == {"_Saves.bin", STATE}

@@ -45,6 +45,7 @@ import hashlib
 import json
 import os
 import pickle
+import secrets
 import shutil
 import sys
 import tempfile
@@ -153,7 +154,7 @@ def save_checkpoint(
     import torch
 
     ckpt = checkpoint_dir(run_dir, step)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{ckpt.name}.", dir=run_dir))
+    tmp = _new_dir(Path(run_dir), f"{WRITING}{step}.")
     try:
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
@@ -178,6 +179,19 @@ def save_checkpoint(
     pointer.write_text(ckpt.name)
     os.replace(pointer, Path(run_dir) / LATEST)
     return ckpt
+
+
+def _new_dir(parent: Path, prefix: str) -> Path:
+    """A new directory parent/prefix<random> with the permissions the user's umask gives (tempfile.mkdtemp's are
+    0700, which a checkpoint kept them after its rename: unreadable to the user's group, unlike the rest of the
+    run)."""
+    while True:
+        path = parent / f"{prefix}{secrets.token_hex(4)}"
+        try:
+            path.mkdir()
+            return path
+        except FileExistsError:
+            continue
 
 
 def sha256_of(path: Path) -> str:
