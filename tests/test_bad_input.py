@@ -377,3 +377,31 @@ def test_a_prompt_too_long_is_refused_naming_its_row(tmp_path, capsys, monkeypat
         "dataset c row 1",
     )
     assert "--max-prompt-tokens 3" in line
+
+
+def test_eval_holds_its_out_and_a_failed_eval_leaves_nothing(tmp_path, capsys, monkeypatch):
+    """A second eval into the --out of an eval that is running is refused in one line naming it (before, both ran
+    and the later one's files replaced the first's), and the first finishes with its files and no .lock; an eval
+    that fails while sampling leaves nothing: no samples/, no --out it created, no .lock."""
+    evaluate = [str(a) for a in ["eval", "--eval-problems", 1, "--eval-k", 1, "--out", "e", "--quiet"]]
+    monkeypatch.chdir(tmp_path)
+    real, seen = pipeline.evaluate_all, []
+
+    def second_eval_meanwhile(*args, **kwargs):
+        with pytest.raises(SystemExit) as exc:
+            main(evaluate)
+        seen.append((exc.value.code, capsys.readouterr().err))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(pipeline, "evaluate_all", second_eval_meanwhile)
+    main(evaluate)
+    [(code, err)] = seen
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "--out e" in err and "a live run holds it" in err
+    assert sorted(p.name for p in (tmp_path / "e").iterdir()) == ["eval.json", "eval.md", "pass_rates.png", "samples"]
+
+    def fails(*args, **kwargs):
+        raise ValueError("the sampler broke")
+
+    monkeypatch.setattr(pipeline, "evaluate_all", fails)
+    refused([*evaluate[:-3], "--out", "f", "--quiet"], tmp_path, capsys, monkeypatch, "the sampler broke")
+    assert not (tmp_path / "f").exists()

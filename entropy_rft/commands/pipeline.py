@@ -8,6 +8,7 @@ filtering of the training set (Section 5.1), and recipe dry runs on a tiny stand
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -256,6 +257,25 @@ def evaluate_to_dir(
     be allocated are refused before anything is written (plan.check_eval_fits), naming them as `options` says (size
     -> the option that set it: n, max_new_tokens, problems, batch_size; "n:SPEC" for one entry's own K)."""
     out, r = Path(out), request
+    with held(out):
+        return _evaluate_to_dir(r, task_name, specs, out, options)
+
+
+@contextlib.contextmanager
+def held(out: Path):
+    """Hold OUT for this command alone (RunLock: a second eval or filter into the same --out while one runs is
+    refused naming it); released tidily, so OUT keeps only what the command wrote (a failed one leaves no .lock,
+    nor an OUT it created and wrote nothing into)."""
+    from ..run.rundir import RunLock
+
+    lock = RunLock(out).acquire()
+    try:
+        yield
+    finally:
+        lock.release(tidy=True)
+
+
+def _evaluate_to_dir(r: EvalRequest, task_name, specs, out: Path, options) -> dict:
     tasks = [task_name] * len(specs) if isinstance(task_name, str) else list(task_name)
     by_task: dict[str, list] = {}
     for spec, task in zip(specs, tasks):
@@ -268,7 +288,6 @@ def evaluate_to_dir(
     except BaseException:
         eng.close()
         raise
-    (out / "samples").mkdir(parents=True, exist_ok=True)
     torch.manual_seed(r.seed)
     t0 = time.time()
     sampling = dict(n=r.n, temperature=r.temperature, top_p=r.top_p, max_new_tokens=r.max_new_tokens, seed=r.seed)
@@ -332,6 +351,7 @@ def write_eval(out: Path, meta: dict, results: dict, samples: dict) -> None:
         out / "pass_rates.png",
         title=f"Pass-rate distribution of {Path(model).name} (paper Figure 4)",
     )
+    (out / "samples").mkdir(parents=True, exist_ok=True)  # only now: a failed or killed evaluation leaves none
     for name, rows in samples.items():
         (out / "samples" / f"{name}.jsonl").write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
 
@@ -408,8 +428,14 @@ def filter_to_dir(
 
     Writes scored.jsonl (every problem with its pass_rate, appended chunk by chunk: an interrupted run resumes
     where it stopped and scores as the unstopped run would), train.jsonl (the kept problems with their pass rates),
-    filter.json and pass_rates.png. request.engine is an engine name (hf, vllm) or an engine object."""
-    out, req = Path(out), request
+    filter.json and pass_rates.png. request.engine is an engine name (hf, vllm) or an engine object. OUT is held
+    while it runs (`held`)."""
+    with held(Path(out)):
+        return _filter_to_dir(request, task_name=task_name, spec=spec, out=Path(out), low=low, high=high, chunk=chunk)
+
+
+def _filter_to_dir(request: EvalRequest, *, task_name: str, spec: str, out: Path, low, high, chunk) -> dict:
+    req = request
     n = req.n or FILTER_SAMPLES
     out.mkdir(parents=True, exist_ok=True)
     task = TASKS.get(task_name)

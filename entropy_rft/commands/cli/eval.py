@@ -124,21 +124,7 @@ def add(command) -> None:
         default=0.7,
         help="sampling temperature (paper: 0.7)",
     )
-    e.add_argument("--top-p", type=setting("top_p"), default=1.0, help="nucleus sampling")
-    e.add_argument(
-        "--max-new-tokens",
-        type=setting("max_new_tokens"),
-        default=None,
-        help="response length limit (default: a run's or a packaged model's recipe's, else 16 for countdown, "
-        "7168 for math)",
-    )
-    e.add_argument(
-        "--max-prompt-tokens",
-        type=setting("max_prompt_tokens"),
-        default=0,
-        help="longest prompt in tokens (chat template included): a problem with a longer one is refused naming its "
-        "row before any rollout (0: no limit but the model's context, which is always checked)",
-    )
+    _length_options(e)
     e.add_argument("--engine", choices=["hf", "vllm"], default="hf", help="generation engine")
     e.add_argument(
         "--vllm-gpu-memory",
@@ -170,3 +156,22 @@ def add(command) -> None:
     e.add_argument("--device", type=setting("device"), default="auto", help="auto, cpu, cuda or cuda:N")
     e.add_argument("--out", default="runs/eval", help="directory for eval.json, eval.md, pass_rates.png, samples/")
     add_settings_options(e, file_kind=None)
+
+
+def _length_options(e) -> None:
+    """eval's sampling and length options: --top-p, --max-new-tokens, --max-prompt-tokens."""
+    e.add_argument("--top-p", type=setting("top_p"), default=1.0, help="nucleus sampling")
+    e.add_argument(
+        "--max-new-tokens",
+        type=setting("max_new_tokens"),
+        default=None,
+        help="response length limit (default: a run's or a packaged model's recipe's, else 16 for countdown, "
+        "7168 for math)",
+    )
+    e.add_argument(
+        "--max-prompt-tokens",
+        type=setting("max_prompt_tokens"),
+        default=0,
+        help="longest prompt in tokens (chat template included): a problem with a longer one is refused naming its "
+        "row before any rollout (0: no limit but the model's context, which is always checked)",
+    )
