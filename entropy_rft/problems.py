@@ -4,6 +4,7 @@ their seeded order, and each step's batch of scored responses (DAPO's dynamic sa
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from .config import TrainConfig
 from .data import load_math
 from .packaged import BUILTIN_MODELS
 from .rollout import Rollout
+from .run.stops import NonFiniteReward
 from .tasks import MathTask
 
 
@@ -111,6 +113,23 @@ class ProblemSampler:
         self.order = list(state["order"])
 
 
+def check_rewards(task, rewards: list, texts: list[str], problems: list, group_size: int) -> None:
+    """Raise NonFiniteReward naming the task's reward, the first response whose reward is not a finite number, its
+    problem and the value (a NaN reward would otherwise surface as a NaN loss, blamed on the learning rate)."""
+    for i, value in enumerate(rewards):
+        try:
+            finite = math.isfinite(value)
+        except TypeError:
+            finite = False
+        if not finite:
+            name = getattr(task, "name", type(task).__name__)
+            prompt = " ".join(task.prompt(problems[i // group_size])[:60].split())
+            raise NonFiniteReward(
+                f"the reward of task {name!r} is {value!r}, not a finite number, for response {i % group_size + 1} "
+                f"({texts[i][:40]!r}) to the prompt {prompt!r}...; a reward must be a finite float"
+            )
+
+
 def sample_batch(engine, task, sampler: ProblemSampler, cfg: TrainConfig, step: int) -> Scored:
     """prompts_per_step groups of group_size responses with their rewards. With dynamic sampling (DAPO), groups
     whose responses are all correct or all wrong are dropped and more prompts are sampled, for at most
@@ -130,6 +149,7 @@ def sample_batch(engine, task, sampler: ProblemSampler, cfg: TrainConfig, step: 
             seed=cfg.seed * 100003 + step + 7919 * rnd,
         )
         scored = task.score_batch(ro.texts, ro.finished.tolist(), [problems[j // G] for j in range(len(ro.texts))])
+        check_rewards(task, [x for x, _ in scored], ro.texts, problems, G)
         r = torch.tensor([x for x, _ in scored], dtype=torch.float32)
         c = torch.tensor([y for _, y in scored])
         for i, problem in enumerate(problems):

@@ -58,7 +58,7 @@ from .run.checkpoint import (
 )
 from .run.rundir import Claim, finished_summary, new_run_dir, remove_if_empty
 from .run.rundir import claim as claim_run_dir
-from .run.stops import NonFinite, RunStopped, StopSignals, finite_sampling, stop_signals_interrupt
+from .run.stops import NonFinite, NonFiniteReward, RunStopped, StopSignals, finite_sampling, stop_signals_interrupt
 from .step import Step
 from .tasks import TASKS
 
@@ -254,9 +254,13 @@ def _not_committed(run: _Run, at: _Progress, err: NonFinite) -> NonFinite:
         else f"its newest checkpoint stays {find_checkpoint(run.run_dir) or 'none (none was saved)'}, and "
         f"metrics.jsonl ends at step {at.completed}"
     )
+    fix = (
+        f"Fix the reward of task {run.cfg.task!r}"
+        if isinstance(err, NonFiniteReward)
+        else f"Start again with a smaller lr (now {run.cfg.lr:g}) or other settings"
+    )
     return NonFinite(
-        f"{at.doing}: {err}; it is not committed and the run stops: {kept}. Start again with a smaller "
-        f"lr (now {run.cfg.lr:g}) or other settings (a resume would meet the same step)"
+        f"{at.doing}: {err}; it is not committed and the run stops: {kept}. {fix} (a resume would meet the same step)"
     )
 
 

@@ -405,3 +405,17 @@ def test_eval_holds_its_out_and_a_failed_eval_leaves_nothing(tmp_path, capsys, m
     monkeypatch.setattr(pipeline, "evaluate_all", fails)
     refused([*evaluate[:-3], "--out", "f", "--quiet"], tmp_path, capsys, monkeypatch, "the sampler broke")
     assert not (tmp_path / "f").exists()
+
+
+def test_a_long_math_eval_on_the_cpu_is_noted(tmp_path, capsys, monkeypatch):
+    """eval of a math task on the CPU without --max-new-tokens notes, before any model work, that responses may run to
+    the authors' 7,168 tokens and how to set fewer; with --max-new-tokens given there is no note."""
+    (tmp_path / "m.jsonl").write_text(json.dumps({"question": "x" * 2000, "answer": "2"}) + "\n")
+    monkeypatch.chdir(tmp_path)
+    math = ["eval", "--task", "math", "--data", "m.jsonl", "--eval-k", 1, "--device", "cpu", "--out", "e"]
+    for given, noted in (([], True), (["--max-new-tokens", 8], False)):
+        with pytest.raises(SystemExit):  # the shipped policy's 64 positions refuse the long prompt: no sampling
+            main([str(a) for a in [*math, *given]])
+        err = capsys.readouterr().err
+        assert ("note: responses may run to 7,168 new tokens" in err) == noted, err
+        assert "--max-new-tokens sets fewer" in err if noted else "prompt is" in err

@@ -2,6 +2,7 @@
 
 import dataclasses
 import json
+import math
 
 import pytest
 import torch
@@ -283,3 +284,22 @@ def test_eval_cli(tmp_path, capsys):
     res = json.loads((tmp_path / "eval.json").read_text())["results"]["countdown"]
     assert res["k"] == 2 and res["n"] == 4 and len(res["pass_rates"]) == 20
     assert 0 < res["avg_at_k"] <= res["pass_at_k"] <= 1  # the shipped policy solves some countdown problems
+
+
+def test_a_nan_reward_is_named_not_blamed_on_the_learning_rate(tmp_path, monkeypatch, capsys):
+    """A task whose reward returns NaN stops the run at its first step in one line that names the task's reward, the
+    response and its prompt, and says to fix the reward (before: a NaN loss, with advice to lower the learning
+    rate); nothing of the step is committed."""
+    from entropy_rft.commands.cli import main
+    from entropy_rft.tasks import TASKS
+
+    nan = dataclasses.replace(TASKS.get("countdown"), reward_of=lambda completion, finished, problem: (math.nan, False))
+    monkeypatch.setitem(TASKS._items, "countdown", nan)  # the task as a user's own reward would be
+    tiny = ["prompts_per_step=2", "group_size=2", "eval_problems=2", "eval_k=1", "progress=false"]
+    with pytest.raises(SystemExit) as exc:
+        main(["train", "--steps", "2", "--out", str(tmp_path / "r"), "--set", *tiny])
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert exc.value.code == 2
+    assert "the reward of task 'countdown' is nan, not a finite number, for response 1" in line
+    assert "Fix the reward of task 'countdown'" in line and "smaller lr" not in line
+    assert not (tmp_path / "r" / "checkpoint-1").exists()

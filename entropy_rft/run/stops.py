@@ -98,6 +98,11 @@ class NonFinite(ArithmeticError):
     line, no checkpoint) and stops, so the newest checkpoint stays the last good one. The message says which."""
 
 
+class NonFiniteReward(NonFinite):
+    """A reward that is not a finite number: the task's reward function is at fault, not the update, so the advice
+    is to fix the reward (a smaller lr would meet the same step)."""
+
+
 def check_finite(**values: float) -> None:
     """Raise NonFinite naming the first of `values` (name=number, already on the host) that is not finite."""
     for name, value in values.items():

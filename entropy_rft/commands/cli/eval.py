@@ -17,6 +17,7 @@ def run(args) -> None:
         model_to_evaluate,
         packaged_prompt_settings,
         parse_data_specs,
+        response_limit,
         run_prompt_settings,
     )
 
@@ -49,6 +50,7 @@ def run(args) -> None:
     tasks = entry_tasks(specs, args.task)
     guard(args, args.out, ("eval.json", "eval.md", "pass_rates.png", "samples"))
     check_machine(args)
+    note_long_responses_on_cpu(args, response_limit(tasks[0], args.max_new_tokens))
     request = EvalRequest(
         args.model,
         n=args.n,
@@ -81,6 +83,23 @@ def run(args) -> None:
     )
     print((Path(args.out) / "eval.md").read_text())
     print(f"wrote {args.out}/eval.json, eval.md, pass_rates.png and samples/ in {report['meta']['seconds']:.0f} s")
+
+
+CPU_NOTE_TOKENS = 1024  # a response limit past which eval on a CPU notes the wait
+
+
+def note_long_responses_on_cpu(args, limit: int) -> None:
+    """A note when responses may run to more than CPU_NOTE_TOKENS tokens on the CPU without --max-new-tokens given:
+    math's default is the authors' 7,168 (the same on every device, so results do not depend on the machine)."""
+    from ...policy import pick_device
+
+    if args.max_new_tokens is None and limit > CPU_NOTE_TOKENS and args.engine == "hf":
+        if pick_device(args.device).type == "cpu":
+            print(
+                f"entropy-rft eval: note: responses may run to {limit:,} new tokens (the authors' length for math), "
+                "a long wait per sample on a CPU; --max-new-tokens sets fewer",
+                file=sys.stderr,
+            )
 
 
 def add(command) -> None:
