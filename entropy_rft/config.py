@@ -41,6 +41,7 @@ from pydantic.dataclasses import dataclass
 from .recipes import (  # noqa: F401
     RECIPES,
     ConfigError,
+    SettingWarning,
     is_multi_method,
     read_recipe,
     read_spec,
@@ -91,6 +92,7 @@ _NON_NEGATIVE = (
     "lora_rank",
     "eval_every",
     "eval_problems",
+    "max_prompt_tokens",
     "save_every",
     "keep_checkpoints",
     "probe_every",
@@ -411,6 +413,12 @@ class TrainConfig:
     temperature: float = _f(1.0, "rollout temperature (paper: 1.0); log-probs use the same temperature")
     top_p: float = _f(1.0, "rollout nucleus sampling")
     max_new_tokens: int = _f(16, "response length limit; longer responses are truncated and count as overlong")
+    max_prompt_tokens: int = _f(
+        0,
+        "longest prompt in tokens (chat template included): a training or evaluation problem with a longer one is "
+        "refused naming its row before any rollout; 0: no limit but the model's context, which is always checked",
+        bookkeeping=True,
+    )
 
     # evaluation, logging, checkpoints
     eval_every: int = _f(0, "evaluate every N steps (0: only before and after training)", bookkeeping=True)
@@ -598,6 +606,26 @@ class TrainConfig:
             raise ValueError(f"dual_clip_c must be > 1 (verl: 3), or None to disable, got {value}")
         return value
 
+    def _warn_of_idle_settings(self) -> None:
+        """A SettingWarning for each setting that runs but trains little or nothing."""
+        idle = []
+        if self.group_size == 1 and self.advantage in ("grpo", "dr_grpo", "rloo"):
+            idle.append(
+                f"group_size=1: every {self.advantage} group is a singleton, so the advantage is the raw "
+                "reward with no group baseline; use group_size >= 2 (paper: 8 or 16)"
+            )
+        if self.lr == 0:
+            idle.append("lr=0: no optimizer step changes the weights; the run samples and logs but trains nothing")
+        # below 0.1, a logit gap of 1 nat is a probability ratio of e^10 (22,000 : 1): sampling is greedy in all
+        # but name, the responses of a group alike, and their group-relative advantages 0
+        if self.temperature < 0.1:
+            idle.append(
+                f"temperature={self.temperature:g}: sampling is all but greedy, so a group's responses are alike and "
+                "their advantages 0 (little is trained); the paper samples at 1.0"
+            )
+        for message in idle:
+            warnings.warn(SettingWarning(message), stacklevel=4)
+
     def __post_init__(self) -> None:
         from .core.advantages import ADVANTAGES
         from .core.losses import AGG_MODES
@@ -640,12 +668,7 @@ class TrainConfig:
         ENGINES.get(self.engine)
         if self.prompts_per_step % self.mini_batches:
             raise ValueError("prompts_per_step must be divisible by mini_batches")
-        if self.group_size == 1 and self.advantage in ("grpo", "dr_grpo", "rloo"):
-            warnings.warn(
-                f"group_size=1: every {self.advantage} group is a singleton, so the advantage is the raw "
-                "reward with no group baseline; use group_size >= 2 (paper: 8 or 16)",
-                stacklevel=2,
-            )
+        self._warn_of_idle_settings()
         if self.entropy_target is not None:
             from .core.control import CONTROLS
 

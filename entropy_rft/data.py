@@ -64,7 +64,7 @@ def _read_file(path: Path) -> list[dict]:
         return pq.read_table(path).to_pylist()
     if path.suffix == ".jsonl":
         rows = []
-        for n, line in enumerate(path.read_text().splitlines(), 1):
+        for n, line in enumerate(path.read_text(encoding="utf-8-sig").splitlines(), 1):  # a leading BOM is dropped
             if line.strip():
                 try:
                     rows.append(json.loads(line))
@@ -72,7 +72,7 @@ def _read_file(path: Path) -> list[dict]:
                     raise ValueError(f"{path}:{n}: not JSON ({err})") from None
         return rows
     if path.suffix == ".json":
-        data = json.loads(path.read_text())
+        data = json.loads(path.read_text(encoding="utf-8-sig"))
         rows = data.get("data", data) if isinstance(data, dict) else data
         if not isinstance(rows, list):
             raise ValueError(f"{path}: a .json dataset must hold a list of rows (or {{'data': [...]}})")

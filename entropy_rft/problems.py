@@ -4,6 +4,7 @@ their seeded order, and each step's batch of scored responses (DAPO's dynamic sa
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from .config import TrainConfig
 from .data import load_math
 from .packaged import BUILTIN_MODELS
 from .rollout import Rollout
+from .run.stops import NonFiniteReward
 from .tasks import MathTask
 
 
@@ -62,11 +64,21 @@ def default_data(cfg: TrainConfig, split: str) -> Path:
     raise ValueError(f"no {split}_data given: task {cfg.task!r} has no shipped data; set train_data and eval_data")
 
 
+def check_prompts(engine, task, problems: list, *, source: str, max_new_tokens: int, limit: int, option: str) -> None:
+    """Every problem's prompt fits the model's context and `limit` tokens (rollout.hf.check_prompt_lengths), each
+    named as row i of `source` (1-based, in the order read) with the start of its prompt."""
+    from .rollout.hf import check_prompt_lengths
+
+    prompts = [task.prompt(p) for p in problems]
+    rows = [f"{source} row {i + 1} ({' '.join(p[:40].split())!r}...)" for i, p in enumerate(prompts)]
+    check_prompt_lengths(engine, prompts, rows, max_new_tokens=max_new_tokens, limit=limit, option=option)
+
+
 def load_problems(path: Path, task) -> list:
     if not path.exists():
         raise FileNotFoundError(f"no problem file at {path}")
     problems = []
-    for n, line in enumerate(path.read_text().splitlines(), 1):
+    for n, line in enumerate(path.read_text(encoding="utf-8-sig").splitlines(), 1):  # a leading BOM is dropped
         if line.strip():
             try:
                 problems.append(task.parse_row(json.loads(line)))
@@ -101,6 +113,23 @@ class ProblemSampler:
         self.order = list(state["order"])
 
 
+def check_rewards(task, rewards: list, texts: list[str], problems: list, group_size: int) -> None:
+    """Raise NonFiniteReward naming the task's reward, the first response whose reward is not a finite number, its
+    problem and the value (a NaN reward would otherwise surface as a NaN loss, blamed on the learning rate)."""
+    for i, value in enumerate(rewards):
+        try:
+            finite = math.isfinite(value)
+        except TypeError:
+            finite = False
+        if not finite:
+            name = getattr(task, "name", type(task).__name__)
+            prompt = " ".join(task.prompt(problems[i // group_size])[:60].split())
+            raise NonFiniteReward(
+                f"the reward of task {name!r} is {value!r}, not a finite number, for response {i % group_size + 1} "
+                f"({texts[i][:40]!r}) to the prompt {prompt!r}...; a reward must be a finite float"
+            )
+
+
 def sample_batch(engine, task, sampler: ProblemSampler, cfg: TrainConfig, step: int) -> Scored:
     """prompts_per_step groups of group_size responses with their rewards. With dynamic sampling (DAPO), groups
     whose responses are all correct or all wrong are dropped and more prompts are sampled, for at most
@@ -120,6 +149,7 @@ def sample_batch(engine, task, sampler: ProblemSampler, cfg: TrainConfig, step: 
             seed=cfg.seed * 100003 + step + 7919 * rnd,
         )
         scored = task.score_batch(ro.texts, ro.finished.tolist(), [problems[j // G] for j in range(len(ro.texts))])
+        check_rewards(task, [x for x, _ in scored], ro.texts, problems, G)
         r = torch.tensor([x for x, _ in scored], dtype=torch.float32)
         c = torch.tensor([y for _, y in scored])
         for i, problem in enumerate(problems):

@@ -4,6 +4,7 @@ config.py turns what these return into a TrainConfig."""
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import yaml
@@ -16,6 +17,11 @@ class ConfigError(ValueError):
     def __init__(self, message: str, problems: list[tuple[str | None, str]] | None = None):
         super().__init__(message)
         self.problems = problems or [(None, message)]
+
+
+class SettingWarning(UserWarning):
+    """Settings that run but do little or nothing of what a run is for (an empty recipe, lr 0, a near-greedy
+    temperature, groups of one); the command line shows each as one line."""
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
@@ -80,6 +86,21 @@ def read_yaml(path: str | Path):
         raise ConfigError(f"{path}: {err}") from None
 
 
+def _warn_if_empty(path, data):
+    """data, or {} for a file that holds no settings (empty, or comments only), after a SettingWarning: the run
+    would take every default without a word."""
+    if data is None or data == {}:
+        warnings.warn(
+            SettingWarning(
+                f"{path} holds no settings (an empty recipe): what the command line does not set takes its "
+                "default (`entropy-rft train --help-config` lists them: 100 steps of 64 prompts x 16 responses)"
+            ),
+            stacklevel=3,
+        )
+        return {}
+    return data
+
+
 def is_multi_method(data) -> bool:
     """A demo-style file: `common` settings and a `methods` mapping of per-method settings."""
     return isinstance(data, dict) and "methods" in data and set(data) <= {"common", "methods"}
@@ -90,7 +111,7 @@ def read_recipe(path: str | Path | None) -> dict:
     subcommands that take it."""
     if path is None:
         return {}
-    data = read_yaml(path) or {}
+    data = _warn_if_empty(path, read_yaml(path))
     if is_multi_method(data):
         raise ConfigError(
             f"{path} is a demo-style file (`common` and `methods` sections, one run per method); "
@@ -108,7 +129,7 @@ def read_spec(path: str | Path | None, default: str | Path | None = None) -> dic
     path = path if path is not None else default
     if path is None:
         return {"common": {}, "methods": {}}
-    data = read_yaml(path) or {}
+    data = _warn_if_empty(path, read_yaml(path))
     if not isinstance(data, dict):
         raise ConfigError(
             f"{path} must hold a mapping (a flat recipe, or `common` and `methods` sections), got a "

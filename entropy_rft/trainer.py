@@ -43,10 +43,10 @@ from .core.control import control_name, make_control
 from .diagnostics import loss_step_sizes
 from .dropout import has_active_dropout
 from .evaluate import run_eval
-from .logging import MetricLogger
+from .logging import MetricLogger, read_metrics
 from .plan import check_fits
 from .policy import pick_device, resolve_model_path, set_up_policy
-from .problems import ProblemSampler, sample_batch, task_problems
+from .problems import ProblemSampler, check_prompts, sample_batch, task_problems
 from .rules import StepRules, needs
 from .run.checkpoint import (
     RunState,
@@ -58,7 +58,7 @@ from .run.checkpoint import (
 )
 from .run.rundir import Claim, finished_summary, new_run_dir, remove_if_empty
 from .run.rundir import claim as claim_run_dir
-from .run.stops import NonFinite, StopSignals, finite_sampling, stop_signals_interrupt
+from .run.stops import NonFinite, NonFiniteReward, RunStopped, StopSignals, finite_sampling, stop_signals_interrupt
 from .step import Step
 from .tasks import TASKS
 
@@ -66,7 +66,8 @@ __all__ = ["train"]  # what users import from here; every other name from the mo
 
 
 def train(cfg: TrainConfig, *, resume: bool | str = False, overwrite: bool = False) -> dict:
-    """Run RL fine-tuning as configured; returns a summary with the per-step metrics and evaluations.
+    """Run RL fine-tuning as configured; returns a summary with the per-step metrics of every step of the run (read
+    from its metrics.jsonl, so a resumed run's begin at step 1) and its evaluations.
 
     The run directory (cfg.out; None: a new runs/<method>-<time>) follows entropy_rft/run/rundir.py's rules: held by
     this process alone; one holding another run's record is refused unless resume=True (continue from its newest
@@ -102,6 +103,11 @@ class _Run:
         self.eval_problems = task_problems(cfg, self.task, "eval")[: cfg.eval_problems or None]
         critic, reference = needs(cfg)  # a critic (GAE), a reference policy (kl_coef > 0)
         self.policy = set_up_policy(cfg, device, claim.checkpoint, critic=critic, reference=reference)
+        for split, problems in (("train", train_problems), ("eval", self.eval_problems)):  # before any rollout
+            given = cfg.train_data if split == "train" else cfg.eval_data
+            source = f"{split}_data {given}" if given else f"the shipped {split} split"
+            limits = dict(max_new_tokens=cfg.max_new_tokens, limit=cfg.max_prompt_tokens, option="max_prompt_tokens")
+            check_prompts(self.policy.engine, self.task, problems, source=source, **limits)
         control = make_control(cfg)
         # the step's shape, built once for the run (the reuse of the update's forward reads the model's dropout)
         rules = StepRules.of(cfg, control=control, dropout_active=has_active_dropout(self.policy.model))
@@ -128,7 +134,6 @@ class _Run:
         kept = self.start - (self.state.pending is not None)
         self.logger = claim.start(cfg, lambda: MetricLogger(self.run_dir, cfg.to_dict(), cfg.sinks, start_step=kept))
         samples.cut_after(self.run_dir, self.start)
-        self.history: list[dict] = []
 
     def evaluate(self) -> dict:
         cfg = self.cfg
@@ -179,7 +184,6 @@ class _Run:
                 {"eval/avg_at_k": self.state.evals[at]["avg_at_k"], "eval/pass_at_k": self.state.evals[at]["pass_at_k"]}
             )
         self.logger.log(metrics)
-        self.history.append(metrics)
         self.state.pending = None
         if self.cfg.save_every and at % self.cfg.save_every == 0:
             self.save(at)
@@ -228,17 +232,17 @@ def _ending(run: _Run, at: _Progress) -> Iterator[None]:
         run.logger.close()
 
 
-def _saved_on_stop(run: _Run, at: _Progress, why: str) -> SystemExit:
+def _saved_on_stop(run: _Run, at: _Progress, why: str) -> RunStopped:
     """The run saved where the stop `why` found it (a checkpoint at the last computed step, or the final one already
     saved); the line that ends it."""
     if at.final is not None:  # interrupted in the final evaluation: the final checkpoint is saved
-        return SystemExit(
-            f"{why} in the final evaluation; the trained policy is saved in {at.final}. "
-            "Continue with --resume to evaluate it."
+        return RunStopped(
+            f"{why} in the final evaluation; the trained policy is saved in {at.final}.",
+            "Continue with --resume to evaluate it.",
         )
     ckpt = run.save(at.completed, at.stopped_at)
-    return SystemExit(
-        f"{why}: stopped after {at.completed} steps; saved {ckpt}. Continue with --resume --out {run.run_dir}."
+    return RunStopped(
+        f"{why}: stopped after {at.completed} steps; saved {ckpt}.", f"Continue with --resume --out {run.run_dir}."
     )
 
 
@@ -250,9 +254,13 @@ def _not_committed(run: _Run, at: _Progress, err: NonFinite) -> NonFinite:
         else f"its newest checkpoint stays {find_checkpoint(run.run_dir) or 'none (none was saved)'}, and "
         f"metrics.jsonl ends at step {at.completed}"
     )
+    fix = (
+        f"Fix the reward of task {run.cfg.task!r}"
+        if isinstance(err, NonFiniteReward)
+        else f"Start again with a smaller lr (now {run.cfg.lr:g}) or other settings"
+    )
     return NonFinite(
-        f"{at.doing}: {err}; it is not committed and the run stops: {kept}. Start again with a smaller "
-        f"lr (now {run.cfg.lr:g}) or other settings (a resume would meet the same step)"
+        f"{at.doing}: {err}; it is not committed and the run stops: {kept}. {fix} (a resume would meet the same step)"
     )
 
 
@@ -304,4 +312,6 @@ def _loop(run: _Run, stops: StopSignals) -> dict:
         at.final, at.doing = run.save(cfg.steps), "the final evaluation"
         state.evals[cfg.steps] = run.evaluate()
     (run.run_dir / "eval.json").write_text(json.dumps(state.evals, indent=1) + "\n")
-    return {"config": cfg.to_dict(), "evals": state.evals, "checkpoint": str(at.final), "history": run.history}
+    # the history is the record's, every step from the first: a resumed run's in-memory history starts at the resume
+    history = read_metrics(run.run_dir, warn=False)
+    return {"config": cfg.to_dict(), "evals": state.evals, "checkpoint": str(at.final), "history": history}

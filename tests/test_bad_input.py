@@ -37,6 +37,9 @@ from entropy_rft.plan import check_eval_fits, check_fits
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["prompts_per_step=2", "group_size=2", "eval_problems=2", "eval_k=1", "lr=1e-4", "progress=false"]
 BOUND_S = 10.0  # a refusal here takes milliseconds; the bound only catches a return of the 30 s ones on a busy CI
+# issue 63: a row of 2 million numbers, or a 10 MB question, ran 5 minutes before it was killed; refused, they take
+# 2 s here with the modules loaded (the first test to load the trainer also pays its imports, up to 15 s when shared)
+BEFORE_S = 300.0
 
 
 def tree(root: Path) -> dict[str, bytes | None]:
@@ -333,3 +336,86 @@ def test_yaml_settings_of_the_cell_are_the_runs(compared):
     cell = next((compared[0] / "runs" / "grpo").iterdir())
     stored = yaml.safe_load((cell / "config.yaml").read_text())
     assert stored["lr"] == 1e-4 and stored["steps"] == 2 and stored["progress"] is False
+
+
+def test_a_prompt_too_long_is_refused_naming_its_row(tmp_path, capsys, monkeypatch):
+    """The issue's cases: a countdown row of 2 million numbers in train_data and a 10 MB math question in an eval
+    dataset are refused in one line naming the row (its number and the start of its prompt), before any rollout and
+    in seconds (the characters alone prove them longer than the shipped policy's 64 positions); a 200-character
+    question, tokenized, likewise; a stated limit (train's max_prompt_tokens, eval's --max-prompt-tokens) below a
+    row's prompt refuses it naming the setting; nothing is left on disk."""
+    rows = [{"numbers": [3, 7, 7], "target": 11}, {"numbers": list(range(2_000_000)), "target": 5}]
+    (tmp_path / "huge.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    train = ["train", "--steps", 1, "--out", "r", "--set", "train_data=huge.jsonl", *TINY]
+    _, seconds = refused(train, tmp_path, capsys, monkeypatch, "train_data huge.jsonl row 2 (", "64 tokens")
+    assert seconds < BEFORE_S / 5
+    (tmp_path / "one.jsonl").write_text(json.dumps(rows[0]) + "\n")
+    small = ["train", "--steps", 1, "--out", "r", "--set", "train_data=one.jsonl", "max_prompt_tokens=4", *TINY]
+    refused(small, tmp_path, capsys, monkeypatch, "train_data one.jsonl row 1", "max_prompt_tokens 4")
+
+    questions = ["What is 1+1?", "x" * 10_000_000]
+    (tmp_path / "m.jsonl").write_text("".join(json.dumps({"question": q, "answer": "2"}) + "\n" for q in questions))
+    evaluate = ["eval", "--max-new-tokens", 4, "--eval-k", 1, "--out", "e"]
+    math = [*evaluate, "--task", "math", "--data", "m.jsonl"]
+    _, seconds = refused(math, tmp_path, capsys, monkeypatch, "dataset m row 2 (", "10,000,")
+    assert seconds < BEFORE_S / 5
+    rows = [{"numbers": [3, 7, 7], "target": 11}, {"numbers": list(range(1, 31)), "target": 5}]  # ~100 tokens
+    (tmp_path / "c.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    refused(
+        [*evaluate, "--task", "countdown", "--data", "c.jsonl"],
+        tmp_path,
+        capsys,
+        monkeypatch,
+        "dataset c row 2 (",
+        "tokens, longer",
+    )
+    line, _ = refused(
+        [*evaluate, "--task", "countdown", "--data", "c.jsonl", "--max-prompt-tokens", 3],
+        tmp_path,
+        capsys,
+        monkeypatch,
+        "dataset c row 1",
+    )
+    assert "--max-prompt-tokens 3" in line
+
+
+def test_eval_holds_its_out_and_a_failed_eval_leaves_nothing(tmp_path, capsys, monkeypatch):
+    """A second eval into the --out of an eval that is running is refused in one line naming it (before, both ran
+    and the later one's files replaced the first's), and the first finishes with its files and no .lock; an eval
+    that fails while sampling leaves nothing: no samples/, no --out it created, no .lock."""
+    evaluate = [str(a) for a in ["eval", "--eval-problems", 1, "--eval-k", 1, "--out", "e", "--quiet"]]
+    monkeypatch.chdir(tmp_path)
+    real, seen = pipeline.evaluate_all, []
+
+    def second_eval_meanwhile(*args, **kwargs):
+        with pytest.raises(SystemExit) as exc:
+            main(evaluate)
+        seen.append((exc.value.code, capsys.readouterr().err))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(pipeline, "evaluate_all", second_eval_meanwhile)
+    main(evaluate)
+    [(code, err)] = seen
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "--out e" in err and "a live run holds it" in err
+    assert sorted(p.name for p in (tmp_path / "e").iterdir()) == ["eval.json", "eval.md", "pass_rates.png", "samples"]
+
+    def fails(*args, **kwargs):
+        raise ValueError("the sampler broke")
+
+    monkeypatch.setattr(pipeline, "evaluate_all", fails)
+    refused([*evaluate[:-3], "--out", "f", "--quiet"], tmp_path, capsys, monkeypatch, "the sampler broke")
+    assert not (tmp_path / "f").exists()
+
+
+def test_a_long_math_eval_on_the_cpu_is_noted(tmp_path, capsys, monkeypatch):
+    """eval of a math task on the CPU without --max-new-tokens notes, before any model work, that responses may run to
+    the authors' 7,168 tokens and how to set fewer; with --max-new-tokens given there is no note."""
+    (tmp_path / "m.jsonl").write_text(json.dumps({"question": "x" * 2000, "answer": "2"}) + "\n")
+    monkeypatch.chdir(tmp_path)
+    math = ["eval", "--task", "math", "--data", "m.jsonl", "--eval-k", 1, "--device", "cpu", "--out", "e"]
+    for given, noted in (([], True), (["--max-new-tokens", 8], False)):
+        with pytest.raises(SystemExit):  # the shipped policy's 64 positions refuse the long prompt: no sampling
+            main([str(a) for a in [*math, *given]])
+        err = capsys.readouterr().err
+        assert ("note: responses may run to 7,168 new tokens" in err) == noted, err
+        assert "--max-new-tokens sets fewer" in err if noted else "prompt is" in err

@@ -10,6 +10,9 @@ format old run directories were written in, and no other module spells them."""
 
 import ast
 import errno
+import json
+import os
+import stat
 from pathlib import Path
 
 import pytest
@@ -19,6 +22,7 @@ from entropy_rft.config import load_config
 from entropy_rft.core.control import control_name, make_control
 from entropy_rft.problems import ProblemSampler
 from entropy_rft.run.checkpoint import (
+    CHECKSUMS,
     LATEST,
     STATE,
     RunDirError,
@@ -26,11 +30,14 @@ from entropy_rft.run.checkpoint import (
     checkpoint_dir,
     checkpoint_dirs,
     checkpoint_space,
+    damaged_file,
     find_checkpoint,
     load_trainer_state,
     out_of_space,
     resume_checkpoint,
+    save_checkpoint,
     step_of,
+    write_checksums,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -127,6 +134,33 @@ def test_a_damaged_state_falls_back_to_the_newest_intact_checkpoint(tmp_path, ca
         resume_checkpoint(tmp_path / "b")
 
 
+def test_checksums_name_the_damaged_file(tmp_path, capsys):
+    """damaged_file names a file whose bytes changed after write_checksums (one byte flipped), a file gone, and a
+    checksums.json that is not the list written; an untouched checkpoint, and one without checksums.json (older
+    runs), have none; resume_checkpoint passes a damaged one over for the newest intact one, naming the file."""
+    run = tmp_path / "run"
+    make_checkpoints(run, [1, 2])
+    for s in (1, 2):
+        (checkpoint_dir(run, s) / "model.safetensors").write_bytes(bytes(range(256)) * 8)
+        write_checksums(checkpoint_dir(run, s))
+    ckpt = checkpoint_dir(run, 2)
+    assert damaged_file(ckpt) is None
+    weights = ckpt / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[1000] ^= 1
+    weights.write_bytes(bytes(data))
+    path, why = damaged_file(ckpt)
+    assert path == weights and "SHA-256 differs" in why
+    assert resume_checkpoint(run) == checkpoint_dir(run, 1)
+    assert "checkpoint-2/model.safetensors is damaged" in capsys.readouterr().err
+    weights.unlink()
+    assert damaged_file(ckpt) == (weights, "missing (it was written with the checkpoint, checksums.json lists it)")
+    (ckpt / CHECKSUMS).write_text("{not json")
+    assert damaged_file(ckpt)[0] == ckpt / CHECKSUMS
+    (ckpt / CHECKSUMS).unlink()
+    assert damaged_file(ckpt) is None
+
+
 def test_an_unreadable_state_names_the_file(tmp_path):
     """load_trainer_state on a file torch cannot read: RunDirError naming it and the way out."""
     make_checkpoints(tmp_path, [5], damaged=[5])
@@ -213,3 +247,29 @@ def test_only_the_checkpoint_module_spells_the_file_names():
             if any(name in node.value for name in FORMAT_NAMES):
                 found.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.value[:60]!r}")
     assert not found, "checkpoint file names spelt outside checkpoint.py:\n" + "\n".join(found)
+
+
+class _Saves:
+    """A model or tokenizer that saves one file (save_pretrained), an optimizer with a state dict."""
+
+    def save_pretrained(self, path, **_):
+        (Path(path) / f"{type(self).__name__}.bin").write_bytes(b"weights")
+
+    def state_dict(self):
+        return {"lr": 0.1}
+
+
+def test_a_checkpoint_folder_takes_the_users_umask(tmp_path):
+    """A checkpoint folder has the permissions mkdir gives under the user's umask, as the run's other folders do
+    (0755 under umask 022, 0750 under 027), not tempfile's 0700; it lists its files in checksums.json."""
+    for umask in (0o022, 0o027):
+        old = os.umask(umask)
+        try:
+            run = tmp_path / f"run-{umask:o}"
+            run.mkdir()
+            ckpt = save_checkpoint(run, 1, _Saves(), _Saves(), _Saves())
+        finally:
+            os.umask(old)
+        assert stat.S_IMODE(ckpt.stat().st_mode) == 0o777 & ~umask == stat.S_IMODE(run.stat().st_mode)
+        assert damaged_file(ckpt) is None
+        assert set(json.loads((ckpt / CHECKSUMS).read_text())["sha256"]) == {"_Saves.bin", STATE}

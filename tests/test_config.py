@@ -91,3 +91,39 @@ def test_registry_suggests_the_close_name():
     assert did_you_mean("CLIP-V", reg.names()) == " (did you mean 'clip_v'?)"
     assert did_you_mean("grp0", reg.names()) == " (did you mean 'grpo'?)"
     assert did_you_mean("unlikelihood", reg.names()) == ""
+
+
+def test_settings_that_train_little_or_nothing_are_named(tmp_path, capsys):
+    """lr 0, a temperature below 0.1 (near-greedy: a group's responses alike, advantages 0), groups of one under
+    GRPO and an empty recipe file each give one SettingWarning naming the setting, which the command line shows as
+    one line `entropy-rft SUBCOMMAND: warning: ...`; the defaults give none."""
+    import warnings
+
+    from entropy_rft.commands.cli import main
+    from entropy_rft.config import SettingWarning, read_recipe
+
+    def named(**settings) -> list[str]:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            load_config(None, **settings)
+        return [str(w.message) for w in caught if issubclass(w.category, SettingWarning)]
+
+    assert named() == [] and named(temperature=0.1, lr=1e-6, group_size=2) == []
+    assert [m.split(":")[0] for m in named(lr=0.0)] == ["lr=0"]
+    assert [m.split(":")[0] for m in named(temperature=1e-6)] == ["temperature=1e-06"]
+    assert [m.split(":")[0] for m in named(group_size=1)] == ["group_size=1"]
+    (tmp_path / "empty.yaml").write_text("# settings to come\n")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert read_recipe(tmp_path / "empty.yaml") == {}
+    assert [str(w.message).split(" (")[0] for w in caught] == [f"{tmp_path / 'empty.yaml'} holds no settings"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        try:  # plan returns, or exits 1 when the plan does not fit; the warnings come first either way
+            main(["plan", "--config", str(tmp_path / "empty.yaml"), "--set", "lr=0", "temperature=0.01"])
+        except SystemExit as stop:
+            assert stop.code == 1
+    err = capsys.readouterr().err.splitlines()
+    assert f"entropy-rft plan: warning: {tmp_path / 'empty.yaml'} holds no settings" in "\n".join(err)
+    assert any(line.startswith("entropy-rft plan: warning: lr=0: ") for line in err)
+    assert any(line.startswith("entropy-rft plan: warning: temperature=0.01: ") for line in err)

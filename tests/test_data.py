@@ -84,3 +84,20 @@ def test_jsonl_round_trip_keeps_extra_fields(tmp_path):
     back = to_problems(read_rows(path), "x")
     assert back == problems and back[0].extra == {"pass_rate": 0.5}
     assert json.loads(path.read_text())["pass_rate"] == 0.5
+
+
+def test_a_byte_order_mark_is_read_as_nothing(tmp_path):
+    """A data file saved with a UTF-8 byte-order mark (Windows editors write one) reads as the same file without
+    it: math .jsonl and .json files and countdown JSONL alike."""
+    from entropy_rft.problems import load_problems
+    from entropy_rft.tasks import TASKS
+
+    rows = [{"question": "What is 1+1?", "answer": "2"}, {"question": "What is 2+2?", "answer": "4"}]
+    lines = "".join(json.dumps(r) + "\n" for r in rows)
+    for name, text in (("m.jsonl", lines), ("m.json", json.dumps(rows))):
+        (tmp_path / name).write_text(text, encoding="utf-8")
+        (tmp_path / f"bom-{name}").write_text(text, encoding="utf-8-sig")
+        assert (tmp_path / f"bom-{name}").read_bytes()[:3] == b"\xef\xbb\xbf"
+        assert read_rows(tmp_path / f"bom-{name}") == read_rows(tmp_path / name) == rows
+    (tmp_path / "c.jsonl").write_text('{"numbers": [3, 7, 7], "target": 11}\n', encoding="utf-8-sig")
+    assert [p.numbers for p in load_problems(tmp_path / "c.jsonl", TASKS.get("countdown"))] == [(3, 7, 7)]

@@ -414,6 +414,57 @@ class _FakeLLM:
         self.calls.append(f"wake {','.join(tags)}")
 
 
+class _SeededLLM(_FakeLLM):
+    """A recording vllm.LLM that samples as vLLM seeds: a request seeded s draws its one completion from the stream
+    s, and the j-th child of an n-sample request from s + j (vLLM's ParentRequest._get_child_sampling_params); each
+    row's stream is recorded in `streams`."""
+
+    def __init__(self):
+        super().__init__()
+        self.streams = []
+
+    def generate(self, prompts, params, use_tqdm=False):
+        self.params += params
+        outs = []
+        for p in params:
+            children = []
+            for j in range(p.n):
+                stream = p.seed if p.n == 1 else p.seed + j
+                self.streams.append(stream)
+                draw = torch.randint(3, 60, (8,), generator=torch.Generator().manual_seed(stream)).tolist()
+                children.append(_Completion(draw, "length"))
+            outs.append(_Output(children))
+        return outs
+
+
+def test_vllm_rows_draw_their_own_streams(stand_in, fake_vllm):
+    """Every row of one generate call draws its own random stream (4 prompts x 4 samples: 16 streams, no two the
+    same, as vLLM seeds requests and their children), so two identical prompts in a batch get different samples;
+    the rows stay grouped by prompt; the same seed repeats every row, and the next seed (the trainer's next step)
+    shares no stream with it."""
+    _, tokenizer = load_policy(STAND_IN, torch.device("cpu"))
+    prompts = ["abc", "abc", "de", "fgh"]
+
+    def call(seed):
+        llm = _SeededLLM()
+        ro = VLLMEngine(None, tokenizer, model_path=STAND_IN, llm=llm).generate(
+            prompts, n=4, max_new_tokens=8, seed=seed
+        )
+        return llm, ro
+
+    llm, ro = call(5)
+    assert len(llm.streams) == 16 and len(set(llm.streams)) == 16
+    rows = [tuple(r) for r in ro.response_ids.tolist()]
+    assert len(set(rows)) == 16  # identical prompts included: no two rows alike
+    ids = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
+    for row in range(16):  # row i * 4 + j is prompt i's
+        want = ids[row // 4]
+        assert ro.prompt_ids[row, ro.prompt_mask[row]].tolist() == want
+    again, ro_again = call(5)
+    assert again.streams == llm.streams and torch.equal(ro_again.response_ids, ro.response_ids)
+    assert not set(call(6)[0].streams) & set(llm.streams)
+
+
 @pytest.mark.parametrize("error", [None, NotImplementedError("no reload"), TypeError("takes 1 positional argument")])
 def test_vllm_sync_falls_back_to_load_weights(stand_in, error):
     """sync_weights hands the weights to the worker's reload_weights; where vLLM has none (NotImplementedError) or
@@ -490,3 +541,33 @@ def test_vllm_engine_without_vllm_says_how_to_install():
 
     with pytest.raises(ImportError, match=r"entropy-rft\[vllm\]"):
         ENGINES.get("vllm")(None, type("T", (), {"eos_token_id": 1})(), load_config(None, engine="vllm"), "x")
+
+
+def test_eval_of_a_run_scores_it_as_the_run_did(tmp_path, capsys, monkeypatch):
+    """eval --model RUN_DIR, or RUN_DIR/checkpoint-N, scores the run's checkpoint on the run's own task, evaluation
+    data and response limit, read from its config.yaml (not the shipped countdown at 16 tokens), with a note naming
+    them; an option given on the command line wins over the run's. A checkpoint whose weights changed since they were
+    written is refused naming the file, before anything is written."""
+    from entropy_rft.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    tiny = ["prompts_per_step=2", "group_size=2", "eval_problems=2", "eval_k=1"]
+    main(["train", "--steps", "1", "--out", "run", "--quiet", "--set", "task=countdown5", "max_new_tokens=12", *tiny])
+    capsys.readouterr()
+    for i, model in enumerate(["run", "run/checkpoint-1"]):
+        main(["eval", "--model", model, "--eval-problems", "2", "--eval-k", "1", "--out", f"e{i}", "--quiet"])
+        report = json.loads((tmp_path / f"e{i}" / "eval.json").read_text())
+        assert report["meta"]["task"] == "countdown5" and report["meta"]["max_new_tokens"] == 12
+        assert list(report["results"]) == ["countdown5"]
+        assert "scoring as the run run was: task countdown5, data countdown5" in capsys.readouterr().err
+    given = ["--task", "countdown", "--data", "countdown", "--max-new-tokens", "5"]
+    main(["eval", "--model", "run", "--eval-problems", "2", "--eval-k", "1", "--out", "e3", "--quiet", *given])
+    meta = json.loads((tmp_path / "e3" / "eval.json").read_text())["meta"]
+    assert meta["task"] == "countdown" and meta["max_new_tokens"] == 5
+    weights = tmp_path / "run" / "checkpoint-1" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-1] + b"x")  # a damaged checkpoint is named, never scored
+    for model in ("run", "run/checkpoint-1"):
+        with pytest.raises(SystemExit):
+            main(["eval", "--model", model, "--eval-problems", "2", "--eval-k", "1", "--out", "e4", "--quiet"])
+        assert "run/checkpoint-1/model.safetensors is damaged (its SHA-256 differs" in capsys.readouterr().err
+    assert not (tmp_path / "e4").exists()

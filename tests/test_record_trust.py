@@ -140,6 +140,40 @@ def test_a_damaged_samples_file_is_written_again(trained3, tmp_path):
     assert [r["step"] for r in rows(run)] == [1, 2, 3]
 
 
+def test_damaged_weights_are_named_and_resume_goes_back(trained3, tmp_path):
+    """The issue's case: 4 KiB of random bytes in the middle of checkpoint-3's model.safetensors, its header intact
+    (it loads, holding non-finite values). --resume warns naming that file as damaged (its checksum, written with
+    the checkpoint, differs) and resumes from checkpoint-2, so step 3 is trained again as the first time; with no
+    checkpoint before it left, resume is refused in one line naming the file, and the record is unchanged."""
+    run = copy_run(trained3, tmp_path)
+
+    def damage(weights: Path) -> None:
+        data = bytearray(weights.read_bytes())
+        middle = len(data) // 2
+        data[middle : middle + 4096] = torch.randint(
+            0, 256, (4096,), generator=torch.Generator().manual_seed(0)
+        ).tolist()
+        weights.write_bytes(bytes(data))
+
+    damage(run / "checkpoint-3" / "model.safetensors")
+    proc = ok(cli(["train", "--out", "r", "--resume", "--steps", 4], tmp_path))
+    assert "r/checkpoint-3/model.safetensors is damaged" in proc.stderr, proc.stderr
+    assert "resuming from checkpoint-2" in proc.stderr
+    assert [r["step"] for r in rows(run)] == [1, 2, 3, 4]
+    assert computed(rows(run)[2]) == computed(rows(trained3)[2])
+
+    run = copy_run(trained3, tmp_path, "only3")
+    shutil.rmtree(run / "checkpoint-2")
+    damage(run / "checkpoint-3" / "model.safetensors")
+    before = snapshot(run)
+    one_line(
+        cli(["train", "--out", "only3", "--resume", "--steps", 4], tmp_path),
+        "only3/checkpoint-3/model.safetensors is damaged",
+        "no earlier complete checkpoint",
+    )
+    assert snapshot(run) == before
+
+
 def test_a_hand_edit_of_config_yaml_is_refused_naming_the_fields(trained3, tmp_path):
     """config.yaml edited between a stop and --resume: group_size 4 -> 8, or lr deleted, is refused (exit 2, one
     line naming the field and its new value) and the record is unchanged; steps edited is refused too, with the way
@@ -301,6 +335,9 @@ def test_minor_messages(trained3, tmp_path):
     state = torch.load(path, weights_only=False)
     del state["optimizer"]
     torch.save(state, path)
+    # as a checkpoint written before checksums.json (with it, the edit is a changed file and resume goes back to
+    # checkpoint-2: test_damaged_weights_are_named_and_resume_goes_back)
+    (run / "checkpoint-3" / "checksums.json").unlink()
     one_line(
         cli(["train", "--out", "r", "--resume", "--steps", 4], tmp_path),
         "r/checkpoint-3/trainer_state.pt lacks optimizer of the run state",

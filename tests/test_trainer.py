@@ -2,6 +2,7 @@
 
 import dataclasses
 import json
+import math
 
 import pytest
 import torch
@@ -216,6 +217,45 @@ def test_demo_writes_summary_report_and_plots(tmp_path):
     assert "inspect.html" in (tmp_path / "report.md").read_text()
 
 
+def test_demo_resumed_after_ctrl_c_reports_every_step(tmp_path, monkeypatch, capsys):
+    """The issue's case: Ctrl-C (SIGINT) after GRPO's step 3 of a 5-step demo stops it with the demo's own resume
+    command (the one given, --overwrite dropped, --resume added), not the method's `train --resume`; that command
+    finishes the demo, and summary.json and report.md hold GRPO's whole history, steps 1-5 as its metrics.jsonl
+    has them (before, only the steps after the resume)."""
+    import os
+    import signal
+
+    from entropy_rft.commands.cli import main
+    from entropy_rft.logging import JsonlSink
+
+    real_log = JsonlSink.log
+
+    def log_then_sigint(self, metrics):
+        real_log(self, metrics)
+        if metrics["step"] == 3 and "grpo" in str(self.path):
+            os.kill(os.getpid(), signal.SIGINT)
+
+    monkeypatch.chdir(tmp_path)
+    sets = ["--set", "prompts_per_step=2", "group_size=2", "eval_problems=2", "eval_k=1", "save_every=2"]
+    argv = ["demo", "--out", "d", "--steps", "5", "--methods", "grpo,clip_b", "--quiet", *sets, "--overwrite"]
+    monkeypatch.setattr(JsonlSink, "log", log_then_sigint)
+    with pytest.raises(SystemExit) as stop:
+        main(argv)
+    monkeypatch.undo()
+    monkeypatch.chdir(tmp_path)
+    again = " ".join(a for a in argv if a != "--overwrite") + " --resume"
+    assert str(stop.value.code).endswith(f"Continue the demo with `entropy-rft {again}`.")
+    assert "train --resume" not in str(stop.value.code) and "Continue with --resume" not in str(stop.value.code)
+    main(again.split())
+    summary = json.loads((tmp_path / "d" / "summary.json").read_text())
+    recorded = read_metrics(tmp_path / "d" / "runs" / "grpo")
+    assert [r["step"] for r in recorded] == [1, 2, 3, 4, 5]
+    assert summary["methods"]["grpo"]["entropy"] == [r["entropy"] for r in recorded]
+    assert summary["methods"]["grpo"]["reward"] == [r["reward_mean"] for r in recorded]
+    first, last = recorded[0]["entropy"], recorded[-1]["entropy"]
+    assert f"| grpo | {first:.4f} | {last:.4f} |" in (tmp_path / "d" / "report.md").read_text()
+
+
 def test_cli_reports_bad_model_path(tmp_path, capsys):
     from entropy_rft.commands.cli import main
 
@@ -244,3 +284,22 @@ def test_eval_cli(tmp_path, capsys):
     res = json.loads((tmp_path / "eval.json").read_text())["results"]["countdown"]
     assert res["k"] == 2 and res["n"] == 4 and len(res["pass_rates"]) == 20
     assert 0 < res["avg_at_k"] <= res["pass_at_k"] <= 1  # the shipped policy solves some countdown problems
+
+
+def test_a_nan_reward_is_named_not_blamed_on_the_learning_rate(tmp_path, monkeypatch, capsys):
+    """A task whose reward returns NaN stops the run at its first step in one line that names the task's reward, the
+    response and its prompt, and says to fix the reward (before: a NaN loss, with advice to lower the learning
+    rate); nothing of the step is committed."""
+    from entropy_rft.commands.cli import main
+    from entropy_rft.tasks import TASKS
+
+    nan = dataclasses.replace(TASKS.get("countdown"), reward_of=lambda completion, finished, problem: (math.nan, False))
+    monkeypatch.setitem(TASKS._items, "countdown", nan)  # the task as a user's own reward would be
+    tiny = ["prompts_per_step=2", "group_size=2", "eval_problems=2", "eval_k=1", "progress=false"]
+    with pytest.raises(SystemExit) as exc:
+        main(["train", "--steps", "2", "--out", str(tmp_path / "r"), "--set", *tiny])
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert exc.value.code == 2
+    assert "the reward of task 'countdown' is nan, not a finite number, for response 1" in line
+    assert "Fix the reward of task 'countdown'" in line and "smaller lr" not in line
+    assert not (tmp_path / "r" / "checkpoint-1").exists()

@@ -103,13 +103,18 @@ class TestEngine:
         assert reloads == []  # the TypeError came before the body ran
         assert sorted(loaded) == sorted(model.state_dict())
 
-    def test_each_request_has_its_own_seed(self, policy_and_engine):
-        """The same prompt twice in one batch gets different samples (seeds seed + i); the same seed repeats."""
+    def test_every_row_has_its_own_stream(self, policy_and_engine):
+        """Every row of one call samples its own stream (vllm.py departure 3): the same prompt 4 times x 4 samples
+        gives 16 different responses (seeding prompt i with seed + i gave prompt i's sample j and prompt i+1's
+        sample j-1 one stream: equal rows); the same seed repeats every row, and the next seed gives other samples."""
         _, engine = policy_and_engine
-        a = engine.generate(["abc", "abc"], n=2, max_new_tokens=12, seed=5)
-        assert not torch.equal(a.response_ids[:2], a.response_ids[2:])
-        b = engine.generate(["abc", "abc"], n=2, max_new_tokens=12, seed=5)
+        a = engine.generate(["abc"] * 4, n=4, max_new_tokens=12, seed=5)
+        rows = [tuple(r[: int(n)]) for r, n in zip(a.response_ids.tolist(), a.lengths)]
+        assert len(set(rows)) == 16
+        b = engine.generate(["abc"] * 4, n=4, max_new_tokens=12, seed=5)
         assert torch.equal(a.response_ids, b.response_ids)
+        c = engine.generate(["abc"] * 4, n=4, max_new_tokens=12, seed=6)
+        assert not torch.equal(c.response_ids, a.response_ids)
 
 
 def run(tmp_path, name, stand_in, **kw):

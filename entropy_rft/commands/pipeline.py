@@ -8,6 +8,7 @@ filtering of the training set (Section 5.1), and recipe dry runs on a tiny stand
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -41,7 +42,8 @@ class EvalRequest:
     n: samples per problem (eval: None is each --data entry's K; filter: None is FILTER_SAMPLES); max_new_tokens: None
     is the task's response limit (response_limit); engine: "hf" or "vllm" (filter also takes an engine object);
     limit: problems per dataset (0: all); batch_size: rows per generate call of the HF engine; vllm_memory: the
-    share of GPU memory vLLM takes; progress: progress bars."""
+    share of GPU memory vLLM takes; progress: progress bars; max_prompt_tokens: the longest prompt taken (0: the
+    model's context), checked before any rollout (problems.check_prompts)."""
 
     model: str
     n: int | None = None
@@ -57,6 +59,7 @@ class EvalRequest:
     batch_size: int = 512
     vllm_memory: float = 0.9
     progress: bool = True
+    max_prompt_tokens: int = 0
 
 
 def packaged_prompt_settings(model: str) -> dict:
@@ -71,16 +74,45 @@ def packaged_prompt_settings(model: str) -> dict:
     return {k: recipe[k] for k in ("task", "chat_template", "max_new_tokens") if k in recipe}
 
 
+def run_prompt_settings(model: str) -> tuple[dict, Path | None]:
+    """The settings a training run scored its evaluations with, when `model` is that run's record (a run directory,
+    or one of its checkpoint-N folders): (settings, run directory), the settings being task, chat_template,
+    max_new_tokens, data_dir and, as `data`, the run's eval_data (else its task's shipped split, when it has one).
+    eval takes them beneath its own options, as it takes a packaged model's recipe's; ({}, None) for any other
+    model."""
+    from ..problems import SHIPPED_DATA
+    from ..run.checkpoint import is_checkpoint_name
+    from ..run.record import stored_settings
+    from ..run.rundir import is_run_dir
+
+    path = Path(model)
+    if path.is_dir() and is_run_dir(path):
+        run = path
+    elif path.is_dir() and is_checkpoint_name(path.name) and is_run_dir(path.parent):
+        run = path.parent
+    else:
+        return {}, None
+    stored = stored_settings(run) or {}
+    out = {k: stored[k] for k in ("task", "chat_template", "max_new_tokens", "data_dir") if stored.get(k) is not None}
+    data = stored.get("eval_data") or (stored.get("task") if stored.get("task") in SHIPPED_DATA else None)
+    if data:
+        out["data"] = str(data)
+    return out, run
+
+
 def model_to_evaluate(model: str) -> str:
     """The model eval loads for `model`: a run directory (a record of `entropy-rft train`, no config.json of its own)
-    means its newest complete checkpoint, named in a note on stderr; anything else is itself."""
+    means its newest complete checkpoint, named in a note on stderr; anything else is itself. A checkpoint with a
+    damaged file (checkpoint.damaged_file: its checksum differs) is refused naming the file."""
     import sys
 
-    from ..run.checkpoint import find_checkpoint
+    from ..run.checkpoint import damaged_file, find_checkpoint, is_checkpoint_name
     from ..run.rundir import is_run_dir
 
     path = Path(model)
     if not path.is_dir() or (path / "config.json").exists() or not is_run_dir(path):
+        if path.is_dir() and is_checkpoint_name(path.name):
+            _refuse_damaged(path, damaged_file(path))
         return model
     ckpt = find_checkpoint(path)
     if ckpt is None:
@@ -88,10 +120,21 @@ def model_to_evaluate(model: str) -> str:
             f"--model {model} is a run directory with no complete checkpoint yet (one is written at the end of the "
             "run, every save_every steps and when it is stopped); evaluate it once it has one, or pass a model"
         )
+    _refuse_damaged(ckpt, damaged_file(ckpt))
     print(
         f"entropy-rft eval: note: {model} is a run directory; evaluating its newest checkpoint, {ckpt}", file=sys.stderr
     )
     return str(ckpt)
+
+
+def _refuse_damaged(ckpt: Path, damage: tuple[Path, str] | None) -> None:
+    from ..run.checkpoint import PREFIX
+
+    if damage is not None:
+        raise ValueError(
+            f"--model: {damage[0]} is damaged ({damage[1]}); restore it, or evaluate an earlier checkpoint of the "
+            f"run (--model {ckpt.parent / (PREFIX + 'N')})"
+        )
 
 
 def response_limit(task_name: str, given: int | None) -> int:
@@ -214,14 +257,37 @@ def evaluate_to_dir(
     be allocated are refused before anything is written (plan.check_eval_fits), naming them as `options` says (size
     -> the option that set it: n, max_new_tokens, problems, batch_size; "n:SPEC" for one entry's own K)."""
     out, r = Path(out), request
+    with held(out):
+        return _evaluate_to_dir(r, task_name, specs, out, options)
+
+
+@contextlib.contextmanager
+def held(out: Path):
+    """Hold OUT for this command alone (RunLock: a second eval or filter into the same --out while one runs is
+    refused naming it); released tidily, so OUT keeps only what the command wrote (a failed one leaves no .lock,
+    nor an OUT it created and wrote nothing into)."""
+    from ..run.rundir import RunLock
+
+    lock = RunLock(out).acquire()
+    try:
+        yield
+    finally:
+        lock.release(tidy=True)
+
+
+def _evaluate_to_dir(r: EvalRequest, task_name, specs, out: Path, options) -> dict:
     tasks = [task_name] * len(specs) if isinstance(task_name, str) else list(task_name)
     by_task: dict[str, list] = {}
     for spec, task in zip(specs, tasks):
         by_task.setdefault(task, []).append(spec)
     datasets = {t: load_task_datasets(t, s, data_dir=r.data_dir, limit=r.limit) for t, s in by_task.items()}
     check_eval_memory(r, datasets, by_task, options or {})
-    (out / "samples").mkdir(parents=True, exist_ok=True)
     eng = build_engine(r, tasks[0])
+    try:
+        check_eval_prompts(eng, r, datasets)
+    except BaseException:
+        eng.close()
+        raise
     torch.manual_seed(r.seed)
     t0 = time.time()
     sampling = dict(n=r.n, temperature=r.temperature, top_p=r.top_p, max_new_tokens=r.max_new_tokens, seed=r.seed)
@@ -229,6 +295,7 @@ def evaluate_to_dir(
     meta = {
         "model": r.model,
         "task": ",".join(by_task),
+        "max_new_tokens": response_limit(tasks[0], r.max_new_tokens),
         "temperature": r.temperature,
         "top_p": r.top_p,
         "chat_template": eng.chat_template,
@@ -237,6 +304,25 @@ def evaluate_to_dir(
     }
     write_eval(out, meta, results, samples)
     return {"meta": meta, "results": results}
+
+
+def check_eval_prompts(eng, request: EvalRequest, datasets: dict) -> None:
+    """Every problem's prompt of every dataset fits the model's context and --max-prompt-tokens, before any rollout
+    (problems.check_prompts: the row named by its dataset)."""
+    from ..problems import check_prompts
+
+    for task, sets in datasets.items():
+        limit = response_limit(task, request.max_new_tokens)
+        for name, (problems, _) in sets.items():
+            check_prompts(
+                eng,
+                TASKS.get(task),
+                problems,
+                source=f"dataset {name}",
+                max_new_tokens=limit,
+                limit=request.max_prompt_tokens,
+                option="--max-prompt-tokens",
+            )
 
 
 def evaluate_all(eng, datasets: dict, *, max_new_tokens: int | None, **sampling) -> tuple[dict, dict]:
@@ -265,6 +351,7 @@ def write_eval(out: Path, meta: dict, results: dict, samples: dict) -> None:
         out / "pass_rates.png",
         title=f"Pass-rate distribution of {Path(model).name} (paper Figure 4)",
     )
+    (out / "samples").mkdir(parents=True, exist_ok=True)  # only now: a failed or killed evaluation leaves none
     for name, rows in samples.items():
         (out / "samples" / f"{name}.jsonl").write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
 
@@ -341,8 +428,14 @@ def filter_to_dir(
 
     Writes scored.jsonl (every problem with its pass_rate, appended chunk by chunk: an interrupted run resumes
     where it stopped and scores as the unstopped run would), train.jsonl (the kept problems with their pass rates),
-    filter.json and pass_rates.png. request.engine is an engine name (hf, vllm) or an engine object."""
-    out, req = Path(out), request
+    filter.json and pass_rates.png. request.engine is an engine name (hf, vllm) or an engine object. OUT is held
+    while it runs (`held`)."""
+    with held(Path(out)):
+        return _filter_to_dir(request, task_name=task_name, spec=spec, out=Path(out), low=low, high=high, chunk=chunk)
+
+
+def _filter_to_dir(request: EvalRequest, *, task_name: str, spec: str, out: Path, low, high, chunk) -> dict:
+    req = request
     n = req.n or FILTER_SAMPLES
     out.mkdir(parents=True, exist_ok=True)
     task = TASKS.get(task_name)
@@ -356,6 +449,12 @@ def filter_to_dir(
         built_here = isinstance(req.engine, str)
         eng = build_engine(req, task_name) if built_here else req.engine
         limit = response_limit(task_name, req.max_new_tokens)
+        try:
+            if built_here:  # an engine object passed in may be any engine (tests script one)
+                check_eval_prompts(eng, req, {task_name: {spec: (problems, 1)}})
+        except BaseException:
+            eng.close()
+            raise
         sampling = {"n": n, "temperature": req.temperature, "max_new_tokens": limit, "seed": req.seed}
         try:
             _score_chunks(eng, task, problems, done, scored_path, chunk=chunk, progress=req.progress, **sampling)

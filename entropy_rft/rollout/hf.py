@@ -63,6 +63,65 @@ def render_prompts(tokenizer, prompts: list[str], chat_template: bool) -> list[s
     ]
 
 
+def model_context(config) -> int | None:
+    """The longest sequence the model's positions cover (max_position_embeddings, or GPT-2's n_positions), or None
+    when its config names none."""
+    for name in ("max_position_embeddings", "n_positions", "max_sequence_length"):
+        value = getattr(config, name, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
+class PromptTooLong(ValueError):
+    """A prompt longer than the model's context or the stated limit (check_prompt_lengths)."""
+
+
+def check_prompt_lengths(
+    engine, prompts: list[str], rows: list[str], *, max_new_tokens: int, limit: int = 0, option: str
+) -> None:
+    """Before any rollout: every prompt, as the engine reads it (its chat template applied), fits the model's context
+    (`engine.context`, None: unknown) and `limit` tokens (0: no limit of its own); the first that does not raises
+    PromptTooLong naming its row (`rows[i]`), its length, the limit and `option`, the setting that states one. A
+    prompt whose characters alone prove it too long is refused without being tokenized: no token of the vocabulary
+    spells more characters than its longest entry, so a text of c characters has at least c / longest tokens (a
+    row of 2 million numbers is refused in milliseconds). A prompt that leaves fewer than max_new_tokens positions of
+    the context for its response is one warning (the response runs past the positions the model was trained on)."""
+    import sys
+
+    context = getattr(engine, "context", None)
+    bounds = [b for b in (context, limit or None) if b]
+    if not prompts or not bounds:
+        return
+    bound = min(bounds)
+    tokenizer = engine.tokenizer
+    longest = max(map(len, tokenizer.get_vocab()), default=1)
+    texts = render_prompts(tokenizer, prompts, engine.chat_template)
+
+    def refuse(i: int, size: str) -> None:
+        whose = f"the model's context of {context} tokens" if bound == context else f"{option} {limit}"
+        fix = f"shorten or drop the row, or raise {option}" if bound != context else "shorten or drop the row"
+        raise PromptTooLong(f"{rows[i]}: its prompt is {size}, longer than {whose}; {fix}")
+
+    short = [i for i, text in enumerate(texts) if len(text) <= bound * longest]  # the others are never tokenized
+    encoded = tokenizer([texts[i] for i in short], add_special_tokens=False)["input_ids"] if short else []
+    lengths = dict(zip(short, map(len, encoded)))
+    for i, text in enumerate(texts):  # the first row too long, in order
+        if i not in lengths:
+            refuse(i, f"{len(text):,} characters (at least {len(text) // longest:,} tokens)")
+        elif lengths[i] > bound:
+            refuse(i, f"{lengths[i]:,} tokens")
+    worst = max(lengths, key=lengths.__getitem__)
+    if context is not None and lengths[worst] + max_new_tokens > context:
+        print(
+            f"entropy-rft: warning: {rows[worst]}: its prompt of {lengths[worst]:,} tokens leaves "
+            f"{context - lengths[worst]:,} of the model's context of {context} for a response of up to "
+            f"{max_new_tokens} tokens (max_new_tokens); positions past {context} are beyond what the model was trained "
+            "on",
+            file=sys.stderr,
+        )
+
+
 class HFEngine:
     """Generation with a transformers causal LM and its tokenizer."""
 
@@ -80,6 +139,7 @@ class HFEngine:
         session: DecodeSession | None = None,
     ):
         self.model = model
+        self.context = model_context(getattr(model, "config", None))  # check_prompt_lengths reads it
         self.decode = check_decode(decode)
         # kept across rollouts: the bfloat16 decode copy of the weights, the compiled step's seconds and failure
         self.session = session or DecodeSession()

@@ -17,8 +17,18 @@ Departures, numbered:
    merged for the copy and unmerged after.
 2. vLLM's sampler and HF's differ in floating-point detail; the trainer recomputes old log-probs with its own
    forward pass (trainer departure 1), so the importance ratio is exactly 1 on-policy either way.
-3. Request i is seeded with seed + i: one seed for every request would give all prompts of a batch the same
-   random draws, correlating their samples.
+3. Every row is its own request (n=1) with its own seed, `row_seeds(seed, rows)`: a 63-bit hash of (seed, row).
+   vLLM seeds the j-th child of an n-sample request with seed + j, so seeding prompt i with seed + i (as this
+   engine once did) gave prompt i's sample j and prompt i+1's sample j-1 one random stream, and two identical
+   prompts in a batch identical samples; consecutive calls (the trainer's seeds step, step + 1) overlapped the same
+   way. Hashed seeds share no stream within a call or across calls with other seeds. One request per row costs
+   nothing over n: vLLM's V1 engine fans an n-sample request out into n child requests itself, which the prefix
+   cache serves alike. The alternative that keeps vLLM off its per-request sampler (no request seeds, the workers'
+   global generator seeded before each call) was not taken: its draws follow the order rows land in vLLM's
+   batches, which the prefix cache's state, preemption under memory pressure and the KV cache's size change, so a
+   resumed run or one with another `vllm_gpu_memory` would sample differently from the same seed. Per-request
+   seeds make each row's stream a function of (seed, row) alone; the price is vLLM's one-row-at-a-time sampling
+   of seeded requests (and no FlashInfer sampling), which this engine paid before as well.
 4. On CUDA it generates in bfloat16 whatever the training precision (`generation_dtype`): vLLM's FlashAttention
    kernels have no float32, and its float32 fallbacks are slow; the sampler's log-probs then differ from the
    float32 policy's by bfloat16 rounding, which `rollout/sampler_logp_gap` reports and departure 2 makes harmless.
@@ -37,6 +47,7 @@ vllm is imported only when this engine is built.
 from __future__ import annotations
 
 import gc
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -76,6 +87,17 @@ def checkpoint_eos_ids(model_path: str, tokenizer) -> list[int]:
     if not ids:
         raise ValueError(f"neither the tokenizer nor {path} names an EOS token (responses would never end)")
     return ids
+
+
+def row_seeds(seed: int, rows: int) -> list[int]:
+    """The seed of each of `rows` rows of one generate call seeded `seed` (departure 3): the first 63 bits of
+    BLAKE2b over "seed:row", so every row of a call, and every row of calls with other seeds, has its own stream,
+    and the same (seed, row) always the same one."""
+    out = []
+    for row in range(rows):
+        digest = hashlib.blake2b(f"{seed}:{row}".encode(), digest_size=8).digest()
+        out.append(int.from_bytes(digest, "big") >> 1)
+    return out
 
 
 def engine_args(
@@ -200,6 +222,10 @@ class VLLMEngine:
             )
             llm = vllm.LLM(**args)
         self.llm = llm
+        # the longest sequence vLLM serves (its max_model_len, which vllm_args may lower): check_prompt_lengths
+        config = getattr(getattr(llm, "llm_engine", None), "model_config", None)
+        context = getattr(config, "max_model_len", None)
+        self.context = context if isinstance(context, int) else None
 
     def sync_weights(self) -> None:
         """Copy the policy's current weights into vLLM (departure 1); asleep, its weights are woken first."""
@@ -262,22 +288,24 @@ class VLLMEngine:
         self._wake("kv_cache")
         texts = render_prompts(self.tokenizer, prompts, self.chat_template)
         prompt_ids = [self.tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+        rows = [ids for ids in prompt_ids for _ in range(n)]  # row i * n + j: prompt i's sample j
+        seeds = [None] * len(rows) if seed is None else row_seeds(seed, len(rows))  # departure 3
         params = [
             SamplingParams(
-                n=n,
+                n=1,
                 temperature=temperature,
                 top_p=top_p,
                 max_tokens=max_new_tokens,
-                seed=None if seed is None else seed + i,
+                seed=row_seed,
                 stop_token_ids=list(self.eos_ids),
                 skip_special_tokens=False,
                 detokenize=False,
                 logprobs=0,
             )
-            for i in range(len(prompt_ids))
+            for row_seed in seeds
         ]
-        outputs = self.llm.generate([{"prompt_token_ids": ids} for ids in prompt_ids], params, use_tqdm=False)
+        outputs = self.llm.generate([{"prompt_token_ids": ids} for ids in rows], params, use_tqdm=False)
         self._sleep()
         return rollout_from_outputs(
-            outputs, prompt_ids, eos_ids=self.eos_ids, pad_id=self.tokenizer.pad_token_id, tokenizer=self.tokenizer
+            outputs, rows, eos_ids=self.eos_ids, pad_id=self.tokenizer.pad_token_id, tokenizer=self.tokenizer
         )

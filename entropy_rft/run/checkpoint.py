@@ -5,6 +5,7 @@ constants and `checkpoint_dir` / `step_of` here.
     RUN/checkpoint-N/         the checkpoint after N optimizer updates (`checkpoint_dir(run, N)`, `step_of(path)`)
         model.safetensors ... the policy's weights and tokenizer (save_pretrained)
         value_head.pt         the critic's value head (PPO)
+        checksums.json        the SHA-256 of every other file of the checkpoint, written with it (`CHECKSUMS`)
         trainer_state.pt      the rest of the run state, one record (`RunState.capture`):
             step        the optimizer updates applied (the checkpoint's N)
             optimizer   Adam's state
@@ -18,22 +19,33 @@ constants and `checkpoint_dir` / `step_of` here.
     RUN/latest_checkpoint     the name of the newest complete checkpoint, replaced atomically after it is written
 
 A checkpoint is complete when its trainer_state.pt exists (it is written last, and the directory is renamed into
-place whole); `resume_checkpoint` also checks that the file is a whole torch archive, `load_trainer_state` that it
-holds every part. What a resume checks about the rest of the record (the settings, metrics and samples up to the
-checkpoint) is record.py's; when each of these is used, rundir.py's rules 4 and 5.
+place whole); `resume_checkpoint` also checks that the file is a whole torch archive and that every file matches the
+checksum written with it (`damaged_file`: bytes changed on disk or in a copy, which loading would not notice: a
+safetensors file with its header intact loads whatever its data holds), `load_trainer_state` that it holds every
+part. A checkpoint written before checksums.json existed is checked as before, without them. What a resume checks
+about the rest of the record (the settings, metrics and samples up to the checkpoint) is record.py's; when each of
+these is used, rundir.py's rules 4 and 5.
 
 trainer_state.pt pickles plain values only (dicts, lists, numbers and tensors: no class of this package), so moving a
 module never breaks an old checkpoint (tests/test_old_run.py). Older checkpoints still resume: without update_gen /
 torch_rng / evals (written before they were saved) those are left as a fresh run has them; the control's state under
 its old key (controller, bonus, pi) is read as `control`.
+
+Departures, numbered:
+1. Each checkpoint's files are read back once after they are written, to checksum them, and each is read once more
+   when a run resumes from it: at disk speed, about a second per 2 GB (SHA-256 over the page cache), small beside
+   writing them. Checkpoints before the one a resume takes are checksummed only when it is passed over.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
+import json
 import os
 import pickle
+import secrets
 import shutil
 import sys
 import tempfile
@@ -54,6 +66,8 @@ LATEST_TMP = f".{LATEST}.tmp"  # the pointer being replaced
 WRITING = f".{PREFIX}"  # .checkpoint-N.*: a checkpoint being written, or an old one being swapped out
 DELETING = ".deleting-"  # .deleting-NAME: an entry renamed before its files go (pruning, a replaced record)
 STATE_PARTS = ("step", "optimizer", "sampler")  # what every trainer_state.pt holds
+CHECKSUMS = "checksums.json"  # {"format": CHECKSUMS_FORMAT, "sha256": {file: hex digest}} of the checkpoint's files
+CHECKSUMS_FORMAT = "entropy-rft/checkpoint-checksums"
 
 
 class RunDirError(Exception):
@@ -140,7 +154,7 @@ def save_checkpoint(
     import torch
 
     ckpt = checkpoint_dir(run_dir, step)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{ckpt.name}.", dir=run_dir))
+    tmp = _new_dir(Path(run_dir), f"{WRITING}{step}.")
     try:
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
@@ -150,6 +164,7 @@ def save_checkpoint(
         if sampler is not None:
             state["sampler"] = sampler.state()
         torch.save(state, tmp / STATE)
+        write_checksums(tmp)
         if ckpt.exists():  # the same step saved twice (save_every and the final save): swap the old one out
             old = Path(tempfile.mkdtemp(prefix=f".{ckpt.name}.old.", dir=run_dir))
             os.replace(ckpt, old / ckpt.name)
@@ -164,6 +179,34 @@ def save_checkpoint(
     pointer.write_text(ckpt.name)
     os.replace(pointer, Path(run_dir) / LATEST)
     return ckpt
+
+
+def _new_dir(parent: Path, prefix: str) -> Path:
+    """A new directory parent/prefix<random> with the permissions the user's umask gives (tempfile.mkdtemp's are
+    0700, which a checkpoint kept them after its rename: unreadable to the user's group, unlike the rest of the
+    run)."""
+    while True:
+        path = parent / f"{prefix}{secrets.token_hex(4)}"
+        try:
+            path.mkdir()
+            return path
+        except FileExistsError:
+            continue
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 24):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def write_checksums(ckpt: Path) -> None:
+    """ckpt/checksums.json: the SHA-256 of every file of the checkpoint (its folders' included), itself aside."""
+    files = sorted(p for p in Path(ckpt).rglob("*") if p.is_file() and p.name != CHECKSUMS)
+    sums = {p.relative_to(ckpt).as_posix(): sha256_of(p) for p in files}
+    (Path(ckpt) / CHECKSUMS).write_text(json.dumps({"format": CHECKSUMS_FORMAT, "sha256": sums}, indent=1) + "\n")
 
 
 def out_of_space(err: BaseException) -> bool:
@@ -218,26 +261,54 @@ def intact_state(ckpt: Path) -> bool:
     return zipfile.is_zipfile(Path(ckpt) / STATE)
 
 
+def damaged_file(ckpt: Path) -> tuple[Path, str] | None:
+    """(file, how it is damaged) for the first damaged file of the checkpoint, or None: trainer_state.pt that is not
+    a complete torch archive, then any file whose SHA-256 differs from the one checksums.json holds for it, or that
+    is gone (a checksums.json that cannot be read is itself the damaged file). A checkpoint without checksums.json
+    (written before it existed) is checked for its trainer_state.pt alone."""
+    ckpt = Path(ckpt)
+    if not intact_state(ckpt):
+        return ckpt / STATE, "not a complete torch archive: cut short by a full disk or a copy?"
+    listing = ckpt / CHECKSUMS
+    if not listing.exists():
+        return None
+    try:
+        record = json.loads(listing.read_text())
+    except (ValueError, UnicodeDecodeError):
+        record = None
+    sums = record.get("sha256") if isinstance(record, dict) and record.get("format") == CHECKSUMS_FORMAT else None
+    if not isinstance(sums, dict):
+        return listing, "not the checksum list entropy-rft writes"
+    for name, want in sums.items():
+        path = ckpt / name
+        if not path.is_file():
+            return path, f"missing (it was written with the checkpoint, {CHECKSUMS} lists it)"
+        if sha256_of(path) != want:
+            return path, f"its SHA-256 differs from the one {CHECKSUMS} holds: its bytes changed after it was written"
+    return None
+
+
 def resume_checkpoint(run_dir: Path) -> Path | None:
-    """find_checkpoint's choice, or, when its trainer_state.pt is damaged, the newest earlier complete checkpoint
-    with an intact one, after a warning naming the damaged file (rundir.py rule 4); with none left, RunDirError."""
+    """find_checkpoint's choice, or, when a file of it is damaged (`damaged_file`), the newest earlier complete
+    checkpoint with none damaged, after a warning naming the damaged file (rundir.py rule 4); with none left,
+    RunDirError naming it."""
     first = find_checkpoint(run_dir)
-    if first is None or intact_state(first):
+    damage = None if first is None else damaged_file(first)
+    if damage is None:
         return first
-    damaged = first / STATE
+    damaged, why = damage
     earlier = sorted((c for c in checkpoint_dirs(run_dir, complete=True) if step_of(c) < step_of(first)), key=step_of)
     for ckpt in reversed(earlier):
-        if intact_state(ckpt):
+        if damaged_file(ckpt) is None:
             print(
-                f"entropy-rft: warning: {damaged} is damaged (not a complete torch archive: cut short by a full "
-                f"disk or a copy?); resuming from {ckpt.name}, the newest complete checkpoint before it: steps "
-                f"{step_of(ckpt) + 1}-{step_of(first)} are trained again",
+                f"entropy-rft: warning: {damaged} is damaged ({why}); resuming from {ckpt.name}, the newest complete "
+                f"checkpoint before it: steps {step_of(ckpt) + 1}-{step_of(first)} are trained again",
                 file=sys.stderr,
             )
             return ckpt
     raise RunDirError(
-        f"{damaged} is damaged (not a complete torch archive) and {run_dir} has no earlier complete "
-        "checkpoint to resume from; restore the file, or start the run again with --overwrite"
+        f"{damaged} is damaged ({why}) and {run_dir} has no earlier complete checkpoint to resume from; "
+        "restore the file, or start the run again with --overwrite"
     )
 
 

@@ -39,7 +39,7 @@ from pathlib import Path
 import yaml
 
 from ..config import RESUME_SAFE, TrainConfig, setting_differences, settings_digests
-from .checkpoint import RunDirError, checkpoint_dirs, holds_pending, intact_state, step_of
+from .checkpoint import RunDirError, checkpoint_dirs, damaged_file, holds_pending, step_of
 
 DIGEST = "config.digest"
 FORMAT = "entropy-rft/settings-digest"
@@ -60,7 +60,8 @@ def trusted_checkpoint(run_dir: Path, first: Path | None) -> Path | None:
         return first
     step, kind, what = gap
     earlier = sorted(
-        (c for c in checkpoint_dirs(run_dir, complete=True) if step_of(c) < step and intact_state(c)), key=step_of
+        (c for c in checkpoint_dirs(run_dir, complete=True) if step_of(c) < step and damaged_file(c) is None),
+        key=step_of,
     )
     if earlier:
         ckpt = earlier[-1]

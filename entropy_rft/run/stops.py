@@ -20,6 +20,16 @@ class Interrupted(KeyboardInterrupt):
         super().__init__(self.name)
 
 
+class RunStopped(SystemExit):
+    """A run stopped by a stop signal and saved: `line` says where it stopped and what was saved, `resume` how a
+    `train` command continues it; the exit message holds both. A command that ran the training (demo) replaces
+    `resume` with its own."""
+
+    def __init__(self, line: str, resume: str):
+        self.line, self.resume = line, resume
+        super().__init__(f"{line} {resume}")
+
+
 STOP_SIGNALS = tuple(getattr(signal, s) for s in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, s))
 
 
@@ -86,6 +96,11 @@ def stop_signals_interrupt():
 class NonFinite(ArithmeticError):
     """A step whose loss, gradient or sampled logits are not finite: the trainer commits nothing of it (no metrics
     line, no checkpoint) and stops, so the newest checkpoint stays the last good one. The message says which."""
+
+
+class NonFiniteReward(NonFinite):
+    """A reward that is not a finite number: the task's reward function is at fault, not the update, so the advice
+    is to fix the reward (a smaller lr would meet the same step)."""
 
 
 def check_finite(**values: float) -> None:

@@ -26,8 +26,10 @@ One grammar for every subcommand:
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
+import warnings
 
 from ... import __version__
 from . import compare, demo, eval, filter, inspect, plan, pretrain_toy, recipes, report, sweep, theory, train
@@ -140,6 +142,8 @@ def main(argv: list[str] | None = None) -> None:
         parser._subparsers._group_actions[0].choices[args.command].error(f"unrecognized arguments: {' '.join(unknown)}")
     args.argv = argv
     _note_renamed(args.command, argv)
+    shown = warnings.showwarning
+    warnings.showwarning = functools.partial(_show_warning, args.command, shown)
     try:
         apply_sets(args, parser._subparsers._group_actions[0].choices[args.command], argv)
         args.fn(args)
@@ -156,3 +160,16 @@ def main(argv: list[str] | None = None) -> None:
             file=sys.stderr,
         )
         raise SystemExit(128 + getattr(err, "signum", 2)) from None
+    finally:
+        warnings.showwarning = shown
+
+
+def _show_warning(command: str, shown, message, category, filename, lineno, file=None, line=None) -> None:
+    """A SettingWarning as one line naming the subcommand (`entropy-rft train: warning: lr=0: ...`); any other
+    warning as Python shows it."""
+    from ...recipes import SettingWarning
+
+    if issubclass(category, SettingWarning):
+        print(f"entropy-rft {command}: warning: {message}", file=sys.stderr)
+    else:
+        shown(message, category, filename, lineno, file, line)

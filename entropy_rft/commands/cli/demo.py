@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 
+from ...run.stops import RunStopped
 from ..options import entries_list, setting
 from .grammar import add_settings_options, given_sets, guard, out_dir, quiet_option, run_dir_options
 
@@ -16,18 +18,32 @@ def run(args) -> None:
     if args.out is not None:
         guard(args, args.out, ("summary.json", "report.md", "runs", "inspect.html"))
     out = out_dir(args, "demo")
-    summary = run_demo(
-        out,
-        config=args.config,
-        steps=args.steps,
-        methods=args.methods,
-        sets=given_sets(args, reserved={"out": "--out", "method": "--methods"}),
-        progress=False if args.quiet else None,  # else the settings' own (grammar rule 6)
-        resume=args.resume,
-        overwrite=args.overwrite,
-    )
+    try:
+        summary = run_demo(
+            out,
+            config=args.config,
+            steps=args.steps,
+            methods=args.methods,
+            sets=given_sets(args, reserved={"out": "--out", "method": "--methods"}),
+            progress=False if args.quiet else None,  # else the settings' own (grammar rule 6)
+            resume=args.resume,
+            overwrite=args.overwrite,
+        )
+    except RunStopped as stop:  # the demo's own resume, not the stopped method's `train --resume`
+        raise SystemExit(f"{stop.line} Continue the demo with `{resume_command(args, out)}`.") from None
     print((Path(out) / "report.md").read_text())
     print(f"wrote {out}/summary.json, report.md and plots in {summary['wall_seconds']:.0f} s")
+
+
+def resume_command(args, out: Path) -> str:
+    """The command that continues this demo: the one given, less --overwrite, with --resume (and --out when the
+    directory was chosen for it)."""
+    again = [a for a in args.argv if a != "--overwrite"]
+    if "--resume" not in again:
+        again.append("--resume")
+    if args.out is None and args.name is None:
+        again += ["--out", str(out)]
+    return "entropy-rft " + shlex.join(again)
 
 
 def add(command) -> None:

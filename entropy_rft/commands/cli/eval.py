@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from ..options import setting, whole
@@ -16,15 +17,28 @@ def run(args) -> None:
         model_to_evaluate,
         packaged_prompt_settings,
         parse_data_specs,
+        response_limit,
+        run_prompt_settings,
     )
 
+    # a training run's record, or a packaged model's recipe, gives its prompt settings beneath the options, as a
+    # packaged model's recipe does for train (config.py)
+    recipe, run = run_prompt_settings(args.model)
     args.model = model_to_evaluate(args.model)
-    # a packaged model's recipe gives its prompt settings beneath the options, as it does for train (config.py)
-    recipe = packaged_prompt_settings(args.model)
+    if run is None:
+        recipe = packaged_prompt_settings(args.model)
+        recipe["data"] = recipe.get("task")
+    else:
+        args.task = args.task or recipe.get("task")
+        args.data_dir = args.data_dir or recipe.get("data_dir")
+        shown = ", ".join(
+            f"{k} {recipe[k]}" for k in ("task", "data", "chat_template", "max_new_tokens") if k in recipe
+        )
+        print(f"entropy-rft eval: note: scoring as the run {run} was: {shown} (options given win)", file=sys.stderr)
     if args.chat_template == "auto" and "chat_template" in recipe:
         args.chat_template = "on" if recipe["chat_template"] else "off"
     args.max_new_tokens = args.max_new_tokens or recipe.get("max_new_tokens")
-    data = args.data or recipe.get("task") or "countdown"
+    data = args.data or recipe.get("data") or "countdown"
     specs = parse_data_specs(data, args.eval_k)
     own = {x.strip().rpartition("@")[0] for x in data.split(",") if x.strip().rpartition("@")[2].isdigit()}
     for spec, k in specs:  # every entry's K, its own (@K) or --eval-k, needs n >= K samples per problem
@@ -36,6 +50,7 @@ def run(args) -> None:
     tasks = entry_tasks(specs, args.task)
     guard(args, args.out, ("eval.json", "eval.md", "pass_rates.png", "samples"))
     check_machine(args)
+    note_long_responses_on_cpu(args, response_limit(tasks[0], args.max_new_tokens))
     request = EvalRequest(
         args.model,
         n=args.n,
@@ -51,6 +66,7 @@ def run(args) -> None:
         batch_size=args.batch_size,
         vllm_memory=args.vllm_gpu_memory,
         progress=not args.quiet,
+        max_prompt_tokens=args.max_prompt_tokens,
     )
     report = evaluate_to_dir(
         request,
@@ -69,6 +85,23 @@ def run(args) -> None:
     print(f"wrote {args.out}/eval.json, eval.md, pass_rates.png and samples/ in {report['meta']['seconds']:.0f} s")
 
 
+CPU_NOTE_TOKENS = 1024  # a response limit past which eval on a CPU notes the wait
+
+
+def note_long_responses_on_cpu(args, limit: int) -> None:
+    """A note when responses may run to more than CPU_NOTE_TOKENS tokens on the CPU without --max-new-tokens given:
+    math's default is the authors' 7,168 (the same on every device, so results do not depend on the machine)."""
+    from ...policy import pick_device
+
+    if args.max_new_tokens is None and limit > CPU_NOTE_TOKENS and args.engine == "hf":
+        if pick_device(args.device).type == "cpu":
+            print(
+                f"entropy-rft eval: note: responses may run to {limit:,} new tokens (the authors' length for math), "
+                "a long wait per sample on a CPU; --max-new-tokens sets fewer",
+                file=sys.stderr,
+            )
+
+
 def add(command) -> None:
     """The `eval` subcommand's options."""
     e = command("eval", "Avg@K, Pass@K and pass-rate distribution of a policy on one or more datasets", run)
@@ -76,8 +109,9 @@ def add(command) -> None:
     e.add_argument(
         "--model",
         default="countdown-tiny",
-        help="local directory, hub id or shipped model name; a run directory means its newest checkpoint; a packaged "
-        "model (smollm2-135m) brings its recipe's task, chat template and max_new_tokens beneath these options",
+        help="local directory, hub id or shipped model name; a run directory means its newest checkpoint; a run "
+        "directory or one of its checkpoints brings the run's task, eval data, chat template and max_new_tokens "
+        "beneath these options, and a packaged model (smollm2-135m) its recipe's",
     )
     e.add_argument(
         "--data",
@@ -85,12 +119,13 @@ def add(command) -> None:
         help="comma-separated datasets: names (aime24, aime25, amc23, dapo500, "
         "countdown, countdown5, countdown5_large), name=path or paths; "
         "a trailing @K sets that dataset's K (dapo500@8). "
-        "Default: shipped countdown (a packaged model: its recipe's task, countdown_chat)",
+        "Default: shipped countdown (a run: its eval data or its task's shipped split; a packaged model: its "
+        "recipe's task, countdown_chat)",
     )
     e.add_argument(
         "--task",
         default=None,
-        help="task scoring the answers (default: the task of --data countdown, "
+        help="task scoring the answers (default: a run's own task; else the task of --data countdown, "
         "countdown5 or countdown5_large, math for other --data, countdown without --data)",
     )
     e.add_argument(
@@ -108,13 +143,7 @@ def add(command) -> None:
         default=0.7,
         help="sampling temperature (paper: 0.7)",
     )
-    e.add_argument("--top-p", type=setting("top_p"), default=1.0, help="nucleus sampling")
-    e.add_argument(
-        "--max-new-tokens",
-        type=setting("max_new_tokens"),
-        default=None,
-        help="response length limit (default: a packaged model's recipe's, else 16 for countdown, 7168 for math)",
-    )
+    _length_options(e)
     e.add_argument("--engine", choices=["hf", "vllm"], default="hf", help="generation engine")
     e.add_argument(
         "--vllm-gpu-memory",
@@ -127,7 +156,7 @@ def add(command) -> None:
         "--chat-template",
         choices=["auto", "on", "off"],
         default="auto",
-        help="auto: a packaged model's recipe's, else on for math when the tokenizer has one",
+        help="auto: a run's or a packaged model's recipe's, else on for math when the tokenizer has one",
     )
     e.add_argument(
         "--data-dir",
@@ -146,3 +175,22 @@ def add(command) -> None:
     e.add_argument("--device", type=setting("device"), default="auto", help="auto, cpu, cuda or cuda:N")
     e.add_argument("--out", default="runs/eval", help="directory for eval.json, eval.md, pass_rates.png, samples/")
     add_settings_options(e, file_kind=None)
+
+
+def _length_options(e) -> None:
+    """eval's sampling and length options: --top-p, --max-new-tokens, --max-prompt-tokens."""
+    e.add_argument("--top-p", type=setting("top_p"), default=1.0, help="nucleus sampling")
+    e.add_argument(
+        "--max-new-tokens",
+        type=setting("max_new_tokens"),
+        default=None,
+        help="response length limit (default: a run's or a packaged model's recipe's, else 16 for countdown, "
+        "7168 for math)",
+    )
+    e.add_argument(
+        "--max-prompt-tokens",
+        type=setting("max_prompt_tokens"),
+        default=0,
+        help="longest prompt in tokens (chat template included): a problem with a longer one is refused naming its "
+        "row before any rollout (0: no limit but the model's context, which is always checked)",
+    )
