@@ -293,7 +293,9 @@ def resume_checkpoint(run_dir: Path) -> Path | None:
     checkpoint with none damaged, after a warning naming the damaged file (rundir.py rule 4); with none left,
     RunDirError naming it."""
     first = find_checkpoint(run_dir)
-    damage = None if first is None else damaged_file(first)
+    if first is None:
+        return None
+    damage = damaged_file(first)
     if damage is None:
         return first
     damaged, why = damage
