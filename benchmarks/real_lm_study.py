@@ -507,6 +507,22 @@ def _pts(e: dict, scale: float = 100, digits: int = 1) -> str:
     return f"{v:+.{digits}f} [{lo:+.{digits}f}, {hi:+.{digits}f}]"
 
 
+def matched_table(title: str, table: dict) -> list[str]:
+    """A markdown table of entropy differences at matched training accuracy: a column per method, a row per bin."""
+    lines = [f"| {title} | " + " | ".join(f"{m} - GRPO" for m in table) + " |", "|---" * (1 + len(table)) + "|"]
+    for k in sorted({k for d in table.values() for k in d}):
+        cells = []
+        for d in table.values():
+            e = d.get(k)
+            cells.append(
+                "-"
+                if e is None
+                else (_pts(e, 1, 3) + f" ({e['seeds']} seeds)" if "low" in e else f"{e['value']:+.3f} (1 seed)")
+            )
+        lines.append(f"| accuracy {k} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def markdown(r: dict) -> str:
     lines = [
         "# SmolLM2-135M on generated arithmetic: GRPO, Clip_B and Clip_V (issue 52, docs/prereg_real_lm.md)",
@@ -539,22 +555,10 @@ def markdown(r: dict) -> str:
             )
     lines += [
         "",
-        "| entropy at matched training accuracy (smoothed over 10 steps) | "
-        + " | ".join(f"{m} - GRPO" for m in r["entropy_at_matched_accuracy"])
-        + " |",
-        "|---" * (1 + len(r["entropy_at_matched_accuracy"])) + "|",
+        *matched_table(
+            "entropy at matched training accuracy (smoothed over 10 steps)", r["entropy_at_matched_accuracy"]
+        ),
     ]
-    keys = sorted({k for d in r["entropy_at_matched_accuracy"].values() for k in d})
-    for k in keys:
-        cells = []
-        for d in r["entropy_at_matched_accuracy"].values():
-            e = d.get(k)
-            cells.append(
-                "-"
-                if e is None
-                else (_pts(e, 1, 3) + f" ({e['seeds']} seeds)" if "low" in e else f"{e['value']:+.3f} (1 seed)")
-            )
-        lines.append(f"| accuracy {k} | " + " | ".join(cells) + " |")
     pr = r["premise"]
     lines += [
         "",
@@ -585,24 +589,8 @@ def added_markdown(a: dict) -> list[str]:
             f"| {m} | {_pts(e)} | {per} | {e['p_t']:.4f} | {e['p_sign_flip']:.4f} | "
             f"{100 * e['largest_deficit_share']:.0f}% (seed {e['largest_deficit_seed']}) |"
         )
-    reg = a["entropy_at_matched_accuracy_as_registered"]
-    lines += [
-        "",
-        "| entropy at matched training accuracy, as registered (accuracy and entropy both smoothed over 10 steps) | "
-        + " | ".join(f"{m} - GRPO" for m in reg)
-        + " |",
-        "|---" * (1 + len(reg)) + "|",
-    ]
-    for k in sorted({k for d in reg.values() for k in d}):
-        cells = []
-        for d in reg.values():
-            e = d.get(k)
-            cells.append(
-                "-"
-                if e is None
-                else (_pts(e, 1, 3) + f" ({e['seeds']} seeds)" if "low" in e else f"{e['value']:+.3f} (1 seed)")
-            )
-        lines.append(f"| accuracy {k} | " + " | ".join(cells) + " |")
+    title = "entropy at matched training accuracy, as registered (accuracy and entropy both smoothed over 10 steps)"
+    lines += ["", *matched_table(title, a["entropy_at_matched_accuracy_as_registered"])]
     lines += [
         "",
         "The registered section's table of entropy at matched training accuracy smoothed the accuracy only and "

@@ -677,11 +677,6 @@ def analyse(records: list[dict]) -> dict:
     }
 
 
-def _pts(e: dict, scale: float = 100, digits: int = 1) -> str:
-    v, lo, hi = (scale * e[k] for k in ("value", "low", "high"))
-    return f"{v:+.{digits}f} [{lo:+.{digits}f}, {hi:+.{digits}f}]"
-
-
 def _pct(x: float | None) -> str:
     return "-" if x is None else f"{100 * x:.1f}%"
 
@@ -701,13 +696,13 @@ def markdown(r: dict) -> str:
     for a, e in r["primary"].items():
         per = ", ".join(f"{100 * d:+.1f}" for d in e["per_seed"])
         lines.append(
-            f"| {a} | {_pts(e)} | {per} | {e['p_t']:.4f} | {e['p_t_holm']:.4f} | {e['p_sign_flip']:.4f} | "
+            f"| {a} | {first._pts(e)} | {per} | {e['p_t']:.4f} | {e['p_t_holm']:.4f} | {e['p_sign_flip']:.4f} | "
             f"{e['p_sign_flip_holm']:.4f} | {e['verdict']} |"
         )
     lines += ["", "| secondary - GRPO | seed-level t | two-way bootstrap | bootstrap p |", "|---|---|---|---|"]
     for name, e in r["secondary"].items():
         b = e["two_way_bootstrap"]
-        lines.append(f"| {name} | {_pts(e['seed_level'])} | {_pts(b)} | {b['p']:.4f} |")
+        lines.append(f"| {name} | {first._pts(e['seed_level'])} | {first._pts(b)} | {b['p']:.4f} |")
     lines += [
         "",
         "| arm | Avg@8 step 50 | Avg@8 final | Pass@8 final | entropy, last 10% (nats) |",
@@ -724,7 +719,7 @@ def markdown(r: dict) -> str:
     for a in r["primary"]:
         lines.append(
             f"\n{a} - GRPO, entropy over the last 10% of steps: "
-            f"{_pts(r['entropy_last_tenth'][a]['vs_grpo'], 1, 3)} nats"
+            f"{first._pts(r['entropy_last_tenth'][a]['vs_grpo'], 1, 3)} nats"
         )
     lines += [
         "",
