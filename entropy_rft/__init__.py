@@ -6,9 +6,11 @@ The package's folders (docs/design.md draws them; tests/test_layout.py holds the
   methods and their registries, the objective, the entropy controls;
 - run/: a run's record on disk: its directory and lock (rundir), the settings digest and completeness checks
   (record), the checkpoint (checkpoint), the stops (stops);
+- train/: the built-in trainer: the loop (trainer), one step (step) and its shape (rules), the forward (forward),
+  the diagnostics, the policy's set-up (policy, dropout), the problems (problems) and the memory plan (plan);
 - commands/: the command line (cli) and what only its subcommands use;
-- the training path at the top (config, trainer, step, forward, rules, policy, plan, samples, ...), rollout/,
-  tasks/ and integrations/ for verl, TRL and Trinity-RFT.
+- rollout/ (the generation engines), tasks/ (prompts, rewards, the math datasets) and integrations/ for verl, TRL
+  and Trinity-RFT; what several folders share (config, recipes, samples, logging, evaluate, ...) at the top.
 """
 
 import importlib

@@ -32,7 +32,7 @@ import yaml
 import entropy_rft.commands.pipeline as pipeline
 from entropy_rft.commands.cli import main
 from entropy_rft.config import ConfigError, load_config
-from entropy_rft.plan import check_eval_fits, check_fits
+from entropy_rft.train.plan import check_eval_fits, check_fits
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["prompts_per_step=2", "group_size=2", "eval_problems=2", "eval_k=1", "lr=1e-4", "progress=false"]

@@ -13,7 +13,7 @@ from entropy_rft.core.losses import Aggregation, ppo_clip_loss, select_kl_cov
 from entropy_rft.core.masks import top_entropy
 from entropy_rft.core.methods import METHODS
 from entropy_rft.logging import read_metrics
-from entropy_rft.trainer import train
+from entropy_rft.train.trainer import train
 
 
 def test_top_entropy_count_is_exact():
@@ -150,10 +150,10 @@ def test_clip_b_and_clip_v_compose_with_the_engines_losses(tmp_path, method, los
 
 def test_dynamic_sampling_keeps_only_mixed_groups(tmp_path):
     """DAPO's dynamic sampling: every kept group has 0 < correct < G."""
-    from entropy_rft.policy import load_policy
-    from entropy_rft.problems import ProblemSampler, default_data, load_problems, sample_batch
     from entropy_rft.rollout import HFEngine
     from entropy_rft.tasks import CountdownTask
+    from entropy_rft.train.policy import load_policy
+    from entropy_rft.train.problems import ProblemSampler, default_data, load_problems, sample_batch
 
     cfg = load_config(None, method="dapo", prompts_per_step=6, group_size=4, max_sampling_rounds=5)
     model, tok = load_policy("countdown-tiny", torch.device("cpu"))
@@ -267,10 +267,10 @@ def test_dr_grpo_update_does_not_depend_on_the_padded_width():
     is the same (it divides by max_new_tokens); before, it divided by the batch's padded width."""
     import copy
 
-    from entropy_rft.forward import batch_forward
-    from entropy_rft.policy import load_policy
     from entropy_rft.rollout import Rollout
-    from entropy_rft.step import Decision, Step
+    from entropy_rft.train.forward import batch_forward
+    from entropy_rft.train.policy import load_policy
+    from entropy_rft.train.step import Decision, Step
 
     model, tok = load_policy("countdown-tiny", torch.device("cpu"), trainable=True)
     cfg = load_config(None, method="dr_grpo", max_new_tokens=16, lr=1e-4, progress=False)

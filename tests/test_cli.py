@@ -22,8 +22,8 @@ from hypothesis import strategies as st
 import entropy_rft.commands.demo as demo
 import entropy_rft.commands.pipeline as pipeline
 import entropy_rft.config as config
-import entropy_rft.policy as policy
-import entropy_rft.trainer as trainer
+import entropy_rft.train.policy as policy
+import entropy_rft.train.trainer as trainer
 from entropy_rft.commands.cli import build_parser, main
 from entropy_rft.config import FLOAT32_MAX, FLOAT32_TINY
 

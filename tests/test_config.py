@@ -4,7 +4,7 @@ import pytest
 
 from entropy_rft.config import load_config
 from entropy_rft.core.registry import Registry
-from entropy_rft.policy import resolve_model_path
+from entropy_rft.train.policy import resolve_model_path
 
 
 def test_registry_duplicate_and_unknown():

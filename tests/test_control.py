@@ -265,7 +265,7 @@ def test_entropic_tracks_a_target_on_a_tabular_policy():
 
 @pytest.fixture(scope="module")
 def shipped_policy():
-    from entropy_rft.policy import load_policy
+    from entropy_rft.train.policy import load_policy
 
     return load_policy("countdown-tiny", torch.device("cpu"), trainable=True)[0]
 
@@ -281,9 +281,9 @@ def test_entropic_update_in_the_trainer_is_the_reweighted_gradient(micro, shippe
 
     from entropy_rft.config import load_config
     from entropy_rft.core.control import Knobs, high_probability_tokens
-    from entropy_rft.forward import batch_forward, policy_forward
     from entropy_rft.rollout import Rollout
-    from entropy_rft.step import Decision, Step
+    from entropy_rft.train.forward import batch_forward, policy_forward
+    from entropy_rft.train.step import Decision, Step
 
     base = shipped_policy
     g = torch.Generator().manual_seed(5)
@@ -330,7 +330,7 @@ def test_trainer_runs_entropic_with_the_pi_law_on_the_logged_entropy(tmp_path):
     batch's token mean before the update), and its integral; the checkpoint holds the controller's state."""
     from entropy_rft.config import load_config
     from entropy_rft.logging import read_metrics
-    from entropy_rft.trainer import train
+    from entropy_rft.train.trainer import train
 
     cfg = load_config(
         None,

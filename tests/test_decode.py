@@ -181,7 +181,7 @@ def test_sliding_window_shorter_than_the_rollout_uses_the_forward():
 def test_shipped_policy_is_hand_decoded_and_the_option_is_checked():
     """The demo's policy is one the hand step reads; an unknown decode value is refused by the engine and the config."""
     from entropy_rft.config import load_config
-    from entropy_rft.policy import load_policy
+    from entropy_rft.train.policy import load_policy
 
     model, tokenizer = load_policy("countdown-tiny", torch.device("cpu"))
     assert unsupported(model) is None

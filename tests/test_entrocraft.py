@@ -14,7 +14,7 @@ from entropy_rft.config import load_config
 from entropy_rft.core.advantages import ADVANTAGES, entrocraft_band, entrocraft_rule
 from entropy_rft.core.methods import METHODS
 from entropy_rft.logging import read_metrics
-from entropy_rft.trainer import train
+from entropy_rft.train.trainer import train
 
 ORACLE = load_fixture("entrocraft_oracle.json")
 
@@ -79,7 +79,7 @@ def test_entrocraft_trains_by_name(tmp_path):
     """`--method entrocraft` on the shipped policy, 2 steps each: with a band far above the policy's entropy every
     step is NSR (the update's advantages are min(R, 0)); far below it, RAFT++ (max(R, 0)); the regime and band are
     logged; with the authors' band the advantages are one of the three rules' for the step's band."""
-    from entropy_rft import step as step_module
+    from entropy_rft.train import step as step_module
 
     seen = []
     real = step_module.Step.decide

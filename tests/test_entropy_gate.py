@@ -15,7 +15,7 @@ from entropy_rft.core import masks
 from entropy_rft.core.dynamics import TokenStats
 from entropy_rft.core.methods import METHODS
 from entropy_rft.logging import read_metrics
-from entropy_rft.trainer import train
+from entropy_rft.train.trainer import train
 
 
 def batch(seed: int = 0, b: int = 8, t: int = 10):

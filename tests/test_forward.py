@@ -8,13 +8,13 @@ import torch
 
 from entropy_rft.config import load_config
 from entropy_rft.core.dynamics import token_stats
-from entropy_rft.dropout import disable_dropout, has_active_dropout
-from entropy_rft.forward import EntropyProbe, HeldForward, batch_forward, policy_forward, streams_from_hidden
-from entropy_rft.policy import load_policy
 from entropy_rft.rollout import Rollout
-from entropy_rft.rules import StepRules
-from entropy_rft.step import Decision, Step, zero_advantage_rows
-from entropy_rft.trainer import train
+from entropy_rft.train.dropout import disable_dropout, has_active_dropout
+from entropy_rft.train.forward import EntropyProbe, HeldForward, batch_forward, policy_forward, streams_from_hidden
+from entropy_rft.train.policy import load_policy
+from entropy_rft.train.rules import StepRules
+from entropy_rft.train.step import Decision, Step, zero_advantage_rows
+from entropy_rft.train.trainer import train
 
 
 @pytest.fixture(scope="module")
@@ -276,7 +276,7 @@ def grouped_rollout(groups=4, size=3, seed=1):
 def test_shared_prompt_prefix_equals_full_sequences(policy):
     """Running each group's prompt once and its responses over the cached prefix gives the statistics and the
     gradients of full prompt + response passes (float32 rounding only), with left-padded prompts."""
-    from entropy_rft.forward import prompt_groups
+    from entropy_rft.train.forward import prompt_groups
 
     model, _ = policy
     ro = grouped_rollout()
@@ -310,7 +310,7 @@ def test_length_buckets_are_the_least_padded_split(seed):
     fewest positions any split into that many contiguous length ranges can (brute force over all boundaries)."""
     import itertools
 
-    from entropy_rft.forward import length_buckets
+    from entropy_rft.train.forward import length_buckets
 
     gen = torch.Generator().manual_seed(seed)
     lengths = torch.randint(0, 12, (int(torch.randint(1, 40, (1,), generator=gen)),), generator=gen)
@@ -334,7 +334,7 @@ def test_length_buckets_are_the_least_padded_split(seed):
 def test_length_buckets_add_a_pass_only_when_it_pays():
     """One bucket when the lengths are equal or a split saves less than min_gain of the positions; a split when
     it saves more; wide length ranges are cut among quantiles."""
-    from entropy_rft.forward import length_buckets
+    from entropy_rft.train.forward import length_buckets
 
     assert len(length_buckets(torch.full((64,), 9))) == 1
     almost = torch.tensor([10] * 63 + [9])  # splitting off the short row saves 1 of 640 positions
@@ -351,7 +351,7 @@ def test_length_buckets_add_a_pass_only_when_it_pays():
 def test_length_buckets_give_the_one_pass_statistics_and_gradients(policy, share_prefix):
     """Rows run in passes by response length (padding not computed) give the statistics and gradients of one pass
     over the padded batch: float32 rounding only; statistics at padding are 0 either way."""
-    from entropy_rft.forward import length_buckets
+    from entropy_rft.train.forward import length_buckets
 
     model, _ = policy
     ro = grouped_rollout(groups=6, size=4, seed=3)
@@ -372,8 +372,8 @@ def test_length_buckets_give_the_one_pass_statistics_and_gradients(policy, share
 def test_lora_under_bf16_keeps_one_pass():
     """Training LoRA in bf16, autocast casts the frozen base weights again in every pass and autograd keeps each
     cast: policy_forward then runs one pass, so the saved bytes do not grow with the number of buckets."""
-    from entropy_rft.forward import length_buckets
-    from entropy_rft.policy import prepare_policy
+    from entropy_rft.train.forward import length_buckets
+    from entropy_rft.train.policy import prepare_policy
 
     cfg = load_config(None, precision="bf16", lora_rank=4, probe_every=0)
     model = prepare_policy(load_policy("countdown-tiny", torch.device("cpu"), trainable=True)[0], cfg)

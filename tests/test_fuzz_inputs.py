@@ -18,9 +18,9 @@ from hypothesis import strategies as st
 
 from entropy_rft.commands.report import load_run
 from entropy_rft.config import ConfigError, TrainConfig, load_config
-from entropy_rft.data import to_problems
-from entropy_rft.policy import BUILTIN_MODELS, load_policy, resolve_model_path
 from entropy_rft.tasks.countdown import Problem
+from entropy_rft.tasks.data import to_problems
+from entropy_rft.train.policy import BUILTIN_MODELS, load_policy, resolve_model_path
 
 FIELDS = {f: TrainConfig.__dataclass_fields__[f] for f in TrainConfig.__dataclass_fields__}
 JSON_SCALARS = st.one_of(
@@ -183,8 +183,8 @@ def test_math_rows_are_taken_exactly_or_rejected(row):
 
 def test_problem_file_with_a_bad_line_names_file_and_line(tmp_path):
     """load_problems names the file and the line of a bad row."""
-    from entropy_rft.problems import load_problems
     from entropy_rft.tasks import TASKS
+    from entropy_rft.train.problems import load_problems
 
     path = tmp_path / "train.jsonl"
     path.write_text('{"numbers": [1, 2], "target": 3}\n{"numbers": [1, 2.5], "target": 3}\n')

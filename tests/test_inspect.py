@@ -18,7 +18,7 @@ from entropy_rft import samples
 from entropy_rft.commands import inspect_page
 from entropy_rft.config import load_config
 from entropy_rft.logging import read_metrics
-from entropy_rft.trainer import train
+from entropy_rft.train.trainer import train
 
 # two methods on the same seed: the same rollouts at step 1; Clip_B at mu 0.5 clips tokens in negative samples
 RUN = dict(

@@ -52,8 +52,8 @@ def test_the_import_check_sees_an_import_outside_core(tmp_path):
     """The check above can fail: a relative import that leaves core/ is read as the module it names."""
     fake = PKG / "core" / "_layout_probe.py"
     try:
-        fake.write_text("def f():\n    from ..trainer import train\n    from . import masks\n")
-        assert imported(fake) == {"entropy_rft.trainer", "entropy_rft.core.masks"}
+        fake.write_text("def f():\n    from ..train.trainer import train\n    from . import masks\n")
+        assert imported(fake) == {"entropy_rft.train.trainer", "entropy_rft.core.masks"}
     finally:
         fake.unlink()
 

@@ -13,7 +13,7 @@ import torch
 
 from entropy_rft.config import load_config
 from entropy_rft.metric_names import BY_NAME, METRICS, undocumented
-from entropy_rft.trainer import train
+from entropy_rft.train.trainer import train
 
 # one run per family of keys: a filter of each score, a gated filter, token weights (STARE), a loss of its own
 # (KL-Cov), the critic, an entropy bonus, the

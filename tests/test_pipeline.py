@@ -15,12 +15,12 @@ from conftest import FIXTURES
 from entropy_rft.commands.pipeline import EvalRequest, dry_run, filter_to_dir, parse_data_specs
 from entropy_rft.config import load_config
 from entropy_rft.evaluate import evaluate_datasets, results_markdown
-from entropy_rft.forward import policy_forward
-from entropy_rft.policy import STAND_IN, load_policy, prepare_policy, resolve_model_path
 from entropy_rft.rollout import HFEngine
 from entropy_rft.rollout.hf import Rollout, render_prompts
 from entropy_rft.rollout.vllm import VLLMEngine, merged_state_dict, rollout_from_outputs, unmerge
 from entropy_rft.tasks import TASKS, MathProblem
+from entropy_rft.train.forward import policy_forward
+from entropy_rft.train.policy import STAND_IN, load_policy, prepare_policy, resolve_model_path
 
 RECIPES = sorted((Path(__file__).parent.parent / "entropy_rft" / "configs" / "paper").glob("*.yaml"))
 pytest.importorskip("math_verify")

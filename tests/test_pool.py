@@ -11,11 +11,11 @@ import pytest
 import torch
 
 from entropy_rft.evaluate import sample_correctness
-from entropy_rft.policy import load_policy
-from entropy_rft.problems import SHIPPED_DATA, default_data
 from entropy_rft.tasks import TASKS
 from entropy_rft.tasks.countdown import Problem, random_problem
 from entropy_rft.toy import PARTIAL, STRATA, PoolConfig, _PoolState, build_pool, stratum
+from entropy_rft.train.policy import load_policy
+from entropy_rft.train.problems import SHIPPED_DATA, default_data
 
 SHIPPED = SHIPPED_DATA["countdown5_large"]
 

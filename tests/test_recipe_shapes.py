@@ -1,6 +1,6 @@
 """Every shipped recipe (configs/paper, configs/one_gpu), scaled down to a random-init model of its own architecture
 and run with its real settings otherwise (bf16 autocast, gradient checkpointing, LoRA, micro-batch size, loss
-aggregation, method, policy loss, advantage estimator, mini-batches): the guarantees of entropy_rft/invariants.py.
+aggregation, method, policy loss, advantage estimator, mini-batches): the guarantees of tests/invariants.py.
 
 - strict on-policy: the update's forward equals the statistics pass bit for bit, ratio exactly 1, no clipping
   (an off-policy recipe: its first optimizer step, which runs at the behaviour policy's weights);
@@ -24,11 +24,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 pytest.importorskip("peft")
-from entropy_rft.config import load_config
-from entropy_rft.core.advantages import ADVANTAGES
-from entropy_rft.core.methods import METHODS
-from entropy_rft.forward import policy_forward
-from entropy_rft.invariants import (
+from invariants import (
     StepRecord,
     float64_reference,
     grad_distance,
@@ -38,9 +34,14 @@ from entropy_rft.invariants import (
     stats_tolerance,
     synthetic_batch,
 )
-from entropy_rft.policy import ValueHead
-from entropy_rft.rules import StepRules, passes
-from entropy_rft.step import behaviour_statistics
+
+from entropy_rft.config import load_config
+from entropy_rft.core.advantages import ADVANTAGES
+from entropy_rft.core.methods import METHODS
+from entropy_rft.train.forward import policy_forward
+from entropy_rft.train.policy import ValueHead
+from entropy_rft.train.rules import StepRules, passes
+from entropy_rft.train.step import behaviour_statistics
 
 CONFIGS = Path(__file__).parents[1] / "entropy_rft" / "configs"
 RECIPES = sorted(CONFIGS.glob("paper/*.yaml")) + sorted(CONFIGS.glob("one_gpu/*.yaml"))

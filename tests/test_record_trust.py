@@ -43,7 +43,7 @@ if os.environ.get("TEST_NAN_GRAD_AT"):  # the gradient norm of the Nth optimizer
         return norm * float("nan") if clip_calls[0] == int(os.environ["TEST_NAN_GRAD_AT"]) else norm
     torch.nn.utils.clip_grad_norm_ = clip_grad_norm_
 if os.environ.get("TEST_NAN_LOGITS_AT_STEP"):  # the logits step N samples from are NaN
-    import entropy_rft.problems as problems
+    import entropy_rft.train.problems as problems
     import entropy_rft.rollout.sampling as sampling
     real_batch, real_logits, poisoned = problems.sample_batch, sampling.nucleus_logits, [False]
     def sample_batch(engine, task, sampler, cfg, step):

@@ -36,9 +36,9 @@ import yaml
 import entropy_rft.commands.pipeline as pipeline
 import entropy_rft.commands.theory as theory
 import entropy_rft.config as config
-import entropy_rft.policy as policy
 import entropy_rft.toy as toy
-import entropy_rft.trainer as trainer
+import entropy_rft.train.policy as policy
+import entropy_rft.train.trainer as trainer
 from entropy_rft.commands.cli import main
 from entropy_rft.run.rundir import RunLock, claim, record_entries
 

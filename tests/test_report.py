@@ -9,7 +9,7 @@ from entropy_rft.commands.cli import main
 from entropy_rft.commands.report import build_report, correlation, prediction_summary, sign_base_rate
 from entropy_rft.config import load_config
 from entropy_rft.logging import read_metrics
-from entropy_rft.trainer import train
+from entropy_rft.train.trainer import train
 
 
 def small(tmp_path, name, **kw):

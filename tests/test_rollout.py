@@ -3,12 +3,12 @@
 import torch
 
 from entropy_rft.config import TrainConfig
-from entropy_rft.forward import batch_stats
-from entropy_rft.policy import load_policy
-from entropy_rft.problems import default_data, load_problems
 from entropy_rft.rollout import HFEngine, Rollout
 from entropy_rft.rollout.hf import response_mask_from_lengths
 from entropy_rft.tasks import CountdownTask
+from entropy_rft.train.forward import batch_stats
+from entropy_rft.train.policy import load_policy
+from entropy_rft.train.problems import default_data, load_problems
 
 
 def test_mask_from_lengths_not_from_pad():
@@ -160,7 +160,7 @@ def test_a_training_step_uses_no_deprecated_transformers_name(tmp_path):
     import warnings
 
     from entropy_rft.config import load_config
-    from entropy_rft.trainer import train
+    from entropy_rft.train.trainer import train
 
     said: list[str] = []
 
@@ -212,7 +212,8 @@ def test_synthetic_batches_draw_on_the_models_device(monkeypatch):
     """invariants.synthetic_batch creates its sampling generator on the device of the model's parameters (the GPU
     guarantee suite failed at its first test when it handed a CUDA model a CPU generator): the generator sample()
     receives was created with the model's device named."""
-    from entropy_rft import invariants
+    import invariants
+
     from entropy_rft.config import load_config
 
     created, received = [], []

@@ -15,7 +15,7 @@ from entropy_rft.core import masks
 from entropy_rft.core.dynamics import TokenStats, token_stats
 from entropy_rft.core.methods import METHODS
 from entropy_rft.logging import read_metrics
-from entropy_rft.trainer import train
+from entropy_rft.train.trainer import train
 
 ORACLE = load_fixture("rsi_oracle.json")
 
@@ -110,7 +110,7 @@ def test_rsi_trains_by_name(tmp_path):
     """`--method rsi --set rsi_lower_bound=0.05 rsi_upper_bound=1.5` on the shipped policy for 2 steps: each step's
     keep mask is masks.rsi_band over the whole batch with the behaviour policy's statistics (captured at the
     decision), it drops tokens, and the logged clip fraction and drop fractions are its."""
-    from entropy_rft import step as step_module
+    from entropy_rft.train import step as step_module
 
     seen = []
     real_stats, real_decide = step_module.Step.statistics, step_module.Step.decide

@@ -3,7 +3,7 @@
 import pytest
 
 from entropy_rft.config import load_config
-from entropy_rft.trainer import train
+from entropy_rft.train.trainer import train
 
 
 def run(tmp_path, sinks):

@@ -85,9 +85,9 @@ def test_model_checks_on_the_shipped_policy():
     percent with the same sign on every batch; Corollary 4's logit-space prediction correlates positively but
     misses the scale (the network's kernel and the token mean); the parameters are restored after the checks."""
     from entropy_rft.config import TrainConfig
-    from entropy_rft.policy import load_policy
-    from entropy_rft.problems import default_data, load_problems
     from entropy_rft.tasks import CountdownTask
+    from entropy_rft.train.policy import load_policy
+    from entropy_rft.train.problems import default_data, load_problems
 
     model, tok = load_policy("countdown-tiny", torch.device("cpu"))
     before = [p.detach().clone() for p in model.parameters()]

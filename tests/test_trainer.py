@@ -9,7 +9,7 @@ import torch
 
 from entropy_rft.config import load_config
 from entropy_rft.logging import read_metrics
-from entropy_rft.trainer import train
+from entropy_rft.train.trainer import train
 
 REQUIRED = {
     "step",
@@ -150,8 +150,9 @@ def test_micro_batches_give_the_same_update():
     with two mini-batches: the statistics are float32 (dynamics' tiles), so a token's terms move by up to one
     float32 rounding when the batch composition changes its float64 hidden state, and a gradient summed over N
     tokens by N * 2^-24 of its norm."""
-    from entropy_rft.invariants import grad_distance, grad_norm, recipe_step, synthetic_batch
-    from entropy_rft.policy import load_policy
+    from invariants import grad_distance, grad_norm, recipe_step, synthetic_batch
+
+    from entropy_rft.train.policy import load_policy
 
     model = load_policy("countdown-tiny", torch.device("cpu"), trainable=True)[0].double()
     for mini_batches in (1, 2):

@@ -17,9 +17,9 @@ from trl import GRPOConfig, GRPOTrainer
 
 from entropy_rft.core.dynamics import TokenStats
 from entropy_rft.core.methods import METHODS
-from entropy_rft.forward import policy_stats
 from entropy_rft.integrations.trl import EntropyGRPOTrainer, rollout_of
-from entropy_rft.policy import STAND_IN, resolve_model_path
+from entropy_rft.train.forward import policy_stats
+from entropy_rft.train.policy import STAND_IN, resolve_model_path
 
 
 def reward_a(completions, **kwargs):
@@ -695,9 +695,10 @@ def test_statistics_pass_runs_in_the_steps_precision(tmp_path, bf16):
     invariants.stats_tolerance of a float64 forward of the same weights (bf16's unit roundoff 2^-8 through the
     network's 2 L + 3 rounded contributions), with an error above float32's (bf16 is really at work); without, it
     is the float32 pass bit for bit."""
-    from entropy_rft.forward import batch_stats
+    from invariants import float64_reference, stats_tolerance
+
     from entropy_rft.integrations.trl import compute_precision
-    from entropy_rft.invariants import float64_reference, stats_tolerance
+    from entropy_rft.train.forward import batch_stats
 
     trainer = build(tmp_path, max_steps=1, bf16=bf16)
     assert compute_precision(trainer.accelerator) == ("bf16" if bf16 else "fp32")

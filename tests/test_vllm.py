@@ -15,12 +15,12 @@ from conftest import FIXTURES
 
 from entropy_rft.commands.cli import main
 from entropy_rft.config import load_config
-from entropy_rft.forward import policy_forward
 from entropy_rft.logging import read_metrics
-from entropy_rft.policy import load_policy
 from entropy_rft.rollout.vllm import VLLMEngine
 from entropy_rft.toy import build_stand_in
-from entropy_rft.trainer import train
+from entropy_rft.train.forward import policy_forward
+from entropy_rft.train.policy import load_policy
+from entropy_rft.train.trainer import train
 
 pytest.importorskip("vllm")
 

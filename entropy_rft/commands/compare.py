@@ -65,7 +65,7 @@ def compare_cells(
 
 def run_cells(cells: list[TrainConfig], log=print) -> None:
     """Train each cell not yet finished (an interrupted one resumes from its checkpoint)."""
-    from ..trainer import train
+    from ..train.trainer import train
 
     for cfg in cells:
         if is_finished(Path(cfg.out), cfg.steps):

@@ -15,7 +15,7 @@ from pathlib import Path
 from ..config import read_spec, resolve_config
 from ..run.checkpoint import RunDirError
 from ..run.rundir import RunLock, record_entries
-from ..trainer import train
+from ..train.trainer import train
 from .inspect_page import build_page
 from .report import plot_curves, table1
 

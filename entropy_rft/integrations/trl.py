@@ -83,10 +83,10 @@ from ..core.advantages import broadcast_advantages
 from ..core.dynamics import TokenStats
 from ..core.losses import step_sizes
 from ..core.methods import METHODS
-from ..diagnostics import WOULD_CLIP, masked_mean, watch_metrics, would_clip_label
-from ..forward import EntropyProbe, batch_stats
 from ..logging import JsonlSink, write_engine_run
 from ..rollout.hf import Rollout
+from ..train.diagnostics import WOULD_CLIP, masked_mean, watch_metrics, would_clip_label
+from ..train.forward import EntropyProbe, batch_stats
 
 try:
     import trl

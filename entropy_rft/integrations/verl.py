@@ -92,8 +92,8 @@ from ..core.advantages import broadcast_advantages
 from ..core.dynamics import TokenStats, batch_covariance, token_stats
 from ..core.losses import select_clip_cov, step_sizes
 from ..core.methods import METHODS, NO_CAP
-from ..diagnostics import masked_mean, watch_metrics
 from ..logging import JsonlSink, write_engine_run
+from ..train.diagnostics import masked_mean, watch_metrics
 
 try:
     import transfer_queue as tq

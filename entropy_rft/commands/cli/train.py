@@ -46,9 +46,9 @@ def run(args) -> None:
     base = (stored_settings(Path(out)) or {}) if resume else {}  # resume: the run's own settings, then the changes
     cfg = resolve_config(base, recipe, sets, options, {"out": out} if out else {})
     from ...config import preflight
-    from ...plan import check_fits
-    from ...policy import pick_device
-    from ...trainer import train
+    from ...train.plan import check_fits
+    from ...train.policy import pick_device
+    from ...train.trainer import train
 
     preflight(cfg)
     check_fits(cfg, pick_device(cfg.device))  # before a new directory is made for the run
@@ -83,7 +83,7 @@ def run(args) -> None:
 
 def _print_plan(cfg) -> None:
     """The recipe's memory plan after a dry run, when its model's config.json can be found (never fails the run)."""
-    from ...plan import plan_for_config, suggestions
+    from ...train.plan import plan_for_config, suggestions
 
     try:
         plan, shape, kw = plan_for_config(cfg)

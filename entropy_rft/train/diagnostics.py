@@ -12,19 +12,19 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .core.advantages import broadcast_advantages
-from .core.dynamics import (
+from ..core.advantages import broadcast_advantages
+from ..core.dynamics import (
     TokenStats,
     batch_covariance,
     corollary4_entropy_change,
     entropy_change_by_region,
     region_masks,
 )
-from .core.losses import step_sizes
-from .core.masks import clipped_fractions
-from .core.methods import METHODS, POLICY_LOSSES
+from ..core.losses import step_sizes
+from ..core.masks import clipped_fractions
+from ..core.methods import METHODS, POLICY_LOSSES
+from ..samples import entropy_terms
 from .forward import EntropyProbe, batch_forward
-from .samples import entropy_terms
 
 # the filters whose effect the monitor reports, each at its default options (the authors' mu)
 WOULD_CLIP = ("clip_b", "clip_v")

@@ -77,10 +77,10 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from .config import TrainConfig
+from ..config import TrainConfig
 
 GIB = 1 << 30
-SHAPES_DIR = Path(__file__).parent / "assets" / "shapes"
+SHAPES_DIR = Path(__file__).parents[1] / "assets" / "shapes"
 SUPPORTED = ("qwen2", "qwen3", "llama", "mistral")
 CUDA_CONTEXT_BYTES = 1 * GIB  # CUDA context, cuBLAS workspace, allocator slack (a fixed estimate)
 DEFAULT_DEVICE_GIB = 80.0
@@ -228,7 +228,7 @@ def find_model_config(model: str) -> tuple[dict, str]:
 def stats_tile(kernel: str = "triton") -> tuple[int, int]:
     """(row_chunk, vocab_chunk): the tile token_stats_from_hidden streams with `kernel`: "triton" on a CUDA device
     (entropy_rft.core.kernels' defaults) or "torch" (the torch-ops path of a CPU or a GPU without Triton)."""
-    from .core import dynamics, kernels
+    from ..core import dynamics, kernels
 
     if kernel == "triton":
         return kernels.GPU_ROW_CHUNK, kernels.GPU_VOCAB_CHUNK
@@ -748,7 +748,7 @@ def _refuse_if_too_big(
     field or option, names[name])."""
     import warnings
 
-    from .config import ConfigError
+    from ..config import ConfigError
 
     bytes_needed = need({})
     if bytes_needed <= total:

@@ -37,18 +37,12 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from . import samples
-from .config import TrainConfig, preflight
-from .core.control import control_name, make_control
-from .diagnostics import loss_step_sizes
-from .dropout import has_active_dropout
-from .evaluate import run_eval
-from .logging import MetricLogger, read_metrics
-from .plan import check_fits
-from .policy import pick_device, resolve_model_path, set_up_policy
-from .problems import ProblemSampler, check_prompts, sample_batch, task_problems
-from .rules import StepRules, needs
-from .run.checkpoint import (
+from .. import samples
+from ..config import TrainConfig, preflight
+from ..core.control import control_name, make_control
+from ..evaluate import run_eval
+from ..logging import MetricLogger, read_metrics
+from ..run.checkpoint import (
     RunState,
     checkpoint_space,
     find_checkpoint,
@@ -56,11 +50,17 @@ from .run.checkpoint import (
     prune_checkpoints,
     save_checkpoint,
 )
-from .run.rundir import Claim, finished_summary, new_run_dir, remove_if_empty
-from .run.rundir import claim as claim_run_dir
-from .run.stops import NonFinite, NonFiniteReward, RunStopped, StopSignals, finite_sampling, stop_signals_interrupt
+from ..run.rundir import Claim, finished_summary, new_run_dir, remove_if_empty
+from ..run.rundir import claim as claim_run_dir
+from ..run.stops import NonFinite, NonFiniteReward, RunStopped, StopSignals, finite_sampling, stop_signals_interrupt
+from ..tasks import TASKS
+from .diagnostics import loss_step_sizes
+from .dropout import has_active_dropout
+from .plan import check_fits
+from .policy import pick_device, resolve_model_path, set_up_policy
+from .problems import ProblemSampler, check_prompts, sample_batch, task_problems
+from .rules import StepRules, needs
 from .step import Step
-from .tasks import TASKS
 
 __all__ = ["train"]  # what users import from here; every other name from the module that owns it
 
