@@ -41,8 +41,7 @@ DEMO = "countdown-tiny"
 
 
 def ours(steps: int, method: str, out: Path, probe_every: int, model: str = DEMO, prompts: int | None = None) -> list:
-    from entropy_rft.commands.demo import load_demo_config, run_config
-    from entropy_rft.config import resolve_config
+    from entropy_rft.config import load_demo_config, resolve_config, run_config
     from entropy_rft.train.trainer import train
 
     common = dict(out=str(out), steps=steps, progress=False, eval_problems=1, eval_k=1, probe_every=probe_every)

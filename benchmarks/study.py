@@ -93,7 +93,7 @@ def one_thread() -> None:
 def cell_config(task: str, method: str, seed: int, out: Path | None = None, *, steps: int | None = None, **extra):
     """The TrainConfig of one cell (out: its run directory, when known; extra: further overrides)."""
     sys.path.insert(0, str(REPO))
-    from entropy_rft.commands.demo import load_demo_config, run_config
+    from entropy_rft.config import load_demo_config, run_config
 
     spec = load_demo_config()
     settings = {k: (TASKS[task]["target"] if v == "TARGET" else v) for k, v in METHODS[method].items()}

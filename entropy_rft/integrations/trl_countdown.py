@@ -34,8 +34,7 @@ from pathlib import Path
 
 import torch
 
-from ..commands.demo import load_demo_config, run_config
-from ..config import TrainConfig, load_config, resolve_config
+from ..config import TrainConfig, load_config, load_demo_config, resolve_config, run_config
 from ..packaged import PACKAGED
 from ..tasks import TASKS
 from ..train.policy import BUILTIN_MODELS, resolve_model_path
