@@ -1,17 +1,11 @@
 """The package's layout holds its borders (issues 55 and 65): core/ imports nothing outside core/; train/ imports
 neither commands/ nor integrations/, and only they import it; nothing outside commands/ imports it; the top level
-holds at most 10 modules; the flat layout's module names import as the moved modules, and the maps in
-docs/design.md and the README name the package as it is. Each border check has a twin that plants a crossing and
-sees the check report it."""
+holds at most 10 modules; the maps in docs/design.md and the README name the package as it is. Each border check
+has a twin that plants a crossing and sees the check report it."""
 
 import ast
-import importlib
 import re
 from pathlib import Path
-
-import pytest
-
-import entropy_rft
 
 ROOT = Path(__file__).resolve().parents[1]
 PKG = ROOT / "entropy_rft"
@@ -148,25 +142,6 @@ def test_the_commands_border_check_sees_a_crossing_each_way(tmp_path):
     }
 
 
-@pytest.mark.parametrize("old, new", sorted(entropy_rft.MOVED.items()))
-def test_a_flat_layout_name_imports_the_moved_module(old, new):
-    assert not (PKG / (old.split(".", 1)[1] + ".py")).exists()  # one file, under its new name
-    assert importlib.import_module(old) is importlib.import_module(new)
-
-
-def test_an_old_class_path_unpickles_as_the_moved_class():
-    """Older runs' trainer_state.pt pickled classes under the flat layout's module paths."""
-    import pickle
-
-    from entropy_rft.core.control import MuControl as cls
-
-    blob = pickle.dumps(cls, protocol=0).replace(  # protocol 0 writes the path as text
-        b"entropy_rft.core.control", b"entropy_rft.control"
-    )
-    assert b"entropy_rft.control" in blob
-    assert pickle.loads(blob) is cls
-
-
 def design_map() -> set[str]:
     """The modules and folders docs/design.md's architecture block names, as paths relative to entropy_rft/: an
     entry's indentation says its folder (two spaces a level); a folder below the top (commands/cli/) lists its modules
@@ -217,16 +192,3 @@ def test_the_readme_layout_names_what_exists_and_every_folder():
     assert not missing, f"the README's layout names {sorted(missing)}"
     top = {p.name + "/" for p in PKG.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
     assert top - paths == set(), "folders missing from the README's layout"
-
-
-def test_the_flat_layouts_command_module_still_runs():
-    """`python -m entropy_rft.cli` (scripts written for the flat layout) runs the command line: a moved package stays
-    a package, so its __main__ is found."""
-    import subprocess
-    import sys
-
-    done = subprocess.run(
-        [sys.executable, "-m", "entropy_rft.cli", "--version"], capture_output=True, text=True, cwd=ROOT, timeout=120
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.startswith("entropy-rft ")

@@ -548,7 +548,7 @@ def test_eval_of_a_run_scores_it_as_the_run_did(tmp_path, capsys, monkeypatch):
     data and response limit, read from its config.yaml (not the shipped countdown at 16 tokens), with a note naming
     them; an option given on the command line wins over the run's. A checkpoint whose weights changed since they were
     written is refused naming the file, before anything is written."""
-    from entropy_rft.cli import main
+    from entropy_rft.commands.cli import main
 
     monkeypatch.chdir(tmp_path)
     tiny = ["prompts_per_step=2", "group_size=2", "eval_problems=2", "eval_k=1"]
