@@ -335,7 +335,12 @@ def fake_train(calls):
             cfg.steps: {"k": cfg.eval_k, "avg_at_k": 0.3, "pass_at_k": 0.5, "pass_rates": [0.125, 0.25, 0.5]},
         }
         (run / "eval.json").write_text(json.dumps(evals))
-        return {"evals": evals, "history": rows, "checkpoint": str(run / f"checkpoint-{cfg.steps}")}
+        return {
+            "config": cfg.to_dict(),
+            "evals": evals,
+            "history": rows,
+            "checkpoint": str(run / f"checkpoint-{cfg.steps}"),
+        }
 
     return train
 

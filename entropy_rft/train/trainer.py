@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -77,8 +78,9 @@ def train(cfg: TrainConfig, *, resume: bool | str = False, overwrite: bool = Fal
     device = pick_device(cfg.device)  # resolved once: the memory check and the policy's set-up use this one
     check_fits(cfg, device)  # lengths and batches that cannot be allocated: one line naming the field
     made = cfg.out is None
-    if made:
+    if made:  # a new directory, created at once (two runs started in the same second get two): say where it is
         cfg = dataclasses.replace(cfg, out=str(new_run_dir(cfg.method)))
+        print(f"entropy-rft: run directory {cfg.out}", file=sys.stderr)
     try:
         with claim_run_dir(cfg, resume=resume, overwrite=overwrite) as claim, stop_signals_interrupt() as stops:
             if claim.finished:
