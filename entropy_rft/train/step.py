@@ -52,7 +52,7 @@ from ..core.methods import METHODS, POLICY_LOSSES, PolicyLoss
 from ..core.objective import Micro
 from ..rollout import Rollout
 from ..run.stops import check_finite
-from .diagnostics import after_update_metrics, masked_mean, reweight_metrics, step_metrics
+from .diagnostics import after_update_metrics, float_mean, reweight_metrics, step_metrics
 from .dropout import has_active_dropout
 from .forward import EntropyProbe, HeldForward, batch_forward, policy_forward
 from .rules import StepRules, objective_of
@@ -246,7 +246,7 @@ class Step:
         adv, returns = compute_advantages(
             cfg, self.estimator, behaviour.rewards, batch.group_ids, mask, old_logp, behaviour.old_values
         )
-        entropy = masked_mean(stats.entropy, mask)
+        entropy = float_mean(stats.entropy, mask)
         adv, rule_metrics = self.method.advantages(  # Entrocraft's rule (the estimator's rows frozen: none)
             behaviour.rewards,
             adv,
