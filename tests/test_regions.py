@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tiny import tiny_config
 
-from entropy_rft.config import load_config
 from entropy_rft.core.advantages import broadcast_advantages
 from entropy_rft.core.dynamics import REGIONS
 from entropy_rft.core.methods import METHODS
@@ -33,19 +33,7 @@ def _captured_steps(tmp_path, monkeypatch, method: str) -> list[tuple[dict, dict
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the 0.8M-parameter policy: one thread is as fast and spares a shared machine
     try:
-        cfg = load_config(
-            None,
-            steps=2,
-            prompts_per_step=4,
-            group_size=4,
-            lr=1e-3,
-            eval_problems=0,
-            progress=False,
-            samples_every=0,
-            method=method,
-            out=str(tmp_path / "run"),
-            **NEEDS.get(method, {}),
-        )
+        cfg = tiny_config(tmp_path, method=method, **NEEDS.get(method, {}))
         train(cfg)
     finally:
         torch.set_num_threads(threads)

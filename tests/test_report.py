@@ -4,6 +4,7 @@ import json
 
 import numpy as np
 import pytest
+from tiny import THREE_STEPS, tiny_config
 
 from entropy_rft.commands.cli import main
 from entropy_rft.commands.report import build_report, correlation, prediction_summary, sign_base_rate
@@ -13,17 +14,7 @@ from entropy_rft.train.trainer import train
 
 
 def small(tmp_path, name, **kw):
-    base = dict(
-        steps=3,
-        prompts_per_step=4,
-        group_size=4,
-        lr=1e-4,
-        eval_problems=8,
-        eval_k=2,
-        progress=False,
-        out=str(tmp_path / name),
-    )
-    return load_config(None, **{**base, **kw})
+    return tiny_config(tmp_path, name, shape=THREE_STEPS, **kw)
 
 
 def test_correlation_matches_numpy():

@@ -9,6 +9,7 @@ import math
 import pytest
 import torch
 from conftest import f32, load_fixture
+from tiny import tiny_config
 
 from entropy_rft.config import load_config
 from entropy_rft.core import masks
@@ -124,20 +125,7 @@ def test_rsi_trains_by_name(tmp_path):
     torch.set_num_threads(1)
     try:
         step_module.Step.decide = decide
-        cfg = load_config(
-            None,
-            method="rsi",
-            rsi_lower_bound=0.05,
-            rsi_upper_bound=1.5,
-            steps=2,
-            prompts_per_step=4,
-            group_size=4,
-            lr=1e-3,
-            eval_problems=0,
-            progress=False,
-            samples_every=0,
-            out=str(tmp_path / "rsi"),
-        )
+        cfg = tiny_config(tmp_path, "rsi", method="rsi", rsi_lower_bound=0.05, rsi_upper_bound=1.5)
         train(cfg)
     finally:
         step_module.Step.decide = real_decide

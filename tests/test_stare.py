@@ -10,6 +10,7 @@ import math
 import pytest
 import torch
 from conftest import f32, load_fixture
+from tiny import tiny_config
 
 from entropy_rft.config import load_config
 from entropy_rft.core import masks
@@ -180,7 +181,6 @@ def test_stare_trains_by_name(tmp_path):
         seen.append(decision)
         return decision
 
-    base = dict(steps=2, prompts_per_step=4, group_size=4, lr=1e-3, eval_problems=0, progress=False, samples_every=0)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -191,7 +191,7 @@ def test_stare_trains_by_name(tmp_path):
             ("closed", {"method": "stare", "entropy_gate": 1e-6}),
             ("grpo", {"method": "grpo"}),
         ):
-            cfg = load_config(None, out=str(tmp_path / name), **base, **kw)
+            cfg = tiny_config(tmp_path, name, **kw)
             train(cfg)
             runs[name] = read_metrics(cfg.out)
     finally:

@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+from tiny import THREE_STEPS, tiny_config
 
 from entropy_rft.config import load_config
 from entropy_rft.logging import read_metrics
@@ -34,17 +35,7 @@ PROBED = {"entropy_change/realised", "entropy_change/first_order"}  # on probe s
 
 
 def tiny(tmp_path, name="run", **kw):
-    base = dict(
-        steps=3,
-        prompts_per_step=4,
-        group_size=4,
-        lr=1e-4,
-        eval_problems=8,
-        eval_k=2,
-        progress=False,
-        out=str(tmp_path / name),
-    )
-    return load_config(None, **{**base, **kw})
+    return tiny_config(tmp_path, name, shape=THREE_STEPS, **kw)
 
 
 def test_train_writes_metrics_checkpoint_and_evals(tmp_path):
