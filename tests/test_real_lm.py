@@ -216,8 +216,6 @@ def _decode_error(model, tokenizer, ids, mask, tokens, logp):
     return float((logp - token_stats(logits, tokens, temperature=1.0).logp).abs()[rmask].max())
 
 
-@pytest.mark.real_lm
-@needs_wheel
 def amx_bf16_in_use() -> bool:
     """Whether oneDNN may run this process's bfloat16 matmuls on AMX tiles: the CPU has amx_bf16 and
     ONEDNN_MAX_CPU_ISA does not cap oneDNN below AMX. AMX kernels block a GEMM by its shape, so one product computed
@@ -232,6 +230,8 @@ def amx_bf16_in_use() -> bool:
     return "amx_bf16" in flags and (cap == "ALL" or "AMX" in cap)
 
 
+@pytest.mark.real_lm
+@needs_wheel
 def test_hand_decode_is_exact_on_smollm2_in_bfloat16_against_eager_attention(policy):
     """The model in bfloat16 with transformers' eager attention (whose arithmetic decode.py mirrors): the hand step
     samples the same tokens as the model's forward and the same log-probs, bit for bit, where bfloat16 matmuls do not
