@@ -274,6 +274,7 @@ def test_any_value_of_a_numeric_option_is_taken_exactly_or_refused_in_one_line(c
     assert isinstance(value, int) if integer else isinstance(value, float)
 
 
+@pytest.mark.slow
 def test_the_in_process_path_is_the_one_users_meet(record, capsys):
     """Two cases as real processes (`python -m entropy_rft.commands.cli`): one refused by argparse, one refused deep
     inside

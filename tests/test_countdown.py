@@ -103,6 +103,7 @@ def test_countdown5_ships_a_filtered_split_of_five_number_problems():
     assert (build["train_after_filter"], build["eval"], build["numbers"]) == (len(train_set), 200, 5)
 
 
+@pytest.mark.slow
 def test_eval_cli_reads_the_shipped_countdown5_split(tmp_path, capsys):
     """`entropy-rft eval --data countdown5` scores the shipped countdown5 eval split with the countdown reward and
     the countdown budget of 16 new tokens (not the math task's 7168)."""

@@ -200,6 +200,7 @@ def _static(model, ids, mask, seed, top_p=1.0, max_new_tokens=12, **kw):
     return sample(model, ids, mask, sampling, generator=torch.Generator().manual_seed(seed), decode="static", **kw)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("top_p", [1.0, 0.7])
 @pytest.mark.parametrize("family,extra", FAMILIES, ids=[f for f, _ in FAMILIES])
 def test_static_decode_samples_the_hand_paths_tokens(family, extra, top_p):

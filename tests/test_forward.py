@@ -37,6 +37,7 @@ def make_rollout(tokenizer, n=6, seed=0):
     return Rollout(prompt, prompt_mask, response, response_mask, lengths == 9, [""] * n)
 
 
+@pytest.mark.slow
 def test_hidden_path_equals_logits_path(policy):
     """Statistics streamed from the last hidden state (no [B, R, V] logits) equal token_stats on the model's
     logits, values and gradients of log p and H."""
@@ -67,6 +68,7 @@ def test_logit_transforms_fall_back_to_logits(policy):
     assert not streams_from_hidden(other)
 
 
+@pytest.mark.slow
 def test_statistics_pass_runs_in_the_update_mode(policy):
     """batch_forward runs in the module mode the update runs in (training mode once dropout is off), and in eval mode
     where dropout is deliberately left on (the statistics are then not noised); the flag is restored after."""
@@ -106,6 +108,7 @@ def step_weights(tmp_path, name, **kw):
     return load_file(tmp_path / name / "checkpoint-1" / "model.safetensors")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["clip_b", "grpo"])
 def test_reusing_the_update_forward_gives_the_same_update_bit_for_bit(tmp_path, method):
     """Strict on-policy, old log p and the statistics from the update's own forward give exactly the weights a
@@ -149,6 +152,7 @@ def reference_first_order(model, ro, temperature, before, after):
     return sum(float((g.double() * (after[n].double() - before[n].double())).sum()) for n, g in zip(names, grads))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("held", [True, False])
 def test_probe_first_order_equals_gradient_dot_step(policy, held):
     """EntropyProbe.first_order() equals grad(mean H over valid tokens) . (theta_after - theta_before) computed
@@ -169,6 +173,7 @@ def test_probe_first_order_equals_gradient_dot_step(policy, held):
     assert probe.first_order() == pytest.approx(expected, rel=1e-4)
 
 
+@pytest.mark.slow
 def test_realised_entropy_change_follows_the_first_order_prediction(tmp_path):
     """On small steps the realised change of the batch's mean entropy is close to the first-order change the
     probe predicts: the ratio is within 10% of 1 on every probed step (measured: 0.98-1.01 at lr 1e-6; it
@@ -191,6 +196,7 @@ def test_realised_entropy_change_follows_the_first_order_prediction(tmp_path):
         assert fo != 0 and 0.9 < real / fo < 1.1, (fo, real)
 
 
+@pytest.mark.slow
 def test_offpolicy_prediction_uses_the_current_policy(policy):
     """Corollary 4.1 (eq. 28) summed over optimizer steps uses, for each step, the ratios and S_c of the policy
     that step is taken from: equal to a reference that replays the optimizer steps from snapshots."""
@@ -238,6 +244,7 @@ def test_offpolicy_prediction_uses_the_current_policy(policy):
     assert abs(expected - behaviour) > 1e-4 * abs(expected)  # the behaviour policy's S_c would be a different value
 
 
+@pytest.mark.slow
 def test_token_stats_of_held_forward_match_separate_pass(policy):
     """The held forward's detached statistics equal the no-grad pass's, value for value."""
     model = copy.deepcopy(policy[0])
@@ -273,6 +280,7 @@ def grouped_rollout(groups=4, size=3, seed=1):
     return Rollout(prompt, pm, resp, rm, lengths == 9, [""] * (groups * size))
 
 
+@pytest.mark.slow
 def test_shared_prompt_prefix_equals_full_sequences(policy):
     """Running each group's prompt once and its responses over the cached prefix gives the statistics and the
     gradients of full prompt + response passes (float32 rounding only), with left-padded prompts."""
@@ -347,6 +355,7 @@ def test_length_buckets_add_a_pass_only_when_it_pays():
     assert all(w == int(long[r].max()) for r, w in parts)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("share_prefix", [True, False])
 def test_length_buckets_give_the_one_pass_statistics_and_gradients(policy, share_prefix):
     """Rows run in passes by response length (padding not computed) give the statistics and gradients of one pass
@@ -369,6 +378,7 @@ def test_length_buckets_give_the_one_pass_statistics_and_gradients(policy, share
         assert float((x - y).norm() / y.norm()) < 1e-5
 
 
+@pytest.mark.slow
 def test_lora_under_bf16_keeps_one_pass():
     """Training LoRA in bf16, autocast casts the frozen base weights again in every pass and autograd keeps each
     cast: policy_forward then runs one pass, so the saved bytes do not grow with the number of buckets."""
@@ -394,6 +404,7 @@ def test_lora_under_bf16_keeps_one_pass():
     assert saved(4) == saved(1)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("micro", [12, 3])
 def test_zero_advantage_rows_skip_the_backward_not_the_update(policy, micro):
     """Rows with advantage exactly 0 run their forward without a graph (fewer bytes saved for the backward), yet the

@@ -137,6 +137,7 @@ def beyond_bounds(got: dict, want: dict) -> list[str]:
     return problems
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(CASES))
 def test_golden_case(name, tmp_path):
     """The case's metrics, evaluations and final weights: within the derived bounds on any platform (decisions
@@ -159,6 +160,7 @@ def test_golden_case(name, tmp_path):
         assert got["weights"] == want["weights"]
 
 
+@pytest.mark.slow
 def test_a_changed_step_fails_the_bounded_tier(tmp_path, monkeypatch):
     """Mutation check: with Clip_B's filter computed but not applied to the loss (the real step's decision keeps
     every valid token in the loss mask: the paper's method silently off), the clip_b case falls outside the bounded

@@ -126,6 +126,7 @@ def filter_keep(cfg, stats, adv, mask, rows=None):
     return torch.cat(parts)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: f"{p.parent.name}/{p.stem}")
 def test_recipe_invariants(recipe):
     """The recipe's step in its own precision and micro-batch size, against the same step with another micro-batch
@@ -169,6 +170,7 @@ for _recipe in RECIPES:
     SHAPES.setdefault((_cfg.model, _cfg.lora_rank, _cfg.gradient_checkpointing), _recipe)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("recipe", sorted(SHAPES.values()), ids=lambda p: f"{p.parent.name}/{p.stem}")
 @pytest.mark.parametrize("precision", ["bf16", "fp32"])
 def test_statistics_against_float64(recipe, precision):
@@ -249,6 +251,7 @@ def contribution_sizes(cfg, model, scored) -> tuple[StepRecord, list[float]]:
 #     |g_a - g_b| <= 2^-24 sum_t (8 + 4 |log p_t|) |c_t| + 2 N 2^-53 sum_t |c_t|,
 # which, unlike N 2^-24 |g|, holds when the contributions cancel (|g| << sum_t |c_t|). A random search with this
 # bound runs on every CI run (the earlier bound failed on per_mini_batch 2, group 3, response 1, micro 1, seed 541).
+@pytest.mark.slow
 @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     per_mini_batch=st.integers(1, 2),
@@ -290,6 +293,7 @@ def test_invariants_over_batch_shapes(per_mini_batch, group, response, micro, se
         assert grad_distance(ga, gw) <= (2.0**-24 + n * 2.0**-55) * size
 
 
+@pytest.mark.slow
 def test_a_per_micro_batch_filter_is_caught(monkeypatch):
     """Mutation check: a trainer whose step filtered each micro-batch on its own (verl #7829's KL-Cov selection)
     fails the whole-batch keep-mask check of test_invariants_over_batch_shapes on some of a few batch shapes. The
@@ -352,6 +356,7 @@ def f64_reference_model(cfg):
     return _REF["ref"]
 
 
+@pytest.mark.slow
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
 @given(
     agg=st.sampled_from(["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]),

@@ -1,5 +1,6 @@
 """Rollouts: response masks from generated lengths, and log-probs recomputed by the trainer equal the sampler's."""
 
+import pytest
 import torch
 
 from entropy_rft.config import TrainConfig
@@ -21,6 +22,7 @@ def test_mask_from_lengths_not_from_pad():
     assert mask[0, 1]  # token equal to the pad id inside the response stays in the mask
 
 
+@pytest.mark.slow
 def test_recomputed_logprobs_equal_sampling_logprobs():
     """With left-padded prompts of different lengths, the trainer's forward pass gives the same log p of each
     sampled token as the distribution generate sampled it from (position ids and padding agree)."""
@@ -51,6 +53,7 @@ def test_recomputed_logprobs_equal_sampling_logprobs():
     torch.testing.assert_close(stats.logp[rmask], sampled[rmask], atol=1e-5, rtol=0)
 
 
+@pytest.mark.slow
 def test_generate_groups_and_seed():
     """n samples per prompt are grouped in order, and a seed makes sampling reproducible."""
     model, tok = load_policy("countdown-tiny", torch.device("cpu"))
@@ -151,6 +154,7 @@ def test_generation_config_processors_are_not_inherited():
     assert (freq - probs).abs().max() < 0.03
 
 
+@pytest.mark.slow
 def test_a_training_step_uses_no_deprecated_transformers_name(tmp_path):
     """One `train` step of the shipped policy (sampling with the KV cache, the update's shared-prefix forward, the
     evaluation) raises no FutureWarning or DeprecationWarning and logs no deprecation through transformers' logger:
