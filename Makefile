@@ -9,7 +9,7 @@ PY     := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 OUT ?= runs/demo
 
-.PHONY: demo test test-gpu lint docs chromium test-vllm test-verl test-trinity install clean real-lm \
+.PHONY: demo test test-fast test-gpu lint docs chromium test-vllm test-verl test-trinity install clean real-lm \
 	test-real-lm
 
 $(VENV)/.installed: pyproject.toml
@@ -28,6 +28,11 @@ demo: $(VENV)/.installed
 # tracing makes the run 15-22% slower than without it (two rounds side by side on a shared 2-core CPU)
 test: $(VENV)/.installed
 	$(PY) -m pytest -q --cov --cov-report=term
+
+# The loop while editing: every test that takes seconds, the `slow` marker's (pyproject.toml) left out, without
+# coverage's tracing; `make test` before a push runs them all (docs/contributing.md says which loop when)
+test-fast: $(VENV)/.installed
+	$(PY) -m pytest -q -m "not slow"
 
 # ruff's lint rules and format check over the tree, mypy over the core modules (pyproject.toml)
 lint: $(VENV)/.installed

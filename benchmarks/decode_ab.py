@@ -24,11 +24,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=20)
     args = parser.parse_args()
     from entropy_rft.config import load_config
-    from entropy_rft.policy import load_policy
-    from entropy_rft.problems import default_data, load_problems
     from entropy_rft.rollout.hf import HFEngine
     from entropy_rft.rollout.sampling import Sampling, sample
     from entropy_rft.tasks import TASKS
+    from entropy_rft.train.policy import load_policy
+    from entropy_rft.train.problems import default_data, load_problems
 
     model, tokenizer = load_policy("countdown-tiny", torch.device("cpu"))
     model.eval()

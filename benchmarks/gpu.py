@@ -252,10 +252,10 @@ def bench_trainer(shape: str, args) -> list[dict]:
     from entropy_rft.config import load_config
     from entropy_rft.core.advantages import ADVANTAGES
     from entropy_rft.core.methods import METHODS
-    from entropy_rft.forward import batch_forward
-    from entropy_rft.policy import prepare_policy
     from entropy_rft.rollout import HFEngine
-    from entropy_rft.step import Decision, Step
+    from entropy_rft.train.forward import batch_forward
+    from entropy_rft.train.policy import prepare_policy
+    from entropy_rft.train.step import Decision, Step
 
     torch.manual_seed(0)
     config = AutoConfig.from_pretrained(Path(args.shapes) / shape)
@@ -483,11 +483,11 @@ class OursArm:
     metric sinks and token samples aside."""
 
     def __init__(self, name: str, method: str, config, tokenizer, prompts: list[str], args):
-        from entropy_rft.dropout import disable_dropout
-        from entropy_rft.policy import make_optimizer, prepare_policy
-        from entropy_rft.problems import ProblemSampler
         from entropy_rft.rollout import ENGINES
-        from entropy_rft.step import Step
+        from entropy_rft.train.dropout import disable_dropout
+        from entropy_rft.train.policy import make_optimizer, prepare_policy
+        from entropy_rft.train.problems import ProblemSampler
+        from entropy_rft.train.step import Step
 
         self.name = name
         self.cfg = step_config(method, args)
@@ -503,8 +503,8 @@ class OursArm:
         return resident_bytes(self.model, self.optimizer)
 
     def step(self) -> dict:
-        from entropy_rft.problems import sample_batch
         from entropy_rft.run.stops import finite_sampling
+        from entropy_rft.train.problems import sample_batch
 
         cfg, step_, i = self.cfg, self.step_, self.done
         sync()

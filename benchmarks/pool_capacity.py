@@ -27,10 +27,10 @@ sys.path.insert(0, str(REPO))  # this checkout's entropy_rft, before an installe
 import torch
 
 from entropy_rft.evaluate import filter_by_pass_rate, sample_correctness
-from entropy_rft.policy import load_policy
 from entropy_rft.rollout import HFEngine
 from entropy_rft.tasks.countdown import CountdownTask, random_problem
 from entropy_rft.toy import PoolConfig
+from entropy_rft.train.policy import load_policy
 
 BIN = 10_000
 

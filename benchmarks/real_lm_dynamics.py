@@ -25,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from entropy_rft.data import synthetic_problems, write_jsonl
+from entropy_rft.tasks.data import synthetic_problems, write_jsonl
 
 HERE = Path(__file__).resolve().parent / "real_lm_dynamics" / "data"
 N_TRAIN, N_EVAL, SEED = 1600, 400, 1

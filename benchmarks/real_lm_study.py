@@ -217,10 +217,10 @@ def final_eval(model_dir: str, seed: int) -> dict:
     import torch
 
     from entropy_rft.evaluate import evaluate_policy
-    from entropy_rft.policy import load_policy, resolve_model_path
-    from entropy_rft.problems import task_problems
     from entropy_rft.rollout import ENGINES
     from entropy_rft.tasks import TASKS
+    from entropy_rft.train.policy import load_policy, resolve_model_path
+    from entropy_rft.train.problems import task_problems
 
     cfg = cell_config("grpo", seed)
     task = TASKS.get(cfg.task)
@@ -272,7 +272,7 @@ def run_cell(method: str, seed: int, out: Path) -> dict | None:
     from entropy_rft.logging import read_metrics
     from entropy_rft.run.checkpoint import RunDirError, checkpoint_dir, checkpoint_dirs
     from entropy_rft.run.rundir import RunLock
-    from entropy_rft.trainer import train
+    from entropy_rft.train.trainer import train
 
     torch.set_num_threads(1)
     where = cell_dir(out, "", method, seed)

@@ -121,7 +121,7 @@ def cmd_start(step: int | None) -> dict:
     """Train GRPO seed 0 with the first study's settings to `step` (default: the rule's), then write start.json."""
     import torch
 
-    from entropy_rft.trainer import train
+    from entropy_rft.train.trainer import train
 
     torch.set_num_threads(1)
     step = step or start_step_of(first_record())
@@ -150,9 +150,9 @@ def evaluate_problems(model_dir: str, problems: list, *, k: int, temperature: fl
     import torch
 
     from entropy_rft.evaluate import evaluate_policy
-    from entropy_rft.policy import load_policy, resolve_model_path
     from entropy_rft.rollout import ENGINES
     from entropy_rft.tasks import TASKS
+    from entropy_rft.train.policy import load_policy, resolve_model_path
 
     cfg = first.cell_config("grpo", 0)
     model, tok = load_policy(model_dir, torch.device("cpu"))
@@ -175,8 +175,8 @@ def cmd_filter() -> dict:
     temperature 1.0; keep those with KEEP_LOW..KEEP_HIGH right. Writes filter.json and data/train.jsonl."""
     import torch
 
-    from entropy_rft.problems import task_problems
     from entropy_rft.tasks import TASKS
+    from entropy_rft.train.problems import task_problems
 
     torch.set_num_threads(1)
     cfg = first.cell_config("grpo", 0)
@@ -286,7 +286,7 @@ def _train_steps(cfg, steps: int) -> None:
     """Train (resuming from the newest checkpoint) up to `steps`; steps is bookkeeping, so the run is the same."""
     import dataclasses
 
-    from entropy_rft.trainer import train
+    from entropy_rft.train.trainer import train
 
     train(dataclasses.replace(cfg, steps=steps), resume="auto")
 
@@ -370,7 +370,7 @@ def calibration_run(mu: float) -> dict:
     import torch
 
     from entropy_rft.logging import read_metrics
-    from entropy_rft.trainer import train
+    from entropy_rft.train.trainer import train
 
     torch.set_num_threads(1)
     run = RUNS / "calibration" / f"mu{mu:g}"

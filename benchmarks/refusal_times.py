@@ -74,7 +74,7 @@ def main() -> None:
     import torch
 
     from entropy_rft.config import load_config
-    from entropy_rft.plan import check_eval_fits, check_fits
+    from entropy_rft.train.plan import check_eval_fits, check_fits
 
     cpu = torch.device("cpu")
     print(f"in-process checks, median of {args.repeats} (countdown-tiny, this machine's memory as the device):")

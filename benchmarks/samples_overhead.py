@@ -24,8 +24,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--method", default="clip_b", help="a method of the demo config")
     args = parser.parse_args()
-    from entropy_rft.commands.demo import load_demo_config, run_config
-    from entropy_rft.trainer import train
+    from entropy_rft.config import load_demo_config, run_config
+    from entropy_rft.train.trainer import train
 
     spec = load_demo_config()
     step_time = {"on": [], "off": []}

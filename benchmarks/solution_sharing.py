@@ -89,10 +89,10 @@ def build_eval(seed: int = 0, chunk: int = 500) -> dict:
     import torch
 
     from entropy_rft.evaluate import sample_correctness
-    from entropy_rft.policy import load_policy
     from entropy_rft.rollout import HFEngine
     from entropy_rft.tasks.countdown import CountdownTask, Problem, random_problem
     from entropy_rft.toy import STRATA, PoolConfig, stratum
+    from entropy_rft.train.policy import load_policy
 
     cfg = PoolConfig(seed=seed)
     t0 = time.time()
@@ -174,11 +174,11 @@ def evaluate_new_set(run: Path, cfg) -> dict:
     import torch
 
     from entropy_rft.evaluate import run_eval
-    from entropy_rft.policy import load_policy
-    from entropy_rft.problems import load_problems
     from entropy_rft.rollout import HFEngine
     from entropy_rft.run.checkpoint import checkpoint_dir
     from entropy_rft.tasks import TASKS as TASK_REGISTRY
+    from entropy_rft.train.policy import load_policy
+    from entropy_rft.train.problems import load_problems
 
     task = TASK_REGISTRY.get(TASK)
     problems = load_problems(NEW_EVAL, task)

@@ -25,7 +25,7 @@ def child(vocab: int, from_hidden: bool, rows: int, response: int, layers: int) 
 
     from entropy_rft.config import load_config
     from entropy_rft.rollout import Rollout
-    from entropy_rft.step import Decision, Step
+    from entropy_rft.train.step import Decision, Step
 
     torch.manual_seed(0)
     config = Qwen2Config(

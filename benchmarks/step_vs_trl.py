@@ -2,7 +2,7 @@
 
 The work is the demo's: the shipped countdown policy, 32 prompts x 8 rollouts, at most 16 new tokens, temperature
 1.0, token-mean clipped surrogate (TRL's loss_type "dapo"), no KL, one Adam step with gradient clipping at 1.0.
-Rounds alternate: K steps of ours (entropy_rft.trainer.train, from the initial policy), then K steps of TRL's
+Rounds alternate: K steps of ours (entropy_rft.train.trainer.train, from the initial policy), then K steps of TRL's
 (a fresh GRPOTrainer driven one step at a time), so machine noise hits both alike; before the first round each
 side runs `--warmup` steps that are discarded, so the process's one-time costs fall on neither. Step i of ours is paired
 with step i of TRL's in the same round; the script prints the median of the paired ratios, and a phase breakdown.
@@ -41,9 +41,8 @@ DEMO = "countdown-tiny"
 
 
 def ours(steps: int, method: str, out: Path, probe_every: int, model: str = DEMO, prompts: int | None = None) -> list:
-    from entropy_rft.commands.demo import load_demo_config, run_config
-    from entropy_rft.config import resolve_config
-    from entropy_rft.trainer import train
+    from entropy_rft.config import load_demo_config, resolve_config, run_config
+    from entropy_rft.train.trainer import train
 
     common = dict(out=str(out), steps=steps, progress=False, eval_problems=1, eval_k=1, probe_every=probe_every)
     if model == DEMO:

@@ -93,7 +93,7 @@ def one_thread() -> None:
 def cell_config(task: str, method: str, seed: int, out: Path | None = None, *, steps: int | None = None, **extra):
     """The TrainConfig of one cell (out: its run directory, when known; extra: further overrides)."""
     sys.path.insert(0, str(REPO))
-    from entropy_rft.commands.demo import load_demo_config, run_config
+    from entropy_rft.config import load_demo_config, run_config
 
     spec = load_demo_config()
     settings = {k: (TASKS[task]["target"] if v == "TARGET" else v) for k, v in METHODS[method].items()}
@@ -131,7 +131,7 @@ def run_cell(task: str, method: str, seed: int, out: Path, steps: int | None = N
     from entropy_rft.logging import read_metrics
     from entropy_rft.run.checkpoint import RunDirError, find_checkpoint
     from entropy_rft.run.rundir import RunLock
-    from entropy_rft.trainer import train
+    from entropy_rft.train.trainer import train
 
     run_dir = cell_dir(out, task, method, seed, steps)
     if (run_dir / "cell.json").exists():
@@ -285,11 +285,11 @@ def cmd_measure(args) -> None:
 
     torch.set_num_threads(1)
     from entropy_rft.evaluate import run_eval
-    from entropy_rft.policy import load_policy
-    from entropy_rft.problems import task_problems
     from entropy_rft.rollout import HFEngine
     from entropy_rft.tasks import TASKS as TASK_REGISTRY
-    from entropy_rft.trainer import train
+    from entropy_rft.train.policy import load_policy
+    from entropy_rft.train.problems import task_problems
+    from entropy_rft.train.trainer import train
 
     report = {}
     for task in args.tasks.split(","):

@@ -23,8 +23,8 @@ T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8
 
 
 def ours(method: str, steps: int, seed: int, out: Path) -> dict:
-    from entropy_rft.commands.demo import load_demo_config, run_config
-    from entropy_rft.trainer import train
+    from entropy_rft.config import load_demo_config, run_config
+    from entropy_rft.train.trainer import train
 
     cfg = run_config(
         load_demo_config(),

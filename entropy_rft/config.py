@@ -50,6 +50,8 @@ from .recipes import (  # noqa: F401
     shipped_recipes,
 )
 
+DEMO_CONFIG = RECIPES / "demo.yaml"  # the demo's settings: `common`, then one entry per method
+
 
 def _f(default, help: str, *, bookkeeping: bool = False):
     """A field with its help text. bookkeeping: the field changes where and how a run is recorded or shown, never
@@ -851,6 +853,21 @@ def load_config(path: str | Path | None = None, **overrides) -> TrainConfig:
     """TrainConfig from an optional flat YAML recipe, then keyword overrides (None values are ignored: an option
     not given)."""
     return resolve_config(read_recipe(path), {k: v for k, v in overrides.items() if v is not None})
+
+
+def load_demo_config(path: Path | str | None = None) -> dict:
+    """{'common': ..., 'methods': ...} from a demo-style file or a flat recipe (default: the shipped demo.yaml)."""
+    return read_spec(path, DEMO_CONFIG)
+
+
+def run_config(spec: dict, entry: str | None = None, *, sets: dict | None = None, **overrides):
+    """TrainConfig from a demo-style spec: its `common` settings, then `methods[entry]` (an entry the spec does not
+    list runs the method of that name), then `sets` (--set: None sets a field to None), then the overrides (None: an
+    option not given, which leaves the value below in place)."""
+    methods = spec.get("methods", {})
+    entry_settings = methods[entry] if entry in methods else ({"method": entry} if entry else {})
+    given = {k: v for k, v in overrides.items() if v is not None}
+    return resolve_config(spec.get("common", {}), entry_settings, sets or {}, given)
 
 
 def check_values(**values) -> dict:

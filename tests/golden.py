@@ -141,7 +141,7 @@ def run_case(name: str, out: Path) -> dict:
     """One golden case, run in `out`: its metrics lines (timings dropped), evaluations and weights' digest."""
     from entropy_rft.config import load_config
     from entropy_rft.logging import read_metrics
-    from entropy_rft.trainer import train
+    from entropy_rft.train.trainer import train
 
     cfg = load_config(None, **{**BASE, **CASES[name], "out": str(out / name)})
     summary = train(cfg)

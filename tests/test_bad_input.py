@@ -32,7 +32,7 @@ import yaml
 import entropy_rft.commands.pipeline as pipeline
 from entropy_rft.commands.cli import main
 from entropy_rft.config import ConfigError, load_config
-from entropy_rft.plan import check_eval_fits, check_fits
+from entropy_rft.train.plan import check_eval_fits, check_fits
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["prompts_per_step=2", "group_size=2", "eval_problems=2", "eval_k=1", "lr=1e-4", "progress=false"]
@@ -219,6 +219,7 @@ def test_eval_of_a_packaged_model_takes_its_recipes_prompt_settings(tmp_path, mo
     assert (tiny["task_name"], tiny["max_new_tokens"], tiny["chat_template"]) == (["countdown"], None, "auto")
 
 
+@pytest.mark.slow
 def test_a_hub_id_without_a_hub_is_one_line_at_once(tmp_path):
     """A hub id while the hub cannot be reached (HF_ENDPOINT on a closed local port: no network is touched): one
     line naming the model and why, with no retry lines (huggingface_hub's five retries of each file took ~45 s), and
@@ -253,6 +254,7 @@ def compared(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
     return work / "c", proc
 
 
+@pytest.mark.slow
 def test_compare_honours_progress_false_and_says_an_interval_needs_two_seeds(compared):
     """--set progress=false draws no bars (tqdm's '%|' and 'it/s'); with one seed the table says why it has no
     entropy interval."""
@@ -269,6 +271,7 @@ def _cell(compared, tmp_path: Path) -> tuple[Path, Path]:
     return out, next((out / "runs" / "grpo").iterdir())
 
 
+@pytest.mark.slow
 def test_a_cut_off_metrics_line_reads_the_same_everywhere(compared, tmp_path, capsys, monkeypatch):
     """The issue's damage: the cell's last metrics line cut to 20 characters. compare refuses (its finished cell
     would read a step short and the table move without a word) and leaves results.md as it was; report and inspect
@@ -317,6 +320,7 @@ def test_a_deleted_digest_beside_a_checkpoint_is_refused(compared, tmp_path, cap
     refused(["train", "--out", cell, "--resume", "--steps", 3, "--set", "lr=1e-3"], tmp_path, capsys, monkeypatch)
 
 
+@pytest.mark.slow
 def test_eval_of_a_run_directory_evaluates_its_newest_checkpoint(compared, tmp_path, capsys, monkeypatch):
     """eval --model RUN_DIR: a note names the checkpoint it evaluates (the newest complete one), and eval.json
     records it; a run directory with no checkpoint is one line."""
@@ -338,6 +342,7 @@ def test_yaml_settings_of_the_cell_are_the_runs(compared):
     assert stored["lr"] == 1e-4 and stored["steps"] == 2 and stored["progress"] is False
 
 
+@pytest.mark.slow
 def test_a_prompt_too_long_is_refused_naming_its_row(tmp_path, capsys, monkeypatch):
     """The issue's cases: a countdown row of 2 million numbers in train_data and a 10 MB math question in an eval
     dataset are refused in one line naming the row (its number and the start of its prompt), before any rollout and

@@ -13,7 +13,7 @@ from entropy_rft.core.losses import Aggregation, ppo_clip_loss, select_kl_cov
 from entropy_rft.core.masks import top_entropy
 from entropy_rft.core.methods import METHODS
 from entropy_rft.logging import read_metrics
-from entropy_rft.trainer import train
+from entropy_rft.train.trainer import train
 
 
 def test_top_entropy_count_is_exact():
@@ -97,6 +97,7 @@ BASELINES = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", BASELINES)
 def test_every_baseline_trains(tmp_path, method):
     """Each baseline runs two steps end to end and logs finite metrics."""
@@ -118,6 +119,7 @@ def test_every_baseline_trains(tmp_path, method):
     assert len(rows) == 2 and all(r["entropy"] > 0 and r["grad_norm"] >= 0 for r in rows)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method, loss", [("clip_b", loss) for loss in ENGINE_LOSSES] + [("clip_v", "erc")])
 def test_clip_b_and_clip_v_compose_with_the_engines_losses(tmp_path, method, loss):
     """Clip_B / Clip_V on top of each engine loss (--method clip_b --set policy_loss=cispo): two optimizer
@@ -150,10 +152,10 @@ def test_clip_b_and_clip_v_compose_with_the_engines_losses(tmp_path, method, los
 
 def test_dynamic_sampling_keeps_only_mixed_groups(tmp_path):
     """DAPO's dynamic sampling: every kept group has 0 < correct < G."""
-    from entropy_rft.policy import load_policy
-    from entropy_rft.problems import ProblemSampler, default_data, load_problems, sample_batch
     from entropy_rft.rollout import HFEngine
     from entropy_rft.tasks import CountdownTask
+    from entropy_rft.train.policy import load_policy
+    from entropy_rft.train.problems import ProblemSampler, default_data, load_problems, sample_batch
 
     cfg = load_config(None, method="dapo", prompts_per_step=6, group_size=4, max_sampling_rounds=5)
     model, tok = load_policy("countdown-tiny", torch.device("cpu"))
@@ -166,6 +168,7 @@ def test_dynamic_sampling_keeps_only_mixed_groups(tmp_path):
     assert ((per_group > 0) & (per_group < 4)).all()
 
 
+@pytest.mark.slow
 def test_compare_resumes_and_summarises(tmp_path, capsys):
     """compare writes results.md/json with mean and std over seeds; a rerun skips every finished cell."""
     import json
@@ -226,6 +229,7 @@ def test_compare_resumes_and_summarises(tmp_path, capsys):
     assert res["methods"]["grpo"]["entropy_band"] == [[min(final["grpo"]), max(final["grpo"])]]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["ppo", "ppo_clip_b", "ppo_clip_v"])
 def test_ppo_with_gae_trains_its_value_head(tmp_path, method):
     """PPO: GAE advantages per token from a value head that learns (its loss is logged and its weights move
@@ -262,15 +266,16 @@ def test_outcome_token_rewards_and_gae_hand_case():
     torch.testing.assert_close(raw, torch.tensor([[1.0, 1.0, 0.0], [-1.0, -1.0, -1.0]]))
 
 
+@pytest.mark.slow
 def test_dr_grpo_update_does_not_depend_on_the_padded_width():
     """The trainer's Dr. GRPO loss (seq-mean-token-sum-norm) on the same responses padded to width 9 and 16
     is the same (it divides by max_new_tokens); before, it divided by the batch's padded width."""
     import copy
 
-    from entropy_rft.forward import batch_forward
-    from entropy_rft.policy import load_policy
     from entropy_rft.rollout import Rollout
-    from entropy_rft.step import Decision, Step
+    from entropy_rft.train.forward import batch_forward
+    from entropy_rft.train.policy import load_policy
+    from entropy_rft.train.step import Decision, Step
 
     model, tok = load_policy("countdown-tiny", torch.device("cpu"), trainable=True)
     cfg = load_config(None, method="dr_grpo", max_new_tokens=16, lr=1e-4, progress=False)

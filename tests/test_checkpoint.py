@@ -20,7 +20,6 @@ import torch
 
 from entropy_rft.config import load_config
 from entropy_rft.core.control import control_name, make_control
-from entropy_rft.problems import ProblemSampler
 from entropy_rft.run.checkpoint import (
     CHECKSUMS,
     LATEST,
@@ -39,6 +38,7 @@ from entropy_rft.run.checkpoint import (
     step_of,
     write_checksums,
 )
+from entropy_rft.train.problems import ProblemSampler
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -22,8 +22,8 @@ from hypothesis import strategies as st
 import entropy_rft.commands.demo as demo
 import entropy_rft.commands.pipeline as pipeline
 import entropy_rft.config as config
-import entropy_rft.policy as policy
-import entropy_rft.trainer as trainer
+import entropy_rft.train.policy as policy
+import entropy_rft.train.trainer as trainer
 from entropy_rft.commands.cli import build_parser, main
 from entropy_rft.config import FLOAT32_MAX, FLOAT32_TINY
 
@@ -274,6 +274,7 @@ def test_any_value_of_a_numeric_option_is_taken_exactly_or_refused_in_one_line(c
     assert isinstance(value, int) if integer else isinstance(value, float)
 
 
+@pytest.mark.slow
 def test_the_in_process_path_is_the_one_users_meet(record, capsys):
     """Two cases as real processes (`python -m entropy_rft.commands.cli`): one refused by argparse, one refused deep
     inside
@@ -335,7 +336,12 @@ def fake_train(calls):
             cfg.steps: {"k": cfg.eval_k, "avg_at_k": 0.3, "pass_at_k": 0.5, "pass_rates": [0.125, 0.25, 0.5]},
         }
         (run / "eval.json").write_text(json.dumps(evals))
-        return {"evals": evals, "history": rows, "checkpoint": str(run / f"checkpoint-{cfg.steps}")}
+        return {
+            "config": cfg.to_dict(),
+            "evals": evals,
+            "history": rows,
+            "checkpoint": str(run / f"checkpoint-{cfg.steps}"),
+        }
 
     return train
 

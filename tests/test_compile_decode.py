@@ -53,6 +53,7 @@ def _policy_logp(model, ids, mask, tokens, top_p=1.0):
     return z.log_softmax(-1).gather(-1, tokens[..., None]).squeeze(-1), rmask
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family,extra", FAMILIES, ids=[f for f, _ in FAMILIES])
 def test_compiled_step_samples_the_hand_paths_tokens(family, extra):
     """For each family the step reads: the compiled step (fullgraph, so no graph break) samples the very tokens
@@ -87,6 +88,7 @@ def test_compiled_step_samples_the_hand_paths_tokens(family, extra):
     torch.testing.assert_close(logp[rmask], ref[rmask], atol=2e-5, rtol=0)
 
 
+@pytest.mark.slow
 def test_one_compile_across_rollouts_and_optimizer_steps():
     """The compiled step is specialised on shapes and dtypes only. Through two engines (float32, and bfloat16
     decoding of the float32 policy) sharing one session: a second rollout, of a prompt batch of another width in the
@@ -132,6 +134,7 @@ def _failing(gm, example_inputs):
     raise RuntimeError("no C compiler\nsecond line")
 
 
+@pytest.mark.slow
 def test_a_failed_compile_falls_back_to_the_static_step():
     """When compiling fails: with fallback (decode='auto') one one-line warning names the reason (the innermost
     error's first line), the rollout samples what the static step samples, and the session remembers it (auto
@@ -209,6 +212,7 @@ def _host_reads(graphs) -> list[str]:
     return found
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("leak", [None, "item", "tolist", "cpu", "if", "nonzero"])
 def test_compiled_step_reads_nothing_back(leak, monkeypatch):
     """The ATen graph the compiler receives for the whole step (after dynamo and AOT autograd, traced on the meta
@@ -258,6 +262,7 @@ def test_bucket_widths():
     ]
 
 
+@pytest.mark.slow
 def test_inductor_compiles_the_step_in_place():
     """The one test with Inductor itself (as a GPU run compiles it): the compiled step samples the hand path's tokens
     with log-probs within a few float32 ulps, and the generated code writes each step's key/value column into the
@@ -357,6 +362,7 @@ def test_fuse_joins_the_projections_and_refreshes_them_in_place():
         assert torch.equal(fused.head, params.head.to(dtype))
 
 
+@pytest.mark.slow
 def test_seeded_noise_is_exponential_and_a_pure_function_of_seed_and_step():
     """seeded_noise: the same hashed integers eagerly and compiled (Inductor's generated code), so the draws agree
     within the rounding of the two logarithms (each within an ulp of -log U: 2 ulps, 2^-22 relative, apart; measured
@@ -398,6 +404,7 @@ def test_seeded_draws_sample_the_distribution():
     assert ((counts - 4096 * p).abs() <= 6 * (4096 * p * (1 - p)).sqrt()).all(), (counts, 4096 * p)
 
 
+@pytest.mark.slow
 def test_seeded_step_compiled_samples_the_eager_steps_tokens_and_follows_updates():
     """The CUDA default on the CPU (noise drawn inside the step from a per-rollout seed, QKV and gate/up fused):
     compiled whole (fullgraph: no graph break) it samples the eager step's very tokens with log-probs within a few
@@ -452,6 +459,7 @@ def test_seeded_step_compiled_samples_the_eager_steps_tokens_and_follows_updates
     assert torch.equal(generator.get_state(), after_one)
 
 
+@pytest.mark.slow
 def test_inductor_compiles_the_cuda_default_step_once():
     """With Inductor itself (as on a GPU), the step as CUDA runs it (fused projections, noise drawn in the step,
     attention bounded by length buckets of 4 columns: 4 buckets over 12 new tokens) compiles once for every bucket
@@ -469,6 +477,7 @@ def test_inductor_compiles_the_cuda_default_step_once():
     torch.testing.assert_close(logp, eager[1], atol=1e-6, rtol=0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family,extra", FAMILIES[:2], ids=[f for f, _ in FAMILIES[:2]])
 def test_bounded_attention_samples_the_whole_cache_steps_tokens(family, extra):
     """Attention bounded by the filled length (length buckets of 3 columns; FixedSteps.bound) samples the very
@@ -508,6 +517,7 @@ def test_length_buckets():
     assert fixed.keys[0].shape[2] == 14 and fixed.padding.shape[-1] == 14 and fixed.columns.shape == (14,)
 
 
+@pytest.mark.slow
 def test_fused_step_runs_four_projection_gemms_a_layer():
     """The ATen graph the compiler receives for the whole step (after AOT autograd): with the projections fused, each
     layer runs 4 GEMMs (qkv, o, gate_up, down) instead of 7, plus the LM head's; with the noise drawn in the step, the

@@ -4,7 +4,7 @@ import pytest
 
 from entropy_rft.config import load_config
 from entropy_rft.core.registry import Registry
-from entropy_rft.policy import resolve_model_path
+from entropy_rft.train.policy import resolve_model_path
 
 
 def test_registry_duplicate_and_unknown():
@@ -69,7 +69,7 @@ def test_direct_construction_warns_that_method_defaults_are_not_applied():
 def test_demo_run_config_layers_common_method_and_given_overrides():
     """run_config: common settings, then the method's entry, then overrides; an override left as None (an
     option not given) keeps the spec's value instead of falling back to the dataclass default."""
-    from entropy_rft.commands.demo import load_demo_config, run_config
+    from entropy_rft.config import load_demo_config, run_config
 
     spec = load_demo_config()
     cfg = run_config(spec, "clip_b", steps=None, out="x")

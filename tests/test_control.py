@@ -245,6 +245,7 @@ def _tabular_grpo(
     return history
 
 
+@pytest.mark.slow
 def test_entropic_tracks_a_target_on_a_tabular_policy():
     """On a tabular policy GRPO drives entropy from 0.5 towards 0 (below 0.1 on the last 100 of 240 steps);
     EntroPIC's loop aimed at 0.2 or at 0.35 holds the mean |H - target| over those steps under 0.04 (measured 0.006
@@ -265,11 +266,12 @@ def test_entropic_tracks_a_target_on_a_tabular_policy():
 
 @pytest.fixture(scope="module")
 def shipped_policy():
-    from entropy_rft.policy import load_policy
+    from entropy_rft.train.policy import load_policy
 
     return load_policy("countdown-tiny", torch.device("cpu"), trainable=True)[0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("micro", [0, 5])
 def test_entropic_update_in_the_trainer_is_the_reweighted_gradient(micro, shipped_policy):
     """The step's update (step.Step.update) with EntroPIC's (alpha, T_hi) steps along the gradient of sum_t c_t r_t with
@@ -281,9 +283,9 @@ def test_entropic_update_in_the_trainer_is_the_reweighted_gradient(micro, shippe
 
     from entropy_rft.config import load_config
     from entropy_rft.core.control import Knobs, high_probability_tokens
-    from entropy_rft.forward import batch_forward, policy_forward
     from entropy_rft.rollout import Rollout
-    from entropy_rft.step import Decision, Step
+    from entropy_rft.train.forward import batch_forward, policy_forward
+    from entropy_rft.train.step import Decision, Step
 
     base = shipped_policy
     g = torch.Generator().manual_seed(5)
@@ -325,12 +327,13 @@ def test_entropic_update_in_the_trainer_is_the_reweighted_gradient(micro, shippe
         torch.testing.assert_close(before[name] - p.detach(), want, atol=1e-5 * scale, rtol=1e-4)
 
 
+@pytest.mark.slow
 def test_trainer_runs_entropic_with_the_pi_law_on_the_logged_entropy(tmp_path):
     """entropy_control: pi logs each step's alpha, equal to the PI law on the entropies the trainer logs (the
     batch's token mean before the update), and its integral; the checkpoint holds the controller's state."""
     from entropy_rft.config import load_config
     from entropy_rft.logging import read_metrics
-    from entropy_rft.trainer import train
+    from entropy_rft.train.trainer import train
 
     cfg = load_config(
         None,

@@ -5,8 +5,8 @@ import random
 import pytest
 from transformers import AutoTokenizer
 
-from entropy_rft.policy import BUILTIN_MODELS
 from entropy_rft.tasks.countdown import Problem, evaluate_expression, make_problems, random_problem, reward
+from entropy_rft.train.policy import BUILTIN_MODELS
 
 P = Problem((3, 5, 7), 22)
 
@@ -85,8 +85,8 @@ def test_countdown5_ships_a_filtered_split_of_five_number_problems():
     import json
 
     from entropy_rft.config import load_config
-    from entropy_rft.problems import default_data, load_problems
     from entropy_rft.tasks import TASKS
+    from entropy_rft.train.problems import default_data, load_problems
 
     task = TASKS.get("countdown5")
     cfg = load_config(None, task="countdown5")
@@ -103,6 +103,7 @@ def test_countdown5_ships_a_filtered_split_of_five_number_problems():
     assert (build["train_after_filter"], build["eval"], build["numbers"]) == (len(train_set), 200, 5)
 
 
+@pytest.mark.slow
 def test_eval_cli_reads_the_shipped_countdown5_split(tmp_path, capsys):
     """`entropy-rft eval --data countdown5` scores the shipped countdown5 eval split with the countdown reward and
     the countdown budget of 16 new tokens (not the math task's 7168)."""

@@ -6,7 +6,7 @@ import json
 import pytest
 from conftest import FIXTURES
 
-from entropy_rft.data import dapo_split, detect_schema, load_math, read_rows, to_problems, write_jsonl
+from entropy_rft.tasks.data import dapo_split, detect_schema, load_math, read_rows, to_problems, write_jsonl
 from entropy_rft.tasks.math import MathProblem
 
 MATH = FIXTURES / "math"
@@ -89,8 +89,8 @@ def test_jsonl_round_trip_keeps_extra_fields(tmp_path):
 def test_a_byte_order_mark_is_read_as_nothing(tmp_path):
     """A data file saved with a UTF-8 byte-order mark (Windows editors write one) reads as the same file without
     it: math .jsonl and .json files and countdown JSONL alike."""
-    from entropy_rft.problems import load_problems
     from entropy_rft.tasks import TASKS
+    from entropy_rft.train.problems import load_problems
 
     rows = [{"question": "What is 1+1?", "answer": "2"}, {"question": "What is 2+2?", "answer": "4"}]
     lines = "".join(json.dumps(r) + "\n" for r in rows)

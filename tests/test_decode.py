@@ -181,7 +181,7 @@ def test_sliding_window_shorter_than_the_rollout_uses_the_forward():
 def test_shipped_policy_is_hand_decoded_and_the_option_is_checked():
     """The demo's policy is one the hand step reads; an unknown decode value is refused by the engine and the config."""
     from entropy_rft.config import load_config
-    from entropy_rft.policy import load_policy
+    from entropy_rft.train.policy import load_policy
 
     model, tokenizer = load_policy("countdown-tiny", torch.device("cpu"))
     assert unsupported(model) is None
@@ -200,6 +200,7 @@ def _static(model, ids, mask, seed, top_p=1.0, max_new_tokens=12, **kw):
     return sample(model, ids, mask, sampling, generator=torch.Generator().manual_seed(seed), decode="static", **kw)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("top_p", [1.0, 0.7])
 @pytest.mark.parametrize("family,extra", FAMILIES, ids=[f for f, _ in FAMILIES])
 def test_static_decode_samples_the_hand_paths_tokens(family, extra, top_p):

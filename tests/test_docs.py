@@ -243,6 +243,7 @@ CLAIMS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: p.relative_to(ROOT).as_posix())
 def test_every_code_block_of_the_page_runs_or_is_marked_and_validated(page, tmp_path):
     """Property: each block of the page runs as written (unmarked) or passes its language's validation (marked);
@@ -480,6 +481,7 @@ def site(tmp_path_factory) -> Path:
     return out
 
 
+@pytest.mark.slow
 def test_the_built_site_renders_every_list_and_cites_only_what_the_repository_holds(site):
     """Property: no page of the built site (the API page's docstrings included) leaves a list marker inside a
     paragraph or cites a file outside the repository."""
@@ -489,6 +491,7 @@ def test_the_built_site_renders_every_list_and_cites_only_what_the_repository_ho
     assert defects == []
 
 
+@pytest.mark.slow
 def test_the_site_shows_the_version_the_changelog_and_every_metric(site):
     """Property: every page's footer names the version pyproject.toml builds; the CHANGELOG and the metrics reference
     are pages, the latter with every key of metric_names.METRICS."""

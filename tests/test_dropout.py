@@ -1,11 +1,11 @@
-"""Dropout off for every architecture (entropy_rft/dropout.py): nn.Dropout modules and float attributes (OPT's
+"""Dropout off for every architecture (entropy_rft/train/dropout.py): nn.Dropout modules and float attributes (OPT's
 dropout / attention_dropout / activation_dropout / layerdrop, Mixtral's router jitter) alike; a model that still
 draws random numbers in training mode is refused with the module named."""
 
 import pytest
 import torch
 
-from entropy_rft.dropout import check_deterministic, disable_dropout, has_active_dropout
+from entropy_rft.train.dropout import check_deterministic, disable_dropout, has_active_dropout
 
 
 def two_forwards(model, seed=0):
@@ -99,8 +99,8 @@ def test_unknown_randomness_is_refused_naming_the_module():
 
 def test_trainer_refuses_a_random_model(tmp_path, monkeypatch):
     """The trainer runs the check at set-up, before any step: a policy with leftover randomness fails there."""
-    from entropy_rft import policy, trainer
     from entropy_rft.config import load_config
+    from entropy_rft.train import policy, trainer
 
     real = policy.prepare_policy
 

@@ -101,6 +101,7 @@ def test_corollary1_centred_score_averages_to_zero_per_position():
         assert abs(float((p[row] * st.s_centered.double()).sum())) < 1e-7
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("v_chunk,r_chunk", [(1, 3), (7, 1000), (64, 5), (4096, 1024)])
 def test_streaming_equals_direct(dtype, v_chunk, r_chunk):

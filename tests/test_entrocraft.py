@@ -9,12 +9,13 @@ import math
 import pytest
 import torch
 from conftest import f32, group_ids, load_fixture
+from tiny import tiny_config
 
 from entropy_rft.config import load_config
 from entropy_rft.core.advantages import ADVANTAGES, entrocraft_band, entrocraft_rule
 from entropy_rft.core.methods import METHODS
 from entropy_rft.logging import read_metrics
-from entropy_rft.trainer import train
+from entropy_rft.train.trainer import train
 
 ORACLE = load_fixture("entrocraft_oracle.json")
 
@@ -79,7 +80,7 @@ def test_entrocraft_trains_by_name(tmp_path):
     """`--method entrocraft` on the shipped policy, 2 steps each: with a band far above the policy's entropy every
     step is NSR (the update's advantages are min(R, 0)); far below it, RAFT++ (max(R, 0)); the regime and band are
     logged; with the authors' band the advantages are one of the three rules' for the step's band."""
-    from entropy_rft import step as step_module
+    from entropy_rft.train import step as step_module
 
     seen = []
     real = step_module.Step.decide
@@ -89,20 +90,18 @@ def test_entrocraft_trains_by_name(tmp_path):
         seen.append((behaviour, decision))
         return decision
 
-    base = dict(steps=2, prompts_per_step=4, group_size=4, lr=1e-3, eval_problems=0, progress=False, samples_every=0)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         step_module.Step.decide = spy
         runs = {}
         for name, band in (("nsr", ([5.0, 5.0], [6.0, 6.0])), ("raft", ([0.0, 0.0], [1e-3, 1e-3]))):
-            cfg = load_config(
-                None,
+            cfg = tiny_config(
+                tmp_path,
+                name,
                 method="entrocraft",
                 entrocraft_lower_range=band[0],
                 entrocraft_upper_range=band[1],
-                out=str(tmp_path / name),
-                **base,
             )
             train(cfg)
             runs[name] = read_metrics(cfg.out)

@@ -9,13 +9,14 @@ import math
 
 import pytest
 import torch
+from tiny import tiny_config
 
 from entropy_rft.config import load_config
 from entropy_rft.core import masks
 from entropy_rft.core.dynamics import TokenStats
 from entropy_rft.core.methods import METHODS
 from entropy_rft.logging import read_metrics
-from entropy_rft.trainer import train
+from entropy_rft.train.trainer import train
 
 
 def batch(seed: int = 0, b: int = 8, t: int = 10):
@@ -97,13 +98,12 @@ def test_gate_in_training_steps(tmp_path):
     """Clip_B (mu 0.5) on the shipped policy for 2 steps: with a gate far above the policy's entropy every step is
     exactly the ungated run's (same metrics, bit for bit, gate_open 1); with a gate far below it nothing is
     clipped on any step (clip_frac 0, gate_open 0), and filter/gate_entropy is the step's logged entropy."""
-    base = dict(steps=2, prompts_per_step=4, group_size=4, lr=1e-3, eval_problems=0, progress=False, samples_every=0)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         runs = {}
         for name, gate in (("plain", None), ("high", 100.0), ("low", 1e-6)):
-            cfg = load_config(None, method="clip_b", mu=0.5, entropy_gate=gate, out=str(tmp_path / name), **base)
+            cfg = tiny_config(tmp_path, name, method="clip_b", mu=0.5, entropy_gate=gate)
             train(cfg)
             runs[name] = read_metrics(cfg.out)
     finally:

@@ -2100,6 +2100,7 @@ ELSEWHERE: list[tuple[str, str, Callable[[], str]]] = [  # (file, text as writte
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("where, text, recompute", ELSEWHERE, ids=[f"{w}: {t[:40]}" for w, t, _ in ELSEWHERE])
 def test_figures_repeated_outside_the_evidence_page_are_its_records(where, text, recompute):
     """The README's and the overview pages' real-model and solution-sharing figures stand in the file as written and

@@ -8,13 +8,13 @@ import torch
 
 from entropy_rft.config import load_config
 from entropy_rft.core.dynamics import token_stats
-from entropy_rft.dropout import disable_dropout, has_active_dropout
-from entropy_rft.forward import EntropyProbe, HeldForward, batch_forward, policy_forward, streams_from_hidden
-from entropy_rft.policy import load_policy
 from entropy_rft.rollout import Rollout
-from entropy_rft.rules import StepRules
-from entropy_rft.step import Decision, Step, zero_advantage_rows
-from entropy_rft.trainer import train
+from entropy_rft.train.dropout import disable_dropout, has_active_dropout
+from entropy_rft.train.forward import EntropyProbe, HeldForward, batch_forward, policy_forward, streams_from_hidden
+from entropy_rft.train.policy import load_policy
+from entropy_rft.train.rules import StepRules
+from entropy_rft.train.step import Decision, Step, zero_advantage_rows
+from entropy_rft.train.trainer import train
 
 
 @pytest.fixture(scope="module")
@@ -37,6 +37,7 @@ def make_rollout(tokenizer, n=6, seed=0):
     return Rollout(prompt, prompt_mask, response, response_mask, lengths == 9, [""] * n)
 
 
+@pytest.mark.slow
 def test_hidden_path_equals_logits_path(policy):
     """Statistics streamed from the last hidden state (no [B, R, V] logits) equal token_stats on the model's
     logits, values and gradients of log p and H."""
@@ -67,6 +68,7 @@ def test_logit_transforms_fall_back_to_logits(policy):
     assert not streams_from_hidden(other)
 
 
+@pytest.mark.slow
 def test_statistics_pass_runs_in_the_update_mode(policy):
     """batch_forward runs in the module mode the update runs in (training mode once dropout is off), and in eval mode
     where dropout is deliberately left on (the statistics are then not noised); the flag is restored after."""
@@ -106,6 +108,7 @@ def step_weights(tmp_path, name, **kw):
     return load_file(tmp_path / name / "checkpoint-1" / "model.safetensors")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["clip_b", "grpo"])
 def test_reusing_the_update_forward_gives_the_same_update_bit_for_bit(tmp_path, method):
     """Strict on-policy, old log p and the statistics from the update's own forward give exactly the weights a
@@ -149,6 +152,7 @@ def reference_first_order(model, ro, temperature, before, after):
     return sum(float((g.double() * (after[n].double() - before[n].double())).sum()) for n, g in zip(names, grads))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("held", [True, False])
 def test_probe_first_order_equals_gradient_dot_step(policy, held):
     """EntropyProbe.first_order() equals grad(mean H over valid tokens) . (theta_after - theta_before) computed
@@ -169,6 +173,7 @@ def test_probe_first_order_equals_gradient_dot_step(policy, held):
     assert probe.first_order() == pytest.approx(expected, rel=1e-4)
 
 
+@pytest.mark.slow
 def test_realised_entropy_change_follows_the_first_order_prediction(tmp_path):
     """On small steps the realised change of the batch's mean entropy is close to the first-order change the
     probe predicts: the ratio is within 10% of 1 on every probed step (measured: 0.98-1.01 at lr 1e-6; it
@@ -191,6 +196,7 @@ def test_realised_entropy_change_follows_the_first_order_prediction(tmp_path):
         assert fo != 0 and 0.9 < real / fo < 1.1, (fo, real)
 
 
+@pytest.mark.slow
 def test_offpolicy_prediction_uses_the_current_policy(policy):
     """Corollary 4.1 (eq. 28) summed over optimizer steps uses, for each step, the ratios and S_c of the policy
     that step is taken from: equal to a reference that replays the optimizer steps from snapshots."""
@@ -238,6 +244,7 @@ def test_offpolicy_prediction_uses_the_current_policy(policy):
     assert abs(expected - behaviour) > 1e-4 * abs(expected)  # the behaviour policy's S_c would be a different value
 
 
+@pytest.mark.slow
 def test_token_stats_of_held_forward_match_separate_pass(policy):
     """The held forward's detached statistics equal the no-grad pass's, value for value."""
     model = copy.deepcopy(policy[0])
@@ -273,10 +280,11 @@ def grouped_rollout(groups=4, size=3, seed=1):
     return Rollout(prompt, pm, resp, rm, lengths == 9, [""] * (groups * size))
 
 
+@pytest.mark.slow
 def test_shared_prompt_prefix_equals_full_sequences(policy):
     """Running each group's prompt once and its responses over the cached prefix gives the statistics and the
     gradients of full prompt + response passes (float32 rounding only), with left-padded prompts."""
-    from entropy_rft.forward import prompt_groups
+    from entropy_rft.train.forward import prompt_groups
 
     model, _ = policy
     ro = grouped_rollout()
@@ -310,7 +318,7 @@ def test_length_buckets_are_the_least_padded_split(seed):
     fewest positions any split into that many contiguous length ranges can (brute force over all boundaries)."""
     import itertools
 
-    from entropy_rft.forward import length_buckets
+    from entropy_rft.train.forward import length_buckets
 
     gen = torch.Generator().manual_seed(seed)
     lengths = torch.randint(0, 12, (int(torch.randint(1, 40, (1,), generator=gen)),), generator=gen)
@@ -334,7 +342,7 @@ def test_length_buckets_are_the_least_padded_split(seed):
 def test_length_buckets_add_a_pass_only_when_it_pays():
     """One bucket when the lengths are equal or a split saves less than min_gain of the positions; a split when
     it saves more; wide length ranges are cut among quantiles."""
-    from entropy_rft.forward import length_buckets
+    from entropy_rft.train.forward import length_buckets
 
     assert len(length_buckets(torch.full((64,), 9))) == 1
     almost = torch.tensor([10] * 63 + [9])  # splitting off the short row saves 1 of 640 positions
@@ -347,11 +355,12 @@ def test_length_buckets_add_a_pass_only_when_it_pays():
     assert all(w == int(long[r].max()) for r, w in parts)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("share_prefix", [True, False])
 def test_length_buckets_give_the_one_pass_statistics_and_gradients(policy, share_prefix):
     """Rows run in passes by response length (padding not computed) give the statistics and gradients of one pass
     over the padded batch: float32 rounding only; statistics at padding are 0 either way."""
-    from entropy_rft.forward import length_buckets
+    from entropy_rft.train.forward import length_buckets
 
     model, _ = policy
     ro = grouped_rollout(groups=6, size=4, seed=3)
@@ -369,11 +378,12 @@ def test_length_buckets_give_the_one_pass_statistics_and_gradients(policy, share
         assert float((x - y).norm() / y.norm()) < 1e-5
 
 
+@pytest.mark.slow
 def test_lora_under_bf16_keeps_one_pass():
     """Training LoRA in bf16, autocast casts the frozen base weights again in every pass and autograd keeps each
     cast: policy_forward then runs one pass, so the saved bytes do not grow with the number of buckets."""
-    from entropy_rft.forward import length_buckets
-    from entropy_rft.policy import prepare_policy
+    from entropy_rft.train.forward import length_buckets
+    from entropy_rft.train.policy import prepare_policy
 
     cfg = load_config(None, precision="bf16", lora_rank=4, probe_every=0)
     model = prepare_policy(load_policy("countdown-tiny", torch.device("cpu"), trainable=True)[0], cfg)
@@ -394,6 +404,7 @@ def test_lora_under_bf16_keeps_one_pass():
     assert saved(4) == saved(1)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("micro", [12, 3])
 def test_zero_advantage_rows_skip_the_backward_not_the_update(policy, micro):
     """Rows with advantage exactly 0 run their forward without a graph (fewer bytes saved for the backward), yet the

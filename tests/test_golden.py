@@ -12,7 +12,7 @@ The bounds. Two platforms differ only in the order of float32 summations (vector
 kernels). A forward pass of the shipped policy (L layers, widest dot product n) gives logits within
 FORWARD = (2L + 3) n 2^-24 of their exact value, relative to the largest logit: 2L + 3 rounded contributions
 reach the residual stream and the head, and a float32 dot product of length n rounds up to n times (the count
-entropy_rft.invariants.stats_tolerance uses and tests/test_recipe_shapes.py checks against float64). The policy here
+tests/invariants.py's stats_tolerance uses and tests/test_recipe_shapes.py checks against float64). The policy here
 has L = 4, n = 384: FORWARD = 2.5e-4. Each platform is within FORWARD of the exact step, so two are within
 2 FORWARD per step; a step's statistics feed the next step's weights through Adam, whose update
 m / (sqrt(v) + eps) changes by at most twice the relative change of its gradient (m is linear in it, sqrt(v) halves
@@ -137,6 +137,7 @@ def beyond_bounds(got: dict, want: dict) -> list[str]:
     return problems
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(CASES))
 def test_golden_case(name, tmp_path):
     """The case's metrics, evaluations and final weights: within the derived bounds on any platform (decisions
@@ -159,13 +160,14 @@ def test_golden_case(name, tmp_path):
         assert got["weights"] == want["weights"]
 
 
+@pytest.mark.slow
 def test_a_changed_step_fails_the_bounded_tier(tmp_path, monkeypatch):
     """Mutation check: with Clip_B's filter computed but not applied to the loss (the real step's decision keeps
     every valid token in the loss mask: the paper's method silently off), the clip_b case falls outside the bounded
     tier's bounds: the tier protects on every platform, not only where it is bit-exact."""
     import dataclasses
 
-    from entropy_rft import step
+    from entropy_rft.train import step
 
     decide = step.Step.decide
 

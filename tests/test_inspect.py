@@ -18,7 +18,7 @@ from entropy_rft import samples
 from entropy_rft.commands import inspect_page
 from entropy_rft.config import load_config
 from entropy_rft.logging import read_metrics
-from entropy_rft.trainer import train
+from entropy_rft.train.trainer import train
 
 # two methods on the same seed: the same rollouts at step 1; Clip_B at mu 0.5 clips tokens in negative samples
 RUN = dict(
@@ -142,6 +142,7 @@ def test_inspect_without_samples_names_the_fix(tmp_path, capsys):
 # The trainer's samples
 
 
+@pytest.mark.slow
 def test_trainer_terms_sum_to_the_logged_prediction(runs):
     """Every group written: each step's file holds every valid token once; the terms sum to eq. 23's total, and that
     plus the recorded lr/|T_B| E[A] E[S_c] is the step's logged entropy_change/predicted (Corollary 4). The
@@ -187,6 +188,7 @@ def test_trainer_terms_sum_to_the_logged_prediction(runs):
     assert same(grpo) == same(clip_b)  # one seed: the same rollouts at step 1
 
 
+@pytest.mark.slow
 def test_resume_cuts_the_samples_after_its_checkpoint(runs, tmp_path):
     """A run resumed from its checkpoint (step 2, trained on to step 3) first removes the samples of later steps and
     a half-written file that a killed run left; the samples of steps up to the checkpoint stay as they were, and
@@ -270,6 +272,7 @@ def _check_details(page, rec: dict, k: int, j: int, t: int) -> None:
         assert fields["term"].startswith("0, clipped") and _close(shown, would)
 
 
+@pytest.mark.slow
 def test_page_in_chromium(runs, tmp_path):
     """Headless Chromium loads the page of grpo, clip_b and a crafted run from disk: no console error, no request but
     the page itself. For step 1, then step 2 chosen with the keyboard: one token element per written token of each

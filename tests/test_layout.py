@@ -1,14 +1,11 @@
-"""The package's layout holds its borders (issue 55): core/ imports nothing outside core/, the flat layout's module
-names import as the moved modules, and the maps in docs/design.md and the README name the package as it is."""
+"""The package's layout holds its borders (issues 55 and 65): core/ imports nothing outside core/; train/ imports
+neither commands/ nor integrations/, and only they import it; nothing outside commands/ imports it; the top level
+holds at most 10 modules; the maps in docs/design.md and the README name the package as it is. Each border check
+has a twin that plants a crossing and sees the check report it."""
 
 import ast
-import importlib
 import re
 from pathlib import Path
-
-import pytest
-
-import entropy_rft
 
 ROOT = Path(__file__).resolve().parents[1]
 PKG = ROOT / "entropy_rft"
@@ -19,11 +16,12 @@ def modules(folder: Path) -> set[str]:
     return {p.relative_to(PKG).as_posix() for p in folder.rglob("*.py") if p.stem not in ("__init__", "__main__")}
 
 
-def imported(path: Path) -> set[str]:
-    """The entropy_rft modules (or packages) a file imports, function-level imports included, made absolute."""
-    package = ".".join(path.relative_to(ROOT).with_suffix("").parts[:-1])
+def imported(path: Path, root: Path = ROOT) -> set[str]:
+    """The entropy_rft modules (or packages) a file imports, function-level imports included, made absolute (root:
+    the folder that holds the package)."""
+    package = ".".join(path.relative_to(root).with_suffix("").parts[:-1])
     if path.stem == "__init__":
-        package = ".".join(path.relative_to(ROOT).parent.parts)
+        package = ".".join(path.relative_to(root).parent.parts)
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom):
@@ -52,29 +50,96 @@ def test_the_import_check_sees_an_import_outside_core(tmp_path):
     """The check above can fail: a relative import that leaves core/ is read as the module it names."""
     fake = PKG / "core" / "_layout_probe.py"
     try:
-        fake.write_text("def f():\n    from ..trainer import train\n    from . import masks\n")
-        assert imported(fake) == {"entropy_rft.trainer", "entropy_rft.core.masks"}
+        fake.write_text("def f():\n    from ..train.trainer import train\n    from . import masks\n")
+        assert imported(fake) == {"entropy_rft.train.trainer", "entropy_rft.core.masks"}
     finally:
         fake.unlink()
 
 
-@pytest.mark.parametrize("old, new", sorted(entropy_rft.MOVED.items()))
-def test_a_flat_layout_name_imports_the_moved_module(old, new):
-    assert not (PKG / (old.split(".", 1)[1] + ".py")).exists()  # one file, under its new name
-    assert importlib.import_module(old) is importlib.import_module(new)
+def crossings(pkg: Path, folder: str, *, never: tuple[str, ...], only_from: tuple[str, ...]) -> set[str]:
+    """The imports that cross `folder`'s border, as "file imports module" (function-level imports included): a file of
+    pkg/folder importing a module under one of the folders `never`, or a file outside folder and outside the folders
+    `only_from` importing a module under folder."""
+
+    def under(module: str, folders: tuple[str, ...]) -> bool:
+        return any(module == f"entropy_rft.{f}" or module.startswith(f"entropy_rft.{f}.") for f in folders)
+
+    def file_in(path: Path, folders: tuple[str, ...]) -> bool:
+        return path.relative_to(pkg).parts[0] in folders
+
+    found = set()
+    for path in pkg.rglob("*.py"):
+        for module in imported(path, pkg.parent):
+            inside = file_in(path, (folder,))
+            if (inside and under(module, never)) or (
+                not inside and not file_in(path, only_from) and under(module, (folder,))
+            ):
+                found.add(f"{path.relative_to(pkg).as_posix()} imports {module}")
+    return found
 
 
-def test_an_old_class_path_unpickles_as_the_moved_class():
-    """Older runs' trainer_state.pt pickled classes under the flat layout's module paths."""
-    import pickle
+# What each folder may import, and who may import it (issue 65). train/ is the built-in trainer's band: it sits
+# below the command line and the engines' adapters, and above everything else of the package.
+TRAIN = {"never": ("commands", "integrations"), "only_from": ("commands", "integrations")}
+# commands/ holds what only the command line uses: nothing else of the package imports it, and it uses no adapter.
+COMMANDS = {"never": ("integrations",), "only_from": ()}
 
-    from entropy_rft.core.control import MuControl as cls
 
-    blob = pickle.dumps(cls, protocol=0).replace(  # protocol 0 writes the path as text
-        b"entropy_rft.core.control", b"entropy_rft.control"
+def test_train_imports_neither_commands_nor_integrations_and_only_they_import_it():
+    assert not crossings(PKG, "train", **TRAIN), sorted(crossings(PKG, "train", **TRAIN))
+
+
+def test_commands_import_no_integration_and_nothing_else_imports_them():
+    assert not crossings(PKG, "commands", **COMMANDS), sorted(crossings(PKG, "commands", **COMMANDS))
+
+
+def test_the_top_level_holds_at_most_ten_modules():
+    """What several folders share stays at the top; everything else lives in a folder. __init__.py is counted."""
+    top = sorted(p.name for p in PKG.glob("*.py"))
+    assert "__init__.py" in top and len(top) <= 10, top
+
+
+def plant(tmp_path: Path, files: dict[str, str]) -> Path:
+    """A stand-in package under tmp_path holding files (path relative to entropy_rft/ -> source); the real package
+    is never written to."""
+    pkg = tmp_path / "entropy_rft"
+    for name, source in files.items():
+        (pkg / name).parent.mkdir(parents=True, exist_ok=True)
+        (pkg / name).write_text(source)
+    return pkg
+
+
+def test_the_train_border_check_sees_a_crossing_each_way(tmp_path):
+    """The train/ check can fail: train/ importing the command line (relative, at module level) and run/ importing
+    train/ (inside a function) are both reported; train/ importing run/, and commands/ importing train/, are not."""
+    pkg = plant(
+        tmp_path,
+        {
+            "train/step.py": "from ..commands.cli import main\nfrom ..run import stops\n",
+            "run/record.py": "def f():\n    from ..train.step import Step\n",
+            "commands/demo.py": "from entropy_rft.train.trainer import train\n",
+        },
     )
-    assert b"entropy_rft.control" in blob
-    assert pickle.loads(blob) is cls
+    assert crossings(pkg, "train", **TRAIN) == {
+        "train/step.py imports entropy_rft.commands.cli",
+        "run/record.py imports entropy_rft.train.step",
+    }
+
+
+def test_the_commands_border_check_sees_a_crossing_each_way(tmp_path):
+    """The commands/ check can fail: commands/ importing an adapter, and an adapter importing commands/ (the
+    direction integrations/trl_countdown.py once took), are both reported; commands/ importing train/ is not."""
+    pkg = plant(
+        tmp_path,
+        {
+            "commands/cli/train.py": "from ...integrations import trl\nfrom ...train.trainer import train\n",
+            "integrations/trl_countdown.py": "from ..commands.demo import run_config\n",
+        },
+    )
+    assert crossings(pkg, "commands", **COMMANDS) == {
+        "commands/cli/train.py imports entropy_rft.integrations",
+        "integrations/trl_countdown.py imports entropy_rft.commands.demo",
+    }
 
 
 def design_map() -> set[str]:
@@ -127,16 +192,3 @@ def test_the_readme_layout_names_what_exists_and_every_folder():
     assert not missing, f"the README's layout names {sorted(missing)}"
     top = {p.name + "/" for p in PKG.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
     assert top - paths == set(), "folders missing from the README's layout"
-
-
-def test_the_flat_layouts_command_module_still_runs():
-    """`python -m entropy_rft.cli` (scripts written for the flat layout) runs the command line: a moved package stays
-    a package, so its __main__ is found."""
-    import subprocess
-    import sys
-
-    done = subprocess.run(
-        [sys.executable, "-m", "entropy_rft.cli", "--version"], capture_output=True, text=True, cwd=ROOT, timeout=120
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.startswith("entropy-rft ")

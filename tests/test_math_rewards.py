@@ -73,6 +73,7 @@ def _sleepy(seconds: float, value: int) -> int:
     return value
 
 
+@pytest.mark.slow
 def test_timeout_pool_scores_a_hung_check_and_keeps_the_rest():
     """A call past the timeout gets on_timeout's value; every other call still returns its own result."""
     pool = TimeoutPool(workers=2, timeout=1.0)
@@ -117,6 +118,7 @@ def _worker_pids() -> set[int]:
     return {p.pid for p in multiprocessing.active_children()}
 
 
+@pytest.mark.slow
 def test_timeout_pool_scores_hung_crashed_and_raising_checks_wrong():
     """A hung check, a check that kills its worker and a check that raises each get on_timeout's value quickly
     (each within its timeout, not a wait on a dead process); the others keep their results; the pool then scores
@@ -133,6 +135,7 @@ def test_timeout_pool_scores_hung_crashed_and_raising_checks_wrong():
         pool.close()
 
 
+@pytest.mark.slow
 def test_timeout_pool_recovers_from_killed_workers():
     """Killing every worker process of the pool (os.kill, SIGKILL) between two batches does not cost a result:
     the next batch is scored correctly, by replacement workers, well within the time a timeout would take."""
@@ -152,6 +155,7 @@ def test_timeout_pool_recovers_from_killed_workers():
         pool.close()
 
 
+@pytest.mark.slow
 def test_timeout_pool_scores_a_call_whose_worker_is_killed_wrong():
     """A worker killed in the middle of a call: that call is scored by on_timeout as soon as the death is seen
     (well before its timeout), the rest of the batch keeps its results."""
@@ -172,6 +176,7 @@ def test_timeout_pool_scores_a_call_whose_worker_is_killed_wrong():
         pool.close()
 
 
+@pytest.mark.slow
 def test_pathological_answer_is_timed_out_and_scored_wrong():
     """A stated answer whose check does not finish (a power tower that sympy tries to evaluate: minutes in
     math-verify without its own timeout) is scored as a wrong answer after the task's timeout; the right answer

@@ -13,7 +13,7 @@ import torch
 
 from entropy_rft.config import load_config
 from entropy_rft.metric_names import BY_NAME, METRICS, undocumented
-from entropy_rft.trainer import train
+from entropy_rft.train.trainer import train
 
 # one run per family of keys: a filter of each score, a gated filter, token weights (STARE), a loss of its own
 # (KL-Cov), the critic, an entropy bonus, the
@@ -61,12 +61,14 @@ def written(tmp_path_factory) -> dict[str, set[str]]:
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", CASES)
 def test_every_key_a_run_writes_is_in_the_reference(written, case):
     """Property: no key of a real run's metrics.jsonl is missing from the list the reference is generated from."""
     assert undocumented(written[case], "trainer") == []
 
 
+@pytest.mark.slow
 def test_every_trainer_key_of_the_reference_is_written_by_some_run(written):
     """Property: the list names no trainer key that the runs above do not write (no stale or invented entry)."""
     seen = set().union(*written.values())

@@ -15,12 +15,12 @@ from conftest import FIXTURES
 from entropy_rft.commands.pipeline import EvalRequest, dry_run, filter_to_dir, parse_data_specs
 from entropy_rft.config import load_config
 from entropy_rft.evaluate import evaluate_datasets, results_markdown
-from entropy_rft.forward import policy_forward
-from entropy_rft.policy import STAND_IN, load_policy, prepare_policy, resolve_model_path
 from entropy_rft.rollout import HFEngine
 from entropy_rft.rollout.hf import Rollout, render_prompts
 from entropy_rft.rollout.vllm import VLLMEngine, merged_state_dict, rollout_from_outputs, unmerge
 from entropy_rft.tasks import TASKS, MathProblem
+from entropy_rft.train.forward import policy_forward
+from entropy_rft.train.policy import STAND_IN, load_policy, prepare_policy, resolve_model_path
 
 RECIPES = sorted((Path(__file__).parent.parent / "entropy_rft" / "configs" / "paper").glob("*.yaml"))
 pytest.importorskip("math_verify")
@@ -141,6 +141,7 @@ def test_eval_cli_on_fixture_datasets(tmp_path, capsys):
     assert (tmp_path / "pass_rates.png").stat().st_size > 0
 
 
+@pytest.mark.slow
 def test_eval_quiet_draws_no_generation_bar(tmp_path, capsys):
     """`eval --quiet` generates without the per-batch bar that a plain eval draws on stderr (four batches here:
     --batch-size 3 holds one problem's 3 samples), and scores the same: the bar is display only."""
@@ -193,6 +194,7 @@ def test_recipe_holds_the_papers_settings(path):
     assert yaml.safe_load(path.read_text())["method"] == cfg.method
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", RECIPES, ids=[p.stem for p in RECIPES])
 def test_recipe_dry_run(path, tmp_path):
     """`train --dry-run`: the recipe validates and runs two finite steps on the CPU stand-in."""
@@ -202,6 +204,7 @@ def test_recipe_dry_run(path, tmp_path):
     assert len(metrics) == 2 and all(torch.isfinite(torch.tensor(m["entropy"])) for m in metrics)
 
 
+@pytest.mark.slow
 def test_dry_run_cli(tmp_path, capsys):
     """`entropy-rft train --config RECIPE --dry-run` prints its report and a pass line."""
     from entropy_rft.commands.cli import main
@@ -543,12 +546,13 @@ def test_vllm_engine_without_vllm_says_how_to_install():
         ENGINES.get("vllm")(None, type("T", (), {"eos_token_id": 1})(), load_config(None, engine="vllm"), "x")
 
 
+@pytest.mark.slow
 def test_eval_of_a_run_scores_it_as_the_run_did(tmp_path, capsys, monkeypatch):
     """eval --model RUN_DIR, or RUN_DIR/checkpoint-N, scores the run's checkpoint on the run's own task, evaluation
     data and response limit, read from its config.yaml (not the shipped countdown at 16 tokens), with a note naming
     them; an option given on the command line wins over the run's. A checkpoint whose weights changed since they were
     written is refused naming the file, before anything is written."""
-    from entropy_rft.cli import main
+    from entropy_rft.commands.cli import main
 
     monkeypatch.chdir(tmp_path)
     tiny = ["prompts_per_step=2", "group_size=2", "eval_problems=2", "eval_k=1"]

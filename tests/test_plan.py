@@ -10,8 +10,9 @@ import torch
 import yaml
 
 from entropy_rft.config import load_config
-from entropy_rft.forward import policy_forward
-from entropy_rft.plan import (
+from entropy_rft.rollout.hf import Rollout
+from entropy_rft.train.forward import policy_forward
+from entropy_rft.train.plan import (
     GIB,
     SHAPES_DIR,
     ModelShape,
@@ -20,8 +21,7 @@ from entropy_rft.plan import (
     plan_memory,
     shipped_shape_dir,
 )
-from entropy_rft.policy import prepare_policy
-from entropy_rft.rollout.hf import Rollout
+from entropy_rft.train.policy import prepare_policy
 
 ROOT = Path(__file__).parent.parent / "entropy_rft" / "configs"
 RECIPES = sorted((ROOT / "paper").glob("*.yaml")) + sorted((ROOT / "one_gpu").glob("*.yaml"))

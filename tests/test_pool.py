@@ -11,11 +11,11 @@ import pytest
 import torch
 
 from entropy_rft.evaluate import sample_correctness
-from entropy_rft.policy import load_policy
-from entropy_rft.problems import SHIPPED_DATA, default_data
 from entropy_rft.tasks import TASKS
 from entropy_rft.tasks.countdown import Problem, random_problem
 from entropy_rft.toy import PARTIAL, STRATA, PoolConfig, _PoolState, build_pool, stratum
+from entropy_rft.train.policy import load_policy
+from entropy_rft.train.problems import SHIPPED_DATA, default_data
 
 SHIPPED = SHIPPED_DATA["countdown5_large"]
 
@@ -48,6 +48,7 @@ def test_stratum_follows_its_definition():
             stratum(c, n)
 
 
+@pytest.mark.slow
 def test_small_build_is_deterministic_a_prefix_and_resamples_to_the_same_counts(engine, tmp_path):
     """Two builds with the same settings write the same bytes; a build keeping more training problems starts with
     the smaller one's rows; every kept problem's pass rate, sampled again with its chunk's seed, is the recorded one
@@ -105,6 +106,7 @@ def test_small_build_is_deterministic_a_prefix_and_resamples_to_the_same_counts(
     assert sum(info["strata"].values()) == 10
 
 
+@pytest.mark.slow
 def test_a_stopped_build_resumes_to_the_unstopped_files(engine, tmp_path, monkeypatch):
     """A build stopped after its second chunk (the sampling call of the third raises, as a kill there would) resumes
     from the state it saved and writes the same train.jsonl and eval.jsonl bytes and build.json counts as a build
@@ -165,6 +167,7 @@ def test_shipped_split_sizes_filter_strata_and_disjointness():
     assert build["config"] == {**PoolConfig().__dict__}
 
 
+@pytest.mark.slow
 def test_shipped_split_regenerates_from_its_seed(engine, tmp_path):
     """The shipped files come from PoolConfig's defaults: a build keeping the first 40 training problems (one chunk
     of the stream; the 1,000 evaluation problems at 64 samples each, about 20 s on one thread) reproduces the shipped

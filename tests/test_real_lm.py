@@ -30,7 +30,7 @@ needs_wheel = pytest.mark.skipif(packaged.missing(NAME) is not None, reason=str(
 def test_missing_wheel_is_one_line_naming_the_install_step(monkeypatch, tmp_path):
     """Without the wheel, resolving the name raises one line that names the install command, and nothing is left in
     the cache."""
-    from entropy_rft.policy import resolve_model_path
+    from entropy_rft.train.policy import resolve_model_path
 
     monkeypatch.setenv("ENTROPY_RFT_CACHE", str(tmp_path))
     monkeypatch.setattr(packaged.importlib.util, "find_spec", lambda name, *a: None)
@@ -86,7 +86,7 @@ def test_countdown_in_words_prompt_states_the_problem_and_the_answer_form():
     text = TASKS.get("countdown_chat").prompt(PROBLEM)
     assert "3, 5, 7" in text and "equals 22" in text and text.endswith("$Expression is the expression.")
     assert stated_answer("x\nAnswer: 1+2") == ("1+2", True)
-    from entropy_rft.problems import default_data
+    from entropy_rft.train.problems import default_data
 
     assert default_data(resolve_config({"model": NAME}), "train").name == "train.jsonl"
 
@@ -97,14 +97,14 @@ def test_countdown_in_words_prompt_states_the_problem_and_the_answer_form():
 
 @pytest.fixture(scope="module")
 def converted():
-    from entropy_rft.policy import resolve_model_path
+    from entropy_rft.train.policy import resolve_model_path
 
     return Path(resolve_model_path(NAME))
 
 
 @pytest.fixture(scope="module")
 def policy(converted):
-    from entropy_rft.policy import load_policy
+    from entropy_rft.train.policy import load_policy
 
     return load_policy(NAME, torch.device("cpu"))
 
@@ -115,7 +115,7 @@ def test_conversion_writes_a_model_card_recording_the_dequantisation(converted):
     """The cache holds a save_pretrained directory (config without a quantisation entry, safetensors, tokenizer
     with the chat template) and a model card naming the Q4_1 dequantisation and the GGUF's sha256; a second
     resolve reuses it."""
-    from entropy_rft.policy import resolve_model_path
+    from entropy_rft.train.policy import resolve_model_path
 
     card = json.loads((converted / "card.json").read_text())
     assert card["parameters"] == 134_515_008 and card["weights"].startswith("Q4_1 GGUF dequantised to float32")
@@ -138,7 +138,7 @@ def test_math_and_countdown_prompts_render_as_chat_turns(converted):
     opened."""
     from transformers import AutoTokenizer
 
-    from entropy_rft.data import synthetic_problems
+    from entropy_rft.tasks.data import synthetic_problems
     from entropy_rft.tasks.math import DAPO_PREFIX, DAPO_SUFFIX
 
     tokenizer = AutoTokenizer.from_pretrained(converted)
@@ -216,8 +216,6 @@ def _decode_error(model, tokenizer, ids, mask, tokens, logp):
     return float((logp - token_stats(logits, tokens, temperature=1.0).logp).abs()[rmask].max())
 
 
-@pytest.mark.real_lm
-@needs_wheel
 def amx_bf16_in_use() -> bool:
     """Whether oneDNN may run this process's bfloat16 matmuls on AMX tiles: the CPU has amx_bf16 and
     ONEDNN_MAX_CPU_ISA does not cap oneDNN below AMX. AMX kernels block a GEMM by its shape, so one product computed
@@ -232,6 +230,8 @@ def amx_bf16_in_use() -> bool:
     return "amx_bf16" in flags and (cap == "ALL" or "AMX" in cap)
 
 
+@pytest.mark.real_lm
+@needs_wheel
 def test_hand_decode_is_exact_on_smollm2_in_bfloat16_against_eager_attention(policy):
     """The model in bfloat16 with transformers' eager attention (whose arithmetic decode.py mirrors): the hand step
     samples the same tokens as the model's forward and the same log-probs, bit for bit, where bfloat16 matmuls do not
@@ -301,7 +301,7 @@ SMALL_RUN = {
 def test_one_training_step_on_smollm2(converted, tmp_path, lora_rank):
     """The built-in trainer runs a step on the packaged model by name, full and LoRA, with the recipe's chat
     prompts: the step's mean token entropy lies inside (0, log V) and the final checkpoint is written."""
-    from entropy_rft.trainer import train
+    from entropy_rft.train.trainer import train
 
     cfg = resolve_config({"model": NAME, "out": str(tmp_path / "run"), "lora_rank": lora_rank, **SMALL_RUN})
     summary = train(cfg)

@@ -222,6 +222,7 @@ def _close(a, b, path="") -> None:
         assert a == b, path
 
 
+@pytest.mark.slow
 def test_committed_analysis_is_the_registered_script_on_the_committed_cells(tmp_path, capsys):
     """benchmarks/real_lm_study/{cells.jsonl,study.json,study.md} are what the registered `analyse` writes today from
     the 15 committed cell records and initial.json: the same cells, every figure to float rounding, every verdict."""

@@ -158,6 +158,7 @@ def test_clip_summary_reads_the_realised_share_and_threshold(records):
     assert out["share_max"] < 1 and out["threshold_median"] == pytest.approx(float(np.median(thr)))
 
 
+@pytest.mark.slow
 def test_the_analysis_writes_its_tables_and_figure_from_cell_records(records, tmp_path):
     """cmd_analyse reads cells/<arm>/<seed dir>/cell.json, writes cells.jsonl, study.json, study.md (each arm's
     per-seed differences and its verdict) and curves.png."""

@@ -1,6 +1,6 @@
 """Every shipped recipe (configs/paper, configs/one_gpu), scaled down to a random-init model of its own architecture
 and run with its real settings otherwise (bf16 autocast, gradient checkpointing, LoRA, micro-batch size, loss
-aggregation, method, policy loss, advantage estimator, mini-batches): the guarantees of entropy_rft/invariants.py.
+aggregation, method, policy loss, advantage estimator, mini-batches): the guarantees of tests/invariants.py.
 
 - strict on-policy: the update's forward equals the statistics pass bit for bit, ratio exactly 1, no clipping
   (an off-policy recipe: its first optimizer step, which runs at the behaviour policy's weights);
@@ -24,11 +24,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 pytest.importorskip("peft")
-from entropy_rft.config import load_config
-from entropy_rft.core.advantages import ADVANTAGES
-from entropy_rft.core.methods import METHODS
-from entropy_rft.forward import policy_forward
-from entropy_rft.invariants import (
+from invariants import (
     StepRecord,
     float64_reference,
     grad_distance,
@@ -38,9 +34,14 @@ from entropy_rft.invariants import (
     stats_tolerance,
     synthetic_batch,
 )
-from entropy_rft.policy import ValueHead
-from entropy_rft.rules import StepRules, passes
-from entropy_rft.step import behaviour_statistics
+
+from entropy_rft.config import load_config
+from entropy_rft.core.advantages import ADVANTAGES
+from entropy_rft.core.methods import METHODS
+from entropy_rft.train.forward import policy_forward
+from entropy_rft.train.policy import ValueHead
+from entropy_rft.train.rules import StepRules, passes
+from entropy_rft.train.step import behaviour_statistics
 
 CONFIGS = Path(__file__).parents[1] / "entropy_rft" / "configs"
 RECIPES = sorted(CONFIGS.glob("paper/*.yaml")) + sorted(CONFIGS.glob("one_gpu/*.yaml"))
@@ -125,6 +126,7 @@ def filter_keep(cfg, stats, adv, mask, rows=None):
     return torch.cat(parts)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: f"{p.parent.name}/{p.stem}")
 def test_recipe_invariants(recipe):
     """The recipe's step in its own precision and micro-batch size, against the same step with another micro-batch
@@ -168,6 +170,7 @@ for _recipe in RECIPES:
     SHAPES.setdefault((_cfg.model, _cfg.lora_rank, _cfg.gradient_checkpointing), _recipe)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("recipe", sorted(SHAPES.values()), ids=lambda p: f"{p.parent.name}/{p.stem}")
 @pytest.mark.parametrize("precision", ["bf16", "fp32"])
 def test_statistics_against_float64(recipe, precision):
@@ -248,6 +251,7 @@ def contribution_sizes(cfg, model, scored) -> tuple[StepRecord, list[float]]:
 #     |g_a - g_b| <= 2^-24 sum_t (8 + 4 |log p_t|) |c_t| + 2 N 2^-53 sum_t |c_t|,
 # which, unlike N 2^-24 |g|, holds when the contributions cancel (|g| << sum_t |c_t|). A random search with this
 # bound runs on every CI run (the earlier bound failed on per_mini_batch 2, group 3, response 1, micro 1, seed 541).
+@pytest.mark.slow
 @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     per_mini_batch=st.integers(1, 2),
@@ -289,6 +293,7 @@ def test_invariants_over_batch_shapes(per_mini_batch, group, response, micro, se
         assert grad_distance(ga, gw) <= (2.0**-24 + n * 2.0**-55) * size
 
 
+@pytest.mark.slow
 def test_a_per_micro_batch_filter_is_caught(monkeypatch):
     """Mutation check: a trainer whose step filtered each micro-batch on its own (verl #7829's KL-Cov selection)
     fails the whole-batch keep-mask check of test_invariants_over_batch_shapes on some of a few batch shapes. The
@@ -351,6 +356,7 @@ def f64_reference_model(cfg):
     return _REF["ref"]
 
 
+@pytest.mark.slow
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
 @given(
     agg=st.sampled_from(["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]),

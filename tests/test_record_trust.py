@@ -43,7 +43,7 @@ if os.environ.get("TEST_NAN_GRAD_AT"):  # the gradient norm of the Nth optimizer
         return norm * float("nan") if clip_calls[0] == int(os.environ["TEST_NAN_GRAD_AT"]) else norm
     torch.nn.utils.clip_grad_norm_ = clip_grad_norm_
 if os.environ.get("TEST_NAN_LOGITS_AT_STEP"):  # the logits step N samples from are NaN
-    import entropy_rft.problems as problems
+    import entropy_rft.train.problems as problems
     import entropy_rft.rollout.sampling as sampling
     real_batch, real_logits, poisoned = problems.sample_batch, sampling.nucleus_logits, [False]
     def sample_batch(engine, task, sampler, cfg, step):
@@ -95,6 +95,7 @@ def computed(row: dict) -> dict:
 # 1. Resume trusts only what it can check
 
 
+@pytest.mark.slow
 def test_a_cut_metrics_line_is_trained_again_never_a_gap(trained3, tmp_path):
     """The issue's case: the last line of metrics.jsonl cut short after checkpoint-3 was written. --resume --steps 5
     warns naming metrics.jsonl:3 and goes back to checkpoint-2: the file then holds steps 1-5, step 3's line as the
@@ -121,6 +122,7 @@ def test_a_cut_metrics_line_is_trained_again_never_a_gap(trained3, tmp_path):
     assert snapshot(run) == before
 
 
+@pytest.mark.slow
 def test_a_damaged_samples_file_is_written_again(trained3, tmp_path):
     """samples/step-000003.json.gz cut in half (the finished run's last step): --resume-or-start warns naming it and
     goes back to checkpoint-2, so step 3 is trained again and its samples file is the first one again, byte for
@@ -140,6 +142,7 @@ def test_a_damaged_samples_file_is_written_again(trained3, tmp_path):
     assert [r["step"] for r in rows(run)] == [1, 2, 3]
 
 
+@pytest.mark.slow
 def test_damaged_weights_are_named_and_resume_goes_back(trained3, tmp_path):
     """The issue's case: 4 KiB of random bytes in the middle of checkpoint-3's model.safetensors, its header intact
     (it loads, holding non-finite values). --resume warns naming that file as damaged (its checksum, written with
@@ -174,6 +177,7 @@ def test_damaged_weights_are_named_and_resume_goes_back(trained3, tmp_path):
     assert snapshot(run) == before
 
 
+@pytest.mark.slow
 def test_a_hand_edit_of_config_yaml_is_refused_naming_the_fields(trained3, tmp_path):
     """config.yaml edited between a stop and --resume: group_size 4 -> 8, or lr deleted, is refused (exit 2, one
     line naming the field and its new value) and the record is unchanged; steps edited is refused too, with the way
@@ -214,6 +218,7 @@ def test_a_hand_edit_of_config_yaml_is_refused_naming_the_fields(trained3, tmp_p
 # 2. Settings that cannot run; steps that are not finite
 
 
+@pytest.mark.slow
 def test_settings_that_cannot_run_are_one_line_before_the_directory_is_taken(tmp_path):
     """lr 1e30 (the issue: a committed step of weights near 1e30, then a traceback), a learning rate below float32's
     range, max_new_tokens 1e9 (the issue: a 2 TB allocation) and a batch of 1e8 prompts: exit 2, one line naming the
@@ -230,6 +235,7 @@ def test_settings_that_cannot_run_are_one_line_before_the_directory_is_taken(tmp
         assert not (tmp_path / "runs").exists()
 
 
+@pytest.mark.slow
 def test_a_step_that_is_not_finite_is_not_committed(hooks, tmp_path):
     """A NaN gradient norm at step 3: exit 2, one line naming step 3 and checkpoint-2; metrics.jsonl ends at step 2,
     checkpoint-2 is the newest (latest_checkpoint names it), no eval.json; --resume (the cause gone) finishes the
@@ -264,6 +270,7 @@ def test_a_step_that_is_not_finite_is_not_committed(hooks, tmp_path):
 # 3. The minor items
 
 
+@pytest.mark.slow
 def test_a_full_disk_before_any_checkpoint_advises_what_works(hooks, tmp_path):
     """The disk fills at a new run's first checkpoint: the one line advises --resume-or-start (plain --resume would
     be refused: no checkpoint), and that command finishes the run."""
@@ -283,6 +290,7 @@ def test_a_full_disk_before_any_checkpoint_advises_what_works(hooks, tmp_path):
     assert [r["step"] for r in rows(tmp_path / "r")] == [1]
 
 
+@pytest.mark.slow
 def test_an_overwrite_killed_while_the_old_record_is_aside_resumes_the_old_run(trained3, tmp_path):
     """`train --overwrite` (other settings: eval_k 32) SIGKILLed while it holds the old record aside: `report` says
     where the record is; a plain --resume continues the old run with its own settings (eval_k 2), not the dead
@@ -323,6 +331,7 @@ def test_an_overwrite_killed_while_the_old_record_is_aside_resumes_the_old_run(t
     assert [r["step"] for r in rows(run)] == [1, 2, 3, 4] and "eval_k: 2\n" in (run / "config.yaml").read_text()
 
 
+@pytest.mark.slow
 def test_minor_messages(trained3, tmp_path):
     """eval --data countdown@16 --n 4 is refused as --eval-k 16 --n 4 is; betas=[0.9] says betas takes 2 numbers;
     a trainer_state.pt without its optimizer is one line naming the file and the part."""

@@ -36,9 +36,9 @@ import yaml
 import entropy_rft.commands.pipeline as pipeline
 import entropy_rft.commands.theory as theory
 import entropy_rft.config as config
-import entropy_rft.policy as policy
 import entropy_rft.toy as toy
-import entropy_rft.trainer as trainer
+import entropy_rft.train.policy as policy
+import entropy_rft.train.trainer as trainer
 from entropy_rft.commands.cli import main
 from entropy_rft.run.rundir import RunLock, claim, record_entries
 
@@ -140,6 +140,7 @@ def copy_run(trained: Path, tmp_path: Path) -> Path:
 # Records lost or corrupted (items 1-3)
 
 
+@pytest.mark.slow
 def test_eval_into_a_run_is_refused_and_the_run_still_reports(trained, tmp_path):
     """Item 1: `eval --out r` over a finished run exits 2 naming r/eval.json and leaves the record byte-identical,
     so `report r` still reads it; a directory a live run holds is refused too."""
@@ -181,6 +182,7 @@ def _stop_when_started(
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
+@pytest.mark.slow
 def test_a_run_stopped_before_its_first_step_changes_nothing(trained, tmp_path):
     """Item 2: `train --overwrite` SIGTERMed before its first step exits 128+15 saying no record changed, and the old
     record is byte-identical; a new run stopped so leaves nothing that reads as a record, so the same command is
@@ -304,6 +306,7 @@ def test_no_output_path_changes_a_run_record(command, target, live, tmp_path, mo
 # One line owed (items 5-8)
 
 
+@pytest.mark.slow
 def test_no_space_while_checkpointing_is_one_line_and_resume_recovers(trained, hooks, tmp_path):
     """Item 5: the disk fills while checkpoint-2 is written (safetensors' SafetensorError, OS error 28): exit 2,
     one line naming checkpoint-2, the checkpoint left (checkpoint-1) and --resume; no partial checkpoint remains.
@@ -328,6 +331,7 @@ def test_no_space_while_checkpointing_is_one_line_and_resume_recovers(trained, h
     ).read_bytes()
 
 
+@pytest.mark.slow
 def test_a_truncated_trainer_state_falls_back_to_the_previous_checkpoint(trained, tmp_path):
     """Item 6: checkpoint-2/trainer_state.pt cut in half: --resume warns naming the file and continues from
     checkpoint-1 (step 2 trained again), ending at step 3; with every checkpoint damaged, exit 2 naming the file."""
@@ -349,6 +353,7 @@ def test_a_truncated_trainer_state_falls_back_to_the_previous_checkpoint(trained
     )
 
 
+@pytest.mark.slow
 def test_a_config_yaml_that_is_not_yaml_is_one_line(trained, tmp_path):
     """Item 7: --resume of a run whose config.yaml is not YAML names the file, the line and the way out."""
     run = copy_run(trained, tmp_path)
@@ -379,6 +384,7 @@ def test_study_refuses_unknown_names_and_zero_jobs(tmp_path):
 # Wrong answers (items 9-15)
 
 
+@pytest.mark.slow
 def test_eval_infers_each_data_entrys_task(tmp_path):
     """Item 9: `--data countdown@4,countdown5` evaluates countdown at K 4 and countdown5 at --eval-k, each scored by
     its own task; countdown mixed with a math dataset is refused before any model loads."""
@@ -389,6 +395,7 @@ def test_eval_infers_each_data_entrys_task(tmp_path):
     one_line(cli(["eval", "--data", "countdown,aime24", "--out", "m"], tmp_path), "mixes countdown and math")
 
 
+@pytest.mark.slow
 def test_runs_started_in_the_same_second_get_two_directories(hooks, tmp_path):
     """Item 10: two `train` runs without --out, started at once with the clock frozen at one second, both finish,
     in runs/grpo-20260101-000000 and runs/grpo-20260101-000000-2."""
@@ -473,6 +480,7 @@ def _cell(task: str, method: str, seed: int, steps: int, value: int) -> dict:
     }
 
 
+@pytest.mark.slow
 def test_study_summarise_uses_its_own_cells_and_writes_the_committed_results_only_when_asked(tmp_path):
     """Item 11: a trial's cells (3 steps) beside the study's (150) do not mix in: the summary is headed 150 steps
     and holds only the study's cells; without --dest it goes to OUT/summary and benchmarks/study is untouched; a
@@ -504,6 +512,7 @@ def test_study_summarise_uses_its_own_cells_and_writes_the_committed_results_onl
     } == committed
 
 
+@pytest.mark.slow
 def test_set_reaches_eval_theory_filter_and_pretrain_toy(tmp_path, monkeypatch, capsys):
     """Item 12: --set KEY=VALUE is taken by eval, theory, filter and pretrain-toy under TrainConfig's rules: a bad
     value or a field the subcommand does not use is one line; a good one sets the option mirroring it, and the
@@ -520,6 +529,7 @@ def test_set_reaches_eval_theory_filter_and_pretrain_toy(tmp_path, monkeypatch, 
     assert (seen["request"].temperature, seen["request"].seed, seen["specs"]) == (1.0, 7, [("countdown", 2)])
 
 
+@pytest.mark.slow
 def test_messages_say_what_is_wrong(trained, tmp_path):
     """Item 13: /dev/null is not called a directory; a YAML file passed as a run is called a file; a dangling
     symlink is named as one; a bad metrics.jsonl line is named by file and line (report and --resume); a bad
@@ -561,6 +571,7 @@ def test_messages_say_what_is_wrong(trained, tmp_path):
             assert "(default:" in entries[option], (command, option, entries[option])
 
 
+@pytest.mark.slow
 def test_python_api_refuses_what_it_cannot_compute(tmp_path):
     """Item 14, through `python -c`: token_stats with temperature NaN raises naming it (it gave NaN entropy); an
     empty mask reports frac_clipped 0.0 (it said 1.0); num_tokens=0 raises ValueError naming it (it was a bare
@@ -596,6 +607,7 @@ print(err(lambda: TrainConfig(out=5)))
     assert lines[4].startswith("ConfigError:") and "out is a run directory path" in lines[4]
 
 
+@pytest.mark.slow
 def test_shipped_recipes_by_name_version_and_inspect_html_suffix(trained, tmp_path):
     """Item 15 and issue 33's two items: from a directory without the clone's configs/, `--config
     paper/qwen2.5-7b-instruct_clip_b` reads the shipped recipe and `recipes` lists it, and the README's

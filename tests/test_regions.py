@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tiny import tiny_config
 
-from entropy_rft import step as step_module
-from entropy_rft.config import load_config
 from entropy_rft.core.advantages import broadcast_advantages
 from entropy_rft.core.dynamics import REGIONS
 from entropy_rft.core.methods import METHODS
-from entropy_rft.trainer import train
+from entropy_rft.train import step as step_module
+from entropy_rft.train.trainer import train
 
 U32, U64 = 2.0**-24, 2.0**-53
 NEEDS = {"rsi": {"rsi_lower_bound": 0.05, "rsi_upper_bound": 1.5}}  # a method with no default for a setting
@@ -33,19 +33,7 @@ def _captured_steps(tmp_path, monkeypatch, method: str) -> list[tuple[dict, dict
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the 0.8M-parameter policy: one thread is as fast and spares a shared machine
     try:
-        cfg = load_config(
-            None,
-            steps=2,
-            prompts_per_step=4,
-            group_size=4,
-            lr=1e-3,
-            eval_problems=0,
-            progress=False,
-            samples_every=0,
-            method=method,
-            out=str(tmp_path / "run"),
-            **NEEDS.get(method, {}),
-        )
+        cfg = tiny_config(tmp_path, method=method, **NEEDS.get(method, {}))
         train(cfg)
     finally:
         torch.set_num_threads(threads)
@@ -75,7 +63,7 @@ def test_regions_sum_to_the_prediction_on_every_step(tmp_path, monkeypatch, meth
     entropy_change/predicted within the rounding bound of its arithmetic (_tolerance), are exactly 0 when no loss
     token has A != 0, and clip_frac_by_region/<r> is the fraction of region r's valid tokens (A sign x S* > 0)
     that the method's keep mask removed."""
-    from entropy_rft.diagnostics import loss_step_sizes
+    from entropy_rft.train.diagnostics import loss_step_sizes
 
     for inputs, out in _captured_steps(tmp_path, monkeypatch, method):
         mask, keep, stats = inputs["mask"], inputs["keep"], inputs["stats"]

@@ -4,26 +4,17 @@ import json
 
 import numpy as np
 import pytest
+from tiny import THREE_STEPS, tiny_config
 
 from entropy_rft.commands.cli import main
 from entropy_rft.commands.report import build_report, correlation, prediction_summary, sign_base_rate
 from entropy_rft.config import load_config
 from entropy_rft.logging import read_metrics
-from entropy_rft.trainer import train
+from entropy_rft.train.trainer import train
 
 
 def small(tmp_path, name, **kw):
-    base = dict(
-        steps=3,
-        prompts_per_step=4,
-        group_size=4,
-        lr=1e-4,
-        eval_problems=8,
-        eval_k=2,
-        progress=False,
-        out=str(tmp_path / name),
-    )
-    return load_config(None, **{**base, **kw})
+    return tiny_config(tmp_path, name, shape=THREE_STEPS, **kw)
 
 
 def test_correlation_matches_numpy():
@@ -85,6 +76,7 @@ def test_report_shows_first_order_beside_realised(tmp_path):
     assert not (tmp_path / "rep" / "entropy_by_region.png").exists()  # a run without the regions: no region figure
 
 
+@pytest.mark.slow
 def test_report_writes_every_figure(tmp_path):
     """Two Clip_B runs at different mu and a GRPO run give all figures, the mu figure included."""
     for name, kw in {
@@ -121,6 +113,7 @@ def test_report_rejects_a_directory_without_metrics(tmp_path):
         build_report([tmp_path], tmp_path / "rep")
 
 
+@pytest.mark.slow
 def test_sweep_resumes(tmp_path, capsys):
     """A rerun of the same sweep skips finished (method, mu) runs."""
     args = ["sweep", "--method", "clip_v", "--mu", "1,3", "--steps", "1", "--out", str(tmp_path), "--quiet"]
@@ -131,6 +124,7 @@ def test_sweep_resumes(tmp_path, capsys):
     assert (tmp_path / "clip_vs_mu.png").exists()
 
 
+@pytest.mark.slow
 def test_trainer_with_entropy_targets(tmp_path):
     """The mu controller logs its mu and kappa each step; the adaptive bonus logs a moving coefficient."""
     cfg = small(tmp_path, "mu", method="clip_b", entropy_target=5.0, steps=3)
@@ -149,6 +143,7 @@ def test_target_config_errors():
         load_config(None, method="clip_b", entropy_target=0.3, entropy_control="pid")
 
 
+@pytest.mark.slow
 def test_theory_cli_tabular(capsys):
     main(["theory", "--no-model"])
     assert "Theorem 2: dz = alpha (e_k - p)" in capsys.readouterr().out

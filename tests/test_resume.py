@@ -15,10 +15,10 @@ import torch
 
 from entropy_rft.config import load_config
 from entropy_rft.logging import MetricLogger, read_metrics
-from entropy_rft.policy import load_policy
-from entropy_rft.problems import ProblemSampler
 from entropy_rft.run.checkpoint import find_checkpoint, save_checkpoint
-from entropy_rft.trainer import train
+from entropy_rft.train.policy import load_policy
+from entropy_rft.train.problems import ProblemSampler
+from entropy_rft.train.trainer import train
 
 ROOT = Path(__file__).resolve().parents[1]
 # the smallest run that exercises every piece of state: the entropy controller (mu chosen each step from its

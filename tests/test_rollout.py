@@ -1,14 +1,15 @@
 """Rollouts: response masks from generated lengths, and log-probs recomputed by the trainer equal the sampler's."""
 
+import pytest
 import torch
 
 from entropy_rft.config import TrainConfig
-from entropy_rft.forward import batch_stats
-from entropy_rft.policy import load_policy
-from entropy_rft.problems import default_data, load_problems
 from entropy_rft.rollout import HFEngine, Rollout
 from entropy_rft.rollout.hf import response_mask_from_lengths
 from entropy_rft.tasks import CountdownTask
+from entropy_rft.train.forward import batch_stats
+from entropy_rft.train.policy import load_policy
+from entropy_rft.train.problems import default_data, load_problems
 
 
 def test_mask_from_lengths_not_from_pad():
@@ -21,6 +22,7 @@ def test_mask_from_lengths_not_from_pad():
     assert mask[0, 1]  # token equal to the pad id inside the response stays in the mask
 
 
+@pytest.mark.slow
 def test_recomputed_logprobs_equal_sampling_logprobs():
     """With left-padded prompts of different lengths, the trainer's forward pass gives the same log p of each
     sampled token as the distribution generate sampled it from (position ids and padding agree)."""
@@ -51,6 +53,7 @@ def test_recomputed_logprobs_equal_sampling_logprobs():
     torch.testing.assert_close(stats.logp[rmask], sampled[rmask], atol=1e-5, rtol=0)
 
 
+@pytest.mark.slow
 def test_generate_groups_and_seed():
     """n samples per prompt are grouped in order, and a seed makes sampling reproducible."""
     model, tok = load_policy("countdown-tiny", torch.device("cpu"))
@@ -151,6 +154,7 @@ def test_generation_config_processors_are_not_inherited():
     assert (freq - probs).abs().max() < 0.03
 
 
+@pytest.mark.slow
 def test_a_training_step_uses_no_deprecated_transformers_name(tmp_path):
     """One `train` step of the shipped policy (sampling with the KV cache, the update's shared-prefix forward, the
     evaluation) raises no FutureWarning or DeprecationWarning and logs no deprecation through transformers' logger:
@@ -160,7 +164,7 @@ def test_a_training_step_uses_no_deprecated_transformers_name(tmp_path):
     import warnings
 
     from entropy_rft.config import load_config
-    from entropy_rft.trainer import train
+    from entropy_rft.train.trainer import train
 
     said: list[str] = []
 
@@ -212,7 +216,8 @@ def test_synthetic_batches_draw_on_the_models_device(monkeypatch):
     """invariants.synthetic_batch creates its sampling generator on the device of the model's parameters (the GPU
     guarantee suite failed at its first test when it handed a CUDA model a CPU generator): the generator sample()
     receives was created with the model's device named."""
-    from entropy_rft import invariants
+    import invariants
+
     from entropy_rft.config import load_config
 
     created, received = [], []

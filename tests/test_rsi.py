@@ -9,13 +9,14 @@ import math
 import pytest
 import torch
 from conftest import f32, load_fixture
+from tiny import tiny_config
 
 from entropy_rft.config import load_config
 from entropy_rft.core import masks
 from entropy_rft.core.dynamics import TokenStats, token_stats
 from entropy_rft.core.methods import METHODS
 from entropy_rft.logging import read_metrics
-from entropy_rft.trainer import train
+from entropy_rft.train.trainer import train
 
 ORACLE = load_fixture("rsi_oracle.json")
 
@@ -110,7 +111,7 @@ def test_rsi_trains_by_name(tmp_path):
     """`--method rsi --set rsi_lower_bound=0.05 rsi_upper_bound=1.5` on the shipped policy for 2 steps: each step's
     keep mask is masks.rsi_band over the whole batch with the behaviour policy's statistics (captured at the
     decision), it drops tokens, and the logged clip fraction and drop fractions are its."""
-    from entropy_rft import step as step_module
+    from entropy_rft.train import step as step_module
 
     seen = []
     real_stats, real_decide = step_module.Step.statistics, step_module.Step.decide
@@ -124,20 +125,7 @@ def test_rsi_trains_by_name(tmp_path):
     torch.set_num_threads(1)
     try:
         step_module.Step.decide = decide
-        cfg = load_config(
-            None,
-            method="rsi",
-            rsi_lower_bound=0.05,
-            rsi_upper_bound=1.5,
-            steps=2,
-            prompts_per_step=4,
-            group_size=4,
-            lr=1e-3,
-            eval_problems=0,
-            progress=False,
-            samples_every=0,
-            out=str(tmp_path / "rsi"),
-        )
+        cfg = tiny_config(tmp_path, "rsi", method="rsi", rsi_lower_bound=0.05, rsi_upper_bound=1.5)
         train(cfg)
     finally:
         step_module.Step.decide = real_decide

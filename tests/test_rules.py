@@ -12,7 +12,7 @@ import torch
 
 from entropy_rft.config import load_config
 from entropy_rft.recipes import is_multi_method, read_yaml, recipe_file, shipped_recipes
-from entropy_rft.rules import StepRules, passes
+from entropy_rft.train.rules import StepRules, passes
 
 # recipe (or demo-file:method) -> (rows per pass of the step's batch, optimizer steps per update, strict, reuse,
 # critic, reference, probe_every, may_freeze). Read off the recipes: the paper's recipes run micro-batches of 8
@@ -155,7 +155,7 @@ def test_probe_cadence_is_the_steps_and_the_plans():
     """The mu controller probes every step (it fits kappa on every step's first-order change) whatever probe_every
     says; the memory plan names the same cadence (before, it said "every 10 steps" for a run that probed every step).
     """
-    from entropy_rft.plan import ModelShape, plan_memory
+    from entropy_rft.train.plan import ModelShape, plan_memory
 
     mu = load_config(None, method="clip_b", entropy_target=0.3, entropy_control="mu", probe_every=10)
     plain = load_config(None, probe_every=10)

@@ -354,8 +354,8 @@ def test_new_run_dirs_are_unique_and_names_are_one_component(tmp_path):
 
 def test_a_held_directory_refuses_train_before_any_model_loads(tmp_path, monkeypatch):
     """train() into a directory another run holds is refused at once naming the holder; no model is loaded."""
-    import entropy_rft.policy as policy
-    import entropy_rft.trainer as trainer
+    import entropy_rft.train.policy as policy
+    import entropy_rft.train.trainer as trainer
 
     monkeypatch.setattr(policy, "load_policy", lambda *a, **k: pytest.fail("a model was loaded"))
     with RunLock(tmp_path / "run"):
@@ -375,7 +375,7 @@ def test_a_run_that_fails_at_start_leaves_the_record_untouched(tmp_path, monkeyp
     monkeypatch.setattr(wandb, "init", no_key)
     run = tmp_path / "run"
     before = fake_record(run, cfg_at(run, steps=5), steps=(2, 4), metrics=5)
-    from entropy_rft.trainer import train
+    from entropy_rft.train.trainer import train
 
     cfg = cfg_at(run, steps=1, prompts_per_step=2, group_size=2, eval_problems=2, eval_k=1, sinks=("wandb",))
     with pytest.raises(ValueError, match="wandb sink could not start.*wandb login.*WANDB_MODE=offline"):

@@ -3,7 +3,7 @@
 import pytest
 
 from entropy_rft.config import load_config
-from entropy_rft.trainer import train
+from entropy_rft.train.trainer import train
 
 
 def run(tmp_path, sinks):
@@ -21,6 +21,7 @@ def run(tmp_path, sinks):
     train(cfg)
 
 
+@pytest.mark.slow
 def test_tensorboard_sink_writes_event_files(tmp_path):
     pytest.importorskip("tensorboard")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -31,6 +32,7 @@ def test_tensorboard_sink_writes_event_files(tmp_path):
     assert [e.step for e in acc.Scalars("entropy")] == [1, 2]
 
 
+@pytest.mark.slow
 def test_wandb_sink_offline(tmp_path, monkeypatch):
     pytest.importorskip("wandb")
     monkeypatch.setenv("WANDB_MODE", "offline")

@@ -10,13 +10,13 @@ import random
 
 import pytest
 
-from entropy_rft.data import to_problems
-from entropy_rft.policy import BUILTIN_MODELS
-from entropy_rft.problems import SHIPPED_DATA
 from entropy_rft.tasks.countdown import Problem, random_problem
+from entropy_rft.tasks.data import to_problems
 from entropy_rft.tasks.math import MathProblem
 from entropy_rft.tasks.splits import check_clean, split_overlaps
 from entropy_rft.toy import ToyConfig, warmup_batches
+from entropy_rft.train.policy import BUILTIN_MODELS
+from entropy_rft.train.problems import SHIPPED_DATA
 
 BUILD = BUILTIN_MODELS["countdown-tiny"] / "build.json"
 

@@ -10,6 +10,7 @@ import math
 import pytest
 import torch
 from conftest import f32, load_fixture
+from tiny import tiny_config
 
 from entropy_rft.config import load_config
 from entropy_rft.core import masks
@@ -17,7 +18,7 @@ from entropy_rft.core.dynamics import TokenStats
 from entropy_rft.core.losses import ppo_clip_loss
 from entropy_rft.core.methods import METHODS
 from entropy_rft.logging import read_metrics
-from entropy_rft.trainer import train
+from entropy_rft.train.trainer import train
 
 ORACLE = load_fixture("stare_oracle.json")
 
@@ -170,7 +171,7 @@ def test_stare_trains_by_name(tmp_path):
     update's advantages are the estimator's times the weights (captured at the update), L+ and L- are each
     ceil-ish 10% of their sign's tokens, the step logs the weights' metrics and the reweighted share by region; with
     the gate closed (entropy_gate 1e-6) it logs GRPO's metrics, bit for bit."""
-    from entropy_rft import step as step_module
+    from entropy_rft.train import step as step_module
 
     seen = []
     real = step_module.Step.decide
@@ -180,7 +181,6 @@ def test_stare_trains_by_name(tmp_path):
         seen.append(decision)
         return decision
 
-    base = dict(steps=2, prompts_per_step=4, group_size=4, lr=1e-3, eval_problems=0, progress=False, samples_every=0)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -191,7 +191,7 @@ def test_stare_trains_by_name(tmp_path):
             ("closed", {"method": "stare", "entropy_gate": 1e-6}),
             ("grpo", {"method": "grpo"}),
         ):
-            cfg = load_config(None, out=str(tmp_path / name), **base, **kw)
+            cfg = tiny_config(tmp_path, name, **kw)
             train(cfg)
             runs[name] = read_metrics(cfg.out)
     finally:
@@ -221,7 +221,7 @@ def test_stare_trains_by_name(tmp_path):
 def test_reweighted_share_by_region_counts_the_tokens():
     """diagnostics.reweight_metrics: per region (A's sign x S* > 0), the count of valid tokens with weight != 1 over
     the region's count, against a loop; 0 for an empty region; A = 0 tokens are in none."""
-    from entropy_rft.diagnostics import reweight_metrics
+    from entropy_rft.train.diagnostics import reweight_metrics
 
     g = torch.Generator().manual_seed(5)
     s_star, mask = torch.randn(6, 7, generator=g), torch.rand(6, 7, generator=g) < 0.8

@@ -21,7 +21,7 @@ import torch
 from entropy_rft.config import load_config
 from entropy_rft.logging import read_metrics
 from entropy_rft.run.checkpoint import find_checkpoint
-from entropy_rft.trainer import train
+from entropy_rft.train.trainer import train
 
 ROOT = Path(__file__).resolve().parents[1]
 # two optimizer steps per update, an evaluation every 2 steps, no periodic checkpoint: only the stop saves
@@ -79,6 +79,7 @@ class _Signals:
         signal.signal(signal.SIGTERM, self.outer)
 
 
+@pytest.mark.slow
 def test_a_stop_between_two_optimizer_steps_waits_for_the_step(tmp_path, whole_run, monkeypatch):
     """SIGTERM after step 3's first optimizer step, before its second: the run finishes the update, writes step 3's
     line, saves checkpoint-3 as step 3 done; resume ends as the uninterrupted run. (Step 2's, whose evaluation is
@@ -103,10 +104,11 @@ def test_a_stop_between_two_optimizer_steps_waits_for_the_step(tmp_path, whole_r
     _assert_same_run(whole_run, run)
 
 
+@pytest.mark.slow
 def test_a_stop_during_a_mid_run_evaluation_keeps_the_step(tmp_path, whole_run, monkeypatch):
     """SIGTERM inside step 2's evaluation: checkpoint-2 holds step 2 as pending (its line is not written yet);
     resume evaluates it, writes the line, and goes on: steps [1, 2, 3, 4] each once, evaluations {0, 2, 4}."""
-    import entropy_rft.trainer as trainer
+    import entropy_rft.train.trainer as trainer
 
     real = trainer.run_eval
     calls = []

@@ -16,15 +16,15 @@ import math
 
 import pytest
 import torch
+from invariants import scaled_model, synthetic_batch
 
 from entropy_rft.config import load_config
 from entropy_rft.core.advantages import ADVANTAGES, TokenLevel
 from entropy_rft.core.losses import Aggregation
 from entropy_rft.core.methods import METHODS, POLICY_LOSSES
-from entropy_rft.invariants import scaled_model, synthetic_batch
-from entropy_rft.policy import ValueHead
-from entropy_rft.problems import Scored
-from entropy_rft.step import Step, compute_advantages, shaped_rewards
+from entropy_rft.train.policy import ValueHead
+from entropy_rft.train.problems import Scored
+from entropy_rft.train.step import Step, compute_advantages, shaped_rewards
 
 PROMPTS, GROUP, RESPONSE = 3, 4, 6
 # options under which each filter drops some tokens of these small batches (the defaults may drop none)

@@ -11,6 +11,7 @@ def by_name(rows):
     return {r["check"].split(":")[0]: r for r in rows}
 
 
+@pytest.mark.slow
 def test_tabular_first_order_predictions_hold():
     """Every first-order prediction has the sign of the exact change and a relative error of order the step."""
     rows = by_name(tabular_checks(step=1e-3))
@@ -22,6 +23,7 @@ def test_tabular_first_order_predictions_hold():
     assert abs(c2["mean_s_c"]) < 4 * c2["stderr_s_c"] and c2["mean_s_star"] > 10 * abs(c2["mean_s_c"])
 
 
+@pytest.mark.slow
 def test_tabular_error_shrinks_with_the_step():
     """The relative error is first order in the step: 10x smaller step, about 10x smaller error."""
     big, small = by_name(tabular_checks(step=1e-2)), by_name(tabular_checks(step=1e-3))
@@ -30,6 +32,7 @@ def test_tabular_error_shrinks_with_the_step():
         assert 5 < ratio < 20, (name, ratio)
 
 
+@pytest.mark.slow
 def test_corollary4_check_can_fail_on_its_own_approximation():
     """With non-zero-mean advantages Cov_B(A, S_c) != E_B[A S_c]: the check of Corollary 4 then shows an error that
     does not shrink with the step (the dropped term -eta E_B[A] E_B[S_c] is not first order in anything), while
@@ -85,9 +88,9 @@ def test_model_checks_on_the_shipped_policy():
     percent with the same sign on every batch; Corollary 4's logit-space prediction correlates positively but
     misses the scale (the network's kernel and the token mean); the parameters are restored after the checks."""
     from entropy_rft.config import TrainConfig
-    from entropy_rft.policy import load_policy
-    from entropy_rft.problems import default_data, load_problems
     from entropy_rft.tasks import CountdownTask
+    from entropy_rft.train.policy import load_policy
+    from entropy_rft.train.problems import default_data, load_problems
 
     model, tok = load_policy("countdown-tiny", torch.device("cpu"))
     before = [p.detach().clone() for p in model.parameters()]

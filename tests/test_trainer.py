@@ -6,10 +6,11 @@ import math
 
 import pytest
 import torch
+from tiny import THREE_STEPS, tiny_config
 
 from entropy_rft.config import load_config
 from entropy_rft.logging import read_metrics
-from entropy_rft.trainer import train
+from entropy_rft.train.trainer import train
 
 REQUIRED = {
     "step",
@@ -34,19 +35,10 @@ PROBED = {"entropy_change/realised", "entropy_change/first_order"}  # on probe s
 
 
 def tiny(tmp_path, name="run", **kw):
-    base = dict(
-        steps=3,
-        prompts_per_step=4,
-        group_size=4,
-        lr=1e-4,
-        eval_problems=8,
-        eval_k=2,
-        progress=False,
-        out=str(tmp_path / name),
-    )
-    return load_config(None, **{**base, **kw})
+    return tiny_config(tmp_path, name, shape=THREE_STEPS, **kw)
 
 
+@pytest.mark.slow
 def test_train_writes_metrics_checkpoint_and_evals(tmp_path):
     """Every step writes one metrics line with the required keys, the entropy probe's keys exactly on the probe
     steps; the final checkpoint loads and evals exist."""
@@ -87,6 +79,7 @@ def test_headline_entropy_is_the_policys_whatever_the_filter(tmp_path):
     assert rows["forking"]["entropy_kept"] > rows["forking"]["entropy"]  # it keeps the highest-entropy 20%
 
 
+@pytest.mark.slow
 def test_seeded_runs_are_identical(tmp_path):
     """Same config and seed on CPU give identical metrics (timings aside)."""
 
@@ -98,6 +91,7 @@ def test_seeded_runs_are_identical(tmp_path):
     assert strip(read_metrics(tmp_path / "a")) == strip(read_metrics(tmp_path / "b"))
 
 
+@pytest.mark.slow
 def test_resume_continues_exactly(tmp_path):
     """A run stopped after 2 steps and resumed to 3 ends with the same weights as an uninterrupted run."""
     train(tiny(tmp_path, "full"))
@@ -112,6 +106,7 @@ def test_resume_continues_exactly(tmp_path):
         torch.testing.assert_close(a[key], b[key], atol=1e-6, rtol=0)
 
 
+@pytest.mark.slow
 def test_interrupt_saves_the_steps_completed(tmp_path, monkeypatch):
     """Ctrl-C while step 2's metrics line is being written (after its update) saves checkpoint-2 with step 2
     pending (two updates applied), stops the engine, and the resumed run logs step 2 once and finishes with a
@@ -143,6 +138,7 @@ def test_interrupt_saves_the_steps_completed(tmp_path, monkeypatch):
     assert (tmp_path / "cut" / "latest_checkpoint").read_text() == "checkpoint-3"
 
 
+@pytest.mark.slow
 def test_micro_batches_give_the_same_update():
     """Gradient accumulation over micro-batches of 3 rows gives each optimizer step the gradient of one full batch,
     compared before the optimizer (Adam's first step, about lr * sign(g), would amplify rounding where a gradient
@@ -150,8 +146,9 @@ def test_micro_batches_give_the_same_update():
     with two mini-batches: the statistics are float32 (dynamics' tiles), so a token's terms move by up to one
     float32 rounding when the batch composition changes its float64 hidden state, and a gradient summed over N
     tokens by N * 2^-24 of its norm."""
-    from entropy_rft.invariants import grad_distance, grad_norm, recipe_step, synthetic_batch
-    from entropy_rft.policy import load_policy
+    from invariants import grad_distance, grad_norm, recipe_step, synthetic_batch
+
+    from entropy_rft.train.policy import load_policy
 
     model = load_policy("countdown-tiny", torch.device("cpu"), trainable=True)[0].double()
     for mini_batches in (1, 2):
@@ -165,6 +162,7 @@ def test_micro_batches_give_the_same_update():
             assert grad_distance(a, b) <= tol * grad_norm(a) and grad_norm(a) > 0
 
 
+@pytest.mark.slow
 def test_strict_on_policy_is_exact_in_the_shape_users_train_in(tmp_path):
     """One strict on-policy step of GSPO (clip range 3e-4 / 4e-4, where a ratio off by rounding is clipped) in bf16
     autocast with LoRA, micro-batches of 2 and gradient checkpointing: no token is clipped and ppo_kl is exactly 0
@@ -189,6 +187,7 @@ def test_strict_on_policy_is_exact_in_the_shape_users_train_in(tmp_path):
     assert row["loss/ppo_kl"] == 0.0 and row["loss/clipfrac"] == 0.0
 
 
+@pytest.mark.slow
 def test_off_policy_epochs_use_true_ratios(tmp_path):
     """With two epochs and two mini-batches, later updates see ratios != 1 (ppo_kl != 0)."""
     cfg = tiny(tmp_path, steps=1, ppo_epochs=2, mini_batches=2, lr=1e-3)
@@ -217,6 +216,7 @@ def test_demo_writes_summary_report_and_plots(tmp_path):
     assert "inspect.html" in (tmp_path / "report.md").read_text()
 
 
+@pytest.mark.slow
 def test_demo_resumed_after_ctrl_c_reports_every_step(tmp_path, monkeypatch, capsys):
     """The issue's case: Ctrl-C (SIGINT) after GRPO's step 3 of a 5-step demo stops it with the demo's own resume
     command (the one given, --overwrite dropped, --resume added), not the method's `train --resume`; that command
@@ -265,6 +265,7 @@ def test_cli_reports_bad_model_path(tmp_path, capsys):
     assert "does not exist" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_kl_and_entropy_bonus_terms_run(tmp_path):
     """With a KL coefficient and an entropy bonus the loop logs the KL term (0 at the first step: the policy
     equals the reference)."""
@@ -275,6 +276,7 @@ def test_kl_and_entropy_bonus_terms_run(tmp_path):
     assert rows[1]["loss/kl"] > 0
 
 
+@pytest.mark.slow
 def test_eval_cli(tmp_path, capsys):
     """`entropy-rft eval` with no --data evaluates the shipped policy on the shipped countdown split."""
     from entropy_rft.commands.cli import main
@@ -286,6 +288,7 @@ def test_eval_cli(tmp_path, capsys):
     assert 0 < res["avg_at_k"] <= res["pass_at_k"] <= 1  # the shipped policy solves some countdown problems
 
 
+@pytest.mark.slow
 def test_a_nan_reward_is_named_not_blamed_on_the_learning_rate(tmp_path, monkeypatch, capsys):
     """A task whose reward returns NaN stops the run at its first step in one line that names the task's reward, the
     response and its prompt, and says to fix the reward (before: a NaN loss, with advice to lower the learning

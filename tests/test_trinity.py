@@ -671,6 +671,7 @@ def check_trinity_critic(trainer, env, batch, sequences):
         assert rel_diff(got, want) < GRAD_RTOL, f"critic step {k}: relative difference {rel_diff(got, want):.2e}"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "method,options,micro_batch",
     [
@@ -693,6 +694,7 @@ def test_whole_train_step_actor_gradients_are_the_kept_token_mean(whole_step_env
     )
 
 
+@pytest.mark.slow
 def test_whole_train_step_ppo_critic_learns_on_every_valid_token(whole_step_env):
     """Trinity's PPO (GAE in the trainer, Table 4) + Clip_B: the critic's every optimizer step is the value loss's
     token mean over every valid response token, the actor's over the kept tokens."""
@@ -703,6 +705,7 @@ def test_whole_train_step_ppo_critic_learns_on_every_valid_token(whole_step_env)
     check_trinity_actor(trainer, whole_step_env, batch, sequences, keep)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "mutation", ["terms and denominator unfiltered", "per-micro-batch denominator", "critic sees the filter"]
 )

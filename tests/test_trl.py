@@ -17,9 +17,9 @@ from trl import GRPOConfig, GRPOTrainer
 
 from entropy_rft.core.dynamics import TokenStats
 from entropy_rft.core.methods import METHODS
-from entropy_rft.forward import policy_stats
 from entropy_rft.integrations.trl import EntropyGRPOTrainer, rollout_of
-from entropy_rft.policy import STAND_IN, resolve_model_path
+from entropy_rft.train.forward import policy_stats
+from entropy_rft.train.policy import STAND_IN, resolve_model_path
 
 
 def reward_a(completions, **kwargs):
@@ -80,6 +80,7 @@ def build(tmp_path, cls=Capturing, **kw):
     return trainer
 
 
+@pytest.mark.slow
 def test_keep_mask_is_the_methods_over_the_whole_generation_batch(tmp_path):
     """Two micro-batches per generation batch: the kept tokens are Clip_B's on all 8 rows at once, Clip_B clips
     some tokens, and TRL's logs carry the entropy_rft metrics."""
@@ -159,6 +160,7 @@ def launch_two(tmp_path, steps: int, mode: str) -> None:
     assert done.returncode == 0, done.stderr[-3000:]
 
 
+@pytest.mark.slow
 def test_two_processes_filter_the_batch_they_share(tmp_path):
     """TRL's own training loop in two processes (`accelerate launch --multi_gpu --num_processes 2`: CPU processes over
     gloo) on countdown with Clip_B, three steps of 8 rows a process: at every step each process's kept tokens are its
@@ -213,6 +215,7 @@ def loss_and_grad(trainer, out: dict, adv):
     return loss.detach(), torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
 
 
+@pytest.mark.slow
 def test_dropped_tokens_leave_the_loss_and_its_count(tmp_path):
     """loss_type bnpo (token mean over the batch): the loss is the mean of -A over kept tokens only; advantages on
     dropped tokens do not move the gradient, advantages on kept ones do. dapo's token count is the kept count."""
@@ -239,6 +242,7 @@ def test_dropped_tokens_leave_the_loss_and_its_count(tmp_path):
     assert int(out["num_items_in_batch"]) == int(kept) < int(out["completion_mask"].sum())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("loss_type", ["cispo", "sapo"])
 def test_clip_b_on_trls_cispo_and_sapo(tmp_path, loss_type):
     """Clip_B on TRL's own cispo and sapo losses, in TRL's training loop: advantages on dropped tokens do not move the
@@ -270,6 +274,7 @@ def test_clip_b_on_trls_cispo_and_sapo(tmp_path, loss_type):
         torch.testing.assert_close(loss * trainer.current_gradient_accumulation_steps, per_seq.mean())
 
 
+@pytest.mark.slow
 def test_nothing_dropped_is_plain_trl(tmp_path):
     """With a threshold no token reaches, the adapter trains exactly as GRPOTrainer does."""
     ours = build(tmp_path, method_options={"mu": 1e9})
@@ -294,6 +299,7 @@ def watched(tmp_path, **kw):
     return build(tmp_path, method="none", method_options=None, **kw)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "loss_type, level, iterations, probe",
     [("grpo", "token", 1, 0), ("dapo", "token", 1, 1), ("bnpo", "token", 1, 0), ("grpo", "sequence", 2, 1)],
@@ -332,6 +338,7 @@ def test_monitor_trains_exactly_as_plain_trl(tmp_path, loss_type, level, iterati
     assert probed == [h["step"] for h in ours.state.log_history if "entropy_rft/entropy_change/realised" in h]
 
 
+@pytest.mark.slow
 def test_monitor_metrics_against_the_captured_batch(tmp_path):
     """The first generation batch's metrics on the shipped countdown policy (countdown_trainer: loss_type dapo, one
     optimizer step per generation batch of 256 rows, so each token's step is lr / n over the n valid tokens): the
@@ -378,6 +385,7 @@ def test_monitor_metrics_against_the_captured_batch(tmp_path):
     assert total == pytest.approx(logged["entropy_rft/entropy_change/predicted"], rel=1e-4, abs=1e-15)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "loss_type, level",
     [
@@ -421,6 +429,7 @@ def test_step_sizes_are_trls_own_gradients(tmp_path, loss_type, level):
     assert (got * mask).abs().sum() > 0
 
 
+@pytest.mark.slow
 def test_monitor_writes_what_inspect_and_report_read(tmp_path):
     """A monitored run's OUTPUT_DIR: token samples of steps 1 and the last (samples_every 10), every row of the
     generation batch, every valid token kept (nothing filtered), the method "none"; metrics.jsonl with one line per
@@ -470,6 +479,7 @@ def test_monitor_takes_no_options(tmp_path):
         build(tmp_path, method="grpo")
 
 
+@pytest.mark.slow
 def test_two_processes_monitor_changes_nothing_and_writes_once(tmp_path):
     """TRL's own loop in two processes on countdown, 3 steps of 8 rows a process, monitored and then plain from the
     same seed: on each process every logged loss and every final weight are equal bit for bit; the monitor's
@@ -506,6 +516,7 @@ def test_two_processes_monitor_changes_nothing_and_writes_once(tmp_path):
     assert [m["step"] for m in read_metrics(tmp_path / "monitor")] == list(range(1, steps + 1))
 
 
+@pytest.mark.slow
 def test_monitor_forwards_only_for_logged_steps(tmp_path):
     """logging_steps 2 without samples (samples_every 0), one optimizer step per generation batch: the monitor's extra
     forward runs for the batches of steps 2 and 4 only, and each of those logs carries the metrics."""
@@ -531,6 +542,7 @@ def test_monitor_forwards_only_for_logged_steps(tmp_path):
     assert logged == [2, 4]
 
 
+@pytest.mark.slow
 def test_inspect_page_of_a_monitored_run_in_chromium(tmp_path):
     """The inspect page of a monitored TRL run on the shipped countdown policy (countdown_trainer, method "none", one
     step), in headless Chromium (`make chromium`): no console error and no request but the page; one token element
@@ -659,6 +671,7 @@ def test_probe_every_rejects_a_negative_cadence(tmp_path):
         watched(tmp_path, probe_every=-1)
 
 
+@pytest.mark.slow
 def test_logged_monitor_values_are_the_logged_steps_batch(tmp_path):
     """logging_steps 3 over 6 steps, samples at steps 1 and 6 (samples_every 10), one optimizer step per generation
     batch: the monitor's statistics are computed for the batches of steps 1 (samples), 3 and 6, and each log line's
@@ -688,6 +701,7 @@ def test_an_untested_trl_release_is_refused_with_the_tested_range():
             check_trl_version(version, allow_untested=True)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("bf16", [True, False], ids=["bf16", "fp32"])
 def test_statistics_pass_runs_in_the_steps_precision(tmp_path, bf16):
     """The adapter's statistics pass runs in the precision accelerate gives TRL's training forward (departure 2):
@@ -695,9 +709,10 @@ def test_statistics_pass_runs_in_the_steps_precision(tmp_path, bf16):
     invariants.stats_tolerance of a float64 forward of the same weights (bf16's unit roundoff 2^-8 through the
     network's 2 L + 3 rounded contributions), with an error above float32's (bf16 is really at work); without, it
     is the float32 pass bit for bit."""
-    from entropy_rft.forward import batch_stats
+    from invariants import float64_reference, stats_tolerance
+
     from entropy_rft.integrations.trl import compute_precision
-    from entropy_rft.invariants import float64_reference, stats_tolerance
+    from entropy_rft.train.forward import batch_stats
 
     trainer = build(tmp_path, max_steps=1, bf16=bf16)
     assert compute_precision(trainer.accelerator) == ("bf16" if bf16 else "fp32")
@@ -722,6 +737,7 @@ def test_statistics_pass_runs_in_the_steps_precision(tmp_path, bf16):
     assert (worst > 1e-5) == bf16, worst
 
 
+@pytest.mark.slow
 def test_stare_weights_the_generation_batchs_advantages(tmp_path):
     """STARE (variant C2, P 0.25, its gate open) on the same seed as plain GRPOTrainer: the generation batch's
     advantages become per token, TRL's per-response advantage times 1.1 on the top-P surprisal tokens of A > 0 and
@@ -758,6 +774,7 @@ def test_stare_weights_the_generation_batchs_advantages(tmp_path):
         build(tmp_path / "seq", method="stare", method_options={}, importance_sampling_level="sequence")
 
 
+@pytest.mark.slow
 def test_rsi_keep_mask_is_the_band_over_the_whole_generation_batch(tmp_path):
     """RSI-S (band [0.95, 1.02]: the stand-in policy is near uniform, RSI about 1) in TRL: the kept tokens are
     masks.rsi_band's over all 8 rows at once (the captured statistics), it drops tokens, and TRL's logs carry its

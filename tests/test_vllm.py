@@ -15,12 +15,12 @@ from conftest import FIXTURES
 
 from entropy_rft.commands.cli import main
 from entropy_rft.config import load_config
-from entropy_rft.forward import policy_forward
 from entropy_rft.logging import read_metrics
-from entropy_rft.policy import load_policy
 from entropy_rft.rollout.vllm import VLLMEngine
 from entropy_rft.toy import build_stand_in
-from entropy_rft.trainer import train
+from entropy_rft.train.forward import policy_forward
+from entropy_rft.train.policy import load_policy
+from entropy_rft.train.trainer import train
 
 pytest.importorskip("vllm")
 
@@ -143,6 +143,7 @@ def run(tmp_path, name, stand_in, **kw):
     return [row["rollout/sampler_logp_gap"] for row in rows]
 
 
+@pytest.mark.slow
 def test_training_syncs_after_every_update(tmp_path, stand_in, monkeypatch):
     """Through train(): every step's rollouts match the policy that scores them; with sync switched off the
     second and third steps sample from stale weights (the check can fail)."""
@@ -153,6 +154,7 @@ def test_training_syncs_after_every_update(tmp_path, stand_in, monkeypatch):
     assert stale[0] < SAME and min(stale[1:]) > 100 * SAME
 
 
+@pytest.mark.slow
 def test_lora_policy_syncs_merged(tmp_path, stand_in):
     """A LoRA policy reaches vLLM merged into the base weights, step after step."""
     pytest.importorskip("peft")
@@ -160,6 +162,7 @@ def test_lora_policy_syncs_merged(tmp_path, stand_in):
     assert len(gaps) == 3 and max(gaps) < SAME
 
 
+@pytest.mark.slow
 def test_eval_cli_with_vllm(tmp_path, stand_in, capsys):
     """`entropy-rft eval --engine vllm` scores the fixture datasets and writes the report."""
     pytest.importorskip("math_verify")

@@ -8,7 +8,7 @@ import torch
 from entropy_rft.core import masks
 from entropy_rft.core.dynamics import TokenStats
 from entropy_rft.core.losses import step_sizes
-from entropy_rft.diagnostics import watch_metrics
+from entropy_rft.train.diagnostics import watch_metrics
 
 
 def batch(seed=0, b=16, t=12):

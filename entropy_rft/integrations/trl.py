@@ -83,10 +83,10 @@ from ..core.advantages import broadcast_advantages
 from ..core.dynamics import TokenStats
 from ..core.losses import step_sizes
 from ..core.methods import METHODS
-from ..diagnostics import WOULD_CLIP, masked_mean, watch_metrics, would_clip_label
-from ..forward import EntropyProbe, batch_stats
 from ..logging import JsonlSink, write_engine_run
 from ..rollout.hf import Rollout
+from ..train.diagnostics import WOULD_CLIP, float_mean, watch_metrics, would_clip_label
+from ..train.forward import EntropyProbe, batch_stats
 
 try:
     import trl
@@ -600,6 +600,6 @@ class EntropyGRPOTrainer(GRPOTrainer):
         keep, metrics = self.entropy_method.apply(every, adv, mask, **self.method_options)
         return keep, {
             **{k: float(v) for k, v in metrics.items()},
-            "entropy_kept": masked_mean(every.entropy, keep & mask),  # over the tokens the filter keeps
-            "kept_frac": masked_mean(keep & mask, mask),
+            "entropy_kept": float_mean(every.entropy, keep & mask),  # over the tokens the filter keeps
+            "kept_frac": float_mean(keep & mask, mask),
         }

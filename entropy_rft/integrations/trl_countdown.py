@@ -34,12 +34,11 @@ from pathlib import Path
 
 import torch
 
-from ..commands.demo import load_demo_config, run_config
-from ..config import TrainConfig, load_config, resolve_config
+from ..config import TrainConfig, load_config, load_demo_config, resolve_config, run_config
 from ..packaged import PACKAGED
-from ..policy import BUILTIN_MODELS, resolve_model_path
-from ..problems import default_data, load_problems
 from ..tasks import TASKS
+from ..train.policy import BUILTIN_MODELS, resolve_model_path
+from ..train.problems import default_data, load_problems
 
 
 def run_settings(model: str = "countdown-tiny") -> TrainConfig:

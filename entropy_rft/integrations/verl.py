@@ -92,8 +92,8 @@ from ..core.advantages import broadcast_advantages
 from ..core.dynamics import TokenStats, batch_covariance, token_stats
 from ..core.losses import select_clip_cov, step_sizes
 from ..core.methods import METHODS, NO_CAP
-from ..diagnostics import masked_mean, watch_metrics
 from ..logging import JsonlSink, write_engine_run
+from ..train.diagnostics import float_mean, watch_metrics
 
 try:
     import transfer_queue as tq
@@ -209,7 +209,7 @@ def whole_batch_step(
         opts = {**CLIP_COV_DEFAULTS, **settings.options}
         selected = select_clip_cov(adv, stats.logp, mask, generator=generator, **opts)
         keep, adv = mask.clone(), torch.where(selected, torch.zeros_like(adv), adv)
-        metrics = {"clip_cov_selected_frac": masked_mean(selected, mask)}
+        metrics = {"clip_cov_selected_frac": float_mean(selected, mask)}
     else:
         options = {k: NO_CAP if v is None else v for k, v in settings.options.items()}  # YAML null: pass None
         spec = METHODS.get(settings.method)
@@ -219,12 +219,12 @@ def whole_batch_step(
             adv, metrics = adv * weights.to(adv.dtype), {**metrics, **weight_metrics}
     metrics = {
         **{k: float(v) for k, v in metrics.items()},
-        "s_star_mean": masked_mean(stats.s_star, mask),
-        "entropy": masked_mean(stats.entropy, mask),
-        "kept_frac": masked_mean(keep & mask, mask),
+        "s_star_mean": float_mean(stats.s_star, mask),
+        "entropy": float_mean(stats.entropy, mask),
+        "kept_frac": float_mean(keep & mask, mask),
     }
     if settings.needs_s_expect:
-        metrics["s_centered_mean"] = masked_mean(stats.s_centered, mask)
+        metrics["s_centered_mean"] = float_mean(stats.s_centered, mask)
         metrics["cov_a_sc"] = float(batch_covariance(adv, stats.s_centered, mask))
     return keep & mask, adv, metrics
 

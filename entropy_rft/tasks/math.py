@@ -97,7 +97,7 @@ class MathProblem:
     def from_json(cls, row: dict) -> MathProblem:
         fix = (
             "a row is a JSON object with 'question' (non-empty text) and 'answer' (text or a number); load "
-            "dataset files with entropy_rft.data.load_math (it reads the DAPO, AIME and AMC schemas)"
+            "dataset files with entropy_rft.tasks.data.load_math (it reads the DAPO, AIME and AMC schemas)"
         )
         if not isinstance(row, dict):
             raise ValueError(f"math row {row!r} is not a JSON object; {fix}")

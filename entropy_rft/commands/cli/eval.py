@@ -91,7 +91,7 @@ CPU_NOTE_TOKENS = 1024  # a response limit past which eval on a CPU notes the wa
 def note_long_responses_on_cpu(args, limit: int) -> None:
     """A note when responses may run to more than CPU_NOTE_TOKENS tokens on the CPU without --max-new-tokens given:
     math's default is the authors' 7,168 (the same on every device, so results do not depend on the machine)."""
-    from ...policy import pick_device
+    from ...train.policy import pick_device
 
     if args.max_new_tokens is None and limit > CPU_NOTE_TOKENS and args.engine == "hf":
         if pick_device(args.device).type == "cpu":

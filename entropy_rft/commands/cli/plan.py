@@ -11,7 +11,7 @@ from .grammar import add_settings_options, given_sets
 
 def run(args) -> None:
     from ...config import read_recipe, resolve_config
-    from ...plan import plan_for_config, suggestions
+    from ...train.plan import plan_for_config, suggestions
 
     cfg = resolve_config(read_recipe(args.config), given_sets(args))
     plan, shape, kw = plan_for_config(

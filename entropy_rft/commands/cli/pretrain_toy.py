@@ -10,8 +10,8 @@ from .grammar import add_settings_options, guard, quiet_option
 
 
 def run(args) -> None:
-    from ...policy import load_policy
     from ...toy import PoolConfig, ToyConfig, build_pool_split, pretrain
+    from ...train.policy import load_policy
 
     if args.split:
         sizes = {k: v for k, v in (("n_train", args.train_problems), ("n_eval", args.eval_problems)) if v}

@@ -12,9 +12,9 @@ from .grammar import add_settings_options, guard
 def run(args) -> None:
     import torch
 
-    from ...policy import BUILTIN_MODELS, load_policy, pick_device
-    from ...problems import load_problems
     from ...tasks import TASKS
+    from ...train.policy import BUILTIN_MODELS, load_policy, pick_device
+    from ...train.problems import load_problems
     from ..theory import Probe, format_table, model_checks, tabular_checks
 
     if args.out:

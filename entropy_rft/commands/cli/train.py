@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -45,34 +44,16 @@ def run(args) -> None:
         check_hand_edits(Path(out), given={*recipe, *sets, *options, "out"})
     base = (stored_settings(Path(out)) or {}) if resume else {}  # resume: the run's own settings, then the changes
     cfg = resolve_config(base, recipe, sets, options, {"out": out} if out else {})
-    from ...config import preflight
-    from ...plan import check_fits
-    from ...policy import pick_device
-    from ...trainer import train
+    from ...train.trainer import train  # the one owner of the pre-flight, the memory check and a new directory
 
-    preflight(cfg)
-    check_fits(cfg, pick_device(cfg.device))  # before a new directory is made for the run
-    made = cfg.out is None
-    if made:  # a new directory, created at once (two runs started in the same second get two)
-        from ...run.rundir import new_run_dir
-
-        cfg = dataclasses.replace(cfg, out=str(new_run_dir(cfg.method)))
-    if not (out or resume):  # a new directory the user did not name: say where the run goes
-        print(f"entropy-rft train: run directory {cfg.out}", file=sys.stderr)
-    try:
-        summary = train(cfg, resume=resume, overwrite=args.overwrite)
-    except BaseException:
-        if made:  # a run that never started leaves no directory (rundir.py rule 3)
-            from ...run.rundir import remove_if_empty
-
-            remove_if_empty(cfg.out)
-        raise
+    summary = train(cfg, resume=resume, overwrite=args.overwrite)
+    run_dir = summary["config"]["out"]
     if summary.get("finished_before"):
-        print(f"{cfg.out} had already finished its {cfg.steps} steps; nothing to do", file=sys.stderr)
+        print(f"{run_dir} had already finished its {cfg.steps} steps; nothing to do", file=sys.stderr)
     print(
         json.dumps(
             {
-                "run_dir": cfg.out,
+                "run_dir": run_dir,
                 "checkpoint": summary["checkpoint"],
                 "evals": {k: {m: v[m] for m in ("avg_at_k", "pass_at_k")} for k, v in summary["evals"].items()},
             },
@@ -83,7 +64,7 @@ def run(args) -> None:
 
 def _print_plan(cfg) -> None:
     """The recipe's memory plan after a dry run, when its model's config.json can be found (never fails the run)."""
-    from ...plan import plan_for_config, suggestions
+    from ...train.plan import plan_for_config, suggestions
 
     try:
         plan, shape, kw = plan_for_config(cfg)

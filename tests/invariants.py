@@ -39,16 +39,16 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .config import TrainConfig
-from .core.dynamics import TokenStats, token_stats
-from .dropout import check_deterministic, disable_dropout
-from .policy import ValueHead, prepare_policy
-from .problems import Scored
-from .rollout import Rollout
-from .rollout.hf import sequence_forward
-from .rollout.sampling import Sampling, sample
-from .rules import StepRules
-from .step import Decision, Step
+from entropy_rft.config import TrainConfig
+from entropy_rft.core.dynamics import TokenStats, token_stats
+from entropy_rft.rollout import Rollout
+from entropy_rft.rollout.hf import sequence_forward
+from entropy_rft.rollout.sampling import Sampling, sample
+from entropy_rft.train.dropout import check_deterministic, disable_dropout
+from entropy_rft.train.policy import ValueHead, prepare_policy
+from entropy_rft.train.problems import Scored
+from entropy_rft.train.rules import StepRules
+from entropy_rft.train.step import Decision, Step
 
 SMALL = {
     "hidden_size": 64,
@@ -77,7 +77,7 @@ _DROP = (
 def scaled_config(model: str, *, init_range: float = 0.2, **widths) -> dict:
     """The recipe model's config.json (a shipped shape, a local directory) with small widths: the same model_type,
     activation, norm, rope, biases and embedding tying, and its grouped-query ratio as far as 4 heads allow."""
-    from .plan import find_model_config
+    from entropy_rft.train.plan import find_model_config
 
     real, _ = find_model_config(model)
     real = real.get("text_config", real)

@@ -28,8 +28,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from .core.registry import Registry
-from .tasks.math import MathProblem, strip_template
+from ..core.registry import Registry
+from .math import MathProblem, strip_template
 
 DAPO500_SIZE = 500
 DAPO500_SEED = 0
@@ -174,7 +174,7 @@ def to_problems(rows: Iterable[dict], source: str) -> list[MathProblem]:
         if not isinstance(row, dict):
             raise ValueError(
                 f"{source}: row {n} is {row!r}, not an object of named fields; each row of a math "
-                "dataset holds a problem and its answer (schemas: entropy_rft.data)"
+                "dataset holds a problem and its answer (schemas: entropy_rft.tasks.data)"
             )
     schema = detect_schema(rows[0])
     seen: set[str] = set()
@@ -186,7 +186,7 @@ def to_problems(rows: Iterable[dict], source: str) -> list[MathProblem]:
             raise ValueError(
                 f"{source}: row {n} does not fit the {schema!r} schema of the first row "
                 f"({type(err).__name__}: {err}); row keys: {sorted(row)}. Fix or drop the row "
-                "(schemas: entropy_rft.data)"
+                "(schemas: entropy_rft.tasks.data)"
             ) from None
         if problem.identity not in seen:
             seen.add(problem.identity)

@@ -77,10 +77,10 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from .config import TrainConfig
+from ..config import TrainConfig
 
 GIB = 1 << 30
-SHAPES_DIR = Path(__file__).parent / "assets" / "shapes"
+SHAPES_DIR = Path(__file__).parents[1] / "assets" / "shapes"
 SUPPORTED = ("qwen2", "qwen3", "llama", "mistral")
 CUDA_CONTEXT_BYTES = 1 * GIB  # CUDA context, cuBLAS workspace, allocator slack (a fixed estimate)
 DEFAULT_DEVICE_GIB = 80.0
@@ -228,7 +228,7 @@ def find_model_config(model: str) -> tuple[dict, str]:
 def stats_tile(kernel: str = "triton") -> tuple[int, int]:
     """(row_chunk, vocab_chunk): the tile token_stats_from_hidden streams with `kernel`: "triton" on a CUDA device
     (entropy_rft.core.kernels' defaults) or "torch" (the torch-ops path of a CPU or a GPU without Triton)."""
-    from .core import dynamics, kernels
+    from ..core import dynamics, kernels
 
     if kernel == "triton":
         return kernels.GPU_ROW_CHUNK, kernels.GPU_VOCAB_CHUNK
@@ -431,18 +431,72 @@ def plan_memory(
         raise ValueError(f"prompt_tokens must be >= 1, got {prompt_tokens}")
     if device_gib <= 0:
         raise ValueError(f"device memory must be > 0 GiB, got {device_gib}")
-    notes: list[str] = []
     rules = StepRules.of(cfg)  # the step's shape: rows per pass, a critic, a reference, the probe's cadence
-    P = shape.params()
     held, trainable, head_params, lora_layers = _held_bytes(cfg, shape, rules)
-    # rows per pass: a micro-batch, or the whole batch when the update's forward is held for the filter
+    rows, notes = _rows_per_pass(cfg, rules)
+    phases = _phases(
+        cfg,
+        shape,
+        rules,
+        rows=rows,
+        prompt_tokens=prompt_tokens,
+        kernel=kernel,
+        adapters_bf16=2 * (trainable - head_params) if cfg.lora_rank > 0 else 0,
+        lora_layers=lora_layers,
+    )
+    phase_totals = {name: sum(held.values()) + sum(rows_.values()) for name, rows_ in phases}
+    phase, peak = _peak_phase(phases)
+    vllm = cfg.vllm_gpu_memory * device_gib * GIB if cfg.engine == "vllm" else 0.0
+    if vllm:
+        notes.append(_vllm_note(shape, vllm))
+    return Plan(
+        model=model or cfg.model,
+        source=source,
+        shape=shape,
+        params=shape.params(),
+        trainable=trainable,
+        rows=rows,
+        prompt_tokens=prompt_tokens,
+        response_tokens=cfg.max_new_tokens,
+        precision=cfg.precision,
+        checkpointing=cfg.gradient_checkpointing,
+        lora_rank=cfg.lora_rank,
+        device_bytes=device_gib * GIB,
+        device_note=device_note,
+        vllm_bytes=vllm,
+        items=held,
+        phase=phase,
+        peak_items=peak,
+        notes=notes,
+        phase_totals=phase_totals,
+    )
+
+
+def _rows_per_pass(cfg: TrainConfig, rules) -> tuple[int, list[str]]:
+    """(rows in one pass, the plan's notes so far): a micro-batch, or the whole batch when the update's forward is
+    held for the filter."""
     batch = cfg.prompts_per_step * cfg.group_size
-    rows = rules.rows_per_pass(batch)
     if rules.holds_whole_batch(batch):
-        notes.append(
+        note = (
             f"reuse_forward on holds every micro-batch's forward until the filter: {batch} rows of activations at once"
         )
-        rows = batch
+        return batch, [note]
+    return rules.rows_per_pass(batch), []
+
+
+def _phases(
+    cfg: TrainConfig,
+    shape: ModelShape,
+    rules,
+    *,
+    rows: int,
+    prompt_tokens: int,
+    kernel: str,
+    adapters_bf16: int,
+    lora_layers: int,
+) -> list[tuple[str, dict[str, float]]]:
+    """The step's moments above what it holds throughout: one pass's activations in each forward and backward (rows
+    7-9), and HF generate's bytes between updates."""
     response = cfg.max_new_tokens
     act = pass_activation_bytes(
         shape,
@@ -456,42 +510,12 @@ def plan_memory(
         value_head=rules.critic,
     )
     phases = _pass_phases(
-        cfg,
-        shape,
-        act,
-        rows=rows,
-        prompt_tokens=prompt_tokens,
-        kernel=kernel,
-        adapters_bf16=2 * (trainable - head_params) if cfg.lora_rank > 0 else 0,
+        cfg, shape, act, rows=rows, prompt_tokens=prompt_tokens, kernel=kernel, adapters_bf16=adapters_bf16
     )
     if cfg.engine == "hf":  # generation between updates
+        batch = cfg.prompts_per_step * cfg.group_size
         phases.append(("generate", _generate_items(shape, min(HF_GENERATE_ROWS, batch), prompt_tokens + response)))
-    phase_totals = {name: sum(held.values()) + sum(rows_.values()) for name, rows_ in phases}
-    phase, peak = _peak_phase(phases)
-    vllm = cfg.vllm_gpu_memory * device_gib * GIB if cfg.engine == "vllm" else 0.0
-    if vllm:
-        notes.append(_vllm_note(shape, vllm))
-    return Plan(
-        model=model or cfg.model,
-        source=source,
-        shape=shape,
-        params=P,
-        trainable=trainable,
-        rows=rows,
-        prompt_tokens=prompt_tokens,
-        response_tokens=response,
-        precision=cfg.precision,
-        checkpointing=cfg.gradient_checkpointing,
-        lora_rank=cfg.lora_rank,
-        device_bytes=device_gib * GIB,
-        device_note=device_note,
-        vllm_bytes=vllm,
-        items=held,
-        phase=phase,
-        peak_items=peak,
-        notes=notes,
-        phase_totals=phase_totals,
-    )
+    return phases
 
 
 def _held_bytes(cfg: TrainConfig, shape: ModelShape, rules) -> tuple[dict[str, float], int, int, int]:
@@ -748,7 +772,7 @@ def _refuse_if_too_big(
     field or option, names[name])."""
     import warnings
 
-    from .config import ConfigError
+    from ..config import ConfigError
 
     bytes_needed = need({})
     if bytes_needed <= total:

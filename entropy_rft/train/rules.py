@@ -28,10 +28,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .config import TrainConfig
-from .core.advantages import ADVANTAGES, TokenLevel
-from .core.control import EntropyControl, make_control
-from .core.objective import Objective
+from ..config import TrainConfig
+from ..core.advantages import ADVANTAGES, TokenLevel
+from ..core.control import EntropyControl, make_control
+from ..core.objective import Objective
 from .forward import pass_size, passes
 
 

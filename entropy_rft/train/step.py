@@ -35,8 +35,8 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from .config import TrainConfig
-from .core.advantages import (
+from ..config import TrainConfig
+from ..core.advantages import (
     ADVANTAGES,
     TokenLevel,
     advantage_reweight,
@@ -45,17 +45,17 @@ from .core.advantages import (
     overlong_penalty,
     rank_penalty,
 )
-from .core.control import EntropyControl, Knobs, make_control
-from .core.dynamics import TokenStats, corollary4_entropy_change
-from .core.losses import step_sizes
-from .core.methods import METHODS, POLICY_LOSSES, PolicyLoss
-from .core.objective import Micro
-from .diagnostics import after_update_metrics, masked_mean, reweight_metrics, step_metrics
+from ..core.control import EntropyControl, Knobs, make_control
+from ..core.dynamics import TokenStats, corollary4_entropy_change
+from ..core.losses import step_sizes
+from ..core.methods import METHODS, POLICY_LOSSES, PolicyLoss
+from ..core.objective import Micro
+from ..rollout import Rollout
+from ..run.stops import check_finite
+from .diagnostics import after_update_metrics, float_mean, reweight_metrics, step_metrics
 from .dropout import has_active_dropout
 from .forward import EntropyProbe, HeldForward, batch_forward, policy_forward
-from .rollout import Rollout
 from .rules import StepRules, objective_of
-from .run.stops import check_finite
 
 if TYPE_CHECKING:
     from .problems import Scored
@@ -246,7 +246,7 @@ class Step:
         adv, returns = compute_advantages(
             cfg, self.estimator, behaviour.rewards, batch.group_ids, mask, old_logp, behaviour.old_values
         )
-        entropy = masked_mean(stats.entropy, mask)
+        entropy = float_mean(stats.entropy, mask)
         adv, rule_metrics = self.method.advantages(  # Entrocraft's rule (the estimator's rows frozen: none)
             behaviour.rewards,
             adv,

@@ -11,12 +11,12 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from .config import TrainConfig
-from .data import load_math
-from .packaged import BUILTIN_MODELS
-from .rollout import Rollout
-from .run.stops import NonFiniteReward
-from .tasks import MathTask
+from ..config import TrainConfig
+from ..packaged import BUILTIN_MODELS
+from ..rollout import Rollout
+from ..run.stops import NonFiniteReward
+from ..tasks import MathTask
+from ..tasks.data import load_math
 
 
 @dataclass
@@ -43,7 +43,7 @@ SHIPPED_DATA = {
 
 
 def task_problems(cfg: TrainConfig, task, split: str) -> list:
-    """Training or evaluation problems: math dataset specs through entropy_rft.data, else task JSONL."""
+    """Training or evaluation problems: math dataset specs through entropy_rft.tasks.data, else task JSONL."""
     if isinstance(task, MathTask):
         spec = cfg.train_data if split == "train" else cfg.eval_data
         if not spec:
@@ -67,7 +67,7 @@ def default_data(cfg: TrainConfig, split: str) -> Path:
 def check_prompts(engine, task, problems: list, *, source: str, max_new_tokens: int, limit: int, option: str) -> None:
     """Every problem's prompt fits the model's context and `limit` tokens (rollout.hf.check_prompt_lengths), each
     named as row i of `source` (1-based, in the order read) with the start of its prompt."""
-    from .rollout.hf import check_prompt_lengths
+    from ..rollout.hf import check_prompt_lengths
 
     prompts = [task.prompt(p) for p in problems]
     rows = [f"{source} row {i + 1} ({' '.join(p[:40].split())!r}...)" for i, p in enumerate(prompts)]

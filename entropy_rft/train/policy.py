@@ -22,12 +22,12 @@ from pathlib import Path
 import torch
 from safetensors import SafetensorError
 
-from . import packaged
-from .config import TrainConfig, check_device
+from .. import packaged
+from ..config import TrainConfig, check_device
+from ..packaged import BUILTIN_MODELS, PACKAGED
+from ..rollout import ENGINES
+from ..run.checkpoint import VALUE_HEAD
 from .dropout import check_deterministic, disable_dropout
-from .packaged import BUILTIN_MODELS, PACKAGED
-from .rollout import ENGINES
-from .run.checkpoint import VALUE_HEAD
 
 STAND_IN = "tiny-stand-in"  # a random tiny chat model built on first use (toy.build_stand_in), for dry runs
 
@@ -68,7 +68,7 @@ def resolve_model_path(name: str) -> str:
     """A shipped model name, the stand-in, a packaged model (packaged.py: converted into the cache on first use), an
     existing local directory, or a hub id (returned as given)."""
     if name == STAND_IN:
-        from .toy import build_stand_in
+        from ..toy import build_stand_in
 
         return _built_once(cache_dir() / STAND_IN, build_stand_in)
     if name in PACKAGED:

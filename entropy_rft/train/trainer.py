@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -37,18 +38,12 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from . import samples
-from .config import TrainConfig, preflight
-from .core.control import control_name, make_control
-from .diagnostics import loss_step_sizes
-from .dropout import has_active_dropout
-from .evaluate import run_eval
-from .logging import MetricLogger, read_metrics
-from .plan import check_fits
-from .policy import pick_device, resolve_model_path, set_up_policy
-from .problems import ProblemSampler, check_prompts, sample_batch, task_problems
-from .rules import StepRules, needs
-from .run.checkpoint import (
+from .. import samples
+from ..config import TrainConfig, preflight
+from ..core.control import control_name, make_control
+from ..evaluate import run_eval
+from ..logging import MetricLogger, read_metrics
+from ..run.checkpoint import (
     RunState,
     checkpoint_space,
     find_checkpoint,
@@ -56,11 +51,17 @@ from .run.checkpoint import (
     prune_checkpoints,
     save_checkpoint,
 )
-from .run.rundir import Claim, finished_summary, new_run_dir, remove_if_empty
-from .run.rundir import claim as claim_run_dir
-from .run.stops import NonFinite, NonFiniteReward, RunStopped, StopSignals, finite_sampling, stop_signals_interrupt
+from ..run.rundir import Claim, finished_summary, new_run_dir, remove_if_empty
+from ..run.rundir import claim as claim_run_dir
+from ..run.stops import NonFinite, NonFiniteReward, RunStopped, StopSignals, finite_sampling, stop_signals_interrupt
+from ..tasks import TASKS
+from .diagnostics import loss_step_sizes
+from .dropout import has_active_dropout
+from .plan import check_fits
+from .policy import pick_device, resolve_model_path, set_up_policy
+from .problems import ProblemSampler, check_prompts, sample_batch, task_problems
+from .rules import StepRules, needs
 from .step import Step
-from .tasks import TASKS
 
 __all__ = ["train"]  # what users import from here; every other name from the module that owns it
 
@@ -77,8 +78,9 @@ def train(cfg: TrainConfig, *, resume: bool | str = False, overwrite: bool = Fal
     device = pick_device(cfg.device)  # resolved once: the memory check and the policy's set-up use this one
     check_fits(cfg, device)  # lengths and batches that cannot be allocated: one line naming the field
     made = cfg.out is None
-    if made:
+    if made:  # a new directory, created at once (two runs started in the same second get two): say where it is
         cfg = dataclasses.replace(cfg, out=str(new_run_dir(cfg.method)))
+        print(f"entropy-rft: run directory {cfg.out}", file=sys.stderr)
     try:
         with claim_run_dir(cfg, resume=resume, overwrite=overwrite) as claim, stop_signals_interrupt() as stops:
             if claim.finished:

@@ -37,12 +37,12 @@ from contextlib import contextmanager, nullcontext
 import torch
 from torch import Tensor
 
-from .core.dynamics import TokenStats, token_stats, token_stats_from_hidden
+from ..core.dynamics import TokenStats, token_stats, token_stats_from_hidden
+from ..rollout import Rollout
+from ..rollout.cache import cache_arg, cache_of
+from ..rollout.hf import sequence_forward
+from ..rollout.sampling import position_ids
 from .dropout import has_active_dropout
-from .rollout import Rollout
-from .rollout.cache import cache_arg, cache_of
-from .rollout.hf import sequence_forward
-from .rollout.sampling import position_ids
 
 _LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier_scale")
 

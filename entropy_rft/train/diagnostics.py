@@ -12,19 +12,19 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .core.advantages import broadcast_advantages
-from .core.dynamics import (
+from ..core.advantages import broadcast_advantages
+from ..core.dynamics import (
     TokenStats,
     batch_covariance,
     corollary4_entropy_change,
     entropy_change_by_region,
     region_masks,
 )
-from .core.losses import step_sizes
-from .core.masks import clipped_fractions
-from .core.methods import METHODS, POLICY_LOSSES
+from ..core.losses import step_sizes
+from ..core.masks import clipped_fractions
+from ..core.methods import METHODS, POLICY_LOSSES
+from ..samples import entropy_terms
 from .forward import EntropyProbe, batch_forward
-from .samples import entropy_terms
 
 # the filters whose effect the monitor reports, each at its default options (the authors' mu)
 WOULD_CLIP = ("clip_b", "clip_v")
@@ -36,8 +36,9 @@ def would_clip_label(name: str) -> str:
     return f"{name.replace('clip_', 'Clip_').replace('_b', '_B').replace('_v', '_V')} ({options}) would drop it"
 
 
-def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> float:
-    """Mean of x over the mask's tokens, as a float (0 for an empty mask)."""
+def float_mean(x: torch.Tensor, mask: torch.Tensor) -> float:
+    """Mean of x over the mask's tokens, as a Python float for a metrics line (0 for an empty mask); the loss's own
+    tensor-valued mean is losses.masked_mean."""
     m = mask.float()
     return float((x.float() * m).sum() / m.sum().clamp_min(1.0))
 
@@ -94,13 +95,13 @@ def step_metrics(step, rewards, correct, adv, stats: TokenStats, mask, keep, rol
         "step": step + 1,
         "reward_mean": float(rewards.mean()),
         "accuracy": float(correct.float().mean()),
-        "entropy": masked_mean(stats.entropy, mask),  # the policy's: token-mean over every valid response token
-        "entropy_kept": masked_mean(stats.entropy, loss_mask),  # over the tokens the filter keeps in the loss
+        "entropy": float_mean(stats.entropy, mask),  # the policy's: token-mean over every valid response token
+        "entropy_kept": float_mean(stats.entropy, loss_mask),  # over the tokens the filter keeps in the loss
         "clip_frac": fractions["frac_clipped"],
         "clip_frac_pos": fractions["frac_clipped_pos"],
         "clip_frac_neg": fractions["frac_clipped_neg"],
-        "s_star_mean": masked_mean(stats.s_star, mask),  # Figure 3
-        "s_centered_mean": masked_mean(stats.s_centered, mask),  # Corollary 2: about 0 on-policy
+        "s_star_mean": float_mean(stats.s_star, mask),  # Figure 3
+        "s_centered_mean": float_mean(stats.s_centered, mask),  # Corollary 2: about 0 on-policy
         "cov_a_sc": float(cov),  # Figure 5 plots -Cov_B(A, S_c)
         # Corollary 4 in logit space, each token stepped by the loss's own lr w_t (losses.step_sizes; lr / |T_B| for
         # the token-mean loss: dynamics, departure 3)
@@ -131,7 +132,7 @@ def after_update_metrics(
             model, rollout, cfg.temperature, rows_per_pass, precision=cfg.precision, from_hidden=cfg.stats_from_hidden
         )[0]
         out["entropy_change/first_order"] = probe.first_order()
-        out["entropy_change/realised"] = masked_mean(after.entropy, mask) - masked_mean(stats.entropy, mask)
+        out["entropy_change/realised"] = float_mean(after.entropy, mask) - float_mean(stats.entropy, mask)
     return out
 
 
@@ -154,9 +155,9 @@ def watch_metrics(
     adv = broadcast_advantages(advantages, stats.s_centered)
     valid, used = mask.bool(), loss_mask.bool() & mask.bool()
     out: dict[str, float | None] = {
-        "entropy": masked_mean(stats.entropy, valid),
-        "s_star_mean": masked_mean(stats.s_star, valid),
-        "s_centered_mean": masked_mean(stats.s_centered, valid),
+        "entropy": float_mean(stats.entropy, valid),
+        "s_star_mean": float_mean(stats.s_star, valid),
+        "s_centered_mean": float_mean(stats.s_centered, valid),
         "cov_a_sc": float(batch_covariance(adv, stats.s_centered, used)),
         "entropy_change/predicted": None,
     }
