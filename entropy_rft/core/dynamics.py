@@ -76,22 +76,32 @@ class TokenStats:
     entropy: Tensor
     s_star: Tensor
     s_expect: Tensor
+    # TRE's bonus entropy (tre.top_entropy: the renormalised top-K / top-p entropy, scaled), differentiable; only
+    # where the run's entropy bonus is TRE's (forward.policy_forward's `top`), else None
+    entropy_top: Tensor | None = None
 
     @property
     def s_centered(self) -> Tensor:
         return self.s_star - self.s_expect
 
     def detach(self) -> TokenStats:
-        return TokenStats(self.logp.detach(), self.entropy.detach(), self.s_star, self.s_expect)
+        top = None if self.entropy_top is None else self.entropy_top.detach()
+        return TokenStats(self.logp.detach(), self.entropy.detach(), self.s_star, self.s_expect, top)
 
     def map(self, fn) -> TokenStats:
-        """fn applied to each of the four statistics."""
-        return TokenStats(*(fn(getattr(self, f.name)) for f in fields(self)))
+        """fn applied to each of the statistics (entropy_top where there is one)."""
+        return TokenStats(*(None if (x := getattr(self, f.name)) is None else fn(x) for f in fields(self)))
 
     @staticmethod
     def join(parts: list[TokenStats], fn) -> TokenStats:
-        """fn applied to the list of each statistic over the parts (e.g. torch.cat)."""
-        return TokenStats(*(fn([getattr(s, f.name) for s in parts]) for f in fields(TokenStats)))
+        """fn applied to the list of each statistic over the parts (e.g. torch.cat); entropy_top where every part has
+        one."""
+        return TokenStats(
+            *(
+                None if any(getattr(s, f.name) is None for s in parts) else fn([getattr(s, f.name) for s in parts])
+                for f in fields(TokenStats)
+            )
+        )
 
 
 def _check_tokens(tokens: Tensor, vocab_size: int, expected_shape: torch.Size, what: str) -> None:
