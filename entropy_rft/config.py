@@ -62,7 +62,6 @@ def _f(default, help: str, *, bookkeeping: bool = False):
 
 # Range rules, one per group of fields: (lowest, highest, whether the bounds themselves are allowed)
 _AT_LEAST_ONE = (
-    "tre_top_k",
     "steps",
     "prompts_per_step",
     "group_size",
@@ -787,6 +786,8 @@ class TrainConfig:
             raise ValueError(f"{tre[0]} is an option of method 'tre_k'; {self.method!r} takes none")
         if len(tre) == 2:
             raise ValueError("TRE takes one of tre_top_k (TRE-K) and tre_top_p (TRE-P), not both")
+        if self.tre_top_k is not None and self.tre_top_k < 1:
+            raise ValueError(f"tre_top_k must be >= 1 (TRE-K uses 2), got {self.tre_top_k}")
         if self.tre_top_p is not None and not self.tre_top_p < 1:
             raise ValueError(f"tre_top_p must be in (0, 1) (TRE-P uses 0.99), got {self.tre_top_p}")
 
