@@ -123,7 +123,7 @@ def test_recentred_weighted_mean_is_zero_and_deleted_rows_leave_the_loss():
         rows = (gids == g) & keep
         w = torch.exp(-s[rows].double())
         assert abs(float((w * ours[rows].double()).sum() / w.sum())) < 1e-6
-    assert 0 < metrics["kept_frac"] < 1
+    assert 0 < metrics["rollouts_kept_frac"] < 1
 
 
 def test_options_are_checked(tmp_path):

@@ -807,7 +807,7 @@ def test_grpo_dropout_deletes_rollouts_over_the_whole_generation_batch(tmp_path,
     assert torch.equal(tool, mask & kept[:, None])
     torch.testing.assert_close(out["advantages"].float(), want, rtol=1e-5, atol=1e-6)
     assert int(out["num_items_in_batch"]) == int((mask & kept[:, None]).sum())
-    assert any("entropy_rft/kept_frac" in h for h in ours.state.log_history)
+    assert any("entropy_rft/rollouts_kept_frac" in h for h in ours.state.log_history)
     with pytest.raises(ValueError, match="built-in trainer"):
         build(tmp_path / "tre", method="tre_k", method_options={})
 

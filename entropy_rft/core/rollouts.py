@@ -111,7 +111,7 @@ def grpo_dropout(
     logp, mask (B, T) the behaviour policy's log p of each response token and the valid tokens. estimator(scores,
     group_ids) -> (B,) recomputes the advantages over the kept rollouts (the run's: GRPO in the authors' scripts).
     recenter: subtract the group's e^{-s}-weighted mean advantage (adv_p_center_mode weighted_center; False: "none").
-    Returns (advantages (B,) float32, 0 at deleted rollouts; keep (B,) bool; metrics): kept_frac (rollouts),
+    Returns (advantages (B,) float32, 0 at deleted rollouts; keep (B,) bool; metrics): rollouts_kept_frac,
     push_mean_before / push_mean_after (the group mean push h, averaged over groups, before and over the kept ones),
     frac_groups_all_zero (groups whose pushes are all 0) and frac_groups_one_sign."""
     if advantages.dim() != 1 or advantages.shape != scores.shape or scores.shape != group_ids.shape:
@@ -149,7 +149,7 @@ def grpo_dropout(
             out[rows] = out[rows] - (w * out[rows]).sum()
     n_groups = max(len(groups), 1)
     metrics = {
-        "kept_frac": float(keep.float().mean()) if keep.numel() else 1.0,
+        "rollouts_kept_frac": float(keep.float().mean()) if keep.numel() else 1.0,
         "push_mean_before": sum(before) / n_groups,
         "push_mean_after": sum(after) / n_groups,
         "frac_groups_all_zero": all_zero / n_groups,
