@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, fields
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -90,18 +91,19 @@ class TokenStats:
 
     def map(self, fn) -> TokenStats:
         """fn applied to each of the statistics (entropy_top where there is one)."""
-        return TokenStats(*(None if (x := getattr(self, f.name)) is None else fn(x) for f in fields(self)))
+        out: dict[str, Any] = {f.name: getattr(self, f.name) for f in fields(self)}
+        mapped: dict[str, Any] = {k: None if v is None else fn(v) for k, v in out.items()}
+        return TokenStats(**mapped)
 
     @staticmethod
     def join(parts: list[TokenStats], fn) -> TokenStats:
         """fn applied to the list of each statistic over the parts (e.g. torch.cat); entropy_top where every part has
         one."""
-        return TokenStats(
-            *(
-                None if any(getattr(s, f.name) is None for s in parts) else fn([getattr(s, f.name) for s in parts])
-                for f in fields(TokenStats)
-            )
-        )
+        out: dict[str, Any] = {
+            f.name: None if any(getattr(s, f.name) is None for s in parts) else fn([getattr(s, f.name) for s in parts])
+            for f in fields(TokenStats)
+        }
+        return TokenStats(**out)
 
 
 def _check_tokens(tokens: Tensor, vocab_size: int, expected_shape: torch.Size, what: str) -> None:

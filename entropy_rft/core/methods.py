@@ -385,7 +385,6 @@ METHODS.register(
 )
 # compositions (docs/concepts.md): Clip_B's filter with a rule that acts elsewhere in the step; Clip_B's mu, side and
 # entropy_gate, and the mu controller (entropy_control mu), apply as with clip_b
-_CLIP_B = {"filter": masks.clip_b, "score": "s_star", "gated": True}
 METHODS.register(
     "stare+clip_b",
     Method(
@@ -393,7 +392,8 @@ METHODS.register(
         options={"mu": 2.5, "variant": "O1", "top_p_ratio": 0.1, "reweight_w": 1.1, "reweight_m": 0.9},
         summary="Clip_B's mask, then STARE's weights ranked over the tokens it keeps (STARE's gate 0.3)",
         weigh=masks.stare_weights,
-        **_CLIP_B,
+        filter=masks.clip_b,
+        gated=True,
     ),
 )
 METHODS.register(
@@ -403,7 +403,8 @@ METHODS.register(
         options={"mu": 2.5, "basis": "avg", "recenter": True},
         summary="GRPODropout's kept rollouts and advantages, then Clip_B over their tokens",
         rollout_rule=rollouts.grpo_dropout,
-        **_CLIP_B,
+        filter=masks.clip_b,
+        gated=True,
     ),
 )
 METHODS.register(
@@ -413,7 +414,8 @@ METHODS.register(
         options={"mu": 2.5, "lower_range": (0.6, 0.4), "upper_range": (0.7, 0.5), "schedule": "linear"},
         summary="Entrocraft's advantages, then Clip_B on their negative-advantage tokens",
         advantage_rule=advantages_mod.entrocraft_rule,
-        **_CLIP_B,
+        filter=masks.clip_b,
+        gated=True,
     ),
 )
 METHODS.register(
@@ -424,7 +426,8 @@ METHODS.register(
         summary="Clip_B's mask and TRE's top-K entropy bonus over the tokens it keeps",
         config={"entropy_coef": 0.001},
         top_entropy=True,
-        **_CLIP_B,
+        filter=masks.clip_b,
+        gated=True,
     ),
 )
 METHODS.register(
