@@ -122,6 +122,9 @@ def test_clear_errors():
         trinity_adapter.EntropyAdvantageFn(method="dapo")
     with pytest.raises(ValueError, match="no option"):
         trinity_adapter.EntropyAdvantageFn(method="clip_b", max_frac=0.1)
+    for composed in ("stare+clip_b", "grpo_dropout+clip_b", "entrocraft+clip_b", "tre_k+clip_b"):
+        with pytest.raises(ValueError, match="does not run"):  # their other rule would be silently skipped
+            trinity_adapter.EntropyAdvantageFn(method=composed)
     with pytest.raises(ValueError, match="explorer"):
         trinity_adapter.EntropyAdvantageFn(method="clip_b", base="grpo")
     with pytest.raises(ValueError, match="loss_agg_mode: token-mean"):

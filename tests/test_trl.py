@@ -808,8 +808,9 @@ def test_grpo_dropout_deletes_rollouts_over_the_whole_generation_batch(tmp_path,
     torch.testing.assert_close(out["advantages"].float(), want, rtol=1e-5, atol=1e-6)
     assert int(out["num_items_in_batch"]) == int((mask & kept[:, None]).sum())
     assert any("entropy_rft/rollouts_kept_frac" in h for h in ours.state.log_history)
-    with pytest.raises(ValueError, match="built-in trainer"):
-        build(tmp_path / "tre", method="tre_k", method_options={})
+    for method in ("tre_k", "tre_k+clip_b", "entrocraft+clip_b"):  # their rule would be silently skipped
+        with pytest.raises(ValueError, match="built-in trainer"):
+            build(tmp_path / method, method=method, method_options={})
 
 
 def test_stare_with_clip_b_weights_the_tokens_clip_b_keeps(tmp_path):

@@ -137,6 +137,11 @@ class EntropyAdvantageFn(AdvantageFn):
                 f"method {method!r} is not a token filter, so it has no Trinity advantage function; "
                 f"filters: {_filters()}"
             )
+        if spec.weigh is not None or spec.rollout_rule or spec.advantage_rule or spec.top_entropy:
+            raise ValueError(
+                f"method {method!r} composes a filter with token weights, a rollout or advantage rule or TRE's "
+                "bonus, which Trinity's advantage function does not run: use its filter alone or the built-in trainer"
+            )
         accepted = set(spec.option_names())
         unknown = sorted(set(options) - accepted)
         if unknown:

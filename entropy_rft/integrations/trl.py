@@ -329,6 +329,11 @@ class EntropyGRPOTrainer(GRPOTrainer):
                     f"method {method!r} adds TRE's top-K entropy bonus, which needs the logits inside TRL's loss "
                     "(TRL 1.16's GRPO loss has no entropy bonus to replace): run it in the built-in trainer"
                 )
+            if spec.advantage_rule is not None:
+                raise ValueError(
+                    f"method {method!r} rewrites the advantages with the run's entropy and step (Entrocraft), which "
+                    "this adapter does not run: use the built-in trainer"
+                )
             if spec.weigh is not None:
                 check_weighable(kwargs.get("args", args[2] if len(args) > 2 else None))
             if spec.rollout_rule is not None:
