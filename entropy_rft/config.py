@@ -112,6 +112,7 @@ _NON_NEGATIVE = (
 )
 _POSITIVE = (
     "rsi_upper_bound",
+    "tre_top_p",
     "max_frac",
     "entropy_gate",
     "stare_reweight_w",
@@ -169,7 +170,7 @@ class TrainConfig:
     train_data: str | None = _f(
         None,
         "training problems: countdown JSONL, or for math a dataset name (dapo_train), "
-        "name=path or path (entropy_rft/data.py); default: the shipped countdown split",
+        "name=path or path (entropy_rft/tasks/data.py); default: the shipped countdown split",
     )
     eval_data: str | None = _f(None, "held-out problems, same forms (math: dapo500); default: the shipped eval split")
     data_dir: str | None = _f(
@@ -223,6 +224,24 @@ class TrainConfig:
     stare_reweight_w: float | None = _f(None, "STARE: the weight W on L+ (> 0; the authors use 1.1); None = 1.1")
     stare_reweight_m: float | None = _f(
         None, "STARE: the weight M on L- under variant C2 (> 0; the authors use 0.9); None = 0.9"
+    )
+    grpo_dropout_basis: Literal["avg", "sum"] | None = _f(
+        None,
+        "GRPODropout: s_g = -log pi_old(y_g) as the mean token log p (avg, the authors' default) or the sequence's "
+        "sum; None = avg",
+    )
+    grpo_dropout_recenter: bool | None = _f(
+        None,
+        "GRPODropout: recentre the kept advantages by their e^-s weighted mean (the authors' weighted_center); "
+        "None = true",
+    )
+    tre_top_k: int | None = _f(
+        None,
+        "TRE-K: the entropy bonus is the entropy of the renormalised top-K logits times log V / log K; None = 2 "
+        "(its Countdown scripts) unless tre_top_p is given",
+    )
+    tre_top_p: float | None = _f(
+        None, "TRE-P: the bonus over the smallest top set of cumulative probability >= p (at most 256 tokens; 0.99)"
     )
     entropy_gate: float | None = _f(
         None,
@@ -672,6 +691,7 @@ class TrainConfig:
             raise ValueError("prompts_per_step must be divisible by mini_batches")
         self._warn_of_idle_settings()
         if self.entropy_target is not None:
+            from .core import masks
             from .core.control import CONTROLS
 
             if self.entropy_control == "none" or self.entropy_control not in CONTROLS:
@@ -679,9 +699,11 @@ class TrainConfig:
                 raise ValueError(
                     f"entropy_control must be one of {names} (registry CONTROLS), got {self.entropy_control!r}"
                 )
-            if self.entropy_control == "mu" and self.method not in ("clip_b", "clip_v"):
+            filters = (masks.clip_b, masks.clip_v)
+            if self.entropy_control == "mu" and METHODS.get(self.method).filter not in filters:
                 raise ValueError(
-                    f"entropy_target with entropy_control='mu' sets Clip_B/Clip_V's mu; use method clip_b or clip_v "
+                    f"entropy_target with entropy_control='mu' sets Clip_B/Clip_V's mu; use a method with their filter "
+                    "(clip_b, clip_v, or a composition such as grpo_dropout+clip_b) "
                     f"(got {self.method!r}) or entropy_control='bonus'"
                 )
         self._check_method_options()
@@ -700,12 +722,12 @@ class TrainConfig:
             raise ValueError(f"entropy_gate gates a filter of {gated}; method {self.method!r} takes none")
         options = ("variant", "top_p_ratio", "reweight_w", "reweight_m")
         stare = [f for f in options if getattr(self, f"stare_{f}") is not None]
-        if stare and self.method != "stare":
+        if stare and stare[0] not in takes:
             raise ValueError(f"stare_{stare[0]} is an option of method 'stare'; method {self.method!r} takes none")
         craft = [f for f in ("lower_range", "upper_range", "schedule") if getattr(self, f"entrocraft_{f}") is not None]
-        if craft and self.method != "entrocraft":
+        if craft and craft[0] not in takes:
             raise ValueError(f"entrocraft_{craft[0]} is an option of method 'entrocraft'; {self.method!r} takes none")
-        if self.method == "entrocraft":
+        if "lower_range" in takes:
             from .core.advantages import entrocraft_band
 
             given = {k: v for k, v in self.method_overrides().items() if k in ("lower_range", "upper_range")}
@@ -728,9 +750,10 @@ class TrainConfig:
                 raise ValueError(
                     f"rsi_lower_bound ({self.rsi_lower_bound}) must be below rsi_upper_bound ({self.rsi_upper_bound})"
                 )
-        if self.method == "stare" and self.policy_loss != "ppo":
+        self._check_rollout_and_bonus_options(takes)
+        if "reweight_w" in takes and self.policy_loss != "ppo":
             raise ValueError(
-                "method 'stare' weights the clipped surrogate (policy_loss 'ppo'); got policy_loss "
+                f"method {self.method!r} weights the clipped surrogate (policy_loss 'ppo'); got policy_loss "
                 f"{self.policy_loss!r}"
             )
 
@@ -751,7 +774,35 @@ class TrainConfig:
             "top_p_ratio": self.stare_top_p_ratio,
             "reweight_w": self.stare_reweight_w,
             "reweight_m": self.stare_reweight_m,
+            "basis": self.grpo_dropout_basis,
+            "recenter": self.grpo_dropout_recenter,
         }
+
+    def _check_rollout_and_bonus_options(self, takes: list[str]) -> None:
+        """GRPODropout's and TRE's options belong to the methods that take them; TRE takes K or p, not both."""
+        given = [f for f in ("grpo_dropout_basis", "grpo_dropout_recenter") if getattr(self, f) is not None]
+        if given and "basis" not in takes:
+            raise ValueError(f"{given[0]} is an option of method 'grpo_dropout'; {self.method!r} takes none")
+        tre = [f for f in ("tre_top_k", "tre_top_p") if getattr(self, f) is not None]
+        if tre and "tre_top_k" not in takes:
+            raise ValueError(f"{tre[0]} is an option of method 'tre_k'; {self.method!r} takes none")
+        if len(tre) == 2:
+            raise ValueError("TRE takes one of tre_top_k (TRE-K) and tre_top_p (TRE-P), not both")
+        if self.tre_top_k is not None and self.tre_top_k < 1:
+            raise ValueError(f"tre_top_k must be >= 1 (TRE-K uses 2), got {self.tre_top_k}")
+        if self.tre_top_p is not None and not self.tre_top_p < 1:
+            raise ValueError(f"tre_top_p must be in (0, 1) (TRE-P uses 0.99), got {self.tre_top_p}")
+
+    def top_entropy(self) -> tuple[int | None, float | None] | None:
+        """(K, p) of TRE's bonus entropy (dynamics.top_entropy) for a method with it, else None: K = tre_top_k, 2
+        (TRE's Countdown scripts) unless tre_top_p is given."""
+        from .core.methods import METHODS
+
+        if not METHODS.get(self.method).top_entropy:
+            return None
+        if self.tre_top_p is not None:
+            return None, self.tre_top_p
+        return (self.tre_top_k if self.tre_top_k is not None else 2), None
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)

@@ -84,7 +84,13 @@ def test_gate_refuses_a_target_that_is_not_a_positive_entropy(bad):
 def test_gate_options_and_config_checks(tmp_path):
     """The gated methods list entropy_gate among their options (the adapters check options against this list);
     the config refuses it for a method without a gated filter, and a value <= 0, each in one line naming it."""
-    assert {n for n in METHODS if METHODS.get(n).gated} == {"clip_b", "clip_v", "ppo_clip_b", "ppo_clip_v"}
+    compositions = {"stare+clip_b", "grpo_dropout+clip_b", "entrocraft+clip_b", "tre_k+clip_b"}  # Clip_B's filter
+    assert {n for n in METHODS if METHODS.get(n).gated} == {
+        "clip_b",
+        "clip_v",
+        "ppo_clip_b",
+        "ppo_clip_v",
+    } | compositions
     assert "entropy_gate" in METHODS.get("clip_v").option_names()
     assert "entropy_gate" not in METHODS.get("forking").option_names()
     with pytest.raises(ValueError, match="entropy_gate gates a filter of clip_b, clip_v"):

@@ -25,6 +25,8 @@ CASES = {
     "stare": {"method": "stare"},  # token weights: STARE's metrics and the reweighted share by region
     "rsi": {"method": "rsi", "rsi_upper_bound": 1.5},  # a filter reading log p and H
     "entrocraft": {"method": "entrocraft"},  # an advantage rule: its regime and band
+    "grpo_dropout": {"method": "grpo_dropout"},  # a rollout rule: kept rollouts and pushes
+    "tre_k": {"method": "tre_k"},  # TRE's bonus: loss/entropy_bonus
     "kl_cov": {"method": "kl_cov"},
     "ppo": {"method": "ppo"},
     "entropy_bonus": {"method": "entropy_bonus"},

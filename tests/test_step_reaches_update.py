@@ -36,7 +36,13 @@ DROPPING = {
     "rsi": {"rsi_lower_bound": 0.05, "rsi_upper_bound": 1.5},
 }
 # settings under which a method's rule acts on the batch (STARE's gate held open, both of its weights)
-ACTING = {"stare": {"entropy_gate": 100.0, "stare_variant": "C2"}}
+ACTING = {
+    "stare": {"entropy_gate": 100.0, "stare_variant": "C2"},
+    # groups of 4 keep max(1, 4 // 4) = 1 rollout or more; recentring a lone survivor zeroes it, so keep the raw
+    # recomputed advantages for a nonzero gradient
+    "grpo_dropout": {"grpo_dropout_recenter": False},
+    "grpo_dropout+clip_b": {"grpo_dropout_recenter": False},
+}
 # The statistics (log p, H) are float32 whatever the model's dtype (dynamics' tiles), so the loss and its backward run
 # in float32: a token's coefficient -A r w (times a clip branch, a KL or bonus derivative) is a product of at most
 # four float32 roundings (r, A r, the weight, the mean's division), each 2^-24 relative; 16 u of the largest
@@ -175,16 +181,43 @@ def expected_advantages(ran: Ran) -> torch.Tensor:
     method, options = METHODS.get(cfg.method), cfg.method_overrides()
     m = ran.mask.float()
     entropy = float((b.stats.entropy * m).sum() / m.sum())
+    adv, _, _ = expected_rollouts(ran, adv)
     adv, _ = method.advantages(b.rewards, adv, entropy=entropy, step=b.step + 1, total_steps=cfg.steps, **options)
-    weights, _ = method.weights(b.stats, adv, ran.mask, **options)
+    weights, _ = method.weights(b.stats, adv, valid_rows(ran), **options)
     if weights is not None:
         adv = (adv[:, None] if adv.dim() == 1 else adv) * weights.to(adv.dtype)
     return adv
 
 
+def expected_rollouts(ran: Ran, adv: torch.Tensor):
+    """The method's rollout rule (GRPODropout) on the estimator's advantages, its draws from run_step's update
+    generator (seeded with run_step's seed, 0 here; the rule is its first user in a step)."""
+    b = ran.behaviour
+    return METHODS.get(ran.cfg.method).rollouts(
+        b.rewards,
+        adv,
+        ran.batch.group_ids,
+        b.stats.logp,
+        ran.mask,
+        estimator=ADVANTAGES.get(ran.cfg.advantage),
+        generator=torch.Generator().manual_seed(0),
+        **ran.cfg.method_overrides(),
+    )
+
+
+def valid_rows(ran: Ran) -> torch.Tensor:
+    """(B, R) the valid tokens of the rollouts the method's rollout rule keeps (GRPODropout; every rollout else)."""
+    b, cfg = ran.behaviour, ran.cfg
+    if METHODS.get(cfg.method).rollout_rule is None:
+        return ran.mask
+    _, rows, _ = expected_rollouts(ran, ADVANTAGES.get(cfg.advantage)(b.rewards, ran.batch.group_ids))
+    return ran.mask if rows is None else ran.mask & rows[:, None]
+
+
 def expected_keep(ran: Ran, adv: torch.Tensor, **overrides) -> torch.Tensor:
     method = METHODS.get(ran.cfg.method)
-    return method.apply(ran.behaviour.stats, adv, ran.mask, **{**ran.cfg.method_overrides(), **overrides})[0]
+    options = {**ran.cfg.method_overrides(), **overrides}
+    return method.apply(ran.behaviour.stats, adv, valid_rows(ran), **options)[0]
 
 
 def policy_grad(cfg, logp, old, adv, loss_mask, count_mask, selected=None, entropy=None, old_entropy=None):

@@ -25,7 +25,7 @@ from verl.utils import tensordict_utils as tu  # noqa: E402
 from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead  # noqa: E402
 
 from entropy_rft.core import masks  # noqa: E402
-from entropy_rft.core.dynamics import token_stats  # noqa: E402
+from entropy_rft.core.dynamics import TokenStats, token_stats  # noqa: E402
 
 ADV_PATH = "entropy_rft.integrations.trinity.EntropyAdvantageFn"
 LOSS_PATH = "entropy_rft.integrations.trinity.GlobalTokenMeanPPO"
@@ -122,6 +122,9 @@ def test_clear_errors():
         trinity_adapter.EntropyAdvantageFn(method="dapo")
     with pytest.raises(ValueError, match="no option"):
         trinity_adapter.EntropyAdvantageFn(method="clip_b", max_frac=0.1)
+    for composed in ("stare+clip_b", "grpo_dropout+clip_b", "entrocraft+clip_b", "tre_k+clip_b"):
+        with pytest.raises(ValueError, match="does not run"):  # their other rule would be silently skipped
+            trinity_adapter.EntropyAdvantageFn(method=composed)
     with pytest.raises(ValueError, match="explorer"):
         trinity_adapter.EntropyAdvantageFn(method="clip_b", base="grpo")
     with pytest.raises(ValueError, match="loss_agg_mode: token-mean"):
@@ -147,6 +150,28 @@ def test_no_cap_and_figure1_filters_run():
         lp.exp() * (h + lp), sign.batch["advantages"], mask, action="mask", sign="positive", samples="negative"
     )
     assert torch.equal(sign.batch["response_mask"], expected)
+
+
+def test_rsi_and_the_entropy_gate_run_through_the_advantage_fn():
+    """RSI-S (it reads log p and H) keeps exactly masks.rsi_band's tokens over the whole batch; Clip_B's entropy_gate
+    closed (target 1e-6: the batch's entropy is above it) keeps every valid token, open (a large target) keeps
+    Clip_B's."""
+    case = CLIP_V[1]
+    i = case["inputs"]
+    keys = ("old_log_probs", "entropys", "necs")
+    lp, h = f32(i["old_log_probs"]), f32(i["entropys"])
+    mask = f32(i["response_mask"]).bool()
+    band = {"rsi_upper_bound": 1.0}
+    rsi, metrics = trinity_adapter.EntropyAdvantageFn(method="rsi", **band)(data_proto(i, keys))
+    expected, _ = masks.rsi_band(TokenStats(lp, h, lp, lp), rsi.batch["advantages"], mask, **band)
+    assert torch.equal(rsi.batch["response_mask"], expected) and (mask & ~expected).any()
+    assert "entropy_rft/rsi_drop_high" in metrics
+    closed, _ = trinity_adapter.EntropyAdvantageFn(method="clip_b", mu=0.2, entropy_gate=1e-6)(data_proto(i, keys))
+    assert torch.equal(closed.batch["response_mask"], mask)
+    opened, _ = trinity_adapter.EntropyAdvantageFn(method="clip_b", mu=0.2, entropy_gate=1e9)(data_proto(i, keys))
+    plain, _ = trinity_adapter.EntropyAdvantageFn(method="clip_b", mu=0.2)(data_proto(i, keys))
+    assert torch.equal(opened.batch["response_mask"], plain.batch["response_mask"])
+    assert not torch.equal(plain.batch["response_mask"], mask)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -628,6 +653,8 @@ def step_keep(batch, sequences, env, method, options, *, written_back=True):
                 torch.testing.assert_close(s_expect[r, :n], ref.s_expect, atol=1e-5, rtol=1e-4)
     spec = METHODS.get(method)
     score = s_star - s_expect if spec.score == "s_centered" else s_star
+    if spec.score == "stats":  # RSI-S reads log p and H
+        score = TokenStats(lp, h, s_star, s_expect)
     keep, _ = spec.filter(score, batch["advantages"].float(), valid, **{**spec.options, **options})
     dropped = int((valid & ~keep).sum()) / int(valid.sum())
     assert 0.03 < dropped < 0.75, f"the filter should drop some tokens, not all: {dropped:.2f}"
@@ -678,8 +705,9 @@ def check_trinity_critic(trainer, env, batch, sequences):
         ("clip_b", {"mu": 0.2}, None),
         ("clip_v", {"mu": 0.5, "max_frac": None}, 2),
         ("s_sign:mask:neg_s:neg_samples", {}, 2),
+        ("rsi", {"rsi_lower_bound": 2.0}, 2),
     ],
-    ids=["clip_b-dynamic_bsz", "clip_v-micro2", "s_sign-micro2"],
+    ids=["clip_b-dynamic_bsz", "clip_v-micro2", "s_sign-micro2", "rsi-micro2"],
 )
 def test_whole_train_step_actor_gradients_are_the_kept_token_mean(whole_step_env, method, options, micro_batch):
     """Trinity's whole train_step (GRPO in the trainer, recompute on, GlobalTokenMeanPPO, 2 mini-batches x 2

@@ -788,3 +788,65 @@ def test_rsi_keep_mask_is_the_band_over_the_whole_generation_batch(tmp_path):
     assert torch.equal(out["tool_mask"].bool() & mask, want & mask)
     assert (mask & ~want).any()
     assert any("entropy_rft/rsi_drop_low" in h for h in trainer.state.log_history)
+
+
+@pytest.mark.parametrize("recenter", [True, False])
+def test_grpo_dropout_deletes_rollouts_over_the_whole_generation_batch(tmp_path, recenter):
+    """GRPODropout in TRL, on the same seed as plain GRPOTrainer: the deleted rollouts are core.rollouts.grpo_dropout's
+    over all 8 rows at once (TRL's groups of num_generations rows, TRL's rewards and advantages, the captured
+    statistics), every token of a deleted rollout leaves the loss (tool_mask) and TRL's token count, and the kept
+    rollouts' advantages are the rule's (recomputed by TRL's group rule, recentred); TRE's bonus is refused."""
+    from entropy_rft.integrations.trl import rollout_estimator
+
+    options = {"recenter": recenter}
+    ours = build(tmp_path / "ours", method="grpo_dropout", method_options=options, max_steps=1)
+    ours.train()
+    plain = build(tmp_path / "plain", method="none", method_options=None, max_steps=1)
+    plain.train()
+    out, stats = ours.captured[0]
+    base, _ = plain.captured[0]
+    assert torch.equal(out["completion_ids"], base["completion_ids"])  # one seed: the same batch
+    mask = out["completion_mask"].bool()
+    groups = torch.arange(mask.shape[0]) // 4
+    want, kept, _ = METHODS.get("grpo_dropout").rollouts(
+        ours._batch_rewards.float(),
+        base["advantages"].float(),
+        groups,
+        stats.logp,
+        mask,
+        estimator=rollout_estimator(ours.scale_rewards),
+        generator=torch.Generator().manual_seed(0),
+        **options,
+    )
+    assert not kept.all()  # the rule deletes rollouts here: the check is not empty
+    tool = out["tool_mask"].bool() & mask
+    assert torch.equal(tool.any(-1) | ~mask.any(-1), kept | ~mask.any(-1))
+    assert torch.equal(tool, mask & kept[:, None])
+    torch.testing.assert_close(out["advantages"].float(), want, rtol=1e-5, atol=1e-6)
+    assert int(out["num_items_in_batch"]) == int((mask & kept[:, None]).sum())
+    assert any("entropy_rft/rollouts_kept_frac" in h for h in ours.state.log_history)
+    for method in ("tre_k", "tre_k+clip_b", "entrocraft+clip_b"):  # their rule would be silently skipped
+        with pytest.raises(ValueError, match="built-in trainer"):
+            build(tmp_path / method, method=method, method_options={})
+
+
+def test_stare_with_clip_b_weights_the_tokens_clip_b_keeps(tmp_path):
+    """stare+clip_b in TRL: the loss keeps Clip_B's tokens (mu 0.5, over the whole batch), and the advantages carry
+    STARE's weights ranked over those kept tokens (masks.stare_weights on Clip_B's keep mask)."""
+    from entropy_rft.core.masks import stare_weights
+
+    options = {"mu": 0.5, "top_p_ratio": 0.25, "entropy_gate": 100.0}
+    ours = build(tmp_path / "ours", method="stare+clip_b", method_options=options, max_steps=1)
+    ours.train()
+    plain = build(tmp_path / "plain", method="none", method_options=None, max_steps=1)
+    plain.train()
+    out, stats = ours.captured[0]
+    base, _ = plain.captured[0]
+    mask = out["completion_mask"].bool()
+    keep, _ = METHODS.get("clip_b").apply(stats, base["advantages"], mask, mu=0.5)
+    assert torch.equal(out["tool_mask"].bool() & mask, keep & mask) and (mask & ~keep).any()
+    omega, _ = stare_weights(
+        stats.logp, base["advantages"], keep & mask, stats.entropy, top_p_ratio=0.25, entropy_gate=100.0
+    )
+    want = base["advantages"][:, None] * omega
+    torch.testing.assert_close(out["advantages"][keep & mask], want[keep & mask], rtol=1e-5, atol=1e-5)

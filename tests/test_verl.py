@@ -269,6 +269,9 @@ def test_settings_name_what_is_wrong():
         Settings(method="clip_q")
     with pytest.raises(ValueError, match="not a token filter"):
         Settings(method="dapo")
+    for composed in ("grpo_dropout+clip_b", "entrocraft+clip_b", "tre_k+clip_b"):  # their other rule: not in verl
+        with pytest.raises(ValueError, match="built-in trainer"):
+            Settings(method=composed)
     with pytest.raises(ValueError, match=r"clip_v takes options \[.*'max_frac'.*\], got \['muu'\]"):
         Settings(method="clip_v", options={"muu": 8.5})
     with pytest.raises(ValueError, match="clip_cov takes options"):

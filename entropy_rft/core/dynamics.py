@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, fields
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -76,22 +77,33 @@ class TokenStats:
     entropy: Tensor
     s_star: Tensor
     s_expect: Tensor
+    # TRE's bonus entropy (tre.top_entropy: the renormalised top-K / top-p entropy, scaled), differentiable; only
+    # where the run's entropy bonus is TRE's (forward.policy_forward's `top`), else None
+    entropy_top: Tensor | None = None
 
     @property
     def s_centered(self) -> Tensor:
         return self.s_star - self.s_expect
 
     def detach(self) -> TokenStats:
-        return TokenStats(self.logp.detach(), self.entropy.detach(), self.s_star, self.s_expect)
+        top = None if self.entropy_top is None else self.entropy_top.detach()
+        return TokenStats(self.logp.detach(), self.entropy.detach(), self.s_star, self.s_expect, top)
 
     def map(self, fn) -> TokenStats:
-        """fn applied to each of the four statistics."""
-        return TokenStats(*(fn(getattr(self, f.name)) for f in fields(self)))
+        """fn applied to each of the statistics (entropy_top where there is one)."""
+        out: dict[str, Any] = {f.name: getattr(self, f.name) for f in fields(self)}
+        mapped: dict[str, Any] = {k: None if v is None else fn(v) for k, v in out.items()}
+        return TokenStats(**mapped)
 
     @staticmethod
     def join(parts: list[TokenStats], fn) -> TokenStats:
-        """fn applied to the list of each statistic over the parts (e.g. torch.cat)."""
-        return TokenStats(*(fn([getattr(s, f.name) for s in parts]) for f in fields(TokenStats)))
+        """fn applied to the list of each statistic over the parts (e.g. torch.cat); entropy_top where every part has
+        one."""
+        out: dict[str, Any] = {
+            f.name: None if any(getattr(s, f.name) is None for s in parts) else fn([getattr(s, f.name) for s in parts])
+            for f in fields(TokenStats)
+        }
+        return TokenStats(**out)
 
 
 def _check_tokens(tokens: Tensor, vocab_size: int, expected_shape: torch.Size, what: str) -> None:

@@ -51,7 +51,7 @@ from typing import cast
 from torch import Tensor
 
 from . import advantages as advantages_mod
-from . import losses, masks
+from . import losses, masks, rollouts
 from .losses import AggMode, Aggregation
 from .registry import Registry
 
@@ -71,26 +71,52 @@ class Method:
     # advantages.* rule on the estimator's advantages: (scores, advantages, *, entropy, step, total_steps, **options)
     # -> (advantages, metrics), with the batch's mean entropy and the 1-based step of the run's total (Entrocraft)
     advantage_rule: Callable | None = None
+    # rollouts.* rule on whole rollouts: (scores, advantages (B,), group_ids, logp, mask, *, estimator, generator,
+    # **options) -> (advantages (B,), keep (B,) bool, metrics); deleted rollouts leave the loss and its denominator
+    rollout_rule: Callable | None = None
+    # the entropy bonus is TRE's (dynamics.top_entropy: the renormalised top-K / top-p entropy, scaled), with the
+    # options tre_top_k / tre_top_p; entropy_coef is its coefficient
+    top_entropy: bool = False
 
     def option_names(self) -> list[str]:
-        """The options this method takes: its filter's (or its weights') keyword options, and entropy_gate where the
-        filter is gated."""
-        rule = self.filter or self.weigh or self.advantage_rule
-        if rule is None:
-            return []
-        given_by_the_step = {"entropy", "step", "total_steps"}  # an advantage rule's inputs, not options
-        params = inspect.signature(rule).parameters.values()
-        names = [p.name for p in params if p.kind is p.KEYWORD_ONLY and p.name not in given_by_the_step]
-        return names + (["entropy_gate"] if self.gated else [])
+        """The options this method takes: the keyword options of its filter, weights and rules (a composed method has
+        several), entropy_gate where the filter is gated, tre_top_k / tre_top_p with TRE's bonus."""
+        given_by_the_step = {"entropy", "step", "total_steps", "estimator", "generator"}  # inputs, not options
+        names: list[str] = []
+        for rule in (self.filter, self.weigh, self.advantage_rule, self.rollout_rule):
+            if rule is None:
+                continue
+            params = inspect.signature(rule).parameters.values()
+            names += [p.name for p in params if p.kind is p.KEYWORD_ONLY and p.name not in given_by_the_step]
+        names += ["entropy_gate"] if self.gated and "entropy_gate" not in names else []
+        return list(dict.fromkeys(names)) + (["tre_top_k", "tre_top_p"] if self.top_entropy else [])
+
+    def rollouts(
+        self, scores, advantages, group_ids, logp, mask, *, estimator, generator=None, **overrides
+    ) -> tuple[Tensor, Tensor | None, dict]:
+        """(advantages, keep (B,) bool or None, metrics): the method's rollout rule (GRPODropout) on the estimator's
+        advantages, its options overridden as in `apply`; a method without one returns them unchanged and None."""
+        if self.rollout_rule is None:
+            return advantages, None, {}
+        options = self._options(self.rollout_rule, overrides)
+        return self.rollout_rule(
+            scores, advantages, group_ids, logp, mask, estimator=estimator, generator=generator, **options
+        )
+
+    def _options(self, rule: Callable, overrides: dict) -> dict:
+        """The method's default options that `rule` takes, overridden by the given ones it takes (None: the default;
+        NO_CAP: None itself). A composed method's options are shared out this way among its filter, weights and
+        rules."""
+        accepted = set(inspect.signature(rule).parameters)
+        given = {k: None if _is_no_cap(v) else v for k, v in overrides.items() if v is not None}
+        return {k: v for k, v in {**self.options, **given}.items() if k in accepted}
 
     def advantages(self, scores, advantages, *, entropy, step, total_steps, **overrides) -> tuple[Tensor, dict]:
         """The method's advantage rule on the estimator's advantages (unchanged, with no metrics, for a method
         without one), its options overridden as in `apply`."""
         if self.advantage_rule is None:
             return advantages, {}
-        accepted = set(inspect.signature(self.advantage_rule).parameters)
-        given = {k: v for k, v in overrides.items() if v is not None and k in accepted}
-        options = {**self.options, **given}
+        options = self._options(self.advantage_rule, overrides)
         return self.advantage_rule(scores, advantages, entropy=entropy, step=step, total_steps=total_steps, **options)
 
     def weights(self, stats, advantages, mask, **overrides) -> tuple[Tensor | None, dict]:
@@ -98,9 +124,7 @@ class Method:
         overridden as in `apply` (NO_CAP passes None itself: entropy_gate=NO_CAP runs STARE ungated)."""
         if self.weigh is None:
             return None, {}
-        accepted = set(inspect.signature(self.weigh).parameters)
-        given = {k: None if _is_no_cap(v) else v for k, v in overrides.items() if v is not None and k in accepted}
-        return self.weigh(stats.logp, advantages, mask, stats.entropy, **{**self.options, **given})
+        return self.weigh(stats.logp, advantages, mask, stats.entropy, **self._options(self.weigh, overrides))
 
     def apply(self, stats, advantages, mask, **overrides):
         """(keep, metrics) for a batch; overrides replace the default options.
@@ -111,10 +135,8 @@ class Method:
         entropy_gate runs its filter through masks.entropy_gate (STARE's gate) on stats.entropy over `mask`."""
         if self.filter is None:
             return mask.clone(), {}
-        accepted = set(inspect.signature(self.filter).parameters)
-        given = {k: None if _is_no_cap(v) else v for k, v in overrides.items() if v is not None and k in accepted}
         score = stats if self.score == "stats" else getattr(stats, self.score)  # "stats": a filter reading several
-        keep, metrics = self.filter(score, advantages, mask, **{**self.options, **given})
+        keep, metrics = self.filter(score, advantages, mask, **self._options(self.filter, overrides))
         target = overrides.get("entropy_gate", self.options.get("entropy_gate"))
         if not self.gated or target is None or _is_no_cap(target):
             return keep, metrics
@@ -341,6 +363,71 @@ METHODS.register(
         options={"variant": "O1", "top_p_ratio": 0.1, "reweight_w": 1.1, "reweight_m": 0.9, "entropy_gate": 0.3},
         summary="STARE: weight W on each sign's top-10% surprisal tokens of A > 0 (C2: also M on A < 0), gated",
         weigh=masks.stare_weights,
+    ),
+)
+METHODS.register(
+    "grpo_dropout",
+    Method(
+        "grpo_dropout",
+        options={"basis": "avg", "recenter": True},
+        summary="GRPODropout: delete the rollouts whose push A (s - H) drives entropy down, recentre the rest",
+        rollout_rule=rollouts.grpo_dropout,
+    ),
+)
+METHODS.register(
+    "tre_k",
+    Method(
+        "tre_k",
+        summary="TRE-K: entropy bonus 0.001 on the renormalised top-2 logits, scaled by log V / log K (TRE-P: top_p)",
+        config={"entropy_coef": 0.001},
+        top_entropy=True,
+    ),
+)
+# compositions (docs/concepts.md): Clip_B's filter with a rule that acts elsewhere in the step; Clip_B's mu, side and
+# entropy_gate, and the mu controller (entropy_control mu), apply as with clip_b
+METHODS.register(
+    "stare+clip_b",
+    Method(
+        "stare+clip_b",
+        options={"mu": 2.5, "variant": "O1", "top_p_ratio": 0.1, "reweight_w": 1.1, "reweight_m": 0.9},
+        summary="Clip_B's mask, then STARE's weights ranked over the tokens it keeps (STARE's gate 0.3)",
+        weigh=masks.stare_weights,
+        filter=masks.clip_b,
+        gated=True,
+    ),
+)
+METHODS.register(
+    "grpo_dropout+clip_b",
+    Method(
+        "grpo_dropout+clip_b",
+        options={"mu": 2.5, "basis": "avg", "recenter": True},
+        summary="GRPODropout's kept rollouts and advantages, then Clip_B over their tokens",
+        rollout_rule=rollouts.grpo_dropout,
+        filter=masks.clip_b,
+        gated=True,
+    ),
+)
+METHODS.register(
+    "entrocraft+clip_b",
+    Method(
+        "entrocraft+clip_b",
+        options={"mu": 2.5, "lower_range": (0.6, 0.4), "upper_range": (0.7, 0.5), "schedule": "linear"},
+        summary="Entrocraft's advantages, then Clip_B on their negative-advantage tokens",
+        advantage_rule=advantages_mod.entrocraft_rule,
+        filter=masks.clip_b,
+        gated=True,
+    ),
+)
+METHODS.register(
+    "tre_k+clip_b",
+    Method(
+        "tre_k+clip_b",
+        options={"mu": 2.5},
+        summary="Clip_B's mask and TRE's top-K entropy bonus over the tokens it keeps",
+        config={"entropy_coef": 0.001},
+        top_entropy=True,
+        filter=masks.clip_b,
+        gated=True,
     ),
 )
 METHODS.register(

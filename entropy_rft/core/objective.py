@@ -166,7 +166,9 @@ def _value(mb: Micro, agg: Aggregation, mask: Tensor, clip: float | None) -> tup
 
 
 def _entropy_bonus(mb: Micro, agg: Aggregation, mask: Tensor) -> tuple[Tensor, dict]:
-    return agg(mb.stats.entropy, mask), {}
+    """The bonus's entropy: H, or TRE's top-K / top-p entropy where the forward computed it (core/tre.py)."""
+    entropy = mb.stats.entropy if mb.stats.entropy_top is None else mb.stats.entropy_top
+    return agg(entropy, mask), {}
 
 
 def _entropic(mb: Micro, agg: Aggregation, mask: Tensor) -> tuple[Tensor, dict]:

@@ -60,7 +60,7 @@ import torch
 from ..core.advantages import broadcast_advantages
 from ..core.dynamics import TokenStats, batch_covariance, token_stats
 from ..core.losses import Aggregation, masked_mean, ppo_clip_loss
-from ..core.methods import METHODS
+from ..core.methods import METHODS, NO_CAP
 
 try:
     from tensordict import TensorDict
@@ -137,6 +137,11 @@ class EntropyAdvantageFn(AdvantageFn):
                 f"method {method!r} is not a token filter, so it has no Trinity advantage function; "
                 f"filters: {_filters()}"
             )
+        if spec.weigh is not None or spec.rollout_rule or spec.advantage_rule or spec.top_entropy:
+            raise ValueError(
+                f"method {method!r} composes a filter with token weights, a rollout or advantage rule or TRE's "
+                "bonus, which Trinity's advantage function does not run: use its filter alone or the built-in trainer"
+            )
         accepted = set(spec.option_names())
         unknown = sorted(set(options) - accepted)
         if unknown:
@@ -150,6 +155,8 @@ class EntropyAdvantageFn(AdvantageFn):
         self.base = base_cls(**(base_args or {}))
         self.method = spec
         self.options = {**spec.options, **options}
+        # for Method.apply: a None given here reaches the filter as None (max_frac: null), not as "the default"
+        self.given = {k: NO_CAP if v is None else v for k, v in options.items()}
         self.log_prob_key = log_prob_key
 
     @property
@@ -162,7 +169,8 @@ class EntropyAdvantageFn(AdvantageFn):
         stats = batch_token_stats(batch, log_prob_key=self.log_prob_key, need_s_expect=self.needs_s_expect)
         mask = batch["response_mask"].bool()  # (B, T)
         adv = batch["advantages"].float()  # (B, T)
-        keep, metrics = self.method.filter(getattr(stats, self.method.score), adv, mask, **self.options)
+        # the method's filter (reading S*, S_c, or several statistics: RSI-S), with its entropy_gate where given
+        keep, metrics = self.method.apply(stats, adv, mask, **self.given)
         batch[VALID_KEY] = batch["response_mask"].clone()  # for the critic's update (departure 4)
         write_back(batch, keep)
         metrics = {**base_metrics, **{f"entropy_rft/{k}": float(v) for k, v in metrics.items()}}

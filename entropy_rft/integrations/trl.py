@@ -67,10 +67,16 @@ Departures from the built-in trainer, numbered:
    those that feed a logged step: with logging_steps L a log line's entropy_rft/* values are those of the logged
    step's batch, not the window's mean (the probe's two values are appended at its batch's last step and averaged
    with any other probe of the window).
+8. A rollout rule (GRPODropout) runs over every process's generation batch (TRL's num_generations consecutive rows
+   a group, TRL's summed rewards): its deleted rollouts ride on tool_mask like dropped tokens (so, as departure 3
+   says per loss_type, they leave dapo's token count), and the kept ones' advantages are recomputed by TRL's own
+   group rule (rollout_estimator) and recentred; its draws for all-zero groups come from a generator seeded with
+   TrainingArguments.seed. TRE's bonus (tre_k) is refused: TRL's GRPO loss has no entropy bonus to make top-K.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from pathlib import Path
@@ -79,7 +85,7 @@ import torch
 
 from .. import samples
 from ..config import TrainConfig
-from ..core.advantages import broadcast_advantages
+from ..core.advantages import ADVANTAGES, broadcast_advantages, grpo
 from ..core.dynamics import TokenStats
 from ..core.losses import step_sizes
 from ..core.methods import METHODS
@@ -155,6 +161,25 @@ TRL_EQUIVALENTS = {
     "sapo": "GRPOConfig(loss_type='sapo') (Clip_B / Clip_V apply on top)",
     "entropy_bonus": "GRPOConfig's entropy bonus options",
 }
+
+
+def check_rollout_rule(args) -> None:
+    """A rollout rule (GRPODropout) recomputes TRL's group advantages over the kept rollouts: TRL's group scaling
+    ("group" or "none"), not its batch scaling, whose statistics span every group."""
+    scale = getattr(args, "scale_rewards", "group")
+    if scale not in ("group", "none", True, False):
+        raise ValueError(
+            f"GRPODropout recomputes each group's advantages: use scale_rewards 'group' or 'none', got {scale!r}"
+        )
+
+
+def rollout_estimator(scale_rewards):
+    """TRL 1.16's group advantages as an estimator of (rewards, group ids): (R - mean_G) / (std_G + 1e-4) with the
+    unbiased std ("group"), R - mean_G ("none"); a group of one keeps its reward (advantages.grpo's rule, where TRL's
+    fixed-size groups have none)."""
+    if scale_rewards in ("none", False):
+        return ADVANTAGES.get("dr_grpo")
+    return functools.partial(grpo, epsilon=1e-4)
 
 
 def rollout_of(out: dict) -> Rollout:
@@ -299,9 +324,21 @@ class EntropyGRPOTrainer(GRPOTrainer):
             spec = None
         else:
             spec = METHODS.get(method)
+            if spec.top_entropy:
+                raise ValueError(
+                    f"method {method!r} adds TRE's top-K entropy bonus, which needs the logits inside TRL's loss "
+                    "(TRL 1.16's GRPO loss has no entropy bonus to replace): run it in the built-in trainer"
+                )
+            if spec.advantage_rule is not None:
+                raise ValueError(
+                    f"method {method!r} rewrites the advantages with the run's entropy and step (Entrocraft), which "
+                    "this adapter does not run: use the built-in trainer"
+                )
             if spec.weigh is not None:
                 check_weighable(kwargs.get("args", args[2] if len(args) > 2 else None))
-            elif spec.filter is None:
+            if spec.rollout_rule is not None:
+                check_rollout_rule(kwargs.get("args", args[2] if len(args) > 2 else None))
+            elif spec.filter is None and spec.weigh is None:
                 hint = TRL_EQUIVALENTS.get(method, "no TRL equivalent here")
                 raise ValueError(
                     f"method {method!r} is not a token filter, so EntropyGRPOTrainer has nothing to add: "
@@ -371,17 +408,23 @@ class EntropyGRPOTrainer(GRPOTrainer):
         if self.entropy_method is None:  # monitor mode: `out` stays exactly as TRL made it
             keep = mask
         else:
-            keep, metrics = self._whole_batch_filter(every, adv, mask)
             rows = slice(
                 self.accelerator.process_index * loss_mask.shape[0],
                 (self.accelerator.process_index + 1) * loss_mask.shape[0],
             )
-            weights, weight_metrics = self.entropy_method.weights(every, adv, mask, **self.method_options)
-            if weights is not None:  # STARE: its weight on each token's advantage (step.py, departure 3)
+            adv, kept_rows, rollout_metrics = self._rollout_rule(every, adv, mask)  # GRPODropout (departure 8)
+            valid = mask if kept_rows is None else mask & kept_rows[:, None]
+            keep, metrics = self._whole_batch_filter(every, adv, valid)
+            keep = keep & valid
+            metrics.update(rollout_metrics)
+            # STARE: its weight on each token's advantage (step.py, departure 3), ranked over the kept tokens
+            weights, weight_metrics = self.entropy_method.weights(every, adv, keep, **self.method_options)
+            if weights is not None:
                 adv = broadcast_advantages(adv, mask) * weights
                 metrics.update(weight_metrics)
-                local_adv = adv[rows, : loss_mask.shape[1]].to(out["advantages"].device)
-                out["advantages"] = local_adv.to(out["advantages"].dtype)  # (B, T): TRL's loss takes either
+            if weights is not None or kept_rows is not None:
+                local_adv = adv[rows, : loss_mask.shape[1]] if adv.dim() == 2 else adv[rows]
+                out["advantages"] = local_adv.to(out["advantages"].device, out["advantages"].dtype)  # TRL takes both
             mine = keep[rows, : loss_mask.shape[1]].to(loss_mask.device)
             base = out["tool_mask"] if "tool_mask" in out else torch.ones_like(out["completion_mask"])
             out["tool_mask"] = base * mine.to(base.dtype)
@@ -594,6 +637,29 @@ class EntropyGRPOTrainer(GRPOTrainer):
         logp, entropy, s_star, s_expect, mask = (self.accelerator.gather(t).float() for t in padded)
         adv = self.accelerator.gather(advantages.float())
         return TokenStats(logp, entropy, s_star, s_expect), adv, mask.bool()
+
+    def _rollout_rule(self, every: TokenStats, adv, mask):
+        """(advantages (B,), kept rollouts (B,) bool or None, metrics): the method's rollout rule (GRPODropout) over
+        every process's generation batch, its groups TRL's num_generations consecutive rows, its recomputed
+        advantages TRL's own (rollout_estimator; departure 8)."""
+        spec = self.entropy_method
+        if spec is None or spec.rollout_rule is None:
+            return adv, None, {}
+        groups = torch.arange(adv.shape[0]) // self.num_generations
+        rewards = self._batch_rewards.float().cpu()
+        if getattr(self, "_rollout_gen", None) is None:
+            self._rollout_gen = torch.Generator().manual_seed(self.args.seed)
+        new, kept, metrics = spec.rollouts(
+            rewards,
+            adv.float().cpu(),
+            groups,
+            every.logp.cpu(),
+            mask.cpu(),
+            estimator=rollout_estimator(self.scale_rewards),
+            generator=self._rollout_gen,
+            **self.method_options,
+        )
+        return new.to(adv.device), kept.to(mask.device), {k: float(v) for k, v in metrics.items()}
 
     def _whole_batch_filter(self, every: TokenStats, adv, mask):
         """(keep, metrics): the method's bool keep mask over every process's generation batch, and its metrics."""

@@ -159,6 +159,11 @@ class Settings:
                 f"verl; use one of {filters} or {CLIP_COV}, or {MONITOR} to watch verl's own loss (other "
                 f"rows of METHODS are verl settings: docs/howto/verl.md)"
             )
+        if spec.rollout_rule is not None or spec.advantage_rule is not None or spec.top_entropy:
+            raise ValueError(
+                f"entropy_rft.method={self.method!r} rewrites advantages or rollouts, or adds TRE's bonus, which this "
+                "adapter does not run in verl: use the built-in trainer (GRPODropout also runs in TRL)"
+            )
         accepted = set(CLIP_COV_DEFAULTS) if self.method == CLIP_COV else set(spec.option_names())
         if set(self.options) - accepted:
             raise ValueError(f"{self.method} takes options {sorted(accepted)}, got {sorted(self.options)}")
@@ -214,8 +219,9 @@ def whole_batch_step(
         options = {k: NO_CAP if v is None else v for k, v in settings.options.items()}  # YAML null: pass None
         spec = METHODS.get(settings.method)
         keep, metrics = spec.apply(stats, adv, mask, **options)
-        weights, weight_metrics = spec.weights(stats, adv, mask, **options)
-        if weights is not None:  # STARE: its weight on each token's advantage (step.py, departure 3)
+        # STARE: its weight on each token's advantage (step.py, departure 3), ranked over the kept tokens (stare+clip_b)
+        weights, weight_metrics = spec.weights(stats, adv, mask & keep, **options)
+        if weights is not None:
             adv, metrics = adv * weights.to(adv.dtype), {**metrics, **weight_metrics}
     metrics = {
         **{k: float(v) for k, v in metrics.items()},

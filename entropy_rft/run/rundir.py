@@ -2,7 +2,7 @@
 are kept, and which outputs other subcommands may write. The checkpoint itself (its files, finding, loading and
 pruning them) is checkpoint.py's; the signals that stop a run cleanly are stops.py's.
 
-Rules (entropy_rft/trainer.py's train() calls them; the CLI maps refusals to exit code 2):
+Rules (entropy_rft/train/trainer.py's train() calls them; the CLI maps refusals to exit code 2):
 1. Ownership. A process writing a run directory holds an exclusive fcntl.flock on RUN/.lock, which holds its pid,
    host and start time. A second process is refused at once, naming the holder. The OS releases the lock when the
    holder dies, SIGKILL included, so a killed run never leaves a stale lock.

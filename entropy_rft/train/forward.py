@@ -17,7 +17,7 @@ measure how an update moved the policy's entropy.
 Departures, numbered:
 1. Models whose logits are not `lm_head(hidden)` (a biased or adapted LM head, logit soft-capping or scaling)
    fall back to materialised logits and `dynamics.token_stats`; `streams_from_hidden` says which path a model takes.
-2. Dropout is switched off for RL (as TRL's `disable_dropout` does; entropy_rft/dropout.py): sampling, old
+2. Dropout is switched off for RL (as TRL's `disable_dropout` does; entropy_rft/train/dropout.py): sampling, old
    log-probs and the update then see the same policy.
 
 One construction: every pass that must agree with the update's forward (the statistics and old log-probs of the
@@ -32,12 +32,14 @@ also takes its old log p from its own forward (step.Step.update), so its ratio i
 from __future__ import annotations
 
 import copy
+import dataclasses
 from contextlib import contextmanager, nullcontext
 
 import torch
 from torch import Tensor
 
 from ..core.dynamics import TokenStats, token_stats, token_stats_from_hidden
+from ..core.tre import top_entropy, top_entropy_from_hidden
 from ..rollout import Rollout
 from ..rollout.cache import cache_arg, cache_of
 from ..rollout.hf import sequence_forward
@@ -230,6 +232,7 @@ def policy_forward(
     from_hidden: bool = True,
     share_prefix: bool = True,
     buckets: int | None = None,
+    top: tuple[int | None, float | None] | None = None,
 ) -> tuple[TokenStats, Tensor | None]:
     """TokenStats of the response tokens under the model, (B, R) each, and the value head's values, (B, R).
     Statistics are float32 whatever the forward's precision; log p and H carry gradients. They are computed at the
@@ -237,7 +240,7 @@ def policy_forward(
     (default LENGTH_BUCKETS; 1: one pass at the batch's width), so right padding costs little decoder work and no
     LM-head work. One pass when training in bf16 with frozen weights (LoRA): autocast would cast them again per pass.
     With share_prefix, rows that share a prompt (a GRPO group) run it once (not under gradient checkpointing, which
-    has no cache)."""
+    has no cache). top (K, p): also TRE's bonus entropy (core/tre.py) as stats.entropy_top, with its graph."""
     device = next(model.parameters()).device
     tokens = rollout.response_ids.to(device)
     with autocast(precision, device):
@@ -264,9 +267,12 @@ def policy_forward(
                 states.append(h[at])
                 where.append((rows[:, None] * width_all + torch.arange(width, device=device)[None])[at])
             hidden, where = torch.cat(states), torch.cat(where)  # (N, D) at the valid tokens; their flat positions
-            part = token_stats_from_hidden(
-                hidden, model.get_output_embeddings().weight, tokens.reshape(-1)[where], temperature=temperature
-            )
+            head = model.get_output_embeddings().weight
+            part = token_stats_from_hidden(hidden, head, tokens.reshape(-1)[where], temperature=temperature)
+            if top is not None:
+                k, p = top
+                extra = top_entropy_from_hidden(hidden, head, top_k=k, top_p=p, temperature=temperature)
+                part = dataclasses.replace(part, entropy_top=extra)
 
             def scatter(x: Tensor, *shape) -> Tensor:  # (N, ...) at the valid tokens -> (B, R, ...), 0 elsewhere
                 full = x.new_zeros(n_rows * width_all, *shape).index_copy(0, where, x)
@@ -277,6 +283,9 @@ def policy_forward(
         else:
             logits, hidden = sequence_forward(model, rollout, hidden=value_head is not None)
             stats = token_stats(logits, tokens, temperature=temperature)
+            if top is not None:
+                extra = top_entropy(logits.float() / temperature, top_k=top[0], top_p=top[1])
+                stats = dataclasses.replace(stats, entropy_top=extra)
             valid = rollout.response_mask.to(device)  # 0 at padding, as on the streaming path
             stats = stats.map(lambda x: torch.where(valid, x, 0.0))
     return stats, (value_head(hidden) if value_head is not None else None)
@@ -355,6 +364,7 @@ class HeldForward:
         *,
         from_hidden: bool = True,
         frozen: Tensor | None = None,
+        top: tuple[int | None, float | None] | None = None,
     ):
         model.train()
         self.rows: list[Tensor | None] = list(passes(len(rollout.texts), micro))
@@ -362,7 +372,7 @@ class HeldForward:
 
         def run(rows: Tensor) -> tuple[TokenStats, Tensor | None]:
             return policy_forward(
-                model, rollout.select(rows), temperature, value_head, precision, from_hidden=from_hidden
+                model, rollout.select(rows), temperature, value_head, precision, from_hidden=from_hidden, top=top
             )
 
         self.parts = [

@@ -115,7 +115,7 @@ class ModelShape:
         if kind not in SUPPORTED:
             raise ValueError(
                 f"{source}: model_type {kind!r} is not one the plan counts ({', '.join(SUPPORTED)}); "
-                "its layer layout would need adding to entropy_rft/plan.py"
+                "its layer layout would need adding to entropy_rft/train/plan.py"
             )
         missing = [
             k

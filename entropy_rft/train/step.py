@@ -138,6 +138,7 @@ def behaviour_statistics(
             cfg.precision,
             from_hidden=cfg.stats_from_hidden,
             frozen=frozen,
+            top=cfg.top_entropy(),
         )
         return held.stats(), held.values(), held
     stats, values = batch_forward(
@@ -218,7 +219,7 @@ class Step:
         rewards = shaped_rewards(cfg, batch.rewards, rollout.response_mask)
         frozen = (
             zero_advantage_rows(self.estimator, rewards, batch.group_ids)
-            if self.rules.may_freeze and not self.rules.probing(step) and self.method.advantage_rule is None
+            if self.rules.may_freeze and not self.rules.probing(step) and not self._rewrites_advantages()
             else None
         )
         stats, values, held = behaviour_statistics(
@@ -247,6 +248,17 @@ class Step:
             cfg, self.estimator, behaviour.rewards, batch.group_ids, mask, old_logp, behaviour.old_values
         )
         entropy = float_mean(stats.entropy, mask)
+        adv, rows, rollout_metrics = self.method.rollouts(  # GRPODropout: whole rollouts deleted, the rest recentred
+            behaviour.rewards,
+            adv,
+            batch.group_ids,
+            old_logp,
+            mask,
+            estimator=self.estimator,
+            generator=self.update_gen,
+            **cfg.method_overrides(),
+        )
+        valid = mask if rows is None else mask & rows[:, None]
         adv, rule_metrics = self.method.advantages(  # Entrocraft's rule (the estimator's rows frozen: none)
             behaviour.rewards,
             adv,
@@ -255,9 +267,10 @@ class Step:
             total_steps=cfg.steps,
             **cfg.method_overrides(),
         )
-        keep, filter_metrics = self.control.choose_tokens(self.method, stats, adv, mask, entropy)
-        filter_metrics = {**filter_metrics, **rule_metrics}
-        weights, weight_metrics = self.method.weights(stats, adv, mask, **cfg.method_overrides())
+        keep, filter_metrics = self.control.choose_tokens(self.method, stats, adv, valid, entropy)
+        filter_metrics = {**filter_metrics, **rule_metrics, **rollout_metrics}
+        # STARE's weights ranked over the tokens a composed filter keeps (stare+clip_b: Clip_B's mask, then weights)
+        weights, weight_metrics = self.method.weights(stats, adv, valid & keep, **cfg.method_overrides())
         if weights is not None:  # departure 3: the weight on each token's advantage
             adv = broadcast_advantages(adv, mask) * weights.to(adv.dtype)
             filter_metrics = {**filter_metrics, **weight_metrics}
@@ -279,6 +292,11 @@ class Step:
             stats.entropy if self.loss.entropy else None,
             weights,
         )
+
+    def _rewrites_advantages(self) -> bool:
+        """Whether the method's rules change advantages after the estimator (Entrocraft, GRPODropout): then no row
+        may run without a graph on the estimator's zeros."""
+        return self.method.advantage_rule is not None or self.method.rollout_rule is not None
 
     def probe(self, rollout: Rollout, behaviour: Behaviour, step: int) -> EntropyProbe | None:
         """On probe steps, d(mean H)/d(theta) before the update (forward.EntropyProbe)."""
@@ -401,6 +419,7 @@ class Step:
             self.value_head,
             cfg.precision,
             from_hidden=cfg.stats_from_hidden,
+            top=cfg.top_entropy(),
         )
 
     def _optimizer_step(
