@@ -56,6 +56,48 @@ def test_the_import_check_sees_an_import_outside_core(tmp_path):
         fake.unlink()
 
 
+def settings_mismatches(protocol: type, settings: type) -> list[str]:
+    """What `protocol` names of a run's settings that `settings` lacks or types otherwise (the annotations compared
+    as written, methods by name)."""
+    import typing
+
+    want, have = typing.get_type_hints(protocol), typing.get_type_hints(settings)
+    wrong = [f"{n}: {t} (settings: {have.get(n, 'missing')})" for n, t in want.items() if have.get(n) != t]
+    methods = {n for n, v in vars(protocol).items() if callable(v) and not n.startswith("_")}
+    return wrong + [f"{n}() missing" for n in sorted(methods) if not callable(getattr(settings, n, None))]
+
+
+def test_core_names_what_it_reads_of_the_settings():
+    """core/ does not import entropy_rft.config, so the controls say what they read of a run's settings in a
+    Protocol (core.control.ControlSettings); TrainConfig holds each name with the same type."""
+    from entropy_rft.config import TrainConfig
+    from entropy_rft.core.control import ControlSettings
+
+    assert not settings_mismatches(ControlSettings, TrainConfig)
+    assert "method_overrides" in vars(ControlSettings) and "entropy_target" in ControlSettings.__annotations__
+
+
+def test_the_settings_check_sees_a_missing_name_and_a_wrong_type():
+    from typing import Protocol
+
+    from entropy_rft.config import TrainConfig
+
+    class Reads(Protocol):
+        entropy_target: float | None
+        entropy_coef: int  # TrainConfig: float
+        entropy_temperature: float  # not a setting
+
+        def method_overrides(self) -> dict: ...
+        def knob(self) -> float: ...
+
+    found = settings_mismatches(Reads, TrainConfig)
+    assert found == [
+        "entropy_coef: <class 'int'> (settings: <class 'float'>)",
+        "entropy_temperature: <class 'float'> (settings: missing)",
+        "knob() missing",
+    ], found
+
+
 def crossings(pkg: Path, folder: str, *, never: tuple[str, ...], only_from: tuple[str, ...]) -> set[str]:
     """The imports that cross `folder`'s border, as "file imports module" (function-level imports included): a file of
     pkg/folder importing a module under one of the folders `never`, or a file outside folder and outside the folders

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, fields
+from typing import Literal, Protocol
 
 import torch
 
@@ -174,6 +175,24 @@ class Knobs:
     high: torch.Tensor | None = None
 
 
+class ControlSettings(Protocol):
+    """What the controls read of a run's settings (entropy_rft.config.TrainConfig has each; core/ does not import it, and
+    tests/test_layout.py holds the two to each other)."""
+
+    entropy_target: float | None
+    entropy_control: str
+    entropy_coef: float
+    denominator: Literal["kept", "all"]
+    bonus_delta: float
+    bonus_max: float
+    pi_kp: float
+    pi_ki: float
+    pi_alpha_max: float
+    pi_threshold: float
+
+    def method_overrides(self) -> dict: ...
+
+
 class EntropyControl:
     """No entropy target: the method's own filter and the fixed entropy_coef. Subclasses override what they steer."""
 
@@ -181,8 +200,17 @@ class EntropyControl:
     adds_entropy_bonus = False  # the objective has an entropy-bonus term whatever entropy_coef is
     adds_entropic_term = False  # the objective has EntroPIC's term
 
-    def __init__(self, cfg):
+    def __init__(self, cfg: ControlSettings):
         self.cfg = cfg
+
+    @property
+    def target(self) -> float:
+        """The entropy target a steering control holds the run to (control_name picks "none" without one)."""
+        if self.cfg.entropy_target is None:
+            raise ValueError(
+                f"{type(self).__name__} needs an entropy_target (nats); set one or use entropy_control none"
+            )
+        return self.cfg.entropy_target
 
     def choose_tokens(self, method, stats, advantages, mask, entropy_now: float) -> tuple[torch.Tensor, dict]:
         """(keep (B, R) bool, filter metrics): the method's filter over the whole batch."""
@@ -211,9 +239,9 @@ class EntropyControl:
 class MuControl(EntropyControl):
     probes_every_step = True
 
-    def __init__(self, cfg):
+    def __init__(self, cfg: ControlSettings):
         super().__init__(cfg)
-        self.controller = self.inner = MuController(cfg.entropy_target, denominator=cfg.denominator)
+        self.controller = self.inner = MuController(self.target, denominator=cfg.denominator)
 
     def choose_tokens(self, method, stats, advantages, mask, entropy_now):
         mu, keep, metrics = self.controller.choose(
@@ -229,11 +257,9 @@ class MuControl(EntropyControl):
 class BonusControl(EntropyControl):
     adds_entropy_bonus = True
 
-    def __init__(self, cfg):
+    def __init__(self, cfg: ControlSettings):
         super().__init__(cfg)
-        self.bonus = self.inner = AdaptiveEntropyBonus(
-            cfg.entropy_target, cfg.bonus_delta, cfg.entropy_coef, cfg.bonus_max
-        )
+        self.bonus = self.inner = AdaptiveEntropyBonus(self.target, cfg.bonus_delta, cfg.entropy_coef, cfg.bonus_max)
 
     def knobs(self, entropy_now, old_logp, loss_mask):
         return Knobs(entropy_coef=self.bonus.update(entropy_now))
@@ -242,9 +268,9 @@ class BonusControl(EntropyControl):
 class PIControl(EntropyControl):
     adds_entropic_term = True
 
-    def __init__(self, cfg):
+    def __init__(self, cfg: ControlSettings):
         super().__init__(cfg)
-        self.pi = self.inner = EntroPIC(cfg.entropy_target, cfg.pi_kp, cfg.pi_ki, cfg.pi_alpha_max)
+        self.pi = self.inner = EntroPIC(self.target, cfg.pi_kp, cfg.pi_ki, cfg.pi_alpha_max)
 
     def knobs(self, entropy_now, old_logp, loss_mask):
         high = high_probability_tokens(old_logp, loss_mask, threshold=self.cfg.pi_threshold)
@@ -267,11 +293,11 @@ CONTROLS.register("pi", PIControl)
 LEGACY_STATE_KEYS = {"mu": "controller", "bonus": "bonus", "pi": "pi"}  # checkpoints written before CONTROLS
 
 
-def control_name(cfg) -> str:
+def control_name(cfg: ControlSettings) -> str:
     """The name in CONTROLS of the run's control: cfg.entropy_control with an entropy target, else "none"."""
     return "none" if cfg.entropy_target is None else cfg.entropy_control
 
 
-def make_control(cfg) -> EntropyControl:
+def make_control(cfg: ControlSettings) -> EntropyControl:
     """The run's control (control_name)."""
     return CONTROLS.get(control_name(cfg))(cfg)
