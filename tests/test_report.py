@@ -137,7 +137,7 @@ def test_trainer_with_entropy_targets(tmp_path):
 
 
 def test_target_config_errors():
-    with pytest.raises(ValueError, match="use method clip_b or clip_v"):
+    with pytest.raises(ValueError, match="use a method with their filter"):
         load_config(None, method="grpo", entropy_target=0.3)
     with pytest.raises(ValueError, match="entropy_control"):
         load_config(None, method="clip_b", entropy_target=0.3, entropy_control="pid")
