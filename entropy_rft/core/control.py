@@ -176,7 +176,7 @@ class Knobs:
 
 
 class ControlSettings(Protocol):
-    """What the controls read of a run's settings (entropy_rft.config.TrainConfig has each; core/ does not import it, and
+    """What the controls read of a run's settings (config.TrainConfig has each; core/ does not import it, and
     tests/test_layout.py holds the two to each other)."""
 
     entropy_target: float | None
