@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tiny import tiny_config
 
-from entropy_rft.config import load_config
 from entropy_rft.core import masks
 from entropy_rft.core.dynamics import TokenStats
 from entropy_rft.core.methods import METHODS
@@ -53,19 +53,7 @@ def test_composed_methods_are_their_pieces():
 def test_compositions_train_by_name(tmp_path, method, extra):
     """Two steps of each composition on the shipped policy: Clip_B's metrics and the other rule's are both logged
     (the mu controller's mu and kappa where it steers)."""
-    cfg = load_config(
-        None,
-        method=method,
-        steps=2,
-        prompts_per_step=4,
-        group_size=8,
-        lr=1e-3,
-        eval_problems=0,
-        progress=False,
-        samples_every=0,
-        out=str(tmp_path / "run"),
-        **extra,
-    )
+    cfg = tiny_config(tmp_path, method=method, group_size=8, **extra)
     train(cfg)
     rows = read_metrics(cfg.out)
     assert len(rows) == 2

@@ -9,6 +9,7 @@ import math
 import pytest
 import torch
 from conftest import f32, load_fixture
+from tiny import tiny_config
 
 from entropy_rft.config import load_config
 from entropy_rft.core.methods import METHODS
@@ -117,18 +118,7 @@ def test_the_bonus_is_the_top_entropy_in_training(tmp_path, monkeypatch, method)
 
     monkeypatch.setattr("entropy_rft.train.forward.policy_forward", keep_rollout)
     monkeypatch.setattr("entropy_rft.train.step.policy_forward", keep_rollout)
-    cfg = load_config(
-        None,
-        method=method,
-        steps=1,
-        prompts_per_step=2,
-        group_size=4,
-        lr=1e-9,
-        eval_problems=0,
-        progress=False,
-        samples_every=0,
-        out=str(tmp_path / "run"),
-    )
+    cfg = tiny_config(tmp_path, method=method, steps=1, prompts_per_step=2, lr=1e-9)
     train(cfg)
     assert seen and rollouts
     top, h, mask = seen[0]
