@@ -24,15 +24,21 @@ install: $(VENV)/.installed
 demo: $(VENV)/.installed
 	$(VENV)/bin/entropy-rft demo --out $(OUT) --overwrite
 
+# The test files run in TEST_WORKERS processes (pytest-xdist; a file's tests stay in one process, so a module's
+# fixtures are built once), each with the cores shared out as torch threads (tests/conftest.py); at most 4 by
+# default, as each process holds its own models. TEST_WORKERS=0 runs them in this process.
+TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); [ $$n -gt 4 ] && echo 4 || echo $$n)
+XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
+
 # the tests, then the branch coverage of the core modules (pyproject.toml [tool.coverage]: the modules mypy checks);
 # tracing makes the run 15-22% slower than without it (two rounds side by side on a shared 2-core CPU)
 test: $(VENV)/.installed
-	$(PY) -m pytest -q --cov --cov-report=term
+	$(PY) -m pytest -q $(XDIST) --cov --cov-report=term
 
 # The loop while editing: every test that takes seconds, the `slow` marker's (pyproject.toml) left out, without
 # coverage's tracing; `make test` before a push runs them all (docs/contributing.md says which loop when)
 test-fast: $(VENV)/.installed
-	$(PY) -m pytest -q -m "not slow"
+	$(PY) -m pytest -q $(XDIST) -m "not slow"
 
 # ruff's lint rules and format check over the tree, mypy over the core modules (pyproject.toml)
 lint: $(VENV)/.installed

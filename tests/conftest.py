@@ -11,6 +11,21 @@ FIXTURES = Path(__file__).parent / "fixtures"
 os.environ["HF_HUB_OFFLINE"] = "1"  # no test may reach the hub: every model and dataset here is local
 
 
+def _share_the_cores() -> None:
+    """Under pytest-xdist (`make test`: several worker processes), each worker takes its share of the cores as torch
+    threads, and OMP_NUM_THREADS says so to the processes a test starts (a CLI run, a resumed run): a test that
+    compares such a process with one run here then compares the same float32 reductions. A thread count the user set
+    is kept."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+    if workers > 1 and "OMP_NUM_THREADS" not in os.environ:
+        threads = max(1, (os.cpu_count() or 1) // workers)
+        os.environ["OMP_NUM_THREADS"] = str(threads)
+        torch.set_num_threads(threads)
+
+
+_share_the_cores()
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _private_cache(tmp_path_factory):
     """The stand-in model is built into a per-session cache, not the user's ~/.cache."""

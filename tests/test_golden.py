@@ -3,7 +3,8 @@
 Two tiers, and the test never skips:
 - everywhere: every case's metrics, evaluations and final weights against the recorded ones within bounds derived
   below from float32 arithmetic, with every decision (a sampled token, a filter's or a clip's choice) exact;
-- on the recording platform (torch, CPU capability and microarchitecture, threads, Python: golden.platform()),
+- on the recording platform (torch, CPU capability and microarchitecture, Python: golden.platform(); each case runs
+  on the recorded torch thread count, whatever the test process's, e.g. under `make test`'s parallel workers),
   additionally bit for bit: every metric equal and the SHA-256 of the final weights.
 Only a commit that says which values it moves and why may rewrite tests/fixtures/golden_steps.json
 (`python tests/golden.py --write CASE`).
@@ -46,10 +47,12 @@ import math
 from pathlib import Path
 
 import pytest
+import torch
 from golden import BASE, CASES, FIXTURE, platform, run_case
 
 RECORD = json.loads(FIXTURE.read_text())
-SAME_PLATFORM = RECORD["platform"] == platform()
+THREADS = RECORD["platform"]["threads"]  # a case runs on the recorded thread count, a choice rather than the platform
+SAME_PLATFORM = RECORD["platform"] == {**platform(), "threads": THREADS}
 
 POLICY = json.loads(
     (Path(__file__).parents[1] / "entropy_rft" / "assets" / "countdown-tiny" / "config.json").read_text()
@@ -143,6 +146,7 @@ def test_golden_case(name, tmp_path):
     """The case's metrics, evaluations and final weights: within the derived bounds on any platform (decisions
     exact), and bit for bit on the recording one."""
     want = RECORD["cases"][name]
+    torch.set_num_threads(THREADS)  # conftest's _deterministic restores the count after the test
     got = run_case(name, tmp_path)
     assert [row["step"] for row in got["metrics"]] == [1, 2, 3]
     problems = beyond_bounds(got, want)

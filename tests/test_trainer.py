@@ -217,17 +217,21 @@ def test_demo_writes_summary_report_and_plots(tmp_path):
 
 
 @pytest.mark.slow
-def test_demo_resumed_after_ctrl_c_reports_every_step(tmp_path, monkeypatch, capsys):
+def test_demo_resumed_after_ctrl_c_reports_every_step(tmp_path, monkeypatch, capsys, request):
     """The issue's case: Ctrl-C (SIGINT) after GRPO's step 3 of a 5-step demo stops it with the demo's own resume
     command (the one given, --overwrite dropped, --resume added), not the method's `train --resume`; that command
     finishes the demo, and summary.json and report.md hold GRPO's whole history, steps 1-5 as its metrics.jsonl
-    has them (before, only the steps after the resume)."""
+    has them (before, only the steps after the resume). SIGINT gets Python's own handler for the test: a test process
+    started in the background or under nohup inherits it ignored, and the run leaves an ignored signal ignored
+    (tests/test_rundir.py), so the Ctrl-C would pass unseen."""
     import os
     import signal
 
     from entropy_rft.commands.cli import main
     from entropy_rft.logging import JsonlSink
 
+    inherited = signal.signal(signal.SIGINT, signal.default_int_handler)
+    request.addfinalizer(lambda: signal.signal(signal.SIGINT, inherited))
     real_log = JsonlSink.log
 
     def log_then_sigint(self, metrics):

@@ -133,6 +133,14 @@ def check_samples(run_dir, out, stats, kept):
             assert r["term"][t] == pytest.approx(want, rel=1e-4, abs=1e-4 * step / n)
 
 
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def launch_two(tmp_path, steps: int, mode: str) -> None:
     """tests/trl_worker.py in two processes under `accelerate launch --multi_gpu` (CPU processes over gloo)."""
     cmd = [
@@ -147,6 +155,8 @@ def launch_two(tmp_path, steps: int, mode: str) -> None:
         "no",
         "--dynamo_backend",
         "no",
+        "--main_process_port",  # a free one: the other two-process test may run beside it (make test's workers)
+        str(free_port()),
         str(Path(__file__).parent / "trl_worker.py"),
         str(tmp_path),
         str(steps),
