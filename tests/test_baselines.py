@@ -227,6 +227,20 @@ def test_compare_resumes_and_summarises(tmp_path, capsys):
     assert ent["clip_b"]["vs_grpo"]["value"] == pytest.approx(diff.mean(), abs=1e-7) and "vs_grpo" not in ent["grpo"]
     # one step: the shaded band of step 1 is the range of the seeds' entropies
     assert res["methods"]["grpo"]["entropy_band"] == [[min(final["grpo"]), max(final["grpo"])]]
+    # the reward and region figures: each method's curves are the mean over its seeds of the cells' own metrics, the
+    # unprobed realised change is null (strict JSON: no NaN), and both figures are written
+    cells = res["settings"]["cells"]
+    rows = {m: [read_metrics(tmp_path / "runs" / c)[-1] for c in cells[m]] for m in ("grpo", "clip_b")}
+    json.loads((tmp_path / "results.json").read_text(), parse_constant=lambda c: pytest.fail(f"{c} in results.json"))
+    for m, last in rows.items():
+        assert res["methods"][m]["reward_curve"] == [pytest.approx(np.mean([r["reward_mean"] for r in last]))]
+        regions = res["methods"][m]["regions"]
+        for key, values in regions.items():
+            if key == "entropy_change/realised":  # --steps 1 with the settings' probe_every: never probed
+                assert all(r.get(key) is None for r in last) and values == [None]
+            else:
+                assert values == [pytest.approx(np.mean([r[key] for r in last]), rel=1e-12, abs=0)], key
+    assert (tmp_path / "reward.png").exists() and (tmp_path / "regions.png").exists()
 
 
 @pytest.mark.slow

@@ -1,8 +1,9 @@
 """`entropy-rft compare`: several methods x seeds on countdown from the shipped policy, in the shape of the
 paper's Table 3: Avg@K and Pass@K (mean and std over seeds, and a 95% interval over seeds and evaluation problems
 with each method's paired difference against GRPO, entropy_rft/commands/evidence.py), entropy at the start and the end,
-and
-the entropy curves; and `entropy-rft sweep`, one method over several mu (Figure 2).
+and the curves over steps (entropy.png and reward.png: the mean over seeds with their range shaded; regions.png: the
+predicted entropy change split into its four regions, mean over seeds, a panel per method); and `entropy-rft sweep`,
+one method over several mu (Figure 2).
 
 Each cell (method, seed; or mu) is a run directory named by a key of its full resolved settings,
 OUT/runs/<method>/seed<i>-<key> (config.settings_key: a hash of every field that changes what a run computes), and
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import statistics
 import time
 from pathlib import Path
@@ -28,11 +30,29 @@ from ..run.checkpoint import RunDirError
 from ..run.rundir import RunLock, is_finished
 from .evidence import Estimate, evaluate_grid, markdown_table, seed_t_interval
 
+# the per-step series compare averages over seeds for its region figure (train/diagnostics.py logs them on every
+# step of every method; entropy_change/realised only on the probed steps)
+REGION_KEYS = (
+    *(f"entropy_change/by_region/{r}" for r in ("pos_likely", "pos_unlikely", "neg_likely", "neg_unlikely")),
+    "entropy_change/predicted",
+    "entropy_change/realised",
+)
 DEFAULT_METHODS = "grpo,clip_b,clip_v,clip_cov,kl_cov,unlikely,forking,entropy_bonus,dapo"
 
 
 def _mean_std(values: list[float]) -> tuple[float, float]:
     return statistics.mean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
+
+
+def _seed_mean(curves: list[list[float | None]], width: int) -> list[float | None]:
+    """The mean over seeds at each of the first `width` steps; None where a seed has no value (a probe-only metric on
+    a step it was not probed, a metric the run did not log), so that results.json stays strict JSON."""
+    means = []
+    for i in range(width):
+        values = [curve[i] for curve in curves]
+        finite = all(v is not None and math.isfinite(v) for v in values)
+        means.append(sum(values) / len(values) if finite else None)  # type: ignore[arg-type]
+    return means
 
 
 def keyed(cfg: TrainConfig, parent: Path, stem: str) -> TrainConfig:
@@ -86,7 +106,7 @@ def run_compare(
     log=print,
 ) -> dict:
     from ..config import load_demo_config
-    from .report import plot_curves
+    from .report import plot_curves, region_plot
 
     out = Path(out)
     cells = compare_cells(load_demo_config(config), methods, seeds, out, sets=sets, steps=steps, progress=progress)
@@ -106,7 +126,26 @@ def run_compare(
             title="Entropy by method" + (" (shaded: range over seeds)" if bands else ""),
             bands=bands,
         )
+        plot_curves(
+            {m: r["reward_curve"] for m, r in results["methods"].items()},
+            out / "reward.png",
+            ylabel="training reward (mean over seeds)",
+            title="Training reward by method" + (" (shaded: range over seeds)" if bands else ""),
+            bands={m: r["reward_band"] for m, r in results["methods"].items()} if bands else None,
+        )
+        region_plot(
+            [{"name": m, "metrics": region_rows(r["regions"])} for m, r in results["methods"].items()],
+            out / "regions.png",
+            columns=4,
+            what=f"mean over {seeds} seed{'s' if seeds > 1 else ''}",
+        )
     return results
+
+
+def region_rows(regions: dict[str, list[float]]) -> list[dict]:
+    """A method's seed-averaged region series as per-step metric rows (the shape report's region figure reads)."""
+    width = len(next(iter(regions.values())))
+    return [{"step": i + 1, **{key: values[i] for key, values in regions.items()}} for i in range(width)]
 
 
 def run_sweep(
@@ -193,6 +232,8 @@ def summarise(cells: dict[str, list[TrainConfig]]) -> dict:
                     "H0": ent[0],
                     "H": sum(tail) / len(tail),
                     "curve": ent,
+                    "reward": [m["reward_mean"] for m in metrics],
+                    "regions": {key: [m.get(key) for m in metrics] for key in REGION_KEYS},
                     "clip": sum(m["clip_frac"] for m in metrics) / len(metrics),
                 }
             )
@@ -208,6 +249,9 @@ def summarise(cells: dict[str, list[TrainConfig]]) -> dict:
             "entropy_curve": [sum(c["curve"][i] for c in rows) / len(rows) for i in range(width)],
             "entropy_band": [[min(step), max(step)] for step in zip(*(c["curve"][:width] for c in rows))],
             "entropy_final_seeds": [c["H"] for c in rows],
+            "reward_curve": _seed_mean([c["reward"] for c in rows], width),
+            "reward_band": [[min(step), max(step)] for step in zip(*(c["reward"][:width] for c in rows))],
+            "regions": {key: _seed_mean([c["regions"][key] for c in rows], width) for key in REGION_KEYS},
             "correct": [c["correct"] for c in rows],
             "correct0": [c["correct0"] for c in rows],
         }

@@ -354,18 +354,25 @@ REGION_LABELS = {
 }
 
 
-def _region_plot(runs: list[dict], path: Path) -> Path | None:
+def region_plot(runs: list[dict], path: Path, *, columns: int | None = None, what: str = "") -> Path | None:
     """The predicted entropy change of each step split into its four regions (entropy_change/by_region/*, which
-    sum to entropy_change/predicted), one panel per run, with the realised change on the probed steps on an axis of
-    its own (the logit-space sum's scale is not the real step's: docs/watch.md); None when
-    no run logged the regions (runs written before they existed)."""
+    sum to entropy_change/predicted), one panel per run (`columns` to a row; default all in one), with the realised
+    change on the probed steps on an axis of its own (the logit-space sum's scale is not the real step's:
+    docs/watch.md); `what` says what a panel's series are (compare: the mean over seeds). None when no run logged
+    the regions (runs written before they existed)."""
     keyed = [
-        run for run in runs if any(f"entropy_change/by_region/{r}" in m for m in run["metrics"] for r in REGION_LABELS)
+        run
+        for run in runs
+        if any(m.get(f"entropy_change/by_region/{r}") is not None for m in run["metrics"] for r in REGION_LABELS)
     ]
     if not keyed:
         return None
-    fig, axes = plt.subplots(1, len(keyed), figsize=(5.6 * len(keyed), 3.8), dpi=120, squeeze=False)
-    for ax, run in zip(axes[0], keyed):
+    across = min(columns or len(keyed), len(keyed))
+    down = -(-len(keyed) // across)
+    fig, axes = plt.subplots(down, across, figsize=(5.6 * across, 3.8 * down), dpi=120, squeeze=False)
+    for ax in axes.flat[len(keyed) :]:
+        ax.set_visible(False)
+    for ax, run in zip(axes.flat, keyed):
         steps = [m["step"] for m in run["metrics"]]
         for region, text in REGION_LABELS.items():
             ax.plot(steps, series(run, f"entropy_change/by_region/{region}"), label=text, linewidth=1.2)
@@ -383,7 +390,10 @@ def _region_plot(runs: list[dict], path: Path) -> Path | None:
             extra = right.get_legend_handles_labels()
             handles = (handles[0] + extra[0], handles[1] + extra[1])
         ax.legend(*handles, fontsize=7)
-    fig.suptitle("Predicted entropy change by region: the sign of A x whether the token is likely (S* > 0)")
+    fig.suptitle(
+        "Predicted entropy change by region: the sign of A x whether the token is likely (S* > 0)"
+        + (f" ({what})" if what else "")
+    )
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
@@ -553,7 +563,7 @@ def _figures(runs: list[dict], out: Path) -> tuple[list[tuple[str, Path]], dict]
                 ),
             )
         )
-    regions = _region_plot(runs, out / "entropy_by_region.png")
+    regions = region_plot(runs, out / "entropy_by_region.png")
     if regions:
         figures.append(("Predicted entropy change by region", regions))
     scatter, corr = _scatter_plot(runs, out / "predicted_vs_realised.png")
