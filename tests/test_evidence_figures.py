@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import re
 from collections import Counter
 from collections.abc import Callable
@@ -1391,8 +1392,94 @@ def gpu_decode_text() -> str:
     )
 
 
+def smollm2_cells() -> dict[str, dict]:
+    """benchmarks/step_vs_trl.py's printouts for the packaged real model: per cell ("4 x 4 rollouts, 1 thr"), its phase
+    table's medians ({phase: (ours, TRL's)}) and its paired ratio with quartiles."""
+    cells, name = {}, None
+    for line in (B / "results/step_vs_trl-smollm2-cpu.log").read_text().splitlines():
+        head = re.match(r"smollm2-135m, (\d+ x 4 rollouts, \d thr): \d+ pairs", line)
+        if head:
+            name = head.group(1)
+            cells[name] = {"phases": {}}
+            continue
+        row = re.match(r"\| ([a-z +,]+) \| ([\d.]+) \| ([\d.]+|\(in the update\)) \|$", line)
+        if name and row:
+            theirs = float(row.group(3)) if row.group(3)[0].isdigit() else math.nan
+            cells[name]["phases"][row.group(1)] = (float(row.group(2)), theirs)
+        ratio = re.match(
+            r"our step / TRL's step, median of paired ratios: ([\d.]+) \(quartiles ([\d.]+) - ([\d.]+)\)", line
+        )
+        if name and ratio:
+            cells[name]["ratio"] = tuple(float(x) for x in ratio.groups())
+    return cells
+
+
+def smollm2_rows() -> str:
+    lines = []
+    for name, c in smollm2_cells().items():
+        (ours, trl), (o_roll, t_roll) = c["phases"]["step"], c["phases"]["rollout + scoring"]
+        ratio, low, high = c["ratio"]
+        cell = name.replace("1 thr", "1 thread").replace("2 thr", "2 threads")
+        lines.append(
+            f"| {cell} | {ours:.3f} | {trl:.3f} | {o_roll:.3f} / {t_roll:.3f} | {ratio:.3f} ({low:.3f} - {high:.3f}) |"
+        )
+    return "\n".join(lines)
+
+
+def smollm2_bound_text() -> str:
+    """The rollout's share of our step and its ratio to TRL's generation, against the rest of the step (our statistics
+    pass and update against TRL's update), over the cells' phase medians."""
+    share, roll, rest = [], [], []
+    for c in smollm2_cells().values():
+        ph = c["phases"]
+        share.append(ph["rollout + scoring"][0] / ph["step"][0])
+        roll.append(ph["rollout + scoring"][0] / ph["rollout + scoring"][1])
+        rest.append(
+            (ph["statistics pass"][0] + ph["advantages, filter, update"][0]) / ph["advantages, filter, update"][1]
+        )
+    return (
+        f"What bounds the ratio is the rollout: it is {100 * min(share):.0f}-{100 * max(share):.0f}% of our step and "
+        f"{min(roll):.2f}-{max(roll):.2f}x TRL's generation, against {min(rest):.2f}-{max(rest):.2f}x for the rest"
+    )
+
+
+def smollm2_spread_text() -> str:
+    cells = smollm2_cells().values()
+    under = sum(c["ratio"][0] <= 0.5 for c in cells)
+
+    def words(name: str) -> str:  # "8 x 4 rollouts, 2 thr" as the page says it
+        return name.replace(" rollouts,", " on").replace("1 thr", "one thread").replace("2 thr", "two threads")
+
+    over = [f"{words(n)} is {c['ratio'][0]:.3f}x" for n, c in smollm2_cells().items() if c["ratio"][0] > 0.5]
+    return (
+        f"{['None', 'One', 'Two', 'Three', 'All four'][under]} of the four cells are under 0.5x TRL's step; "
+        f"{', '.join(over)}. The paired ratios spread widely (quartiles "
+        f"{min(c['ratio'][1] for c in cells):.2f}-{max(c['ratio'][2] for c in cells):.2f})"
+    )
+
+
 def speed_quotes() -> list[Quote]:
     return [
+        Quote(
+            "Speed and memory",
+            "| 4 x 4 rollouts, 1 thread | 34.711 | 74.537 | 17.900 / 26.137 | 0.478 (0.358 - 0.624) |\n"
+            "| 8 x 4 rollouts, 1 thread | 54.865 | 119.363 | 27.958 / 43.860 | 0.483 (0.412 - 0.595) |\n"
+            "| 8 x 4 rollouts, 2 threads | 31.433 | 57.930 | 13.209 / 19.250 | 0.549 (0.410 - 0.599) |\n"
+            "| 4 x 4 rollouts, 2 threads | 11.246 | 26.215 | 6.012 / 9.230 | 0.440 (0.308 - 0.584) |",
+            smollm2_rows,
+        ),
+        Quote(
+            "Speed and memory",
+            "What bounds the ratio is the rollout: it is 42-53% of our step and 0.64-0.69x TRL's generation, against "
+            "0.29-0.42x for the rest",
+            smollm2_bound_text,
+        ),
+        Quote(
+            "Speed and memory",
+            "Three of the four cells are under 0.5x TRL's step; 8 x 4 on two threads is 0.549x. The paired ratios "
+            "spread widely (quartiles 0.31-0.62)",
+            smollm2_spread_text,
+        ),
         Quote(
             "Speed and memory",
             "0.96x its forward time and 1.07x its forward + backward, at 0.58x and 0.56x its peak memory",
