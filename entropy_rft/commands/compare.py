@@ -142,7 +142,7 @@ def run_compare(
     return results
 
 
-def region_rows(regions: dict[str, list[float]]) -> list[dict]:
+def region_rows(regions: dict[str, list[float | None]]) -> list[dict]:
     """A method's seed-averaged region series as per-step metric rows (the shape report's region figure reads)."""
     width = len(next(iter(regions.values())))
     return [{"step": i + 1, **{key: values[i] for key, values in regions.items()}} for i in range(width)]
