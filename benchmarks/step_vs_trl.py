@@ -24,6 +24,9 @@ the paired ratio and each side's phases (ours: rollout, statistics, update, diag
 scoring, then forward, loss, backward and optimizer step).
 
     python benchmarks/step_vs_trl.py --model smollm2-135m [--prompts 4 8] [--threads 1 2] [--rounds 2] [--steps 2]
+
+`--peak-memory ours|trl` runs one step of that side alone and prints the process's peak resident memory (the 8 x 4
+cells need the two sides' peaks together: benchmarks/results/step_vs_trl-smollm2-cpu.log).
 """
 
 from __future__ import annotations
@@ -140,7 +143,15 @@ def main() -> None:
     parser.add_argument("--model", default=DEMO, help=f"{DEMO} (the demo's policy) or a packaged model")
     parser.add_argument("--prompts", type=int, nargs="+", default=None, help="packaged model: prompts a step (4 8)")
     parser.add_argument("--threads", type=int, nargs="+", default=None, help="torch threads (packaged model: 1 2)")
+    parser.add_argument(
+        "--peak-memory",
+        choices=("ours", "trl"),
+        help="instead: one step of that side alone in this process, on the first --prompts and --threads, and its "
+        "peak resident memory (a fresh process per side: the timed cells hold both)",
+    )
     args = parser.parse_args()
+    if args.peak_memory:
+        return peak_memory(args)
     real = args.model != DEMO
     prompts = args.prompts or ([4, 8] if real else [None])
     threads = args.threads or ([1, 2] if real else [torch.get_num_threads()])
@@ -173,6 +184,25 @@ def main() -> None:
         print("\n| cell | ours s/step | TRL s/step | paired ratio |\n|---|---|---|---|")
         for c in cells:
             print(f"| {c['cell']} | {c['ours_s']:.3f} | {c['trl_s']:.3f} | {c['ratio']:.3f} |")
+
+
+def peak_memory(args) -> None:
+    """One step of one side, then the process's peak resident set (getrusage: Linux reports KiB)."""
+    import resource
+
+    n_prompts = (args.prompts or ([4] if args.model != DEMO else [None]))[0]
+    torch.set_num_threads((args.threads or [torch.get_num_threads()])[0])
+    torch.manual_seed(0)
+    with tempfile.TemporaryDirectory() as tmp:
+        t = time.perf_counter()
+        if args.peak_memory == "ours":
+            ours(1, args.method, Path(tmp) / "ours", args.probe_every, model=args.model, prompts=n_prompts)
+        else:
+            trl_steps(1, Path(tmp) / "trl", seed=0, model=args.model, prompts=n_prompts)
+        seconds = time.perf_counter() - t
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    label = f"{args.model}, {n_prompts} x 4 rollouts, {args.peak_memory}"
+    print(f"{label}: one step {seconds:.1f} s, peak RSS {peak:.1f} GB")
 
 
 if __name__ == "__main__":
