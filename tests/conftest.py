@@ -42,6 +42,16 @@ def f32(x) -> torch.Tensor:
     return torch.tensor(x, dtype=torch.float32)
 
 
+def free_port() -> int:
+    """A TCP port free on this host now, for a test's process group (tests under make test's workers run side by
+    side, so a fixed port could be taken)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def group_ids(uids: list) -> torch.Tensor:
     """Map string uids to integer group ids in order of first appearance."""
     seen: dict = {}

@@ -1392,11 +1392,15 @@ def gpu_decode_text() -> str:
     )
 
 
+def smollm2_log() -> str:
+    return (B / "results/step_vs_trl-smollm2-cpu.log").read_text()
+
+
 def smollm2_cells() -> dict[str, dict]:
     """benchmarks/step_vs_trl.py's printouts for the packaged real model: per cell ("4 x 4 rollouts, 1 thr"), its phase
     table's medians ({phase: (ours, TRL's)}) and its paired ratio with quartiles."""
     cells, name = {}, None
-    for line in (B / "results/step_vs_trl-smollm2-cpu.log").read_text().splitlines():
+    for line in smollm2_log().splitlines():
         head = re.match(r"smollm2-135m, (\d+ x 4 rollouts, \d thr): \d+ pairs", line)
         if head:
             name = head.group(1)
@@ -1452,18 +1456,15 @@ def smollm2_memory_text() -> str:
     )
 
 
-def smollm2_log() -> str:
-    return (B / "results/step_vs_trl-smollm2-cpu.log").read_text()
-
-
 def smollm2_spread_text() -> str:
-    cells = smollm2_cells().values()
+    by_name = smollm2_cells()
+    cells = by_name.values()
     under = sum(c["ratio"][0] <= 0.5 for c in cells)
 
     def words(name: str) -> str:  # "8 x 4 rollouts, 2 thr" as the page says it
         return name.replace(" rollouts,", " on").replace("1 thr", "one thread").replace("2 thr", "two threads")
 
-    over = [f"{words(n)} is {c['ratio'][0]:.3f}x" for n, c in smollm2_cells().items() if c["ratio"][0] > 0.5]
+    over = [f"{words(n)} is {c['ratio'][0]:.3f}x" for n, c in by_name.items() if c["ratio"][0] > 0.5]
     return (
         f"{['None', 'One', 'Two', 'Three', 'All four'][under]} of the four cells are under 0.5x TRL's step; "
         f"{', '.join(over)}. The paired ratios spread widely (quartiles "

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import free_port
 
 pytest.importorskip("trl")
 from datasets import Dataset
@@ -131,14 +132,6 @@ def check_samples(run_dir, out, stats, kept):
         for t in range(r["length"]):
             want = -step * float(out["advantages"][i]) * float(stats.s_centered[i, t]) / n if kept[i, t] else 0.0
             assert r["term"][t] == pytest.approx(want, rel=1e-4, abs=1e-4 * step / n)
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def launch_two(tmp_path, steps: int, mode: str) -> None:

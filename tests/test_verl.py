@@ -1233,15 +1233,11 @@ def test_actor_mini_batches_are_verls_with_two_data_parallel_ranks(tmp_path):
     16 rows in mini-batches of 8 (4 a rank): the rows of each optimizer step, and the token count the engine divides
     by (all-reduced over the ranks), are what adapter.actor_mini_batches and verl_step_sizes assume, i.e. the k-th
     block of each rank's half, not a contiguous block of the driver's rows (rows 0-3 and 8-11 form step 1)."""
-    import socket
-
     import torch.multiprocessing as mp
+    from conftest import free_port
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     out = tmp_path / "seen.pt"
-    mp.spawn(_mini_batches_of_rank, args=(2, 16, 8, port, str(out)), nprocs=2, join=True)
+    mp.spawn(_mini_batches_of_rank, args=(2, 16, 8, free_port(), str(out)), nprocs=2, join=True)
     seen = torch.load(out)
     ours = adapter.actor_mini_batches(16, 8, 2)
     assert (
