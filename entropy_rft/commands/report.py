@@ -9,7 +9,17 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-LABELS = {"grpo": "GRPO", "clip_b": "GRPO+Clip_B", "clip_v": "GRPO+Clip_V"}
+LABELS = {
+    "grpo": "GRPO",
+    "clip_b": "GRPO+Clip_B",
+    "clip_v": "GRPO+Clip_V",
+    # the field's methods as their authors write them (docs/paper_index.md)
+    "stare": "STARE",
+    "entrocraft": "Entrocraft",
+    "rsi": "RSI-S",
+    "grpo_dropout": "GRPODropout",
+    "tre_k": "TRE-K",
+}
 
 
 def label(name: str) -> str:
@@ -378,7 +388,7 @@ def region_plot(runs: list[dict], path: Path, *, columns: int | None = None, wha
             ax.plot(steps, series(run, f"entropy_change/by_region/{region}"), label=text, linewidth=1.2)
         ax.plot(steps, series(run, "entropy_change/predicted"), "k-", linewidth=0.8, alpha=0.6, label="sum: predicted")
         ax.axhline(0, color="k", linewidth=0.5)
-        ax.set(xlabel="step", ylabel="predicted change, logit space (nats per token)", title=run["name"])
+        ax.set(xlabel="step", ylabel="predicted change, logit space (nats per token)", title=label(run["name"]))
         ax.ticklabel_format(axis="y", style="sci", scilimits=(-2, 2))
         ax.grid(alpha=0.3)
         handles = ax.get_legend_handles_labels()
