@@ -507,9 +507,10 @@ METRICS: tuple[Metric, ...] = (
     ),
     M(
         "loss/entropy_bonus",
-        "the entropy bonus term of the loss (entropy_coef x entropy)",
-        "loss",
-        "every step with an entropy bonus (entropy_bonus, entropy_control bonus)",
+        "the entropy bonus term before its coefficient: the mean token entropy it raises (TRE-K / TRE-P: the"
+        " renormalised top-K / top-p entropy times log V / log K); the loss adds -entropy_coef x this",
+        "nats",
+        "every step with an entropy bonus (entropy_bonus, tre_k, entropy_control bonus)",
     ),
     M("loss/entropic", "EntroPIC's reweighting term of the loss", "loss", "every step with entropy_control pi"),
     M("loss/value", "PPO's critic loss", "loss", "every step of ppo, ppo_clip_b, ppo_clip_v"),
