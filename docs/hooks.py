@@ -44,6 +44,7 @@ PUBLISHED_GLOBS = {
     "evidence/compare_engines": "benchmarks/compare_engines/*.png",
     "evidence/real_lm_dynamics": "benchmarks/real_lm_dynamics/*.png",
     "evidence/real_lm_study": "benchmarks/real_lm_study/*.png",
+    "evidence/side_by_side": "benchmarks/side_by_side/*.png",
 }
 
 

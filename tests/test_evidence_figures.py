@@ -1257,6 +1257,286 @@ def engine_quotes() -> list[Quote]:
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# The field's entropy methods side by side (benchmarks/side_by_side/)
+
+SBS = "benchmarks/side_by_side/results.json"
+SBS_ROWS = {
+    "clip_b": "Clip_B",
+    "stare": "STARE",
+    "entrocraft": "Entrocraft",
+    "rsi": "RSI-S",
+    "grpo_dropout": "GRPODropout",
+    "tre_k": "TRE-K",
+}
+REGIONS = ("pos_likely", "pos_unlikely", "neg_likely", "neg_unlikely")
+
+
+def sbs_counts(method: str, field: str = "correct") -> np.ndarray:
+    return np.array(record(SBS)["methods"][method][field], dtype=np.float64)  # (seeds, problems)
+
+
+def sbs_metric(method: str, metric: str, absolute: bool = False) -> dict:
+    k = record(SBS)["k"]
+    f = {"avg": lambda c: c / k, "pass@8": lambda c: pass_k(c, k, 8)}[metric]
+    e = record(SBS)["evidence"][method]
+    if absolute:
+        return checked(f(sbs_counts(method)).mean(), e[metric])
+    return checked((f(sbs_counts(method)) - f(sbs_counts("grpo"))).mean(), e["vs_grpo"][metric])
+
+
+@functools.cache
+def sbs_rows(method: str) -> tuple[tuple[dict, ...], ...]:
+    """Each seed's per-step metrics, from its cell's metrics.jsonl (seeds in the record's order)."""
+    cells = record(SBS)["settings"]["cells"][method]
+    return tuple(tuple(jsonl(B / "side_by_side/cells" / c / "metrics.jsonl")) for c in cells)
+
+
+def sbs_per_seed(method: str, key: str) -> np.ndarray:
+    """A metric's mean over the steps, per seed."""
+    return np.array([np.mean([r[key] for r in rows]) for rows in sbs_rows(method)])
+
+
+def sbs_entropy(method: str) -> dict:
+    """The entropy at the end (mean of the last 10% of steps) per seed, from the cells, checked against the record;
+    the record's Student-t interval (for GRPO) or paired difference (for the others)."""
+    final = np.array([np.mean([r["entropy"] for r in rows[-len(rows) // 10 :]]) for rows in sbs_rows(method)])
+    m = record(SBS)["methods"][method]
+    assert np.allclose(final, m["entropy_final_seeds"], rtol=0, atol=1e-12)
+    e = record(SBS)["entropy_evidence"][method]
+    if method == "grpo":
+        return checked(final.mean(), e["final"])
+    grpo = np.array(record(SBS)["methods"]["grpo"]["entropy_final_seeds"])
+    return checked((final - grpo).mean(), e["vs_grpo"])
+
+
+def sbs_regions(method: str) -> dict[str, float]:
+    """Each region's predicted entropy change summed over the steps (seeds' mean at each step), as a share of the
+    four sums' absolute total; 'predicted' the same for their sum. Recomputed from the cells, checked against the
+    record's seed-mean series."""
+    rows = sbs_rows(method)
+    out = {}
+    for key in (*REGIONS, "predicted"):
+        name = key if key == "predicted" else f"by_region/{key}"
+        mean = np.mean([[r[f"entropy_change/{name}"] for r in seed] for seed in rows], axis=0)  # (steps,)
+        assert np.allclose(mean, record(SBS)["methods"][method]["regions"][f"entropy_change/{name}"], rtol=1e-12)
+        out[key] = float(mean.sum())
+    total = sum(abs(out[k]) for k in REGIONS)
+    assert abs(sum(out[k] for k in REGIONS) - out["predicted"]) <= 1e-6 * total  # the regions sum to the prediction
+    return {k: v / total for k, v in out.items()}
+
+
+def sbs_signs(method: str) -> tuple[int, int]:
+    """(probed steps where the seeds' mean realised entropy change has the sign of the mean prediction, probes)."""
+    rows = sbs_rows(method)
+    probed = [i for i, r in enumerate(rows[0]) if r.get("entropy_change/realised") is not None]
+    agree = 0
+    for i in probed:
+        realised = np.mean([seed[i]["entropy_change/realised"] for seed in rows])
+        predicted = np.mean([seed[i]["entropy_change/predicted"] for seed in rows])
+        agree += int(np.sign(realised) == np.sign(predicted))
+    return agree, len(probed)
+
+
+def share(values, nd: int = 1) -> str:
+    """'6.7 to 7.0%' from fractions (one value: '6.7%')."""
+    lo, hi = (num(100 * v, nd) for v in (min(values), max(values)))
+    return f"{lo}%" if lo == hi else f"{lo} to {hi}%"
+
+
+def sbs_did(method: str) -> str:
+    """What the method did on this policy, from its cells' metrics (per seed: the range over the 3 seeds)."""
+    steps = len(sbs_rows(method)[0])
+    if method == "clip_b":
+        return f"clipped {share(sbs_per_seed(method, 'filter/frac_clipped_neg'))} of the A < 0 tokens"
+    if method == "stare":
+        opened = [int(sum(r["filter/gate_open"] for r in rows)) for rows in sbs_rows(method)]
+        return (
+            f"gate open on {min(opened)} to {max(opened)} of {steps} steps; picked "
+            f"{share(sbs_per_seed(method, 'filter/frac_reweighted_pos'))} of tokens for weight 1.1; mean weight over "
+            f"all tokens {num(max(sbs_per_seed(method, 'filter/mean_weight')), 3)} at most"
+        )
+    if method == "entrocraft":
+        below = {int(sum(r["filter/regime"] == -1 for r in rows)) for rows in sbs_rows(method)}
+        assert below == {steps}, "the page says every step"
+        return "entropy below its band on every step: NSR throughout (every A > 0 rollout deleted)"
+    if method == "rsi":
+        return (
+            f"dropped {share(sbs_per_seed(method, 'filter/frac_clipped'))} of tokens (RSI > 3): "
+            f"{share(sbs_per_seed(method, 'filter/frac_clipped_pos'))} of A > 0, "
+            f"{share(sbs_per_seed(method, 'filter/frac_clipped_neg'))} of A < 0"
+        )
+    if method == "grpo_dropout":
+        return f"deleted {share(1 - sbs_per_seed(method, 'filter/rollouts_kept_frac'), 0)} of rollouts"
+    if method == "tre_k":
+        return (
+            f"bonus 0.001 x {num(np.mean(sbs_per_seed(method, 'loss/entropy_bonus')), 2)} nats (scaled top-2 entropy)"
+        )
+    raise KeyError(method)
+
+
+def sbs_row(method: str) -> str:
+    cols = [est(sbs_metric(method, k), star=True) for k in ("avg", "pass@8")]
+    ent = est(sbs_entropy(method), scale=1, nd=3, star=True)
+    return f"| {SBS_ROWS[method]} - GRPO | " + " | ".join(cols) + f" | {ent} | {sbs_did(method)} |"
+
+
+def sbs_grpo_rows() -> str:
+    k = record(SBS)["k"]
+    before = sbs_counts("grpo", "correct0")
+    start = np.mean([rows[0]["entropy"] for rows in sbs_rows("grpo")])
+    g = [est(sbs_metric("grpo", m, absolute=True), sign=False, bounds=False) for m in ("avg", "pass@8")]
+    return (
+        f"| initial policy | {pt((before / k).mean(), sign=False)} | {pt(pass_k(before, k, 8).mean(), sign=False)} | "
+        f"{num(start, 3)} at the first step | | | GRPO | " + " | ".join(g) + " | "
+        f"{est(sbs_entropy('grpo'), scale=1, nd=3, sign=False, bounds=False)} | |"
+    )
+
+
+def sbs_kept() -> list[str]:
+    """The methods whose entropy at the end is above GRPO's by an interval excluding 0, lowest first."""
+    return sorted((m for m in SBS_ROWS if sbs_entropy(m)["low"] > 0), key=lambda m: sbs_entropy(m)["value"])
+
+
+def sbs_strength_prose() -> tuple[str, str]:
+    """The methods that barely act (every interval holds 0), and accuracy against entropy for the ones that keep it."""
+    quiet = ("stare", "tre_k")
+    for m in quiet:
+        for e in (sbs_metric(m, "avg"), sbs_metric(m, "pass@8"), sbs_entropy(m)):
+            assert e["low"] <= 0 <= e["high"], f"{m}: the page says it moves nothing measurably"
+    first = [next(r["step"] for r in rows if r["filter/gate_open"]) for rows in sbs_rows("stare")]
+    kept = sbs_kept()
+    avg = [sbs_metric(m, "avg")["value"] for m in kept]
+    assert all(a >= b for a, b in zip(avg, avg[1:])), "Avg@8 falls as the entropy at the end rises"
+    gains = [m for m in kept if sbs_metric(m, "pass@8")["low"] > 0]
+    assert gains == ["grpo_dropout"]
+    pairs = ", ".join(
+        f"{SBS_ROWS[m]} {num(sbs_entropy(m)['value'], 3, True)}{' nats' if i == 0 else ''} and "
+        f"{pt(sbs_metric(m, 'avg')['value'])}{' points' if i == 0 else ''}"
+        for i, m in enumerate(kept)
+    )
+    return (
+        f"STARE's gate (batch entropy below 0.3) first opens at step {min(first)} to {max(first)}, once the entropy "
+        f"has fallen that far, and then it weights a twentieth of the tokens by 1.1; TRE-K's bonus has coefficient "
+        f"0.001. Neither moves entropy, Avg@8 or Pass@8 measurably.",
+        f"Where entropy ends measurably above GRPO's, Avg@8 falls further the higher it ends: {pairs}; only "
+        f"{SBS_ROWS[gains[0]]}'s Pass@8 gain excludes 0",
+    )
+
+
+def sbs_region_prose() -> str:
+    g, c = sbs_regions("grpo"), sbs_regions("clip_b")
+    assert min(g, key=g.get) == "neg_unlikely", "the page says the A < 0 unlikely region lowers entropy most"
+    return (
+        f"In GRPO the largest region is A < 0 on unlikely tokens (S* <= 0), {pt(-g['neg_unlikely'], 0, False)}% of "
+        f"the gross, lowering entropy, with A > 0 on likely tokens {pt(-g['pos_likely'], 0, False)}% also lowering "
+        f"it; the two raising regions make {pt(g['neg_likely'], 0, False)}% and {pt(g['pos_unlikely'], 0, False)}%, "
+        f"so the net is {pt(g['predicted'], 0)}% of the gross. Clip_B, whose clip removes A < 0 tokens in the unlikely "
+        f"tail, cuts that region to {pt(-c['neg_unlikely'], 0, False)}% and the net to {pt(c['predicted'], 0)}%"
+    )
+
+
+def sbs_rollout_prose() -> str:
+    e, d = sbs_regions("entrocraft"), sbs_regions("grpo_dropout")
+    others = [sbs_regions(m)["predicted"] for m in ("grpo", *SBS_ROWS) if m != "grpo_dropout"]
+    assert e["pos_likely"] == e["pos_unlikely"] == 0 and max(others) < 0 < d["predicted"]
+    first = {m: np.mean([rows[0]["entropy"] for rows in sbs_rows(m)]) for m in ("grpo", *SBS_ROWS)}
+    rose = {m for m in first if np.mean(record(SBS)["methods"][m]["entropy_final_seeds"]) > first[m]}
+    assert rose == {"grpo_dropout"} and sbs_entropy("entrocraft")["low"] > 0, "the page's entropy claims"
+    k = record(SBS)["k"]
+    return (
+        f"Entrocraft deletes every A > 0 rollout here, so only the two A < 0 regions are left, and the unlikely one "
+        f"outweighs the likely one ({pt(-e['neg_unlikely'], 0, False)}% against {pt(e['neg_likely'], 0, False)}%): "
+        f"entropy still falls, less than GRPO's. GRPODropout is the only method whose net prediction is positive "
+        f"({pt(d['predicted'], 0)}% of the gross) and the only one whose entropy rose; it ends below the initial "
+        f"policy's Avg@8 ({pt((sbs_counts('grpo_dropout') / k).mean(), sign=False)} against "
+        f"{pt((sbs_counts('grpo', 'correct0') / k).mean(), sign=False)})"
+    )
+
+
+def sbs_sign_counts() -> tuple[int, int]:
+    """(probed steps, of them those where Clip_B's realised change has the predicted sign): every other method has
+    the predicted sign on each probed step."""
+    signs = {m: sbs_signs(m) for m in ("grpo", *SBS_ROWS)}
+    n = {p for _, p in signs.values()}
+    assert len(n) == 1
+    (probes,) = n
+    off = {m: a for m, (a, _) in signs.items() if a != probes}
+    assert list(off) == ["clip_b"], "the pages name Clip_B as the only method off the predicted sign"
+    return probes, off["clip_b"]
+
+
+def sbs_sign_prose() -> str:
+    probes, clip_b = sbs_sign_counts()
+    return (
+        f"At the {probes} probed steps the realised change (the seeds' mean) has the predicted sign in {probes} of "
+        f"{probes} for every method but Clip_B ({clip_b} of {probes})"
+    )
+
+
+def sbs_quotes() -> list[Quote]:
+    s = "The field's entropy methods side by side, on the demo's task (exploratory)"
+    rows = {
+        "clip_b": "| Clip_B - GRPO | -4.4 [-7.3, -1.6] * | +3.5 [-0.7, +8.0] | +0.055 [+0.039, +0.071] * | clipped "
+        "6.7 to 7.0% of the A < 0 tokens |",
+        "stare": "| STARE - GRPO | -0.7 [-2.3, +0.8] | -0.8 [-3.8, +2.2] | +0.002 [-0.003, +0.006] | gate open on 20 "
+        "to 24 of 60 steps; picked 5.1 to 5.2% of tokens for weight 1.1; mean weight over all tokens 1.002 at most |",
+        "entrocraft": "| Entrocraft - GRPO | -2.4 [-4.9, +0.4] | -1.5 [-5.5, +2.0] | +0.020 [+0.004, +0.037] * | "
+        "entropy below its band on every step: NSR throughout (every A > 0 rollout deleted) |",
+        "rsi": "| RSI-S - GRPO | -2.4 [-5.1, +0.4] | +1.7 [-2.2, +5.5] | +0.042 [+0.031, +0.053] * | dropped 2.9 to "
+        "3.1% of tokens (RSI > 3): 1.0 to 1.1% of A > 0, 5.2 to 5.3% of A < 0 |",
+        "grpo_dropout": "| GRPODropout - GRPO | -8.6 [-12.2, -5.0] * | +4.8 [+0.2, +9.7] * | +0.107 [+0.085, +0.130] * "
+        "| deleted 46 to 48% of rollouts |",
+        "tre_k": "| TRE-K - GRPO | -0.5 [-2.8, +1.6] | -3.0 [-6.0, 0.0] | -0.003 [-0.007, +0.001] | bonus 0.001 x 0.85 "
+        "nats (scaled top-2 entropy) |",
+    }
+    return [
+        Quote(
+            s,
+            "| initial policy | 44.1 | 86.8 | 0.364 at the first step | | | GRPO | 51.1 [46.0, 56.2] | 79.5 [74.0, "
+            "84.7] | 0.276 [0.265, 0.288] | |",
+            sbs_grpo_rows,
+        ),
+        *[Quote(s, text, functools.partial(sbs_row, m)) for m, text in rows.items()],
+        Quote(
+            s,
+            "STARE's gate (batch entropy below 0.3) first opens at step 24 to 26, once the entropy has fallen that "
+            "far, and then it weights a twentieth of the tokens by 1.1; TRE-K's bonus has coefficient 0.001. Neither "
+            "moves entropy, Avg@8 or Pass@8 measurably.",
+            lambda: sbs_strength_prose()[0],
+        ),
+        Quote(
+            s,
+            "Where entropy ends measurably above GRPO's, Avg@8 falls further the higher it ends: Entrocraft +0.020 "
+            "nats and -2.4 points, RSI-S +0.042 and -2.4, Clip_B +0.055 and -4.4, GRPODropout +0.107 and -8.6; only "
+            "GRPODropout's Pass@8 gain excludes 0",
+            lambda: sbs_strength_prose()[1],
+        ),
+        Quote(
+            s,
+            "In GRPO the largest region is A < 0 on unlikely tokens (S* <= 0), 41% of the gross, lowering entropy, "
+            "with A > 0 on likely tokens 23% also lowering it; the two raising regions make 22% and 14%, so the net is "
+            "-28% of the gross. Clip_B, whose clip removes A < 0 tokens in the unlikely tail, cuts that region to 26% "
+            "and the net to -8%",
+            sbs_region_prose,
+        ),
+        Quote(
+            s,
+            "Entrocraft deletes every A > 0 rollout here, so only the two A < 0 regions are left, and the unlikely "
+            "one outweighs the likely one (59% against 41%): entropy still falls, less than GRPO's. GRPODropout is "
+            "the only method whose net prediction is positive (+15% of the gross) and the only one whose entropy "
+            "rose; it ends below the initial policy's Avg@8 (42.4 against 44.1)",
+            sbs_rollout_prose,
+        ),
+        Quote(
+            s,
+            "At the 6 probed steps the realised change (the seeds' mean) has the predicted sign in 6 of 6 for every "
+            "method but Clip_B (4 of 6)",
+            sbs_sign_prose,
+        ),
+    ]
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # The paper's regime and each study's (the study rows; the paper's rows are the paper's, not records)
 
 
@@ -1537,7 +1817,20 @@ def index_quotes() -> list[Quote]:
             "7 methods x 5 seeds, on- and off-policy | 2-core CPU, 1.6 h |",
             lambda: f"7 methods x 5 seeds, on- and off-policy | 2-core CPU, {engines:.1f} h |",
         ),
+        Quote(
+            "Evidence",
+            "7 methods x 3 seeds x 60 steps, exploratory | 2-core CPU, shared: 2.5 h of training steps |",
+            lambda: (
+                f"7 methods x {record(SBS)['seeds']} seeds x {len(sbs_rows('grpo')[0])} steps, exploratory | "
+                f"2-core CPU, shared: {sbs_step_hours():.1f} h of training steps |"
+            ),
+        ),
     ]
+
+
+def sbs_step_hours() -> float:
+    """The side-by-side's training steps, summed over its cells (each step's `seconds`; evaluations not timed)."""
+    return sum(r["seconds"] for m in record(SBS)["methods"] for rows in sbs_rows(m) for r in rows) / 3600
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -2043,6 +2336,7 @@ QUOTES: list[Quote] = [
     *avgk_quotes(),
     *regime_quotes(),
     *engine_quotes(),
+    *sbs_quotes(),
     *speed_quotes(),
     *sharing_quotes(),
     *rls_quotes(),
@@ -2119,6 +2413,24 @@ def seed_level_short() -> str:
 
 
 ELSEWHERE: list[tuple[str, str, Callable[[], str]]] = [  # (file, text as written, recompute)
+    (
+        "README.md",
+        "the predicted sign at 6 of 6 probed steps for every method but Clip_B (4 of 6)",
+        lambda: "the predicted sign at {0} of {0} probed steps for every method but Clip_B ({1} of {0})".format(
+            *sbs_sign_counts()
+        ),
+    ),
+    (
+        "README.md",
+        "from Entrocraft +0.020 nats, -2.4 points to GRPODropout +0.107, -8.6",
+        lambda: "from {} {} nats, {} points to {} {}, {}".format(
+            *(
+                x
+                for m in (sbs_kept()[0], sbs_kept()[-1])
+                for x in (SBS_ROWS[m], num(sbs_entropy(m)["value"], 3, True), pt(sbs_metric(m, "avg")["value"]))
+            )
+        ),
+    ),
     (
         "README.md",
         "-9.3 [-20.4, -2.0] points by the registered bootstrap (Holm p 0.004), -9.3 [-24.2, +5.5] over the five seeds "
