@@ -1358,7 +1358,7 @@ def sbs_did(method: str) -> str:
     if method == "entrocraft":
         below = {int(sum(r["filter/regime"] == -1 for r in rows)) for rows in sbs_rows(method)}
         assert below == {steps}, "the page says every step"
-        return "entropy below its band on every step: NSR throughout (every A > 0 rollout deleted)"
+        return "entropy below its band on every step: NSR throughout (advantage min(R, 0): right answers 0)"
     if method == "rsi":
         return (
             f"dropped {share(sbs_per_seed(method, 'filter/frac_clipped'))} of tokens (RSI > 3): "
@@ -1444,10 +1444,11 @@ def sbs_rollout_prose() -> str:
     assert rose == {"grpo_dropout"} and sbs_entropy("entrocraft")["low"] > 0, "the page's entropy claims"
     k = record(SBS)["k"]
     return (
-        f"Entrocraft deletes every A > 0 rollout here, so only the two A < 0 regions are left, and the unlikely one "
-        f"outweighs the likely one ({pt(-e['neg_unlikely'], 0, False)}% against {pt(e['neg_likely'], 0, False)}%): "
-        f"entropy still falls, less than GRPO's. GRPODropout is the only method whose net prediction is positive "
-        f"({pt(d['predicted'], 0)}% of the gross) and the only one whose entropy rose; it ends below the initial "
+        f"Entrocraft gives every right answer advantage 0 here, so only the two A < 0 regions are left, and the "
+        f"unlikely one outweighs the likely one ({pt(-e['neg_unlikely'], 0, False)}% against "
+        f"{pt(e['neg_likely'], 0, False)}%): entropy still falls, less than GRPO's. GRPODropout is the only method "
+        f"whose net prediction is positive ({pt(d['predicted'], 0)}% of the gross) and the only one whose entropy "
+        f"rose; it ends below the initial "
         f"policy's Avg@8 ({pt((sbs_counts('grpo_dropout') / k).mean(), sign=False)} against "
         f"{pt((sbs_counts('grpo', 'correct0') / k).mean(), sign=False)})"
     )
@@ -1481,7 +1482,7 @@ def sbs_quotes() -> list[Quote]:
         "stare": "| STARE - GRPO | -0.7 [-2.3, +0.8] | -0.8 [-3.8, +2.2] | +0.002 [-0.003, +0.006] | gate open on 20 "
         "to 24 of 60 steps; picked 5.1 to 5.2% of tokens for weight 1.1; mean weight over all tokens 1.002 at most |",
         "entrocraft": "| Entrocraft - GRPO | -2.4 [-4.9, +0.4] | -1.5 [-5.5, +2.0] | +0.020 [+0.004, +0.037] * | "
-        "entropy below its band on every step: NSR throughout (every A > 0 rollout deleted) |",
+        "entropy below its band on every step: NSR throughout (advantage min(R, 0): right answers 0) |",
         "rsi": "| RSI-S - GRPO | -2.4 [-5.1, +0.4] | +1.7 [-2.2, +5.5] | +0.042 [+0.031, +0.053] * | dropped 2.9 to "
         "3.1% of tokens (RSI > 3): 1.0 to 1.1% of A > 0, 5.2 to 5.3% of A < 0 |",
         "grpo_dropout": "| GRPODropout - GRPO | -8.6 [-12.2, -5.0] * | +4.8 [+0.2, +9.7] * | +0.107 [+0.085, +0.130] * "
@@ -1521,10 +1522,10 @@ def sbs_quotes() -> list[Quote]:
         ),
         Quote(
             s,
-            "Entrocraft deletes every A > 0 rollout here, so only the two A < 0 regions are left, and the unlikely "
-            "one outweighs the likely one (59% against 41%): entropy still falls, less than GRPO's. GRPODropout is "
-            "the only method whose net prediction is positive (+15% of the gross) and the only one whose entropy "
-            "rose; it ends below the initial policy's Avg@8 (42.4 against 44.1)",
+            "Entrocraft gives every right answer advantage 0 here, so only the two A < 0 regions are left, and the "
+            "unlikely one outweighs the likely one (59% against 41%): entropy still falls, less than GRPO's. "
+            "GRPODropout is the only method whose net prediction is positive (+15% of the gross) and the only one "
+            "whose entropy rose; it ends below the initial policy's Avg@8 (42.4 against 44.1)",
             sbs_rollout_prose,
         ),
         Quote(
