@@ -269,9 +269,10 @@ def test_settings_name_what_is_wrong():
         Settings(method="clip_q")
     with pytest.raises(ValueError, match="not a token filter"):
         Settings(method="dapo")
-    for composed in ("grpo_dropout+clip_b", "entrocraft+clip_b", "tre_k+clip_b"):  # their other rule: not in verl
+    for refused in ("grpo_dropout", "tre_k", "grpo_dropout+clip_b", "tre_k+clip_b"):  # rollouts, TRE: not in verl
         with pytest.raises(ValueError, match="built-in trainer"):
-            Settings(method=composed)
+            Settings(method=refused)
+    assert Settings(method="entrocraft+clip_b", options={"mu": 1.0, "lower_range": [0.5, 0.3]})  # a driver rule
     with pytest.raises(ValueError, match=r"clip_v takes options \[.*'max_frac'.*\], got \['muu'\]"):
         Settings(method="clip_v", options={"muu": 8.5})
     with pytest.raises(ValueError, match="clip_cov takes options"):
@@ -509,15 +510,17 @@ def transfer_queue():
     ray.shutdown()
 
 
-def run_driver_step(method, options, partition):
-    """verl's V1 advantage step (EntropyRFTTrainer._compute_advantage) on a batch put into TransferQueue; returns
-    what TransferQueue then holds, padded, and the expected whole-batch stats."""
+def run_driver_step(method, options, partition, *, step=1, total_steps=10):
+    """verl's V1 advantage step (EntropyRFTTrainer._compute_advantage) on a batch put into TransferQueue, at verl's
+    global step `step` of total_training_steps; returns what TransferQueue then holds, padded, and the expected
+    whole-batch stats."""
     keys, fields, _ = driver_batch()
     meta = tq.kv_batch_put(keys=keys, partition_id=partition, fields=fields)
     trainer = object.__new__(EntropyRFTTrainer)
     trainer.config = _verl_config(entropy_rft={"method": method, "options": options})
     trainer.entropy_rft = Settings.from_config(trainer.config)
     trainer.entropy_rft_generator = torch.Generator().manual_seed(0)
+    trainer.global_steps, trainer.total_training_steps = step, total_steps
     metrics = {}
     trainer._compute_advantage(meta, metrics)
     after = tq.kv_batch_get(
@@ -612,6 +615,50 @@ def test_driver_stare_weights_the_whole_batch_advantages(transfer_queue):
     assert_written_back(after, valid, valid)
     torch.testing.assert_close(after["advantages"], plain["advantages"] * weights * valid)
     assert metrics["entropy_rft/gate_open"] == 1.0
+
+
+def driver_scores() -> torch.Tensor:
+    """Each driver_batch rollout's score: its rm_scores summed over the response (the reward on its last token)."""
+    _, fields, _ = driver_batch()
+    return torch.stack([row.sum() for row in fields["rm_scores"].unbind()])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "band,regime",
+    [(((0.0, 0.0), (0.01, 0.01)), 1.0), (((5.0, 5.0), (6.0, 6.0)), -1.0), (((0.0, 0.0), (6.0, 6.0)), 0.0)],
+    ids=["above: RAFT++", "below: NSR", "inside: GRPO"],
+)
+def test_driver_entrocraft_rewrites_the_whole_batch_advantages(transfer_queue, band, regime):
+    """Entrocraft on the driver, with the batch's mean entropy (over every valid token, about 0.5 here) above, below
+    and inside its band: the advantages become each rollout's reward clamped at 0 from below (RAFT++) or above (NSR)
+    on its valid tokens, or stay verl's GRPO advantages; no token is dropped (advantages.entrocraft)."""
+    plain, stats, valid, _ = run_driver_step("clip_b", {"mu": 1e9}, f"train_plain_entrocraft_{regime}")
+    options = {"lower_range": list(band[0]), "upper_range": list(band[1])}
+    after, _, _, metrics = run_driver_step("entrocraft", options, f"train_entrocraft_{regime}")
+    entropy = float((stats.entropy * valid).sum() / valid.sum())
+    assert band[0][0] < entropy < band[1][0] if regime == 0.0 else True
+    scores = driver_scores()[:, None] * valid
+    want = {1.0: scores.clamp(min=0.0), -1.0: scores.clamp(max=0.0), 0.0: plain["advantages"]}[regime]
+    assert_written_back(after, valid, valid)
+    torch.testing.assert_close(after["advantages"], want.to(after["advantages"].dtype))
+    assert metrics["entropy_rft/regime"] == regime
+    if regime == 1.0:
+        assert not torch.equal(after["advantages"], plain["advantages"])
+
+
+@pytest.mark.slow
+def test_driver_entrocraft_band_follows_verls_step(transfer_queue):
+    """The band anneals over verl's 1-based global step of total_training_steps as the built-in trainer's does over
+    its steps (advantages.entrocraft_band): at step 5 of 10, halfway from (0.6, 0.7) to (0.4, 0.5)."""
+    from entropy_rft.core.advantages import entrocraft_band
+
+    _, _, _, first = run_driver_step("entrocraft", {}, "train_entrocraft_step1", step=1, total_steps=10)
+    _, _, _, mid = run_driver_step("entrocraft", {}, "train_entrocraft_step5", step=5, total_steps=10)
+    for at, metrics in ((1, first), (5, mid)):
+        assert (metrics["entropy_rft/band_low"], metrics["entropy_rft/band_high"]) == entrocraft_band(at, 10)
+    assert mid["entropy_rft/band_low"] == pytest.approx(0.5) and mid["entropy_rft/band_high"] == pytest.approx(0.6)
+    assert first["entropy_rft/band_low"] == pytest.approx(0.58)
 
 
 @pytest.mark.slow
@@ -816,7 +863,7 @@ def whole_step(
     trainer.reward_loop_manager = types.SimpleNamespace(reward_loop_worker_handles=[])  # scores are in the batch
     trainer.checkpoint_manager = types.SimpleNamespace(sleep_replicas=lambda: None)  # no rollout replicas
     trainer.tokenizer = tokenizer or types.SimpleNamespace(eos_token_id=models.actor.config.eos_token_id)
-    trainer.curr_step_profile, trainer.global_steps = False, 1
+    trainer.curr_step_profile, trainer.global_steps, trainer.total_training_steps = False, 1, 10
     metrics = {}
     out = trainer._step_once(metrics, {}, len(keys))
     order = [keys.index(k) for k in out.keys]
@@ -957,6 +1004,22 @@ def test_whole_step_stare_gradients_use_the_weighted_advantages(transfer_queue, 
     assert torch.equal(step.after[KEEP].bool(), valid)
     check_actor(step, models.actor, valid, valid)
     assert step.metrics["entropy_rft/gate_open"] == 1.0
+
+
+@pytest.mark.slow
+def test_whole_step_entrocraft_gradients_use_its_advantages(transfer_queue, engine, verl_cfg, models):
+    """verl's whole GRPO step with Entrocraft above its band (the tiny policy's entropy on random tokens is far above
+    0.01): the advantages the actor reads are each rollout's reward, max(R, 0) = R here, on every valid token (RAFT++,
+    no group baseline), no token is dropped, and every actor optimizer step's gradient is the token mean of
+    R * ratio."""
+    options = {"lower_range": [0.0, 0.0], "upper_range": [0.01, 0.01]}
+    step = whole_step(step_config(verl_cfg, "entrocraft", options), models, "actor_entrocraft")
+    valid, adv = step.valid, step.after["advantages"]
+    scores = step.after["rm_scores"].sum(-1)
+    torch.testing.assert_close(adv, (scores[:, None] * valid).to(adv.dtype))
+    assert torch.equal(step.after[KEEP].bool(), valid)
+    check_actor(step, models.actor, valid, valid)
+    assert step.metrics["entropy_rft/regime"] == 1.0
 
 
 @pytest.mark.slow

@@ -1,7 +1,7 @@
 """entropy-rft inside verl (`pip install "entropy-rft[verl]"`, written against verl 0.9.1): watch a GRPO run's
-entropy dynamics with verl's loss untouched (method "none"), or run Clip_B, Clip_V, the S*-sign filters of Figure 1
-and a whole-batch Clip-Cov in verl's V1 trainer, on verl's Ray/FSDP workers and vLLM/SGLang rollouts, with their
-statistics taken over the whole training batch.
+entropy dynamics with verl's loss untouched (method "none"), or run Clip_B, Clip_V, the S*-sign filters of Figure 1,
+RSI-S, STARE's weights, Entrocraft's advantages and a whole-batch Clip-Cov in verl's V1 trainer, on verl's Ray/FSDP
+workers and vLLM/SGLang rollouts, with their statistics taken over the whole training batch.
 
     VERL_ENGINE_VENDOR=entropy_rft python -m verl.trainer.main_ppo ... \\
         trainer.v1.trainer_mode=entropy_rft +entropy_rft.method=clip_b +entropy_rft.options.mu=2.5
@@ -23,6 +23,11 @@ How it plugs in (docs/howto/verl.md; examples/verl/ has complete configs):
   the old log-probs and entropies verl always recomputes; the keep mask goes into a TransferQueue field of its own
   (KEEP). Its actor update multiplies `response_mask` (the loss's terms) and `loss_mask` (verl's engine divides by
   `loss_mask.sum()` over all ranks) by it for that call only, then puts verl's masks back.
+- An advantage rule (Entrocraft, alone or before Clip_B in entrocraft+clip_b) runs in the same driver step, before
+  the filter, as the built-in trainer runs it after its estimator: on verl's advantages, with the batch's mean entropy
+  over every valid token, each rollout's summed reward (rm_scores, or token_level_rewards when verl puts a KL
+  penalty in the reward) and verl's 1-based global step of total_training_steps (RunPosition). The advantages field
+  is written back; no token leaves the loss. Rollout deletion (GRPODropout) and TRE's bonus are refused by name.
 - Clip_V also needs E_p[S] = sum_i p_i S_i (Theorem 2): EntropyFSDPEngine, a registered subclass of verl's FSDP
   language-model engine (`VERL_ENGINE_VENDOR=entropy_rft` in the workers' environment), adds it to the
   old-log-prob forward from the logits it already holds, packed or padded. The request (WANT_S_EXPECT) and the
@@ -128,13 +133,22 @@ _ROW_ELEMENTS = 1 << 22  # logits elements per chunk of the E_p[S] computation
 # The whole-batch step on the driver: pure functions of padded [B, T] tensors.
 
 
+def driver_method(name: str) -> bool:
+    """Whether a METHODS row runs as this adapter's driver step: a token filter, token weights (STARE) or an
+    advantage rule (Entrocraft), with no rollout deletion (GRPODropout) or TRE bonus, which need the built-in
+    trainer's update."""
+    spec = METHODS.get(name)
+    acts = spec.filter is not None or spec.weigh is not None or spec.advantage_rule is not None
+    return acts and spec.rollout_rule is None and not spec.top_entropy
+
+
 @dataclasses.dataclass(frozen=True)
 class Settings:
-    """The `entropy_rft` section of a verl config: method (a METHODS name with a token filter, clip_cov, or "none" to
-    watch verl's own loss) and options (the filter's keyword options, e.g. {mu: 2.5}; YAML null passes None, e.g.
-    max_frac: null = no cap); samples_every and samples_groups as TrainConfig's (token samples of every
-    samples_every-th step, 0 for none), written with metrics.jsonl to samples_dir (default: verl's experiment
-    directory, trainer.default_local_dir)."""
+    """The `entropy_rft` section of a verl config: method (a METHODS name with a token filter, token weights or an
+    advantage rule: driver_method; clip_cov; or "none" to watch verl's own loss) and options (the method's keyword
+    options, e.g. {mu: 2.5}; YAML null passes None, e.g. max_frac: null = no cap); samples_every and samples_groups
+    as TrainConfig's (token samples of every samples_every-th step, 0 for none), written with metrics.jsonl to
+    samples_dir (default: verl's experiment directory, trainer.default_local_dir)."""
 
     method: str = "clip_b"
     options: dict = dataclasses.field(default_factory=dict)
@@ -152,17 +166,17 @@ class Settings:
                 )
             return
         spec = METHODS.get(self.method)
-        if spec.filter is None and spec.weigh is None and self.method != CLIP_COV:
-            filters = ", ".join(n for n in METHODS.names() if METHODS.get(n).filter)
+        if spec.rollout_rule is not None or spec.top_entropy:
+            raise ValueError(
+                f"entropy_rft.method={self.method!r} deletes rollouts or adds TRE's bonus, which this adapter does "
+                "not run in verl: use the built-in trainer (GRPODropout also runs in TRL)"
+            )
+        if not driver_method(self.method) and self.method != CLIP_COV:
+            methods = ", ".join(n for n in METHODS.names() if driver_method(n))
             raise ValueError(
                 f"entropy_rft.method={self.method!r} is not a token filter, so it has no driver step in "
-                f"verl; use one of {filters} or {CLIP_COV}, or {MONITOR} to watch verl's own loss (other "
+                f"verl; use one of {methods} or {CLIP_COV}, or {MONITOR} to watch verl's own loss (other "
                 f"rows of METHODS are verl settings: docs/howto/verl.md)"
-            )
-        if spec.rollout_rule is not None or spec.advantage_rule is not None or spec.top_entropy:
-            raise ValueError(
-                f"entropy_rft.method={self.method!r} rewrites advantages or rollouts, or adds TRE's bonus, which this "
-                "adapter does not run in verl: use the built-in trainer (GRPODropout also runs in TRL)"
             )
         accepted = set(CLIP_COV_DEFAULTS) if self.method == CLIP_COV else set(spec.option_names())
         if set(self.options) - accepted:
@@ -202,14 +216,34 @@ def stats_from_engine(old_log_probs: Tensor, entropy: Tensor, s_expect: Tensor |
     return TokenStats(logp, h, s_star, torch.zeros_like(logp) if s_expect is None else s_expect.float())
 
 
+@dataclasses.dataclass(frozen=True)
+class RunPosition:
+    """What an advantage rule (Entrocraft's) reads besides the batch: each rollout's score (its summed token-level
+    reward, [B]), verl's 1-based global step and the run's total_training_steps (the band's schedule)."""
+
+    scores: Tensor
+    step: int
+    total_steps: int
+
+
 def whole_batch_step(
-    settings: Settings, stats: TokenStats, advantages: Tensor, mask: Tensor, *, generator: torch.Generator | None = None
+    settings: Settings,
+    stats: TokenStats,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    generator: torch.Generator | None = None,
+    position: RunPosition | None = None,
 ) -> tuple[Tensor, Tensor, dict[str, float]]:
     """(keep [B, T] bool, advantages [B, T], metrics) for the whole batch: a token filter's keep mask (advantages
-    unchanged), a method's token weights on the advantages (STARE: keep unchanged), or for Clip-Cov the mask unchanged
-    and the selected tokens' advantages zeroed (departure 3)."""
+    unchanged), a method's token weights on the advantages (STARE: keep unchanged), an advantage rule's advantages
+    (Entrocraft, at the batch's mean entropy and the run's `position`; a composed filter then reads them), or for
+    Clip-Cov the mask unchanged and the selected tokens' advantages zeroed (departure 3)."""
     mask = mask.bool()
     adv = broadcast_advantages(advantages, mask).float()
+    rule_metrics: dict = {}
+    if settings.method != CLIP_COV and METHODS.get(settings.method).advantage_rule is not None:
+        adv, rule_metrics = advantage_rule(settings, stats, adv, mask, position)
     if settings.method == CLIP_COV:
         opts = {**CLIP_COV_DEFAULTS, **settings.options}
         selected = select_clip_cov(adv, stats.logp, mask, generator=generator, **opts)
@@ -224,7 +258,7 @@ def whole_batch_step(
         if weights is not None:
             adv, metrics = adv * weights.to(adv.dtype), {**metrics, **weight_metrics}
     metrics = {
-        **{k: float(v) for k, v in metrics.items()},
+        **{k: float(v) for k, v in {**rule_metrics, **metrics}.items()},
         "s_star_mean": float_mean(stats.s_star, mask),
         "entropy": float_mean(stats.entropy, mask),
         "kept_frac": float_mean(keep & mask, mask),
@@ -233,6 +267,28 @@ def whole_batch_step(
         metrics["s_centered_mean"] = float_mean(stats.s_centered, mask)
         metrics["cov_a_sc"] = float(batch_covariance(adv, stats.s_centered, mask))
     return keep & mask, adv, metrics
+
+
+def advantage_rule(
+    settings: Settings, stats: TokenStats, adv: Tensor, mask: Tensor, position: RunPosition | None
+) -> tuple[Tensor, dict]:
+    """The method's advantage rule on verl's token advantages ([B, T], GRPO's: one value per row), as the built-in
+    trainer runs it (step.py, Step.decide): the batch's mean entropy over every valid token, each rollout's score,
+    verl's 1-based step of total_training_steps. The rule is elementwise (Entrocraft: max(R, 0), min(R, 0) or the
+    estimator's advantage), so the scores go in broadcast over each row's valid tokens."""
+    if position is None:
+        raise ValueError(f"{settings.method} rewrites advantages with the run's step and rewards: pass a RunPosition")
+    options = {k: NO_CAP if v is None else v for k, v in settings.options.items()}
+    scores = position.scores.float()[:, None].expand_as(adv)
+    out, metrics = METHODS.get(settings.method).advantages(
+        scores,
+        adv,
+        entropy=float_mean(stats.entropy, mask),
+        step=position.step,
+        total_steps=position.total_steps,
+        **options,
+    )
+    return out * mask, metrics
 
 
 def check_config(settings: Settings, config) -> None:
@@ -310,8 +366,22 @@ class EntropyRFTTrainer(PPOTrainerSync):
             metrics.update({f"entropy_rft/{k}": v for k, v in watched.items() if v is not None})
             self._entropy_rft_record(batch, stats, adv, valid, used, step, metrics)
             return batch
+        reward = "token_level_rewards" if self.config.algorithm.get("use_kl_in_reward", False) else "rm_scores"
+        rule = METHODS.get(self.entropy_rft.method).advantage_rule if self.entropy_rft.method != CLIP_COV else None
+        if rule is not None:  # Entrocraft: the rollouts' rewards (verl's, with the KL penalty where it applies one)
+            fields.append(reward)
         data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=fields)
-        output, step_metrics = filter_batch(self.entropy_rft, data, generator=self.entropy_rft_generator)
+        position = None
+        if rule is not None:
+            position = RunPosition(
+                torch.stack([row.sum() for row in data[reward].unbind()]),
+                int(self.global_steps),
+                int(self.total_training_steps),
+            )
+            data = data.exclude(reward)
+        output, step_metrics = filter_batch(
+            self.entropy_rft, data, generator=self.entropy_rft_generator, position=position
+        )
         metrics.update({f"entropy_rft/{k}": v for k, v in step_metrics.items()})
         return tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id, fields=output)
 
@@ -528,7 +598,9 @@ def sample_batch(
     )
 
 
-def filter_batch(settings: Settings, data: TensorDict, *, generator=None) -> tuple[TensorDict, dict[str, float]]:
+def filter_batch(
+    settings: Settings, data: TensorDict, *, generator=None, position: RunPosition | None = None
+) -> tuple[TensorDict, dict[str, float]]:
     """The driver's step on the TransferQueue fields of the whole batch (nested [B, response_len] each): the keep
     mask (KEEP) and the advantages, as nested tensors to write back, and the metrics.
 
@@ -547,7 +619,9 @@ def filter_batch(settings: Settings, data: TensorDict, *, generator=None) -> tup
     if S_EXPECT in data.keys():  # the engine's full-sequence output, cut to the response as verl cuts entropies
         s_expect = torch.nested.to_padded_tensor(response_from_nested(data[S_EXPECT], nested_mask), 0.0)
     stats = stats_from_engine(padded["old_log_probs"], padded["entropy"], s_expect)
-    keep, adv, metrics = whole_batch_step(settings, stats, padded["advantages"], valid, generator=generator)
+    keep, adv, metrics = whole_batch_step(
+        settings, stats, padded["advantages"], valid, generator=generator, position=position
+    )
     out = {
         KEEP: response_to_nested(keep.to(padded["loss_mask"].dtype), nested_mask),
         "advantages": response_to_nested(adv.to(padded["advantages"].dtype), nested_mask),
@@ -638,6 +712,7 @@ __all__ = [
     "MONITOR",
     "actor_masks",
     "whole_batch_step",
+    "RunPosition",
     "stats_from_engine",
     "s_expect_of_logits",
     "check_config",
