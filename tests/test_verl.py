@@ -263,16 +263,41 @@ def test_clip_v_refuses_configs_without_logits_or_entropies(key, value, match):
         check_config(Settings.from_config(clip_b_cfg), clip_b_cfg)
 
 
+@pytest.mark.parametrize(
+    "key,value,match",
+    [
+        ("actor_rollout_ref.actor.entropy_coeff", 0.0, "entropy_coeff is 0"),
+        ("actor_rollout_ref.model.use_fused_kernels", True, "use_fused_kernels=false"),
+        ("actor_rollout_ref.model.use_remove_padding", False, "use_remove_padding=false"),
+    ],
+)
+def test_tre_refuses_configs_without_its_bonus_term(key, value, match):
+    """TRE's bonus is verl's entropy term with TRE's entropy: a zero entropy_coeff, fused kernels or the padded
+    forward are refused at start-up, naming the setting."""
+    base = {"actor_rollout_ref.actor.entropy_coeff": 0.001, "entropy_rft": {"method": "tre_k", "options": {}}}
+    check_config(Settings.from_config(_verl_config(**base)), _verl_config(**base))  # TRE's own settings pass
+    cfg = _verl_config(**{**base, key: value})
+    with pytest.raises(ValueError, match=match):
+        check_config(Settings.from_config(cfg), cfg)
+
+
 def test_settings_name_what_is_wrong():
     """Unknown methods, non-filter methods and unknown keys fail at start-up with the fix in the message."""
     with pytest.raises(KeyError, match="known methods"):
         Settings(method="clip_q")
     with pytest.raises(ValueError, match="not a token filter"):
         Settings(method="dapo")
-    for refused in ("grpo_dropout", "tre_k", "grpo_dropout+clip_b", "tre_k+clip_b"):  # rollouts, TRE: not in verl
+    for refused in ("grpo_dropout", "grpo_dropout+clip_b"):  # whole rollouts deleted: not in verl
         with pytest.raises(ValueError, match="built-in trainer"):
             Settings(method=refused)
     assert Settings(method="entrocraft+clip_b", options={"mu": 1.0, "lower_range": [0.5, 0.3]})  # a driver rule
+    assert Settings(method="tre_k").top_entropy == (2, None)  # TRE-K's K 2, as TrainConfig.top_entropy
+    assert Settings(method="tre_k+clip_b", options={"tre_top_p": 0.99}).top_entropy == (None, 0.99)
+    assert Settings(method="clip_b").top_entropy is None
+    with pytest.raises(ValueError, match="not both"):
+        _ = Settings(method="tre_k", options={"tre_top_k": 2, "tre_top_p": 0.9}).top_entropy
+    with pytest.raises(ValueError, match="top_k must be an integer >= 1"):
+        _ = Settings(method="tre_k", options={"tre_top_k": 0}).top_entropy
     with pytest.raises(ValueError, match=r"clip_v takes options \[.*'max_frac'.*\], got \['muu'\]"):
         Settings(method="clip_v", options={"muu": 8.5})
     with pytest.raises(ValueError, match="clip_cov takes options"):
@@ -1004,6 +1029,55 @@ def test_whole_step_stare_gradients_use_the_weighted_advantages(transfer_queue, 
     assert torch.equal(step.after[KEEP].bool(), valid)
     check_actor(step, models.actor, valid, valid)
     assert step.metrics["entropy_rft/gate_open"] == 1.0
+
+
+def bonus_gradient(policy, sequences, advantages, terms, count, coef, entropy):
+    """policy_gradient's reference with an entropy bonus: autograd of -(1/count) sum over the `terms` tokens of
+    (A * ratio + coef * entropy(logits)), as verl's ppo_loss subtracts entropy_coeff times the token mean of its
+    engine's entropy (temperature 1)."""
+    policy.zero_grad(set_to_none=True)
+    total = 0.0
+    for r, (x, n) in enumerate(sequences):
+        logits = policy(input_ids=x[None]).logits[0, :-1].float()[-n:]
+        logp = torch.log_softmax(logits, -1).gather(-1, x[1:][-n:, None]).squeeze(-1)
+        term = advantages[r, :n] * (logp - logp.detach()).exp() + coef * entropy(logits)
+        total = total - (term * terms[r, :n]).sum()
+    (total / count).backward()
+    grads = torch.cat([p.grad.flatten() for p in policy.parameters() if p.grad is not None])
+    policy.zero_grad(set_to_none=True)
+    return grads
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method,options", [("tre_k", {}), ("tre_k+clip_b", {"mu": 0.5})])
+def test_whole_step_tre_bonus_is_verls_entropy_term_with_tres_entropy(
+    transfer_queue, engine, verl_cfg, models, method, options
+):
+    """verl's whole GRPO step with TRE-K (K 2) at entropy_coeff 0.05: every actor optimizer step's gradient is the
+    token mean of A * ratio + 0.05 x TRE's scaled top-2 entropy (core/tre.top_entropy, oracle-tested against the
+    authors' code) over the mini-batch's loss tokens (Clip_B's kept ones under tre_k+clip_b), and not the same with
+    the full entropy; the old-log-prob forward still stored the full entropy (S*)."""
+    from entropy_rft.core.tre import top_entropy
+
+    coef = 0.05
+    cfg = step_config(verl_cfg, method, options, **{"actor_rollout_ref.actor.entropy_coeff": coef})
+    step = whole_step(cfg, models, f"actor_{method.replace('+', '_')}")
+    valid = step.valid
+    keep = whole_batch_keep(step, models.actor, "clip_b", options) if "clip_b" in method else valid
+    sequences = [(step.ids[r], step.response_lens[r]) for r in range(len(step.ids))]
+    for r, (x, n) in enumerate(sequences):  # the stored entropy is the full one, for S* and the metrics
+        torch.testing.assert_close(
+            step.after["entropy"][r, :n], reference_stats(models.actor, x, n).entropy, atol=1e-5, rtol=1e-4
+        )
+    adv = step.after["advantages"]
+    tre = partial(top_entropy, top_k=2)
+    full = lambda z: -(torch.softmax(z, -1) * torch.log_softmax(z, -1)).sum(-1)  # noqa: E731
+    assert len(step.actor_grads) == MINI_BATCHES * EPOCHS
+    for k, (rows, got) in enumerate(zip(mini_batches(step), step.actor_grads, strict=True)):
+        args = ([sequences[r] for r in rows], adv[rows], keep[rows].float(), keep[rows].sum(), coef)
+        want = bonus_gradient(models.actor, *args, tre)
+        assert rel_diff(got, want) < GRAD_RTOL, f"actor step {k}: relative difference {rel_diff(got, want):.2e}"
+        assert rel_diff(got, bonus_gradient(models.actor, *args, full)) > 100 * GRAD_RTOL  # TRE's, not H
 
 
 @pytest.mark.slow

@@ -27,7 +27,7 @@ How it plugs in (docs/howto/verl.md; examples/verl/ has complete configs):
   the filter, as the built-in trainer runs it after its estimator: on verl's advantages, with the batch's mean entropy
   over every valid token, each rollout's summed reward (rm_scores, or token_level_rewards when verl puts a KL
   penalty in the reward) and verl's 1-based global step of total_training_steps (RunPosition). The advantages field
-  is written back; no token leaves the loss. Rollout deletion (GRPODropout) and TRE's bonus are refused by name.
+  is written back; no token leaves the loss. Rollout deletion (GRPODropout) is refused by name.
 - Clip_V also needs E_p[S] = sum_i p_i S_i (Theorem 2): EntropyFSDPEngine, a registered subclass of verl's FSDP
   language-model engine (`VERL_ENGINE_VENDOR=entropy_rft` in the workers' environment), adds it to the
   old-log-prob forward from the logits it already holds, packed or padded. The request (WANT_S_EXPECT) and the
@@ -67,6 +67,14 @@ Departures and limits, numbered:
    write no token samples.
 8. A batch whose uid groups are not all rollout.n rows gets no token samples that step (a warning says why); the
    metrics and the training run go on.
+9. TRE-K / TRE-P (tre_k, tre_k+clip_b) is verl's own entropy term with TRE's entropy in it: for the actor update
+   only, EntropyFSDPEngine computes the packed forward's entropy as core/tre.top_entropy of the temperature-scaled
+   logits, so verl's loss subtracts actor.entropy_coeff (TRE's coefficient: set it, 0.001 in its Countdown scripts)
+   times its aggregate over the loss's tokens (the kept ones under a filter); the authors' verl fork computes it in
+   its utils/torch_functional.entropy_from_logits(logits, top_k, top_p). The old-log-prob forward keeps the full
+   entropy (S*, the metrics); verl's actor/entropy_loss then reports TRE's entropy. Refused at start-up with
+   entropy_coeff 0, fused kernels, a non-FSDP engine or the padded forward (use_remove_padding=false), which
+   computes its entropy elsewhere.
 
 What tests/test_verl.py drives for real on the CPU: the V1 trainer's `_step_once` (batch balancing, old-log-prob,
 reference forward, values, advantage and filter, critic and actor updates) through TransferQueue on Ray, the
@@ -85,6 +93,7 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -97,6 +106,7 @@ from ..core.advantages import broadcast_advantages
 from ..core.dynamics import TokenStats, batch_covariance, token_stats
 from ..core.losses import select_clip_cov, step_sizes
 from ..core.methods import METHODS, NO_CAP
+from ..core.tre import check_top, top_entropy
 from ..logging import JsonlSink, write_engine_run
 from ..train.diagnostics import float_mean, watch_metrics
 
@@ -124,6 +134,8 @@ MONITOR = "none"  # entropy_rft.method: verl's loss unchanged, the statistics, m
 WANT_S_EXPECT = "entropy_rft_want_s_expect"  # non-tensor request on the old-log-prob call: add E_p[S]
 S_EXPECT = "entropy_rft_s_expect"  # the engine's output and its TransferQueue field (nested, full sequence)
 KEEP = "entropy_rft_keep"  # the filter's keep mask, a TransferQueue field of its own (nested, response tokens)
+TOP_K = "entropy_rft_tre_top_k"  # non-tensor request on the actor-update call: TRE-K's entropy for the bonus
+TOP_P = "entropy_rft_tre_top_p"  # ... or TRE-P's
 CLIP_COV = "clip_cov"
 CLIP_COV_DEFAULTS = {"ratio": TrainConfig.clip_cov_ratio, "lb": TrainConfig.clip_cov_lb, "ub": TrainConfig.clip_cov_ub}
 _ROW_ELEMENTS = 1 << 22  # logits elements per chunk of the E_p[S] computation
@@ -134,12 +146,12 @@ _ROW_ELEMENTS = 1 << 22  # logits elements per chunk of the E_p[S] computation
 
 
 def driver_method(name: str) -> bool:
-    """Whether a METHODS row runs as this adapter's driver step: a token filter, token weights (STARE) or an
-    advantage rule (Entrocraft), with no rollout deletion (GRPODropout) or TRE bonus, which need the built-in
-    trainer's update."""
+    """Whether a METHODS row runs in this adapter: a token filter, token weights (STARE) or an advantage rule
+    (Entrocraft) on the driver, TRE's bonus in the actor update (EntropyFSDPEngine), or a composition of them; not
+    rollout deletion (GRPODropout), which needs the built-in trainer's update."""
     spec = METHODS.get(name)
-    acts = spec.filter is not None or spec.weigh is not None or spec.advantage_rule is not None
-    return acts and spec.rollout_rule is None and not spec.top_entropy
+    acts = spec.filter is not None or spec.weigh is not None or spec.advantage_rule is not None or spec.top_entropy
+    return acts and spec.rollout_rule is None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -166,10 +178,10 @@ class Settings:
                 )
             return
         spec = METHODS.get(self.method)
-        if spec.rollout_rule is not None or spec.top_entropy:
+        if spec.rollout_rule is not None:
             raise ValueError(
-                f"entropy_rft.method={self.method!r} deletes rollouts or adds TRE's bonus, which this adapter does "
-                "not run in verl: use the built-in trainer (GRPODropout also runs in TRL)"
+                f"entropy_rft.method={self.method!r} deletes whole rollouts, which this adapter does not run in "
+                "verl: use the built-in trainer (GRPODropout also runs in TRL)"
             )
         if not driver_method(self.method) and self.method != CLIP_COV:
             methods = ", ".join(n for n in METHODS.names() if driver_method(n))
@@ -185,6 +197,19 @@ class Settings:
     @property
     def monitor(self) -> bool:
         return self.method == MONITOR
+
+    @property
+    def top_entropy(self) -> tuple[int | None, float | None] | None:
+        """(K, p) of TRE's bonus entropy for a method with it (K 2 unless tre_top_k or tre_top_p is given, as
+        TrainConfig.top_entropy), else None."""
+        if self.monitor or self.method == CLIP_COV or not METHODS.get(self.method).top_entropy:
+            return None
+        k, p = self.options.get("tre_top_k"), self.options.get("tre_top_p")
+        if k is not None and p is not None:
+            raise ValueError("TRE takes one of tre_top_k (TRE-K) and tre_top_p (TRE-P), not both")
+        top = (None, float(p)) if p is not None else (2 if k is None else int(k), None)
+        check_top(*top)
+        return top
 
     @property
     def needs_s_expect(self) -> bool:
@@ -291,6 +316,29 @@ def advantage_rule(
     return out * mask, metrics
 
 
+def check_top_entropy_config(settings: Settings, config) -> None:
+    """TRE's bonus is verl's entropy term with the engine's entropy replaced by TRE's (departure 9): it needs a
+    non-zero actor.entropy_coeff and the packed, unfused FSDP forward that computes the entropy from the logits."""
+    actor = config.actor_rollout_ref.actor
+    if float(actor.get("entropy_coeff", 0.0)) == 0.0:
+        raise ValueError(
+            f"{settings.method} adds TRE's bonus through verl's entropy term, but "
+            "actor_rollout_ref.actor.entropy_coeff is 0: set it to TRE's coefficient (0.001 in its Countdown scripts)"
+        )
+    if actor.get("strategy", "fsdp") not in ("fsdp", "fsdp2") or config.actor_rollout_ref.model.get(
+        "use_fused_kernels", False
+    ):
+        raise ValueError(
+            f"{settings.method} computes TRE's entropy from the logits, which only the unfused FSDP engine "
+            "materialises: use actor.strategy=fsdp or fsdp2 with actor_rollout_ref.model.use_fused_kernels=false"
+        )
+    if not config.actor_rollout_ref.model.get("use_remove_padding", True):
+        raise ValueError(
+            f"{settings.method} replaces the entropy of verl's packed forward; the padded one "
+            "(actor_rollout_ref.model.use_remove_padding=false) computes it elsewhere: set it to true"
+        )
+
+
 def check_config(settings: Settings, config) -> None:
     """Refuse, at start-up, configurations the method cannot run in (departure 2)."""
     corr = config.algorithm.get("rollout_correction", None)
@@ -299,6 +347,8 @@ def check_config(settings: Settings, config) -> None:
             "entropy_rft needs verl's recomputed old log-probs and entropies, but "
             "algorithm.rollout_correction.bypass_mode=true skips that step: set it to false"
         )
+    if settings.top_entropy is not None:
+        check_top_entropy_config(settings, config)
     if not settings.needs_s_expect:
         return
     what = f"the monitor (entropy_rft.method={MONITOR}, for S_c)" if settings.monitor else settings.method
@@ -388,6 +438,16 @@ class EntropyRFTTrainer(PPOTrainerSync):
     def _update_actor(self, batch, metrics: dict):
         if self.entropy_rft.monitor:  # verl's own masks, untouched
             return super()._update_actor(batch, metrics)
+        top = self.entropy_rft.top_entropy
+        if top is not None:  # TRE: the update's forward returns TRE's entropy for verl's bonus (EntropyFSDPEngine)
+            batch.extra_info[TOP_K if top[0] is not None else TOP_P] = top[0] if top[0] is not None else top[1]
+        try:
+            return self._update_actor_kept(batch, metrics)
+        finally:
+            batch.extra_info.pop(TOP_K, None)
+            batch.extra_info.pop(TOP_P, None)
+
+    def _update_actor_kept(self, batch, metrics: dict):
         # The keep mask reaches the actor's loss only: its masks lose the dropped tokens for this call, and the
         # masks every other reader sees (critic update, metrics) are put back afterwards (departure 5).
         fields = ["response_mask", "loss_mask", KEEP]
@@ -663,18 +723,35 @@ def s_expect_of_logits(logits: Tensor, temperature: Tensor) -> Tensor:
     return torch.cat(parts) if parts else logits.new_zeros(0, dtype=torch.float32)
 
 
+def _tre_entropy(logits: Tensor, chunk_size: int | None = None, *, top_k=None, top_p=None) -> Tensor:
+    """verl's compute_entropy_from_logits signature (rows of logits already divided by the temperature), TRE's
+    entropy (core/tre.top_entropy: differentiable, float32); chunk_size is verl's memory knob, unused here."""
+    return top_entropy(logits, top_k=top_k, top_p=top_p)
+
+
 @EngineRegistry.register(
     model_type="language_model", backend=["fsdp", "fsdp2"], device=["cuda", "npu"], vendor=ENGINE_VENDOR
 )
 class EntropyFSDPEngine(FSDPEngineWithLMHead):
     """verl's FSDP language-model engine; when a forward is asked for E_p[S] (WANT_S_EXPECT, the trainer's
     old-log-prob step for Clip_V) it also returns it as S_EXPECT, laid out as verl's entropy output (nested, full
-    sequence). Other forwards see the stored S_EXPECT field among their inputs and ignore it."""
+    sequence). Other forwards see the stored S_EXPECT field among their inputs and ignore it. When the actor update
+    asks for TRE's entropy (TOP_K or TOP_P), its packed forward computes that instead of H (departure 9)."""
 
     def prepare_model_outputs(self, output, output_args, micro_batch, logits_processor_func):
         wanted = tu.get_non_tensor_data(data=micro_batch, key=WANT_S_EXPECT, default=False) is True
         s_expect = self._s_expect(output, output_args, micro_batch) if wanted else None  # before verl reuses logits
-        model_output = super().prepare_model_outputs(output, output_args, micro_batch, logits_processor_func)
+        top_k = tu.get_non_tensor_data(data=micro_batch, key=TOP_K, default=None)
+        top_p = tu.get_non_tensor_data(data=micro_batch, key=TOP_P, default=None)
+        if top_k is None and top_p is None:
+            model_output = super().prepare_model_outputs(output, output_args, micro_batch, logits_processor_func)
+        else:  # TRE: the packed forward's entropy (verl's bonus term) is TRE's top-K / top-p entropy (departure 9)
+            verls = self.compute_entropy_from_logits
+            self.compute_entropy_from_logits = partial(_tre_entropy, top_k=top_k, top_p=top_p)
+            try:
+                model_output = super().prepare_model_outputs(output, output_args, micro_batch, logits_processor_func)
+            finally:
+                self.compute_entropy_from_logits = verls
         if s_expect is not None:
             model_output[S_EXPECT] = s_expect
         return model_output
@@ -721,4 +798,6 @@ __all__ = [
     "WANT_S_EXPECT",
     "S_EXPECT",
     "KEEP",
+    "TOP_K",
+    "TOP_P",
 ]
