@@ -464,12 +464,15 @@ def test_s_expect_survives_verl_micro_batching_and_reordering(engine):
 
 def test_clip_v_without_engine_output_names_the_fix():
     """A Clip_V batch whose workers did not add E_p[S] (engine not selected) fails with VERL_ENGINE_VENDOR named,
-    instead of filtering on S* as if E_p[S] were 0."""
+    instead of filtering on S* as if E_p[S] were 0; so does a TRE batch, whose bonus would silently be H's."""
     keys, fields, _ = driver_batch()
     with pytest.raises(RuntimeError, match=f"VERL_ENGINE_VENDOR={ENGINE_VENDOR}"):
         adapter.filter_batch(Settings("clip_v"), fields.exclude(S_EXPECT))
     with pytest.raises(RuntimeError, match=f"VERL_ENGINE_VENDOR={ENGINE_VENDOR}"):  # the monitor's S_c needs it too
         adapter.monitor_inputs(fields.exclude(S_EXPECT))
+    # TRE: verl's own engine would train with H's bonus, silently; E_p[S] missing proves the engine is not ours
+    with pytest.raises(RuntimeError, match=f"TRE's entropy in the update.*VERL_ENGINE_VENDOR={ENGINE_VENDOR}"):
+        adapter.filter_batch(Settings("tre_k"), fields.exclude(S_EXPECT))
 
 
 def test_engine_adds_nothing_unless_asked_and_refuses_fused_kernels(engine):

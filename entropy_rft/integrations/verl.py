@@ -74,7 +74,8 @@ Departures and limits, numbered:
    its utils/torch_functional.entropy_from_logits(logits, top_k, top_p). The old-log-prob forward keeps the full
    entropy (S*, the metrics); verl's actor/entropy_loss then reports TRE's entropy. Refused at start-up with
    entropy_coeff 0, fused kernels, a non-FSDP engine or the padded forward (use_remove_padding=false), which
-   computes its entropy elsewhere.
+   computes its entropy elsewhere; a step whose workers are not EntropyFSDPEngine (no E_p[S] returned) stops,
+   where verl's own engine would silently train with H's bonus.
 
 What tests/test_verl.py drives for real on the CPU: the V1 trainer's `_step_once` (batch balancing, old-log-prob,
 reference forward, values, advantage and filter, critic and actor updates) through TransferQueue on Ray, the
@@ -213,8 +214,14 @@ class Settings:
 
     @property
     def needs_s_expect(self) -> bool:
-        """E_p[S] from the engine: Clip_V's score, and S_c for every metric of the monitor."""
-        return self.monitor or (self.method != CLIP_COV and METHODS.get(self.method).score == "s_centered")
+        """E_p[S] from the engine: Clip_V's score, S_c for every metric of the monitor, and TRE's proof that the
+        actor workers run EntropyFSDPEngine (verl's own engine would ignore the request for TRE's entropy and train
+        with H's bonus)."""
+        if self.monitor:
+            return True
+        return self.method != CLIP_COV and (
+            METHODS.get(self.method).score == "s_centered" or METHODS.get(self.method).top_entropy
+        )
 
     @classmethod
     def from_config(cls, config) -> Settings:
@@ -667,8 +674,10 @@ def filter_batch(
     The population is every valid response token, `loss_mask` (as the rollout wrote it: verl's rejection sampling
     rewrites only `response_mask`), with verl's advantages (0 on the tokens rejection sampling dropped)."""
     if settings.needs_s_expect and S_EXPECT not in data.keys():
+        why = "TRE's entropy in the update" if settings.top_entropy else "E_p[S]"
         raise RuntimeError(
-            f"{settings.method} needs E_p[S], but the actor workers did not return {S_EXPECT!r}: "
+            f"{settings.method} needs entropy-rft's engine on the actor workers (for {why}), but they did not "
+            f"return {S_EXPECT!r}: "
             f"start them with VERL_ENGINE_VENDOR={ENGINE_VENDOR} (e.g. "
             f"+ray_kwargs.ray_init.runtime_env.env_vars.VERL_ENGINE_VENDOR={ENGINE_VENDOR})"
         )
