@@ -1110,17 +1110,28 @@ ENGINE_ROWS = {
 }
 
 
+def compare_counts(path: str, method: str, field: str = "correct") -> np.ndarray:
+    """A method's per-problem correct counts in a `compare` results.json, (seeds, problems)."""
+    return np.array(record(path)["methods"][method][field], dtype=np.float64)
+
+
+def compare_metric(path: str, method: str, metric: str, absolute: bool = False) -> dict:
+    """The record's Avg@K or Pass@8 estimate (absolute, or paired against GRPO), once its point equals the mean
+    recomputed from the counts."""
+    k = record(path)["k"]
+    f = {"avg": lambda c: c / k, "pass@8": lambda c: pass_k(c, k, 8)}[metric]
+    e = record(path)["evidence"][method]
+    if absolute:
+        return checked(f(compare_counts(path, method)).mean(), e[metric])
+    return checked((f(compare_counts(path, method)) - f(compare_counts(path, "grpo"))).mean(), e["vs_grpo"][metric])
+
+
 def engine_counts(regime: str, method: str, field: str = "correct") -> np.ndarray:
-    return np.array(record(ENGINES[regime])["methods"][method][field], dtype=np.float64)  # (seeds, problems)
+    return compare_counts(ENGINES[regime], method, field)
 
 
 def engine_metric(regime: str, method: str, metric: str, absolute: bool = False) -> dict:
-    k = record(ENGINES[regime])["k"]
-    f = {"avg": lambda c: c / k, "pass@8": lambda c: pass_k(c, k, 8)}[metric]
-    e = record(ENGINES[regime])["evidence"][method]
-    if absolute:
-        return checked(f(engine_counts(regime, method)).mean(), e[metric])
-    return checked((f(engine_counts(regime, method)) - f(engine_counts(regime, "grpo"))).mean(), e["vs_grpo"][metric])
+    return compare_metric(ENGINES[regime], method, metric, absolute)
 
 
 def engine_entropy(regime: str, method: str) -> float:
@@ -1272,16 +1283,11 @@ REGIONS = ("pos_likely", "pos_unlikely", "neg_likely", "neg_unlikely")
 
 
 def sbs_counts(method: str, field: str = "correct") -> np.ndarray:
-    return np.array(record(SBS)["methods"][method][field], dtype=np.float64)  # (seeds, problems)
+    return compare_counts(SBS, method, field)
 
 
 def sbs_metric(method: str, metric: str, absolute: bool = False) -> dict:
-    k = record(SBS)["k"]
-    f = {"avg": lambda c: c / k, "pass@8": lambda c: pass_k(c, k, 8)}[metric]
-    e = record(SBS)["evidence"][method]
-    if absolute:
-        return checked(f(sbs_counts(method)).mean(), e[metric])
-    return checked((f(sbs_counts(method)) - f(sbs_counts("grpo"))).mean(), e["vs_grpo"][metric])
+    return compare_metric(SBS, method, metric, absolute)
 
 
 @functools.cache
