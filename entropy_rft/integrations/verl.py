@@ -200,6 +200,11 @@ class Settings:
         return self.method == MONITOR
 
     @property
+    def rewrites_advantages(self) -> bool:
+        """Whether the method has an advantage rule (Entrocraft), which reads the rollouts' rewards and the step."""
+        return not self.monitor and self.method != CLIP_COV and METHODS.get(self.method).advantage_rule is not None
+
+    @property
     def top_entropy(self) -> tuple[int | None, float | None] | None:
         """(K, p) of TRE's bonus entropy for a method with it (K 2 unless tre_top_k or tre_top_p is given, as
         TrainConfig.top_entropy), else None."""
@@ -274,7 +279,7 @@ def whole_batch_step(
     mask = mask.bool()
     adv = broadcast_advantages(advantages, mask).float()
     rule_metrics: dict = {}
-    if settings.method != CLIP_COV and METHODS.get(settings.method).advantage_rule is not None:
+    if settings.rewrites_advantages:
         adv, rule_metrics = advantage_rule(settings, stats, adv, mask, position)
     if settings.method == CLIP_COV:
         opts = {**CLIP_COV_DEFAULTS, **settings.options}
@@ -424,12 +429,12 @@ class EntropyRFTTrainer(PPOTrainerSync):
             self._entropy_rft_record(batch, stats, adv, valid, used, step, metrics)
             return batch
         reward = "token_level_rewards" if self.config.algorithm.get("use_kl_in_reward", False) else "rm_scores"
-        rule = METHODS.get(self.entropy_rft.method).advantage_rule if self.entropy_rft.method != CLIP_COV else None
-        if rule is not None:  # Entrocraft: the rollouts' rewards (verl's, with the KL penalty where it applies one)
+        rule = self.entropy_rft.rewrites_advantages
+        if rule:  # Entrocraft: the rollouts' rewards (verl's, with the KL penalty where it applies one)
             fields.append(reward)
         data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=fields)
         position = None
-        if rule is not None:
+        if rule:
             position = RunPosition(
                 torch.stack([row.sum() for row in data[reward].unbind()]),
                 int(self.global_steps),
