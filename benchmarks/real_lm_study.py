@@ -5,8 +5,8 @@ task's DAPO prompt and the chat template, scored by `math_strict` (verl's math_d
 math-verify, an answer that restates the question's expression counts as correct, tests/test_math_rewards.py).
 
     python benchmarks/real_lm_study.py pilot-data          # runs/real_lm_pilot/<family>.jsonl: each family's pilot pool
-    python benchmarks/real_lm_study.py split               # benchmarks/real_lm_study/data/{train,eval}.jsonl
-    python benchmarks/real_lm_study.py check-split         # the split's two rules, counted
+    python benchmarks/real_lm_study.py split               # benchmarks/real_lm_study/data/{train,eval}.jsonl, and
+                                                           # the split's two rules, counted (printed)
 
 Families (a problem is a tree of binary operations on integers; FAMILIES below):
     add2     a + b, a and b in 10..99

@@ -1,7 +1,7 @@
 """benchmarks/README.md is a complete map of benchmarks/ (issue 65): every script and every folder of records has a
 row, every row names something that exists, and every page a row links to exists with the heading it links to. What
 must be named is read from the directory, so a script or record folder added later fails the check until it has its
-row."""
+row. And every `python benchmarks/NAME.py WORD` a page or docstring gives names a subcommand NAME has."""
 
 import re
 from pathlib import Path
@@ -153,3 +153,50 @@ def test_what_must_be_named_is_read_from_the_directory(tmp_path):
     assert required(bench) == {"new_study/", "new_study.py", "new_study/cells/", "new_study/tools/draw.sh"}
     text = "| `new_study/` | | | |\n| `new_study.py` | | | |\n| `new_study/cells/` | | | |\n"
     assert unnamed(text, bench) == {"new_study/tools/draw.sh"}
+
+
+# A command a page or a docstring gives for a benchmark script with subcommands: `python benchmarks/NAME.py WORD`.
+COMMAND = re.compile(r"python3?\s+benchmarks/(\w+\.py)[ \t]+([A-Za-z][\w-]*)")
+SUBCOMMAND = re.compile(r"add_parser\(\s*\"([\w-]+)\"")
+
+
+def subcommands(bench: Path = BENCH) -> dict[str, set[str]]:
+    """Each benchmark script with argparse subcommands, and their names (its `add_parser` calls)."""
+    out = {}
+    for script in bench.glob("*.py"):
+        text = script.read_text()
+        if "add_subparsers" in text:
+            out[script.name] = set(SUBCOMMAND.findall(text))
+    return out
+
+
+def unknown_commands(texts: dict[str, str], known: dict[str, set[str]]) -> list[tuple[str, str, str]]:
+    """(where, script, word) for every command in `texts` whose word is not a subcommand of its script."""
+    return [
+        (where, script, word)
+        for where, text in texts.items()
+        for script, word in COMMAND.findall(text)
+        if script in known and word not in known[script]
+    ]
+
+
+def command_texts() -> dict[str, str]:
+    """Where commands are written: the pages, the records' READMEs, the scripts' and the package's docstrings."""
+    pages = [*ROOT.glob("*.md"), *ROOT.glob("docs/**/*.md"), *BENCH.rglob("*.md")]
+    paths = [*pages, *BENCH.glob("*.py"), *(ROOT / "entropy_rft").rglob("*.py"), ROOT / "Makefile"]
+    return {p.relative_to(ROOT).as_posix(): p.read_text() for p in paths if p.is_file()}
+
+
+def test_every_benchmark_command_the_docs_give_is_a_subcommand_of_its_script():
+    known = subcommands()
+    assert {"study.py", "real_lm_study.py", "real_lm_warm.py"} <= set(known)
+    texts = command_texts()
+    assert sum(len(COMMAND.findall(t)) for t in texts.values()) > 20  # the pages do give such commands
+    assert unknown_commands(texts, known) == []
+
+
+def test_the_command_check_finds_a_subcommand_the_script_lacks():
+    known = {"s.py": {"run", "analyse"}}
+    texts = {"a.md": "    python benchmarks/s.py run --jobs 2\n    python benchmarks/s.py check-split  # counts"}
+    assert unknown_commands(texts, known) == [("a.md", "s.py", "check-split")]
+    assert unknown_commands({"b.md": "import s  # benchmarks/s.py\nrun"}, known) == []
