@@ -691,6 +691,34 @@ def test_driver_entrocraft_band_follows_verls_step(transfer_queue):
     assert first["entropy_rft/band_low"] == pytest.approx(0.58)
 
 
+@pytest.mark.parametrize(
+    "method, options, sent",
+    [("tre_k", {}, {adapter.TOP_K: 2}), ("tre_k", {"tre_top_p": 0.9}, {adapter.TOP_P: 0.9}), ("clip_b", {}, {})],
+)
+def test_the_tre_request_reaches_every_data_parallel_rank(transfer_queue, monkeypatch, method, options, sent):
+    """The driver's actor update (EntropyRFTTrainer._update_actor) puts TRE's request in the batch's extra_info;
+    verl 0.9.1's dispatch chunking for two data-parallel ranks (BatchData.chunk, what update_actor's
+    make_nd_compute_dataproto_dispatch_fn applies: the TransferQueue batch's meta, split) hands it to both ranks'
+    halves, whose extra_info each worker makes its micro-batches' non-tensor data (the whole-step tests, one rank);
+    afterwards the driver's batch is as it was. A method without TRE sends nothing."""
+    from verl.protocol import BatchData
+
+    keys, fields, _ = driver_batch()
+    batch = tq.kv_batch_put(keys=keys, partition_id=f"request_{method}_{len(options)}", fields=fields)
+    batch.extra_info = {"temperature": 1.0}
+    trainer = object.__new__(EntropyRFTTrainer)
+    trainer.entropy_rft = Settings(method=method, options=options)
+    ranks = []
+
+    def dispatch(self, meta, metrics):
+        ranks.extend((len(half), dict(half.extra_info)) for half in BatchData(meta).chunk(chunks=2))
+
+    monkeypatch.setattr(EntropyRFTTrainer, "_update_actor_kept", dispatch)
+    trainer._update_actor(batch, {})
+    assert ranks == [(len(keys) // 2, {"temperature": 1.0} | sent)] * 2
+    assert batch.extra_info == {"temperature": 1.0}
+
+
 @pytest.mark.slow
 def test_driver_clip_cov_zeroes_whole_batch_selection(transfer_queue):
     """Clip-Cov on the driver: masks unchanged, and exactly the tokens losses.select_clip_cov picks over the whole
