@@ -276,12 +276,13 @@ def _checkout_free(settings: dict) -> dict:
 def test_every_committed_cell_is_a_whole_registered_run():
     """Each committed cell (benchmarks/real_lm_warm/cells/<arm>/seed<s>-<key>) is the registered cell of its arm and
     seed: its folder's key is its settings' key (settings_dict_key), and its settings are today's cell_config's, but
-    for the data files' checkout directory and the fields added since the cells' code (each at its default, None);
+    for the data files' checkout directory and the fields added since the cells' code (each at its default);
     it ran the cells' code from the registered start point's weights; its metrics.jsonl logs steps 1 to 100 once each
     (a resume lost or repeated none) and its curves are those rows; both registered evaluations scored all 400
     held-out problems out of 8."""
-    from entropy_rft.config import settings_dict_key
+    from entropy_rft.config import TrainConfig, settings_dict_key
 
+    default = TrainConfig().to_dict()  # a field added since the cells' code changes nothing at its default
     start = json.loads((warm.HERE / "start.json").read_text())
     cells = sorted((warm.HERE / "cells").glob("*/*/cell.json"))
     for path in cells:
@@ -291,7 +292,7 @@ def test_every_committed_cell_is_a_whole_registered_run():
         assert r["key"] == settings_dict_key(r["settings"]), where
         today = _checkout_free(warm.cell_config(r["arm"], r["seed"], Path(r["settings"]["out"])).to_dict())
         assert _checkout_free(r["settings"]) == {k: today[k] for k in r["settings"]}, where
-        assert all(today[k] is None for k in set(today) - set(r["settings"])), where
+        assert all(today[k] == default[k] for k in set(today) - set(r["settings"])), where
         assert (r["code"], r["start"]) == (
             CELLS_CODE,
             {"step": start["step"], "weights_sha256": start["weights_sha256"]},
