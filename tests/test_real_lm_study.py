@@ -157,24 +157,13 @@ def test_the_cells_run_the_registered_methods_with_the_pilots_mu():
 REGISTERED_CODE = "1c0ab63"  # the cells' code: docs/prereg_real_lm.md, "How the cells ran"
 
 
-def _relative(settings: dict) -> dict:
-    """The cell's settings with its checkout's absolute data paths cut to the path inside the repository (the
-    cells ran in a worktree of the registered commit, this test runs wherever the repository is)."""
-    out = dict(settings)
-    for key in ("train_data", "eval_data"):
-        name, path = out[key].split("=", 1)
-        out[key] = f"{name}={path[path.index('benchmarks/') :]}"
-    out.pop("out")
-    return out
-
-
 def test_committed_cells_are_whole_records_of_the_registered_settings():
     """Each committed cell (benchmarks/real_lm_study/cells/) is whole: run by the registered commit on one thread,
     with its method's registered settings (its directory's key is their settings_key), its 100 steps in
     metrics.jsonl once each in order, the record's curves exactly those rows, and the registered final evaluation
     (8 samples on each of the 400 held-out problems). Nothing is compared here: the comparison is the registered
     analysis's (test_committed_analysis_is_the_registered_script_on_the_committed_cells)."""
-    from entropy_rft.config import TrainConfig, settings_dict_key
+    from study_records import assert_registered_settings, assert_steps_once
 
     cells = sorted((study.HERE / "cells").glob("*/*/cell.json"))
     assert len(cells) == len(study.METHODS) * len(study.SEEDS), "all 15 cells are committed"
@@ -184,15 +173,8 @@ def test_committed_cells_are_whole_records_of_the_registered_settings():
         assert path.parent.parent.name == method and path.parent.name == f"seed{seed}-{rec['key']}", path
         assert method in study.METHODS and seed in study.SEEDS
         assert (rec["code"], rec["torch_threads"], rec["steps"], rec["eval_k"]) == (REGISTERED_CODE, 1, 100, 8), path
-        registered = _relative(study.cell_config(method, seed).to_dict())
-        added = {k: registered.pop(k) for k in set(registered) - set(rec["settings"])}  # fields newer than the cells
-        assert added == {k: getattr(TrainConfig(), k) for k in added}, (path, added)  # at defaults: nothing changed
-        assert _relative(rec["settings"]) == registered, path
-        assert settings_dict_key(rec["settings"]) == rec["key"], path
-        rows = study.read(path.parent / "metrics.jsonl")
-        assert [r["step"] for r in rows] == list(range(1, rec["steps"] + 1)), path
-        for name in study.CURVES:
-            assert rec["curves"][name] == [r.get(name) for r in rows], (path, name)
+        assert_registered_settings(rec["settings"], study.cell_config(method, seed).to_dict(), rec["key"], path)
+        assert_steps_once(rec, study.read(path.parent / "metrics.jsonl"), study.CURVES, path)
         correct = rec["final_correct"]
         assert len(correct) == study.N_EVAL and all(isinstance(c, int) and 0 <= c <= rec["eval_k"] for c in correct)
 

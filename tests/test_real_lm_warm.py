@@ -265,41 +265,28 @@ def test_the_registration_states_the_start_filter_calibration_and_budget_from_th
 CELLS_CODE = "a4f861d"  # the registration's commit that adds "Before the first cell": the cells' code
 
 
-def _checkout_free(settings: dict) -> dict:
-    """A config's settings with each data path's checkout directory cut (the cells ran from their own checkout)."""
-    import re
-
-    cut = lambda v: re.sub(r"=\S*?/(benchmarks/)", r"=\1", v) if isinstance(v, str) else v  # noqa: E731
-    return {k: cut(v) for k, v in settings.items()}
-
-
 def test_every_committed_cell_is_a_whole_registered_run():
     """Each committed cell (benchmarks/real_lm_warm/cells/<arm>/seed<s>-<key>) is the registered cell of its arm and
-    seed: its folder's key is its settings' key (settings_dict_key), and its settings are today's cell_config's, but
-    for the data files' checkout directory and the fields added since the cells' code (each at its default);
+    seed: its folder's key is its settings' key, and its settings are today's cell_config's, but for the data files'
+    checkout directory and the fields added since the cells' code (each at its default; study_records);
     it ran the cells' code from the registered start point's weights; its metrics.jsonl logs steps 1 to 100 once each
     (a resume lost or repeated none) and its curves are those rows; both registered evaluations scored all 400
     held-out problems out of 8."""
-    from entropy_rft.config import TrainConfig, settings_dict_key
+    from study_records import assert_registered_settings, assert_steps_once
 
-    default = TrainConfig().to_dict()  # a field added since the cells' code changes nothing at its default
     start = json.loads((warm.HERE / "start.json").read_text())
     cells = sorted((warm.HERE / "cells").glob("*/*/cell.json"))
     for path in cells:
         r = json.loads(path.read_text())
         where = f"{r['arm']}/seed{r['seed']}"
         assert path.parent.relative_to(warm.HERE / "cells").as_posix() == f"{where}-{r['key']}", path
-        assert r["key"] == settings_dict_key(r["settings"]), where
-        today = _checkout_free(warm.cell_config(r["arm"], r["seed"], Path(r["settings"]["out"])).to_dict())
-        assert _checkout_free(r["settings"]) == {k: today[k] for k in r["settings"]}, where
-        assert all(today[k] == default[k] for k in set(today) - set(r["settings"])), where
+        assert_registered_settings(r["settings"], warm.cell_config(r["arm"], r["seed"]).to_dict(), r["key"], where)
         assert (r["code"], r["start"]) == (
             CELLS_CODE,
             {"step": start["step"], "weights_sha256": start["weights_sha256"]},
         )
-        rows = [json.loads(line) for line in (path.parent / "metrics.jsonl").read_text().splitlines()]
-        assert [m["step"] for m in rows] == list(range(1, r["steps"] + 1)) and r["steps"] == 100, where
-        assert all(r["curves"][k] == [m.get(k) for m in rows] for k in warm.CURVES), where
+        assert r["steps"] == 100, where
+        assert_steps_once(r, first.read(path.parent / "metrics.jsonl"), warm.CURVES, where)
         assert sorted(r["eval_correct"]) == ["100", "50"], where
         assert all(len(c) == 400 and all(0 <= x <= r["eval_k"] == 8 for x in c) for c in r["eval_correct"].values())
     assert len(cells) >= 6  # committed as they finish: 6 of 24 when this test was written
