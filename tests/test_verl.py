@@ -448,6 +448,34 @@ def test_engine_stats_equal_token_stats(engine, packed):
     torch.testing.assert_close(mo[S_EXPECT].values().double(), s_expect, atol=1e-6, rtol=1e-5)
 
 
+@pytest.mark.parametrize("packed", [True, False], ids=["packed", "padded"])
+def test_engine_s_expect_is_float32_under_verls_bf16_mixed_precision(engine, packed, monkeypatch):
+    """verl's default precision (FSDP MixedPrecision param_dtype bf16: bf16 weights, the forward under bf16
+    autocast; modelled here by a bf16 copy of the weights and _autocast_dtype bf16): the engine's E_p[S] is float32,
+    computed from the bf16 logits verl holds in float32 arithmetic, so it equals token_stats of those logits and a
+    float64 brute force of them to float32 round-off (the float32 test's tolerances). With the logits divided by the
+    temperature in bf16 before the upcast, each z_i / T would carry bf16's rounding (relative 2^-9), which moves E_p[S]
+    far outside them: that slip fails this test and passes the float32 one."""
+    monkeypatch.setattr(engine, "module", copy.deepcopy(engine.module).to(torch.bfloat16))
+    monkeypatch.setattr(engine, "_autocast_dtype", torch.bfloat16)
+    data, ids = token_batch(engine.module.config.vocab_size)
+    tu.assign_non_tensor(data, use_remove_padding=packed, calculate_entropy=True, **{WANT_S_EXPECT: True})
+    seen = []
+    handle = engine.module.register_forward_hook(lambda m, a, out: seen.append(out.logits.detach().clone()))
+    try:
+        with torch.no_grad():
+            _, out = engine.forward_step(data, loss_function=None, forward_only=True)
+    finally:
+        handle.remove()
+    assert seen[0].dtype == torch.bfloat16  # the shape being tested: verl holds bf16 logits
+    z = seen[0].squeeze(0) if packed else torch.cat([seen[0][i, : len(x)] for i, x in enumerate(ids)])
+    labels = torch.roll(torch.cat(ids), -1)
+    got = out["model_output"][S_EXPECT].values()
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got, token_stats(z, labels, temperature=0.7).s_expect, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(got.double(), brute_force(z, 0.7)[2], atol=1e-6, rtol=1e-5)
+
+
 def test_s_expect_survives_verl_micro_batching_and_reordering(engine):
     """Through verl's forward_backward_batch with dynamic batch sizes (several micro-batches, rows regrouped by
     length and restored), E_p[S] comes back row by row equal to one forward over the whole batch."""
