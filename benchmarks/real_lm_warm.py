@@ -689,6 +689,15 @@ def markdown(r: dict) -> str:
         f"x {r['eval_k']} samples at temperature {first.EVAL_TEMPERATURE}. Differences against GRPO in points, paired "
         "by seed; 95% Student-t intervals over seeds.",
         "",
+        *(
+            [
+                f"**Incomplete**: {len(r['incomplete'])} of {len(ARMS) * len(SEEDS)} registered cells missing "
+                f"({', '.join(r['incomplete'])}); no registered conclusion is drawn (the stopping rule).",
+                "",
+            ]
+            if r.get("incomplete")
+            else []
+        ),
         "| primary: final Avg@8 - GRPO | difference | per seed | t p | t Holm p | sign-flip p | sign-flip Holm p "
         "| verdict |",
         "|---|---|---|---|---|---|---|---|",
@@ -765,9 +774,41 @@ def figure(r: dict, path: Path) -> None:
     plt.close(fig)
 
 
-def cmd_analyse(cells: Path, dest: Path) -> dict:
-    records = [json.loads(p.read_text()) for p in sorted(cells.glob("cells/*/*/cell.json"))]
+def check_stopping_rule(records: dict[Path, dict], *, incomplete: bool = False) -> list[str]:
+    """The registration's stopping rule: the analysis reads every registered arm x seed once, after all of them.
+    Raises ValueError naming the cells found twice (two folders of one cell: a run from a checkout at another
+    directory keys its cells apart), those outside the design, and the cells missing; with `incomplete` (the
+    registration's report of a study whose cells cannot all finish) missing cells are returned instead."""
+    where: dict[tuple[str, int], list[str]] = {}
+    for path, r in records.items():
+        where.setdefault((r["arm"], r["seed"]), []).append(str(path))
+    problems = [f"{a} seed {s}: in {', '.join(paths)}" for (a, s), paths in sorted(where.items()) if len(paths) > 1]
+    problems += [f"{a} seed {s}: not registered" for a, s in sorted(where) if a not in ARMS or s not in SEEDS]
+    missing = [f"{a} seed {s}" for a in ARMS for s in SEEDS if (a, s) not in where]
+    if missing and not incomplete:
+        problems.append(f"{len(missing)} of {len(ARMS) * len(SEEDS)} cells missing ({', '.join(missing)})")
+    if problems:
+        raise ValueError(
+            "the stopping rule (docs/prereg_real_lm_warm.md): the registered analysis reads each of its "
+            f"{len(ARMS) * len(SEEDS)} cells once, after all of them; " + "; ".join(problems) + ". Finish the cells "
+            "with `python benchmarks/real_lm_warm.py run` and keep one folder per arm and seed (or, when they cannot "
+            "all finish, report the study as incomplete: analyse --incomplete)"
+        )
+    return missing
+
+
+INCOMPLETE_VERDICT = "none: the study is incomplete"
+
+
+def cmd_analyse(cells: Path, dest: Path, *, incomplete: bool = False) -> dict:
+    by_path = {p: json.loads(p.read_text()) for p in sorted(cells.glob("cells/*/*/cell.json"))}
+    missing = check_stopping_rule(by_path, incomplete=incomplete)
+    records = list(by_path.values())
     result = analyse(records)
+    if missing:  # the registration: reported as incomplete with what it has, and no registered conclusion drawn
+        result["incomplete"] = missing
+        for e in result["primary"].values():
+            e["verdict"] = INCOMPLETE_VERDICT
     dest.mkdir(parents=True, exist_ok=True)
     (dest / "cells.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     (dest / "study.json").write_text(json.dumps(result, indent=1) + "\n")
@@ -801,6 +842,11 @@ def main(argv: list[str] | None = None) -> None:
     a = sub.add_parser("analyse", help="the registered analysis")
     a.add_argument("--cells", default=str(RUNS), help="a directory holding cells/")
     a.add_argument("--dest", default=str(HERE))
+    a.add_argument(
+        "--incomplete",
+        action="store_true",
+        help="the registration's report of a study whose cells cannot all finish: what it has, no verdict",
+    )
     args = parser.parse_args(argv)
     if args.command == "start":
         cmd_start(args.step)
@@ -827,7 +873,10 @@ def main(argv: list[str] | None = None) -> None:
         if run_cell(args.method, args.seed, Path(args.out)) is None:
             raise SystemExit(3)
     elif args.command == "analyse":
-        cmd_analyse(Path(args.cells), Path(args.dest))
+        try:
+            cmd_analyse(Path(args.cells), Path(args.dest), incomplete=args.incomplete)
+        except ValueError as e:
+            raise SystemExit(f"analyse: {e}") from None
 
 
 if __name__ == "__main__":

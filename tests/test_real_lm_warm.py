@@ -6,6 +6,7 @@ import importlib.util
 import itertools
 import json
 import math
+import shutil
 import sys
 from pathlib import Path
 
@@ -158,14 +159,19 @@ def test_clip_summary_reads_the_realised_share_and_threshold(records):
     assert out["share_max"] < 1 and out["threshold_median"] == pytest.approx(float(np.median(thr)))
 
 
-@pytest.mark.slow
-def test_the_analysis_writes_its_tables_and_figure_from_cell_records(records, tmp_path):
-    """cmd_analyse reads cells/<arm>/<seed dir>/cell.json, writes cells.jsonl, study.json, study.md (each arm's
-    per-seed differences and its verdict) and curves.png."""
+def _write_cells(records, root, suffix="x"):
     for r in records:
-        d = tmp_path / "run" / "cells" / r["arm"] / f"seed{r['seed']}-x"
+        d = root / "cells" / r["arm"] / f"seed{r['seed']}-{suffix}"
         d.mkdir(parents=True)
         (d / "cell.json").write_text(json.dumps(r))
+
+
+@pytest.mark.slow
+def test_the_analysis_writes_its_tables_and_figure_from_cell_records(records, tmp_path, monkeypatch):
+    """cmd_analyse reads cells/<arm>/<seed dir>/cell.json, writes cells.jsonl, study.json, study.md (each arm's
+    per-seed differences and its verdict) and curves.png."""
+    monkeypatch.setattr(warm, "SEEDS", range(5))  # the fixture's design: 3 arms x 5 seeds
+    _write_cells(records, tmp_path / "run")
     out = warm.cmd_analyse(tmp_path / "run", tmp_path / "dest")
     md = (tmp_path / "dest" / "study.md").read_text()
     for arm in warm.COMPARED:
@@ -174,6 +180,45 @@ def test_the_analysis_writes_its_tables_and_figure_from_cell_records(records, tm
     assert json.loads((tmp_path / "dest" / "study.json").read_text())["seeds"] == list(range(5))
     assert (tmp_path / "dest" / "curves.png").read_bytes()[:4] == b"\x89PNG"
     assert len((tmp_path / "dest" / "cells.jsonl").read_text().splitlines()) == 15
+
+
+def test_the_analysis_refuses_to_run_before_every_cell_is_in_once(records, tmp_path, monkeypatch, capsys):
+    """The stopping rule, enforced: with a registered cell missing, a cell in two folders, or a cell outside the
+    design, `analyse` names them, exits, and writes nothing; with all of them once it runs. --incomplete (the
+    registration's report when the cells cannot all finish) runs on what there is, says so, and draws no verdict."""
+    monkeypatch.setattr(warm, "SEEDS", range(5))
+    run, dest = tmp_path / "run", tmp_path / "dest"
+    _write_cells([r for r in records if (r["arm"], r["seed"]) != ("clip_b_mu1", 4)], run)
+    with pytest.raises(SystemExit, match=r"1 of 15 cells missing \(clip_b_mu1 seed 4\)"):
+        warm.main(["analyse", "--cells", str(run), "--dest", str(dest)])
+    assert not dest.exists()
+    # the registration's report of a study whose cells cannot all finish: what it has, and no verdict
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(warm, "figure", lambda result, path: path.write_bytes(b"png"))  # the figure has its own test
+        warm.main(["analyse", "--cells", str(run), "--dest", str(dest), "--incomplete"])
+    study = json.loads((dest / "study.json").read_text())
+    assert study["incomplete"] == ["clip_b_mu1 seed 4"] and study["seeds"] == list(range(4))
+    assert {e["verdict"] for e in study["primary"].values()} == {warm.INCOMPLETE_VERDICT}
+    assert "**Incomplete**: 1 of 15 registered cells missing (clip_b_mu1 seed 4)" in (dest / "study.md").read_text()
+    assert "**Incomplete**" in capsys.readouterr().out
+    shutil.rmtree(dest)
+    _write_cells([r for r in records if (r["arm"], r["seed"]) == ("clip_b_mu1", 4)], run)
+    _write_cells([r for r in records if (r["arm"], r["seed"]) == ("grpo", 2)], run, suffix="moved")
+    with pytest.raises(SystemExit, match=r"grpo seed 2: in \S*seed2-moved/cell.json, \S*seed2-x/cell.json") as e:
+        warm.main(["analyse", "--cells", str(run), "--dest", str(dest)])
+    assert "missing" not in str(e.value) and not dest.exists()
+    shutil.rmtree(run / "cells" / "grpo" / "seed2-moved")
+    _write_cells([{**records[0], "seed": 5}], run)
+    with pytest.raises(SystemExit, match="grpo seed 5: not registered"):
+        warm.main(["analyse", "--cells", str(run), "--dest", str(dest)])
+    shutil.rmtree(run / "cells" / "grpo" / "seed5-x")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(warm, "figure", lambda result, path: path.write_bytes(b"png"))  # the figure has its own test
+        warm.main(["analyse", "--cells", str(run), "--dest", str(dest)])
+    study = json.loads((dest / "study.json").read_text())
+    assert study["seeds"] == list(range(5)) and "incomplete" not in study
+    assert warm.INCOMPLETE_VERDICT not in {e["verdict"] for e in study["primary"].values()}
+    assert "Incomplete" not in capsys.readouterr().out
 
 
 def test_budget_sizes_the_cells_from_the_measured_step_and_evaluation():
