@@ -71,6 +71,8 @@ def build(tmp_path, cls=Capturing, **kw):
     method = kw.pop("method", "clip_b")
     path = resolve_model_path(STAND_IN)
     extra = {"method": method, "method_options": options} if issubclass(cls, EntropyGRPOTrainer) else {}
+    if "peft_config" in kw:  # GRPOTrainer's own argument, not GRPOConfig's
+        extra["peft_config"] = kw.pop("peft_config")
     for name in ("probe_every", "samples_every"):  # the trainer's own settings, not GRPOConfig's
         if name in kw:
             value = kw.pop(name)
@@ -702,6 +704,56 @@ def test_an_untested_trl_release_is_refused_with_the_tested_range():
             check_trl_version(version)
         with pytest.warns(UserWarning, match=r"TRL >= 1\.16, < 1\.17"):
             check_trl_version(version, allow_untested=True)
+
+
+class CapturingLoRA(Capturing):
+    """Capturing, plus the statistics the adapter filtered on and the base model's (LoRA adapters disabled)."""
+
+    def _token_stats(self, out):
+        from entropy_rft.train.forward import _checkpointing
+
+        stats = super()._token_stats(out)
+        self.used.append(stats)
+        self.checkpointing.append(_checkpointing(self.model))
+        return stats
+
+    def _generate_and_score_completions(self, inputs):
+        out = super()._generate_and_score_completions(inputs)
+        self.model.eval()
+        with torch.no_grad(), self.model.disable_adapter():
+            self.base.append(policy_stats(self.model, rollout_of(out), self.temperature))
+        self.model.train()
+        return out
+
+
+@pytest.mark.slow
+def test_lora_with_gradient_checkpointing_filters_on_the_adapted_policy(tmp_path):
+    """TRL's LoRA (peft_config) with gradient checkpointing, a shape TRL users train in. At every generation batch the
+    statistics the adapter filters on are the adapted policy's (adapters on; to 1e-5, float32 round-off of another
+    pass of the same weights: logits of order 10 carry about 1e-6, and 1e-5 is 100 times below the 1e-3 by which the
+    premise requires the adapters to move log p); once optimizer steps have moved the adapters they are not the base
+    model's; and the kept tokens are Clip_B's on them over the whole generation batch (checked on the first such
+    batch with non-zero advantages)."""
+    from peft import LoraConfig, PeftModel
+
+    lora = LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
+    trainer = build(tmp_path, cls=CapturingLoRA, max_steps=4, gradient_checkpointing=True, peft_config=lora)
+    trainer.used, trainer.base, trainer.checkpointing = [], [], []
+    trainer.train()
+    assert isinstance(trainer.model, PeftModel) and trainer.checkpointing == [True] * 4
+    assert len(trainer.captured) == len(trainer.used) == len(trainer.base) == 4
+    for (out, adapted), used in zip(trainer.captured, trainer.used):
+        mask = out["completion_mask"].bool()
+        for key in ("logp", "entropy", "s_star"):
+            assert (getattr(used, key) - getattr(adapted, key)).abs()[mask].max() <= 1e-5, key
+    i = next((i for i in range(1, 4) if trainer.captured[i][0]["advantages"].any()), None)  # after an optimizer step
+    assert i is not None, "every generation batch after the first had zero advantages: nothing to filter"
+    (out, adapted), base = trainer.captured[i], trainer.base[i]
+    mask = out["completion_mask"].bool()
+    assert (adapted.logp - base.logp).abs()[mask].max() > 1e-3  # the premise: the adapters changed the policy
+    want, _ = METHODS.get("clip_b").apply(adapted, out["advantages"], mask, mu=0.5)
+    assert torch.equal(out["tool_mask"].bool() & mask, want & mask)
+    assert (mask & ~want).any()  # the premise: a real filter
 
 
 @pytest.mark.slow
