@@ -448,32 +448,36 @@ def test_engine_stats_equal_token_stats(engine, packed):
     torch.testing.assert_close(mo[S_EXPECT].values().double(), s_expect, atol=1e-6, rtol=1e-5)
 
 
+@pytest.mark.parametrize("precision", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
 @pytest.mark.parametrize("packed", [True, False], ids=["packed", "padded"])
-def test_engine_s_expect_is_float32_under_verls_bf16_mixed_precision(engine, packed, monkeypatch):
-    """verl's default precision (FSDP MixedPrecision param_dtype bf16: bf16 weights, the forward under bf16
-    autocast; modelled here by a bf16 copy of the weights and _autocast_dtype bf16): the engine's E_p[S] is float32,
-    computed from the bf16 logits verl holds in float32 arithmetic, so it equals token_stats of those logits and a
-    float64 brute force of them to float32 round-off (the float32 test's tolerances). With the logits divided by the
-    temperature in bf16 before the upcast, each z_i / T would carry bf16's rounding (relative 2^-9), which moves E_p[S]
-    far outside them: that slip fails this test and passes the float32 one."""
-    monkeypatch.setattr(engine, "module", copy.deepcopy(engine.module).to(torch.bfloat16))
-    monkeypatch.setattr(engine, "_autocast_dtype", torch.bfloat16)
+def test_engine_s_expect_is_over_the_distribution_of_verls_log_p_and_h(engine, packed, precision, monkeypatch):
+    """E_p[S] is the expectation under the very distribution verl's log p and H describe: token_stats of the
+    tempered logits verl computes them from (recorded from its _scale_logits_by_temperature), to float32 round-off
+    (the float32 test's tolerances), and float32. Checked under verl's default precision (FSDP MixedPrecision
+    param_dtype bf16: bf16 weights and the forward under bf16 autocast; modelled by a bf16 copy of the weights and
+    _autocast_dtype bf16), where verl divides the bf16 logits by the temperature in bf16: E_p[S] of float32
+    quotients instead is off by bf16's rounding of each z_i / T (relative 2^-9), far outside the tolerance, and
+    S_c = S* - E_p[S] would no longer have mean 0 under verl's distribution. That slip passes in float32."""
+    monkeypatch.setattr(engine, "module", copy.deepcopy(engine.module).to(precision))
+    monkeypatch.setattr(engine, "_autocast_dtype", precision)
+    tempered = []
+    scale = fsdp_impl._scale_logits_by_temperature
+    monkeypatch.setattr(
+        fsdp_impl, "_scale_logits_by_temperature", lambda *a, **k: tempered.append(scale(*a, **k)) or tempered[-1]
+    )
     data, ids = token_batch(engine.module.config.vocab_size)
     tu.assign_non_tensor(data, use_remove_padding=packed, calculate_entropy=True, **{WANT_S_EXPECT: True})
-    seen = []
-    handle = engine.module.register_forward_hook(lambda m, a, out: seen.append(out.logits.detach().clone()))
-    try:
-        with torch.no_grad():
-            _, out = engine.forward_step(data, loss_function=None, forward_only=True)
-    finally:
-        handle.remove()
-    assert seen[0].dtype == torch.bfloat16  # the shape being tested: verl holds bf16 logits
-    z = seen[0].squeeze(0) if packed else torch.cat([seen[0][i, : len(x)] for i, x in enumerate(ids)])
-    labels = torch.roll(torch.cat(ids), -1)
+    with torch.no_grad():
+        _, out = engine.forward_step(data, loss_function=None, forward_only=True)
+    (z,) = tempered  # the one tensor verl's log p and H come from
+    assert z.dtype == precision  # the shape being tested: under bf16 verl holds and tempers bf16 logits
+    z = z.squeeze(0) if packed else torch.cat([z[i, : len(x)] for i, x in enumerate(ids)])
     got = out["model_output"][S_EXPECT].values()
     assert got.dtype == torch.float32
-    torch.testing.assert_close(got, token_stats(z, labels, temperature=0.7).s_expect, atol=1e-6, rtol=1e-5)
-    torch.testing.assert_close(got.double(), brute_force(z, 0.7)[2], atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(
+        got, token_stats(z, torch.zeros(len(z), dtype=torch.long)).s_expect, atol=1e-6, rtol=1e-5
+    )
+    torch.testing.assert_close(got.double(), brute_force(z, 1.0)[2], atol=1e-6, rtol=1e-5)
 
 
 def test_s_expect_survives_verl_micro_batching_and_reordering(engine):

@@ -38,8 +38,10 @@ Departures and limits, numbered:
 1. The statistics are those of the policy that computed the old log-probs (verl's recompute, at the rollout
    temperature), as in the authors' code; the filter is chosen once per batch for every mini-batch and epoch. That
    pass is verl's own engine forward, so it runs in the run's compute dtype (FSDP's mixed precision, bf16 by
-   default) with no extra forward; this module only adds E_p[S] from the logits it already holds, in float32 one
-   chunk of rows at a time (`s_expect_of_logits`).
+   default) with no extra forward; this module only adds E_p[S] from the logits it already holds, divided by the
+   temperature as verl divides them (in the logits' dtype), so that E_p[S] is the expectation under the distribution
+   verl's log p and H describe (E[S_c] = 0 under it), then in float32 one chunk of rows at a time
+   (`s_expect_of_logits`).
 2. Clip_V needs the unfused FSDP engine (fused kernels and Megatron never materialise the logits): refused at
    start-up. Every method refuses `rollout_correction.bypass_mode` (no recompute, so no entropy).
 3. Clip-Cov selects over the whole batch on the driver with the old log-probs and zeroes the selected tokens'
@@ -725,13 +727,15 @@ def actor_masks(data: TensorDict) -> TensorDict:
 
 def s_expect_of_logits(logits: Tensor, temperature: Tensor) -> Tensor:
     """E_{i~p}[S_i] of each row of logits [N, V] at per-row temperatures [N] (Theorem 2), float32 [N], computed by
-    token_stats one chunk of rows at a time (no [N, V] copy for the temperature)."""
+    token_stats one chunk of rows at a time (no [N, V] copy for the temperature). Each chunk is divided by the
+    temperature as verl 0.9.1's engine divides the logits its log p and H come from (_scale_logits_by_temperature:
+    in the logits' dtype, the temperature clamped at 1e-8), elementwise the same quotients: under bf16 mixed
+    precision, a float32 quotient would put E_p[S] under another distribution than S*'s (departure 1)."""
     rows = max(1, _ROW_ELEMENTS // max(logits.shape[-1], 1))
     zeros = torch.zeros(logits.shape[0], dtype=torch.long, device=logits.device)  # E_p[S] does not read the token
+    t = temperature.clamp(min=1e-8).to(logits.dtype)
     parts = [
-        token_stats(
-            logits[i : i + rows].float() / temperature[i : i + rows, None].float(), zeros[i : i + rows]
-        ).s_expect
+        token_stats(logits[i : i + rows] / t[i : i + rows, None], zeros[i : i + rows]).s_expect
         for i in range(0, logits.shape[0], rows)
     ]
     return torch.cat(parts) if parts else logits.new_zeros(0, dtype=torch.float32)
