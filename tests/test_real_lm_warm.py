@@ -187,15 +187,14 @@ def test_the_analysis_refuses_to_run_before_every_cell_is_in_once(records, tmp_p
     design, `analyse` names them, exits, and writes nothing; with all of them once it runs. --incomplete (the
     registration's report when the cells cannot all finish) runs on what there is, says so, and draws no verdict."""
     monkeypatch.setattr(warm, "SEEDS", range(5))
+    monkeypatch.setattr(warm, "figure", lambda result, path: path.write_bytes(b"png"))  # the figure has its own test
     run, dest = tmp_path / "run", tmp_path / "dest"
     _write_cells([r for r in records if (r["arm"], r["seed"]) != ("clip_b_mu1", 4)], run)
     with pytest.raises(SystemExit, match=r"1 of 15 cells missing \(clip_b_mu1 seed 4\)"):
         warm.main(["analyse", "--cells", str(run), "--dest", str(dest)])
     assert not dest.exists()
     # the registration's report of a study whose cells cannot all finish: what it has, and no verdict
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(warm, "figure", lambda result, path: path.write_bytes(b"png"))  # the figure has its own test
-        warm.main(["analyse", "--cells", str(run), "--dest", str(dest), "--incomplete"])
+    warm.main(["analyse", "--cells", str(run), "--dest", str(dest), "--incomplete"])
     study = json.loads((dest / "study.json").read_text())
     assert study["incomplete"] == ["clip_b_mu1 seed 4"] and study["seeds"] == list(range(4))
     assert {e["verdict"] for e in study["primary"].values()} == {warm.INCOMPLETE_VERDICT}
@@ -212,9 +211,7 @@ def test_the_analysis_refuses_to_run_before_every_cell_is_in_once(records, tmp_p
     with pytest.raises(SystemExit, match="grpo seed 5: not registered"):
         warm.main(["analyse", "--cells", str(run), "--dest", str(dest)])
     shutil.rmtree(run / "cells" / "grpo" / "seed5-x")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(warm, "figure", lambda result, path: path.write_bytes(b"png"))  # the figure has its own test
-        warm.main(["analyse", "--cells", str(run), "--dest", str(dest)])
+    warm.main(["analyse", "--cells", str(run), "--dest", str(dest)])
     study = json.loads((dest / "study.json").read_text())
     assert study["seeds"] == list(range(5)) and "incomplete" not in study
     assert warm.INCOMPLETE_VERDICT not in {e["verdict"] for e in study["primary"].values()}
