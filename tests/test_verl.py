@@ -458,7 +458,11 @@ def test_engine_s_expect_is_over_the_distribution_of_verls_log_p_and_h(engine, p
     _autocast_dtype bf16), where verl divides the bf16 logits by the temperature in bf16: E_p[S] of float32
     quotients instead is off by bf16's rounding of each z_i / T (relative 2^-9), far outside the tolerance, and
     S_c = S* - E_p[S] would no longer have mean 0 under verl's distribution. That slip passes in float32."""
-    monkeypatch.setattr(engine, "module", copy.deepcopy(engine.module).to(precision))
+    module = copy.deepcopy(engine.module).to(precision)
+    # eager attention: PyTorch's CPU SDPA kernel for bf16 needs AVX-512 (ATEN_CPU_CAPABILITY=avx2 raises "pack_vnni2
+    # is only supported when avx512 is supported"); E_p[S] reads the logits, whichever kernel made them
+    module.config._attn_implementation = "eager"
+    monkeypatch.setattr(engine, "module", module)
     monkeypatch.setattr(engine, "_autocast_dtype", precision)
     tempered = []
     scale = fsdp_impl._scale_logits_by_temperature
