@@ -164,6 +164,30 @@ def test_evaluate_grid_reports_every_metric_and_the_paired_comparison():
     assert Estimate(0.5, 0.4, 0.6, 3).text() == "50.0 [40.0, 60.0]"
 
 
+def test_a_methods_intervals_do_not_depend_on_the_other_methods_in_the_table():
+    """evaluate_grid with an int seed (what `compare` passes): each method's estimates, and its paired differences
+    against the baseline, are the same with or without a third method in the table and in any order; each is the
+    estimate drawn from its own stream (estimate_stream). With one shared Generator (the registered analyses' form)
+    adding a method ahead of another moves that one's interval: that dependence is what the seed form removes."""
+    from entropy_rft.commands.evidence import estimate_stream
+
+    g = np.random.default_rng(4)
+    grids = {m: g.integers(0, 9, size=(3, 20)) for m in ("grpo", "clip_b", "clip_v")}
+
+    def table(names, gen):
+        return evaluate_grid({m: grids[m] for m in names}, 8, gen, ks=(4,), replicates=300)
+
+    two = table(["grpo", "clip_b"], 7)
+    three = table(["clip_v", "grpo", "clip_b"], 7)
+    assert two["clip_b"] == three["clip_b"] and two["grpo"] == three["grpo"]
+    alone = estimate(avg_scores(grids["clip_b"], 8), estimate_stream(7, "clip_b", "avg"), samples=8, replicates=300)
+    assert two["clip_b"]["avg"] == alone.to_json()
+    assert two["clip_b"]["avg"] != table(["grpo", "clip_b"], 8)["clip_b"]["avg"]  # the seed is used
+    shared_two = table(["grpo", "clip_b"], np.random.default_rng(7))
+    shared_three = table(["clip_v", "grpo", "clip_b"], np.random.default_rng(7))
+    assert shared_two["clip_b"]["avg"] != shared_three["clip_b"]["avg"]
+
+
 def test_bootstrap_p_counts_the_replicates_on_each_side():
     """bootstrap_p is 2 min(#{<= 0} + 1, #{>= 0} + 1) / (B + 1), capped at 1, counted here by a loop; a replicate
     exactly at 0 counts on both sides."""

@@ -35,6 +35,8 @@ Departures and limits, numbered:
 2. Problems are taken as exchangeable draws of the task's problem distribution, and sampling noise within a problem
    (n samples each) rides along with the problem it belongs to; it is not resampled separately.
 3. Randomness comes only from the numpy Generator passed in; the same generator state gives the same interval.
+   `evaluate_grid` given an int seed gives each estimate of its table its own generator (`estimate_stream`, from the
+   seed and the estimate's method and metric), so a method's interval is the same whichever methods share the table.
 4. With few seeds a percentile bootstrap of a per-run metric is too narrow: over 3 seeds it can take only 10
    distinct means and its variance is (S - 1) / S = 2/3 of the usual estimate's. `seed_t_interval` gives the
    Student-t interval instead, mean +- t_{(1+level)/2, S-1} sd / sqrt(S) (normal per-seed values assumed), used
@@ -43,6 +45,7 @@ Departures and limits, numbered:
 
 from __future__ import annotations
 
+import zlib
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -62,6 +65,7 @@ __all__ = [
     "seed_estimate",
     "seed_t_interval",
     "t_quantile",
+    "estimate_stream",
     "evaluate_grid",
     "markdown_table",
 ]
@@ -302,10 +306,17 @@ def seed_t_interval(values, *, level: float = LEVEL) -> Estimate:
     return Estimate(mean, mean - half, mean + half, len(x))
 
 
+def estimate_stream(seed: int, *names: str) -> np.random.Generator:
+    """The bootstrap's own generator for one estimate, from `seed` and the names that say which estimate it is
+    (method, metric, and the baseline for a paired difference; each name by its CRC-32): the interval of a method
+    does not depend on which other methods are in the table, or in what order."""
+    return np.random.default_rng([int(seed), *(zlib.crc32(name.encode()) for name in names)])
+
+
 def evaluate_grid(
     correct: dict[str, np.ndarray],
     n: int,
-    gen: np.random.Generator,
+    gen: int | np.random.Generator,
     *,
     ks=(8,),
     baseline: str | None = "grpo",
@@ -315,20 +326,34 @@ def evaluate_grid(
     """Avg@K and Pass@k (each k in ks) of every method from its correct counts (seeds, problems) out of n samples,
     with intervals; and, when `baseline` is among the methods, each other method's paired difference against it
     (methods must share the baseline's seeds and problems, in the same order). Returns
-    {method: {metric: Estimate json, "vs_<baseline>": {metric: Estimate json}}}."""
+    {method: {metric: Estimate json, "vs_<baseline>": {metric: Estimate json}}}.
+
+    `gen` an int seed: each estimate resamples with its own generator (estimate_stream), so a method's intervals are
+    the same whichever methods it is compared with (what `compare` uses). `gen` a Generator: every estimate draws from
+    it in turn (methods in order, then metrics), so one method's intervals move with the others in the table; the
+    registered analyses (benchmarks/) named that procedure before the int form existed and keep it."""
     metrics = {"avg": lambda c: avg_scores(c, n)}
     metrics.update({f"pass@{k}": (lambda c, k=k: pass_at_k_scores(c, n, k)) for k in ks})
     scores = {m: {name: f(np.asarray(c)) for name, f in metrics.items()} for m, c in correct.items()}
+
+    def stream(*names: str) -> np.random.Generator:
+        return gen if isinstance(gen, np.random.Generator) else estimate_stream(gen, *names)
+
     out = {}
     for method, by_metric in scores.items():
         row = {
-            name: estimate(v, gen, samples=n, level=level, replicates=replicates).to_json()
+            name: estimate(v, stream(method, name), samples=n, level=level, replicates=replicates).to_json()
             for name, v in by_metric.items()
         }
         if baseline in scores and method != baseline:
             row[f"vs_{baseline}"] = {
                 name: paired_difference(
-                    v, scores[baseline][name], gen, samples=n, level=level, replicates=replicates
+                    v,
+                    scores[baseline][name],
+                    stream(method, name, baseline),
+                    samples=n,
+                    level=level,
+                    replicates=replicates,
                 ).to_json()
                 for name, v in by_metric.items()
             }
