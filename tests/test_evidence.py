@@ -13,6 +13,7 @@ from entropy_rft.commands.evidence import (
     avg_scores,
     bootstrap_means,
     estimate,
+    estimate_stream,
     evaluate_grid,
     markdown_table,
     paired_difference,
@@ -169,8 +170,6 @@ def test_a_methods_intervals_do_not_depend_on_the_other_methods_in_the_table():
     against the baseline, are the same with or without a third method in the table and in any order; each is the
     estimate drawn from its own stream (estimate_stream). With one shared Generator (the registered analyses' form)
     adding a method ahead of another moves that one's interval: that dependence is what the seed form removes."""
-    from entropy_rft.commands.evidence import estimate_stream
-
     g = np.random.default_rng(4)
     grids = {m: g.integers(0, 9, size=(3, 20)) for m in ("grpo", "clip_b", "clip_v")}
 
