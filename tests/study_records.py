@@ -1,7 +1,9 @@
 """Checks shared by the real-model studies' committed-cell tests (test_real_lm_study.py, test_real_lm_warm.py): a
-committed cell is its arm's registered settings, run whole."""
+committed cell is its arm's registered settings, run whole, and a committed analysis is today's."""
 
 from pathlib import Path
+
+import pytest
 
 
 def checkout_free(settings: dict) -> dict:
@@ -34,3 +36,20 @@ def assert_steps_once(record: dict, rows: list[dict], curves, where: Path | str)
     assert [r["step"] for r in rows] == list(range(1, record["steps"] + 1)), where
     for name in curves:
         assert record["curves"][name] == [r.get(name) for r in rows], (where, name)
+
+
+def assert_close_json(a, b, path: str = "") -> None:
+    """Two JSON values equal (a committed analysis and today's run of it), floats to 1e-12 relative (the summation
+    order of another platform's kernels)."""
+    if isinstance(a, dict):
+        assert isinstance(b, dict) and a.keys() == b.keys(), path
+        for k in a:
+            assert_close_json(a[k], b[k], f"{path}/{k}")
+    elif isinstance(a, list):
+        assert isinstance(b, list) and len(a) == len(b), path
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_close_json(x, y, f"{path}/{i}")
+    elif isinstance(a, float) or isinstance(b, float):
+        assert b == pytest.approx(a, rel=1e-12, abs=1e-15), path
+    else:
+        assert a == b, path

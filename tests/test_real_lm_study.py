@@ -188,32 +188,20 @@ def test_committed_initial_evaluation_is_the_registered_one():
     assert len(correct) == study.N_EVAL and all(isinstance(c, int) and 0 <= c <= study.EVAL_K for c in correct)
 
 
-def _close(a, b, path="") -> None:
-    """Two JSON values equal, floats to 1e-12 relative (the summation order of another platform's kernels)."""
-    if isinstance(a, dict):
-        assert isinstance(b, dict) and a.keys() == b.keys(), path
-        for k in a:
-            _close(a[k], b[k], f"{path}/{k}")
-    elif isinstance(a, list):
-        assert isinstance(b, list) and len(a) == len(b), path
-        for i, (x, y) in enumerate(zip(a, b)):
-            _close(x, y, f"{path}/{i}")
-    elif isinstance(a, float) or isinstance(b, float):
-        assert b == pytest.approx(a, rel=1e-12, abs=1e-15), path
-    else:
-        assert a == b, path
-
-
 @pytest.mark.slow
 def test_committed_analysis_is_the_registered_script_on_the_committed_cells(tmp_path, capsys):
     """benchmarks/real_lm_study/{cells.jsonl,study.json,study.md} are what the registered `analyse` writes today from
     the 15 committed cell records and initial.json: the same cells, every figure to float rounding, every verdict."""
     import argparse
 
+    from study_records import assert_close_json
+
     assert len(list((study.HERE / "cells").glob("*/*/cell.json"))) == len(study.METHODS) * len(study.SEEDS)
     study.cmd_analyse(argparse.Namespace(cells=str(study.HERE), dest=str(tmp_path)))
     capsys.readouterr()
     assert study.read(tmp_path / "cells.jsonl") == study.read(study.HERE / "cells.jsonl")
-    _close(json.loads((study.HERE / "study.json").read_text()), json.loads((tmp_path / "study.json").read_text()))
+    assert_close_json(
+        json.loads((study.HERE / "study.json").read_text()), json.loads((tmp_path / "study.json").read_text())
+    )
     assert (tmp_path / "study.md").read_text() == (study.HERE / "study.md").read_text()
     assert (study.HERE / "curves.png").stat().st_size > 0
