@@ -36,6 +36,7 @@ PUBLISHED = {
     "evidence/real_lm_dynamics.md": "benchmarks/real_lm_dynamics/results.md",
     "evidence/avgk_clean.md": "benchmarks/study_avgk_clean/avgk.md",
     "evidence/real_lm_study.md": "benchmarks/real_lm_study/study.md",
+    "evidence/real_lm_warm.md": "benchmarks/real_lm_warm/study.md",
 }
 PUBLISHED_GLOBS = {
     "evidence/study": "benchmarks/study/*.png",
@@ -44,6 +45,7 @@ PUBLISHED_GLOBS = {
     "evidence/compare_engines": "benchmarks/compare_engines/*.png",
     "evidence/real_lm_dynamics": "benchmarks/real_lm_dynamics/*.png",
     "evidence/real_lm_study": "benchmarks/real_lm_study/*.png",
+    "evidence/real_lm_warm": "benchmarks/real_lm_warm/*.png",
     "evidence/side_by_side": "benchmarks/side_by_side/*.png",
 }
 

@@ -334,3 +334,21 @@ def test_every_committed_cell_is_a_whole_registered_run(monkeypatch):
         assert sorted(r["eval_correct"]) == ["100", "50"], where
         assert all(len(c) == 400 and all(0 <= x <= r["eval_k"] == 8 for x in c) for c in r["eval_correct"].values())
     assert len(cells) >= 6  # committed as they finish: 6 of 24 when this test was written
+
+
+@pytest.mark.slow
+def test_committed_analysis_is_the_registered_script_on_the_committed_cells(tmp_path, capsys):
+    """benchmarks/real_lm_warm/{cells.jsonl,study.json,study.md} are what the registered `analyse` writes today from
+    the 24 committed cell records (the stopping rule: every registered arm and seed once): the same cells, every
+    figure to float rounding, every verdict."""
+    from study_records import assert_close_json
+
+    assert len(list((warm.HERE / "cells").glob("*/*/cell.json"))) == len(warm.ARMS) * len(warm.SEEDS) == 24
+    warm.cmd_analyse(warm.HERE, tmp_path)
+    capsys.readouterr()
+    assert first.read(tmp_path / "cells.jsonl") == first.read(warm.HERE / "cells.jsonl")
+    assert_close_json(
+        json.loads((warm.HERE / "study.json").read_text()), json.loads((tmp_path / "study.json").read_text())
+    )
+    assert (tmp_path / "study.md").read_text() == (warm.HERE / "study.md").read_text()
+    assert (warm.HERE / "curves.png").read_bytes()[:4] == b"\x89PNG"
