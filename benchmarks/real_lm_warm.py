@@ -587,6 +587,19 @@ def clip_summary(record: dict) -> dict:
     }
 
 
+def share_curve(records: list[dict]) -> list[float | None]:
+    """Per step, the mean over seeds of the share of negative-advantage tokens clipped, over the seeds whose step had
+    such tokens (None where none had): on a step without them the authors' formula logs 1, not a share. (Changed
+    after the result: the figure first averaged those 1s in, spikes of 1/8 per such seed; docs/prereg_real_lm_warm.md,
+    "Changes after the cells started".)"""
+    import numpy as np
+
+    share = np.array([r["curves"]["filter/frac_clipped_neg"] for r in records], dtype=float)
+    signal = np.array([[has_negative_tokens(z) for z in r["curves"]["frac_zero_advantage"]] for r in records])
+    total, n = np.where(signal, share, 0.0).sum(0), signal.sum(0)
+    return [round(float(t / k), 5) if k else None for t, k in zip(total, n)]
+
+
 def analyse(records: list[dict]) -> dict:
     """Every registered figure from the cell records."""
     import numpy as np
@@ -652,12 +665,7 @@ def analyse(records: list[dict]) -> dict:
         for a in arms_here
     }
     for a in compared:
-        curves[a]["clip_share"] = (
-            np.array([by[(a, s)]["curves"]["filter/frac_clipped_neg"] for s in seeds], dtype=float)
-            .mean(0)
-            .round(5)
-            .tolist()
-        )
+        curves[a]["clip_share"] = share_curve([by[(a, s)] for s in seeds])
         curves[a]["threshold"] = np.array([thresholds(by[(a, s)]) for s in seeds]).mean(0).round(5).tolist()
     return {
         "family": first.FAMILY,
@@ -760,7 +768,7 @@ def figure(r: dict, path: Path) -> None:
         axes[0].plot(x, c["entropy"], label=a)
         axes[1].plot(x, first.trailing_mean(c["accuracy"]), label=a)
         if "clip_share" in c:
-            axes[2].plot(x, c["clip_share"], label=a)
+            axes[2].plot(x, [float("nan") if v is None else v for v in c["clip_share"]], label=a)
             axes[3].plot(x, c["threshold"], label=a)
     axes[0].set(xlabel="step", ylabel="token entropy (nats)", title="entropy (mean over seeds)")
     axes[1].set(xlabel="step", ylabel="training accuracy", title="accuracy (10-step mean)")

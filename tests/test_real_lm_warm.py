@@ -159,6 +159,24 @@ def test_clip_summary_reads_the_realised_share_and_threshold(records):
     assert out["share_max"] < 1 and out["threshold_median"] == pytest.approx(float(np.median(thr)))
 
 
+def test_the_share_curve_leaves_out_seeds_whose_step_had_no_negative_advantage_token(records):
+    """The figure's realised-filter curve: per step, the mean share over the seeds whose step had negative-advantage
+    tokens (a seed without them logs the authors' 1, not a share), None where no seed had any; by loops here."""
+    cal = [r for r in records if r["arm"] == "clip_b_cal"]
+    for r in cal:
+        r["curves"]["frac_zero_advantage"][7] = 1.0  # step 8: no seed had a negative-advantage token
+    cal[2]["curves"]["frac_zero_advantage"][40] = 1.0
+    cal[2]["curves"]["filter/frac_clipped_neg"][40] = 1.0
+    curve = warm.share_curve(cal)
+    for step in range(100):
+        kept = [
+            r["curves"]["filter/frac_clipped_neg"][step] for r in cal if r["curves"]["frac_zero_advantage"][step] < 1
+        ]
+        assert curve[step] == (round(sum(kept) / len(kept), 5) if kept else None), step
+    assert curve[7] is None and len([r for r in cal if r["curves"]["frac_zero_advantage"][40] < 1]) == 4
+    assert warm.analyse(records)["curves"]["clip_b_cal"]["clip_share"] == curve
+
+
 def _write_cells(records, root, suffix="x"):
     for r in records:
         d = root / "cells" / r["arm"] / f"seed{r['seed']}-{suffix}"
