@@ -13,6 +13,7 @@ The paper's figures (its Table 1) are not records of this repository and are not
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 import math
 import re
@@ -2346,6 +2347,361 @@ def rls_quotes() -> list[Quote]:
     ]
 
 
+# ---------------------------------------------------------------------------------------------------------------
+# The second real-model study (issue 61): benchmarks/real_lm_warm/, docs/prereg_real_lm_warm.md
+
+RLW = REPO / "benchmarks/real_lm_warm"
+RLW_ARMS = ("grpo", "clip_b_cal", "clip_b_mu1")
+RLW_CLIPPED = ("clip_b_cal", "clip_b_mu1")
+RLW_SEEDS = range(8)
+
+
+@functools.cache
+def rlw_cells() -> dict[tuple[str, int], dict]:
+    """The 24 committed cell records, with each one's per-step rows from its metrics.jsonl."""
+    out = {}
+    for path in sorted(RLW.glob("cells/*/*/cell.json")):
+        c = json.loads(path.read_text())
+        out[(c["arm"], c["seed"])] = c | {"rows": jsonl(path.parent / "metrics.jsonl")}
+    assert sorted(out) == [(a, s) for a in sorted(RLW_ARMS) for s in RLW_SEEDS]
+    return out
+
+
+def rlw_avg(arm: str, step: int = 100) -> np.ndarray:
+    """Per seed, Avg@8 at an evaluation step: the mean correct fraction over 400 problems x 8 samples."""
+    by = rlw_cells()
+    return np.array([np.mean(by[(arm, s)]["eval_correct"][str(step)]) / 8 for s in RLW_SEEDS])
+
+
+def rlw_pass8(arm: str, step: int = 100) -> np.ndarray:
+    """Per seed, Pass@8 from 8 samples: the share of problems with at least one right."""
+    by = rlw_cells()
+    return np.array([np.mean(np.array(by[(arm, s)]["eval_correct"][str(step)]) > 0) for s in RLW_SEEDS])
+
+
+def rlw_steps(arm: str, field: str) -> np.ndarray:
+    """(seeds, steps) of one logged field, read from each cell's metrics.jsonl."""
+    by = rlw_cells()
+    return np.array([[r[field] for r in by[(arm, s)]["rows"]] for s in RLW_SEEDS], dtype=np.float64)
+
+
+def rlw_signal(arm: str) -> np.ndarray:
+    """(seeds, steps): whether the step had negative-advantage tokens (some group's rewards differed)."""
+    return rlw_steps(arm, "frac_zero_advantage") < 1.0
+
+
+def rlw_share(arm: str, second_half: bool = False) -> np.ndarray:
+    """Per seed, the realised filter: the mean share of negative-advantage tokens clipped over the steps with such
+    tokens (the authors' formula reads 1 on a step without them), or over those of steps 51-100."""
+    share, sig = rlw_steps(arm, "filter/frac_clipped_neg"), rlw_signal(arm)
+    if second_half:
+        sig = sig & (np.arange(sig.shape[1]) >= sig.shape[1] // 2)
+    return np.array([share[i][sig[i]].mean() for i in range(len(share))])
+
+
+T975_DF7 = 2.364624251592784  # Student t, 97.5% quantile, 7 degrees of freedom (8 seeds)
+
+
+def rlw_t(x: np.ndarray) -> dict:
+    """Mean and 95% Student-t interval over the 8 seeds, by hand."""
+    assert len(x) == 8
+    half = T975_DF7 * x.std(ddof=1) / np.sqrt(len(x))
+    return {"value": float(x.mean()), "low": float(x.mean() - half), "high": float(x.mean() + half)}
+
+
+@functools.cache
+def rlw() -> dict:
+    """study.json, once its figures equal a plain recomputation from the 24 committed cells."""
+    r = record("benchmarks/real_lm_warm/study.json")
+    assert r["seeds"] == list(RLW_SEEDS) and list(r["primary"]) == list(RLW_CLIPPED)
+    for a in RLW_CLIPPED:
+        d = rlw_avg(a) - rlw_avg("grpo")
+        assert r["primary"][a]["per_seed"] == pytest.approx(d.tolist(), rel=1e-12, abs=1e-15)
+        for k, v in rlw_t(d).items():
+            assert r["primary"][a][k] == pytest.approx(v, rel=1e-9), (a, k)
+        flips = [abs(sum(sg * x for sg, x in zip(signs, d))) for signs in itertools.product((1, -1), repeat=len(d))]
+        p_flip = sum(f >= abs(d.sum()) * (1 - 1e-12) for f in flips) / len(flips)
+        assert r["primary"][a]["p_sign_flip"] == pytest.approx(p_flip, rel=1e-12), a
+        for st in (50, 100):
+            checked(
+                float((rlw_avg(a, st) - rlw_avg("grpo", st)).mean()),
+                r["secondary"][f"{a} avg@8 step {st}"]["seed_level"],
+            )
+            checked(
+                float((rlw_pass8(a, st) - rlw_pass8("grpo", st)).mean()),
+                r["secondary"][f"{a} pass@8 step {st}"]["seed_level"],
+            )
+        last = rlw_steps(a, "entropy")[:, -10:].mean(axis=1) - rlw_steps("grpo", "entropy")[:, -10:].mean(axis=1)
+        checked(float(last.mean()), r["entropy_last_tenth"][a]["vs_grpo"])
+        assert [c["share_mean"] for c in r["clipping"][a]] == pytest.approx(rlw_share(a).tolist(), rel=1e-12)
+        assert [c["share_mean_second_half"] for c in r["clipping"][a]] == pytest.approx(
+            rlw_share(a, second_half=True).tolist(), rel=1e-12
+        )
+    for a in RLW_ARMS:
+        checked(float(rlw_avg(a).mean()), r["absolute"][a]["avg@8 step 100"])
+        checked(float(rlw_avg(a, 50).mean()), r["absolute"][a]["avg@8 step 50"])
+        checked(float(rlw_pass8(a).mean()), r["absolute"][a]["pass@8 step 100"])
+        checked(float(rlw_steps(a, "entropy")[:, -10:].mean()), r["entropy_last_tenth"][a]["value"])
+        checked(float(rlw_steps(a, "accuracy").mean()), r["training_accuracy_mean"][a])
+    return r
+
+
+def rlw_rng(x: np.ndarray, scale: float = 100, nd: int = 0) -> str:
+    return f"{num(scale * x.min(), nd)}-{num(scale * x.max(), nd)}"
+
+
+def rlw_start_text() -> str:
+    """Every cell's training accuracy over its first 10 steps; GRPO's over its last 10 and its entropy's fall."""
+    first = np.concatenate([rlw_steps(a, "accuracy")[:, :10].mean(axis=1) for a in RLW_ARMS])
+    acc, ent = rlw_steps("grpo", "accuracy"), rlw_steps("grpo", "entropy")
+    quiet = {a: (~rlw_signal(a)).sum(axis=1) for a in RLW_ARMS}
+    clipped = np.concatenate([quiet[a] for a in RLW_CLIPPED])
+    return (
+        f"Over the first 10 steps every cell's training accuracy on the filtered problems was {rlw_rng(first)}%, and "
+        f"GRPO's rose to {rlw_rng(acc[:, -10:].mean(axis=1))}% over the last 10 steps in every seed; its entropy fell "
+        f"from {rlw_rng(ent[:, :10].mean(axis=1), 1, 2)} nats to {rlw_rng(ent[:, -10:].mean(axis=1), 1, 2)}. No seed "
+        f"stalled: GRPO had {quiet['grpo'].min()} to {quiet['grpo'].max()} steps a seed on which every group's rewards "
+        f"were equal (late, with the problems solved), Clip_B {clipped.min()} to {clipped.max()}"
+    )
+
+
+def rlw_heldout_text() -> str:
+    a = rlw()["absolute"]["grpo"]
+    return (
+        f"GRPO {pt(a['avg@8 step 50']['value'], sign=False)}% at step 50 and "
+        f"{pt(a['avg@8 step 100']['value'], sign=False)}% at step 100"
+    )
+
+
+def rlw_filter_text() -> str:
+    """The realised filter per seed (study.json's, checked against the steps in rlw()) and the calibration's share."""
+    c, cal = rlw()["clipping"], record("benchmarks/real_lm_warm/calibration.json")
+    for a, mu in (("clip_b_cal", cal["mu"]), ("clip_b_mu1", 1.0)):
+        assert {rlw_cells()[(a, s)]["settings"]["mu"] for s in RLW_SEEDS} == {mu}
+    run = next(r for r in cal["runs"] if r["mu"] == cal["mu"])
+
+    def per(a, k, scale=100, nd=1):
+        return rlw_rng(np.array([x[k] for x in c[a]]), scale, nd)
+
+    cal_share, cal_half = per("clip_b_cal", "share_mean"), per("clip_b_cal", "share_mean_second_half")
+    return (
+        f"Clip_B at mu {num(cal['mu'])} clipped {cal_share}% of the negative-advantage tokens per seed (mean over "
+        f"steps with such tokens; {cal_half}% in the second half), where the calibration's 25 steps had measured "
+        f"{100 * run['share_mean']:.2f}%; its threshold mean_B(S*) - {num(cal['mu'])} std_B(S*) had a median of "
+        f"{per('clip_b_cal', 'threshold_median', 1, 3).replace('--', ' to -')} per seed. At mu 1.0: "
+        f"{per('clip_b_mu1', 'share_mean')}% ({per('clip_b_mu1', 'share_mean_second_half')}%), thresholds "
+        f"{per('clip_b_mu1', 'threshold_median', 1, 3).replace('--', ' to -')}"
+    )
+
+
+def rlw_entropy_text() -> str:
+    e = rlw()["entropy_last_tenth"]
+    return (
+        f"Over the last 10% of steps GRPO's entropy is {e['grpo']['value']['value']:.3f} nats, Clip_B's "
+        f"{e['clip_b_cal']['value']['value']:.3f} at mu 1.5 and {e['clip_b_mu1']['value']['value']:.3f} at mu 1.0; the "
+        f"differences from GRPO are {est(e['clip_b_cal']['vs_grpo'], scale=1, nd=3)} and "
+        f"{est(e['clip_b_mu1']['vs_grpo'], scale=1, nd=3)} nats"
+    )
+
+
+def rlw_primary_text() -> str:
+    b, m = rlw()["primary"]["clip_b_cal"], rlw()["primary"]["clip_b_mu1"]
+    neither = b["verdict"] == m["verdict"] == "no difference shown"
+    per = ", ".join(pt(d) for d in b["per_seed"])
+    return (
+        f"Clip_B at mu 1.5 - GRPO final Avg@8 is {est(b)} points (per seed {per}; paired t p {b['p_t']:.2f}, "
+        f"sign-flip p {b['p_sign_flip']:.2f}; Holm {b['p_t_holm']:.2f} and {b['p_sign_flip_holm']:.2f}), at mu 1.0 "
+        f"{est(m)} (t p {m['p_t']:.2f}, sign-flip p {m['p_sign_flip']:.2f}; Holm {m['p_t_holm']:.2f} and "
+        f"{m['p_sign_flip_holm']:.2f}): {'no difference shown for either' if neither else 'a verdict'}. "
+        "Both intervals lie between {} and {} points".format(
+            num(np.floor(1000 * min(b["low"], m["low"])) / 10, 1, True),
+            num(np.ceil(1000 * max(b["high"], m["high"])) / 10, 1, True),
+        )
+    )
+
+
+def rlw_final_text() -> str:
+    a = rlw()["absolute"]
+    return "Final Avg@8 is GRPO {}%, Clip_B {}% (mu 1.5) and {}% (mu 1.0)".format(
+        *(pt(a[x]["avg@8 step 100"]["value"], sign=False) for x in RLW_ARMS)
+    )
+
+
+def rlw_pass_text() -> str:
+    sec, a = rlw()["secondary"], rlw()["absolute"]
+    m100, m50 = sec["clip_b_mu1 pass@8 step 100"], sec["clip_b_mu1 pass@8 step 50"]
+    c100, c50 = sec["clip_b_cal pass@8 step 100"], sec["clip_b_cal pass@8 step 50"]
+    return (
+        f"Clip_B at mu 1.0 - GRPO final Pass@8 is {est(m100['seed_level'])} points over the seeds (two-way bootstrap "
+        f"{est(m100['two_way_bootstrap'])}, p {m100['two_way_bootstrap']['p']:.3f}), and {est(m50['seed_level'])} at "
+        f"step 50; at mu 1.5 {est(c100['seed_level'])} final and {est(c50['seed_level'])} at step 50. Final Pass@8: "
+        "GRPO {}%, Clip_B {}% (mu 1.5) and {}% (mu 1.0)".format(
+            *(pt(a[x]["pass@8 step 100"]["value"], sign=False) for x in RLW_ARMS)
+        )
+    )
+
+
+def rlw_training_text() -> str:
+    t = rlw()["training_accuracy_mean"]
+    return "GRPO {}%, Clip_B {}% (mu 1.5) and {}% (mu 1.0)".format(*(pt(t[x]["value"], sign=False) for x in RLW_ARMS))
+
+
+def rlw_cost() -> tuple[float, float]:
+    by = rlw_cells()
+    return sum(sum(r["seconds"] for r in c["rows"]) for c in by.values()), sum(
+        sum(c["eval_seconds"].values()) for c in by.values()
+    )
+
+
+def rlw_regime_row() -> str:
+    st = next(iter(rlw_cells().values()))["settings"]
+    n, r = len(jsonl(RLW / "data/train.jsonl")), rlw()
+    start = record("benchmarks/real_lm_warm/start.json")
+    return (
+        "| [real model, from the paper's start](#the-second-real-model-study-from-the-papers-starting-regime-pre-"
+        f"registered) | SmolLM2-135M-Instruct, GRPO's step {start['step']} | 2-digit x 1-digit products, pass-rate "
+        f"filtered; {st['max_new_tokens']} tokens | {lr(st['lr'])} | {st['prompts_per_step']} x {st['group_size']} | "
+        f"{st['steps'] * st['prompts_per_step'] / n:.1f} ({n} problems) | {st['steps']} | {len(r['seeds'])} x "
+        f"{r['problems']} x {r['eval_k']}, 95% Student t over seeds, Holm | {est(r['primary']['clip_b_cal'])} at mu "
+        f"{num(r['arms']['clip_b_cal']['mu'])}, {est(r['primary']['clip_b_mu1'])} at mu "
+        f"{num(r['arms']['clip_b_mu1']['mu'])} |"
+    )
+
+
+def rlw_short_text() -> str:
+    """The README's line: each arm's realised filter, entropy kept, primary and verdict."""
+    r = rlw()
+    share = {a: rlw_rng(np.array([c["share_mean"] for c in r["clipping"][a]]), nd=1) for a in RLW_CLIPPED}
+    ent = [pt(r["entropy_last_tenth"][a]["vs_grpo"]["value"] / 100, 3) for a in RLW_CLIPPED]
+    assert {r["primary"][a]["verdict"] for a in RLW_CLIPPED} == {"no difference shown"}
+    return (
+        f"Clip_B at a calibrated tail clip (mu {num(r['arms']['clip_b_cal']['mu'])}, {share['clip_b_cal']}%) and at "
+        f"mu 1.0 ({share['clip_b_mu1']}%) keeps entropy {ent[0]} and {ent[1]} nats above GRPO; final held-out Avg@8 "
+        f"{est(r['primary']['clip_b_cal'])} and {est(r['primary']['clip_b_mu1'])} points over the seeds: no "
+        "difference shown either way"
+    )
+
+
+def rlw_quotes() -> list[Quote]:
+    s, say = (
+        "The second real-model study: from the paper's starting regime (pre-registered)",
+        "What the second real-model study can say",
+    )
+    start = record("benchmarks/real_lm_warm/start.json")
+    e = rlw()["entropy_last_tenth"]
+    prim = rlw()["primary"]
+    return [
+        Quote(
+            s,
+            "GRPO seed 0 of the first study rebuilt to step 47, the rule's step, token for token), trains on the "
+            "paper's filter (the 110 of 312 training problems with 2 to 14 of 16 right under that start point)",
+            lambda: (
+                f"GRPO seed 0 of the first study rebuilt to step {start['step']}, the rule's step, token for token), "
+                f"trains on the paper's filter (the {len(jsonl(RLW / 'data/train.jsonl'))} of "
+                f"{len(jsonl(RLS / 'data/train.jsonl'))} training problems with 2 to 14 of 16 right under that start "
+                "point)"
+            ),
+        ),
+        Quote(
+            s,
+            "Over the first 10 steps every cell's training accuracy on the filtered problems was 51-63%, and GRPO's "
+            "rose to 84-93% over the last 10 steps in every seed; its entropy fell from 0.20-0.41 nats to 0.02-0.10. "
+            "No seed stalled: GRPO had 5 to 9 steps a seed on which every group's rewards were equal (late, with the "
+            "problems solved), Clip_B 0 to 5",
+            rlw_start_text,
+        ),
+        Quote(s, "GRPO 31.4% at step 50 and 32.8% at step 100", rlw_heldout_text),
+        Quote(
+            s,
+            "Clip_B at mu 1.5 clipped 3.1-4.4% of the negative-advantage tokens per seed (mean over steps with such "
+            "tokens; 3.5-5.1% in the second half), where the calibration's 25 steps had measured 2.66%; its threshold "
+            "mean_B(S*) - 1.5 std_B(S*) had a median of -0.121 to -0.080 per seed. At mu 1.0: 5.6-7.9% (5.9-8.9%), "
+            "thresholds -0.077 to -0.053",
+            rlw_filter_text,
+        ),
+        Quote(
+            s,
+            "Over the last 10% of steps GRPO's entropy is 0.043 nats, Clip_B's 0.123 at mu 1.5 and 0.284 at mu 1.0; "
+            "the differences from GRPO are +0.080 [+0.022, +0.137] and +0.241 [+0.160, +0.322] nats",
+            rlw_entropy_text,
+        ),
+        Quote(
+            s,
+            "Clip_B at mu 1.5 - GRPO final Avg@8 is -0.8 [-2.1, +0.6] points (per seed +0.3, -0.0, +0.5, -3.4, +0.0, "
+            "+0.7, -1.7, -2.7; paired t p 0.21, sign-flip p 0.24; Holm 0.31 and 0.36), at mu 1.0 -0.9 [-2.2, +0.4] "
+            "(t p 0.15, sign-flip p 0.18; Holm 0.31 and 0.36): no difference shown for either. Both intervals lie "
+            "between -2.3 and +0.6 points",
+            rlw_primary_text,
+        ),
+        Quote(s, "Final Avg@8 is GRPO 32.8%, Clip_B 32.0% (mu 1.5) and 31.9% (mu 1.0)", rlw_final_text),
+        Quote(
+            s,
+            "Clip_B at mu 1.0 - GRPO final Pass@8 is +2.7 [+0.1, +5.4] points over the seeds (two-way bootstrap "
+            "+2.8 [+0.1, +5.6], p 0.039), and +2.8 [+1.4, +4.3] at step 50; at mu 1.5 +0.9 [-1.0, +2.7] final and "
+            "+2.0 [+0.0, +4.0] at step 50. Final Pass@8: GRPO 40.4%, Clip_B 41.3% (mu 1.5) and 43.2% (mu 1.0)",
+            rlw_pass_text,
+        ),
+        Quote(s, "GRPO 76.2%, Clip_B 74.8% (mu 1.5) and 73.0% (mu 1.0)", rlw_training_text),
+        Quote(
+            s,
+            "24 cells, 67,736 s of training steps and 29,608 s of evaluation on one thread each (27.0 hours of "
+            "processes",
+            lambda: (
+                "{} cells, {:,.0f} s of training steps and {:,.0f} s of evaluation on one thread each ({:.1f} hours "
+                "of processes".format(len(rlw_cells()), *rlw_cost(), sum(rlw_cost()) / 3600)
+            ),
+        ),
+        Quote(
+            say,
+            "by 0.08 nats at a tail clip of 3-4% of the negative-advantage tokens, by 0.24 at 6-8%",
+            lambda: "by {:.2f} nats at a tail clip of {}% of the negative-advantage tokens, by {:.2f} at {}%".format(
+                e["clip_b_cal"]["vs_grpo"]["value"],
+                rlw_rng(np.array([c["share_mean"] for c in rlw()["clipping"]["clip_b_cal"]])),
+                e["clip_b_mu1"]["vs_grpo"]["value"],
+                rlw_rng(np.array([c["share_mean"] for c in rlw()["clipping"]["clip_b_mu1"]])),
+            ),
+        ),
+        Quote(
+            say,
+            "-0.8 and -0.9 points, both intervals between -2.3 and +0.6",
+            lambda: "{} and {} points, both intervals between {} and {}".format(
+                pt(prim["clip_b_cal"]["value"]),
+                pt(prim["clip_b_mu1"]["value"]),
+                num(np.floor(1000 * min(p["low"] for p in prim.values())) / 10, 1, True),
+                num(np.ceil(1000 * max(p["high"] for p in prim.values())) / 10, 1, True),
+            ),
+        ),
+        Quote(
+            say,
+            "the mu 1.0 arm's Pass@8 gain (+2.7 points, a secondary, its interval's lower end +0.1)",
+            lambda: "the mu 1.0 arm's Pass@8 gain ({} points, a secondary, its interval's lower end {})".format(
+                *(pt(rlw()["secondary"]["clip_b_mu1 pass@8 step 100"]["seed_level"][k]) for k in ("value", "low"))
+            ),
+        ),
+        Quote(
+            "The paper's regime and each study's",
+            "| [real model, from the paper's start](#the-second-real-model-study-from-the-papers-starting-regime-pre-"
+            "registered) | SmolLM2-135M-Instruct, GRPO's step 47 | 2-digit x 1-digit products, pass-rate filtered; 64 "
+            "tokens | 1e-5 | 8 x 4 | 7.3 (110 problems) | 100 | 8 x 400 x 8, 95% Student t over seeds, Holm | -0.8 "
+            "[-2.1, +0.6] at mu 1.5, -0.9 [-2.2, +0.4] at mu 1.0 |",
+            rlw_regime_row,
+        ),
+        Quote(
+            "Evidence",
+            "8 seeds x 100 steps | 2-core CPU, 27.0 h of processes |",
+            lambda: f"{len(RLW_SEEDS)} seeds x 100 steps | 2-core CPU, {sum(rlw_cost()) / 3600:.1f} h of processes |",
+        ),
+        Quote(
+            say,
+            "(0.20-0.41 nats on the filtered problems at the start)",
+            lambda: (
+                f"({rlw_rng(rlw_steps('grpo', 'entropy')[:, :10].mean(axis=1), 1, 2)} nats on the filtered problems "
+                "at the start)"
+            ),
+        ),
+    ]
+
+
 QUOTES: list[Quote] = [
     *index_quotes(),
     *study_text(),
@@ -2357,6 +2713,7 @@ QUOTES: list[Quote] = [
     *speed_quotes(),
     *sharing_quotes(),
     *rls_quotes(),
+    *rlw_quotes(),
 ]
 
 # Sections that cite a committed record but quote no figure from one, each with the reason (none today).
@@ -2479,6 +2836,42 @@ ELSEWHERE: list[tuple[str, str, Callable[[], str]]] = [  # (file, text as writte
         "docs/index.md",
         "(13-18% of negative-advantage tokens)",
         lambda: f"({clip_b_share_range()} of negative-advantage tokens)",
+    ),
+    (
+        "README.md",
+        "Clip_B at a calibrated tail clip (mu 1.5, 3.1-4.4%) and at mu 1.0 (5.6-7.9%) keeps entropy +0.080 and "
+        "+0.241 nats above GRPO; final held-out Avg@8 -0.8 [-2.1, +0.6] and -0.9 [-2.2, +0.4] points over the "
+        "seeds: no difference shown either way",
+        rlw_short_text,
+    ),
+    (
+        "docs/prereg_real_lm_warm.md",
+        "Clip_B at mu 1.5 (`clip_b_cal`) +0.3, -0.0, +0.5, -3.4, +0.0, +0.7, -1.7, -2.7 points: -0.8 [-2.1, +0.6] "
+        "(paired t p 0.21, Holm 0.31; sign-flip p 0.24, Holm 0.36): **no difference shown**. Clip_B at mu 1.0 "
+        "(`clip_b_mu1`) -0.9, -0.4, +0.6, -2.8, -1.3, +1.1, -3.5, -0.0: -0.9 [-2.2, +0.4] (t p 0.15, Holm 0.31; "
+        "sign-flip p 0.18, Holm 0.36): **no difference shown**",
+        lambda: "Clip_B at mu 1.5 (`clip_b_cal`) {} points: {}. Clip_B at mu 1.0 (`clip_b_mu1`) {}: {}".format(
+            *(
+                part
+                for a, t in (("clip_b_cal", "paired t"), ("clip_b_mu1", "t"))
+                for e in [rlw()["primary"][a]]
+                for part in (
+                    ", ".join(pt(d) for d in e["per_seed"]),
+                    f"{est(e)} ({t} p {e['p_t']:.2f}, Holm {e['p_t_holm']:.2f}; sign-flip p {e['p_sign_flip']:.2f}, "
+                    f"Holm {e['p_sign_flip_holm']:.2f}): **{e['verdict']}**",
+                )
+            )
+        ),
+    ),
+    (
+        "docs/index.md",
+        "-0.8 [-2.1, +0.6] points at mu 1.5 and -0.9 [-2.2, +0.4] at mu 1.0, with entropy +0.080 and +0.241 nats "
+        "above GRPO's",
+        lambda: "{} points at mu 1.5 and {} at mu 1.0, with entropy {} and {} nats above GRPO's".format(
+            est(rlw()["primary"]["clip_b_cal"]),
+            est(rlw()["primary"]["clip_b_mu1"]),
+            *(pt(rlw()["entropy_last_tenth"][a]["vs_grpo"]["value"] / 100, 3) for a in RLW_CLIPPED),
+        ),
     ),
     (
         "docs/index.md",
