@@ -2587,7 +2587,7 @@ def rlw_quotes() -> list[Quote]:
         "The second real-model study: from the paper's starting regime (pre-registered)",
         "What the second real-model study can say",
     )
-    start = record("benchmarks/real_lm_warm/start.json")
+    start, f = record("benchmarks/real_lm_warm/start.json"), record("benchmarks/real_lm_warm/filter.json")
     e = rlw()["entropy_last_tenth"]
     prim = rlw()["primary"]
     return [
@@ -2611,6 +2611,20 @@ def rlw_quotes() -> list[Quote]:
             rlw_start_text,
         ),
         Quote(s, "GRPO 31.4% at step 50 and 32.8% at step 100", rlw_heldout_text),
+        Quote(
+            s,
+            "the start point got none of 16 right on 164 of 312",
+            lambda: "the start point got none of {} right on {} of {}".format(
+                f["k"], sum(c == 0 for c in f["correct"]), len(f["correct"])
+            ),
+        ),
+        Quote(
+            say,
+            "how much mu 1.0 clipped (13-18% there, 6-8% here)",
+            lambda: "how much mu 1.0 clipped ({} there, {}% here)".format(
+                clip_b_share_range(), rlw_rng(np.array([c["share_mean"] for c in rlw()["clipping"]["clip_b_mu1"]]))
+            ),
+        ),
         Quote(
             s,
             "Clip_B at mu 1.5 clipped 3.1-4.4% of the negative-advantage tokens per seed (mean over steps with such "
