@@ -2568,6 +2568,14 @@ def rlw_regime_row() -> str:
     )
 
 
+def packaged_weights_text() -> str:
+    """The README's real-model headline names the weights the studies trained: the packaged GGUF's tensor type."""
+    from entropy_rft.packaged import PACKAGED
+
+    spec = PACKAGED["smollm2-135m"]
+    return f"({spec.original.split('/')[-1]}, its GGUF {spec.quantisation} weights dequantised, pre-registered)"
+
+
 def rlw_short_text() -> str:
     """The README's line: each arm's realised filter, entropy kept, primary and verdict."""
     r = rlw()
@@ -2850,6 +2858,11 @@ ELSEWHERE: list[tuple[str, str, Callable[[], str]]] = [  # (file, text as writte
         "docs/index.md",
         "(13-18% of negative-advantage tokens)",
         lambda: f"({clip_b_share_range()} of negative-advantage tokens)",
+    ),
+    (
+        "README.md",
+        "(SmolLM2-135M-Instruct, its GGUF Q4_1 weights dequantised, pre-registered)",
+        packaged_weights_text,
     ),
     (
         "README.md",
