@@ -2456,12 +2456,14 @@ def rlw_start_text() -> str:
     acc, ent = rlw_steps("grpo", "accuracy"), rlw_steps("grpo", "entropy")
     quiet = {a: (~rlw_signal(a)).sum(axis=1) for a in RLW_ARMS}
     clipped = np.concatenate([quiet[a] for a in RLW_CLIPPED])
+    quiet_late = (~rlw_signal("grpo"))[:, 50:].sum()
     return (
         f"Over the first 10 steps every cell's training accuracy on the filtered problems was {rlw_rng(first)}%, and "
         f"GRPO's rose to {rlw_rng(acc[:, -10:].mean(axis=1))}% over the last 10 steps in every seed; its entropy fell "
         f"from {rlw_rng(ent[:, :10].mean(axis=1), 1, 2)} nats to {rlw_rng(ent[:, -10:].mean(axis=1), 1, 2)}. No seed "
         f"stalled: GRPO had {quiet['grpo'].min()} to {quiet['grpo'].max()} steps a seed on which every group's rewards "
-        f"were equal (late, with the problems solved), Clip_B {clipped.min()} to {clipped.max()}"
+        f"were equal (each group all right or all wrong; {int(quiet_late)} of GRPO's {int(quiet['grpo'].sum())} such "
+        f"steps came after step 50), Clip_B {clipped.min()} to {clipped.max()}"
     )
 
 
@@ -2614,8 +2616,8 @@ def rlw_quotes() -> list[Quote]:
             s,
             "Over the first 10 steps every cell's training accuracy on the filtered problems was 51-63%, and GRPO's "
             "rose to 84-93% over the last 10 steps in every seed; its entropy fell from 0.20-0.41 nats to 0.02-0.10. "
-            "No seed stalled: GRPO had 5 to 9 steps a seed on which every group's rewards were equal (late, with the "
-            "problems solved), Clip_B 0 to 5",
+            "No seed stalled: GRPO had 5 to 9 steps a seed on which every group's rewards were equal (each group all "
+            "right or all wrong; 43 of GRPO's 58 such steps came after step 50), Clip_B 0 to 5",
             rlw_start_text,
         ),
         Quote(s, "GRPO 31.4% at step 50 and 32.8% at step 100", rlw_heldout_text),
