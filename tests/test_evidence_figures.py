@@ -2592,6 +2592,19 @@ def rlw_short_text() -> str:
     )
 
 
+def rlw_direction_text() -> str:
+    """Which figures point the paper's way: every Pass@8 difference above 0, every Avg@8 one (steps 50, 100) below."""
+    r = rlw()
+    avg = [e["seed_level"]["value"] for k, e in r["secondary"].items() if "avg@8" in k]
+    pas = [e["seed_level"]["value"] for k, e in r["secondary"].items() if "pass@8" in k]
+    which = "Pass@8 secondaries" if min(pas) > 0 and max(avg) < 0 else "not only Pass@8 secondaries"
+    e = r["secondary"]["clip_b_mu1 pass@8 step 100"]["seed_level"]
+    return (
+        f"the figures in its direction are {which}, not adjusted for multiplicity (the mu 1.0 arm's final Pass@8 gain "
+        f"{pt(e['value'])} points, its interval's lower end {pt(e['low'])})"
+    )
+
+
 def rlw_quotes() -> list[Quote]:
     s, say = (
         "The second real-model study: from the paper's starting regime (pre-registered)",
@@ -2697,10 +2710,9 @@ def rlw_quotes() -> list[Quote]:
         ),
         Quote(
             say,
-            "the mu 1.0 arm's Pass@8 gain (+2.7 points, a secondary, its interval's lower end +0.1)",
-            lambda: "the mu 1.0 arm's Pass@8 gain ({} points, a secondary, its interval's lower end {})".format(
-                *(pt(rlw()["secondary"]["clip_b_mu1 pass@8 step 100"]["seed_level"][k]) for k in ("value", "low"))
-            ),
+            "the figures in its direction are Pass@8 secondaries, not adjusted for multiplicity (the mu 1.0 arm's "
+            "final Pass@8 gain +2.7 points, its interval's lower end +0.1)",
+            rlw_direction_text,
         ),
         Quote(
             "The paper's regime and each study's",
