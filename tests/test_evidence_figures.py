@@ -29,7 +29,8 @@ REPO = Path(__file__).resolve().parents[1]
 PAGE = REPO / "docs/evidence/index.md"
 B = REPO / "benchmarks"
 DATA = REPO / "entropy_rft/assets/countdown-tiny/data"
-T975_DF2 = 4.302652729911275  # Student t, 97.5% quantile, 2 degrees of freedom (3 seeds)
+# Student t, 97.5% quantile, by the number of seeds (degrees of freedom one fewer): 3, 5 and 8 seeds
+T975 = {3: 4.302652729911275, 5: 2.7764451051977987, 8: 2.364624251592784}
 
 
 @dataclass(frozen=True)
@@ -412,8 +413,15 @@ def real_eval(method: str, step: str) -> np.ndarray:
 
 
 def t_interval(x: np.ndarray) -> dict:
-    half = T975_DF2 * x.std(ddof=1) / np.sqrt(len(x))
+    """Mean and 95% Student-t interval over seeds, by hand (the quantile from T975)."""
+    half = T975[len(x)] * x.std(ddof=1) / np.sqrt(len(x))
     return {"value": x.mean(), "low": x.mean() - half, "high": x.mean() + half}
+
+
+def sign_flip_p(d: np.ndarray) -> float:
+    """The exact sign-flip p, by enumerating the 2^S sign vectors of the per-seed differences."""
+    flips = [abs(np.dot(sg, d)) >= abs(d.sum()) * (1 - 1e-12) for sg in itertools.product((1, -1), repeat=len(d))]
+    return sum(flips) / len(flips)
 
 
 def real_final(method: str) -> np.ndarray:
@@ -2067,9 +2075,6 @@ def rls_regime_row() -> str:
     )
 
 
-T975_DF4 = 2.7764451051977987  # Student t, 97.5% quantile, 4 degrees of freedom (5 seeds)
-
-
 def rls_added() -> dict:
     return rls()["added_after_the_result"]
 
@@ -2132,17 +2137,14 @@ def rls_matched_registered_text() -> str:
 def rls_seed_level(method: str) -> tuple[np.ndarray, dict, float]:
     """Per-seed final Avg@8 differences from GRPO, their Student-t interval (by the 97.5% quantile at 4 df), and
     the exact sign-flip p by enumerating the 32 sign vectors; the t p is read from study.json."""
-    import itertools
-
     d = rls_grid(method).mean(axis=1) / 8 - rls_grid("grpo").mean(axis=1) / 8
     e = rls_added()["primary_seed_level"][method]
     assert e["per_seed"] == pytest.approx(d.tolist(), abs=1e-15)
-    half = T975_DF4 * d.std(ddof=1) / np.sqrt(5)
+    mine = t_interval(d)
     checked(float(d.mean()), e)
-    assert (e["low"], e["high"]) == pytest.approx((d.mean() - half, d.mean() + half), abs=1e-9)
-    flips = sum(abs(np.dot(sg, d)) >= abs(d.sum()) * (1 - 1e-12) for sg in itertools.product((1, -1), repeat=5))
-    assert e["p_sign_flip"] == flips / 32
-    return d, e, flips / 32
+    assert (e["low"], e["high"]) == pytest.approx((mine["low"], mine["high"]), abs=1e-9)
+    assert len(d) == 5 and e["p_sign_flip"] == sign_flip_p(d)
+    return d, e, sign_flip_p(d)
 
 
 def rls_seed_level_text() -> str:
@@ -2399,16 +2401,6 @@ def rlw_share(arm: str, second_half: bool = False) -> np.ndarray:
     return np.array([share[i][sig[i]].mean() for i in range(len(share))])
 
 
-T975_DF7 = 2.364624251592784  # Student t, 97.5% quantile, 7 degrees of freedom (8 seeds)
-
-
-def rlw_t(x: np.ndarray) -> dict:
-    """Mean and 95% Student-t interval over the 8 seeds, by hand."""
-    assert len(x) == 8
-    half = T975_DF7 * x.std(ddof=1) / np.sqrt(len(x))
-    return {"value": float(x.mean()), "low": float(x.mean() - half), "high": float(x.mean() + half)}
-
-
 @functools.cache
 def rlw() -> dict:
     """study.json, once its figures equal a plain recomputation from the 24 committed cells."""
@@ -2417,11 +2409,10 @@ def rlw() -> dict:
     for a in RLW_CLIPPED:
         d = rlw_avg(a) - rlw_avg("grpo")
         assert r["primary"][a]["per_seed"] == pytest.approx(d.tolist(), rel=1e-12, abs=1e-15)
-        for k, v in rlw_t(d).items():
-            assert r["primary"][a][k] == pytest.approx(v, rel=1e-9), (a, k)
-        flips = [abs(sum(sg * x for sg, x in zip(signs, d))) for signs in itertools.product((1, -1), repeat=len(d))]
-        p_flip = sum(f >= abs(d.sum()) * (1 - 1e-12) for f in flips) / len(flips)
-        assert r["primary"][a]["p_sign_flip"] == pytest.approx(p_flip, rel=1e-12), a
+        assert len(d) == 8
+        for k, v in t_interval(d).items():
+            assert r["primary"][a][k] == pytest.approx(float(v), rel=1e-9), (a, k)
+        assert r["primary"][a]["p_sign_flip"] == pytest.approx(sign_flip_p(d), rel=1e-12), a
         for st in (50, 100):
             checked(
                 float((rlw_avg(a, st) - rlw_avg("grpo", st)).mean()),
